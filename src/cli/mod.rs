@@ -1,0 +1,57 @@
+//! The `drover` command line: one subcommand per job, each in its own file.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+
+/// drover runs control loops reliably: keyed work with coalescing, durable
+/// per-key backoff and fenced leases, on SQLite or PostgreSQL.
+#[derive(Debug, Parser)]
+#[command(name = "drover", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure drover's throughput and print one `BENCH …` line per figure.
+    Bench(bench::Args),
+}
+
+/// Parses the command line, runs the subcommand and turns any error into one
+/// line on stderr and a non-zero exit code.
+pub(crate) fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DROVER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Bench(args) => bench::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! drover runs control loops reliably: a fleet of workers keeps a set of objects
+//! converged, never works on the same object twice at once, never loses a change,
+//! and backs off from what keeps failing.
+//!
+//! The crate is built in layers, each a module named for what it is:
+//!
+//! - [`queue`]: the in-memory keyed workqueue (a port of client-go's workqueue to
+//!   async Rust). Start here if your keys live in one process.
+//! - [`backoff`]: the exponential backoff formula every retry in drover uses.
+//! - [`bench`]: the workloads behind `drover bench` and `cargo bench`.
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod bench;
+pub mod queue;
