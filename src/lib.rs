@@ -7,9 +7,17 @@
 //! - [`queue`]: the in-memory keyed workqueue (a port of client-go's workqueue to
 //!   async Rust). Start here if your keys live in one process.
 //! - [`backoff`]: the exponential backoff formula every retry in drover uses.
-//! - [`bench`]: the workloads behind `drover bench` and `cargo bench`.
+//! - [`store`]: the durable store (SQLite or PostgreSQL): sessions, fenced
+//!   leases, coalescing, durable backoff and history. Start here for a fleet.
+//! - [`runner`]: the control loop users program against: a [`runner::Controller`]
+//!   running a [`runner::Reconciler`] over a store's keys.
+//! - [`metrics`]: the process-wide Prometheus registry.
+//! - [`bench`](mod@bench): the workloads behind `drover bench` and `cargo bench`.
 #![forbid(unsafe_code)]
 
 pub mod backoff;
 pub mod bench;
+pub mod metrics;
 pub mod queue;
+pub mod runner;
+pub mod store;

@@ -5,6 +5,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod db;
+mod enqueue;
+mod history;
+mod migrate;
+mod status;
 
 /// drover runs control loops reliably: keyed work with coalescing, durable
 /// per-key backoff and fenced leases, on SQLite or PostgreSQL.
@@ -19,6 +24,14 @@ struct Cli {
 enum Command {
     /// Measure drover's throughput and print one `BENCH …` line per figure.
     Bench(bench::Args),
+    /// Apply the database migrations this binary carries (idempotent).
+    Migrate(migrate::Args),
+    /// Enqueue keys for a process (coalesced with pending and running ones).
+    Enqueue(enqueue::Args),
+    /// Show items per process and state, and the oldest pending item's age.
+    Status(status::Args),
+    /// Show what happened to keys, newest first.
+    History(history::Args),
 }
 
 /// Parses the command line, runs the subcommand and turns any error into one
@@ -45,6 +58,10 @@ pub(crate) fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Bench(args) => bench::run(args).await,
+            Command::Migrate(args) => migrate::run(args).await,
+            Command::Enqueue(args) => enqueue::run(args).await,
+            Command::Status(args) => status::run(args).await,
+            Command::History(args) => history::run(args).await,
         }
     });
     match result {

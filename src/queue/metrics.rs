@@ -2,7 +2,7 @@
 //! workqueue dashboards work unchanged.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -106,14 +106,9 @@ impl QueueMetrics {
 
     /// The process-wide metrics that [`QueueBuilder::name`](super::QueueBuilder::name)
     /// uses when no other [`QueueMetrics`] is given; they live in
-    /// [`QueueMetrics::global_registry`].
+    /// [`crate::metrics::registry`].
     pub fn global() -> &'static QueueMetrics {
-        &global().1
-    }
-
-    /// The registry behind [`QueueMetrics::global`], to encode on a `/metrics` page.
-    pub fn global_registry() -> &'static Registry {
-        &global().0
+        crate::metrics::queue()
     }
 
     /// The metric handles of one named queue.
@@ -139,15 +134,6 @@ impl QueueMetrics {
         queues.retain(|q| q.strong_count() > 0);
         queues.push(queue);
     }
-}
-
-fn global() -> &'static (Registry, QueueMetrics) {
-    static GLOBAL: OnceLock<(Registry, QueueMetrics)> = OnceLock::new();
-    GLOBAL.get_or_init(|| {
-        let mut registry = Registry::default();
-        let metrics = QueueMetrics::new(&mut registry);
-        (registry, metrics)
-    })
 }
 
 /// One queue's metric handles, cloned out of the families once so the hot path

@@ -47,7 +47,7 @@
 //! ```
 
 mod lock;
-mod metrics;
+pub(crate) mod metrics;
 mod options;
 pub mod rate_limit;
 mod state;

@@ -1,0 +1,40 @@
+//! `--db URL`: the database option every store command shares.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args as ClapArgs;
+use drover::store::Store;
+
+/// Where the store lives.
+#[derive(Debug, Clone, ClapArgs)]
+pub(crate) struct DbArgs {
+    /// The database: sqlite://PATH (created if missing), sqlite::memory: or
+    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DB.
+    #[arg(
+        long = "db",
+        env = "DROVER_DATABASE_URL",
+        default_value = "sqlite://drover.db"
+    )]
+    url: String,
+}
+
+impl DbArgs {
+    /// Connects, applying any migrations the database lacks.
+    pub(crate) async fn open(&self) -> anyhow::Result<Store> {
+        Store::connect(&self.url)
+            .await
+            .context("cannot open the store")
+    }
+}
+
+/// Parses a human duration (`90s`, `5m`, `1h 30m`, `0s`) for `--after` and
+/// friends, with a message that says what was wrong.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let trimmed = s.trim();
+    if trimmed.starts_with('-') {
+        return Err(format!("{s:?} is negative; durations must be 0 or more"));
+    }
+    humantime::parse_duration(trimmed)
+        .map_err(|e| format!("{s:?} is not a duration like 30s, 5m or 1h ({e})"))
+}

@@ -1,0 +1,86 @@
+//! `drover enqueue PROCESS KEY…`: add keys for a process, with coalescing.
+
+use std::io::BufRead as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args as ClapArgs;
+use drover::store::{EnqueueReport, ItemEnqueue, StoreEngine as _, validate_key, validate_process};
+
+use super::db::{DbArgs, parse_duration};
+
+/// Keys per database round trip when many keys arrive on stdin.
+const BATCH: usize = 5_000;
+
+/// Arguments of `drover enqueue`.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct Args {
+    /// The process (control loop) the keys are for.
+    process: String,
+    /// The keys; `-` reads one key per line from stdin (blank lines are skipped).
+    #[arg(required = true)]
+    keys: Vec<String>,
+    /// Do not run the keys before this delay has passed (e.g. 30s, 5m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    after: Option<Duration>,
+    /// Higher priorities run first; resyncs use a negative one.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Run the keys even if they are backing off after a failure.
+    #[arg(long)]
+    bypass_backoff: bool,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+/// The keys from the arguments, reading stdin for `-`.
+fn collect_keys(args: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut keys = Vec::with_capacity(args.len());
+    for arg in args {
+        if arg != "-" {
+            keys.push(arg.clone());
+            continue;
+        }
+        for line in std::io::stdin().lock().lines() {
+            let line = line.context("cannot read keys from stdin")?;
+            let key = line.strip_suffix('\r').unwrap_or(&line);
+            if !key.is_empty() {
+                keys.push(key.to_owned());
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// Validates every key before connecting (so bad input writes nothing, not even a
+/// new database file), then enqueues them in batches.
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    validate_process(&args.process)?;
+    let keys = collect_keys(&args.keys)?;
+    for key in &keys {
+        validate_key(key)?;
+    }
+    let store = args.db.open().await?;
+    let mut total = EnqueueReport::default();
+    for chunk in keys.chunks(BATCH) {
+        let params = ItemEnqueue::new(args.process.clone(), chunk.iter().cloned())
+            .after(args.after.unwrap_or_default())
+            .priority(args.priority)
+            .bypass_backoff(args.bypass_backoff);
+        let report = store.item_enqueue(params).await?;
+        total.pending += report.pending;
+        total.dirty += report.dirty;
+    }
+    let mut summary = format!(
+        "enqueued {} key(s) for {}: {} pending",
+        total.pending + total.dirty,
+        args.process,
+        total.pending
+    );
+    if total.dirty > 0 {
+        summary.push_str(&format!(", {} running (each runs once more)", total.dirty));
+    }
+    println!("{summary}");
+    store.close().await;
+    Ok(())
+}

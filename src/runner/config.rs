@@ -1,0 +1,195 @@
+//! [`ControllerBuilder`]: every knob of a control loop, validated when built.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::controller::Controller;
+use super::reconciler::Reconciler;
+use super::source::Source;
+use crate::backoff::Backoff;
+use crate::queue::rate_limit::{Bucket, RateLimitError};
+use crate::store::{Store, StoreError, validate_process};
+
+/// Why a [`ControllerBuilder`] refused its settings.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The process name is not a valid name.
+    #[error("invalid process name: {0}")]
+    Process(#[source] StoreError),
+    /// Parallelism must be at least 1.
+    #[error("parallelism must be at least 1")]
+    Parallelism,
+    /// The session TTL must be at least 300 ms, so heartbeats every TTL/3 are
+    /// meaningful.
+    #[error("session ttl must be at least 300ms, got {0:?}")]
+    Ttl(Duration),
+    /// A timeout or deadline of zero would cancel every run at once.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    /// The poll rate limit is impossible.
+    #[error("invalid poll rate limit: {0}")]
+    Poll(#[source] RateLimitError),
+}
+
+/// Settings shared by the controller's parts. Built by [`ControllerBuilder`].
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) process: String,
+    pub(crate) component: String,
+    pub(crate) parallelism: usize,
+    pub(crate) ttl: Duration,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) shutdown_deadline: Duration,
+    pub(crate) idle_poll: Duration,
+    pub(crate) backoff: Option<Backoff>,
+}
+
+impl Settings {
+    /// Heartbeats run every TTL/3 (DESIGN.md rule 6).
+    pub(crate) fn heartbeat_every(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// Every node reclaims expired sessions about twice per TTL.
+    pub(crate) fn reclaim_every(&self) -> Duration {
+        self.ttl / 2
+    }
+}
+
+/// Builds a [`Controller`]. Every setter documents its default and trade-off.
+#[must_use]
+pub struct ControllerBuilder<R> {
+    store: Store,
+    reconciler: R,
+    source: Source,
+    settings: Settings,
+    poll: (Duration, u32),
+}
+
+impl<R> std::fmt::Debug for ControllerBuilder<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerBuilder")
+            .field("settings", &self.settings)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Reconciler> ControllerBuilder<R> {
+    pub(crate) fn new(store: Store, process: impl Into<String>, reconciler: R) -> Self {
+        Self {
+            store,
+            reconciler,
+            source: Source::Queue,
+            settings: Settings {
+                process: process.into(),
+                component: "drover".into(),
+                parallelism: 1,
+                ttl: Duration::from_secs(10),
+                timeout: None,
+                shutdown_deadline: Duration::from_secs(30),
+                idle_poll: Duration::from_secs(1),
+                backoff: None,
+            },
+            poll: (Duration::from_millis(250), 8),
+        }
+    }
+
+    /// Where keys come from. Default [`Source::Queue`]: keys enqueued in the store.
+    pub fn source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// How many keys run at once in this controller. Default 1. More uses more
+    /// database connections and more of the reconciler's downstream.
+    pub fn parallelism(mut self, parallelism: usize) -> Self {
+        self.settings.parallelism = parallelism;
+        self
+    }
+
+    /// The name sessions are registered under (shown in history). Default
+    /// `drover`.
+    pub fn component(mut self, component: impl Into<String>) -> Self {
+        self.settings.component = component.into();
+        self
+    }
+
+    /// The session TTL. Default 10 s; heartbeats every TTL/3. A shorter TTL makes
+    /// a dead worker's keys run elsewhere sooner, at the cost of more heartbeats
+    /// and a greater risk that a long GC pause or network blip loses the session.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.settings.ttl = ttl;
+        self
+    }
+
+    /// Cancels a reconcile that runs longer than this; the run counts as a
+    /// transient failure. Default: no limit.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = Some(timeout);
+        self
+    }
+
+    /// On shutdown, how long in-flight runs may finish before they are cancelled
+    /// and their keys released (pending again). Default 30 s.
+    pub fn shutdown_deadline(mut self, deadline: Duration) -> Self {
+        self.settings.shutdown_deadline = deadline;
+        self
+    }
+
+    /// How often an idle controller looks for work without a wake-up (delayed and
+    /// backing-off keys become ready without one). Default 1 s.
+    pub fn idle_poll(mut self, every: Duration) -> Self {
+        self.settings.idle_poll = every;
+        self
+    }
+
+    /// The token bucket every poll of the database passes through. Default one
+    /// poll per 250 ms with a burst of 8, like the BMDB control loop: busy loops
+    /// claim in bursts, idle ones cannot hammer the database.
+    pub fn poll_rate(mut self, every: Duration, burst: u32) -> Self {
+        self.poll = (every, burst);
+        self
+    }
+
+    /// The process's backoff policy, written to the store at start so every node
+    /// applies it. Default: leave the stored policy (1 s, ×2, 360 s if never set).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.settings.backoff = Some(backoff);
+        self
+    }
+
+    /// Checks the settings and builds the controller.
+    pub fn build(self) -> Result<Controller<R>, ConfigError> {
+        let s = &self.settings;
+        validate_process(&s.process).map_err(ConfigError::Process)?;
+        if s.parallelism == 0 {
+            return Err(ConfigError::Parallelism);
+        }
+        if s.ttl < Duration::from_millis(300) {
+            return Err(ConfigError::Ttl(s.ttl));
+        }
+        if s.timeout == Some(Duration::ZERO) {
+            return Err(ConfigError::Zero("timeout"));
+        }
+        if s.shutdown_deadline.is_zero() {
+            return Err(ConfigError::Zero("shutdown deadline"));
+        }
+        if s.idle_poll.is_zero() {
+            return Err(ConfigError::Zero("idle poll"));
+        }
+        let (every, burst) = self.poll;
+        if every.is_zero() {
+            return Err(ConfigError::Zero("poll interval"));
+        }
+        let poll = Bucket::new(1.0 / every.as_secs_f64(), burst).map_err(ConfigError::Poll)?;
+        Ok(Controller::new(
+            self.store,
+            Arc::new(self.reconciler),
+            self.source,
+            self.settings,
+            poll,
+        ))
+    }
+}

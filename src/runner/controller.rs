@@ -1,0 +1,345 @@
+//! [`Controller`]: the claim loop, its background services, and graceful
+//! shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::config::{ControllerBuilder, Settings};
+use super::metrics::RunnerMetrics;
+use super::reconciler::Reconciler;
+use super::run::Run;
+use super::session::{Keeper, Live};
+use super::source::Source;
+use super::wake::Wake;
+use crate::queue::rate_limit::{Bucket, RateLimiter as _};
+use crate::store::{
+    Lease, LeaseClaim, LeaseLock, ProcessConfigure, Store, StoreEngine as _, StoreError,
+};
+
+/// A control loop: workers that claim keys of one process from the store and run
+/// a [`Reconciler`] on each, with a session, fencing, backoff and graceful
+/// shutdown.
+///
+/// Guarantees, across any number of controllers on any number of machines
+/// sharing one database:
+/// - a key runs in at most one place at a time, and a run whose lease was lost is
+///   cancelled and its result discarded (the store's fencing refuses it anyway);
+/// - an enqueue during a run leads to exactly one more run after it;
+/// - a shutdown loses nothing: runs still going at the deadline are cancelled and
+///   their keys released, pending for the next worker.
+///
+/// ```no_run
+/// use drover::runner::{Action, Controller, Task};
+/// use drover::store::Store;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = Store::connect("sqlite://drover.db").await?;
+/// let controller = Controller::builder(store, "persist", |task: Task| async move {
+///     println!("saving {}", task.key());
+///     Ok::<_, std::io::Error>(Action::Done)
+/// })
+/// .parallelism(4)
+/// .build()?;
+/// controller.run(CancellationToken::new()).await?;
+/// # Ok(()) }
+/// ```
+pub struct Controller<R> {
+    store: Store,
+    reconciler: Arc<R>,
+    source: Source,
+    settings: Settings,
+    poll: Bucket,
+}
+
+impl<R> std::fmt::Debug for Controller<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("settings", &self.settings)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a controller could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// Writing the process's backoff policy failed at start.
+    #[error("cannot configure process {process}")]
+    Configure {
+        /// The process.
+        process: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl<R: Reconciler> Controller<R> {
+    /// Starts building a controller for `process` on `store`.
+    pub fn builder(
+        store: Store,
+        process: impl Into<String>,
+        reconciler: R,
+    ) -> ControllerBuilder<R> {
+        ControllerBuilder::new(store, process, reconciler)
+    }
+
+    pub(crate) fn new(
+        store: Store,
+        reconciler: Arc<R>,
+        source: Source,
+        settings: Settings,
+        poll: Bucket,
+    ) -> Self {
+        Self {
+            store,
+            reconciler,
+            source,
+            settings,
+            poll,
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then shuts down gracefully: stops
+    /// claiming, lets runs finish until the shutdown deadline, cancels and
+    /// releases the rest, and closes the session.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let process = self.settings.process.clone();
+        if let Some(backoff) = self.settings.backoff {
+            let params = ProcessConfigure {
+                process: process.clone(),
+                backoff,
+            };
+            self.store
+                .process_configure(params)
+                .await
+                .map_err(|source| RunError::Configure { process, source })?;
+        }
+        let metrics = RunnerMetrics::global(&self.settings.process);
+        let force = CancellationToken::new();
+        let services_stop = CancellationToken::new();
+        let services = TaskTracker::new();
+        let (publish, live) = watch::channel(None);
+        services.spawn(
+            Keeper {
+                store: self.store.clone(),
+                settings: self.settings.clone(),
+                metrics: metrics.clone(),
+                force: force.clone(),
+                publish,
+            }
+            .run(services_stop.clone()),
+        );
+        services.spawn(reclaim(
+            self.store.clone(),
+            self.settings.reclaim_every(),
+            metrics.clone(),
+            services_stop.clone(),
+        ));
+        let wake = Wake::subscribe(
+            &self.store,
+            &self.settings.process,
+            &services,
+            &services_stop,
+        );
+        let run = Arc::new(Run {
+            store: self.store.clone(),
+            reconciler: Arc::clone(&self.reconciler),
+            settings: self.settings.clone(),
+            metrics,
+            force: force.clone(),
+        });
+        let runs = TaskTracker::new();
+        self.claim_loop(&shutdown, live, &wake, &run, &runs).await;
+
+        runs.close();
+        if tokio::time::timeout(self.settings.shutdown_deadline, runs.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(process = %self.settings.process, "shutdown deadline passed; cancelling runs");
+            force.cancel();
+            runs.wait().await;
+        }
+        services_stop.cancel();
+        services.close();
+        services.wait().await;
+        Ok(())
+    }
+
+    /// Claims while there are free slots, a live session and work; returns when
+    /// `shutdown` fires.
+    async fn claim_loop(
+        &self,
+        shutdown: &CancellationToken,
+        mut live: watch::Receiver<Option<Live>>,
+        wake: &Wake,
+        run: &Arc<Run<R>>,
+        runs: &TaskTracker,
+    ) {
+        let slots = Arc::new(Semaphore::new(self.settings.parallelism));
+        loop {
+            let permits = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                permits = free_slots(&slots) => permits,
+            };
+            let session = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                session = current(&mut live) => session,
+            };
+            let delay = self.poll.when(&());
+            if !delay.is_zero() {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    () = sleep(delay) => {}
+                }
+            }
+            // Registered before the claim, so an enqueue during it is not missed.
+            let woken = wake.notified();
+            let leases = match self.claim(&session, permits.len()).await {
+                Ok(leases) => leases,
+                Err(e) => {
+                    tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
+                    Vec::new()
+                }
+            };
+            if leases.is_empty() {
+                drop(permits);
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    () = woken => {}
+                    () = sleep(self.settings.idle_poll) => {}
+                }
+                continue;
+            }
+            for (lease, permit) in leases.into_iter().zip(permits) {
+                runs.spawn(Arc::clone(run).execute(lease, session.token.child_token(), permit));
+            }
+        }
+    }
+
+    async fn claim(&self, session: &Live, max: usize) -> Result<Vec<Lease>, StoreError> {
+        let max = u32::try_from(max).unwrap_or(u32::MAX);
+        let process = &self.settings.process;
+        match &self.source {
+            Source::Queue => {
+                let params = LeaseClaim {
+                    session: session.id,
+                    process: process.clone(),
+                    max,
+                };
+                self.store.lease_claim(params).await
+            }
+            Source::Query(query) => {
+                let keys = match query(self.store.clone(), max).await {
+                    Ok(keys) => keys,
+                    Err(e) => {
+                        tracing::warn!(%process, error = %e, "candidate query failed");
+                        return Ok(Vec::new());
+                    }
+                };
+                self.lock_candidates(session, keys, max as usize).await
+            }
+        }
+    }
+
+    /// Locks candidates one by one until `max` are held, skipping keys that are
+    /// leased, backing off or parked.
+    async fn lock_candidates(
+        &self,
+        session: &Live,
+        keys: Vec<String>,
+        max: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let mut leases = Vec::new();
+        for key in keys {
+            if leases.len() == max {
+                break;
+            }
+            let params = LeaseLock {
+                session: session.id,
+                process: self.settings.process.clone(),
+                key,
+            };
+            match self.store.lease_lock(params).await {
+                Ok(lease) => leases.push(lease),
+                Err(
+                    StoreError::AlreadyLeased { .. }
+                    | StoreError::InBackoff { .. }
+                    | StoreError::Parked { .. },
+                ) => {}
+                Err(StoreError::InvalidKey { key, reason }) => {
+                    tracing::warn!(%key, %reason, "candidate query returned an invalid key");
+                }
+                Err(e) if leases.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "lock failed; running what is locked");
+                    break;
+                }
+            }
+        }
+        Ok(leases)
+    }
+}
+
+/// Waits for one free slot, then takes every other free one too, so a claim asks
+/// for as many keys as can run.
+async fn free_slots(slots: &Arc<Semaphore>) -> Vec<OwnedSemaphorePermit> {
+    // The semaphore is never closed, so acquiring cannot fail.
+    let first = Arc::clone(slots)
+        .acquire_owned()
+        .await
+        .expect("slot semaphore is never closed");
+    let mut permits = vec![first];
+    while let Ok(permit) = Arc::clone(slots).try_acquire_owned() {
+        permits.push(permit);
+    }
+    permits
+}
+
+/// Waits until a session is live and returns it.
+async fn current(live: &mut watch::Receiver<Option<Live>>) -> Live {
+    loop {
+        if let Some(session) = live.borrow_and_update().clone() {
+            return session;
+        }
+        if live.changed().await.is_err() {
+            // The keeper is gone only at shutdown; wait for the caller's select.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Reclaims expired sessions' leases every `every` until `stop` fires.
+async fn reclaim(store: Store, every: Duration, metrics: RunnerMetrics, stop: CancellationToken) {
+    loop {
+        match store.session_reclaim().await {
+            Ok(report) => {
+                metrics.leases_reclaimed.inc_by(report.leases);
+                if report.sessions > 0 {
+                    tracing::info!(
+                        sessions = report.sessions,
+                        leases = report.leases,
+                        "reclaimed expired sessions"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reclaiming expired sessions failed"),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = sleep(every) => {}
+        }
+    }
+}

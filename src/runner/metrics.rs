@@ -1,0 +1,133 @@
+//! A controller's metrics: client-go's workqueue names (label `name` = process),
+//! plus `drover_outcomes_total{process,outcome}`, `drover_sessions_active` and
+//! `drover_leases_reclaimed_total`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use crate::queue::metrics::{InFlight, MetricsHandle};
+use crate::store::FencingToken;
+
+type OutcomeLabels = [(&'static str, String); 2];
+
+/// The runner's metric families, registered once per registry.
+#[derive(Debug, Clone)]
+pub struct RunnerFamilies {
+    outcomes: Family<OutcomeLabels, Counter>,
+    sessions_active: Gauge,
+    leases_reclaimed: Counter,
+}
+
+impl RunnerFamilies {
+    /// Registers the families in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let families = Self {
+            outcomes: Family::default(),
+            sessions_active: Gauge::default(),
+            leases_reclaimed: Counter::default(),
+        };
+        registry.register(
+            "drover_outcomes",
+            "Runs ended, by process and outcome (done, requeue_after, transient, permanent, canceled, lost)",
+            families.outcomes.clone(),
+        );
+        registry.register(
+            "drover_sessions_active",
+            "Sessions this process holds",
+            families.sessions_active.clone(),
+        );
+        registry.register(
+            "drover_leases_reclaimed",
+            "Leases of expired sessions this process turned back into pending items",
+            families.leases_reclaimed.clone(),
+        );
+        families
+    }
+}
+
+/// One controller's handles.
+#[derive(Debug, Clone)]
+pub(crate) struct RunnerMetrics {
+    process: String,
+    pub(crate) queue: MetricsHandle,
+    families: RunnerFamilies,
+    pub(crate) sessions_active: Gauge,
+    pub(crate) leases_reclaimed: Counter,
+    pub(crate) in_flight: Arc<Runs>,
+}
+
+impl RunnerMetrics {
+    /// The global handles for `process`, with its in-flight runs tracked for the
+    /// scrape-time gauges.
+    pub(crate) fn global(process: &str) -> Self {
+        let queue = crate::queue::QueueMetrics::global();
+        let families = crate::metrics::runner().clone();
+        let in_flight = Arc::new(Runs {
+            process: process.to_owned(),
+            started: Mutex::new(HashMap::new()),
+        });
+        let weak: std::sync::Weak<dyn InFlight> = Arc::downgrade(&in_flight) as _;
+        queue.track(weak);
+        Self {
+            process: process.to_owned(),
+            queue: queue.handle(process),
+            sessions_active: families.sessions_active.clone(),
+            leases_reclaimed: families.leases_reclaimed.clone(),
+            families,
+            in_flight,
+        }
+    }
+
+    /// Counts one run's end.
+    pub(crate) fn outcome(&self, outcome: &'static str) {
+        let labels = [
+            ("process", self.process.clone()),
+            ("outcome", outcome.to_owned()),
+        ];
+        self.families.outcomes.get_or_create(&labels).inc();
+    }
+}
+
+/// The runs in flight, for `workqueue_unfinished_work_seconds` and
+/// `workqueue_longest_running_processor_seconds`.
+#[derive(Debug)]
+pub(crate) struct Runs {
+    process: String,
+    started: Mutex<HashMap<FencingToken, Instant>>,
+}
+
+impl Runs {
+    pub(crate) fn start(&self, token: FencingToken) {
+        self.lock().insert(token, Instant::now());
+    }
+
+    pub(crate) fn end(&self, token: FencingToken) {
+        self.lock().remove(&token);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, Instant>> {
+        self.started.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl InFlight for Runs {
+    fn name(&self) -> &str {
+        &self.process
+    }
+
+    fn in_flight(&self) -> (f64, f64) {
+        let now = Instant::now();
+        self.lock()
+            .values()
+            .map(|started| (now - *started).as_secs_f64())
+            .fold((0.0, 0.0), |(sum, max), secs| {
+                (sum + secs, f64::max(max, secs))
+            })
+    }
+}

@@ -1,0 +1,36 @@
+//! The control loop users program against: a [`Controller`] claims keys of one
+//! process from the [`store`](crate::store) and runs a [`Reconciler`] on each.
+//!
+//! It runs both loop shapes drover descends from:
+//!
+//! - [`Source::Queue`] — the Kubeflow persistence agent: events enqueue keys; a
+//!   reconciler saves each; transient errors retry with backoff, permanent ones
+//!   park the key until its next change;
+//! - [`Source::Query`] — the Monogon shepherd: a query over the user's own tables
+//!   picks candidates; each is locked for one worker; failures back off in the
+//!   database.
+//!
+//! Each controller holds a session (heartbeat every TTL/3, retried until the
+//! deadline), reclaims expired sessions' leases, wakes on enqueues (in-process,
+//! and `LISTEN/NOTIFY` on PostgreSQL), isolates panics, and shuts down gracefully.
+//! Errors are classified by wrapping ([`permanent`], [`transient`]); unmarked
+//! errors are transient.
+
+mod config;
+mod controller;
+mod error;
+pub(crate) mod metrics;
+mod reconciler;
+mod run;
+mod session;
+mod source;
+mod wake;
+
+pub use config::{ConfigError, ControllerBuilder};
+pub use controller::{Controller, RunError};
+pub use error::{
+    BoxError, ErrorClass, Permanent, Transient, classify, error_chain, permanent, transient,
+};
+pub use metrics::RunnerFamilies;
+pub use reconciler::{Action, Reconciler, Task};
+pub use source::Source;

@@ -1,0 +1,141 @@
+//! The session keeper: one live session per controller, renewed every TTL/3.
+//!
+//! A failed heartbeat is retried until the session's deadline has passed (BMDB
+//! dropped the session on the first error, so one network blip restarted every
+//! worker). When the session is lost — the database says it expired, or the
+//! deadline passed without a successful heartbeat — its token is cancelled, which
+//! cancels every run started under it, and a new session starts.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, timeout};
+use tokio_util::sync::CancellationToken;
+
+use super::config::Settings;
+use super::metrics::RunnerMetrics;
+use crate::store::{
+    SessionClose, SessionHeartbeat, SessionId, SessionStart, Store, StoreEngine as _, StoreError,
+};
+
+/// The session work is claimed under, with the token that fires when it is lost.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    pub(crate) id: SessionId,
+    pub(crate) token: CancellationToken,
+}
+
+/// Keeps a session alive and publishes it; see the module doc.
+pub(crate) struct Keeper {
+    pub(crate) store: Store,
+    pub(crate) settings: Settings,
+    pub(crate) metrics: RunnerMetrics,
+    /// Parent of every session token: cancelled when shutdown forces.
+    pub(crate) force: CancellationToken,
+    pub(crate) publish: watch::Sender<Option<Live>>,
+}
+
+/// How a session ended.
+enum End {
+    Lost,
+    Stopped,
+}
+
+impl Keeper {
+    /// Runs until `stop` fires, then closes the session it holds (giving its
+    /// remaining leases back).
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        while let Some(live) = self.start(&stop).await {
+            self.publish.send_replace(Some(live.clone()));
+            self.metrics.sessions_active.inc();
+            let end = self.keep_alive(live.id, &stop).await;
+            self.publish.send_replace(None);
+            self.metrics.sessions_active.dec();
+            live.token.cancel();
+            match end {
+                End::Lost => tracing::warn!(session = %live.id, "session lost; starting a new one"),
+                End::Stopped => {
+                    self.close(live.id).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Starts a session, retrying transient failures until `stop` fires.
+    async fn start(&self, stop: &CancellationToken) -> Option<Live> {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let params = SessionStart {
+                component: self.settings.component.clone(),
+                ttl: self.settings.ttl,
+            };
+            match self.store.session_start(params).await {
+                Ok(session) => {
+                    let token = self.force.child_token();
+                    return Some(Live {
+                        id: session.id,
+                        token,
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot start a session; retrying"),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return None,
+                () = sleep(delay) => {}
+            }
+            delay = (delay * 2).min(self.settings.heartbeat_every());
+        }
+    }
+
+    /// Heartbeats until the session is lost or `stop` fires.
+    async fn keep_alive(&self, id: SessionId, stop: &CancellationToken) -> End {
+        let ttl = self.settings.ttl;
+        let mut renewed = Instant::now();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return End::Stopped,
+                () = sleep(self.settings.heartbeat_every()) => {}
+            }
+            loop {
+                let beat = timeout(
+                    ttl / 3,
+                    self.store
+                        .session_heartbeat(SessionHeartbeat { session: id }),
+                );
+                match beat.await {
+                    Ok(Ok(_)) => {
+                        renewed = Instant::now();
+                        break;
+                    }
+                    Ok(Err(StoreError::SessionExpired { .. })) => return End::Lost,
+                    Ok(Err(e)) => {
+                        tracing::warn!(session = %id, error = %e, "heartbeat failed; retrying")
+                    }
+                    Err(_) => tracing::warn!(session = %id, "heartbeat timed out; retrying"),
+                }
+                // The deadline was at most `ttl` after the last renewal: past it,
+                // another node may already have reclaimed our leases.
+                if renewed.elapsed() >= ttl {
+                    return End::Lost;
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return End::Stopped,
+                    () = sleep(ttl / 10) => {}
+                }
+            }
+        }
+    }
+
+    async fn close(&self, id: SessionId) {
+        match self.store.session_close(SessionClose { session: id }).await {
+            Ok(released) if released > 0 => {
+                tracing::info!(session = %id, released, "session closed; leases released");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "cannot close the session; it will expire")
+            }
+        }
+    }
+}

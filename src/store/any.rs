@@ -1,0 +1,206 @@
+//! [`Store`]: the engine chosen by the database URL's scheme.
+
+use chrono::{DateTime, Utc};
+
+use super::params::{
+    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+};
+use super::types::{
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessCounts, ReclaimReport, Session,
+};
+use super::{Clock, PostgresStore, SqliteStore, StoreEngine, StoreError, StoreOptions};
+
+/// A store on whichever engine the URL names. Cheap to clone; clones share the
+/// connection pool and the clock.
+///
+/// Use it instead of a concrete engine whenever the database is configuration
+/// (the CLI, the runner); use [`SqliteStore`] or [`PostgresStore`] directly only
+/// for engine-specific features.
+#[derive(Debug, Clone)]
+pub struct Store {
+    engine: Engine,
+}
+
+#[derive(Debug, Clone)]
+enum Engine {
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+}
+
+/// Calls the same method on whichever engine the store holds.
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $call:expr) => {
+        match &$self.engine {
+            Engine::Sqlite($store) => $call,
+            Engine::Postgres($store) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Connects with default [`StoreOptions`] (migrating on connect):
+    /// `sqlite://PATH` (created if missing), `sqlite::memory:`, or
+    /// `postgres://USER@HOST:PORT/DB`. An unknown scheme or a malformed URL fails
+    /// at once; an unreachable server within the connect timeout (5 s).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, &StoreOptions::default()).await
+    }
+
+    /// Connects with the given options.
+    pub async fn connect_with(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        let Some((scheme, _)) = url.split_once(':') else {
+            return Err(StoreError::InvalidUrl {
+                url: url.to_owned(),
+                reason: "expected sqlite://PATH, sqlite::memory: or postgres://…".into(),
+            });
+        };
+        let engine = match scheme {
+            "sqlite" => Engine::Sqlite(SqliteStore::connect(url, options).await?),
+            "postgres" | "postgresql" => {
+                Engine::Postgres(PostgresStore::connect(url, options).await?)
+            }
+            _ => {
+                return Err(StoreError::UnsupportedScheme {
+                    scheme: scheme.to_owned(),
+                });
+            }
+        };
+        Ok(Self { engine })
+    }
+
+    /// Applies any embedded migrations the database lacks (what `drover migrate`
+    /// runs); a no-op on an up-to-date database.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        dispatch!(self, s => s.migrate().await)
+    }
+
+    /// The shift added to the database clock: zero unless a test advances it.
+    #[must_use]
+    pub fn clock(&self) -> &Clock {
+        dispatch!(self, s => s.clock())
+    }
+
+    /// A SQL condition that lets a user's own candidate query skip keys that
+    /// [`lease_lock`](StoreEngine::lease_lock) would refuse (leased, parked or
+    /// backing off), written for this store's engine; see
+    /// [`SqliteStore::candidate_filter`] and [`PostgresStore::candidate_filter`].
+    /// `process` and `key` are SQL fragments (a placeholder such as `$1` or `?1`, a
+    /// column such as `m.id`), never user input.
+    #[must_use]
+    pub fn candidate_filter(&self, process: &str, key: &str) -> String {
+        dispatch!(self, s => s.candidate_filter(process, key))
+    }
+
+    /// The PostgreSQL pool, when the store is on PostgreSQL (see
+    /// [`PostgresStore::pool`]).
+    #[must_use]
+    pub fn postgres_pool(&self) -> Option<&sqlx::PgPool> {
+        match &self.engine {
+            Engine::Postgres(s) => Some(s.pool()),
+            Engine::Sqlite(_) => None,
+        }
+    }
+
+    /// The SQLite pool, when the store is on SQLite (see [`SqliteStore::pool`]).
+    #[must_use]
+    pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
+        match &self.engine {
+            Engine::Sqlite(s) => Some(s.pool()),
+            Engine::Postgres(_) => None,
+        }
+    }
+
+    /// The engine's name: `sqlite` or `postgres`.
+    #[must_use]
+    pub fn engine_name(&self) -> &'static str {
+        match self.engine {
+            Engine::Sqlite(_) => "sqlite",
+            Engine::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Closes the connection pool.
+    pub async fn close(&self) {
+        dispatch!(self, s => s.close().await);
+    }
+}
+
+impl StoreEngine for Store {
+    async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
+        dispatch!(self, s => s.session_start(params).await)
+    }
+
+    async fn session_heartbeat(
+        &self,
+        params: SessionHeartbeat,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        dispatch!(self, s => s.session_heartbeat(params).await)
+    }
+
+    async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.session_close(params).await)
+    }
+
+    async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
+        dispatch!(self, s => s.session_reclaim().await)
+    }
+
+    async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
+        let process = params.process.clone();
+        let report = dispatch!(self, s => s.item_enqueue(params).await)?;
+        super::wakeup::notify(&process);
+        Ok(report)
+    }
+
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+        dispatch!(self, s => s.lease_claim(params).await)
+    }
+
+    async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.lease_complete(params).await)
+    }
+
+    async fn lease_complete_batch(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        dispatch!(self, s => s.lease_complete_batch(batch).await)
+    }
+
+    async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.lease_release(params).await)
+    }
+
+    async fn lease_lock(&self, params: LeaseLock) -> Result<Lease, StoreError> {
+        dispatch!(self, s => s.lease_lock(params).await)
+    }
+
+    async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
+        dispatch!(self, s => s.item_list(params).await)
+    }
+
+    async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
+        dispatch!(self, s => s.item_get(params).await)
+    }
+
+    async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {
+        dispatch!(self, s => s.history_list(params).await)
+    }
+
+    async fn history_prune(&self, params: HistoryPrune) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.history_prune(params).await)
+    }
+
+    async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
+        dispatch!(self, s => s.process_counts().await)
+    }
+
+    async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
+        dispatch!(self, s => s.process_configure(params).await)
+    }
+
+    async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
+        dispatch!(self, s => s.clock_now().await)
+    }
+}

@@ -1,0 +1,213 @@
+//! [`StoreError`]: every way a store operation can fail, in drover's words.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+
+use super::types::{FencingToken, SessionId};
+
+/// Why a store operation failed.
+///
+/// Engine-specific errors (SQLite result codes, PostgreSQL SQLSTATEs) are mapped to
+/// these variants by the engine adapters, so callers can react to `LeaseLost` or
+/// `Busy` the same way whichever database sits underneath. Every variant that
+/// rejects an operation guarantees the operation changed nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database URL could not be parsed.
+    #[error("invalid database URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL, with any password removed.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The URL names an engine drover does not have.
+    #[error(
+        "unsupported database scheme {scheme:?}: use sqlite://PATH, sqlite::memory: or postgres://…"
+    )]
+    UnsupportedScheme {
+        /// The scheme found in the URL.
+        scheme: String,
+    },
+    /// The database could not be reached or refused the connection.
+    #[error("cannot connect to {url}")]
+    Connect {
+        /// The URL, with any password removed.
+        url: String,
+        /// What the driver reported.
+        #[source]
+        source: DriverError,
+    },
+    /// The database did not answer within the connect timeout.
+    #[error("cannot connect to {url}: no answer within {timeout:?}")]
+    ConnectTimeout {
+        /// The URL, with any password removed.
+        url: String,
+        /// How long drover waited.
+        timeout: std::time::Duration,
+    },
+    /// The database holds a schema written by a newer drover; this binary refuses to
+    /// touch it rather than misread it.
+    #[error(
+        "the database schema is version {found}, newer than this drover supports ({supported}); upgrade drover"
+    )]
+    SchemaTooNew {
+        /// The newest migration applied to the database.
+        found: i64,
+        /// The newest migration this binary knows.
+        supported: i64,
+    },
+    /// The database schema is older than this binary and migrations were not
+    /// requested on connect.
+    #[error(
+        "the database schema is version {found}, older than this drover needs ({supported}); run `drover migrate`"
+    )]
+    SchemaBehind {
+        /// The newest migration applied to the database (0 = none).
+        found: i64,
+        /// The newest migration this binary knows.
+        supported: i64,
+    },
+    /// Applying the embedded migrations failed.
+    #[error("cannot migrate the database")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    /// A key is empty, longer than 1024 bytes or contains NUL.
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key (cut to 64 characters when long).
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A process name is empty, longer than 1024 bytes or contains NUL.
+    #[error("invalid process name {process:?}: {reason}")]
+    InvalidProcess {
+        /// The name (cut to 64 characters when long).
+        process: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A query named a process that was never enqueued to nor configured.
+    #[error("unknown process {0:?}")]
+    UnknownProcess(String),
+    /// A parameter is out of range (a zero TTL, a zero limit, …).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The session is gone or past its deadline: its leases may already belong to
+    /// someone else. Start a new session.
+    #[error("session {session} expired")]
+    SessionExpired {
+        /// The expired session.
+        session: SessionId,
+    },
+    /// The lease is no longer held (reclaimed, released, or superseded by a newer
+    /// fencing token): the caller must stop working on the key.
+    #[error("lease on {process}/{key} (token {token}) was lost")]
+    LeaseLost {
+        /// The lease's process.
+        process: String,
+        /// The lease's key.
+        key: String,
+        /// The stale fencing token.
+        token: FencingToken,
+    },
+    /// `lease_lock` was refused because another session holds the key.
+    #[error("{process}/{key} is leased by another worker")]
+    AlreadyLeased {
+        /// The process.
+        process: String,
+        /// The key.
+        key: String,
+    },
+    /// `lease_lock` was refused because the key is backing off after a failure.
+    #[error("{process}/{key} is backing off until {until}")]
+    InBackoff {
+        /// The process.
+        process: String,
+        /// The key.
+        key: String,
+        /// When the backoff ends.
+        until: DateTime<Utc>,
+    },
+    /// `lease_lock` was refused because the key is parked after a permanent error;
+    /// an enqueue revives it.
+    #[error("{process}/{key} is parked after a permanent error")]
+    Parked {
+        /// The process.
+        process: String,
+        /// The key.
+        key: String,
+    },
+    /// Contention outlasted drover's patience: SQLite stayed locked past its busy
+    /// timeout, PostgreSQL kept aborting the transaction (serialization failure,
+    /// deadlock) through every retry, or no pooled connection came free. Nothing
+    /// was written; retrying later may succeed.
+    #[error("the database is busy")]
+    Busy(#[source] DriverError),
+    /// The connection to the database failed before the operation committed, so
+    /// nothing was written; retrying (on a fresh connection) may succeed. The
+    /// PostgreSQL engine retries these itself a few times before reporting one.
+    #[error("the database connection failed")]
+    Unavailable(#[source] DriverError),
+    /// The connection failed while committing: the operation may or may not have
+    /// been applied. Not retried, since applying it twice could be wrong; a lost
+    /// claim's leases stay with the session until it is closed or reclaimed.
+    #[error("the database connection failed while committing; the outcome is unknown")]
+    CommitUnknown(#[source] DriverError),
+    /// Any other database error.
+    #[error("database error")]
+    Database(#[source] DriverError),
+}
+
+/// A database driver's error, kept whole for inspection ([`DriverError::get`]).
+///
+/// It reports the driver's message as its own and no further source: sqlx
+/// repeats its cause's text in its message, so an error chain printed with
+/// `{:#}` would otherwise say everything twice.
+#[derive(Debug)]
+pub struct DriverError(pub sqlx::Error);
+
+impl DriverError {
+    /// The driver's error.
+    #[must_use]
+    pub fn get(&self) -> &sqlx::Error {
+        &self.0
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+impl From<sqlx::Error> for DriverError {
+    fn from(e: sqlx::Error) -> Self {
+        Self(e)
+    }
+}
+
+impl StoreError {
+    /// Whether this rejects one lease (`LeaseLost`, `SessionExpired`) rather than
+    /// the whole operation.
+    pub(crate) fn is_lease_rejection(&self) -> bool {
+        matches!(self, Self::LeaseLost { .. } | Self::SessionExpired { .. })
+    }
+
+    /// Whether retrying the same operation later may succeed (`Busy`, lost
+    /// connections); `false` for errors that will repeat (`LeaseLost`, bad input).
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Busy(_) | Self::Unavailable(_) | Self::ConnectTimeout { .. } => true,
+            Self::Connect { source, .. } => {
+                matches!(source.get(), sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The embedded migrations (`migrations/sqlite`, `migrations/postgres`) and the
+//! schema-version check every engine runs on connect.
+
+use sqlx::migrate::{MigrateError, Migrator};
+
+use super::error::StoreError;
+
+/// The table recording applied migrations, prefixed like every drover table.
+pub(crate) const MIGRATIONS_TABLE: &str = "drover_migrations";
+
+/// The SQLite migrations, compiled into the binary.
+pub(crate) fn sqlite() -> Migrator {
+    with_table(sqlx::migrate!("migrations/sqlite"))
+}
+
+/// The PostgreSQL migrations, compiled into the binary.
+pub(crate) fn postgres() -> Migrator {
+    with_table(sqlx::migrate!("migrations/postgres"))
+}
+
+fn with_table(mut m: Migrator) -> Migrator {
+    m.dangerous_set_table_name(MIGRATIONS_TABLE);
+    m
+}
+
+/// The newest migration version a migrator knows.
+pub(crate) fn supported(m: &Migrator) -> i64 {
+    m.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// Refuses a schema newer than this binary, and (when not migrating) one that is
+/// older. `found` is the newest applied version, 0 for an empty database.
+pub(crate) fn check_version(found: i64, m: &Migrator, migrating: bool) -> Result<(), StoreError> {
+    let supported = supported(m);
+    if found > supported {
+        return Err(StoreError::SchemaTooNew { found, supported });
+    }
+    if found < supported && !migrating {
+        return Err(StoreError::SchemaBehind { found, supported });
+    }
+    Ok(())
+}
+
+/// Maps a migration failure; an applied migration unknown to this binary means the
+/// schema is newer.
+pub(crate) fn map_error(e: MigrateError, m: &Migrator) -> StoreError {
+    match e {
+        MigrateError::VersionMissing(found) => StoreError::SchemaTooNew {
+            found,
+            supported: supported(m),
+        },
+        other => StoreError::Migrate(other),
+    }
+}

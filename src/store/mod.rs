@@ -1,0 +1,91 @@
+//! The durable store: DESIGN.md's "Semantics" on a real database, so work survives
+//! restarts and a fleet of workers can share it.
+//!
+//! One trait, [`StoreEngine`], is the seam (noun-then-verb methods taking params
+//! structs and returning domain types). Two engines implement it, each with its
+//! own SQL:
+//!
+//! - [`SqliteStore`]: the embedded default; one file, WAL, every write in one
+//!   `BEGIN IMMEDIATE` transaction, no server to run;
+//! - [`PostgresStore`]: many nodes against one database; `FOR UPDATE SKIP LOCKED`
+//!   claims in one statement per batch, `NOTIFY` on enqueue.
+//!
+//! [`Store`] picks the engine from the URL and implements the same trait, so most
+//! code holds a `Store`. What every engine guarantees (and
+//! `tests/store_contract.rs` checks on each):
+//!
+//! - **fencing**: a lease carries a strictly increasing token; completing,
+//!   releasing or heartbeating after the session expired or the lease was
+//!   reclaimed fails with [`StoreError::SessionExpired`] / [`StoreError::LeaseLost`]
+//!   and changes nothing;
+//! - **coalescing**: one row per (process, key); a pending key keeps the earlier
+//!   ready time and the higher priority, a running key is marked dirty and runs
+//!   exactly once more;
+//! - **outcomes and backoff**: see [`Outcome`]; the failure count and the backoff
+//!   live in the row, configured per process ([`ProcessConfigure`]), and an enqueue
+//!   never shortens a backoff unless it sets `bypass_backoff`;
+//! - **reclaim**: [`StoreEngine::session_reclaim`] turns the leases of expired
+//!   sessions back into pending items;
+//! - **history**: every step is an event ([`EventKind`]), pruned by age.
+//!
+//! ```
+//! use std::time::Duration;
+//! use drover::store::{
+//!     ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, SessionClose, SessionStart, Store,
+//!     StoreEngine as _,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), drover::store::StoreError> {
+//! let store = Store::connect("sqlite::memory:").await?; // or sqlite://drover.db, postgres://…
+//! store.item_enqueue(ItemEnqueue::new("provision", ["machine-1", "machine-2"])).await?;
+//! let session = store
+//!     .session_start(SessionStart { component: "example".into(), ttl: Duration::from_secs(30) })
+//!     .await?;
+//! let claim = LeaseClaim { session: session.id, process: "provision".into(), max: 10 };
+//! let leases = store.lease_claim(claim).await?;
+//! assert_eq!(leases.len(), 2);
+//! for lease in &leases {
+//!     // … converge lease.key, then report how it went:
+//!     store.lease_complete(LeaseComplete { lease, outcome: &Outcome::Done }).await?;
+//! }
+//! store.session_close(SessionClose { session: session.id }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Times always come from the database clock. Tests shift it through
+//! [`Store::clock`] instead of sleeping.
+
+mod any;
+mod clock;
+mod decode;
+mod engine;
+mod enqueue;
+mod error;
+mod key;
+mod migrate;
+mod options;
+mod params;
+mod postgres;
+mod settle;
+mod sqlite;
+mod types;
+mod url;
+mod wakeup;
+
+pub use any::Store;
+pub use clock::Clock;
+pub use engine::StoreEngine;
+pub use error::{DriverError, StoreError};
+pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
+pub use options::StoreOptions;
+pub use params::{
+    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+};
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+pub use types::{
+    EnqueueReport, EventKind, FencingToken, HistoryEvent, Item, ItemDetail, ItemState, Lease,
+    Outcome, ProcessCounts, ReclaimReport, Session, SessionId,
+};

@@ -1,0 +1,53 @@
+//! [`StoreOptions`]: how [`Store::connect_with`](super::Store::connect_with) opens a
+//! database.
+
+use std::time::Duration;
+
+/// Connection settings, validated when used. The defaults suit a worker process.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub(crate) migrate: bool,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) max_connections: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            migrate: true,
+            connect_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// Whether to apply the embedded migrations on connect (default `true`).
+    /// With `false` the schema is only checked: a database that is behind is
+    /// refused until `drover migrate` runs, one that is newer is always refused.
+    #[must_use]
+    pub fn migrate(self, migrate: bool) -> Self {
+        Self { migrate, ..self }
+    }
+
+    /// How long to wait for the database to answer before giving up (default 5 s).
+    /// Shorter fails faster on a dead server; longer survives a slow failover.
+    #[must_use]
+    pub fn connect_timeout(self, connect_timeout: Duration) -> Self {
+        Self {
+            connect_timeout,
+            ..self
+        }
+    }
+
+    /// The most connections the pool opens (default 8, at least 1). More lets more
+    /// workers talk to PostgreSQL at once; SQLite serialises writers anyway and an
+    /// in-memory SQLite database always uses exactly one.
+    #[must_use]
+    pub fn max_connections(self, max_connections: u32) -> Self {
+        Self {
+            max_connections: max_connections.max(1),
+            ..self
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! [`PostgresStore`] and its [`StoreEngine`] implementation, which delegates each
+//! operation to the file named for its noun, retrying lost races.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgPool, Postgres, Transaction};
+
+use super::error::Db as _;
+use super::retry::retry;
+use super::{inspect, items, leases, sessions};
+use crate::store::params::{
+    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+};
+use crate::store::types::{
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessCounts, ReclaimReport, Session,
+};
+use crate::store::{Clock, StoreEngine, StoreError};
+
+/// A READ COMMITTED transaction.
+pub(super) type Tx = Transaction<'static, Postgres>;
+
+/// The database clock, shifted by the test offset bound as the parameter `$1`.
+pub(super) const NOW: &str = "SELECT now() + $1::float8 * interval '1 millisecond'";
+
+/// The PostgreSQL engine. Cheap to clone; clones share the pool and the clock.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pub(super) pool: PgPool,
+    pub(super) clock: Clock,
+}
+
+impl PostgresStore {
+    /// The connection pool, for reconcilers that keep their own tables in the
+    /// same database, and for `LISTEN`ing on [`notify_channel`](Self::notify_channel).
+    #[must_use]
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The test clock shift this store adds to the database clock.
+    #[must_use]
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Closes the pool, waiting for connections to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// The channel an enqueue to `process` notifies (`LISTEN` on it to wake up
+    /// instead of polling): `drover_` + the name when it is a short lower-case
+    /// identifier, otherwise `drover_` + a stable hash of it (PostgreSQL channel
+    /// names are at most 63 bytes). Notifications are only a hint: poll too.
+    #[must_use]
+    pub fn notify_channel(process: &str) -> String {
+        let plain = process.len() <= 48
+            && process
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if plain {
+            return format!("drover_{process}");
+        }
+        // FNV-1a: stable across Rust versions and platforms, unlike std's hasher.
+        let hash = process.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("drover_{hash:016x}")
+    }
+
+    /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
+    /// shape) that is true when `lease_lock` would accept the key: the key is not
+    /// leased, not parked and not backing off. `process` and `key` are spliced in
+    /// as SQL — pass placeholders or column names, never user input:
+    ///
+    /// ```text
+    /// SELECT m.id FROM machines m
+    /// WHERE m.needs_provisioning AND <candidate_filter("$1", "m.id")>
+    /// ```
+    #[must_use]
+    pub fn candidate_filter(&self, process: &str, key: &str) -> String {
+        format!(
+            "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
+             WHERE drover_i.process = {process} AND drover_i.key = {key} \
+             AND (drover_i.state <> 'pending' OR drover_i.backoff_until > \
+             now() + {offset} * interval '1 millisecond'))",
+            offset = self.clock.offset_ms()
+        )
+    }
+
+    /// The database clock, shifted by the test offset.
+    pub(super) async fn now<'c, E>(&self, conn: E) -> Result<DateTime<Utc>, StoreError>
+    where
+        E: sqlx::PgExecutor<'c>,
+    {
+        sqlx::query_scalar(NOW)
+            .bind(self.clock.offset_ms())
+            .fetch_one(conn)
+            .await
+            .db()
+    }
+
+    /// Starts a transaction and reads the clock inside it.
+    pub(super) async fn write(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
+        let mut tx = self.pool.begin().await.db()?;
+        let now = self.now(&mut *tx).await?;
+        Ok((tx, now))
+    }
+}
+
+impl StoreEngine for PostgresStore {
+    async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
+        retry(|| sessions::start(self, &params)).await
+    }
+
+    async fn session_heartbeat(
+        &self,
+        params: SessionHeartbeat,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        retry(|| sessions::heartbeat(self, params.session)).await
+    }
+
+    async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
+        retry(|| sessions::close(self, params.session)).await
+    }
+
+    async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
+        retry(|| sessions::reclaim(self)).await
+    }
+
+    async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
+        retry(|| items::enqueue(self, &params)).await
+    }
+
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+        retry(|| leases::claim(self, &params)).await
+    }
+
+    async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
+        retry(|| leases::complete(self, params)).await
+    }
+
+    async fn lease_complete_batch(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        retry(|| leases::complete_batch(self, batch)).await
+    }
+
+    async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
+        retry(|| leases::release(self, params)).await
+    }
+
+    async fn lease_lock(&self, params: LeaseLock) -> Result<Lease, StoreError> {
+        retry(|| leases::lock(self, &params)).await
+    }
+
+    async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
+        inspect::item_list(self, &params).await
+    }
+
+    async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
+        inspect::item_get(self, &params).await
+    }
+
+    async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {
+        inspect::history_list(self, &params).await
+    }
+
+    async fn history_prune(&self, params: HistoryPrune) -> Result<u64, StoreError> {
+        retry(|| inspect::history_prune(self, params)).await
+    }
+
+    async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
+        inspect::process_counts(self).await
+    }
+
+    async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
+        retry(|| items::configure(self, &params)).await
+    }
+
+    async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
+        self.now(&self.pool).await
+    }
+}

@@ -1,0 +1,79 @@
+//! Maps sqlx/PostgreSQL errors to [`StoreError`].
+
+use crate::store::StoreError;
+
+/// SQLSTATEs meaning "this transaction lost a race; running it again may succeed":
+/// serialization_failure, deadlock_detected, lock_not_available.
+const RETRYABLE: [&str; 3] = ["40001", "40P01", "55P03"];
+
+/// SQLSTATEs meaning "the server went away": admin_shutdown, crash_shutdown,
+/// cannot_connect_now (class 08, connection exceptions, is matched by prefix).
+const GONE: [&str; 3] = ["57P01", "57P02", "57P03"];
+
+/// Maps a driver error: lost races and pool exhaustion become
+/// [`StoreError::Busy`], broken connections [`StoreError::Unavailable`], the rest
+/// [`StoreError::Database`].
+pub(super) fn map(e: sqlx::Error) -> StoreError {
+    let code = match &e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    };
+    match (&e, code.as_deref()) {
+        (_, Some(c)) if RETRYABLE.contains(&c) => StoreError::Busy(e.into()),
+        (_, Some(c)) if c.starts_with("08") || GONE.contains(&c) => {
+            StoreError::Unavailable(e.into())
+        }
+        (sqlx::Error::PoolTimedOut, _) => StoreError::Busy(e.into()),
+        (sqlx::Error::Io(_) | sqlx::Error::Tls(_), _) => StoreError::Unavailable(e.into()),
+        _ => StoreError::Database(e.into()),
+    }
+}
+
+/// Maps an error from the statement that commits (`COMMIT`, or an autocommit
+/// write): a broken connection there leaves the outcome unknown.
+pub(super) fn map_commit(e: sqlx::Error) -> StoreError {
+    match map(e) {
+        StoreError::Unavailable(e) => StoreError::CommitUnknown(e),
+        other => other,
+    }
+}
+
+/// Commits, mapping with [`map_commit`].
+pub(super) async fn commit(tx: super::engine::Tx) -> Result<(), StoreError> {
+    tx.commit().await.map_err(map_commit)
+}
+
+/// `.db()?` on driver results.
+pub(super) trait Db<T> {
+    /// Maps the error with [`map`].
+    fn db(self) -> Result<T, StoreError>;
+}
+
+impl<T> Db<T> for Result<T, sqlx::Error> {
+    fn db(self) -> Result<T, StoreError> {
+        self.map_err(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    }
+
+    #[test]
+    fn a_broken_connection_is_retryable_before_commit_and_unknown_at_commit() {
+        assert!(matches!(map(io()), StoreError::Unavailable(_)));
+        assert!(matches!(map_commit(io()), StoreError::CommitUnknown(_)));
+        assert!(matches!(
+            map(sqlx::Error::PoolTimedOut),
+            StoreError::Busy(_)
+        ));
+        assert!(matches!(
+            map(sqlx::Error::RowNotFound),
+            StoreError::Database(_)
+        ));
+    }
+}

@@ -1,0 +1,340 @@
+//! Leases on PostgreSQL: claim (one `SKIP LOCKED` statement per batch), complete,
+//! release and lock, each checked against the session and the fencing token.
+
+use chrono::{DateTime, Utc};
+
+use super::engine::{PostgresStore, Tx};
+use super::error::{Db as _, commit, map, map_commit};
+use super::items::ensure_process;
+use super::rows::{RunningRow, duration_ms};
+use super::sessions::requeue;
+use crate::store::StoreError;
+use crate::store::key::{validate_key, validate_process};
+use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
+use crate::store::settle::{Settled, settle};
+use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
+
+/// The whole claim in one statement: check the session, walk the process's
+/// distinct pending priorities from the highest down (`prios`, one index probe
+/// each), take each priority's ready rows in (ready time, id) order skipping rows
+/// other claimers hold, lease them with fresh fencing tokens, log `started`.
+///
+/// Walking priorities keeps a claim O(P log n) for P distinct priorities: a plain
+/// `ORDER BY priority DESC, ready_at` scan would step over every not-yet-ready row
+/// of a higher priority (a million keys in backoff after an outage) on each poll.
+/// The outer `LIMIT` stops the walk, and the locking, as soon as `$3` rows are in.
+/// The final outer join yields one row even when nothing was claimed, so `live`
+/// tells an expired session apart from an empty queue.
+const CLAIM: &str = "
+WITH RECURSIVE clock AS (SELECT now() + $4::float8 * interval '1 millisecond' AS now),
+live AS (
+  SELECT s.id FROM drover_sessions s
+  WHERE s.id = $1 AND s.deadline > (SELECT now FROM clock)),
+prios AS (
+  SELECT max(priority) AS p FROM drover_items
+  WHERE process = $2 AND state = 'pending' AND EXISTS (SELECT 1 FROM live)
+  UNION ALL
+  SELECT (SELECT max(priority) FROM drover_items
+          WHERE process = $2 AND state = 'pending' AND priority < prios.p)
+  FROM prios WHERE prios.p IS NOT NULL),
+picked AS (
+  SELECT r.id FROM prios CROSS JOIN LATERAL (
+    SELECT i.id FROM drover_items i
+    WHERE i.process = $2 AND i.state = 'pending' AND i.priority = prios.p
+      AND i.ready_at <= (SELECT now FROM clock)
+    ORDER BY i.ready_at, i.id
+    LIMIT $3
+    FOR UPDATE OF i SKIP LOCKED) r
+  WHERE prios.p IS NOT NULL
+  LIMIT $3),
+claimed AS (
+  UPDATE drover_items i SET state = 'running', lease_session = $1,
+      lease_token = nextval('drover_lease_tokens'), started_at = (SELECT now FROM clock)
+  FROM picked WHERE i.id = picked.id
+  RETURNING i.id, i.process, i.key, i.priority, i.failures, i.ready_at, i.enqueued_at,
+      i.lease_token, i.started_at),
+logged AS (
+  INSERT INTO drover_history (at, process, key, event, session, token, attempt)
+  SELECT started_at, process, key, 'started', $1, lease_token, failures + 1 FROM claimed)
+SELECT (SELECT count(*) FROM live) AS live, c.process, c.key, c.priority, c.failures,
+    c.enqueued_at, c.lease_token, c.started_at
+FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+ORDER BY c.priority DESC, c.ready_at, c.id";
+
+/// One row of [`CLAIM`]'s result.
+#[derive(Debug, sqlx::FromRow)]
+struct ClaimRow {
+    live: i64,
+    process: Option<String>,
+    key: Option<String>,
+    priority: Option<i32>,
+    failures: Option<i32>,
+    enqueued_at: Option<DateTime<Utc>>,
+    lease_token: Option<i64>,
+    started_at: Option<DateTime<Utc>>,
+}
+
+impl ClaimRow {
+    fn into_lease(self, session: SessionId) -> Option<Lease> {
+        Some(Lease {
+            session,
+            process: self.process?,
+            key: self.key?,
+            token: FencingToken(self.lease_token?),
+            attempt: u32::try_from(self.failures?).unwrap_or(0).saturating_add(1),
+            priority: self.priority?,
+            enqueued_at: self.enqueued_at?,
+            started_at: self.started_at?,
+        })
+    }
+}
+
+pub(super) async fn claim(
+    store: &PostgresStore,
+    params: &LeaseClaim,
+) -> Result<Vec<Lease>, StoreError> {
+    validate_process(&params.process)?;
+    let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
+        .bind(params.session.0)
+        .bind(&params.process)
+        .bind(i64::from(params.max))
+        .bind(store.clock.offset_ms())
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_commit)?;
+    if rows.first().is_none_or(|r| r.live == 0) {
+        return Err(StoreError::SessionExpired {
+            session: params.session,
+        });
+    }
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| r.into_lease(params.session))
+        .collect())
+}
+
+/// Fails with `SessionExpired` unless the session exists and its deadline is
+/// still ahead.
+async fn check_session(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    session: SessionId,
+) -> Result<(), StoreError> {
+    let alive: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM drover_sessions WHERE id = $1 AND deadline > $2")
+            .bind(session.0)
+            .bind(now)
+            .fetch_optional(&mut **tx)
+            .await
+            .db()?;
+    alive
+        .map(|_| ())
+        .ok_or(StoreError::SessionExpired { session })
+}
+
+/// Checks the session, then locks the lease's running row; `LeaseLost` if the
+/// token or session no longer match.
+async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<RunningRow, StoreError> {
+    check_session(tx, now, lease.session).await?;
+    let row: Option<RunningRow> = sqlx::query_as(
+        "SELECT i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at,
+             i.dirty_priority, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms,
+             p.backoff_jitter
+         FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
+         WHERE i.process = $1 AND i.key = $2 AND i.state = 'running'
+             AND i.lease_token = $3 AND i.lease_session = $4
+         FOR UPDATE OF i",
+    )
+    .bind(&lease.process)
+    .bind(&lease.key)
+    .bind(lease.token.0)
+    .bind(lease.session.0)
+    .fetch_optional(&mut **tx)
+    .await
+    .db()?;
+    row.ok_or_else(|| StoreError::LeaseLost {
+        process: lease.process.clone(),
+        key: lease.key.clone(),
+        token: lease.token,
+    })
+}
+
+pub(super) async fn complete(
+    store: &PostgresStore,
+    params: LeaseComplete<'_>,
+) -> Result<(), StoreError> {
+    let results = complete_batch(store, &[params]).await?;
+    results.into_iter().next().unwrap_or(Ok(()))
+}
+
+/// Settles every lease in one transaction. A lease that was lost or whose
+/// session expired gets its own error and changes nothing; the others commit.
+/// Any other failure rolls the whole batch back.
+pub(super) async fn complete_batch(
+    store: &PostgresStore,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let mut results = Vec::with_capacity(batch.len());
+    for params in batch {
+        let row = match held(&mut tx, now, params.lease).await {
+            Ok(row) => row,
+            Err(e) if e.is_lease_rejection() => {
+                results.push(Err(e));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let settled = settle(now, &row.running(), params.outcome);
+        write_settled(&mut tx, now, row.id, params.lease, &settled).await?;
+        results.push(Ok(()));
+    }
+    commit(tx).await?;
+    Ok(results)
+}
+
+/// Writes what [`settle`] decided: the history events, then the row's next state
+/// (or its deletion).
+async fn write_settled(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    id: i64,
+    lease: &Lease,
+    settled: &Settled,
+) -> Result<(), StoreError> {
+    for e in &settled.events {
+        sqlx::query(
+            "INSERT INTO drover_history (at, process, key, event, session, token, attempt,
+                 error, transient) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(now)
+        .bind(&lease.process)
+        .bind(&lease.key)
+        .bind(e.kind.as_str())
+        .bind(lease.session.0)
+        .bind(lease.token.0)
+        .bind(i32::try_from(lease.attempt).unwrap_or(i32::MAX))
+        .bind(&e.error)
+        .bind(e.transient)
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    }
+    let Some(next) = &settled.next else {
+        sqlx::query("DELETE FROM drover_items WHERE id = $1")
+            .bind(id)
+            .execute(&mut **tx)
+            .await
+            .db()?;
+        return Ok(());
+    };
+    sqlx::query(
+        "UPDATE drover_items SET state = $2, priority = $3, ready_at = $4, enqueued_at = $5,
+             failures = $6, backoff_until = $7, backoff_ms = $8, last_error = $9,
+             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(if next.parked { "parked" } else { "pending" })
+    .bind(next.priority)
+    .bind(next.ready_at)
+    .bind(next.enqueued_at)
+    .bind(i32::try_from(next.failures).unwrap_or(i32::MAX))
+    .bind(next.backoff_until)
+    .bind(next.backoff.map(duration_ms))
+    .bind(&next.last_error)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+pub(super) async fn release(
+    store: &PostgresStore,
+    params: LeaseRelease<'_>,
+) -> Result<(), StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let row = held(&mut tx, now, params.lease).await?;
+    requeue(&mut tx, now, &[row.id], EventKind::Canceled).await?;
+    commit(tx).await
+}
+
+pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Lease, StoreError> {
+    validate_process(&params.process)?;
+    validate_key(&params.key)?;
+    let (mut tx, now) = store.write().await?;
+    check_session(&mut tx, now, params.session).await?;
+    ensure_process(&mut tx, now, &params.process).await?;
+    let row: Option<(i32, i32, DateTime<Utc>, i64)> = sqlx::query_as(
+        "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
+             lease_session, lease_token, started_at)
+         VALUES ($1, $2, 'running', 0, $3, $3, $4, nextval('drover_lease_tokens'), $3)
+         ON CONFLICT (process, key) DO UPDATE SET state = 'running',
+             lease_session = EXCLUDED.lease_session, lease_token = EXCLUDED.lease_token,
+             started_at = EXCLUDED.started_at
+         WHERE i.state = 'pending' AND COALESCE(i.backoff_until, $3) <= $3
+         RETURNING priority, failures, enqueued_at, lease_token",
+    )
+    .bind(&params.process)
+    .bind(&params.key)
+    .bind(now)
+    .bind(params.session.0)
+    .fetch_optional(&mut *tx)
+    .await
+    .db()?;
+    let Some((priority, failures, enqueued_at, token)) = row else {
+        return Err(refusal(&mut tx, now, params).await);
+    };
+    let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
+    sqlx::query(
+        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
+         VALUES ($1, $2, $3, 'started', $4, $5, $6)",
+    )
+    .bind(now)
+    .bind(&params.process)
+    .bind(&params.key)
+    .bind(params.session.0)
+    .bind(token)
+    .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+    .execute(&mut *tx)
+    .await
+    .db()?;
+    commit(tx).await?;
+    Ok(Lease {
+        session: params.session,
+        process: params.process.clone(),
+        key: params.key.clone(),
+        token: FencingToken(token),
+        attempt,
+        priority,
+        enqueued_at,
+        started_at: now,
+    })
+}
+
+/// Why `lease_lock` could not take a key (the upsert above locked its row).
+async fn refusal(tx: &mut Tx, now: DateTime<Utc>, params: &LeaseLock) -> StoreError {
+    let row: Option<(String, Option<DateTime<Utc>>)> = match sqlx::query_as(
+        "SELECT state, backoff_until FROM drover_items WHERE process = $1 AND key = $2",
+    )
+    .bind(&params.process)
+    .bind(&params.key)
+    .fetch_optional(&mut **tx)
+    .await
+    {
+        Ok(row) => row,
+        Err(e) => return map(e),
+    };
+    let (process, key) = (params.process.clone(), params.key.clone());
+    match row {
+        Some((state, _)) if state == "running" => StoreError::AlreadyLeased { process, key },
+        Some((state, _)) if state == "parked" => StoreError::Parked { process, key },
+        Some((_, Some(until))) if until > now => StoreError::InBackoff {
+            process,
+            key,
+            until,
+        },
+        _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
+    }
+}

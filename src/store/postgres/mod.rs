@@ -1,0 +1,17 @@
+//! The PostgreSQL engine: many drover nodes against one database. Claims are one
+//! `FOR UPDATE SKIP LOCKED` statement per batch, so parallel claimers never wait
+//! on or fight over the same row; everything is correct under the default READ
+//! COMMITTED isolation; each enqueue sends a `NOTIFY` on the process's channel
+//! (see [`PostgresStore::notify_channel`]) as an optional wake-up.
+
+mod connect;
+mod engine;
+mod error;
+mod inspect;
+mod items;
+mod leases;
+mod retry;
+mod rows;
+mod sessions;
+
+pub use engine::PostgresStore;

@@ -1,0 +1,89 @@
+//! Opening a SQLite database: WAL, a busy timeout, the migrations.
+
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use super::engine::SqliteStore;
+use super::error::map;
+use crate::store::{Clock, StoreError, StoreOptions, migrate};
+
+/// How long a writer waits for another connection's write lock before the
+/// operation fails with [`StoreError::Busy`]. Generous: writes are short, and
+/// waiting beats surfacing "database is locked" to a worker.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl SqliteStore {
+    /// Opens (creating if missing) the SQLite database at `url` (`sqlite://PATH`,
+    /// `sqlite:///ABSOLUTE/PATH` or `sqlite::memory:`) and checks or applies the
+    /// migrations. An in-memory database lives as long as this store and uses one
+    /// connection.
+    pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        let connect = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::InvalidUrl {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT);
+        let memory = url.contains(":memory:") || url.contains("mode=memory");
+        let pool_options = if memory {
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+        } else {
+            SqlitePoolOptions::new().max_connections(options.max_connections)
+        };
+        let pool =
+            tokio::time::timeout(options.connect_timeout, pool_options.connect_with(connect))
+                .await
+                .map_err(|_| StoreError::ConnectTimeout {
+                    url: url.to_owned(),
+                    timeout: options.connect_timeout,
+                })?
+                .map_err(|source| StoreError::Connect {
+                    url: url.to_owned(),
+                    source: source.into(),
+                })?;
+        migrate_pool(&pool, options.migrate).await?;
+        Ok(Self {
+            pool,
+            clock: Clock::default(),
+        })
+    }
+
+    /// Applies any migrations this binary has and the database lacks.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrate_pool(&self.pool, true).await
+    }
+}
+
+/// Checks the schema version and applies missing migrations, all inside one
+/// `BEGIN IMMEDIATE` transaction: SQLite has no migration lock of its own, so
+/// holding the write lock is what lets several processes start on a fresh file
+/// at once (the others wait on the busy timeout, then find the work done).
+async fn migrate_pool(pool: &SqlitePool, migrating: bool) -> Result<(), StoreError> {
+    let migrator = migrate::sqlite();
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
+    let found: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(version) FROM drover_migrations WHERE success")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap_or(None);
+    migrate::check_version(found.unwrap_or(0), &migrator, migrating)?;
+    if migrating {
+        // `run_direct` is sqlx's documented way around `run`'s "Acquire is not
+        // general enough" error for a borrowed connection inside a transaction.
+        migrator
+            .run_direct(None, &mut *tx, false)
+            .await
+            .map_err(|e| migrate::map_error(e, &migrator))?;
+    }
+    tx.commit().await.map_err(map)
+}

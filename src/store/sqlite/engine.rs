@@ -1,0 +1,165 @@
+//! [`SqliteStore`] and its [`StoreEngine`] implementation, which delegates each
+//! operation to the file named for its noun.
+
+use chrono::{DateTime, Utc};
+use sqlx::{Sqlite, SqlitePool, Transaction};
+
+use super::error::Db as _;
+use super::rows::to_time;
+use super::{inspect, items, leases, sessions};
+use crate::store::params::{
+    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+};
+use crate::store::types::{
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessCounts, ReclaimReport, Session,
+};
+use crate::store::{Clock, StoreEngine, StoreError};
+
+/// A write transaction: `BEGIN IMMEDIATE`, so it holds SQLite's write lock from
+/// its first statement and can never fail half-way on a lock upgrade.
+pub(super) type Tx = Transaction<'static, Sqlite>;
+
+/// The SQLite engine. Cheap to clone; clones share the pool and the clock.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pub(super) pool: SqlitePool,
+    pub(super) clock: Clock,
+}
+
+impl SqliteStore {
+    /// The connection pool, for reconcilers that keep their own tables in the
+    /// same database file (one file to back up, one transaction if they wish).
+    #[must_use]
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The test clock shift this store adds to the database clock.
+    #[must_use]
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Closes the pool, waiting for connections to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
+    /// shape) that is true when `lease_lock` would accept the key: the key is not
+    /// leased, not parked and not backing off. `process` and `key` are spliced in
+    /// as SQL — pass placeholders or column names, never user input:
+    ///
+    /// ```text
+    /// SELECT m.id FROM machines m
+    /// WHERE m.needs_provisioning AND <candidate_filter("?1", "m.id")>
+    /// ```
+    #[must_use]
+    pub fn candidate_filter(&self, process: &str, key: &str) -> String {
+        format!(
+            "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
+             WHERE drover_i.process = {process} AND drover_i.key = {key} \
+             AND (drover_i.state <> 'pending' OR drover_i.backoff_until > \
+             CAST(unixepoch('subsec') * 1000 AS INTEGER) + {offset}))",
+            offset = self.clock.offset_ms()
+        )
+    }
+
+    /// The database clock in milliseconds, shifted by the test offset.
+    pub(super) async fn now_ms<'c, E>(&self, conn: E) -> Result<i64, StoreError>
+    where
+        E: sqlx::SqliteExecutor<'c>,
+    {
+        let now: i64 =
+            sqlx::query_scalar("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1")
+                .bind(self.clock.offset_ms())
+                .fetch_one(conn)
+                .await
+                .db()?;
+        Ok(now)
+    }
+
+    /// Starts a write transaction and reads the clock inside it.
+    pub(super) async fn write(&self) -> Result<(Tx, i64), StoreError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
+        let now = self.now_ms(&mut *tx).await?;
+        Ok((tx, now))
+    }
+}
+
+impl StoreEngine for SqliteStore {
+    async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
+        sessions::start(self, params).await
+    }
+
+    async fn session_heartbeat(
+        &self,
+        params: SessionHeartbeat,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        sessions::heartbeat(self, params.session).await
+    }
+
+    async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
+        sessions::close(self, params.session).await
+    }
+
+    async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
+        sessions::reclaim(self).await
+    }
+
+    async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
+        items::enqueue(self, params).await
+    }
+
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+        leases::claim(self, params).await
+    }
+
+    async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
+        leases::complete(self, params).await
+    }
+
+    async fn lease_complete_batch(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        leases::complete_batch(self, batch).await
+    }
+
+    async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
+        leases::release(self, params).await
+    }
+
+    async fn lease_lock(&self, params: LeaseLock) -> Result<Lease, StoreError> {
+        leases::lock(self, params).await
+    }
+
+    async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
+        inspect::item_list(self, params).await
+    }
+
+    async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
+        inspect::item_get(self, params).await
+    }
+
+    async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {
+        inspect::history_list(self, params).await
+    }
+
+    async fn history_prune(&self, params: HistoryPrune) -> Result<u64, StoreError> {
+        inspect::history_prune(self, params).await
+    }
+
+    async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
+        inspect::process_counts(self).await
+    }
+
+    async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
+        items::configure(self, params).await
+    }
+
+    async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
+        Ok(to_time(self.now_ms(&self.pool).await?))
+    }
+}

@@ -1,0 +1,326 @@
+//! Leases on SQLite: claim, complete, release and lock, each checked against the
+//! session and the fencing token inside one write transaction.
+
+use super::engine::{SqliteStore, Tx};
+use super::error::Db as _;
+use super::items::ensure_process;
+use super::rows::{RunningRow, duration_ms, to_ms, to_time};
+use super::sessions::requeue;
+use crate::store::StoreError;
+use crate::store::key::{validate_key, validate_process};
+use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
+use crate::store::settle::{Settled, settle};
+use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
+
+/// Fails with `SessionExpired` unless the session exists and its deadline is
+/// still ahead.
+async fn check_session(tx: &mut Tx, now: i64, session: SessionId) -> Result<(), StoreError> {
+    let alive: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM drover_sessions WHERE id = ?1 AND deadline > ?2")
+            .bind(session.0)
+            .bind(now)
+            .fetch_optional(&mut **tx)
+            .await
+            .db()?;
+    alive
+        .map(|_| ())
+        .ok_or(StoreError::SessionExpired { session })
+}
+
+/// Takes `n` fencing tokens; returns the first.
+async fn take_tokens(tx: &mut Tx, n: i64) -> Result<i64, StoreError> {
+    let last: i64 = sqlx::query_scalar(
+        "UPDATE drover_counters SET value = value + ?1 WHERE name = 'lease_token' RETURNING value",
+    )
+    .bind(n)
+    .fetch_one(&mut **tx)
+    .await
+    .db()?;
+    Ok(last - n + 1)
+}
+
+/// Marks one item running under a lease and records `started`.
+async fn start_run(
+    tx: &mut Tx,
+    now: i64,
+    id: i64,
+    session: SessionId,
+    token: i64,
+) -> Result<Lease, StoreError> {
+    let (process, key, priority, failures, enqueued_at): (String, String, i32, i64, i64) =
+        sqlx::query_as(
+            "UPDATE drover_items SET state = 'running', lease_session = ?2, lease_token = ?3,
+                 started_at = ?4 WHERE id = ?1
+             RETURNING process, key, priority, failures, enqueued_at",
+        )
+        .bind(id)
+        .bind(session.0)
+        .bind(token)
+        .bind(now)
+        .fetch_one(&mut **tx)
+        .await
+        .db()?;
+    let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
+    sqlx::query(
+        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
+         VALUES (?1, ?2, ?3, 'started', ?4, ?5, ?6)",
+    )
+    .bind(now)
+    .bind(&process)
+    .bind(&key)
+    .bind(session.0)
+    .bind(token)
+    .bind(attempt)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(Lease {
+        session,
+        process,
+        key,
+        token: FencingToken(token),
+        attempt,
+        priority,
+        enqueued_at: to_time(enqueued_at),
+        started_at: to_time(now),
+    })
+}
+
+/// Up to `max` ready items in claim order: priorities from the highest down (one
+/// index probe each), each priority's ready rows by (ready time, id). Walking the
+/// priorities keeps a claim O(P log n) for P distinct priorities, where one
+/// `ORDER BY priority DESC, ready_at` scan would step over every not-yet-ready row
+/// of a higher priority (a million keys in backoff after an outage) on each poll.
+async fn ready_ids(tx: &mut Tx, now: i64, process: &str, max: u32) -> Result<Vec<i64>, StoreError> {
+    let mut ids = Vec::new();
+    let mut below = i64::MAX;
+    while ids.len() < max as usize {
+        let priority: Option<i32> = sqlx::query_scalar(
+            "SELECT priority FROM drover_items
+             WHERE process = ?1 AND state = 'pending' AND priority < ?2
+             ORDER BY priority DESC LIMIT 1",
+        )
+        .bind(process)
+        .bind(below)
+        .fetch_optional(&mut **tx)
+        .await
+        .db()?;
+        let Some(priority) = priority else { break };
+        let more: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM drover_items
+             WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
+             ORDER BY ready_at, id LIMIT ?4",
+        )
+        .bind(process)
+        .bind(priority)
+        .bind(now)
+        .bind(i64::from(max) - ids.len() as i64)
+        .fetch_all(&mut **tx)
+        .await
+        .db()?;
+        ids.extend(more);
+        below = i64::from(priority);
+    }
+    Ok(ids)
+}
+
+pub(super) async fn claim(
+    store: &SqliteStore,
+    params: LeaseClaim,
+) -> Result<Vec<Lease>, StoreError> {
+    validate_process(&params.process)?;
+    let (mut tx, now) = store.write().await?;
+    check_session(&mut tx, now, params.session).await?;
+    let ids = ready_ids(&mut tx, now, &params.process, params.max).await?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let first = take_tokens(&mut tx, ids.len() as i64).await?;
+    let mut leases = Vec::with_capacity(ids.len());
+    for (token, id) in (first..).zip(ids) {
+        leases.push(start_run(&mut tx, now, id, params.session, token).await?);
+    }
+    tx.commit().await.db()?;
+    Ok(leases)
+}
+
+/// Checks the session, then finds the lease's running row; `LeaseLost` if the
+/// token or session no longer match.
+async fn held(tx: &mut Tx, now: i64, lease: &Lease) -> Result<RunningRow, StoreError> {
+    check_session(tx, now, lease.session).await?;
+    let row: Option<RunningRow> = sqlx::query_as(
+        "SELECT i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at,
+             i.dirty_priority, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms,
+             p.backoff_jitter
+         FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
+         WHERE i.process = ?1 AND i.key = ?2 AND i.state = 'running'
+             AND i.lease_token = ?3 AND i.lease_session = ?4",
+    )
+    .bind(&lease.process)
+    .bind(&lease.key)
+    .bind(lease.token.0)
+    .bind(lease.session.0)
+    .fetch_optional(&mut **tx)
+    .await
+    .db()?;
+    row.ok_or_else(|| StoreError::LeaseLost {
+        process: lease.process.clone(),
+        key: lease.key.clone(),
+        token: lease.token,
+    })
+}
+
+pub(super) async fn complete(
+    store: &SqliteStore,
+    params: LeaseComplete<'_>,
+) -> Result<(), StoreError> {
+    let results = complete_batch(store, &[params]).await?;
+    results.into_iter().next().unwrap_or(Ok(()))
+}
+
+/// Settles every lease in one transaction. A lease that was lost or whose
+/// session expired gets its own error and changes nothing; the others commit.
+/// Any other failure rolls the whole batch back.
+pub(super) async fn complete_batch(
+    store: &SqliteStore,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let mut results = Vec::with_capacity(batch.len());
+    for params in batch {
+        let row = match held(&mut tx, now, params.lease).await {
+            Ok(row) => row,
+            Err(e) if e.is_lease_rejection() => {
+                results.push(Err(e));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let settled = settle(to_time(now), &row.running(), params.outcome);
+        write_settled(&mut tx, now, row.id, params.lease, &settled).await?;
+        results.push(Ok(()));
+    }
+    tx.commit().await.db()?;
+    Ok(results)
+}
+
+/// Writes what [`settle`] decided: the history events, then the row's next state
+/// (or its deletion).
+async fn write_settled(
+    tx: &mut Tx,
+    now: i64,
+    id: i64,
+    lease: &Lease,
+    settled: &Settled,
+) -> Result<(), StoreError> {
+    for e in &settled.events {
+        sqlx::query(
+            "INSERT INTO drover_history (at, process, key, event, session, token, attempt,
+                 error, transient) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )
+        .bind(now)
+        .bind(&lease.process)
+        .bind(&lease.key)
+        .bind(e.kind.as_str())
+        .bind(lease.session.0)
+        .bind(lease.token.0)
+        .bind(lease.attempt)
+        .bind(&e.error)
+        .bind(e.transient)
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    }
+    let Some(next) = &settled.next else {
+        sqlx::query("DELETE FROM drover_items WHERE id = ?1")
+            .bind(id)
+            .execute(&mut **tx)
+            .await
+            .db()?;
+        return Ok(());
+    };
+    sqlx::query(
+        "UPDATE drover_items SET state = ?2, priority = ?3, ready_at = ?4, enqueued_at = ?5,
+             failures = ?6, backoff_until = ?7, backoff_ms = ?8, last_error = ?9,
+             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL
+         WHERE id = ?1",
+    )
+    .bind(id)
+    .bind(if next.parked { "parked" } else { "pending" })
+    .bind(next.priority)
+    .bind(to_ms(next.ready_at))
+    .bind(to_ms(next.enqueued_at))
+    .bind(next.failures)
+    .bind(next.backoff_until.map(to_ms))
+    .bind(next.backoff.map(duration_ms))
+    .bind(&next.last_error)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+pub(super) async fn release(
+    store: &SqliteStore,
+    params: LeaseRelease<'_>,
+) -> Result<(), StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let row = held(&mut tx, now, params.lease).await?;
+    requeue(&mut tx, now, &[row.id], EventKind::Canceled).await?;
+    tx.commit().await.db()
+}
+
+pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease, StoreError> {
+    validate_process(&params.process)?;
+    validate_key(&params.key)?;
+    let (mut tx, now) = store.write().await?;
+    check_session(&mut tx, now, params.session).await?;
+    ensure_process(&mut tx, now, &params.process).await?;
+    let id: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
+         VALUES (?1, ?2, 'pending', 0, ?3, ?3)
+         ON CONFLICT (process, key) DO UPDATE SET state = i.state
+         WHERE i.state = 'pending' AND COALESCE(i.backoff_until, ?3) <= ?3
+         RETURNING id",
+    )
+    .bind(&params.process)
+    .bind(&params.key)
+    .bind(now)
+    .fetch_optional(&mut *tx)
+    .await
+    .db()?;
+    let Some(id) = id else {
+        return Err(refusal(&mut tx, now, params).await);
+    };
+    let token = take_tokens(&mut tx, 1).await?;
+    let lease = start_run(&mut tx, now, id, params.session, token).await?;
+    tx.commit().await.db()?;
+    Ok(lease)
+}
+
+/// Why `lease_lock` could not take a key.
+async fn refusal(tx: &mut Tx, now: i64, params: LeaseLock) -> StoreError {
+    let row: Option<(String, Option<i64>)> = match sqlx::query_as(
+        "SELECT state, backoff_until FROM drover_items WHERE process = ?1 AND key = ?2",
+    )
+    .bind(&params.process)
+    .bind(&params.key)
+    .fetch_optional(&mut **tx)
+    .await
+    {
+        Ok(row) => row,
+        Err(e) => return super::error::map(e),
+    };
+    let (process, key) = (params.process, params.key);
+    match row {
+        Some((state, _)) if state == "running" => StoreError::AlreadyLeased { process, key },
+        Some((state, _)) if state == "parked" => StoreError::Parked { process, key },
+        Some((_, Some(until))) if until > now => StoreError::InBackoff {
+            process,
+            key,
+            until: to_time(until),
+        },
+        _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
+    }
+}

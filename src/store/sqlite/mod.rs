@@ -1,0 +1,15 @@
+//! The SQLite engine: the embedded default. One file, no server; WAL so readers
+//! never block the writer, every write in one `BEGIN IMMEDIATE` transaction so
+//! writers queue on SQLite's busy timeout instead of failing with "database is
+//! locked", and times stored as integer milliseconds of the database clock.
+
+mod connect;
+mod engine;
+mod error;
+mod inspect;
+mod items;
+mod leases;
+mod rows;
+mod sessions;
+
+pub use engine::SqliteStore;

@@ -1,0 +1,141 @@
+//! Sessions on SQLite: start, heartbeat, close, and reclaiming expired ones.
+
+use chrono::{DateTime, Utc};
+
+use super::engine::{SqliteStore, Tx};
+use super::error::Db as _;
+use super::rows::{duration_ms, to_time};
+use crate::store::StoreError;
+use crate::store::params::SessionStart;
+use crate::store::types::{EventKind, ReclaimReport, Session, SessionId};
+
+pub(super) async fn start(
+    store: &SqliteStore,
+    params: SessionStart,
+) -> Result<Session, StoreError> {
+    let ttl_ms = duration_ms(params.ttl);
+    if ttl_ms < 1 {
+        return Err(StoreError::InvalidArgument(
+            "a session's ttl must be at least 1 ms".into(),
+        ));
+    }
+    let (mut tx, now) = store.write().await?;
+    let (id, deadline): (i64, i64) = sqlx::query_as(
+        "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline)
+         VALUES (?1, ?2, ?3, ?3, ?3 + ?2) RETURNING id, deadline",
+    )
+    .bind(&params.component)
+    .bind(ttl_ms)
+    .bind(now)
+    .fetch_one(&mut *tx)
+    .await
+    .db()?;
+    tx.commit().await.db()?;
+    Ok(Session {
+        id: SessionId(id),
+        component: params.component,
+        ttl: params.ttl,
+        deadline: to_time(deadline),
+    })
+}
+
+pub(super) async fn heartbeat(
+    store: &SqliteStore,
+    session: SessionId,
+) -> Result<DateTime<Utc>, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let deadline: Option<i64> = sqlx::query_scalar(
+        "UPDATE drover_sessions SET heartbeat_at = ?2, deadline = ?2 + ttl_ms
+         WHERE id = ?1 AND deadline > ?2 RETURNING deadline",
+    )
+    .bind(session.0)
+    .bind(now)
+    .fetch_optional(&mut *tx)
+    .await
+    .db()?;
+    let deadline = deadline.ok_or(StoreError::SessionExpired { session })?;
+    tx.commit().await.db()?;
+    Ok(to_time(deadline))
+}
+
+pub(super) async fn close(store: &SqliteStore, session: SessionId) -> Result<u64, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM drover_items WHERE state = 'running' AND lease_session = ?1",
+    )
+    .bind(session.0)
+    .fetch_all(&mut *tx)
+    .await
+    .db()?;
+    requeue(&mut tx, now, &ids, EventKind::Canceled).await?;
+    sqlx::query("DELETE FROM drover_sessions WHERE id = ?1")
+        .bind(session.0)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    tx.commit().await.db()?;
+    Ok(ids.len() as u64)
+}
+
+pub(super) async fn reclaim(store: &SqliteStore) -> Result<ReclaimReport, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT i.id FROM drover_items i WHERE i.state = 'running' AND NOT EXISTS (
+             SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session AND s.deadline > ?1)",
+    )
+    .bind(now)
+    .fetch_all(&mut *tx)
+    .await
+    .db()?;
+    requeue(&mut tx, now, &ids, EventKind::Expired).await?;
+    let sessions = sqlx::query("DELETE FROM drover_sessions WHERE deadline <= ?1")
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .db()?
+        .rows_affected();
+    tx.commit().await.db()?;
+    Ok(ReclaimReport {
+        sessions,
+        leases: ids.len() as u64,
+    })
+}
+
+/// Turns running items back into pending ones without counting a failure: ready
+/// at once, keeping the higher of their own and a dirty enqueue's priority, with a
+/// `canceled` or `expired` event naming the lost lease.
+pub(super) async fn requeue(
+    tx: &mut Tx,
+    now: i64,
+    ids: &[i64],
+    event: EventKind,
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let ids = serde_json::Value::from(ids).to_string();
+    sqlx::query(
+        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
+         SELECT ?1, process, key, ?2, lease_session, lease_token, failures + 1
+         FROM drover_items WHERE id IN (SELECT value FROM json_each(?3))",
+    )
+    .bind(now)
+    .bind(event.as_str())
+    .bind(&ids)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    sqlx::query(
+        "UPDATE drover_items SET state = 'pending', ready_at = ?1,
+             priority = MAX(priority, COALESCE(dirty_priority, priority)),
+             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL
+         WHERE id IN (SELECT value FROM json_each(?2))",
+    )
+    .bind(now)
+    .bind(&ids)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}

@@ -1,0 +1,536 @@
+//! The runner against both engines: what a control loop built with
+//! `drover::runner::Controller` guarantees, end to end, in one process.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::Duration;
+
+use drover::backoff::Backoff;
+use drover::runner::{
+    Action, BoxError, Controller, ControllerBuilder, Reconciler, Source, Task, permanent,
+};
+use drover::store::{
+    EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
+};
+use support::{TestDb, each_engine};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const PROCESS: &str = "persist";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A controller tuned for tests: no poll throttling, quick idle polls.
+fn controller<R: Reconciler>(store: &Store, reconciler: R) -> ControllerBuilder<R> {
+    Controller::builder(store.clone(), PROCESS, reconciler)
+        .poll_rate(ms(1), 1000)
+        .idle_poll(ms(50))
+        .ttl(Duration::from_secs(3))
+}
+
+struct Running {
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+impl Running {
+    fn start<R: Reconciler>(builder: ControllerBuilder<R>) -> Self {
+        let controller = builder.build().expect("valid settings");
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn({
+            let stop = stop.clone();
+            async move { controller.run(stop).await.expect("controller runs") }
+        });
+        Self { stop, handle }
+    }
+
+    /// Graceful shutdown; returns once every outcome is written.
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.handle)
+            .await
+            .expect("shutdown within 20 s")
+            .expect("controller task");
+    }
+}
+
+async fn recv<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("the controller made progress within 20 s")
+        .expect("sender alive")
+}
+
+async fn enqueue(store: &Store, keys: &[&str]) {
+    store
+        .item_enqueue(ItemEnqueue::new(PROCESS, keys.iter().copied()))
+        .await
+        .expect("enqueue");
+}
+
+async fn item(db: &TestDb, key: &str) -> Option<drover::store::ItemDetail> {
+    db.store
+        .item_get(ItemGet {
+            process: PROCESS.into(),
+            key: key.into(),
+            history_limit: 100,
+        })
+        .await
+        .expect("item_get")
+}
+
+async fn events(db: &TestDb, key: &str, kind: EventKind) -> Vec<drover::store::HistoryEvent> {
+    let mut all = db
+        .store
+        .history_list(HistoryList {
+            process: Some(PROCESS.into()),
+            key: Some(key.into()),
+            before_id: None,
+            limit: 1000,
+        })
+        .await
+        .expect("history_list");
+    all.retain(|e| e.event == kind);
+    all.reverse();
+    all
+}
+
+/// A reconciler that reports every run's (key, attempt) and ends it with `end`.
+fn reporting<F>(tx: mpsc::UnboundedSender<(String, u32)>, end: F) -> impl Reconciler
+where
+    F: Fn(&Task) -> Result<Action, BoxError> + Send + Sync + 'static,
+{
+    let end = Arc::new(end);
+    move |task: Task| {
+        let (tx, end) = (tx.clone(), Arc::clone(&end));
+        async move {
+            let _ = tx.send((task.key().to_owned(), task.attempt()));
+            end(&task)
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_enqueued_key_is_reconciled_exactly_once() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let running = Running::start(
+            controller(&db.store, reporting(tx, |_| Ok(Action::Done))).parallelism(4),
+        );
+        let keys: Vec<String> = (0..40).map(|i| format!("ns/obj-{i:02}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        enqueue(&db.store, &refs).await;
+        let mut seen = Vec::new();
+        for _ in 0..keys.len() {
+            seen.push(recv(&mut rx).await.0);
+        }
+        running.stop().await;
+        assert!(rx.try_recv().is_err(), "no key ran twice");
+        seen.sort();
+        assert_eq!(seen, keys);
+        let counts = db.store.process_counts().await.unwrap();
+        let counts = counts.iter().find(|c| c.process == PROCESS).unwrap();
+        assert_eq!((counts.pending, counts.running, counts.parked), (0, 0, 0));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_enqueues_during_a_run_gives_exactly_one_more_run() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let gate = Arc::new(Semaphore::new(0));
+        let reconciler = {
+            let gate = Arc::clone(&gate);
+            move |task: Task| {
+                let (tx, gate) = (tx.clone(), Arc::clone(&gate));
+                async move {
+                    tx.send(task.key().to_owned()).unwrap();
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, BoxError>(Action::Done)
+                }
+            }
+        };
+        let running = Running::start(controller(&db.store, reconciler));
+        enqueue(&db.store, &["a"]).await;
+        assert_eq!(recv(&mut rx).await, "a");
+        for _ in 0..100 {
+            enqueue(&db.store, &["a"]).await;
+        }
+        gate.add_permits(1);
+        assert_eq!(
+            recv(&mut rx).await,
+            "a",
+            "the enqueues during the run give one more run"
+        );
+        gate.add_permits(1);
+        running.stop().await;
+        assert!(rx.try_recv().is_err(), "not one run per enqueue");
+        assert!(item(&db, "a").await.is_none(), "nothing left pending");
+        assert_eq!(events(&db, "a", EventKind::Started).await.len(), 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_error_parks_the_key_until_it_is_enqueued_again() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let calls = Arc::new(AtomicU32::new(0));
+        let reconciler = {
+            let calls = Arc::clone(&calls);
+            reporting(tx, move |_| {
+                if calls.fetch_add(1, SeqCst) == 0 {
+                    let invalid = permanent(std::io::Error::other("manifest is invalid"));
+                    Err(anyhow::Error::new(invalid).context("saving the run").into())
+                } else {
+                    Ok(Action::Done)
+                }
+            })
+        };
+        let running = Running::start(controller(&db.store, reconciler));
+        enqueue(&db.store, &["run-1"]).await;
+        recv(&mut rx).await;
+        running.stop().await;
+        let parked = item(&db, "run-1").await.expect("parked item");
+        assert_eq!(parked.item.state, ItemState::Parked);
+        assert_eq!(
+            parked.item.last_error.as_deref(),
+            Some("saving the run: manifest is invalid"),
+            "a wrapped permanent error keeps its class and its whole chain"
+        );
+
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let running = Running::start(controller(&db.store, reporting(tx, |_| Ok(Action::Done))));
+        enqueue(&db.store, &["run-1"]).await;
+        assert_eq!(
+            recv(&mut rx).await.0,
+            "run-1",
+            "an enqueue revives a parked key"
+        );
+        running.stop().await;
+        assert!(item(&db, "run-1").await.is_none());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_back_off_longer_each_time_up_to_the_cap() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let backoff = Backoff::new(ms(40), 2.0, ms(160)).unwrap();
+        let failing = reporting(tx, |_| Err("upstream unavailable".into()));
+        let running = Running::start(
+            controller(&db.store, failing)
+                .backoff(backoff)
+                .idle_poll(ms(10)),
+        );
+        enqueue(&db.store, &["k"]).await;
+        let mut attempts = Vec::new();
+        for _ in 0..5 {
+            attempts.push(recv(&mut rx).await.1);
+        }
+        running.stop().await;
+        assert_eq!(attempts, [1, 2, 3, 4, 5]);
+        let starts = events(&db, "k", EventKind::Started).await;
+        let gaps: Vec<_> = starts
+            .windows(2)
+            .map(|w| (w[1].at - w[0].at).to_std().unwrap())
+            .collect();
+        for (gap, least) in gaps.iter().zip([40, 80, 160, 160]) {
+            assert!(
+                *gap >= ms(least),
+                "a retry came {gap:?} after the last, before its {least} ms backoff"
+            );
+        }
+        let detail = item(&db, "k").await.unwrap();
+        assert!(detail.item.failures >= 5);
+        assert_eq!(
+            detail.item.last_error.as_deref(),
+            Some("upstream unavailable")
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_worker_respects_the_stored_backoff() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let backoff = Backoff::new(ms(400), 2.0, ms(400)).unwrap();
+        let running = Running::start(
+            controller(&db.store, reporting(tx, |_| Err("down".into()))).backoff(backoff),
+        );
+        enqueue(&db.store, &["k"]).await;
+        recv(&mut rx).await;
+        running.stop().await;
+        let until = item(&db, "k")
+            .await
+            .unwrap()
+            .item
+            .backoff_until
+            .expect("in backoff");
+
+        let restarted = db.reconnect().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let running = Running::start(
+            controller(&restarted, reporting(tx, |_| Ok(Action::Done))).idle_poll(ms(10)),
+        );
+        enqueue(&restarted, &["k"]).await; // an enqueue does not shorten the backoff
+        assert_eq!(recv(&mut rx).await, ("k".to_owned(), 2));
+        running.stop().await;
+        let second = &events(&db, "k", EventKind::Started).await[1];
+        assert!(
+            second.at >= until,
+            "ran at {} before the backoff ended at {until}",
+            second.at
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reconciler = reporting(tx, |task| {
+            if task.attempt() == 1 {
+                panic!("bug in the reconciler");
+            }
+            Ok(Action::Done)
+        });
+        let running = Running::start(
+            controller(&db.store, reconciler).backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
+        );
+        enqueue(&db.store, &["p"]).await;
+        assert_eq!(recv(&mut rx).await.1, 1);
+        assert_eq!(recv(&mut rx).await.1, 2, "the worker survived and retried");
+        running.stop().await;
+        let failed = &events(&db, "p", EventKind::Failed).await[0];
+        assert_eq!(failed.transient, Some(true));
+        assert!(
+            failed
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("panicked: bug in the reconciler")
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let stuck = move |task: Task| {
+            let tx = tx.clone();
+            async move {
+                tx.send(task.key().to_owned()).unwrap();
+                std::future::pending::<()>().await;
+                Ok::<_, BoxError>(Action::Done)
+            }
+        };
+        let running = Running::start(
+            controller(&db.store, stuck)
+                .parallelism(3)
+                .shutdown_deadline(ms(200)),
+        );
+        enqueue(&db.store, &["a", "b", "c"]).await;
+        for _ in 0..3 {
+            recv(&mut rx).await;
+        }
+        running.stop().await;
+        for key in ["a", "b", "c"] {
+            let detail = item(&db, key).await.expect("still an item");
+            assert_eq!(
+                detail.item.state,
+                ItemState::Pending,
+                "{key} is pending again"
+            );
+            assert_eq!(detail.item.failures, 0, "a cancellation is not a failure");
+            assert_eq!(events(&db, key, EventKind::Canceled).await.len(), 1);
+        }
+
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let running = Running::start(controller(&db.store, reporting(tx, |_| Ok(Action::Done))));
+        let mut rerun = Vec::new();
+        for _ in 0..3 {
+            rerun.push(recv(&mut rx).await.0);
+        }
+        rerun.sort();
+        assert_eq!(
+            rerun,
+            ["a", "b", "c"],
+            "the released keys run on the next start"
+        );
+        running.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_stops_the_run_and_discards_its_result() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let runs = Arc::new(AtomicU32::new(0));
+        let reconciler = move |task: Task| {
+            let (tx, runs) = (tx.clone(), Arc::clone(&runs));
+            async move {
+                tx.send(format!("start {}", task.attempt())).unwrap();
+                if runs.fetch_add(1, SeqCst) == 0 {
+                    // Reports when the run is stopped (its future dropped).
+                    let _stopped = OnDrop(Some(move || tx.send("stopped".to_owned()).unwrap()));
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, BoxError>(Action::Done)
+            }
+        };
+        let running = Running::start(controller(&db.store, reconciler).ttl(ms(900)));
+        enqueue(&db.store, &["m"]).await;
+        assert_eq!(recv(&mut rx).await, "start 1");
+        // Jump the database clock past the TTL: the next heartbeat is refused.
+        db.store.clock().advance(Duration::from_secs(5));
+        let mut next = vec![recv(&mut rx).await, recv(&mut rx).await];
+        next.sort();
+        assert_eq!(
+            next,
+            ["start 1", "stopped"],
+            "stopped, reclaimed and run again (not a failure)"
+        );
+        running.stop().await;
+        assert_eq!(events(&db, "m", EventKind::Expired).await.len(), 1);
+        assert_eq!(
+            events(&db, "m", EventKind::Finished).await.len(),
+            1,
+            "only the second run's result counts"
+        );
+        assert!(item(&db, "m").await.is_none());
+    })
+    .await;
+}
+
+/// Runs its closure when dropped.
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_controller_wakes_on_an_enqueue_without_polling() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let builder = controller(&db.store, reporting(tx, |_| Ok(Action::Done)))
+            .idle_poll(Duration::from_secs(3600));
+        let running = Running::start(builder);
+        enqueue(&db.store, &["warm"]).await;
+        assert_eq!(recv(&mut rx).await.0, "warm");
+        enqueue(&db.store, &["later"]).await;
+        assert_eq!(
+            recv(&mut rx).await.0,
+            "later",
+            "woken, not polled (the poll is an hour away)"
+        );
+        running.stop().await;
+    })
+    .await;
+}
+
+/// Runs `sql` on the store's own database.
+async fn exec(store: &Store, sql: &str) {
+    if let Some(pool) = store.sqlite_pool() {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .unwrap();
+    } else if let Some(pool) = store.postgres_pool() {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+async fn unstarted(store: Store, limit: u32) -> Result<Vec<String>, BoxError> {
+    let sql = format!("SELECT id FROM machines WHERE NOT started ORDER BY id LIMIT {limit}");
+    let rows: Vec<(String,)> = if let Some(pool) = store.sqlite_pool() {
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_all(pool)
+            .await?
+    } else {
+        let pool = store.postgres_pool().expect("one of the engines");
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_all(pool)
+            .await?
+    };
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_source_locks_candidates_from_the_users_table_and_backs_off_failures() {
+    each_engine(|db| async move {
+        exec(
+            &db.store,
+            "CREATE TABLE machines (id TEXT PRIMARY KEY, started BOOLEAN NOT NULL DEFAULT FALSE)",
+        )
+        .await;
+        exec(
+            &db.store,
+            "INSERT INTO machines (id) VALUES ('m1'), ('m2'), ('m3'), ('m4')",
+        )
+        .await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let agent = move |task: Task| {
+            let tx = tx.clone();
+            async move {
+                tx.send((task.key().to_owned(), task.attempt())).unwrap();
+                if task.key() == "m3" && task.attempt() == 1 {
+                    return Err::<Action, BoxError>("provider timed out".into());
+                }
+                let sql = format!(
+                    "UPDATE machines SET started = TRUE WHERE id = '{}'",
+                    task.key()
+                );
+                exec(task.store(), &sql).await;
+                Ok(Action::Done)
+            }
+        };
+        let builder = controller(&db.store, agent)
+            .source(Source::query(unstarted))
+            .parallelism(2)
+            .idle_poll(ms(10))
+            .backoff(Backoff::new(ms(200), 2.0, ms(200)).unwrap());
+        let running = Running::start(builder);
+        let mut runs = Vec::new();
+        for _ in 0..5 {
+            runs.push(recv(&mut rx).await);
+        }
+        running.stop().await;
+        runs.sort();
+        let expected: Vec<(String, u32)> = [("m1", 1), ("m2", 1), ("m3", 1), ("m3", 2), ("m4", 1)]
+            .iter()
+            .map(|(k, a)| ((*k).to_owned(), *a))
+            .collect();
+        assert_eq!(
+            runs, expected,
+            "each machine once, the failed one retried once"
+        );
+        assert!(unstarted(db.store.clone(), 10).await.unwrap().is_empty());
+        let starts = events(&db, "m3", EventKind::Started).await;
+        assert!(
+            (starts[1].at - starts[0].at).to_std().unwrap() >= ms(200),
+            "the retry waited out its backoff"
+        );
+    })
+    .await;
+}

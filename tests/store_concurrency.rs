@@ -1,0 +1,277 @@
+//! Concurrency: parallel claimers (tasks on every engine, and OS processes on one
+//! SQLite file) never hold the same key at once and together drain every key.
+
+mod support;
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover::store::{
+    EventKind, HistoryList, ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, SessionStart, Store,
+    StoreEngine as _,
+};
+use support::each_engine;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
+
+const P: &str = "drain";
+
+fn key_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("key-{i:04}")).collect()
+}
+
+/// Claims and completes until a claim comes back empty; returns the keys it ran.
+/// Each claimed key is registered in `in_flight` for the duration of its run, and
+/// finding it already there fails the test.
+async fn drain(store: Store, in_flight: Arc<Mutex<HashSet<String>>>) -> Vec<String> {
+    let session = store
+        .session_start(SessionStart {
+            component: "claimer".into(),
+            ttl: Duration::from_secs(60),
+        })
+        .await
+        .expect("session");
+    let mut ran = Vec::new();
+    loop {
+        let claim = LeaseClaim {
+            session: session.id,
+            process: P.into(),
+            max: 7,
+        };
+        let leases = store.lease_claim(claim).await.expect("claim");
+        if leases.is_empty() {
+            return ran;
+        }
+        for lease in &leases {
+            let fresh = in_flight.lock().expect("lock").insert(lease.key.clone());
+            assert!(fresh, "{} handed out twice at once", lease.key);
+        }
+        tokio::task::yield_now().await;
+        for lease in &leases {
+            in_flight.lock().expect("lock").remove(&lease.key);
+            let done = LeaseComplete {
+                lease,
+                outcome: &Outcome::Done,
+            };
+            store.lease_complete(done).await.expect("complete");
+            ran.push(lease.key.clone());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_claimers_never_share_a_key_and_together_drain_every_key() {
+    each_engine(|db| async move {
+        let keys = key_names(400);
+        let enqueue = ItemEnqueue::new(P, keys.iter().cloned());
+        db.store.item_enqueue(enqueue).await.expect("enqueue");
+        let in_flight = Arc::new(Mutex::new(HashSet::new()));
+        let workers: Vec<_> = (0..12)
+            .map(|_| tokio::spawn(drain(db.store.clone(), in_flight.clone())))
+            .collect();
+        let mut ran = Vec::new();
+        for worker in workers {
+            ran.extend(worker.await.expect("worker"));
+        }
+        ran.sort();
+        assert_eq!(ran, keys, "every key ran exactly once");
+        let counts = db.store.process_counts().await.expect("counts");
+        assert_eq!((counts[0].pending, counts[0].running), (0, 0));
+    })
+    .await;
+}
+
+/// Claims and completes until `stop` is set and a claim comes back empty.
+async fn work_until_stopped(store: Store, stop: Arc<std::sync::atomic::AtomicBool>) {
+    let session = store
+        .session_start(SessionStart {
+            component: "claimer".into(),
+            ttl: Duration::from_secs(60),
+        })
+        .await
+        .expect("session");
+    loop {
+        let stopping = stop.load(std::sync::atomic::Ordering::SeqCst);
+        let claim = LeaseClaim {
+            session: session.id,
+            process: P.into(),
+            max: 3,
+        };
+        let leases = store.lease_claim(claim).await.expect("claim");
+        if leases.is_empty() && stopping {
+            return;
+        }
+        tokio::task::yield_now().await;
+        let done: Vec<_> = leases
+            .iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &Outcome::Done,
+            })
+            .collect();
+        for result in store.lease_complete_batch(&done).await.expect("complete") {
+            result.expect("lease held");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_enqueue_during_concurrent_runs_is_followed_by_a_later_run() {
+    each_engine(|db| async move {
+        let keys = key_names(12);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let claimers: Vec<_> = (0..6)
+            .map(|_| tokio::spawn(work_until_stopped(db.store.clone(), stop.clone())))
+            .collect();
+        let producers: Vec<_> = (0..3)
+            .map(|p| {
+                let (store, keys) = (db.store.clone(), keys.clone());
+                tokio::spawn(async move {
+                    for i in 0..60 {
+                        let key = keys[(i * 7 + p) % keys.len()].clone();
+                        store
+                            .item_enqueue(ItemEnqueue::new(P, [key]))
+                            .await
+                            .expect("enqueue");
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        for producer in producers {
+            producer.await.expect("producer");
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for claimer in claimers {
+            claimer.await.expect("claimer");
+        }
+        for key in &keys {
+            let history = db
+                .store
+                .history_list(HistoryList {
+                    process: Some(P.into()),
+                    key: Some(key.clone()),
+                    before_id: None,
+                    limit: 10_000,
+                })
+                .await
+                .expect("history");
+            let last = |kind| history.iter().find(|e| e.event == kind).map(|e| e.id);
+            let enqueued = last(EventKind::Enqueued).expect("enqueued");
+            let started = last(EventKind::Started).expect("started");
+            assert!(started > enqueued, "{key}: no run after its last enqueue");
+        }
+        let counts = db.store.process_counts().await.expect("counts");
+        assert_eq!((counts[0].pending, counts[0].running), (0, 0));
+    })
+    .await;
+}
+
+/// The variable that turns [`worker_process`] into a claimer on a given database.
+const WORKER_ENV: &str = "DROVER_TEST_WORKER_URL";
+
+/// Not a test of its own: run by [`two_processes_on_one_sqlite_file_share_the_work`]
+/// as a child process. Without the variable it does nothing. It claims one key,
+/// says `HOLDING` and waits for a line on stdin (so the parent can see both
+/// processes hold a lease at the same time), then drains, printing `RAN key` per
+/// key.
+#[tokio::test]
+async fn worker_process() {
+    let Ok(url) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    let store = Store::connect(&url).await.expect("child connects");
+    let session = store
+        .session_start(SessionStart {
+            component: "child".into(),
+            ttl: Duration::from_secs(60),
+        })
+        .await
+        .expect("session");
+    let claim = LeaseClaim {
+        session: session.id,
+        process: P.into(),
+        max: 1,
+    };
+    let first = store.lease_claim(claim).await.expect("claim").remove(0);
+    println!("\nHOLDING {}", first.key);
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).expect("go signal");
+    let done = LeaseComplete {
+        lease: &first,
+        outcome: &Outcome::Done,
+    };
+    store.lease_complete(done).await.expect("complete");
+    println!("RAN {}", first.key);
+    for key in drain(store, Arc::default()).await {
+        println!("RAN {key}");
+    }
+}
+
+/// Spawns a worker child and waits until it holds its first lease.
+async fn ready_child(exe: &std::path::Path, url: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = tokio::process::Command::new(exe)
+        .args([
+            "--exact",
+            "worker_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(WORKER_ENV, url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    while let Some(line) = lines.next_line().await.expect("child output") {
+        if line.starts_with("HOLDING ") {
+            return (child, lines);
+        }
+    }
+    panic!(
+        "child exited before it held a lease: {:?}",
+        child.wait().await
+    );
+}
+
+#[tokio::test]
+async fn two_processes_on_one_sqlite_file_share_the_work() {
+    let (db, _dir) = support::sqlite().await;
+    let keys = key_names(600);
+    let enqueue = ItemEnqueue::new(P, keys.iter().cloned());
+    db.store.item_enqueue(enqueue).await.expect("enqueue");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut children = Vec::new();
+    // The first child holds its lease until told to go, so the second claims while
+    // it does: two processes hold distinct leases on one file at the same time.
+    for _ in 0..2 {
+        children.push(ready_child(&exe, &db.url).await);
+    }
+    for (child, _) in &mut children {
+        let stdin = child.stdin.as_mut().expect("child stdin");
+        stdin.write_all(b"go\n").await.expect("start child");
+    }
+    let mut ran = Vec::new();
+    for (mut child, mut lines) in children {
+        let mut mine = 0;
+        while let Some(line) = lines.next_line().await.expect("child output") {
+            if let Some((_, key)) = line.split_once("RAN ") {
+                ran.push(key.to_owned());
+                mine += 1;
+            }
+        }
+        assert!(
+            child.wait().await.expect("child exits").success(),
+            "child failed"
+        );
+        assert!(mine > 0, "each process ran at least the key it held");
+    }
+    ran.sort();
+    assert_eq!(
+        ran, keys,
+        "every key ran exactly once across both processes"
+    );
+}

@@ -1,0 +1,145 @@
+//! Connecting: URL schemes, creating databases, migrations when several nodes
+//! start at once, and refusing what cannot work.
+
+mod support;
+
+use drover::store::{
+    ItemEnqueue, LeaseClaim, SessionStart, Store, StoreEngine as _, StoreError, StoreOptions,
+};
+
+#[tokio::test]
+async fn an_in_memory_sqlite_store_works_for_the_life_of_the_store() {
+    let store = Store::connect("sqlite::memory:").await.expect("connect");
+    assert_eq!(store.engine_name(), "sqlite");
+    store
+        .item_enqueue(ItemEnqueue::new("p", ["a"]))
+        .await
+        .expect("enqueue");
+    let session = store
+        .session_start(SessionStart {
+            component: "t".into(),
+            ttl: std::time::Duration::from_secs(5),
+        })
+        .await
+        .expect("session");
+    let claim = LeaseClaim {
+        session: session.id,
+        process: "p".into(),
+        max: 5,
+    };
+    assert_eq!(store.lease_claim(claim).await.expect("claim").len(), 1);
+}
+
+#[tokio::test]
+async fn a_missing_sqlite_file_is_created_and_migrated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("new.db");
+    let store = Store::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("connect");
+    assert!(path.exists());
+    assert!(store.process_counts().await.expect("counts").is_empty());
+}
+
+#[tokio::test]
+async fn several_nodes_migrating_a_fresh_database_at_once_all_succeed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sqlite = format!("sqlite://{}", dir.path().join("race.db").display());
+    let mut urls = vec![sqlite];
+    let mut schema = None;
+    if let Some(base) = support::postgres_url() {
+        let name = format!("drover_race_{:08x}", rand::random::<u32>());
+        let admin = sqlx::PgPool::connect(&base).await.expect("postgres");
+        let create = format!("CREATE SCHEMA {name}");
+        sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&admin)
+            .await
+            .expect("schema");
+        urls.push(format!("{base}?options=-c%20search_path%3D{name}"));
+        schema = Some((base, name));
+    }
+    let mut failures = Vec::new();
+    for url in &urls {
+        let nodes: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move { Store::connect(&url).await.map(|_| ()) })
+            })
+            .collect();
+        for node in nodes {
+            if let Err(e) = node.await.expect("task") {
+                failures.push(format!("{url}: {e}"));
+            }
+        }
+    }
+    if let Some((base, name)) = schema {
+        support::drop_schema(&base, &name).await;
+    }
+    assert!(failures.is_empty(), "every node connects: {failures:?}");
+}
+
+#[tokio::test]
+async fn unknown_schemes_and_malformed_urls_are_refused_before_connecting() {
+    for (url, scheme) in [("mysql://h/db", "mysql"), ("redis://x", "redis")] {
+        let err = Store::connect(url).await.expect_err("refused");
+        assert!(
+            matches!(&err, StoreError::UnsupportedScheme { scheme: s } if s == scheme),
+            "{err}"
+        );
+    }
+    for url in ["drover.db", "postgres://:::", "postgres://h:notaport/db"] {
+        let err = Store::connect(url).await.expect_err("refused");
+        assert!(matches!(err, StoreError::InvalidUrl { .. }), "{url}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_fails_at_once_and_hides_the_password() {
+    let started = std::time::Instant::now();
+    let options = StoreOptions::default().connect_timeout(std::time::Duration::from_secs(3));
+    let err = Store::connect_with("postgres://me:hunter2@127.0.0.1:1/db", &options)
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        matches!(
+            err,
+            StoreError::Connect { .. } | StoreError::ConnectTimeout { .. }
+        ),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn a_rejected_login_is_a_connect_error() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let url = base.replacen("postgres://postgres@", "postgres://no_such_role:pw@", 1);
+    if url == base {
+        eprintln!("skipping: {base} does not start with postgres://postgres@");
+        return;
+    }
+    let err = Store::connect(&url).await.expect_err("unknown role");
+    assert!(matches!(err, StoreError::Connect { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn without_migrating_an_unmigrated_database_is_refused_with_a_hint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("old.db").display());
+    let options = StoreOptions::default().migrate(false);
+    let err = Store::connect_with(&url, &options)
+        .await
+        .expect_err("behind");
+    assert!(
+        matches!(err, StoreError::SchemaBehind { found: 0, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("drover migrate"), "{err}");
+    Store::connect(&url).await.expect("migrates");
+    Store::connect_with(&url, &options)
+        .await
+        .expect("up to date now");
+}

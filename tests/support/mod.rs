@@ -1,0 +1,134 @@
+//! Shared test support: fresh databases on every engine.
+//!
+//! [`each_engine`] runs a test body once per engine: SQLite (a fresh file in a
+//! temporary directory) always, PostgreSQL (a fresh schema, dropped afterwards)
+//! when `DROVER_TEST_POSTGRES_URL` is set. When it is set the PostgreSQL run is
+//! required: an unreachable database fails the test loudly.
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use drover::store::{Session, SessionStart, Store, StoreEngine as _};
+
+/// The variable naming the PostgreSQL server for tests.
+pub(crate) const POSTGRES_ENV: &str = "DROVER_TEST_POSTGRES_URL";
+
+/// One fresh, isolated database.
+#[derive(Debug)]
+pub(crate) struct TestDb {
+    /// A connected, migrated store.
+    pub(crate) store: Store,
+    /// The URL that reaches this database (and only it): pass it to the CLI.
+    pub(crate) url: String,
+    /// `sqlite` or `postgres`.
+    pub(crate) engine: &'static str,
+}
+
+impl TestDb {
+    /// A second, independent connection to the same database (a "restart").
+    pub(crate) async fn reconnect(&self) -> Store {
+        Store::connect(&self.url).await.expect("reconnect")
+    }
+
+    /// Starts a session with a 30 s TTL.
+    pub(crate) async fn session(&self) -> Session {
+        self.store
+            .session_start(SessionStart {
+                component: "test".into(),
+                ttl: std::time::Duration::from_secs(30),
+            })
+            .await
+            .expect("session_start")
+    }
+}
+
+/// A fresh SQLite database in its own temporary directory, which lives as long as
+/// the returned guard.
+pub(crate) async fn sqlite() -> (TestDb, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("drover.db").display());
+    let store = Store::connect(&url).await.expect("connect to SQLite");
+    let db = TestDb {
+        store,
+        url,
+        engine: "sqlite",
+    };
+    (db, dir)
+}
+
+/// The PostgreSQL base URL, or `None` (with a printed reason) when unset.
+pub(crate) fn postgres_url() -> Option<String> {
+    match std::env::var(POSTGRES_ENV) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!("skipping the PostgreSQL half: {POSTGRES_ENV} is not set");
+            None
+        }
+    }
+}
+
+/// A fresh schema on the PostgreSQL server at `base`; panics if it is unreachable.
+pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let schema = format!(
+        "drover_test_{}_{}_{:08x}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst),
+        rand::random::<u32>()
+    );
+    let admin = sqlx::PgPool::connect(base)
+        .await
+        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={base} is set but unreachable: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .expect("create schema");
+    admin.close().await;
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+    let store = Store::connect(&url).await.expect("connect to PostgreSQL");
+    let db = TestDb {
+        store,
+        url,
+        engine: "postgres",
+    };
+    (db, schema)
+}
+
+/// Drops a test schema.
+pub(crate) async fn drop_schema(base: &str, schema: &str) {
+    let admin = sqlx::PgPool::connect(base)
+        .await
+        .expect("reconnect to drop schema");
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&admin)
+        .await
+        .expect("drop schema");
+    admin.close().await;
+}
+
+/// Runs `test` against a fresh database on every engine, SQLite first. A failing
+/// run panics with the engine's name; PostgreSQL schemas are dropped even then.
+pub(crate) async fn each_engine<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (db, dir) = sqlite().await;
+    let outcome = tokio::spawn(test(db)).await;
+    drop(dir);
+    if let Err(e) = outcome {
+        panic!("on sqlite: {e}");
+    }
+    let Some(base) = postgres_url() else { return };
+    let (db, schema) = postgres(&base).await;
+    let store = db.store.clone();
+    let outcome = tokio::spawn(test(db)).await;
+    store.close().await;
+    drop_schema(&base, &schema).await;
+    if let Err(e) = outcome {
+        panic!("on postgres: {e}");
+    }
+}
