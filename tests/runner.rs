@@ -534,3 +534,87 @@ async fn a_query_source_locks_candidates_from_the_users_table_and_backs_off_fail
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_controller_hears_an_enqueue_from_another_process_through_listen() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let builder = controller(&db.store, reporting(tx, |_| Ok(Action::Done)))
+        .idle_poll(Duration::from_secs(3600));
+    let running = Running::start(builder);
+    enqueue(&db.store, &["warm"]).await;
+    assert_eq!(recv(&mut rx).await.0, "warm");
+    // Another OS process: only LISTEN/NOTIFY can tell this one about it.
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(["enqueue", PROCESS, "from-elsewhere", "--db", &db.url])
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        recv(&mut rx).await.0,
+        "from-elsewhere",
+        "woken by NOTIFY, not by the hourly poll"
+    );
+    running.stop().await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_reports_its_outcomes_and_sessions_as_metrics() {
+    each_engine(|db| async move {
+        let process = format!("metered_{}", db.engine);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reconciler = reporting(tx, |task| match task.key() {
+            "bad" => Err(permanent(std::io::Error::other("no")).into()),
+            _ => Ok(Action::Done),
+        });
+        let builder = Controller::builder(db.store.clone(), process.clone(), reconciler)
+            .poll_rate(ms(1), 1000)
+            .idle_poll(ms(20));
+        let running = Running::start(builder);
+        db.store
+            .item_enqueue(ItemEnqueue::new(process.clone(), ["a", "b", "bad"]))
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            recv(&mut rx).await;
+        }
+        running.stop().await;
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, drover::metrics::registry()).unwrap();
+        let line = |prefix: String| {
+            text.lines()
+                .find(|l| l.starts_with(&prefix))
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            line(format!(
+                r#"drover_outcomes_total{{process="{process}",outcome="done"}}"#
+            ))
+            .as_deref(),
+            Some(
+                format!(r#"drover_outcomes_total{{process="{process}",outcome="done"}} 2"#)
+                    .as_str()
+            )
+        );
+        assert!(
+            line(format!(
+                r#"drover_outcomes_total{{process="{process}",outcome="permanent"}} 1"#
+            ))
+            .is_some()
+        );
+        assert!(
+            line(format!(
+                r#"workqueue_work_duration_seconds_count{{name="{process}"}} 3"#
+            ))
+            .is_some()
+        );
+        assert!(line("drover_sessions_active ".to_owned()).is_some());
+    })
+    .await;
+}

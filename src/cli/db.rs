@@ -20,6 +20,11 @@ pub(crate) struct DbArgs {
 }
 
 impl DbArgs {
+    /// The database URL with its password hidden, for banners and logs.
+    pub(crate) fn redacted(&self) -> String {
+        drover::store::redact_url(&self.url)
+    }
+
     /// Connects, applying any migrations the database lacks.
     pub(crate) async fn open(&self) -> anyhow::Result<Store> {
         Store::connect(&self.url)

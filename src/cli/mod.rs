@@ -7,9 +7,12 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod db;
 mod enqueue;
+mod exec;
 mod history;
 mod migrate;
+mod signal;
 mod status;
+mod work;
 
 /// drover runs control loops reliably: keyed work with coalescing, durable
 /// per-key backoff and fenced leases, on SQLite or PostgreSQL.
@@ -32,6 +35,8 @@ enum Command {
     Status(status::Args),
     /// Show what happened to keys, newest first.
     History(history::Args),
+    /// Run a command for each key of a process: a control loop from the shell.
+    Work(work::Args),
 }
 
 /// Parses the command line, runs the subcommand and turns any error into one
@@ -62,6 +67,7 @@ pub(crate) fn main() -> ExitCode {
             Command::Enqueue(args) => enqueue::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::History(args) => history::run(args).await,
+            Command::Work(args) => work::run(args).await,
         }
     });
     match result {

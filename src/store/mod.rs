@@ -89,3 +89,4 @@ pub use types::{
     EnqueueReport, EventKind, FencingToken, HistoryEvent, Item, ItemDetail, ItemState, Lease,
     Outcome, ProcessCounts, ReclaimReport, Session, SessionId,
 };
+pub use url::redact_url;

@@ -1,7 +1,8 @@
 //! Showing database URLs in messages without their passwords.
 
-/// The URL with any password replaced by `***`, so errors and logs never leak it.
-pub(crate) fn redact(url: &str) -> String {
+/// The URL with any password replaced by `***`, so errors, logs and startup
+/// banners never leak it.
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -17,7 +18,7 @@ pub(crate) fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::redact_url as redact;
 
     #[test]
     fn passwords_are_hidden_and_everything_else_kept() {

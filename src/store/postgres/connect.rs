@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, PgPool};
 
 use super::engine::PostgresStore;
-use crate::store::url::redact;
+use crate::store::url::redact_url as redact;
 use crate::store::{Clock, StoreError, StoreOptions, migrate};
 
 /// How long an operation waits for a free pooled connection once connected.

@@ -1,0 +1,304 @@
+//! `drover work --exec` as a user runs it: worker processes (spawned from the
+//! built binary) on both engines, killed, stopped and raced against each other.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use drover::store::{
+    EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use support::{TestDb, each_engine};
+use tokio::process::{Child, Command};
+
+const PROCESS: &str = "jobs";
+
+/// Starts `drover work` on `db` with `exec` and extra flags.
+fn worker(db: &TestDb, exec: &str, flags: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(["work", PROCESS, "--db", &db.url, "--exec", exec])
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover work")
+}
+
+fn signal(child: &Child, signal: Signal) {
+    let pid = i32::try_from(child.id().expect("running")).unwrap();
+    kill(Pid::from_raw(pid), signal).expect("signal the worker");
+}
+
+/// Waits for a graceful exit after SIGTERM.
+async fn stop(mut child: Child) {
+    signal(&child, Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the worker exits within 30 s of SIGTERM")
+        .unwrap();
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+}
+
+/// Polls `check` until it is true; external processes give no other signal.
+async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn enqueue(store: &Store, keys: &[String]) {
+    store
+        .item_enqueue(ItemEnqueue::new(PROCESS, keys.iter().cloned()))
+        .await
+        .unwrap();
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("key-{i:02}")).collect()
+}
+
+/// (pending + backoff, running, parked) of the process.
+async fn counts(store: &Store) -> (u64, u64, u64) {
+    let all = store.process_counts().await.unwrap();
+    all.iter()
+        .find(|c| c.process == PROCESS)
+        .map_or((0, 0, 0), |c| (c.pending + c.backoff, c.running, c.parked))
+}
+
+async fn events(store: &Store, kind: EventKind) -> Vec<drover::store::HistoryEvent> {
+    let mut all = store
+        .history_list(HistoryList {
+            process: Some(PROCESS.into()),
+            key: None,
+            before_id: None,
+            limit: 10_000,
+        })
+        .await
+        .unwrap();
+    all.retain(|e| e.event == kind);
+    all
+}
+
+fn log_path(db: &TestDb) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("drover-work-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{}-{}.log", db.engine, rand::random::<u32>()))
+}
+
+fn read_log(path: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_decide_done_retry_and_park() {
+    each_engine(|db| async move {
+        let script = r#"case "$1" in
+            ok) exit 0 ;;
+            flaky) [ "$DROVER_ATTEMPT" -ge 2 ] && exit 0; echo "try again" >&2; exit 75 ;;
+            *) echo "bad manifest for $DROVER_KEY in $DROVER_PROCESS" >&2; exit 3 ;;
+        esac"#;
+        let exec = format!("sh -c '{script}' sh");
+        let child = worker(
+            &db,
+            &exec,
+            &["--backoff-initial", "50ms", "--backoff-max", "50ms"],
+        );
+        enqueue(&db.store, &["ok".into(), "flaky".into(), "broken".into()]).await;
+        eventually("ok and flaky done, broken parked", || async {
+            counts(&db.store).await == (0, 0, 1)
+        })
+        .await;
+        stop(child).await;
+
+        let failed = events(&db.store, EventKind::Failed).await;
+        let flaky: Vec<_> = failed.iter().filter(|e| e.key == "flaky").collect();
+        assert_eq!(flaky.len(), 1);
+        assert_eq!(flaky[0].transient, Some(true));
+        assert_eq!(flaky[0].error.as_deref(), Some("exit 75: try again"));
+        let broken = db
+            .store
+            .item_get(ItemGet {
+                process: PROCESS.into(),
+                key: "broken".into(),
+                history_limit: 10,
+            })
+            .await
+            .unwrap()
+            .expect("parked item");
+        assert_eq!(broken.item.state, ItemState::Parked);
+        assert_eq!(
+            broken.item.last_error.as_deref(),
+            Some("exit 3: bad manifest for broken in jobs")
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_with_sigkill_takes_its_commands_down_and_its_keys_run_elsewhere_after_the_ttl()
+ {
+    each_engine(|db| async move {
+        let log = log_path(&db);
+        let hold = format!(
+            r#"sh -c 'echo start $1 $$ >> {}; exec sleep 60' sh"#,
+            log.display()
+        );
+        let doomed = worker(&db, &hold, &["--parallelism", "3", "--ttl", "1s"]);
+        let all = keys(3);
+        enqueue(&db.store, &all).await;
+        eventually("three commands running", || async {
+            read_log(&log).len() == 3
+        })
+        .await;
+        signal(&doomed, Signal::SIGKILL);
+
+        let pids: Vec<i32> = read_log(&log)
+            .iter()
+            .map(|l| l[2].parse().unwrap())
+            .collect();
+        eventually("the dead worker's commands to die", || async {
+            pids.iter()
+                .all(|pid| kill(Pid::from_raw(*pid), None).is_err())
+        })
+        .await;
+        let quick = format!(
+            r#"sh -c 'echo start $1 $$ >> {0}; echo end $1 $$ >> {0}' sh"#,
+            log.display()
+        );
+        let heir = worker(&db, &quick, &["--parallelism", "3"]);
+        eventually("every key run again", || async {
+            counts(&db.store).await == (0, 0, 0)
+        })
+        .await;
+        stop(heir).await;
+
+        let lines = read_log(&log);
+        assert_eq!(
+            lines.len(),
+            9,
+            "3 killed runs, then 3 complete runs: {lines:?}"
+        );
+        assert!(
+            lines[3..]
+                .iter()
+                .all(|l| !pids.contains(&l[2].parse().unwrap()))
+        );
+        let expired = events(&db.store, EventKind::Expired).await;
+        assert_eq!(expired.len(), 3, "the dead session's leases were reclaimed");
+        assert_eq!(events(&db.store, EventKind::Finished).await.len(), 3);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_with_parallelism_four_never_run_a_key_twice_at_once() {
+    each_engine(|db| async move {
+        let log = log_path(&db);
+        let exec = format!(
+            r#"sh -c 'echo s $1 $(date +%s%N) >> {0}; sleep 0.05; echo e $1 $(date +%s%N) >> {0}' sh"#,
+            log.display()
+        );
+        let workers: Vec<_> = (0..3).map(|_| worker(&db, &exec, &["--parallelism", "4"])).collect();
+        let all = keys(12);
+        for _ in 0..4 {
+            enqueue(&db.store, &all).await;
+            eventually("some runs", || async { !read_log(&log).is_empty() }).await;
+        }
+        eventually("all work done", || async { counts(&db.store).await == (0, 0, 0) }).await;
+        for w in workers {
+            stop(w).await;
+        }
+
+        let mut runs: HashMap<String, Vec<(char, u128)>> = HashMap::new();
+        for line in read_log(&log) {
+            let kind = line[0].chars().next().unwrap();
+            runs.entry(line[1].clone()).or_default().push((kind, line[2].parse().unwrap()));
+        }
+        assert_eq!(runs.len(), all.len(), "every key ran");
+        for (key, mut marks) in runs {
+            marks.sort_by_key(|(_, at)| *at);
+            for pair in marks.chunks(2) {
+                assert!(
+                    matches!(pair, [('s', _), ('e', _)]),
+                    "{key}: a run started before the previous one ended: {marks:?}"
+                );
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_work_releases_the_running_keys_for_the_next_start() {
+    each_engine(|db| async move {
+        let first = worker(
+            &db,
+            "sh -c 'exec sleep 60' sh",
+            &["--parallelism", "2", "--shutdown-deadline", "200ms"],
+        );
+        let all = keys(4);
+        enqueue(&db.store, &all).await;
+        eventually("two keys running", || async {
+            counts(&db.store).await.1 == 2
+        })
+        .await;
+        stop(first).await;
+        assert_eq!(
+            counts(&db.store).await,
+            (4, 0, 0),
+            "nothing lost, nothing running"
+        );
+        assert_eq!(events(&db.store, EventKind::Canceled).await.len(), 2);
+
+        let second = worker(&db, "true", &["--parallelism", "2"]);
+        eventually("the released keys done", || async {
+            counts(&db.store).await == (0, 0, 0)
+        })
+        .await;
+        stop(second).await;
+        assert_eq!(events(&db.store, EventKind::Finished).await.len(), 4);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once() {
+    let (db, _dir) = support::sqlite().await;
+    let mut child = worker(
+        &db,
+        "sh -c 'exec sleep 60' sh",
+        &["--shutdown-deadline", "1h"],
+    );
+    enqueue(&db.store, &keys(1)).await;
+    eventually("the key running", || async {
+        counts(&db.store).await.1 == 1
+    })
+    .await;
+    signal(&child, Signal::SIGTERM);
+    signal(&child, Signal::SIGINT);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits long before the one-hour deadline")
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+}
