@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod support;
+
 use drover::backoff::Backoff;
 use drover::runner::{Action, BoxError, Controller, Task, permanent};
 use drover::store::{ItemEnqueue, Store, StoreEngine as _};
@@ -184,10 +186,7 @@ async fn verify(db: &AnyPool, cluster: &Cluster) -> Result<(), BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let dir = std::env::temp_dir().join(format!("drover-persistence-agent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let default = format!("sqlite://{}", dir.join("agent.db").display());
-    let url = std::env::args().nth(1).unwrap_or(default);
+    let url = support::database_url("agent.db")?;
     println!("persistence agent: {}", run(&url).await?);
     Ok(())
 }
@@ -195,32 +194,12 @@ async fn main() -> Result<(), BoxError> {
 #[cfg(test)]
 mod tests {
     use super::run;
+    use crate::support::on_every_engine;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_persistence_agent_runs_to_completion_on_every_engine() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("agent.db").display());
-        let summary = run(&url).await.unwrap();
-        assert!(summary.starts_with("400 events"), "{summary}");
-        if let Ok(base) = std::env::var("DROVER_TEST_POSTGRES_URL") {
-            let schema = format!("drover_example_agent_{}", std::process::id());
-            let admin = sqlx::PgPool::connect(&base)
-                .await
-                .expect("DROVER_TEST_POSTGRES_URL reachable");
-            let ddl = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-                .execute(&admin)
-                .await
-                .unwrap();
-            let url = format!("{base}?options=-c%20search_path%3D{schema}");
-            let result = run(&url).await;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-                .execute(&admin)
-                .await
-                .unwrap();
-            assert!(result.unwrap().starts_with("400 events"));
-        } else {
-            eprintln!("skipping PostgreSQL: DROVER_TEST_POSTGRES_URL is not set");
+        for summary in on_every_engine(|url| async move { run(&url).await }).await {
+            assert!(summary.starts_with("400 events"), "{summary}");
         }
     }
 }

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
+mod support;
+
 use drover::backoff::Backoff;
 use drover::runner::{Action, BoxError, Controller, Source, Task};
 use drover::store::Store;
@@ -115,10 +117,7 @@ async fn run(url: &str) -> Result<String, BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let dir = std::env::temp_dir().join(format!("drover-shepherd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let default = format!("sqlite://{}", dir.join("shepherd.db").display());
-    let url = std::env::args().nth(1).unwrap_or(default);
+    let url = support::database_url("shepherd.db")?;
     println!("shepherd: {}", run(&url).await?);
     Ok(())
 }
@@ -126,6 +125,7 @@ async fn main() -> Result<(), BoxError> {
 #[cfg(test)]
 mod tests {
     use super::{MACHINES, run};
+    use crate::support::on_every_engine;
 
     fn attempts(summary: &str) -> u32 {
         summary
@@ -137,29 +137,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_shepherd_starts_every_agent_on_every_engine() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("shepherd.db").display());
-        let summary = run(&url).await.unwrap();
-        assert!(attempts(&summary) >= MACHINES, "{summary}");
-        if let Ok(base) = std::env::var("DROVER_TEST_POSTGRES_URL") {
-            let schema = format!("drover_example_shepherd_{}", std::process::id());
-            let admin = sqlx::PgPool::connect(&base)
-                .await
-                .expect("DROVER_TEST_POSTGRES_URL reachable");
-            let ddl = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
-                .execute(&admin)
-                .await
-                .unwrap();
-            let url = format!("{base}?options=-c%20search_path%3D{schema}");
-            let result = run(&url).await;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-                .execute(&admin)
-                .await
-                .unwrap();
-            assert!(attempts(&result.unwrap()) >= MACHINES);
-        } else {
-            eprintln!("skipping PostgreSQL: DROVER_TEST_POSTGRES_URL is not set");
+        for summary in on_every_engine(|url| async move { run(&url).await }).await {
+            assert!(attempts(&summary) >= MACHINES, "{summary}");
         }
     }
 }
