@@ -12,6 +12,8 @@
 //! - [`runner`]: the control loop users program against: a [`runner::Controller`]
 //!   running a [`runner::Reconciler`] over a store's keys.
 //! - [`metrics`]: the process-wide Prometheus registry.
+//! - [`server`]: `drover serve` — the HTTP/JSON API (OpenAPI), `/metrics` and the
+//!   dashboard, so producers and workers in any language can use drover.
 //! - [`bench`](mod@bench): the workloads behind `drover bench` and `cargo bench`.
 #![forbid(unsafe_code)]
 
@@ -20,4 +22,5 @@ pub mod bench;
 pub mod metrics;
 pub mod queue;
 pub mod runner;
+pub mod server;
 pub mod store;

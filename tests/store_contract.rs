@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    EventKind, HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, ItemState, Lease,
-    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, Outcome, ProcessConfigure, SessionClose,
-    SessionHeartbeat, SessionId, Store, StoreEngine as _, StoreError,
+    EventKind, HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet,
+    ItemList, ItemPark, ItemRetry, ItemState, Lease, LeaseClaim, LeaseComplete, LeaseLock,
+    LeaseRelease, Outcome, ProcessConfigure, SessionClose, SessionHeartbeat, SessionId, Store,
+    StoreEngine as _, StoreError,
 };
 use support::each_engine;
 
@@ -916,6 +917,157 @@ async fn small_claims_take_the_highest_priority_first_past_keys_not_yet_ready() 
         db.store.clock().advance(secs(60));
         let s = db.session().await;
         assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["w1"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retrying_a_backing_off_item_makes_it_claimable_at_once_and_keeps_its_failures() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let lease = claim(&db.store, s.id, 1).await.remove(0);
+        complete(&db.store, &lease, Outcome::Transient("boom".into()))
+            .await
+            .expect("transient");
+        assert_eq!(
+            item(&db.store, "a").await.expect("item").state,
+            ItemState::Backoff
+        );
+        let retry = ItemRetry {
+            process: P.into(),
+            key: "a".into(),
+        };
+        let retried = db
+            .store
+            .item_retry(retry)
+            .await
+            .expect("retry")
+            .expect("item");
+        assert_eq!(retried.state, ItemState::Pending);
+        assert_eq!(retried.failures, 1);
+        let again = claim(&db.store, s.id, 1).await;
+        assert_eq!(keys(&again), ["a"]);
+        assert_eq!(again[0].attempt, 2);
+        assert!(events(&db.store, "a").await.contains(&EventKind::Retried));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn parking_an_item_stops_it_until_a_retry_revives_it() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let park = ItemPark {
+            process: P.into(),
+            key: "a".into(),
+            reason: "by hand".into(),
+        };
+        let parked = db.store.item_park(park).await.expect("park").expect("item");
+        assert_eq!(parked.state, ItemState::Parked);
+        assert_eq!(parked.last_error.as_deref(), Some("by hand"));
+        assert!(claim(&db.store, s.id, 1).await.is_empty());
+        let retry = ItemRetry {
+            process: P.into(),
+            key: "a".into(),
+        };
+        db.store.item_retry(retry).await.expect("retry");
+        assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["a"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_an_item_removes_it_and_keeps_its_history() {
+    each_engine(|db| async move {
+        enqueue(&db.store, &["a"]).await;
+        let delete = ItemDelete {
+            process: P.into(),
+            key: "a".into(),
+        };
+        assert!(db.store.item_delete(delete.clone()).await.expect("delete"));
+        assert_eq!(item(&db.store, "a").await, None);
+        assert!(!db.store.item_delete(delete).await.expect("delete again"));
+        assert_eq!(
+            events(&db.store, "a").await,
+            [EventKind::Enqueued, EventKind::Deleted]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn operator_actions_on_a_running_item_are_refused_and_change_nothing() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let lease = claim(&db.store, s.id, 1).await.remove(0);
+        let (process, key) = (P.to_owned(), "a".to_owned());
+        let retry = ItemRetry {
+            process: process.clone(),
+            key: key.clone(),
+        };
+        let park = ItemPark {
+            process: process.clone(),
+            key: key.clone(),
+            reason: "x".into(),
+        };
+        let delete = ItemDelete { process, key };
+        let refused = |r: Result<_, StoreError>| matches!(r, Err(StoreError::AlreadyLeased { .. }));
+        assert!(refused(db.store.item_retry(retry).await.map(|_| ())));
+        assert!(refused(db.store.item_park(park).await.map(|_| ())));
+        assert!(refused(db.store.item_delete(delete).await.map(|_| ())));
+        complete(&db.store, &lease, Outcome::Done)
+            .await
+            .expect("lease intact");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn operator_actions_on_unknown_items_report_nothing_to_do() {
+    each_engine(|db| async move {
+        let retry = ItemRetry {
+            process: P.into(),
+            key: "nope".into(),
+        };
+        assert_eq!(db.store.item_retry(retry).await.expect("retry"), None);
+        let park = ItemPark {
+            process: P.into(),
+            key: "".into(),
+            reason: "x".into(),
+        };
+        assert!(matches!(
+            db.store.item_park(park).await,
+            Err(StoreError::InvalidKey { .. })
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn activity_counts_the_runs_that_ended_within_the_window() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a", "b", "c"]).await;
+        let leases = claim(&db.store, s.id, 3).await;
+        complete(&db.store, &leases[0], Outcome::Done)
+            .await
+            .expect("done");
+        complete(&db.store, &leases[1], Outcome::Done)
+            .await
+            .expect("done");
+        complete(&db.store, &leases[2], Outcome::Transient("x".into()))
+            .await
+            .expect("failed");
+        let window = HistoryActivity { window: secs(60) };
+        let activity = db.store.history_activity(window).await.expect("activity");
+        assert_eq!(activity.len(), 1);
+        assert_eq!((activity[0].finished, activity[0].failed), (2, 1));
+        db.store.clock().advance(secs(120));
+        let activity = db.store.history_activity(window).await.expect("activity");
+        assert_eq!((activity[0].finished, activity[0].failed), (0, 0));
     })
     .await;
 }

@@ -28,6 +28,24 @@ pub(crate) const EXIT_TRANSIENT: i32 = 75;
 /// How much of the command's stderr the history keeps.
 const TAIL_BYTES: usize = 2048;
 
+/// One key to run the command for, from a local lease or one claimed over HTTP.
+#[derive(Debug, Clone)]
+pub(crate) struct Job {
+    pub(crate) key: String,
+    pub(crate) process: String,
+    pub(crate) attempt: u32,
+}
+
+impl From<&Task> for Job {
+    fn from(task: &Task) -> Self {
+        Self {
+            key: task.key().to_owned(),
+            process: task.process().to_owned(),
+            attempt: task.attempt(),
+        }
+    }
+}
+
 /// A command line to run per key.
 #[derive(Debug, Clone)]
 pub(crate) struct Exec {
@@ -56,15 +74,15 @@ impl Exec {
         })
     }
 
-    /// Runs the command for `task`'s key and maps its exit status to an outcome.
-    pub(crate) async fn run(&self, task: Task) -> Result<Action, BoxError> {
+    /// Runs the command for `job`'s key and maps its exit status to an outcome.
+    pub(crate) async fn run(&self, job: Job) -> Result<Action, BoxError> {
         let mut command = Command::new(&self.program);
         command
             .args(&self.args)
-            .arg(task.key())
-            .env("DROVER_KEY", task.key())
-            .env("DROVER_PROCESS", task.process())
-            .env("DROVER_ATTEMPT", task.attempt().to_string())
+            .arg(&job.key)
+            .env("DROVER_KEY", &job.key)
+            .env("DROVER_PROCESS", &job.process)
+            .env("DROVER_ATTEMPT", job.attempt.to_string())
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .process_group(0)
@@ -76,7 +94,7 @@ impl Exec {
         // Kills the whole group when the run ends, however it ends (a dropped
         // future included), so nothing the command started outlives the run.
         let _group = child.id().map(GroupKill);
-        let tail = tokio::spawn(tail(child.stderr.take(), task.key().to_owned()));
+        let tail = tokio::spawn(tail(child.stderr.take(), job.key.clone()));
         let status = child.wait().await?;
         let tail = tail.await.unwrap_or_default();
         let failed = |status: String| Failed {

@@ -10,6 +10,8 @@ mod enqueue;
 mod exec;
 mod history;
 mod migrate;
+mod remote;
+mod serve;
 mod signal;
 mod status;
 mod work;
@@ -37,6 +39,8 @@ enum Command {
     History(history::Args),
     /// Run a command for each key of a process: a control loop from the shell.
     Work(work::Args),
+    /// Serve the HTTP API, /metrics and the dashboard (default http://127.0.0.1:7420/).
+    Serve(serve::Args),
 }
 
 /// Parses the command line, runs the subcommand and turns any error into one
@@ -68,6 +72,7 @@ pub(crate) fn main() -> ExitCode {
             Command::Status(args) => status::run(args).await,
             Command::History(args) => history::run(args).await,
             Command::Work(args) => work::run(args).await,
+            Command::Serve(args) => serve::run(args).await,
         }
     });
     match result {

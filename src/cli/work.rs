@@ -10,7 +10,8 @@ use drover::runner::{Controller, Task};
 use tokio_util::sync::CancellationToken;
 
 use super::db::{DbArgs, parse_duration};
-use super::exec::Exec;
+use super::exec::{Exec, Job};
+use super::remote;
 use super::signal::shutdown_on_signals;
 
 /// Arguments of `drover work`.
@@ -42,6 +43,18 @@ pub(crate) struct Args {
     /// killed and their keys released.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     shutdown_deadline: Duration,
+    /// Work through a drover server's HTTP API instead of the database (for
+    /// machines that should not hold database credentials).
+    #[arg(long, value_name = "URL", conflicts_with = "url")]
+    server: Option<String>,
+    /// The bearer token for --server (a worker's or an admin's).
+    #[arg(
+        long,
+        env = "DROVER_TOKEN",
+        hide_env_values = true,
+        requires = "server"
+    )]
+    token: Option<String>,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -63,12 +76,15 @@ impl Args {
 /// Runs the worker until SIGINT/SIGTERM, then shuts down gracefully (a second
 /// signal exits at once).
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(server) = &args.server {
+        return run_remote(&args, server).await;
+    }
     let exec = Arc::new(Exec::parse(&args.exec)?);
     let backoff = args.backoff()?;
     let store = args.db.open().await?;
     let reconciler = move |task: Task| {
         let exec = Arc::clone(&exec);
-        async move { exec.run(task).await }
+        async move { exec.run(Job::from(&task)).await }
     };
     let mut builder = Controller::builder(store, args.process.clone(), reconciler)
         .component("drover work")
@@ -93,4 +109,32 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     );
     controller.run(shutdown).await?;
     Ok(())
+}
+
+/// `--server`: the same loop over the HTTP API.
+async fn run_remote(args: &Args, server: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.backoff_initial.is_none() && args.backoff_max.is_none(),
+        "--backoff-initial and --backoff-max need --db: a process's backoff is set where its database is"
+    );
+    anyhow::ensure!(
+        args.ttl >= Duration::from_millis(300),
+        "--ttl must be at least 300ms"
+    );
+    let api = remote::Api::new(server, args.token.clone())?;
+    let exec = Exec::parse(&args.exec)?;
+    let settings = remote::Settings {
+        process: args.process.clone(),
+        parallelism: usize::from(args.parallelism),
+        ttl: args.ttl,
+        timeout: args.timeout,
+        shutdown_deadline: args.shutdown_deadline,
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(shutdown_on_signals(shutdown.clone()));
+    eprintln!(
+        "drover work: process {} via {server}, parallelism {}, exec {:?}",
+        args.process, args.parallelism, args.exec
+    );
+    remote::run(api, exec, settings, shutdown).await
 }

@@ -3,11 +3,13 @@
 use chrono::{DateTime, Utc};
 
 use super::params::{
-    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessCounts, ReclaimReport, Session,
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
+    ReclaimReport, Session,
 };
 use super::{Clock, PostgresStore, SqliteStore, StoreEngine, StoreError, StoreOptions};
 
@@ -182,6 +184,28 @@ impl StoreEngine for Store {
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
         dispatch!(self, s => s.item_get(params).await)
+    }
+
+    async fn item_retry(&self, params: ItemRetry) -> Result<Option<Item>, StoreError> {
+        let process = params.process.clone();
+        let item = dispatch!(self, s => s.item_retry(params).await)?;
+        super::wakeup::notify(&process);
+        Ok(item)
+    }
+
+    async fn item_park(&self, params: ItemPark) -> Result<Option<Item>, StoreError> {
+        dispatch!(self, s => s.item_park(params).await)
+    }
+
+    async fn item_delete(&self, params: ItemDelete) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.item_delete(params).await)
+    }
+
+    async fn history_activity(
+        &self,
+        params: HistoryActivity,
+    ) -> Result<Vec<ProcessActivity>, StoreError> {
+        dispatch!(self, s => s.history_activity(params).await)
     }
 
     async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {

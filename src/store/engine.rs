@@ -7,11 +7,13 @@ use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
 use super::params::{
-    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessCounts, ReclaimReport, Session,
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
+    ReclaimReport, Session,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -113,6 +115,40 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: ItemGet,
     ) -> impl Future<Output = Result<Option<ItemDetail>, StoreError>> + Send;
+
+    /// An operator's "retry now": a pending, backing-off or parked item becomes
+    /// pending at once (its backoff cut short; its failure count kept, so a
+    /// further failure backs off as before), with a `retried` event. `None` if
+    /// the key has no item; [`StoreError::AlreadyLeased`] (changing nothing) if it
+    /// is running, since only its lease holder may end that run.
+    fn item_retry(
+        &self,
+        params: ItemRetry,
+    ) -> impl Future<Output = Result<Option<Item>, StoreError>> + Send;
+
+    /// An operator's "park": a pending or backing-off item is parked with
+    /// `reason` as its last error (a `parked` event), so it never runs until the
+    /// next enqueue or retry. Parking a parked item only replaces the reason.
+    /// `None` if the key has no item; [`StoreError::AlreadyLeased`] if running.
+    fn item_park(
+        &self,
+        params: ItemPark,
+    ) -> impl Future<Output = Result<Option<Item>, StoreError>> + Send;
+
+    /// An operator's "delete": the item's row is gone (its history stays, with a
+    /// `deleted` event); a later enqueue starts it afresh with no failures.
+    /// `false` if the key had no item; [`StoreError::AlreadyLeased`] if running.
+    fn item_delete(
+        &self,
+        params: ItemDelete,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Per known process, how many runs ended (finished / failed) within the
+    /// window: recent throughput and failure rate, from the history.
+    fn history_activity(
+        &self,
+        params: HistoryActivity,
+    ) -> impl Future<Output = Result<Vec<ProcessActivity>, StoreError>> + Send;
 
     /// History events, newest first.
     fn history_list(

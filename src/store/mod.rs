@@ -56,6 +56,7 @@
 //! Times always come from the database clock. Tests shift it through
 //! [`Store::clock`] instead of sleeping.
 
+mod admin;
 mod any;
 mod clock;
 mod decode;
@@ -80,13 +81,14 @@ pub use error::{DriverError, StoreError};
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
-    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    SessionClose, SessionHeartbeat, SessionStart,
 };
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use types::{
     EnqueueReport, EventKind, FencingToken, HistoryEvent, Item, ItemDetail, ItemState, Lease,
-    Outcome, ProcessCounts, ReclaimReport, Session, SessionId,
+    Outcome, ProcessActivity, ProcessCounts, ReclaimReport, Session, SessionId,
 };
 pub use url::redact_url;

@@ -175,3 +175,39 @@ pub struct ProcessConfigure {
     /// Its backoff after transient failures (default 1 s, ×2, 360 s).
     pub backoff: Backoff,
 }
+
+/// Parameters of [`item_retry`](super::StoreEngine::item_retry).
+#[derive(Debug, Clone)]
+pub struct ItemRetry {
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+}
+
+/// Parameters of [`item_park`](super::StoreEngine::item_park).
+#[derive(Debug, Clone)]
+pub struct ItemPark {
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// Why the operator parked it; shown as the item's last error.
+    pub reason: String,
+}
+
+/// Parameters of [`item_delete`](super::StoreEngine::item_delete).
+#[derive(Debug, Clone)]
+pub struct ItemDelete {
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+}
+
+/// Parameters of [`history_activity`](super::StoreEngine::history_activity).
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryActivity {
+    /// Count the runs that ended within this long before now.
+    pub window: Duration,
+}

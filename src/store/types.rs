@@ -165,6 +165,10 @@ pub enum EventKind {
     Canceled,
     /// Its session expired and the lease was reclaimed.
     Expired,
+    /// An operator made it pending at once (backoff or park cut short).
+    Retried,
+    /// An operator deleted it.
+    Deleted,
 }
 
 impl EventKind {
@@ -179,6 +183,8 @@ impl EventKind {
             Self::Parked => "parked",
             Self::Canceled => "canceled",
             Self::Expired => "expired",
+            Self::Retried => "retried",
+            Self::Deleted => "deleted",
         }
     }
 
@@ -193,6 +199,8 @@ impl EventKind {
             Self::Parked,
             Self::Canceled,
             Self::Expired,
+            Self::Retried,
+            Self::Deleted,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -271,4 +279,16 @@ pub struct ReclaimReport {
     pub sessions: u64,
     /// Leases turned back into pending items.
     pub leases: u64,
+}
+
+/// How many runs of one process ended recently: the dashboard's throughput and
+/// failure rate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessActivity {
+    /// The process.
+    pub process: String,
+    /// Runs that ended with done or requeue-after (`finished` events).
+    pub finished: u64,
+    /// Runs that failed, transiently or permanently (`failed` events).
+    pub failed: u64,
 }

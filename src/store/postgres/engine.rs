@@ -6,13 +6,15 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::error::Db as _;
 use super::retry::retry;
-use super::{inspect, items, leases, sessions};
+use super::{admin, inspect, items, leases, sessions};
 use crate::store::params::{
-    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    SessionClose, SessionHeartbeat, SessionStart,
 };
 use crate::store::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessCounts, ReclaimReport, Session,
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
+    ReclaimReport, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -161,6 +163,25 @@ impl StoreEngine for PostgresStore {
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
         inspect::item_get(self, &params).await
+    }
+
+    async fn item_retry(&self, params: ItemRetry) -> Result<Option<Item>, StoreError> {
+        retry(|| admin::retry(self, &params)).await
+    }
+
+    async fn item_park(&self, params: ItemPark) -> Result<Option<Item>, StoreError> {
+        retry(|| admin::park(self, &params)).await
+    }
+
+    async fn item_delete(&self, params: ItemDelete) -> Result<bool, StoreError> {
+        retry(|| admin::delete(self, &params)).await
+    }
+
+    async fn history_activity(
+        &self,
+        params: HistoryActivity,
+    ) -> Result<Vec<ProcessActivity>, StoreError> {
+        admin::activity(self, params).await
     }
 
     async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {

@@ -4,6 +4,7 @@
 //! COMMITTED isolation; each enqueue sends a `NOTIFY` on the process's channel
 //! (see [`PostgresStore::notify_channel`]) as an optional wake-up.
 
+mod admin;
 mod connect;
 mod engine;
 mod error;

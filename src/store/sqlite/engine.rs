@@ -6,13 +6,15 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{inspect, items, leases, sessions};
+use super::{admin, inspect, items, leases, sessions};
 use crate::store::params::{
-    HistoryList, HistoryPrune, ItemEnqueue, ItemGet, ItemList, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat, SessionStart,
+    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    SessionClose, SessionHeartbeat, SessionStart,
 };
 use crate::store::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessCounts, ReclaimReport, Session,
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
+    ReclaimReport, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -141,6 +143,25 @@ impl StoreEngine for SqliteStore {
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
         inspect::item_get(self, params).await
+    }
+
+    async fn item_retry(&self, params: ItemRetry) -> Result<Option<Item>, StoreError> {
+        admin::retry(self, params).await
+    }
+
+    async fn item_park(&self, params: ItemPark) -> Result<Option<Item>, StoreError> {
+        admin::park(self, params).await
+    }
+
+    async fn item_delete(&self, params: ItemDelete) -> Result<bool, StoreError> {
+        admin::delete(self, params).await
+    }
+
+    async fn history_activity(
+        &self,
+        params: HistoryActivity,
+    ) -> Result<Vec<ProcessActivity>, StoreError> {
+        admin::activity(self, params).await
     }
 
     async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {

@@ -3,6 +3,7 @@
 //! writers queue on SQLite's busy timeout instead of failing with "database is
 //! locked", and times stored as integer milliseconds of the database clock.
 
+mod admin;
 mod connect;
 mod engine;
 mod error;

@@ -1,0 +1,108 @@
+//! `drover serve`: the HTTP API, `/metrics` and the dashboard over one database.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Args as ClapArgs;
+use drover::server::{Server, ServerOptions, Tokens};
+use tokio_util::sync::CancellationToken;
+
+use super::db::{DbArgs, parse_duration};
+use super::signal::shutdown_on_signals;
+
+/// The variable holding tokens (`ROLE:TOKEN,ROLE:TOKEN`), added to `--tokens`.
+const TOKENS_ENV: &str = "DROVER_TOKENS";
+
+/// Arguments of `drover serve`.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct Args {
+    /// Where to listen. Without tokens only a loopback address is allowed (see
+    /// --insecure).
+    #[arg(long, default_value = "127.0.0.1:7420", value_name = "ADDR")]
+    listen: String,
+    /// A file of bearer tokens, one `ROLE:TOKEN` per line (ROLE is viewer, worker
+    /// or admin; `#` starts a comment). DROVER_TOKENS adds comma-separated ones.
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Serve without tokens on a non-loopback address: anyone who can reach it is
+    /// an admin.
+    #[arg(long)]
+    insecure: bool,
+    /// The longest a claim may wait for work.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    max_wait: Duration,
+    /// The largest request body, in bytes.
+    #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
+    max_body: usize,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+/// The tokens from `--tokens` and `DROVER_TOKENS`, merged.
+fn load_tokens(file: Option<&PathBuf>) -> anyhow::Result<Tokens> {
+    let mut text = String::new();
+    if let Some(path) = file {
+        text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the tokens file {}", path.display()))?;
+        text.push('\n');
+    }
+    if let Ok(env) = std::env::var(TOKENS_ENV) {
+        text.push_str(&env);
+    }
+    Tokens::parse(&text).context("invalid tokens")
+}
+
+/// Resolves `--listen` and refuses a non-loopback address without tokens.
+async fn resolve(listen: &str, open: bool, insecure: bool) -> anyhow::Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .with_context(|| format!("--listen {listen:?} is not an address like 127.0.0.1:7420"))?
+        .collect();
+    if open && !insecure && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        bail!(
+            "refusing to listen on {listen} without tokens: anyone who can reach it would be an \
+             admin. Give --tokens FILE (or DROVER_TOKENS), listen on 127.0.0.1, or pass --insecure"
+        );
+    }
+    Ok(addrs)
+}
+
+/// Serves until SIGINT/SIGTERM, then shuts down gracefully.
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    let tokens = load_tokens(args.tokens.as_ref())?;
+    let addrs = resolve(&args.listen, tokens.is_empty(), args.insecure).await?;
+    let store = args.db.open().await?;
+    let listener = tokio::net::TcpListener::bind(addrs.as_slice())
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let local = listener.local_addr()?;
+    let auth = if tokens.is_empty() {
+        "open: no tokens, every caller is an admin".to_owned()
+    } else {
+        format!("{} bearer token(s)", tokens.len())
+    };
+    println!("drover serve listening on http://{local}");
+    println!(
+        "  database:  {} ({})",
+        args.db.redacted(),
+        store.engine_name()
+    );
+    println!("  dashboard: http://{local}/");
+    println!("  API:       http://{local}/v1 (OpenAPI at http://{local}/openapi.json)");
+    println!("  auth:      {auth}");
+    let options = ServerOptions::default()
+        .tokens(tokens)
+        .max_wait(args.max_wait)
+        .body_limit(args.max_body);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(shutdown_on_signals(shutdown.clone()));
+    let served = Server::new(store.clone(), options)
+        .serve(listener, shutdown)
+        .await;
+    store.close().await;
+    served.context("the server failed")?;
+    println!("drover serve stopped");
+    Ok(())
+}

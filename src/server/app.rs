@@ -1,0 +1,142 @@
+//! [`Server`]: the router with its layers, and serving it until shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::Method;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::TraceLayer;
+
+use super::dashboard;
+use super::metrics::ServerMetrics;
+use super::options::ServerOptions;
+use super::routes;
+use super::state::AppState;
+use super::wake::Wakeups;
+use crate::store::{Store, StoreEngine as _};
+
+/// drover's HTTP server over one store: the JSON API under `/v1`, `/openapi.json`,
+/// `/metrics`, `/healthz`, `/readyz` and the dashboard at `/`.
+///
+/// Any number of servers may share one PostgreSQL database: everything they
+/// know lives there, and each reclaims expired sessions' leases.
+#[derive(Debug)]
+pub struct Server {
+    state: AppState,
+}
+
+impl Server {
+    /// A server over `store`. Call it inside a Tokio runtime: on PostgreSQL it
+    /// starts the task that listens for other nodes' enqueues, which runs until
+    /// [`stop`](Self::stop) or the end of [`serve`](Self::serve).
+    #[must_use]
+    pub fn new(store: Store, options: ServerOptions) -> Self {
+        let shutdown = CancellationToken::new();
+        let wake = Wakeups::start(&store, &shutdown);
+        let state = AppState {
+            store,
+            options: Arc::new(options),
+            metrics: Arc::new(ServerMetrics::new()),
+            wake,
+            shutdown,
+        };
+        Self { state }
+    }
+
+    /// The complete application, for serving or for driving in tests with
+    /// `tower::ServiceExt::oneshot`.
+    pub fn router(&self) -> Router {
+        let state = self.state.clone();
+        routes::api()
+            .merge(dashboard::routes())
+            .fallback(routes::health::not_found)
+            .method_not_allowed_fallback(routes::health::method_not_allowed)
+            .layer(DefaultBodyLimit::max(state.options.body_limit))
+            .layer(middleware::from_fn_with_state(state.clone(), record))
+            .layer(TraceLayer::new_for_http())
+            .with_state(state)
+    }
+
+    /// Ends waiting claims and background tasks (what [`serve`](Self::serve)
+    /// does on shutdown). Idempotent.
+    pub fn stop(&self) {
+        self.state.shutdown.cancel();
+    }
+
+    /// Serves on `listener` until `shutdown` fires, then stops accepting,
+    /// answers waiting claims with no leases, lets in-flight requests finish and
+    /// returns. Reclaims expired sessions' leases in the background meanwhile.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
+        let app = self.router();
+        let stop = self.state.shutdown.clone();
+        let reclaim = tokio::spawn(reclaim_loop(self.state.clone()));
+        let relay = {
+            let stop = stop.clone();
+            async move {
+                shutdown.cancelled().await;
+                stop.cancel();
+            }
+        };
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(relay)
+            .await;
+        stop.cancel();
+        reclaim.await.ok();
+        result
+    }
+}
+
+/// Reclaims the leases of expired sessions every `reclaim_interval`.
+async fn reclaim_loop(state: AppState) {
+    let mut tick = tokio::time::interval(state.options.reclaim_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match state.store.session_reclaim().await {
+            Ok(report) if report.leases > 0 || report.sessions > 0 => {
+                tracing::info!(
+                    sessions = report.sessions,
+                    leases = report.leases,
+                    "reclaimed expired sessions"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot reclaim expired sessions"),
+        }
+    }
+}
+
+/// Counts each request by method, route template (never the raw path, so keys
+/// do not become label values) and status.
+async fn record(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let method = match *req.method() {
+        Method::GET | Method::POST | Method::DELETE | Method::PUT | Method::HEAD => {
+            req.method().as_str().to_owned()
+        }
+        _ => "other".to_owned(),
+    };
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let start = Instant::now();
+    let response = next.run(req).await;
+    let elapsed: Duration = start.elapsed();
+    state
+        .metrics
+        .observe(&method, &route, response.status().as_u16(), elapsed);
+    response
+}

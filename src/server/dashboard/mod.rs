@@ -1,0 +1,70 @@
+//! The dashboard: server-rendered HTML (maud, which escapes every interpolated
+//! value, so a key like `<script>` shows as text), no JavaScript, refreshed by a
+//! `<meta http-equiv="refresh">`.
+//!
+//! - `/`: per process — pending, backoff, running, parked, oldest pending age,
+//!   runs finished and failed in the last five minutes — and a key search;
+//! - `/ui/processes/{process}`: its items, by state, paged;
+//! - `/ui/processes/{process}/items/{key}`: one item, its last error and
+//!   history, with retry and park buttons for admins.
+//!
+//! It uses the API's route classes: viewers see it, admins get the buttons. In a
+//! browser the token is the password of HTTP Basic auth (any user name).
+
+mod actions;
+mod pages;
+mod view;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use super::state::AppState;
+
+/// The dashboard's routes.
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/ui/search", get(pages::search))
+        .route("/ui/processes/{process}", get(pages::process))
+        .route("/ui/processes/{process}/items/{key}", get(pages::item))
+        .route(
+            "/ui/processes/{process}/items/{key}/retry",
+            post(actions::retry),
+        )
+        .route(
+            "/ui/processes/{process}/items/{key}/park",
+            post(actions::park),
+        )
+}
+
+/// A path segment, percent-encoded (everything but RFC 3986's unreserved
+/// characters), so any key round-trips through a link.
+pub(crate) fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The item page's path.
+pub(crate) fn item_path(process: &str, key: &str) -> String {
+    format!("/ui/processes/{}/items/{}", segment(process), segment(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_escape_everything_but_unreserved_characters() {
+        assert_eq!(segment("ns/name"), "ns%2Fname");
+        assert_eq!(segment("<a b>"), "%3Ca%20b%3E");
+        assert_eq!(segment("ü"), "%C3%BC");
+        assert_eq!(segment("a-b_c.d~"), "a-b_c.d~");
+    }
+}

@@ -1,0 +1,130 @@
+//! The dashboard's pages: read the store, render [`view`](super::view).
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use serde::Deserialize;
+
+use super::{item_path, segment, view};
+use crate::server::auth::{Authorized, Read, Role};
+use crate::server::error::ApiError;
+use crate::server::extract::{PathParams, QueryParams};
+use crate::server::model::{ItemListQuery, MAX_PAGE};
+use crate::server::routes::processes::summaries;
+use crate::server::state::AppState;
+use crate::store::{ItemGet, ItemList, StoreEngine as _};
+
+/// Items per process page.
+const PAGE: u32 = 100;
+/// History events on an item page.
+const HISTORY: u32 = 50;
+
+/// An [`ApiError`] shown as an HTML page (with the Basic-auth challenge on 401,
+/// so a browser asks for the token).
+#[derive(Debug)]
+pub(super) struct HtmlError(pub(super) ApiError);
+
+impl From<ApiError> for HtmlError {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for HtmlError {
+    fn into_response(self) -> Response {
+        let status = self.0.status();
+        let title = status.canonical_reason().unwrap_or("Error");
+        let page = view::error(title, &self.0.to_string());
+        let mut response = (status, Html(page.into_string())).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(r#"Basic realm="drover""#),
+            );
+        }
+        response
+    }
+}
+
+/// `/`: every process and the key search.
+pub(super) async fn overview(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+) -> Result<Html<String>, HtmlError> {
+    auth?;
+    let processes = summaries(&state).await?;
+    Ok(Html(view::overview(&processes).into_string()))
+}
+
+/// The key search form's parameters.
+#[derive(Debug, Deserialize)]
+pub(super) struct Search {
+    process: String,
+    #[serde(default)]
+    key: String,
+}
+
+/// `/ui/search`: to the item's page (or the process's, without a key).
+pub(super) async fn search(
+    auth: Result<Authorized<Read>, ApiError>,
+    QueryParams(search): QueryParams<Search>,
+) -> Result<Redirect, HtmlError> {
+    auth?;
+    let key = search.key.trim();
+    if key.is_empty() {
+        return Ok(Redirect::to(&format!(
+            "/ui/processes/{}",
+            segment(&search.process)
+        )));
+    }
+    Ok(Redirect::to(&item_path(&search.process, key)))
+}
+
+/// `/ui/processes/{process}`: its items.
+pub(super) async fn process(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+    QueryParams(query): QueryParams<ItemListQuery>,
+) -> Result<Html<String>, HtmlError> {
+    auth?;
+    let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
+    let filter = query.state.map(Into::into);
+    let items = state
+        .store
+        .item_list(ItemList {
+            process: process.clone(),
+            state: filter,
+            after_key: query.after_key,
+            limit,
+        })
+        .await
+        .map_err(ApiError::from)?;
+    let next = (items.len() == limit as usize)
+        .then(|| items.last().map(|i| i.key.clone()))
+        .flatten();
+    let page = view::process(&process, filter, &items, next.as_deref());
+    Ok(Html(page.into_string()))
+}
+
+/// `/ui/processes/{process}/items/{key}`: one item and its history.
+pub(super) async fn item(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+    PathParams((process, key)): PathParams<(String, String)>,
+) -> Result<Html<String>, HtmlError> {
+    let auth = auth?;
+    let detail = state
+        .store
+        .item_get(ItemGet {
+            process,
+            key,
+            history_limit: HISTORY,
+        })
+        .await
+        .map_err(ApiError::from)?
+        .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
+    let admin = auth.role >= Role::Admin;
+    let page = view::item(&detail.item, &detail.history, admin);
+    Ok(Html(page.into_string()))
+}

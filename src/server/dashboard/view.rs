@@ -1,0 +1,168 @@
+//! The dashboard's HTML, one function per page. maud escapes every `(value)`,
+//! so user data (keys, process names, errors) is always shown as text.
+
+use std::time::Duration;
+
+use maud::{DOCTYPE, Markup, html};
+
+use super::{item_path, segment};
+use crate::server::model::ProcessSummary;
+use crate::store::{HistoryEvent, Item, ItemState};
+
+/// How often pages reload themselves, in seconds.
+const REFRESH_SECONDS: u32 = 5;
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222}\
+table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}.err{color:#a00;white-space:pre-wrap}\
+form.inline{display:inline}nav a{margin-right:1rem}code{background:#f4f4f4;padding:0 .2rem}";
+
+/// The frame every page shares.
+pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                @if refresh { meta http-equiv="refresh" content=(REFRESH_SECONDS); }
+                title { (title) " · drover" }
+                style { (maud::PreEscaped(STYLE)) }
+            }
+            body {
+                nav { a href="/" { "drover" } a href="/openapi.json" { "API" } a href="/metrics" { "metrics" } }
+                h1 { (title) }
+                (body)
+            }
+        }
+    }
+}
+
+/// A duration as `1h 2m 3s`, whole seconds.
+fn age(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+/// The overview: one row per process, and the key search.
+pub(super) fn overview(processes: &[ProcessSummary]) -> Markup {
+    let body = html! {
+        (search_form(processes))
+        @if processes.is_empty() {
+            p { "No processes yet: enqueue keys with " code { "drover enqueue PROCESS KEY" } " or "
+                code { "POST /v1/processes/{process}/items" } "." }
+        } @else {
+            table id="processes" {
+                tr { th { "process" } th { "pending" } th { "backoff" } th { "running" } th { "parked" }
+                     th { "oldest pending" } th { "finished (5 min)" } th { "failed (5 min)" } th { "failure rate" } }
+                @for p in processes { (process_row(p)) }
+            }
+        }
+    };
+    page("Processes", true, body)
+}
+
+fn process_row(p: &ProcessSummary) -> Markup {
+    let ended = p.recent_finished + p.recent_failed;
+    let rate = if ended == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.0}%", p.recent_failed as f64 * 100.0 / ended as f64)
+    };
+    let oldest = p
+        .oldest_pending_age_ms
+        .map_or_else(|| "-".to_owned(), |ms| age(Duration::from_millis(ms)));
+    html! {
+        tr data-process=(p.process) {
+            td { a href=(format!("/ui/processes/{}", segment(&p.process))) { (p.process) } }
+            td.n.pending { (p.pending) } td.n.backoff { (p.backoff) } td.n.running { (p.running) }
+            td.n.parked { (p.parked) } td.n { (oldest) } td.n { (p.recent_finished) }
+            td.n { (p.recent_failed) } td.n { (rate) }
+        }
+    }
+}
+
+fn search_form(processes: &[ProcessSummary]) -> Markup {
+    html! {
+        form action="/ui/search" method="get" {
+            label { "Find a key in " select name="process" {
+                @for p in processes { option value=(p.process) { (p.process) } }
+            } }
+            " " input type="search" name="key" placeholder="key" required;
+            " " button type="submit" { "Find" }
+        }
+    }
+}
+
+/// A process's items, a page at a time.
+pub(super) fn process(
+    process: &str,
+    state: Option<ItemState>,
+    items: &[Item],
+    next: Option<&str>,
+) -> Markup {
+    let base = format!("/ui/processes/{}", segment(process));
+    let body = html! {
+        p { "Show: " a href=(base) { "all" }
+            @for s in ["pending", "backoff", "running", "parked"] { " " a href=(format!("{base}?state={s}")) { (s) } } }
+        table id="items" {
+            tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "last error" } }
+            @for i in items {
+                tr { td { a href=(item_path(process, &i.key)) { (i.key) } } td { (i.state) } td.n { (i.priority) }
+                     td.n { (i.failures) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
+            }
+        }
+        @if let Some(next) = next {
+            a href=(next_page(&base, state, next)) { "next page" }
+        }
+    };
+    page(process, true, body)
+}
+
+fn next_page(base: &str, state: Option<ItemState>, after: &str) -> String {
+    match state {
+        Some(s) => format!("{base}?state={s}&after_key={}", segment(after)),
+        None => format!("{base}?after_key={}", segment(after)),
+    }
+}
+
+/// One item with its history; admins get the retry and park buttons.
+pub(super) fn item(item: &Item, history: &[HistoryEvent], admin: bool) -> Markup {
+    let path = item_path(&item.process, &item.key);
+    let body = html! {
+        p { "Process " a href=(format!("/ui/processes/{}", segment(&item.process))) { (item.process) } }
+        table id="item" {
+            tr { th { "key" } td.key { (item.key) } }
+            tr { th { "state" } td.state { (item.state) } }
+            tr { th { "priority" } td { (item.priority) } }
+            tr { th { "failures" } td { (item.failures) } }
+            tr { th { "ready at" } td { (item.ready_at.to_rfc3339()) } }
+            tr { th { "last error" } td.err { (item.last_error.as_deref().unwrap_or("-")) } }
+        }
+        @if admin && item.state != ItemState::Running {
+            form.inline method="post" action=(format!("{path}/retry")) { button type="submit" { "Retry now" } }
+            " "
+            @if item.state != ItemState::Parked {
+                form.inline method="post" action=(format!("{path}/park")) { button type="submit" { "Park" } }
+            }
+        }
+        h2 { "History" }
+        table id="history" {
+            tr { th { "at" } th { "event" } th { "attempt" } th { "session" } th { "error" } }
+            @for e in history {
+                tr { td { (e.at.format("%Y-%m-%d %H:%M:%S%.3f")) } td { (e.event) }
+                     td.n { (e.attempt.map(|a| a.to_string()).unwrap_or_default()) }
+                     td.n { (e.session.map(|s| s.to_string()).unwrap_or_default()) }
+                     td.err { (e.error.as_deref().unwrap_or("")) } }
+            }
+        }
+    };
+    page(&format!("{} / {}", item.process, item.key), true, body)
+}
+
+/// A page for an error (404, 403, …), with its message escaped.
+pub(super) fn error(title: &str, message: &str) -> Markup {
+    page(
+        title,
+        false,
+        html! { p.err { (message) } p { a href="/" { "Back to the overview" } } },
+    )
+}

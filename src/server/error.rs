@@ -1,0 +1,242 @@
+//! [`ApiError`]: every way a request can fail, mapped to one status and one JSON
+//! body ([`ErrorBody`]) at a single place.
+//!
+//! Client errors (4xx) are decided before anything is written, so a rejected
+//! request never changes state; only database trouble is a 5xx (503 when
+//! retrying may help, 500 otherwise).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::store::StoreError;
+
+use super::auth::Role;
+
+/// The JSON body of every error response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// A stable, machine-readable code: `bad_request`, `unauthorized`,
+    /// `forbidden`, `not_found`, `method_not_allowed`, `lease_lost`, `session_expired`, `item_running`,
+    /// `payload_too_large`, `invalid_key`, `invalid_process`, `unavailable`,
+    /// `internal`.
+    pub error: String,
+    /// What went wrong, for people.
+    pub message: String,
+    /// The request field at fault (`keys[2]`, `ttl_ms`, `limit`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// 400: the request is malformed (bad JSON, a wrong type, a value out of range).
+    #[error("{message}")]
+    BadRequest {
+        /// The field at fault, when known.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// 401: no token, or one the server does not know.
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// 403: the token's role is below what the route needs.
+    #[error("this needs the {needed} role; the token has {has}")]
+    Forbidden {
+        /// The role the route needs.
+        needed: Role,
+        /// The caller's role.
+        has: Role,
+    },
+    /// 403: a dashboard form post that another site's page made.
+    #[error("cross-site form posts are refused")]
+    CrossSite,
+    /// 404: no such route, process, item or session.
+    #[error("{0}")]
+    NotFound(String),
+    /// 405: the route exists but not with this method.
+    #[error("this route does not take this method")]
+    MethodNotAllowed,
+    /// 409: the request conflicts with the current state (a lost lease, an
+    /// expired session, an item held by a worker).
+    #[error("{message}")]
+    Conflict {
+        /// `lease_lost`, `session_expired` or `item_running`.
+        code: &'static str,
+        /// What conflicts.
+        message: String,
+    },
+    /// 413: the body is over the server's limit.
+    #[error("the request body is over the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// 422: well-formed, but a key or process name breaks drover's rules (empty,
+    /// over 1024 bytes, NUL).
+    #[error("{message}")]
+    Unprocessable {
+        /// `invalid_key` or `invalid_process`.
+        code: &'static str,
+        /// The field at fault.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// 503: the database is busy or unreachable; retrying later may succeed.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    /// 500: anything else (logged with its cause).
+    #[error("internal error")]
+    Internal,
+}
+
+impl ApiError {
+    /// A 400 naming `field`.
+    pub(crate) fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    /// The response status.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } | Self::CrossSite => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The JSON body.
+    #[must_use]
+    pub fn body(&self) -> ErrorBody {
+        let (code, field) = match self {
+            Self::BadRequest { field, .. } => ("bad_request", field.clone()),
+            Self::Unauthorized => ("unauthorized", None),
+            Self::Forbidden { .. } | Self::CrossSite => ("forbidden", None),
+            Self::NotFound(_) => ("not_found", None),
+            Self::MethodNotAllowed => ("method_not_allowed", None),
+            Self::Conflict { code, .. } => (*code, None),
+            Self::PayloadTooLarge { .. } => ("payload_too_large", None),
+            Self::Unprocessable { code, field, .. } => (*code, Some((*field).to_owned())),
+            Self::Unavailable(_) => ("unavailable", None),
+            Self::Internal => ("internal", None),
+        };
+        ErrorBody {
+            error: code.to_owned(),
+            message: self.to_string(),
+            field,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, Self::Unauthorized) {
+            let challenges = response.headers_mut();
+            for challenge in [r#"Bearer realm="drover""#, r#"Basic realm="drover""#] {
+                challenges.append(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(challenge),
+                );
+            }
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::InvalidKey { .. } => Self::Unprocessable {
+                code: "invalid_key",
+                field: "key",
+                message: e.to_string(),
+            },
+            StoreError::InvalidProcess { .. } => Self::Unprocessable {
+                code: "invalid_process",
+                field: "process",
+                message: e.to_string(),
+            },
+            StoreError::UnknownProcess(_) => Self::NotFound(e.to_string()),
+            StoreError::InvalidArgument(message) => Self::BadRequest {
+                field: None,
+                message,
+            },
+            StoreError::SessionExpired { .. } => conflict("session_expired", &e),
+            StoreError::LeaseLost { .. } => conflict("lease_lost", &e),
+            StoreError::AlreadyLeased { .. }
+            | StoreError::InBackoff { .. }
+            | StoreError::Parked { .. } => conflict("item_running", &e),
+            e if e.is_transient() || matches!(e, StoreError::CommitUnknown(_)) => {
+                tracing::warn!(error = %chain(&e), "database unavailable");
+                Self::Unavailable(e.to_string())
+            }
+            e => {
+                tracing::error!(error = %chain(&e), "request failed");
+                Self::Internal
+            }
+        }
+    }
+}
+
+fn conflict(code: &'static str, e: &StoreError) -> ApiError {
+    ApiError::Conflict {
+        code,
+        message: e.to_string(),
+    }
+}
+
+/// An error with its sources, `a: b: c`, for logs.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_rejections_map_to_client_statuses() {
+        let key = StoreError::InvalidKey {
+            key: String::new(),
+            reason: "must not be empty",
+        };
+        assert_eq!(
+            ApiError::from(key).status(),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        let lost = StoreError::LeaseLost {
+            process: "p".into(),
+            key: "k".into(),
+            token: crate::store::FencingToken(1),
+        };
+        let lost = ApiError::from(lost);
+        assert_eq!(lost.status(), StatusCode::CONFLICT);
+        assert_eq!(lost.body().error, "lease_lost");
+        let unknown = ApiError::from(StoreError::UnknownProcess("p".into()));
+        assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    }
+}

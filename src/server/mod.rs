@@ -1,0 +1,55 @@
+//! The server: drover over HTTP, so producers and workers in any language can
+//! enqueue, claim, heartbeat and complete, and operators can watch.
+//!
+//! - [`Server`] serves one [`Store`](crate::store::Store): the JSON API under
+//!   `/v1` (described by [`ApiDoc`] at `/openapi.json`), `/metrics`, `/healthz`,
+//!   `/readyz` and a server-rendered dashboard at `/`.
+//! - [`Tokens`] and [`Role`]: bearer-token authentication; viewer reads, worker
+//!   also enqueues and works, admin also retries, parks and deletes.
+//! - [`ApiError`]: every failure as one status and one JSON [`ErrorBody`]. A
+//!   client error (4xx) is decided before anything is written, so it never
+//!   changes state.
+//!
+//! A worker over HTTP runs the same loop as one on the database: `POST
+//! /v1/sessions` (with a TTL), `POST /v1/sessions/{id}/claim` with `wait_ms` to
+//! long-poll, `POST /v1/leases/complete` with the lease and an outcome (a lost
+//! lease is a 409), `POST /v1/sessions/{id}/heartbeat` every ttl/3, and
+//! `DELETE /v1/sessions/{id}` at the end.
+//!
+//! ```no_run
+//! use drover::server::{Server, ServerOptions};
+//! use drover::store::Store;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Store::connect("sqlite://drover.db").await?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:7420").await?;
+//! let shutdown = CancellationToken::new(); // cancel it to stop gracefully
+//! Server::new(store, ServerOptions::default()).serve(listener, shutdown).await?;
+//! # Ok(()) }
+//! ```
+
+mod app;
+mod auth;
+mod dashboard;
+mod error;
+mod extract;
+mod metrics;
+mod model;
+mod openapi;
+mod options;
+mod routes;
+mod state;
+mod wake;
+
+pub use app::Server;
+pub use auth::{Role, Tokens, TokensError};
+pub use error::{ApiError, ErrorBody};
+pub use model::{
+    ClaimRequest, ClaimResponse, CloseResponse, CompleteRequest, EnqueueRequest, EnqueueResponse,
+    EventBody, Health, HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
+    MAX_CLAIM, MAX_PAGE, MAX_TTL_MS, OutcomeBody, ProcessList, ProcessSummary, ReleaseRequest,
+    SessionBody, SessionRequest, StateName,
+};
+pub use openapi::{ApiDoc, document};
+pub use options::ServerOptions;

@@ -1,0 +1,511 @@
+//! The API's JSON shapes, separate from the store's domain types so the wire
+//! format is stable and documented (every type here appears in `/openapi.json`).
+//! Durations are whole milliseconds (`*_ms`); times are RFC 3339 in UTC.
+//!
+//! Every type both serialises and deserialises, so a Rust client (such as a
+//! worker over HTTP) can use them as they are.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::backoff::MAX_DELAY;
+use crate::store::{
+    HistoryEvent, Item, ItemDetail, ItemState, Lease, Outcome, ProcessCounts, Session,
+};
+
+/// The longest session TTL the API accepts: one day.
+pub const MAX_TTL_MS: u64 = 86_400_000;
+/// The most leases one claim returns.
+pub const MAX_CLAIM: u32 = 1000;
+/// The most items or events one page holds.
+pub const MAX_PAGE: u32 = 1000;
+
+/// Milliseconds as a duration.
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `MAX_DELAY` in milliseconds, for validation messages.
+pub(crate) fn max_delay_ms() -> u64 {
+    millis(MAX_DELAY)
+}
+
+/// Body of `POST /v1/processes/{process}/items`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueRequest {
+    /// The keys (each 1–1024 bytes of UTF-8 without NUL); duplicates count once.
+    #[schema(max_items = 100000)]
+    pub keys: Vec<String>,
+    /// Do not run before now + this many milliseconds (default 0, at most 180 days).
+    #[serde(default)]
+    #[schema(maximum = 15552000000_u64)]
+    pub after_ms: u64,
+    /// Higher runs first (default 0); resyncs use negative priorities.
+    #[serde(default)]
+    pub priority: i32,
+    /// Let this enqueue cut a running backoff short (default false).
+    #[serde(default)]
+    pub bypass_backoff: bool,
+}
+
+/// What an enqueue did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EnqueueResponse {
+    /// Keys now pending (new, coalesced or revived).
+    pub pending: u64,
+    /// Keys that were running, now marked to run once more afterwards.
+    pub dirty: u64,
+}
+
+/// One process's counts and recent activity.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessSummary {
+    /// The process.
+    pub process: String,
+    /// Items waiting to run.
+    pub pending: u64,
+    /// Items waiting for their backoff to end.
+    pub backoff: u64,
+    /// Items held by a lease.
+    pub running: u64,
+    /// Items parked after a permanent error.
+    pub parked: u64,
+    /// How long the longest-waiting ready item has been ready; null when none is.
+    pub oldest_pending_age_ms: Option<u64>,
+    /// Runs finished (done or requeue-after) in the last five minutes.
+    pub recent_finished: u64,
+    /// Runs failed in the last five minutes.
+    pub recent_failed: u64,
+}
+
+impl ProcessSummary {
+    /// Joins counts with the recent activity.
+    pub(crate) fn new(c: ProcessCounts, finished: u64, failed: u64) -> Self {
+        Self {
+            oldest_pending_age_ms: c.oldest_pending_age.map(millis),
+            process: c.process,
+            pending: c.pending,
+            backoff: c.backoff,
+            running: c.running,
+            parked: c.parked,
+            recent_finished: finished,
+            recent_failed: failed,
+        }
+    }
+}
+
+/// Response of `GET /v1/processes`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    /// Every known process, by name.
+    pub processes: Vec<ProcessSummary>,
+}
+
+/// An item's state.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StateName {
+    /// Waiting to run.
+    Pending,
+    /// Waiting for its backoff to end.
+    Backoff,
+    /// Held by a lease.
+    Running,
+    /// Stopped after a permanent error until the next enqueue.
+    Parked,
+}
+
+impl From<ItemState> for StateName {
+    fn from(s: ItemState) -> Self {
+        match s {
+            ItemState::Pending => Self::Pending,
+            ItemState::Backoff => Self::Backoff,
+            ItemState::Running => Self::Running,
+            ItemState::Parked => Self::Parked,
+        }
+    }
+}
+
+impl From<StateName> for ItemState {
+    fn from(s: StateName) -> Self {
+        match s {
+            StateName::Pending => Self::Pending,
+            StateName::Backoff => Self::Backoff,
+            StateName::Running => Self::Running,
+            StateName::Parked => Self::Parked,
+        }
+    }
+}
+
+/// Query of `GET /v1/processes/{process}/items`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ItemListQuery {
+    /// Only items in this state.
+    pub(crate) state: Option<StateName>,
+    /// Page after this key (from the previous page's `next_after_key`).
+    pub(crate) after_key: Option<String>,
+    /// At most this many items (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub(crate) limit: Option<u32>,
+}
+
+/// Query of `GET /v1/processes/{process}/items/{key}`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ItemGetQuery {
+    /// At most this many history events, newest first (0–1000, default 50).
+    #[param(minimum = 0, maximum = 1000)]
+    pub(crate) history_limit: Option<u32>,
+}
+
+/// One durable item.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ItemBody {
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// Its state.
+    pub state: StateName,
+    /// Its priority.
+    pub priority: i32,
+    /// When a pending item may start.
+    pub ready_at: DateTime<Utc>,
+    /// When the enqueue it answers arrived.
+    pub enqueued_at: DateTime<Utc>,
+    /// Consecutive failed attempts.
+    pub failures: u32,
+    /// The end of the current backoff.
+    pub backoff_until: Option<DateTime<Utc>>,
+    /// The last failure's error.
+    pub last_error: Option<String>,
+    /// Whether it runs once more after the current run.
+    pub dirty: bool,
+    /// The lease's session, while running.
+    pub lease_session: Option<i64>,
+    /// The lease's fencing token, while running.
+    pub lease_token: Option<i64>,
+    /// When the current run started.
+    pub started_at: Option<DateTime<Utc>>,
+}
+
+impl From<Item> for ItemBody {
+    fn from(i: Item) -> Self {
+        Self {
+            process: i.process,
+            key: i.key,
+            state: i.state.into(),
+            priority: i.priority,
+            ready_at: i.ready_at,
+            enqueued_at: i.enqueued_at,
+            failures: i.failures,
+            backoff_until: i.backoff_until,
+            last_error: i.last_error,
+            dirty: i.dirty,
+            lease_session: i.lease_session.map(|s| s.0),
+            lease_token: i.lease_token.map(|t| t.0),
+            started_at: i.started_at,
+        }
+    }
+}
+
+/// A page of items.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ItemPage {
+    /// The items, in key order.
+    pub items: Vec<ItemBody>,
+    /// Pass as `after_key` for the next page; null on the last page.
+    pub next_after_key: Option<String>,
+}
+
+/// One history event.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EventBody {
+    /// Increasing id.
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// enqueued, started, finished, failed, parked, canceled, expired, retried
+    /// or deleted.
+    pub event: String,
+    /// The session involved.
+    pub session: Option<i64>,
+    /// The attempt number, for run events.
+    pub attempt: Option<u32>,
+    /// The error, for failed and parked.
+    pub error: Option<String>,
+    /// For failed: whether it will be retried.
+    pub transient: Option<bool>,
+}
+
+impl From<HistoryEvent> for EventBody {
+    fn from(e: HistoryEvent) -> Self {
+        Self {
+            id: e.id,
+            at: e.at,
+            event: e.event.as_str().to_owned(),
+            session: e.session.map(|s| s.0),
+            attempt: e.attempt,
+            error: e.error,
+            transient: e.transient,
+        }
+    }
+}
+
+/// An item with its newest history.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ItemDetailBody {
+    /// The item.
+    pub item: ItemBody,
+    /// Its newest events, newest first.
+    pub history: Vec<EventBody>,
+}
+
+impl From<ItemDetail> for ItemDetailBody {
+    fn from(d: ItemDetail) -> Self {
+        Self {
+            item: d.item.into(),
+            history: d.history.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+/// Body of `POST /v1/sessions`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// Who is starting it, for operators ("billing-worker").
+    pub component: String,
+    /// How long the session lives without a heartbeat (1 ms – 1 day); heartbeat
+    /// every third of it.
+    #[schema(minimum = 1, maximum = 86400000)]
+    pub ttl_ms: u64,
+}
+
+/// A live session.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionBody {
+    /// The id to heartbeat, claim with and close.
+    pub id: i64,
+    /// The component.
+    pub component: String,
+    /// The TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// When it expires unless renewed (database clock).
+    pub deadline: DateTime<Utc>,
+}
+
+impl From<Session> for SessionBody {
+    fn from(s: Session) -> Self {
+        Self {
+            id: s.id.0,
+            component: s.component,
+            ttl_ms: millis(s.ttl),
+            deadline: s.deadline,
+        }
+    }
+}
+
+/// Response of a heartbeat.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatResponse {
+    /// The new deadline.
+    pub deadline: DateTime<Utc>,
+}
+
+/// Response of closing a session.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CloseResponse {
+    /// How many leases went back to pending.
+    pub released: u64,
+}
+
+/// Body of `POST /v1/sessions/{session}/claim`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// The process to claim from.
+    pub process: String,
+    /// At most this many leases (1–1000, default 1).
+    #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 1000, default = 1)]
+    pub max: u32,
+    /// When nothing is ready, wait up to this many milliseconds for work
+    /// (default 0; at most the server's maximum, 60 s unless configured).
+    #[serde(default)]
+    #[schema(maximum = 60000)]
+    pub wait_ms: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A lease: proof that its holder alone may work on the key.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LeaseBody {
+    /// The holding session.
+    pub session: i64,
+    /// The process.
+    pub process: String,
+    /// The key to work on.
+    pub key: String,
+    /// The fencing token completions are checked against.
+    pub token: i64,
+    /// Which consecutive attempt this is.
+    pub attempt: u32,
+    /// The item's priority.
+    pub priority: i32,
+    /// When the enqueue this run answers arrived.
+    pub enqueued_at: DateTime<Utc>,
+    /// When the run started.
+    pub started_at: DateTime<Utc>,
+}
+
+impl From<Lease> for LeaseBody {
+    fn from(l: Lease) -> Self {
+        Self {
+            session: l.session.0,
+            process: l.process,
+            key: l.key,
+            token: l.token.0,
+            attempt: l.attempt,
+            priority: l.priority,
+            enqueued_at: l.enqueued_at,
+            started_at: l.started_at,
+        }
+    }
+}
+
+/// Response of a claim.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ClaimResponse {
+    /// The leases; empty when nothing became ready within the wait.
+    pub leases: Vec<LeaseBody>,
+}
+
+/// A lease as a worker sends it back: the object a claim returned (the fields
+/// that only describe it may be left out).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRef {
+    /// The holding session.
+    pub session: i64,
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// The fencing token.
+    pub token: i64,
+    /// The attempt (recorded in the history).
+    #[schema(minimum = 1)]
+    pub attempt: u32,
+    /// Ignored.
+    #[serde(default)]
+    pub priority: Option<i32>,
+    /// Ignored.
+    #[serde(default)]
+    pub enqueued_at: Option<DateTime<Utc>>,
+    /// When the run started; used for the work-duration metric.
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+}
+
+impl LeaseRef {
+    /// The store's lease; the described-only fields are filled with neutral
+    /// values the store does not check.
+    pub(crate) fn to_lease(&self) -> Lease {
+        Lease {
+            session: crate::store::SessionId(self.session),
+            process: self.process.clone(),
+            key: self.key.clone(),
+            token: crate::store::FencingToken(self.token),
+            attempt: self.attempt,
+            priority: self.priority.unwrap_or(0),
+            enqueued_at: self.enqueued_at.unwrap_or_default(),
+            started_at: self.started_at.unwrap_or_default(),
+        }
+    }
+}
+
+/// What processing a key returned.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OutcomeBody {
+    /// Converged: the item is gone (or pending again if enqueued meanwhile).
+    Done,
+    /// Converged for now; look again after `after_ms`.
+    RequeueAfter {
+        /// The delay in milliseconds (at most 180 days).
+        #[schema(maximum = 15552000000_u64)]
+        after_ms: u64,
+    },
+    /// Failed, worth retrying after the process's backoff.
+    Transient {
+        /// What went wrong.
+        error: String,
+    },
+    /// Failed for good: parked until the next enqueue.
+    Permanent {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+impl OutcomeBody {
+    /// The store's outcome.
+    pub(crate) fn to_outcome(&self) -> Outcome {
+        match self {
+            Self::Done => Outcome::Done,
+            Self::RequeueAfter { after_ms } => Outcome::RequeueAfter(ms(*after_ms)),
+            Self::Transient { error } => Outcome::Transient(error.clone()),
+            Self::Permanent { error } => Outcome::Permanent(error.clone()),
+        }
+    }
+
+    /// The outcome's name for metrics.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::RequeueAfter { .. } => "requeue_after",
+            Self::Transient { .. } => "transient",
+            Self::Permanent { .. } => "permanent",
+        }
+    }
+}
+
+/// Body of `POST /v1/leases/complete`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The lease, as the claim returned it.
+    pub lease: LeaseRef,
+    /// How the run went.
+    pub outcome: OutcomeBody,
+}
+
+/// Body of `POST /v1/leases/release`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The lease, as the claim returned it.
+    pub lease: LeaseRef,
+}
+
+/// Response of `/healthz` and `/readyz`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or `unavailable` when the database cannot be reached.
+    pub status: String,
+    /// The engine: `sqlite` or `postgres`.
+    pub database: String,
+}

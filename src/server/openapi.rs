@@ -1,0 +1,68 @@
+//! The OpenAPI 3 document, generated from the handlers' annotations and the
+//! model's types, so it cannot drift from the code.
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::auth::Role;
+use super::error::ErrorBody;
+use super::model::{
+    ClaimRequest, ClaimResponse, CloseResponse, CompleteRequest, EnqueueRequest, EnqueueResponse,
+    EventBody, Health, HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
+    OutcomeBody, ProcessList, ProcessSummary, ReleaseRequest, SessionBody, SessionRequest,
+    StateName,
+};
+use super::routes::{health, items, leases, processes, sessions};
+
+/// The API description served at `/openapi.json`.
+#[derive(Debug, OpenApi)]
+#[openapi(
+    info(
+        title = "drover",
+        description = "Keyed work with coalescing, durable per-key backoff and fenced leases. \
+            Send `Authorization: Bearer TOKEN` when the server has tokens (roles: viewer reads, \
+            worker also enqueues and works, admin also retries, parks and deletes). \
+            Keys in paths are percent-encoded."
+    ),
+    paths(
+        processes::list,
+        items::enqueue, items::list, items::get, items::retry, items::park, items::delete,
+        sessions::start, sessions::heartbeat, sessions::close,
+        leases::claim, leases::complete, leases::release,
+        health::healthz, health::readyz, health::metrics, health::openapi,
+    ),
+    components(schemas(
+        ErrorBody, Role, EnqueueRequest, EnqueueResponse, ProcessList, ProcessSummary,
+        StateName, ItemBody, ItemPage, EventBody, ItemDetailBody, SessionRequest, SessionBody,
+        HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
+        OutcomeBody, CompleteRequest, ReleaseRequest, Health,
+    )),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "work", description = "Producers and workers: enqueue, sessions, leases"),
+        (name = "read", description = "Processes and items"),
+        (name = "admin", description = "Operators' actions on items"),
+        (name = "ops", description = "Health, readiness, metrics, this document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Declares the `bearer` security scheme the paths refer to.
+#[derive(Debug)]
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The document.
+#[must_use]
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}

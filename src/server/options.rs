@@ -1,0 +1,85 @@
+//! [`ServerOptions`]: the server's limits and intervals, validated by their
+//! setters' types; the defaults suit `drover serve`.
+
+use std::time::Duration;
+
+use super::auth::Tokens;
+
+/// How the server behaves.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub(crate) tokens: Option<Tokens>,
+    pub(crate) body_limit: usize,
+    pub(crate) max_wait: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) reclaim_interval: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            tokens: None,
+            body_limit: 1024 * 1024,
+            max_wait: Duration::from_secs(60),
+            poll_interval: Duration::from_secs(1),
+            reclaim_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerOptions {
+    /// The tokens callers must present (default: none, so every caller is an
+    /// admin — only safe on a loopback address). An empty list means the same.
+    #[must_use]
+    pub fn tokens(self, tokens: Tokens) -> Self {
+        Self {
+            tokens: (!tokens.is_empty()).then_some(tokens),
+            ..self
+        }
+    }
+
+    /// The largest request body in bytes (default 1 MiB, at least 1 KiB); larger
+    /// ones are refused with 413 before they are parsed. Bigger batches of keys
+    /// need more; a lower limit bounds the memory one request can take.
+    #[must_use]
+    pub fn body_limit(self, bytes: usize) -> Self {
+        Self {
+            body_limit: bytes.max(1024),
+            ..self
+        }
+    }
+
+    /// The longest a claim may wait for work (default 60 s). Longer waits mean
+    /// fewer idle round trips but hold a connection open longer.
+    #[must_use]
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        Self { max_wait, ..self }
+    }
+
+    /// How often a waiting claim looks again without a wake-up (default 1 s, at
+    /// least 10 ms): the latency for work that no wake-up announces (delayed keys
+    /// coming due, enqueues by `drover enqueue` into the same SQLite file).
+    #[must_use]
+    pub fn poll_interval(self, poll_interval: Duration) -> Self {
+        Self {
+            poll_interval: poll_interval.max(Duration::from_millis(10)),
+            ..self
+        }
+    }
+
+    /// How often the server reclaims the leases of expired sessions (default 5 s,
+    /// at least 100 ms), so a crashed HTTP worker's keys run again.
+    #[must_use]
+    pub fn reclaim_interval(self, reclaim_interval: Duration) -> Self {
+        Self {
+            reclaim_interval: reclaim_interval.max(Duration::from_millis(100)),
+            ..self
+        }
+    }
+
+    /// Whether callers must present a token.
+    #[must_use]
+    pub fn requires_tokens(&self) -> bool {
+        self.tokens.is_some()
+    }
+}

@@ -1,0 +1,97 @@
+//! `/healthz`, `/readyz`, `/metrics` and `/openapi.json`: the routes operators'
+//! tools call.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::server::auth::{Authorized, Read};
+use crate::server::error::{ApiError, ErrorBody};
+use crate::server::model::Health;
+use crate::server::state::AppState;
+use crate::store::StoreEngine as _;
+
+/// The process is up (no database call; never needs a token).
+#[utoipa::path(
+    get, path = "/healthz", tag = "ops",
+    responses((status = 200, description = "Up", body = Health))
+)]
+pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        database: state.store.engine_name().into(),
+    })
+}
+
+/// The database answers (one clock query; never needs a token). 503 when it
+/// does not, so load balancers stop routing here.
+#[utoipa::path(
+    get, path = "/readyz", tag = "ops",
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "The database does not answer", body = Health),
+    )
+)]
+pub(crate) async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    let database = state.store.engine_name().to_owned();
+    match state.store.clock_now().await {
+        Ok(_) => (
+            StatusCode::OK,
+            Json(Health {
+                status: "ok".into(),
+                database,
+            }),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            let status = "unavailable".into();
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(Health { status, database }),
+            )
+        }
+    }
+}
+
+/// Prometheus metrics (OpenMetrics text): queue and runner metrics of this
+/// process, HTTP request counts and latencies, pool gauges, item counts.
+#[utoipa::path(
+    get, path = "/metrics", tag = "ops",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "OpenMetrics text", body = String,
+         content_type = "application/openmetrics-text"),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+    )
+)]
+pub(crate) async fn metrics(
+    _: Authorized<Read>,
+    State(state): State<AppState>,
+) -> Result<Response, ApiError> {
+    let text = state.metrics.render(&state.store).await.map_err(|_| {
+        tracing::error!("cannot encode metrics");
+        ApiError::Internal
+    })?;
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
+}
+
+/// This API's OpenAPI 3 document (never needs a token).
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "ops",
+    responses((status = 200, description = "The OpenAPI document", body = Object))
+)]
+pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(crate::server::openapi::document())
+}
+
+/// Any route the server does not have: a JSON 404.
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+/// A known route with a method it does not take: a JSON 405.
+pub(crate) async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

@@ -1,0 +1,263 @@
+//! Items of a process: enqueue, list, read one with its history, and the admin
+//! actions retry, park and delete.
+//!
+//! Keys travel in the path percent-encoded (`ns%2Fname` for `ns/name`).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+
+use crate::server::auth::{Authorized, Manage, Read, Work};
+use crate::server::error::{ApiError, ErrorBody};
+use crate::server::extract::{JsonBody, PathParams, QueryParams};
+use crate::server::model::{
+    EnqueueRequest, EnqueueResponse, ItemBody, ItemDetailBody, ItemGetQuery, ItemListQuery,
+    ItemPage, MAX_PAGE, max_delay_ms, ms,
+};
+use crate::server::state::AppState;
+use crate::store::{
+    ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, StoreEngine as _,
+    validate_key, validate_process,
+};
+
+/// The reason an operator's park records.
+const PARK_REASON: &str = "parked by an operator";
+
+/// Enqueues keys for a process, coalescing with pending and running ones. All
+/// keys are checked first: one invalid key (422) means none is written.
+#[utoipa::path(
+    post, path = "/v1/processes/{process}/items", tag = "work",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process (control loop)")),
+    request_body = EnqueueRequest,
+    responses(
+        (status = 200, description = "Enqueued", body = EnqueueResponse),
+        (status = 400, description = "Malformed body", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not a worker's", body = ErrorBody),
+        (status = 413, description = "Body over the limit", body = ErrorBody),
+        (status = 422, description = "Invalid key or process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn enqueue(
+    _: Authorized<Work>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+    JsonBody(body): JsonBody<EnqueueRequest>,
+) -> Result<Json<EnqueueResponse>, ApiError> {
+    validate_process(&process)?;
+    if body.after_ms > max_delay_ms() {
+        return Err(ApiError::field(
+            "after_ms",
+            format!("after_ms must be at most {}", max_delay_ms()),
+        ));
+    }
+    for (i, key) in body.keys.iter().enumerate() {
+        validate_key(key).map_err(|e| ApiError::Unprocessable {
+            code: "invalid_key",
+            field: "keys",
+            message: format!("keys[{i}]: {e}"),
+        })?;
+    }
+    let count = body.keys.len() as u64;
+    let params = ItemEnqueue::new(process.clone(), body.keys)
+        .after(ms(body.after_ms))
+        .priority(body.priority)
+        .bypass_backoff(body.bypass_backoff);
+    let report = state.store.item_enqueue(params).await?;
+    state.metrics.enqueued(&process, count);
+    Ok(Json(EnqueueResponse {
+        pending: report.pending,
+        dirty: report.dirty,
+    }))
+}
+
+/// Lists a process's items in key order, optionally in one state, a page at a
+/// time.
+#[utoipa::path(
+    get, path = "/v1/processes/{process}/items", tag = "read",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process"), ItemListQuery),
+    responses(
+        (status = 200, description = "A page of items", body = ItemPage),
+        (status = 400, description = "Bad query parameter", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 404, description = "Unknown process", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn list(
+    _: Authorized<Read>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+    QueryParams(query): QueryParams<ItemListQuery>,
+) -> Result<Json<ItemPage>, ApiError> {
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
+    }
+    validate_process(&process)?;
+    let items = state
+        .store
+        .item_list(ItemList {
+            process,
+            state: query.state.map(Into::into),
+            after_key: query.after_key,
+            limit,
+        })
+        .await?;
+    let next_after_key = (items.len() == limit as usize)
+        .then(|| items.last().map(|i| i.key.clone()))
+        .flatten();
+    Ok(Json(ItemPage {
+        items: items.into_iter().map(Into::into).collect(),
+        next_after_key,
+    }))
+}
+
+/// One item with its newest history events.
+#[utoipa::path(
+    get, path = "/v1/processes/{process}/items/{key}", tag = "read",
+    security(("bearer" = [])),
+    params(
+        ("process" = String, Path, description = "The process"),
+        ("key" = String, Path, description = "The key, percent-encoded"),
+        ItemGetQuery,
+    ),
+    responses(
+        (status = 200, description = "The item and its history", body = ItemDetailBody),
+        (status = 400, description = "Bad query parameter", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 404, description = "No such item", body = ErrorBody),
+        (status = 422, description = "Invalid key or process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn get(
+    _: Authorized<Read>,
+    State(state): State<AppState>,
+    PathParams((process, key)): PathParams<(String, String)>,
+    QueryParams(query): QueryParams<ItemGetQuery>,
+) -> Result<Json<ItemDetailBody>, ApiError> {
+    let history_limit = query.history_limit.unwrap_or(50);
+    if history_limit > MAX_PAGE {
+        return Err(ApiError::field(
+            "history_limit",
+            "history_limit must be at most 1000",
+        ));
+    }
+    let detail = state
+        .store
+        .item_get(ItemGet {
+            process,
+            key,
+            history_limit,
+        })
+        .await?
+        .ok_or_else(no_item)?;
+    Ok(Json(detail.into()))
+}
+
+fn no_item() -> ApiError {
+    ApiError::NotFound("no such item".into())
+}
+
+/// Makes an item pending at once: its backoff or park is cut short, its failure
+/// count kept. Refused (409) while a worker holds it.
+#[utoipa::path(
+    post, path = "/v1/processes/{process}/items/{key}/retry", tag = "admin",
+    security(("bearer" = [])),
+    params(
+        ("process" = String, Path, description = "The process"),
+        ("key" = String, Path, description = "The key, percent-encoded"),
+    ),
+    responses(
+        (status = 200, description = "The item, pending now", body = ItemBody),
+        (status = 400, description = "Malformed path", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not an admin's", body = ErrorBody),
+        (status = 404, description = "No such item", body = ErrorBody),
+        (status = 409, description = "The item is running", body = ErrorBody),
+        (status = 422, description = "Invalid key or process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn retry(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    PathParams((process, key)): PathParams<(String, String)>,
+) -> Result<Json<ItemBody>, ApiError> {
+    let item = state
+        .store
+        .item_retry(ItemRetry { process, key })
+        .await?
+        .ok_or_else(no_item)?;
+    Ok(Json(item.into()))
+}
+
+/// Parks an item: it does not run until the next enqueue or retry. Refused (409)
+/// while a worker holds it.
+#[utoipa::path(
+    post, path = "/v1/processes/{process}/items/{key}/park", tag = "admin",
+    security(("bearer" = [])),
+    params(
+        ("process" = String, Path, description = "The process"),
+        ("key" = String, Path, description = "The key, percent-encoded"),
+    ),
+    responses(
+        (status = 200, description = "The item, parked", body = ItemBody),
+        (status = 400, description = "Malformed path", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not an admin's", body = ErrorBody),
+        (status = 404, description = "No such item", body = ErrorBody),
+        (status = 409, description = "The item is running", body = ErrorBody),
+        (status = 422, description = "Invalid key or process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn park(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    PathParams((process, key)): PathParams<(String, String)>,
+) -> Result<Json<ItemBody>, ApiError> {
+    let params = ItemPark {
+        process,
+        key,
+        reason: PARK_REASON.to_owned(),
+    };
+    let item = state.store.item_park(params).await?.ok_or_else(no_item)?;
+    Ok(Json(item.into()))
+}
+
+/// Deletes an item (its history stays). Refused (409) while a worker holds it.
+#[utoipa::path(
+    delete, path = "/v1/processes/{process}/items/{key}", tag = "admin",
+    security(("bearer" = [])),
+    params(
+        ("process" = String, Path, description = "The process"),
+        ("key" = String, Path, description = "The key, percent-encoded"),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Malformed path", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not an admin's", body = ErrorBody),
+        (status = 404, description = "No such item", body = ErrorBody),
+        (status = 409, description = "The item is running", body = ErrorBody),
+        (status = 422, description = "Invalid key or process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn delete(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    PathParams((process, key)): PathParams<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    if state.store.item_delete(ItemDelete { process, key }).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(no_item())
+    }
+}

@@ -1,0 +1,105 @@
+//! Sessions: a worker's registration with a TTL, kept alive by heartbeats.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+
+use crate::server::auth::{Authorized, Work};
+use crate::server::error::{ApiError, ErrorBody};
+use crate::server::extract::{JsonBody, PathParams, session_id};
+use crate::server::model::{
+    CloseResponse, HeartbeatResponse, MAX_TTL_MS, SessionBody, SessionRequest,
+};
+use crate::server::state::AppState;
+use crate::store::{SessionClose, SessionHeartbeat, SessionStart, StoreEngine as _};
+
+/// Starts a session; its deadline is now + ttl on the database clock. Heartbeat
+/// every third of the TTL; claims and completions of an expired session are
+/// refused with 409.
+#[utoipa::path(
+    post, path = "/v1/sessions", tag = "work",
+    security(("bearer" = [])),
+    request_body = SessionRequest,
+    responses(
+        (status = 201, description = "Started", body = SessionBody),
+        (status = 400, description = "Malformed body or TTL out of range", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not a worker's", body = ErrorBody),
+        (status = 413, description = "Body over the limit", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn start(
+    _: Authorized<Work>,
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<SessionRequest>,
+) -> Result<(StatusCode, Json<SessionBody>), ApiError> {
+    if !(1..=MAX_TTL_MS).contains(&body.ttl_ms) {
+        return Err(ApiError::field(
+            "ttl_ms",
+            format!("ttl_ms must be between 1 and {MAX_TTL_MS}"),
+        ));
+    }
+    let session = state
+        .store
+        .session_start(SessionStart {
+            component: body.component,
+            ttl: Duration::from_millis(body.ttl_ms),
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(session.into())))
+}
+
+/// Pushes the session's deadline to now + ttl; 409 if it already expired (stop
+/// working and start a new session).
+#[utoipa::path(
+    post, path = "/v1/sessions/{session}/heartbeat", tag = "work",
+    security(("bearer" = [])),
+    params(("session" = i64, Path, description = "The session id")),
+    responses(
+        (status = 200, description = "Renewed", body = HeartbeatResponse),
+        (status = 400, description = "Malformed session id", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not a worker's", body = ErrorBody),
+        (status = 409, description = "The session expired or never existed", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn heartbeat(
+    _: Authorized<Work>,
+    State(state): State<AppState>,
+    PathParams(session): PathParams<String>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    let session = session_id(&session)?;
+    let deadline = state
+        .store
+        .session_heartbeat(SessionHeartbeat { session })
+        .await?;
+    Ok(Json(HeartbeatResponse { deadline }))
+}
+
+/// Ends a session: its leases go back to pending at once (no failure counted).
+/// Closing an unknown session is not an error.
+#[utoipa::path(
+    delete, path = "/v1/sessions/{session}", tag = "work",
+    security(("bearer" = [])),
+    params(("session" = i64, Path, description = "The session id")),
+    responses(
+        (status = 200, description = "Closed", body = CloseResponse),
+        (status = 400, description = "Malformed session id", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not a worker's", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn close(
+    _: Authorized<Work>,
+    State(state): State<AppState>,
+    PathParams(session): PathParams<String>,
+) -> Result<Json<CloseResponse>, ApiError> {
+    let session = session_id(&session)?;
+    let released = state.store.session_close(SessionClose { session }).await?;
+    Ok(Json(CloseResponse { released }))
+}

@@ -1,0 +1,39 @@
+//! [`AppState`]: what every handler shares.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::Role;
+use super::error::ApiError;
+use super::metrics::ServerMetrics;
+use super::options::ServerOptions;
+use super::wake::Wakeups;
+use crate::store::Store;
+
+/// The handlers' shared state; cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct AppState {
+    /// The store every request works on.
+    pub(crate) store: Store,
+    /// Limits and tokens.
+    pub(crate) options: Arc<ServerOptions>,
+    /// HTTP and database metrics.
+    pub(crate) metrics: Arc<ServerMetrics>,
+    /// Wake-ups for waiting claims.
+    pub(crate) wake: Wakeups,
+    /// Fires on shutdown, ending waiting claims at once.
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl AppState {
+    /// The caller's role: admin on an open server, else the token's role;
+    /// 401 for a missing or unknown token.
+    pub(crate) fn role_of(&self, headers: &HeaderMap) -> Result<Role, ApiError> {
+        match &self.options.tokens {
+            None => Ok(Role::Admin),
+            Some(tokens) => tokens.role_of(headers).ok_or(ApiError::Unauthorized),
+        }
+    }
+}

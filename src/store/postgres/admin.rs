@@ -1,0 +1,156 @@
+//! Operator actions on PostgreSQL (retry, park, delete) and the recent-activity
+//! counts. The item row is locked (`FOR UPDATE`) before the check, so a claim
+//! racing the action either sees its result or happens first and is refused.
+
+use chrono::{DateTime, Utc};
+
+use super::engine::{PostgresStore, Tx};
+use super::error::{Db as _, commit};
+use super::rows::{ItemRow, item_columns};
+use crate::store::StoreError;
+use crate::store::admin::admit;
+use crate::store::key::{validate_key, validate_process};
+use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
+use crate::store::settle::earlier;
+use crate::store::types::{EventKind, Item, ProcessActivity};
+
+/// Validates the names, opens the transaction, locks the row and applies
+/// [`admit`]; `None` when there is no item to act on.
+async fn begin(
+    store: &PostgresStore,
+    process: &str,
+    key: &str,
+) -> Result<Option<(Tx, DateTime<Utc>)>, StoreError> {
+    validate_process(process)?;
+    validate_key(key)?;
+    let (mut tx, now) = store.write().await?;
+    let stored: Option<String> = sqlx::query_scalar(
+        "SELECT state FROM drover_items WHERE process = $1 AND key = $2 FOR UPDATE",
+    )
+    .bind(process)
+    .bind(key)
+    .fetch_optional(&mut *tx)
+    .await
+    .db()?;
+    Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
+}
+
+/// Appends an operator's event to the history.
+async fn log(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    (process, key): (&str, &str),
+    event: EventKind,
+    error: Option<&str>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO drover_history (at, process, key, event, error) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(now)
+    .bind(process)
+    .bind(key)
+    .bind(event.as_str())
+    .bind(error)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+pub(super) async fn retry(
+    store: &PostgresStore,
+    params: &ItemRetry,
+) -> Result<Option<Item>, StoreError> {
+    let Some((mut tx, now)) = begin(store, &params.process, &params.key).await? else {
+        return Ok(None);
+    };
+    let row: ItemRow = sqlx::query_as(concat!(
+        "UPDATE drover_items SET state = 'pending', backoff_until = NULL,
+             ready_at = CASE WHEN state = 'pending' AND ready_at < $3 THEN ready_at ELSE $3 END,
+             enqueued_at = CASE state WHEN 'parked' THEN $3 ELSE enqueued_at END
+         WHERE process = $1 AND key = $2 RETURNING ",
+        item_columns!()
+    ))
+    .bind(&params.process)
+    .bind(&params.key)
+    .bind(now)
+    .fetch_one(&mut *tx)
+    .await
+    .db()?;
+    let names = (params.process.as_str(), params.key.as_str());
+    log(&mut tx, now, names, EventKind::Retried, None).await?;
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(PostgresStore::notify_channel(&params.process))
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    commit(tx).await?;
+    row.into_item(now).map(Some)
+}
+
+pub(super) async fn park(
+    store: &PostgresStore,
+    params: &ItemPark,
+) -> Result<Option<Item>, StoreError> {
+    let Some((mut tx, now)) = begin(store, &params.process, &params.key).await? else {
+        return Ok(None);
+    };
+    let row: ItemRow = sqlx::query_as(concat!(
+        "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = $3
+         WHERE process = $1 AND key = $2 RETURNING ",
+        item_columns!()
+    ))
+    .bind(&params.process)
+    .bind(&params.key)
+    .bind(&params.reason)
+    .fetch_one(&mut *tx)
+    .await
+    .db()?;
+    let names = (params.process.as_str(), params.key.as_str());
+    log(&mut tx, now, names, EventKind::Parked, Some(&params.reason)).await?;
+    commit(tx).await?;
+    row.into_item(now).map(Some)
+}
+
+pub(super) async fn delete(store: &PostgresStore, params: &ItemDelete) -> Result<bool, StoreError> {
+    let Some((mut tx, now)) = begin(store, &params.process, &params.key).await? else {
+        return Ok(false);
+    };
+    sqlx::query("DELETE FROM drover_items WHERE process = $1 AND key = $2")
+        .bind(&params.process)
+        .bind(&params.key)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    let names = (params.process.as_str(), params.key.as_str());
+    log(&mut tx, now, names, EventKind::Deleted, None).await?;
+    commit(tx).await?;
+    Ok(true)
+}
+
+pub(super) async fn activity(
+    store: &PostgresStore,
+    params: HistoryActivity,
+) -> Result<Vec<ProcessActivity>, StoreError> {
+    let now = store.now(&store.pool).await?;
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT p.process, COUNT(h.id) FILTER (WHERE h.event = 'finished'),
+             COUNT(h.id) FILTER (WHERE h.event = 'failed')
+         FROM drover_processes p LEFT JOIN drover_history h ON h.process = p.process
+             AND h.at >= $1 AND h.event IN ('finished', 'failed')
+         GROUP BY p.process ORDER BY p.process",
+    )
+    .bind(earlier(now, params.window))
+    .fetch_all(&store.pool)
+    .await
+    .db()?;
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(rows
+        .into_iter()
+        .map(|(process, finished, failed)| ProcessActivity {
+            process,
+            finished: count(finished),
+            failed: count(failed),
+        })
+        .collect())
+}

@@ -1,0 +1,474 @@
+//! The HTTP API, route by route, on every engine (`support::each_engine`).
+//! No test sleeps: TTLs pass by advancing the store's clock.
+
+mod server_support;
+mod support;
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use drover::server::ServerOptions;
+use drover::store::{ItemEnqueue, StoreEngine as _};
+use serde_json::{Value, json};
+use server_support::{Api, DELETE, GET, POST, segment};
+use support::each_engine;
+
+const P: &str = "provision";
+
+fn complete_body(lease: &Value, outcome: Value) -> Value {
+    json!({ "lease": lease, "outcome": outcome })
+}
+
+#[tokio::test]
+async fn enqueued_keys_show_up_in_the_process_counts() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        let report = api.enqueue(P, &["a", "b", "a"]).await;
+        assert_eq!(report, json!({ "pending": 2, "dirty": 0 }));
+        let counts = api.counts(P).await.expect("process listed");
+        assert_eq!(counts["pending"], 2);
+        assert_eq!(counts["running"], 0);
+        assert!(counts["oldest_pending_age_ms"].is_u64());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn enqueue_options_delay_and_prioritise_keys() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        let uri = format!("/v1/processes/{P}/items");
+        let later = json!({ "keys": ["late"], "after_ms": 60_000 });
+        api.post(&uri, later, StatusCode::OK).await;
+        let first = json!({ "keys": ["urgent"], "priority": 9, "bypass_backoff": true });
+        api.post(&uri, first, StatusCode::OK).await;
+        api.enqueue(P, &["plain"]).await;
+        let session = api.session(30_000).await;
+        let keys: Vec<_> = api
+            .claim(session, P, 10)
+            .await
+            .iter()
+            .map(|l| l["key"].clone())
+            .collect();
+        assert_eq!(
+            keys,
+            [json!("urgent"), json!("plain")],
+            "the delayed key waits"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn items_are_listed_by_state_a_page_at_a_time() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a", "b", "c"]).await;
+        let session = api.session(30_000).await;
+        api.claim(session, P, 1).await;
+        let page = api
+            .get_ok(&format!("/v1/processes/{P}/items?limit=2"))
+            .await;
+        assert_eq!(page["items"].as_array().expect("items").len(), 2);
+        assert_eq!(page["next_after_key"], "b");
+        let rest = api
+            .get_ok(&format!("/v1/processes/{P}/items?limit=2&after_key=b"))
+            .await;
+        assert_eq!(rest["items"][0]["key"], "c");
+        assert_eq!(rest["next_after_key"], Value::Null);
+        let running = api
+            .get_ok(&format!("/v1/processes/{P}/items?state=running"))
+            .await;
+        assert_eq!(running["items"][0]["key"], "a");
+        assert_eq!(running["items"][0]["state"], "running");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_item_is_read_with_its_history_even_with_a_slash_in_its_key() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["ns/name"]).await;
+        let uri = format!("/v1/processes/{P}/items/{}", segment("ns/name"));
+        let detail = api.get_ok(&uri).await;
+        assert_eq!(detail["item"]["key"], "ns/name");
+        assert_eq!(detail["item"]["state"], "pending");
+        assert_eq!(detail["history"][0]["event"], "enqueued");
+        let missing = api
+            .call(GET, &format!("/v1/processes/{P}/items/nope"), None)
+            .await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_worker_claims_completes_and_the_item_is_gone() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(30_000).await;
+        let leases = api.claim(session, P, 5).await;
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0]["attempt"], 1);
+        assert!(
+            api.claim(session, P, 5).await.is_empty(),
+            "a held key is not handed out twice"
+        );
+        let body = complete_body(&leases[0], json!({ "type": "done" }));
+        api.post("/v1/leases/complete", body, StatusCode::NO_CONTENT)
+            .await;
+        let uri = format!("/v1/processes/{P}/items/a");
+        assert_eq!(
+            api.call(GET, &uri, None).await.status,
+            StatusCode::NOT_FOUND
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn each_outcome_moves_the_item_as_the_store_contract_says() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["later", "flaky", "broken"]).await;
+        let session = api.session(30_000).await;
+        let leases = api.claim(session, P, 3).await;
+        let outcomes = [
+            json!({ "type": "requeue_after", "after_ms": 60_000 }),
+            json!({ "type": "transient", "error": "try again" }),
+            json!({ "type": "permanent", "error": "<b>bad</b>" }),
+        ];
+        for (lease, outcome) in leases.iter().zip(outcomes) {
+            api.post("/v1/leases/complete", complete_body(lease, outcome), StatusCode::NO_CONTENT).await;
+        }
+        let state = |key: &'static str| {
+            let api = &api;
+            async move { api.get_ok(&format!("/v1/processes/{P}/items/{key}")).await["item"].clone() }
+        };
+        assert_eq!(state("later").await["state"], "pending");
+        let flaky = state("flaky").await;
+        assert_eq!((flaky["state"].clone(), flaky["failures"].clone()), (json!("backoff"), json!(1)));
+        let broken = state("broken").await;
+        assert_eq!(broken["state"], "parked");
+        assert_eq!(broken["last_error"], "<b>bad</b>");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn heartbeat_renews_and_close_gives_the_leases_back() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(10_000).await;
+        api.claim(session, P, 1).await;
+        db.store.clock().advance(Duration::from_secs(8));
+        let beat = api
+            .post(
+                &format!("/v1/sessions/{session}/heartbeat"),
+                json!(null),
+                StatusCode::OK,
+            )
+            .await;
+        assert!(beat["deadline"].is_string());
+        db.store.clock().advance(Duration::from_secs(8));
+        let closed = api
+            .call(DELETE, &format!("/v1/sessions/{session}"), None)
+            .await;
+        assert_eq!(closed.status, StatusCode::OK, "{}", closed.text);
+        assert_eq!(
+            closed.json()["released"],
+            1,
+            "alive thanks to the heartbeat"
+        );
+        assert_eq!(api.counts(P).await.expect("counts")["pending"], 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_released_lease_is_pending_again_without_a_failure() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(30_000).await;
+        let lease = api.claim(session, P, 1).await.remove(0);
+        api.post(
+            "/v1/leases/release",
+            json!({ "lease": lease }),
+            StatusCode::NO_CONTENT,
+        )
+        .await;
+        let item = api.get_ok(&format!("/v1/processes/{P}/items/a")).await;
+        assert_eq!(item["item"]["state"], "pending");
+        assert_eq!(item["item"]["failures"], 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn completing_after_the_session_expired_is_refused_and_changes_nothing() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(1_000).await;
+        let lease = api.claim(session, P, 1).await.remove(0);
+        db.store.clock().advance(Duration::from_secs(5));
+        let body = complete_body(&lease, json!({ "type": "done" }));
+        let refused = api
+            .post("/v1/leases/complete", body, StatusCode::CONFLICT)
+            .await;
+        assert_eq!(refused["error"], "session_expired");
+        let beat = api
+            .call(POST, &format!("/v1/sessions/{session}/heartbeat"), None)
+            .await;
+        assert_eq!(beat.status, StatusCode::CONFLICT);
+        let item = api.get_ok(&format!("/v1/processes/{P}/items/a")).await;
+        assert_eq!(item["item"]["state"], "running", "only a reclaim frees it");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
+    each_engine(|db| async move {
+        // Polling once a minute: only the wake-up can answer within the test.
+        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+        let api = std::sync::Arc::new(Api::with(&db.store, options));
+        let session = api.session(60_000).await;
+        let waiting = {
+            let api = std::sync::Arc::clone(&api);
+            tokio::spawn(async move {
+                let body = json!({ "process": P, "max": 1, "wait_ms": 30_000 });
+                let uri = format!("/v1/sessions/{session}/claim");
+                api.post(&uri, body, StatusCode::OK).await
+            })
+        };
+        tokio::task::yield_now().await;
+        // Enqueue through another connection, as another node would.
+        let other = db.reconnect().await;
+        other
+            .item_enqueue(ItemEnqueue::new(P, ["a"]))
+            .await
+            .expect("enqueue");
+        let started = std::time::Instant::now();
+        let claimed = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("woken before the poll")
+            .expect("claim task");
+        assert_eq!(claimed["leases"][0]["key"], "a");
+        assert!(started.elapsed() < Duration::from_secs(20));
+        other.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
+    each_engine(|db| async move {
+        if db.engine != "postgres" {
+            eprintln!(
+                "skipping on {}: only PostgreSQL carries wake-ups between processes",
+                db.engine
+            );
+            return;
+        }
+        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+        let api = std::sync::Arc::new(Api::with(&db.store, options));
+        let session = api.session(60_000).await;
+        let waiting = {
+            let api = std::sync::Arc::clone(&api);
+            tokio::spawn(async move {
+                let body = json!({ "process": P, "max": 1, "wait_ms": 30_000 });
+                api.post(
+                    &format!("/v1/sessions/{session}/claim"),
+                    body,
+                    StatusCode::OK,
+                )
+                .await
+            })
+        };
+        let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args(["enqueue", P, "from-elsewhere", "--db", &db.url])
+            .output()
+            .await
+            .expect("run drover enqueue");
+        assert!(
+            enqueued.status.success(),
+            "{}",
+            String::from_utf8_lossy(&enqueued.stderr)
+        );
+        let claimed = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("woken by NOTIFY, long before the 60 s poll")
+            .expect("claim task");
+        assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiting_claim_with_nothing_to_do_returns_empty_after_its_wait() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["x"]).await;
+        let session = api.session(60_000).await;
+        api.claim(session, P, 1).await;
+        let body = json!({ "process": P, "max": 1, "wait_ms": 50 });
+        let reply = api
+            .post(
+                &format!("/v1/sessions/{session}/claim"),
+                body,
+                StatusCode::OK,
+            )
+            .await;
+        assert_eq!(reply["leases"], json!([]));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admins_retry_park_and_delete_items() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let item = format!("/v1/processes/{P}/items/a");
+        let parked = api
+            .post(&format!("{item}/park"), json!(null), StatusCode::OK)
+            .await;
+        assert_eq!(parked["state"], "parked");
+        let session = api.session(30_000).await;
+        assert!(
+            api.claim(session, P, 1).await.is_empty(),
+            "parked keys do not run"
+        );
+        let retried = api
+            .post(&format!("{item}/retry"), json!(null), StatusCode::OK)
+            .await;
+        assert_eq!(retried["state"], "pending");
+        let lease = api.claim(session, P, 1).await.remove(0);
+        let busy = api.call(DELETE, &item, None).await;
+        assert_eq!(
+            busy.status,
+            StatusCode::CONFLICT,
+            "a running item is the worker's"
+        );
+        api.post(
+            "/v1/leases/release",
+            json!({ "lease": lease }),
+            StatusCode::NO_CONTENT,
+        )
+        .await;
+        assert_eq!(
+            api.call(DELETE, &item, None).await.status,
+            StatusCode::NO_CONTENT
+        );
+        assert_eq!(
+            api.call(GET, &item, None).await.status,
+            StatusCode::NOT_FOUND
+        );
+        let history = db
+            .store
+            .history_list(drover::store::HistoryList {
+                process: Some(P.into()),
+                key: Some("a".into()),
+                before_id: None,
+                limit: 10,
+            })
+            .await
+            .expect("history");
+        assert_eq!(history[0].event.as_str(), "deleted");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn health_readiness_metrics_and_the_openapi_document_answer() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        assert_eq!(api.get_ok("/healthz").await["status"], "ok");
+        let ready = api.get_ok("/readyz").await;
+        assert_eq!(ready["database"], db.engine);
+        api.enqueue(P, &["a", "b"]).await;
+        let metrics = api.call(GET, "/metrics", None).await;
+        assert_eq!(metrics.status, StatusCode::OK);
+        let text = metrics.text;
+        assert!(text.contains(&format!("drover_items{{process=\"{P}\",state=\"pending\"}} 2")), "{text}");
+        assert!(text.contains("drover_http_requests_total{method=\"POST\",route=\"/v1/processes/{process}/items\",status=\"200\"} 1"), "{text}");
+        assert!(text.contains("drover_db_pool_max_connections"), "{text}");
+        assert!(text.contains(&format!("workqueue_adds_total{{name=\"{P}\"}}")), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+        let doc = api.get_ok("/openapi.json").await;
+        assert!(doc["openapi"].as_str().expect("version").starts_with("3."));
+        assert!(doc["paths"]["/v1/sessions/{session}/claim"]["post"].is_object());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_dashboard_lists_processes_and_shows_a_hostile_key_as_text() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        let hostile = "<script>alert(1)</script>";
+        api.enqueue(P, &[hostile]).await;
+        let overview = api.call(GET, "/", None).await;
+        assert_eq!(overview.status, StatusCode::OK);
+        assert!(overview.text.contains("http-equiv=\"refresh\""));
+        assert!(overview.text.contains(&format!("data-process=\"{P}\"")));
+        let page = api
+            .call(
+                GET,
+                &format!("/ui/processes/{P}/items/{}", segment(hostile)),
+                None,
+            )
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        assert!(page.text.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(!page.text.contains(hostile));
+        assert!(
+            page.text.contains("Retry now"),
+            "an open server's caller is an admin"
+        );
+        let list = api.call(GET, &format!("/ui/processes/{P}"), None).await;
+        assert!(list.text.contains("&lt;script&gt;") && !list.text.contains(hostile));
+        let search = api
+            .call(
+                GET,
+                &format!("/ui/search?process={P}&key=%3Cscript%3E"),
+                None,
+            )
+            .await;
+        assert_eq!(search.status, StatusCode::SEE_OTHER);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dashboard_buttons_retry_and_park_and_refuse_cross_site_posts() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let park = format!("/ui/processes/{P}/items/a/park");
+        let done = api.call(POST, &park, None).await;
+        assert_eq!(done.status, StatusCode::SEE_OTHER);
+        assert_eq!(api.counts(P).await.expect("counts")["parked"], 1);
+        let request = axum::http::Request::post(format!("/ui/processes/{P}/items/a/retry"))
+            .header("sec-fetch-site", "cross-site")
+            .body(axum::body::Body::empty())
+            .expect("request");
+        assert_eq!(api.request(request).await.status, StatusCode::FORBIDDEN);
+        assert_eq!(
+            api.counts(P).await.expect("counts")["parked"],
+            1,
+            "nothing changed"
+        );
+        let retry = api
+            .call(POST, &format!("/ui/processes/{P}/items/a/retry"), None)
+            .await;
+        assert_eq!(retry.status, StatusCode::SEE_OTHER);
+        assert_eq!(api.counts(P).await.expect("counts")["pending"], 1);
+    })
+    .await;
+}

@@ -1,0 +1,201 @@
+//! Bad input, case by case, on every engine: the status (400 naming the field,
+//! 422 invalid key, 409 stale lease, 413 too large, 404 unknown), a JSON error
+//! body, never a 5xx, and never a change of state.
+
+mod server_support;
+mod support;
+
+use axum::http::StatusCode;
+use drover::server::ServerOptions;
+use serde_json::{Value, json};
+use server_support::{Api, GET, POST, Reply};
+use support::each_engine;
+
+const P: &str = "provision";
+
+/// Asserts `reply` is a JSON error with `status` and, if given, naming `field`.
+fn rejected(reply: &Reply, status: StatusCode, field: Option<&str>) -> Value {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    let body = reply.json();
+    assert!(
+        body["error"].is_string() && body["message"].is_string(),
+        "{body}"
+    );
+    if let Some(field) = field {
+        assert_eq!(body["field"], field, "{body}");
+    }
+    body
+}
+
+/// The item counts (without the ever-growing age), to prove a rejected request
+/// changed nothing.
+async fn snapshot(api: &Api) -> Value {
+    let mut list = api.get_ok("/v1/processes").await;
+    for process in list["processes"].as_array_mut().expect("processes") {
+        process["oldest_pending_age_ms"] = Value::Null;
+    }
+    list
+}
+
+#[tokio::test]
+async fn malformed_json_and_wrong_types_are_400_naming_the_field() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let before = snapshot(&api).await;
+        let uri = format!("/v1/processes/{P}/items");
+        let cases: [(&str, Option<&str>); 7] = [
+            ("{\"keys\": [", None),
+            ("", None),
+            ("{\"keys\": [\"ok\", 7]}", Some("keys[1]")),
+            ("{\"keys\": \"a\"}", Some("keys")),
+            ("{\"keys\": [\"b\"], \"priority\": \"high\"}", Some("priority")),
+            ("{\"keys\": [\"b\"], \"after_ms\": -1}", Some("after_ms")),
+            ("{}", Some("keys")),
+        ];
+        for (body, field) in cases {
+            let reply = api.send(POST, &uri, Some(body.into()), None).await;
+            rejected(&reply, StatusCode::BAD_REQUEST, field);
+        }
+        let unknown = api.send(POST, &uri, Some(r#"{"keys":["b"],"prio":1}"#.into()), None).await;
+        rejected(&unknown, StatusCode::BAD_REQUEST, None);
+        let session = api.send(POST, "/v1/sessions", Some(r#"{"component":"c","ttl_ms":0}"#.into()), None).await;
+        rejected(&session, StatusCode::BAD_REQUEST, Some("ttl_ms"));
+        let outcome = json!({ "lease": { "session": 1, "process": P, "key": "a", "token": 1, "attempt": 1 }, "outcome": { "type": "maybe" } });
+        let reply = api.send(POST, "/v1/leases/complete", Some(outcome.to_string()), None).await;
+        rejected(&reply, StatusCode::BAD_REQUEST, Some("outcome.type"));
+        assert_eq!(snapshot(&api).await, before);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_query_and_path_parameters_are_400_naming_them() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let cases = [
+            (format!("/v1/processes/{P}/items?limit=0"), "limit"),
+            (format!("/v1/processes/{P}/items?limit=many"), "limit"),
+            (format!("/v1/processes/{P}/items?state=sleeping"), "state"),
+            (
+                format!("/v1/processes/{P}/items/a?history_limit=5000"),
+                "history_limit",
+            ),
+        ];
+        for (uri, field) in cases {
+            rejected(
+                &api.call(GET, &uri, None).await,
+                StatusCode::BAD_REQUEST,
+                Some(field),
+            );
+        }
+        let heartbeat = api.call(POST, "/v1/sessions/abc/heartbeat", None).await;
+        rejected(&heartbeat, StatusCode::BAD_REQUEST, Some("session"));
+        let claim = api
+            .send(
+                POST,
+                "/v1/sessions/1/claim",
+                Some(json!({ "process": P, "max": 0 }).to_string()),
+                None,
+            )
+            .await;
+        rejected(&claim, StatusCode::BAD_REQUEST, Some("max"));
+        let bad_utf8 = api
+            .call(GET, &format!("/v1/processes/{P}/items/%FF"), None)
+            .await;
+        rejected(&bad_utf8, StatusCode::BAD_REQUEST, Some("path"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn invalid_keys_are_422_and_nothing_of_the_batch_is_written() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let before = snapshot(&api).await;
+        let uri = format!("/v1/processes/{P}/items");
+        for bad in [String::new(), "k".repeat(1025), "a\0b".into()] {
+            let body = json!({ "keys": ["fine", bad] }).to_string();
+            let reply = api.send(POST, &uri, Some(body), None).await;
+            let error = rejected(&reply, StatusCode::UNPROCESSABLE_ENTITY, Some("keys"));
+            assert_eq!(error["error"], "invalid_key");
+        }
+        let nul = api
+            .call(GET, &format!("/v1/processes/{P}/items/a%00b"), None)
+            .await;
+        rejected(&nul, StatusCode::UNPROCESSABLE_ENTITY, Some("key"));
+        let long_process = format!("/v1/processes/{}/items", "p".repeat(1025));
+        let reply = api
+            .send(
+                POST,
+                &long_process,
+                Some(json!({ "keys": ["a"] }).to_string()),
+                None,
+            )
+            .await;
+        rejected(&reply, StatusCode::UNPROCESSABLE_ENTITY, Some("process"));
+        assert_eq!(snapshot(&api).await, before);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_leases_and_stale_fencing_tokens_are_409_and_change_nothing() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(30_000).await;
+        let mut lease = api.claim(session, P, 1).await.remove(0);
+        let before = snapshot(&api).await;
+        let token = lease["token"].as_i64().expect("token");
+        lease["token"] = json!(token + 1000);
+        let stale = json!({ "lease": lease, "outcome": { "type": "done" } });
+        let reply = api.send(POST, "/v1/leases/complete", Some(stale.to_string()), None).await;
+        assert_eq!(rejected(&reply, StatusCode::CONFLICT, None)["error"], "lease_lost");
+        let unknown = json!({ "lease": { "session": session, "process": P, "key": "zzz", "token": token, "attempt": 1 } });
+        let reply = api.send(POST, "/v1/leases/release", Some(unknown.to_string()), None).await;
+        rejected(&reply, StatusCode::CONFLICT, None);
+        let no_session = api.send(POST, "/v1/sessions/999999/claim", Some(json!({ "process": P }).to_string()), None).await;
+        assert_eq!(rejected(&no_session, StatusCode::CONFLICT, None)["error"], "session_expired");
+        assert_eq!(snapshot(&api).await, before);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_413() {
+    each_engine(|db| async move {
+        let api = Api::with(&db.store, ServerOptions::default().body_limit(4096));
+        let keys: Vec<String> = (0..1000).map(|i| format!("key-{i}")).collect();
+        let body = json!({ "keys": keys }).to_string();
+        assert!(body.len() > 4096);
+        let reply = api
+            .send(POST, &format!("/v1/processes/{P}/items"), Some(body), None)
+            .await;
+        rejected(&reply, StatusCode::PAYLOAD_TOO_LARGE, None);
+        assert_eq!(snapshot(&api).await["processes"], json!([]));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_routes_processes_and_items_are_404() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        rejected(
+            &api.call(GET, "/v2/nothing", None).await,
+            StatusCode::NOT_FOUND,
+            None,
+        );
+        let unknown_process = api.call(GET, "/v1/processes/nope/items", None).await;
+        rejected(&unknown_process, StatusCode::NOT_FOUND, None);
+        let park = api
+            .call(POST, "/v1/processes/nope/items/a/park", None)
+            .await;
+        rejected(&park, StatusCode::NOT_FOUND, None);
+        assert_eq!(snapshot(&api).await["processes"], json!([]));
+    })
+    .await;
+}

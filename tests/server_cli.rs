@@ -1,0 +1,115 @@
+//! `drover serve` as a process: its startup banner (where it listens, which
+//! database with the password hidden, the dashboard URL) and a graceful stop on
+//! SIGTERM.
+
+mod support;
+
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+
+/// Starts `drover serve` on a free loopback port with `db`.
+fn serve(db: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db", db])
+        .env_remove("DROVER_TOKENS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start drover serve")
+}
+
+/// The banner: every line up to the `auth:` one.
+async fn banner(lines: &mut tokio::io::Lines<BufReader<ChildStdout>>) -> String {
+    let mut text = String::new();
+    let read = async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            text.push_str(&line);
+            text.push('\n');
+            if line.trim_start().starts_with("auth:") {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("banner within 30 s");
+    text
+}
+
+/// A plain HTTP/1.0 GET; returns the whole response.
+async fn get(addr: &str, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    response
+}
+
+/// Sends SIGTERM and expects a clean exit with the closing line.
+async fn stop(mut child: Child, mut lines: tokio::io::Lines<BufReader<ChildStdout>>) {
+    let pid = Pid::from_raw(i32::try_from(child.id().expect("running")).expect("pid"));
+    kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("stopped within 30 s")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+    let mut rest = String::new();
+    while let Some(line) = lines.next_line().await.expect("stdout") {
+        rest.push_str(&line);
+    }
+    assert!(rest.contains("drover serve stopped"), "{rest}");
+}
+
+#[tokio::test]
+async fn serve_announces_its_address_and_dashboard_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = format!("sqlite://{}", dir.path().join("d.db").display());
+    let mut child = serve(&db);
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let text = banner(&mut lines).await;
+    let addr = text
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .expect("address in the banner")
+        .to_owned();
+    assert!(
+        text.contains(&format!("dashboard: http://{addr}/")),
+        "{text}"
+    );
+    assert!(text.contains(&db), "{text}");
+    assert!(get(&addr, "/healthz").await.starts_with("HTTP/1.0 200"));
+    stop(child, lines).await;
+}
+
+#[tokio::test]
+async fn serve_hides_the_database_password_in_its_banner() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    // Trust authentication ignores the password, so the server still connects.
+    let Some((scheme, rest)) = db.url.split_once("://") else {
+        panic!("URL {base}")
+    };
+    let Some((user, host)) = rest.split_once('@').filter(|(u, _)| !u.contains(':')) else {
+        eprintln!("skipping: {base} already carries a password or no user");
+        return;
+    };
+    let url = format!("{scheme}://{user}:hunter2@{host}");
+    let mut child = serve(&url);
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let text = banner(&mut lines).await;
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains(&format!("{user}:***@")), "{text}");
+    stop(child, lines).await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

@@ -1,0 +1,185 @@
+//! Shared support for the server tests: a [`Server`] over a test database,
+//! driven in-process with `tower::ServiceExt::oneshot` (no sockets), and JSON
+//! helpers.
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use drover::server::{Server, ServerOptions};
+use drover::store::Store;
+use http_body_util::BodyExt as _;
+use serde_json::Value;
+use tower::ServiceExt as _;
+
+/// A server under test. Dropping it stops its background tasks, so the test
+/// database can be closed.
+pub(crate) struct Api {
+    server: Server,
+    router: Router,
+    /// The token sent when a call gives none.
+    pub(crate) token: Option<String>,
+}
+
+/// One response.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) text: String,
+}
+
+impl Reply {
+    /// The body as JSON (panics with the body when it is not).
+    pub(crate) fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.server.stop();
+    }
+}
+
+impl Api {
+    /// An open server (no tokens) with default options.
+    pub(crate) fn new(store: &Store) -> Self {
+        Self::with(store, ServerOptions::default())
+    }
+
+    /// A server with `options`.
+    pub(crate) fn with(store: &Store, options: ServerOptions) -> Self {
+        let server = Server::new(store.clone(), options);
+        let router = server.router();
+        Self {
+            server,
+            router,
+            token: None,
+        }
+    }
+
+    /// Sends a request with an optional JSON body and the default token.
+    pub(crate) async fn call(&self, method: Method, uri: &str, body: Option<Value>) -> Reply {
+        let token = self.token.clone();
+        self.send(method, uri, body.map(|b| b.to_string()), token.as_deref())
+            .await
+    }
+
+    /// Sends a request with a raw body and an explicit token.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<String>,
+        token: Option<&str>,
+    ) -> Reply {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = match body {
+            Some(body) => request
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body)),
+            None => request.body(Body::empty()),
+        }
+        .expect("request");
+        self.request(request).await
+    }
+
+    /// Sends a prepared request.
+    pub(crate) async fn request(&self, request: Request<Body>) -> Reply {
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        Reply {
+            status,
+            headers,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    /// `GET`, expecting 200 JSON.
+    pub(crate) async fn get_ok(&self, uri: &str) -> Value {
+        let reply = self.call(Method::GET, uri, None).await;
+        assert_eq!(reply.status, StatusCode::OK, "GET {uri}: {}", reply.text);
+        reply.json()
+    }
+
+    /// `POST` with a JSON body, expecting `status`; returns the body (or Null).
+    pub(crate) async fn post(&self, uri: &str, body: Value, status: StatusCode) -> Value {
+        let reply = self.call(Method::POST, uri, Some(body)).await;
+        assert_eq!(reply.status, status, "POST {uri}: {}", reply.text);
+        if reply.text.is_empty() {
+            Value::Null
+        } else {
+            reply.json()
+        }
+    }
+
+    /// Enqueues `keys` for `process`.
+    pub(crate) async fn enqueue(&self, process: &str, keys: &[&str]) -> Value {
+        let uri = format!("/v1/processes/{process}/items");
+        self.post(&uri, serde_json::json!({ "keys": keys }), StatusCode::OK)
+            .await
+    }
+
+    /// Starts a session with `ttl_ms`; returns its id.
+    pub(crate) async fn session(&self, ttl_ms: u64) -> i64 {
+        let body = serde_json::json!({ "component": "test", "ttl_ms": ttl_ms });
+        let session = self.post("/v1/sessions", body, StatusCode::CREATED).await;
+        session["id"].as_i64().expect("session id")
+    }
+
+    /// Claims up to `max` leases without waiting.
+    pub(crate) async fn claim(&self, session: i64, process: &str, max: u32) -> Vec<Value> {
+        let uri = format!("/v1/sessions/{session}/claim");
+        let body = serde_json::json!({ "process": process, "max": max });
+        let reply = self.post(&uri, body, StatusCode::OK).await;
+        reply["leases"].as_array().expect("leases").clone()
+    }
+
+    /// The counts of one process from `GET /v1/processes`.
+    pub(crate) async fn counts(&self, process: &str) -> Option<Value> {
+        let list = self.get_ok("/v1/processes").await;
+        list["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["process"] == process)
+            .cloned()
+    }
+}
+
+/// `ns/name` → `ns%2Fname`: a key as a path segment.
+pub(crate) fn segment(key: &str) -> String {
+    let mut out = String::new();
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Method shorthands.
+pub(crate) const GET: Method = Method::GET;
+/// `POST`.
+pub(crate) const POST: Method = Method::POST;
+/// `DELETE`.
+pub(crate) const DELETE: Method = Method::DELETE;

@@ -1,0 +1,232 @@
+//! `drover work --server`: a worker speaking HTTP to `drover serve`, both spawned
+//! from the built binary, on both engines.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use drover::store::{
+    EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use support::{TestDb, each_engine};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+const PROCESS: &str = "remote";
+const TOKEN: &str = "worker-secret";
+
+/// `drover serve` on a free loopback port with one worker token; returns it and
+/// its base URL.
+async fn serve(db: &TestDb, dir: &std::path::Path) -> (Child, String) {
+    let tokens = dir.join("tokens");
+    std::fs::write(&tokens, format!("worker:{TOKEN}\n")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--db",
+            &db.url,
+            "--tokens",
+        ])
+        .arg(&tokens)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover serve");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("serve starts within 30 s")
+        .unwrap()
+        .expect("a banner line");
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the banner names the URL")
+        .to_owned();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url)
+}
+
+fn remote_worker(url: &str, exec: &str, flags: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args([
+            "work", PROCESS, "--server", url, "--token", TOKEN, "--exec", exec,
+        ])
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover work --server")
+}
+
+fn signal(child: &Child, signal: Signal) {
+    let pid = i32::try_from(child.id().expect("running")).unwrap();
+    kill(Pid::from_raw(pid), signal).expect("signal the child");
+}
+
+async fn stop(mut child: Child) {
+    signal(&child, Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exits within 30 s of SIGTERM")
+        .unwrap();
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+}
+
+/// Polls `check` until it holds; the processes give no other signal.
+async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn counts(store: &Store) -> (u64, u64, u64) {
+    let all = store.process_counts().await.unwrap();
+    all.iter()
+        .find(|c| c.process == PROCESS)
+        .map_or((0, 0, 0), |c| (c.pending + c.backoff, c.running, c.parked))
+}
+
+async fn events(store: &Store, key: &str, kind: EventKind) -> Vec<drover::store::HistoryEvent> {
+    let list = HistoryList {
+        process: Some(PROCESS.into()),
+        key: Some(key.into()),
+        before_id: None,
+        limit: 100,
+    };
+    let mut all = store.history_list(list).await.unwrap();
+    all.retain(|e| e.event == kind);
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_over_http_processes_keys_end_to_end() {
+    each_engine(|db| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, url) = serve(&db, dir.path()).await;
+        let keys = ["a", "b", "c", "d", "bad"];
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .unwrap();
+        let script =
+            r#"[ "$1" = bad ] && { echo "cannot provision $DROVER_KEY" >&2; exit 2; }; exit 0"#;
+        let worker = remote_worker(
+            &url,
+            &format!("sh -c '{script}' sh"),
+            &["--parallelism", "2"],
+        );
+        eventually("four done and one parked", || async {
+            counts(&db.store).await == (0, 0, 1)
+        })
+        .await;
+        stop(worker).await;
+        let bad = db
+            .store
+            .item_get(ItemGet {
+                process: PROCESS.into(),
+                key: "bad".into(),
+                history_limit: 10,
+            })
+            .await
+            .unwrap()
+            .expect("parked");
+        assert_eq!(bad.item.state, ItemState::Parked);
+        assert_eq!(
+            bad.item.last_error.as_deref(),
+            Some("exit 2: cannot provision bad")
+        );
+        for key in ["a", "b", "c", "d"] {
+            assert_eq!(
+                events(&db.store, key, EventKind::Finished).await.len(),
+                1,
+                "{key}"
+            );
+        }
+        drop(server);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_worker_that_lost_its_lease_to_expiry_is_refused() {
+    each_engine(|db| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, url) = serve(&db, dir.path()).await;
+        let marker = dir.path().join("started");
+        let slow = format!("sh -c 'touch {}; sleep 1; exit 0' sh", marker.display());
+        let stale = remote_worker(&url, &slow, &["--ttl", "1s"]);
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .unwrap();
+        eventually("the remote run to start", || async { marker.exists() }).await;
+        // Freeze the remote worker past its TTL: its session expires and a worker
+        // on the database reclaims the key and runs it.
+        signal(&stale, Signal::SIGSTOP);
+        let heir = Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args([
+                "work", PROCESS, "--db", &db.url, "--exec", "true", "--ttl", "1s",
+            ])
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        eventually("the key reclaimed and run by the heir", || async {
+            !events(&db.store, "k", EventKind::Finished).await.is_empty()
+        })
+        .await;
+        signal(&stale, Signal::SIGCONT);
+        stop(heir).await;
+        stop(stale).await;
+        let finished = events(&db.store, "k", EventKind::Finished).await;
+        assert_eq!(
+            finished.len(),
+            1,
+            "the stale worker's outcome was refused: {finished:?}"
+        );
+        assert_eq!(events(&db.store, "k", EventKind::Expired).await.len(), 1);
+        let started = events(&db.store, "k", EventKind::Started).await;
+        assert_eq!(
+            finished[0].session, started[0].session,
+            "the heir's run (the newest start) counted"
+        );
+        drop(server);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_wrong_token_fails_at_once_with_the_servers_answer() {
+    let (db, dir) = support::sqlite().await;
+    let (server, url) = serve(&db, dir.path()).await;
+    let output = Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args([
+            "work", PROCESS, "--server", &url, "--token", "wrong", "--exec", "true",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("401"), "{stderr}");
+    drop(server);
+}
