@@ -161,6 +161,23 @@ async fn a_worker_over_http_processes_keys_end_to_end() {
                 "{key}"
             );
         }
+        let metrics = reqwest::Client::new()
+            .get(format!("{url}/metrics"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for (outcome, n) in [("done", 4), ("permanent", 1)] {
+            let line =
+                format!(r#"drover_outcomes_total{{process="{PROCESS}",outcome="{outcome}"}} {n}"#);
+            assert!(
+                metrics.contains(&line),
+                "HTTP workers' outcomes are counted: no {line} in\n{metrics}"
+            );
+        }
         drop(server);
     })
     .await;

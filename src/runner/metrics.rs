@@ -49,6 +49,16 @@ impl RunnerFamilies {
         );
         families
     }
+
+    /// Counts one run of `process` that ended with `outcome`, wherever it ran
+    /// (a controller here, or a worker reporting over HTTP).
+    pub(crate) fn count_outcome(&self, process: &str, outcome: &str) {
+        let labels = [
+            ("process", process.to_owned()),
+            ("outcome", outcome.to_owned()),
+        ];
+        self.outcomes.get_or_create(&labels).inc();
+    }
 }
 
 /// One controller's handles.

@@ -214,5 +214,6 @@ impl ServerMetrics {
         if outcome == "transient" {
             handle.retries.inc();
         }
+        crate::metrics::runner().count_outcome(process, outcome);
     }
 }
