@@ -2,10 +2,26 @@
 //! figures from the same code.
 //!
 //! Every figure is printed as one machine-readable line,
-//! `BENCH name=… key=value …`, by [`Figure`]'s `Display`.
+//! `BENCH scenario=… engine=… keys=… workers=… <figure>=…`, by [`Figure`]'s
+//! `Display` (or as one JSON object by [`Figure::to_json`]).
+//!
+//! Store scenarios ([`enqueue`], [`burn_down`], [`latency`], [`backlog`],
+//! [`recovery`]) run on any engine and any database: each creates fresh process
+//! names (`bench_<scenario>_<pid>_<random>`) and deletes their items and
+//! history when it is done. [`queue_cycle`] measures the in-memory queue.
 
+mod burn_down;
+mod enqueue;
 mod figure;
+mod latency;
 mod queue;
+mod recovery;
+mod store;
 
+pub use burn_down::{BACKLOG_FRONT, backlog, burn_down};
+pub use enqueue::enqueue;
 pub use figure::Figure;
+pub use latency::latency;
 pub use queue::{QueueCycle, queue_cycle};
+pub use recovery::recovery;
+pub use store::{BenchError, ENQUEUE_BATCH, StoreBench};

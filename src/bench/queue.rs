@@ -34,9 +34,10 @@ impl QueueCycle {
     /// The figure as a `BENCH` line.
     #[must_use]
     pub fn figure(&self) -> Figure {
-        Figure::new("queue_cycle")
+        Figure::new("queue")
+            .with("engine", "memory")
+            .with("keys", self.items)
             .with("workers", self.workers)
-            .with("items", self.items)
             .with("ops_per_s", self.ops_per_s.round())
             .with("mpsc_ops_per_s", self.mpsc_ops_per_s.round())
             .with("ratio", format!("{:.2}", self.ratio()))
@@ -133,7 +134,7 @@ mod tests {
             figures
                 .figure()
                 .to_string()
-                .starts_with("BENCH name=queue_cycle workers=3 items=2000 ")
+                .starts_with("BENCH scenario=queue engine=memory keys=2000 workers=3 ")
         );
     }
 }

@@ -1,37 +1,161 @@
-//! `drover bench`: throughput figures, one machine-readable line each.
+//! `drover bench SCENARIO`: throughput, latency and recovery figures, one
+//! machine-readable line (or JSON object) each on stdout; progress on stderr.
 
+use std::io::IsTerminal as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
 use clap::{Args as ClapArgs, ValueEnum};
+use drover::bench::{self, Figure, StoreBench};
+use drover::store::{Store, StoreOptions};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use drover::bench::queue_cycle;
+use super::db::parse_duration;
 
 /// Arguments of `drover bench`.
 #[derive(Debug, ClapArgs)]
 pub(crate) struct Args {
     /// What to measure.
     scenario: Scenario,
-    /// Items (keys) per run.
-    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
-    keys: u64,
-    /// Worker counts to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
+    /// The database to measure (each scenario uses fresh process names and
+    /// cleans up after itself, so any drover database will do).
+    #[arg(
+        long = "db",
+        env = "DROVER_DATABASE_URL",
+        default_value = "sqlite://drover-bench.db"
+    )]
+    db: String,
+    /// Keys per run. Defaults: enqueue and burn-down 100000, latency 1000,
+    /// backlog 1000000 (the large backlog), recovery 100, queue 200000.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    keys: Option<u64>,
+    /// Worker counts to measure, comma-separated (one figure each). Defaults:
+    /// enqueue 1 (producers), burn-down and backlog 1024 (a no-op run is cheap,
+    /// and the runs at once bound the batch a claim takes), latency and
+    /// recovery 4, queue 1,4,16.
+    #[arg(long, value_delimiter = ',')]
     workers: Vec<usize>,
+    /// latency: keys enqueued per second.
+    #[arg(long, default_value_t = 200)]
+    rate: u32,
+    /// recovery: the session TTL of the killed worker and of the survivor.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Print one JSON object per figure instead of `BENCH …` lines.
+    #[arg(long)]
+    json: bool,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Scenario {
+    /// Keys enqueued per second, in batches.
+    Enqueue,
+    /// N keys enqueued first, then drained by W in-process workers.
+    BurnDown,
+    /// Enqueue → reconcile-start latency of single keys at a steady rate.
+    Latency,
+    /// Draining the front of a large backlog against a small one.
+    Backlog,
+    /// A killed worker's leases running elsewhere, next to the TTL.
+    Recovery,
     /// The in-memory queue's add/get/done cycles next to a tokio mpsc channel.
     Queue,
 }
 
-/// Runs one benchmark scenario and prints a `BENCH …` line per figure.
+impl Scenario {
+    fn default_keys(self) -> u64 {
+        match self {
+            Self::Enqueue | Self::BurnDown => 100_000,
+            Self::Latency => 1_000,
+            Self::Backlog => 1_000_000,
+            Self::Recovery => 100,
+            Self::Queue => 200_000,
+        }
+    }
+
+    fn default_workers(self) -> Vec<usize> {
+        match self {
+            Self::Enqueue => vec![1],
+            Self::BurnDown | Self::Backlog => vec![1024],
+            Self::Latency | Self::Recovery => vec![4],
+            Self::Queue => vec![1, 4, 16],
+        }
+    }
+}
+
+/// Runs one benchmark scenario and prints a line (or JSON object) per figure.
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
-    match args.scenario {
-        Scenario::Queue => {
-            for &workers in &args.workers {
-                anyhow::ensure!(workers > 0, "--workers takes counts of at least 1");
-                println!("{}", queue_cycle(workers, args.keys, 5).await.figure());
-            }
+    let keys = args.keys.unwrap_or(args.scenario.default_keys());
+    let workers = if args.workers.is_empty() {
+        args.scenario.default_workers()
+    } else {
+        args.workers.clone()
+    };
+    anyhow::ensure!(
+        workers.iter().all(|&w| w > 0),
+        "--workers takes counts of at least 1"
+    );
+    let store = if args.scenario == Scenario::Queue {
+        None
+    } else {
+        let options = StoreOptions::default().max_connections(16);
+        let store = Store::connect_with(&args.db, &options)
+            .await
+            .context("cannot open the store")?;
+        Some(store)
+    };
+    for workers in workers {
+        let figure = match &store {
+            None => bench::queue_cycle(workers, keys, 5).await.figure(),
+            Some(store) => store_figure(&args, store, keys, workers).await?,
+        };
+        if args.json {
+            println!("{}", figure.to_json());
+        } else {
+            println!("{figure}");
         }
     }
     Ok(())
+}
+
+async fn store_figure(
+    args: &Args,
+    store: &Store,
+    keys: u64,
+    workers: usize,
+) -> anyhow::Result<Figure> {
+    let b = StoreBench {
+        store: store.clone(),
+        url: args.db.clone(),
+        keys,
+        workers,
+        progress: progress_bar(),
+    };
+    let figure = match args.scenario {
+        Scenario::Enqueue => bench::enqueue(&b).await,
+        Scenario::BurnDown => bench::burn_down(&b).await,
+        Scenario::Latency => bench::latency(&b, args.rate).await,
+        Scenario::Backlog => bench::backlog(&b).await,
+        Scenario::Recovery => {
+            let drover = std::env::current_exe().context("cannot find the drover binary")?;
+            bench::recovery(&b, &drover, args.ttl).await
+        }
+        Scenario::Queue => unreachable!("the queue scenario needs no store"),
+    };
+    b.progress.finish_and_clear();
+    Ok(figure?)
+}
+
+/// A bar on stderr, drawn only when stderr is a terminal.
+fn progress_bar() -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({per_sec}, {eta})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
 }

@@ -83,6 +83,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         format!("{} bearer token(s)", tokens.len())
     };
+    // Handlers first: a signal right after the banner must shut down gracefully.
+    let shutdown = CancellationToken::new();
+    tokio::spawn(shutdown_on_signals(shutdown.clone()));
     println!("drover serve listening on http://{local}");
     println!(
         "  database:  {} ({})",
@@ -96,8 +99,6 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .tokens(tokens)
         .max_wait(args.max_wait)
         .body_limit(args.max_body);
-    let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown_on_signals(shutdown.clone()));
     let served = Server::new(store.clone(), options)
         .serve(listener, shutdown)
         .await;

@@ -1,28 +1,35 @@
 //! SIGINT/SIGTERM handling shared by the long-running commands.
 
+use std::future::Future;
+
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-/// Cancels `shutdown` on the first SIGINT or SIGTERM (graceful shutdown), and
-/// exits the process at once on the second.
-pub(crate) async fn shutdown_on_signals(shutdown: CancellationToken) {
-    let (Ok(mut int), Ok(mut term)) = (
+/// Installs SIGINT and SIGTERM handlers now (call it before announcing readiness,
+/// so a signal sent right after the banner is not fatal) and returns the task to
+/// spawn: it cancels `shutdown` on the first signal (graceful shutdown) and exits
+/// the process at once on the second.
+pub(crate) fn shutdown_on_signals(shutdown: CancellationToken) -> impl Future<Output = ()> {
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        eprintln!("warning: cannot install signal handlers; stop drover with SIGKILL");
-        return;
-    };
-    for count in 0.. {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+    );
+    async move {
+        let (Ok(mut int), Ok(mut term)) = handlers else {
+            eprintln!("warning: cannot install signal handlers; stop drover with SIGKILL");
+            return;
+        };
+        for count in 0.. {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            if count > 0 {
+                eprintln!("second signal: exiting now");
+                std::process::exit(130);
+            }
+            eprintln!("shutting down gracefully (signal again to exit now)");
+            shutdown.cancel();
         }
-        if count > 0 {
-            eprintln!("second signal: exiting now");
-            std::process::exit(130);
-        }
-        eprintln!("shutting down gracefully (signal again to exit now)");
-        shutdown.cancel();
     }
 }

@@ -145,9 +145,11 @@ impl<R: Reconciler> ControllerBuilder<R> {
         self
     }
 
-    /// The token bucket every poll of the database passes through. Default one
-    /// poll per 250 ms with a burst of 8, like the BMDB control loop: busy loops
-    /// claim in bursts, idle ones cannot hammer the database.
+    /// The token bucket that paces polls which keep finding nothing. Default
+    /// one per 250 ms with a burst of 8, like the BMDB control loop. Only an empty
+    /// poll right after another empty one takes a token: a busy loop, or a
+    /// wake-up that finds work, never waits for it, while an idle or starved loop
+    /// (every wake-up lost to other nodes) cannot hammer the database.
     pub fn poll_rate(mut self, every: Duration, burst: u32) -> Self {
         self.poll = (every, burst);
         self

@@ -9,6 +9,7 @@ use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::completer::Completer;
 use super::config::{ControllerBuilder, Settings};
 use super::metrics::RunnerMetrics;
 use super::reconciler::Reconciler;
@@ -141,6 +142,7 @@ impl<R: Reconciler> Controller<R> {
             self.store.clone(),
             self.settings.reclaim_every(),
             metrics.clone(),
+            self.store.wakeup(&self.settings.process),
             services_stop.clone(),
         ));
         let wake = Wake::subscribe(
@@ -149,11 +151,13 @@ impl<R: Reconciler> Controller<R> {
             &services,
             &services_stop,
         );
+        let completer = Completer::start(self.store.clone(), &services, services_stop.clone());
         let run = Arc::new(Run {
             store: self.store.clone(),
             reconciler: Arc::clone(&self.reconciler),
             settings: self.settings.clone(),
             metrics,
+            completer,
             force: force.clone(),
         });
         let runs = TaskTracker::new();
@@ -185,6 +189,7 @@ impl<R: Reconciler> Controller<R> {
         runs: &TaskTracker,
     ) {
         let slots = Arc::new(Semaphore::new(self.settings.parallelism));
+        let mut idle = false;
         loop {
             let permits = tokio::select! {
                 biased;
@@ -196,35 +201,45 @@ impl<R: Reconciler> Controller<R> {
                 () = shutdown.cancelled() => return,
                 session = current(&mut live) => session,
             };
-            let delay = self.poll.when(&());
-            if !delay.is_zero() {
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return,
-                    () = sleep(delay) => {}
-                }
-            }
             // Registered before the claim, so an enqueue during it is not missed.
             let woken = wake.notified();
-            let leases = match self.claim(&session, permits.len()).await {
+            let asked = permits.len();
+            let leases = match self.claim(&session, asked).await {
                 Ok(leases) => leases,
                 Err(e) => {
                     tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
                     Vec::new()
                 }
             };
-            if leases.is_empty() {
-                drop(permits);
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return,
-                    () = woken => {}
-                    () = sleep(self.settings.idle_poll) => {}
-                }
-                continue;
-            }
+            let claimed = leases.len();
             for (lease, permit) in leases.into_iter().zip(permits) {
                 runs.spawn(Arc::clone(run).execute(lease, session.token.child_token(), permit));
+            }
+            if claimed == asked {
+                idle = false;
+                continue;
+            }
+            // Nothing more is ready: wait for an enqueue or the idle poll. Only a
+            // poll that found nothing right after another one that found nothing
+            // costs a token of the poll bucket: idle loops (and nodes that keep
+            // losing the race for woken keys) cannot hammer the database, while
+            // busy ones, and wake-ups that find work, are never slowed down.
+            let pause = sleep(if claimed == 0 && idle {
+                self.poll.when(&())
+            } else {
+                Duration::ZERO
+            });
+            idle = claimed == 0;
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                () = woken => {}
+                () = sleep(self.settings.idle_poll) => {}
+            }
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                () = pause => {}
             }
         }
     }
@@ -321,12 +336,22 @@ async fn current(live: &mut watch::Receiver<Option<Live>>) -> Live {
     }
 }
 
-/// Reclaims expired sessions' leases every `every` until `stop` fires.
-async fn reclaim(store: Store, every: Duration, metrics: RunnerMetrics, stop: CancellationToken) {
+/// Reclaims expired sessions' leases every `every` until `stop` fires, waking
+/// the claim loop when leases came back (they are ready at once).
+async fn reclaim(
+    store: Store,
+    every: Duration,
+    metrics: RunnerMetrics,
+    wake: Arc<tokio::sync::Notify>,
+    stop: CancellationToken,
+) {
     loop {
         match store.session_reclaim().await {
             Ok(report) => {
                 metrics.leases_reclaimed.inc_by(report.leases);
+                if report.leases > 0 {
+                    wake.notify_waiters();
+                }
                 if report.sessions > 0 {
                     tracing::info!(
                         sessions = report.sessions,

@@ -16,6 +16,7 @@
 //! Errors are classified by wrapping ([`permanent`], [`transient`]); unmarked
 //! errors are transient.
 
+mod completer;
 mod config;
 mod controller;
 mod error;

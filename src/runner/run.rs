@@ -9,13 +9,12 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
+use super::completer::{Completer, Written};
 use super::config::Settings;
 use super::error::{ErrorClass, classify, error_chain};
 use super::metrics::RunnerMetrics;
 use super::reconciler::{Action, Reconciler, Task};
-use crate::store::{
-    Lease, LeaseComplete, LeaseRelease, Outcome, Store, StoreEngine as _, StoreError,
-};
+use crate::store::{Lease, LeaseRelease, Outcome, Store, StoreEngine as _};
 
 /// What a controller's runs share.
 pub(crate) struct Run<R> {
@@ -23,6 +22,8 @@ pub(crate) struct Run<R> {
     pub(crate) reconciler: Arc<R>,
     pub(crate) settings: Settings,
     pub(crate) metrics: RunnerMetrics,
+    /// Writes outcomes, many runs per transaction.
+    pub(crate) completer: Completer,
     /// Cancelled when shutdown's deadline passes.
     pub(crate) force: CancellationToken,
 }
@@ -98,7 +99,8 @@ impl<R: Reconciler> Run<R> {
         })
     }
 
-    /// Writes the outcome, retrying database errors while the session lives: if
+    /// Writes the outcome through the completer (sharing a commit with other
+    /// runs), retrying database errors while the session lives: if
     /// the database stays away, the session expires and another node reclaims the
     /// key, so nothing is lost either way.
     async fn complete(&self, lease: &Lease, outcome: Outcome, token: &CancellationToken) {
@@ -117,21 +119,17 @@ impl<R: Reconciler> Run<R> {
                 self.metrics.outcome("lost");
                 return;
             }
-            let params = LeaseComplete {
-                lease,
-                outcome: &outcome,
-            };
-            match self.store.lease_complete(params).await {
-                Ok(()) => {
+            match self.completer.complete(lease, &outcome).await {
+                Written::Done => {
                     self.metrics.outcome(name);
                     return;
                 }
-                Err(e @ (StoreError::LeaseLost { .. } | StoreError::SessionExpired { .. })) => {
+                Written::Refused(e) => {
                     self.metrics.outcome("lost");
                     tracing::warn!(key = %lease.key, error = %e, "outcome refused: the lease was lost");
                     return;
                 }
-                Err(e) => {
+                Written::Failed(e) => {
                     tracing::warn!(key = %lease.key, error = %e, "cannot write the outcome; retrying");
                 }
             }

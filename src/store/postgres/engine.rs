@@ -6,7 +6,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::error::Db as _;
 use super::retry::retry;
-use super::{admin, inspect, items, leases, sessions};
+use super::{admin, complete, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
@@ -146,7 +146,7 @@ impl StoreEngine for PostgresStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        retry(|| leases::complete_batch(self, batch)).await
+        retry(|| complete::complete_batch(self, batch)).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

@@ -6,12 +6,11 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map, map_commit};
 use super::items::ensure_process;
-use super::rows::{RunningRow, duration_ms};
+use super::rows::RunningRow;
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
-use crate::store::settle::{Settled, settle};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// The whole claim in one statement: check the session, walk the process's
@@ -163,91 +162,8 @@ pub(super) async fn complete(
     store: &PostgresStore,
     params: LeaseComplete<'_>,
 ) -> Result<(), StoreError> {
-    let results = complete_batch(store, &[params]).await?;
+    let results = super::complete::complete_batch(store, &[params]).await?;
     results.into_iter().next().unwrap_or(Ok(()))
-}
-
-/// Settles every lease in one transaction. A lease that was lost or whose
-/// session expired gets its own error and changes nothing; the others commit.
-/// Any other failure rolls the whole batch back.
-pub(super) async fn complete_batch(
-    store: &PostgresStore,
-    batch: &[LeaseComplete<'_>],
-) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    let mut results = Vec::with_capacity(batch.len());
-    for params in batch {
-        let row = match held(&mut tx, now, params.lease).await {
-            Ok(row) => row,
-            Err(e) if e.is_lease_rejection() => {
-                results.push(Err(e));
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let settled = settle(now, &row.running(), params.outcome);
-        write_settled(&mut tx, now, row.id, params.lease, &settled).await?;
-        results.push(Ok(()));
-    }
-    commit(tx).await?;
-    Ok(results)
-}
-
-/// Writes what [`settle`] decided: the history events, then the row's next state
-/// (or its deletion).
-async fn write_settled(
-    tx: &mut Tx,
-    now: DateTime<Utc>,
-    id: i64,
-    lease: &Lease,
-    settled: &Settled,
-) -> Result<(), StoreError> {
-    for e in &settled.events {
-        sqlx::query(
-            "INSERT INTO drover_history (at, process, key, event, session, token, attempt,
-                 error, transient) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(now)
-        .bind(&lease.process)
-        .bind(&lease.key)
-        .bind(e.kind.as_str())
-        .bind(lease.session.0)
-        .bind(lease.token.0)
-        .bind(i32::try_from(lease.attempt).unwrap_or(i32::MAX))
-        .bind(&e.error)
-        .bind(e.transient)
-        .execute(&mut **tx)
-        .await
-        .db()?;
-    }
-    let Some(next) = &settled.next else {
-        sqlx::query("DELETE FROM drover_items WHERE id = $1")
-            .bind(id)
-            .execute(&mut **tx)
-            .await
-            .db()?;
-        return Ok(());
-    };
-    sqlx::query(
-        "UPDATE drover_items SET state = $2, priority = $3, ready_at = $4, enqueued_at = $5,
-             failures = $6, backoff_until = $7, backoff_ms = $8, last_error = $9,
-             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(if next.parked { "parked" } else { "pending" })
-    .bind(next.priority)
-    .bind(next.ready_at)
-    .bind(next.enqueued_at)
-    .bind(i32::try_from(next.failures).unwrap_or(i32::MAX))
-    .bind(next.backoff_until)
-    .bind(next.backoff.map(duration_ms))
-    .bind(&next.last_error)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
 }
 
 pub(super) async fn release(

@@ -5,6 +5,7 @@
 //! (see [`PostgresStore::notify_channel`]) as an optional wake-up.
 
 mod admin;
+mod complete;
 mod connect;
 mod engine;
 mod error;

@@ -6,7 +6,7 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, inspect, items, leases, sessions};
+use super::{admin, complete, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
@@ -126,7 +126,7 @@ impl StoreEngine for SqliteStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        leases::complete_batch(self, batch).await
+        complete::complete_batch(self, batch).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

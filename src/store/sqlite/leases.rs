@@ -4,12 +4,11 @@
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::items::ensure_process;
-use super::rows::{RunningRow, duration_ms, to_ms, to_time};
+use super::rows::{RunningRow, to_time};
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
-use crate::store::settle::{Settled, settle};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is
@@ -136,12 +135,61 @@ pub(super) async fn claim(
         return Ok(Vec::new());
     }
     let first = take_tokens(&mut tx, ids.len() as i64).await?;
-    let mut leases = Vec::with_capacity(ids.len());
-    for (token, id) in (first..).zip(ids) {
-        leases.push(start_run(&mut tx, now, id, params.session, token).await?);
-    }
+    let leases = start_runs(&mut tx, now, &ids, params.session, first).await?;
     tx.commit().await.db()?;
     Ok(leases)
+}
+
+/// Like [`start_run`] for many items at once (one `UPDATE`, one `INSERT`): the
+/// `n`th id gets token `first + n`, and the leases come back in `ids` order.
+async fn start_runs(
+    tx: &mut Tx,
+    now: i64,
+    ids: &[i64],
+    session: SessionId,
+    first: i64,
+) -> Result<Vec<Lease>, StoreError> {
+    let ids = serde_json::Value::from(ids).to_string();
+    let mut rows: Vec<(String, String, i32, i64, i64, i64)> = sqlx::query_as(
+        "UPDATE drover_items AS i SET state = 'running', lease_session = ?2,
+             lease_token = ?3 + j.key, started_at = ?4
+         FROM json_each(?1) AS j WHERE i.id = j.value
+         RETURNING process, key, priority, failures, enqueued_at, lease_token",
+    )
+    .bind(&ids)
+    .bind(session.0)
+    .bind(first)
+    .bind(now)
+    .fetch_all(&mut **tx)
+    .await
+    .db()?;
+    rows.sort_unstable_by_key(|row| row.5);
+    sqlx::query(
+        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
+         SELECT ?1, process, key, 'started', ?2, lease_token, failures + 1 FROM drover_items
+         WHERE id IN (SELECT value FROM json_each(?3)) ORDER BY lease_token",
+    )
+    .bind(now)
+    .bind(session.0)
+    .bind(&ids)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(process, key, priority, failures, enqueued_at, token)| Lease {
+                session,
+                process,
+                key,
+                token: FencingToken(token),
+                attempt: u32::try_from(failures).unwrap_or(0).saturating_add(1),
+                priority,
+                enqueued_at: to_time(enqueued_at),
+                started_at: to_time(now),
+            },
+        )
+        .collect())
 }
 
 /// Checks the session, then finds the lease's running row; `LeaseLost` if the
@@ -174,91 +222,8 @@ pub(super) async fn complete(
     store: &SqliteStore,
     params: LeaseComplete<'_>,
 ) -> Result<(), StoreError> {
-    let results = complete_batch(store, &[params]).await?;
+    let results = super::complete::complete_batch(store, &[params]).await?;
     results.into_iter().next().unwrap_or(Ok(()))
-}
-
-/// Settles every lease in one transaction. A lease that was lost or whose
-/// session expired gets its own error and changes nothing; the others commit.
-/// Any other failure rolls the whole batch back.
-pub(super) async fn complete_batch(
-    store: &SqliteStore,
-    batch: &[LeaseComplete<'_>],
-) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    let mut results = Vec::with_capacity(batch.len());
-    for params in batch {
-        let row = match held(&mut tx, now, params.lease).await {
-            Ok(row) => row,
-            Err(e) if e.is_lease_rejection() => {
-                results.push(Err(e));
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let settled = settle(to_time(now), &row.running(), params.outcome);
-        write_settled(&mut tx, now, row.id, params.lease, &settled).await?;
-        results.push(Ok(()));
-    }
-    tx.commit().await.db()?;
-    Ok(results)
-}
-
-/// Writes what [`settle`] decided: the history events, then the row's next state
-/// (or its deletion).
-async fn write_settled(
-    tx: &mut Tx,
-    now: i64,
-    id: i64,
-    lease: &Lease,
-    settled: &Settled,
-) -> Result<(), StoreError> {
-    for e in &settled.events {
-        sqlx::query(
-            "INSERT INTO drover_history (at, process, key, event, session, token, attempt,
-                 error, transient) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        )
-        .bind(now)
-        .bind(&lease.process)
-        .bind(&lease.key)
-        .bind(e.kind.as_str())
-        .bind(lease.session.0)
-        .bind(lease.token.0)
-        .bind(lease.attempt)
-        .bind(&e.error)
-        .bind(e.transient)
-        .execute(&mut **tx)
-        .await
-        .db()?;
-    }
-    let Some(next) = &settled.next else {
-        sqlx::query("DELETE FROM drover_items WHERE id = ?1")
-            .bind(id)
-            .execute(&mut **tx)
-            .await
-            .db()?;
-        return Ok(());
-    };
-    sqlx::query(
-        "UPDATE drover_items SET state = ?2, priority = ?3, ready_at = ?4, enqueued_at = ?5,
-             failures = ?6, backoff_until = ?7, backoff_ms = ?8, last_error = ?9,
-             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL
-         WHERE id = ?1",
-    )
-    .bind(id)
-    .bind(if next.parked { "parked" } else { "pending" })
-    .bind(next.priority)
-    .bind(to_ms(next.ready_at))
-    .bind(to_ms(next.enqueued_at))
-    .bind(next.failures)
-    .bind(next.backoff_until.map(to_ms))
-    .bind(next.backoff.map(duration_ms))
-    .bind(&next.last_error)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
 }
 
 pub(super) async fn release(

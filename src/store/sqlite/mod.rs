@@ -4,6 +4,7 @@
 //! locked", and times stored as integer milliseconds of the database clock.
 
 mod admin;
+mod complete;
 mod connect;
 mod engine;
 mod error;

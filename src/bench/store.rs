@@ -1,0 +1,220 @@
+//! What every store scenario shares: the target database, fresh process names,
+//! filling a backlog, draining it through a real [`Controller`], and cleaning up.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use indicatif::ProgressBar;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Figure;
+use crate::runner::{Action, ConfigError, Controller, RunError, Task};
+use crate::store::{ItemEnqueue, Store, StoreEngine as _, StoreError};
+
+/// Keys per enqueue call when a scenario fills a backlog.
+pub const ENQUEUE_BATCH: usize = 10_000;
+
+/// One store scenario's target and sizes.
+#[derive(Debug, Clone)]
+pub struct StoreBench {
+    /// The store to measure, on either engine.
+    pub store: Store,
+    /// The URL that reaches the same database (for child processes).
+    pub url: String,
+    /// How many keys (each scenario documents what it does with them).
+    pub keys: u64,
+    /// How many workers (in-process runs at once, or concurrent producers).
+    pub workers: usize,
+    /// Shows progress; pass [`ProgressBar::hidden`] when nobody watches.
+    pub progress: ProgressBar,
+}
+
+/// Why a scenario could not produce its figure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// A store operation failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+    /// A direct SQL statement (set-up or clean-up) failed.
+    #[error("bench SQL failed")]
+    Sql(#[from] sqlx::Error),
+    /// The controller's settings were refused.
+    #[error("bad controller settings")]
+    Config(#[from] ConfigError),
+    /// The controller stopped with an error.
+    #[error("the controller failed")]
+    Run(#[from] RunError),
+    /// A child process could not be started or watched.
+    #[error("child process: {0}")]
+    Child(#[from] std::io::Error),
+    /// The scenario did not finish in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+impl StoreBench {
+    /// A figure for `scenario` with this bench's engine, keys and workers.
+    pub(crate) fn figure(&self, scenario: &'static str, keys: u64) -> Figure {
+        Figure::new(scenario)
+            .with("engine", self.store.engine_name())
+            .with("keys", keys)
+            .with("workers", self.workers)
+    }
+
+    /// Resets the progress bar for a phase of `len` steps.
+    pub(crate) fn phase(&self, message: &'static str, len: u64) {
+        self.progress.set_message(message);
+        self.progress.set_length(len);
+        self.progress.set_position(0);
+    }
+}
+
+/// A process name no other run uses, so scenarios can share any database.
+pub(crate) fn fresh_process(scenario: &str) -> String {
+    format!(
+        "bench_{scenario}_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// The `i`th key of a scenario.
+pub(crate) fn key(i: u64) -> String {
+    format!("key-{i:08}")
+}
+
+/// `n` keys in batches of [`ENQUEUE_BATCH`], built before any timing starts.
+pub(crate) fn batches(n: u64) -> Vec<Vec<String>> {
+    let keys: Vec<String> = (0..n).map(key).collect();
+    keys.chunks(ENQUEUE_BATCH).map(<[String]>::to_vec).collect()
+}
+
+/// Enqueues `n` keys to `process` (not timed: a scenario's set-up).
+pub(crate) async fn fill(b: &StoreBench, process: &str, n: u64) -> Result<(), BenchError> {
+    b.phase("filling", n);
+    for batch in batches(n) {
+        let len = batch.len() as u64;
+        b.store
+            .item_enqueue(ItemEnqueue::new(process, batch))
+            .await?;
+        b.progress.inc(len);
+    }
+    Ok(())
+}
+
+/// Deletes everything a scenario left under `process`: items, history, policy.
+/// On PostgreSQL it then vacuums the two big tables, so the dead rows of one
+/// scenario do not slow down the next (autovacuum would, only later).
+pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchError> {
+    const TABLES: [&str; 3] = ["drover_items", "drover_history", "drover_processes"];
+    for table in TABLES {
+        if let Some(pool) = store.postgres_pool() {
+            let sql = format!("DELETE FROM {table} WHERE process = $1");
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(process)
+                .execute(pool)
+                .await?;
+        } else if let Some(pool) = store.sqlite_pool() {
+            let sql = format!("DELETE FROM {table} WHERE process = ?1");
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(process)
+                .execute(pool)
+                .await?;
+        }
+    }
+    if let Some(pool) = store.postgres_pool() {
+        sqlx::query("VACUUM ANALYZE drover_items, drover_history")
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Counts reconciles and fires when a target count is reached.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) done: AtomicU64,
+    pub(crate) reached: Notify,
+}
+
+impl Tally {
+    /// Counts one run; wakes the waiter on the `target`th.
+    pub(crate) fn count(&self, target: u64) {
+        if self.done.fetch_add(1, Ordering::Relaxed) + 1 == target {
+            self.reached.notify_one();
+        }
+    }
+}
+
+/// A controller on `process` with `workers` no-op runs that count into `tally`
+/// (default settings, or the given session TTL).
+pub(crate) fn counting_controller(
+    store: &Store,
+    process: &str,
+    workers: usize,
+    tally: &Arc<Tally>,
+    target: u64,
+    ttl: Option<Duration>,
+) -> Result<Controller<impl crate::runner::Reconciler>, BenchError> {
+    let tally = Arc::clone(tally);
+    let reconciler = move |_task: Task| {
+        tally.count(target);
+        async { Ok::<_, Infallible>(Action::Done) }
+    };
+    let mut builder = Controller::builder(store.clone(), process, reconciler)
+        .component("drover bench")
+        .parallelism(workers);
+    if let Some(ttl) = ttl {
+        builder = builder.ttl(ttl);
+    }
+    Ok(builder.build()?)
+}
+
+/// Drains `count` keys of `process` through the full claim → reconcile →
+/// complete path with `workers` runs at once; the time from the controller's
+/// start until its graceful shutdown wrote the last outcome.
+pub(crate) async fn drain(
+    b: &StoreBench,
+    process: &str,
+    count: u64,
+) -> Result<Duration, BenchError> {
+    b.phase("draining", count);
+    let tally = Arc::new(Tally::default());
+    let controller = counting_controller(&b.store, process, b.workers, &tally, count, None)?;
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let running = tokio::spawn(controller.run(shutdown.clone()));
+    let ticker = tick_progress(b.progress.clone(), Arc::clone(&tally));
+    let limit = Duration::from_secs(600);
+    let reached = tokio::time::timeout(limit, tally.reached.notified()).await;
+    shutdown.cancel();
+    let result = running.await.map_err(std::io::Error::other)?;
+    let elapsed = start.elapsed();
+    ticker.abort();
+    result?;
+    reached.map_err(|_| BenchError::Timeout(format!("{count} keys not drained in {limit:?}")))?;
+    Ok(elapsed)
+}
+
+/// Copies the tally into the progress bar a few times a second.
+pub(crate) fn tick_progress(
+    progress: ProgressBar,
+    tally: Arc<Tally>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            progress.set_position(tally.done.load(Ordering::Relaxed));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// `n / elapsed`, for `…_per_s` figures.
+pub(crate) fn per_s(n: u64, elapsed: Duration) -> f64 {
+    (n as f64 / elapsed.as_secs_f64().max(1e-9)).round()
+}

@@ -1,0 +1,148 @@
+//! The completer: one task that writes the outcomes of all of a controller's
+//! runs, many per transaction.
+//!
+//! A commit, not the work, bounds a busy control loop: one per key caps it at
+//! the database's commit rate. Runs hand their outcome to the completer and wait
+//! for its answer; the completer takes whatever outcomes are queued (up to
+//! [`MAX_BATCH`]) and writes them with one
+//! [`lease_complete_batch`](crate::store::StoreEngine::lease_complete_batch), so
+//! many runs share one commit. It never waits to fill a batch: when the database
+//! is idle a lone outcome is written at once, and when it is busy the outcomes
+//! that arrive during one write form the next batch (group commit).
+//!
+//! Fencing is unchanged: the store checks each lease on its own, and a lease
+//! that was lost gets its own refusal while the rest of the batch commits.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{Lease, LeaseComplete, Outcome, Store, StoreEngine as _, StoreError};
+
+/// The most outcomes written in one transaction.
+pub(crate) const MAX_BATCH: usize = 512;
+
+/// What became of one outcome.
+#[derive(Debug)]
+pub(crate) enum Written {
+    /// Committed.
+    Done,
+    /// Refused for this lease alone (`LeaseLost`, `SessionExpired`): nothing was
+    /// written and retrying cannot help.
+    Refused(StoreError),
+    /// The whole batch failed; nothing (or, after `CommitUnknown`, possibly
+    /// everything) was written. The run may retry.
+    Failed(Arc<StoreError>),
+}
+
+struct Job {
+    lease: Lease,
+    outcome: Outcome,
+    reply: oneshot::Sender<Written>,
+}
+
+/// A handle runs write their outcomes through. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Completer {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("lease", &self.lease).finish()
+    }
+}
+
+impl Completer {
+    /// Starts the writer task on `store`; it runs until `stop` fires and the
+    /// queued outcomes are written, or every handle is dropped.
+    pub(crate) fn start(
+        store: Store,
+        tracker: &tokio_util::task::TaskTracker,
+        stop: CancellationToken,
+    ) -> Self {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        tracker.spawn(write_loop(store, queue, stop));
+        Self { jobs }
+    }
+
+    /// Writes `outcome` for `lease` in the next batch and waits for the answer.
+    pub(crate) async fn complete(&self, lease: &Lease, outcome: &Outcome) -> Written {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            lease: lease.clone(),
+            outcome: outcome.clone(),
+            reply,
+        };
+        if self.jobs.send(job).is_err() {
+            return Written::Failed(Arc::new(StoreError::InvalidArgument(
+                "the completer has stopped".into(),
+            )));
+        }
+        answer.await.unwrap_or_else(|_| {
+            Written::Failed(Arc::new(StoreError::InvalidArgument(
+                "the completer dropped the outcome".into(),
+            )))
+        })
+    }
+}
+
+/// Takes every queued job (up to [`MAX_BATCH`]) and writes them in one batch.
+async fn write_loop(
+    store: Store,
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    stop: CancellationToken,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        let first = tokio::select! {
+            biased;
+            job = queue.recv() => job,
+            () = stop.cancelled() => {
+                queue.close();
+                queue.recv().await
+            }
+        };
+        let Some(first) = first else { return };
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        write(&store, &mut batch).await;
+    }
+}
+
+/// Writes `batch` (emptying it) and answers each job.
+async fn write(store: &Store, batch: &mut Vec<Job>) {
+    let params: Vec<LeaseComplete<'_>> = batch
+        .iter()
+        .map(|job| LeaseComplete {
+            lease: &job.lease,
+            outcome: &job.outcome,
+        })
+        .collect();
+    let result = store.lease_complete_batch(&params).await;
+    drop(params);
+    match result {
+        Ok(results) => {
+            for (job, result) in batch.drain(..).zip(results) {
+                let written = match result {
+                    Ok(()) => Written::Done,
+                    Err(e) if e.is_lease_rejection() => Written::Refused(e),
+                    Err(e) => Written::Failed(Arc::new(e)),
+                };
+                job.reply.send(written).ok();
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for job in batch.drain(..) {
+                job.reply.send(Written::Failed(Arc::clone(&e))).ok();
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Completing leases on PostgreSQL, set-based: one statement locks every lease's
+//! running row, one deletes the finished items, one appends the history, so a
+//! batch of hundreds of outcomes costs a handful of round trips and one commit.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+
+use super::engine::{PostgresStore, Tx};
+use super::error::{Db as _, commit};
+use super::rows::{RunningRow, duration_ms};
+use crate::store::StoreError;
+use crate::store::params::LeaseComplete;
+use crate::store::settle::{NextRow, Settled, settle};
+use crate::store::types::{Lease, SessionId};
+
+/// Locks the running row of every lease that still holds it (token and session
+/// match, session alive), in id order so concurrent batches lock alike.
+const HELD: &str = "
+SELECT l.n, i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at,
+    i.dirty_priority, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms,
+    p.backoff_jitter
+FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+    WITH ORDINALITY AS l(process, key, token, session, n)
+JOIN drover_items i ON i.process = l.process AND i.key = l.key AND i.state = 'running'
+    AND i.lease_token = l.token AND i.lease_session = l.session
+JOIN drover_sessions s ON s.id = l.session AND s.deadline > $5
+LEFT JOIN drover_processes p ON p.process = i.process
+ORDER BY i.id
+FOR UPDATE OF i";
+
+/// Appends one history row per array element, all at `$1`.
+const LOG: &str = "
+INSERT INTO drover_history (at, process, key, event, session, token, attempt, error, transient)
+SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
+    $7::int[], $8::text[], $9::bool[])";
+
+/// A row of [`HELD`]: the lease's 1-based position in the batch and its row.
+#[derive(Debug, sqlx::FromRow)]
+struct HeldRow {
+    n: i64,
+    #[sqlx(flatten)]
+    row: RunningRow,
+}
+
+/// Settles every lease in one transaction. A lease that was lost or whose
+/// session expired gets its own error and changes nothing; the others commit.
+/// Any other failure rolls the whole batch back.
+pub(super) async fn complete_batch(
+    store: &PostgresStore,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let mut rows = held(&mut tx, now, batch).await?;
+    let expired = if rows.iter().any(Option::is_none) {
+        expired_sessions(&mut tx, now, batch).await?
+    } else {
+        HashSet::new()
+    };
+    let mut writes = Writes::default();
+    let mut seen = HashSet::with_capacity(batch.len());
+    let mut results = Vec::with_capacity(batch.len());
+    for (params, row) in batch.iter().zip(rows.iter_mut()) {
+        let lease = params.lease;
+        match row.take().filter(|row| seen.insert(row.id)) {
+            Some(row) => {
+                let settled = settle(now, &row.running(), params.outcome);
+                writes.add(row.id, lease, settled);
+                results.push(Ok(()));
+            }
+            None if expired.contains(&lease.session) => {
+                results.push(Err(StoreError::SessionExpired {
+                    session: lease.session,
+                }))
+            }
+            None => results.push(Err(StoreError::LeaseLost {
+                process: lease.process.clone(),
+                key: lease.key.clone(),
+                token: lease.token,
+            })),
+        }
+    }
+    writes.flush(&mut tx, now).await?;
+    commit(tx).await?;
+    Ok(results)
+}
+
+/// Each lease's locked running row, by position (`None`: not held).
+async fn held(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Vec<Option<RunningRow>>, StoreError> {
+    let leases = || batch.iter().map(|p| p.lease);
+    let found: Vec<HeldRow> = sqlx::query_as(HELD)
+        .bind(leases().map(|l| l.process.as_str()).collect::<Vec<_>>())
+        .bind(leases().map(|l| l.key.as_str()).collect::<Vec<_>>())
+        .bind(leases().map(|l| l.token.0).collect::<Vec<_>>())
+        .bind(leases().map(|l| l.session.0).collect::<Vec<_>>())
+        .bind(now)
+        .fetch_all(&mut **tx)
+        .await
+        .db()?;
+    let mut rows: Vec<Option<RunningRow>> = batch.iter().map(|_| None).collect();
+    for found in found {
+        let slot = usize::try_from(found.n - 1)
+            .ok()
+            .and_then(|n| rows.get_mut(n));
+        if let Some(slot) = slot {
+            *slot = Some(found.row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The batch's sessions that are gone or past their deadline.
+async fn expired_sessions(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    batch: &[LeaseComplete<'_>],
+) -> Result<HashSet<SessionId>, StoreError> {
+    let asked: HashSet<i64> = batch.iter().map(|p| p.lease.session.0).collect();
+    let asked: Vec<i64> = asked.into_iter().collect();
+    let alive: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM drover_sessions WHERE id = ANY($1) AND deadline > $2")
+            .bind(&asked)
+            .bind(now)
+            .fetch_all(&mut **tx)
+            .await
+            .db()?;
+    Ok(asked
+        .into_iter()
+        .filter(|id| !alive.contains(id))
+        .map(SessionId)
+        .collect())
+}
+
+/// What a batch writes: rows to delete, rows to update, history to append.
+#[derive(Debug, Default)]
+struct Writes {
+    deleted: Vec<i64>,
+    updated: Vec<(i64, NextRow)>,
+    process: Vec<String>,
+    key: Vec<String>,
+    event: Vec<&'static str>,
+    session: Vec<i64>,
+    token: Vec<i64>,
+    attempt: Vec<i32>,
+    error: Vec<Option<String>>,
+    transient: Vec<Option<bool>>,
+}
+
+impl Writes {
+    fn add(&mut self, id: i64, lease: &Lease, settled: Settled) {
+        for e in settled.events {
+            self.process.push(lease.process.clone());
+            self.key.push(lease.key.clone());
+            self.event.push(e.kind.as_str());
+            self.session.push(lease.session.0);
+            self.token.push(lease.token.0);
+            self.attempt
+                .push(i32::try_from(lease.attempt).unwrap_or(i32::MAX));
+            self.error.push(e.error);
+            self.transient.push(e.transient);
+        }
+        match settled.next {
+            None => self.deleted.push(id),
+            Some(next) => self.updated.push((id, next)),
+        }
+    }
+
+    async fn flush(self, tx: &mut Tx, now: DateTime<Utc>) -> Result<(), StoreError> {
+        if !self.process.is_empty() {
+            sqlx::query(LOG)
+                .bind(now)
+                .bind(&self.process)
+                .bind(&self.key)
+                .bind(&self.event)
+                .bind(&self.session)
+                .bind(&self.token)
+                .bind(&self.attempt)
+                .bind(&self.error)
+                .bind(&self.transient)
+                .execute(&mut **tx)
+                .await
+                .db()?;
+        }
+        if !self.deleted.is_empty() {
+            sqlx::query("DELETE FROM drover_items WHERE id = ANY($1)")
+                .bind(&self.deleted)
+                .execute(&mut **tx)
+                .await
+                .db()?;
+        }
+        for (id, next) in &self.updated {
+            update(tx, *id, next).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes an item's next row (pending again, or parked).
+async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE drover_items SET state = $2, priority = $3, ready_at = $4, enqueued_at = $5,
+             failures = $6, backoff_until = $7, backoff_ms = $8, last_error = $9,
+             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(if next.parked { "parked" } else { "pending" })
+    .bind(next.priority)
+    .bind(next.ready_at)
+    .bind(next.enqueued_at)
+    .bind(i32::try_from(next.failures).unwrap_or(i32::MAX))
+    .bind(next.backoff_until)
+    .bind(next.backoff.map(duration_ms))
+    .bind(&next.last_error)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}

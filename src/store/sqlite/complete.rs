@@ -1,0 +1,218 @@
+//! Completing leases on SQLite, set-based: one statement finds every lease's
+//! running row, one deletes the finished items, one appends the history, all in
+//! one `BEGIN IMMEDIATE` transaction, so a batch costs a handful of statements
+//! and one commit however many outcomes it carries.
+
+use std::collections::HashSet;
+
+use serde_json::{Value, json};
+
+use super::engine::{SqliteStore, Tx};
+use super::error::Db as _;
+use super::rows::{RunningRow, duration_ms, to_ms, to_time};
+use crate::store::StoreError;
+use crate::store::params::LeaseComplete;
+use crate::store::settle::{NextRow, Settled, settle};
+use crate::store::types::{Lease, SessionId};
+
+/// The running row of every lease that still holds it (token and session match,
+/// session alive); `n` is the lease's 0-based position in `?1`, a JSON array of
+/// `[process, key, token, session]`.
+const HELD: &str = "
+SELECT j.key AS n, i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since,
+    i.dirty_ready_at, i.dirty_priority, p.backoff_initial_ms, p.backoff_factor,
+    p.backoff_max_ms, p.backoff_jitter
+FROM json_each(?1) AS j
+JOIN drover_items i ON i.process = json_extract(j.value, '$[0]')
+    AND i.key = json_extract(j.value, '$[1]') AND i.state = 'running'
+    AND i.lease_token = json_extract(j.value, '$[2]')
+    AND i.lease_session = json_extract(j.value, '$[3]')
+JOIN drover_sessions s ON s.id = i.lease_session AND s.deadline > ?2
+LEFT JOIN drover_processes p ON p.process = i.process";
+
+/// Appends one history row per element of `?2`, a JSON array of
+/// `[process, key, event, session, token, attempt, error, transient]`, all at `?1`.
+const LOG: &str = "
+INSERT INTO drover_history (at, process, key, event, session, token, attempt, error, transient)
+SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+    json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'),
+    json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]')
+FROM json_each(?2)";
+
+/// A row of [`HELD`].
+#[derive(Debug, sqlx::FromRow)]
+struct HeldRow {
+    n: i64,
+    #[sqlx(flatten)]
+    row: RunningRow,
+}
+
+/// Settles every lease in one transaction. A lease that was lost or whose
+/// session expired gets its own error and changes nothing; the others commit.
+/// Any other failure rolls the whole batch back.
+pub(super) async fn complete_batch(
+    store: &SqliteStore,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let mut rows = held(&mut tx, now, batch).await?;
+    let expired = if rows.iter().any(Option::is_none) {
+        expired_sessions(&mut tx, now, batch).await?
+    } else {
+        HashSet::new()
+    };
+    let mut writes = Writes::default();
+    let mut seen = HashSet::with_capacity(batch.len());
+    let mut results = Vec::with_capacity(batch.len());
+    for (params, row) in batch.iter().zip(rows.iter_mut()) {
+        let lease = params.lease;
+        match row.take().filter(|row| seen.insert(row.id)) {
+            Some(row) => {
+                let settled = settle(to_time(now), &row.running(), params.outcome);
+                writes.add(row.id, lease, settled);
+                results.push(Ok(()));
+            }
+            None if expired.contains(&lease.session) => {
+                results.push(Err(StoreError::SessionExpired {
+                    session: lease.session,
+                }))
+            }
+            None => results.push(Err(StoreError::LeaseLost {
+                process: lease.process.clone(),
+                key: lease.key.clone(),
+                token: lease.token,
+            })),
+        }
+    }
+    writes.flush(&mut tx, now).await?;
+    tx.commit().await.db()?;
+    Ok(results)
+}
+
+/// Each lease's running row, by position (`None`: not held).
+async fn held(
+    tx: &mut Tx,
+    now: i64,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Vec<Option<RunningRow>>, StoreError> {
+    let leases: Vec<Value> = batch
+        .iter()
+        .map(|p| {
+            let l = p.lease;
+            json!([l.process, l.key, l.token.0, l.session.0])
+        })
+        .collect();
+    let found: Vec<HeldRow> = sqlx::query_as(HELD)
+        .bind(Value::from(leases).to_string())
+        .bind(now)
+        .fetch_all(&mut **tx)
+        .await
+        .db()?;
+    let mut rows: Vec<Option<RunningRow>> = batch.iter().map(|_| None).collect();
+    for found in found {
+        let slot = usize::try_from(found.n).ok().and_then(|n| rows.get_mut(n));
+        if let Some(slot) = slot {
+            *slot = Some(found.row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The batch's sessions that are gone or past their deadline.
+async fn expired_sessions(
+    tx: &mut Tx,
+    now: i64,
+    batch: &[LeaseComplete<'_>],
+) -> Result<HashSet<SessionId>, StoreError> {
+    let asked: HashSet<i64> = batch.iter().map(|p| p.lease.session.0).collect();
+    let asked: Vec<i64> = asked.into_iter().collect();
+    let alive: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM drover_sessions
+         WHERE id IN (SELECT value FROM json_each(?1)) AND deadline > ?2",
+    )
+    .bind(Value::from(asked.clone()).to_string())
+    .bind(now)
+    .fetch_all(&mut **tx)
+    .await
+    .db()?;
+    Ok(asked
+        .into_iter()
+        .filter(|id| !alive.contains(id))
+        .map(SessionId)
+        .collect())
+}
+
+/// What a batch writes: rows to delete, rows to update, history to append.
+#[derive(Debug, Default)]
+struct Writes {
+    deleted: Vec<i64>,
+    updated: Vec<(i64, NextRow)>,
+    events: Vec<Value>,
+}
+
+impl Writes {
+    fn add(&mut self, id: i64, lease: &Lease, settled: Settled) {
+        for e in settled.events {
+            self.events.push(json!([
+                lease.process,
+                lease.key,
+                e.kind.as_str(),
+                lease.session.0,
+                lease.token.0,
+                lease.attempt,
+                e.error,
+                e.transient,
+            ]));
+        }
+        match settled.next {
+            None => self.deleted.push(id),
+            Some(next) => self.updated.push((id, next)),
+        }
+    }
+
+    async fn flush(self, tx: &mut Tx, now: i64) -> Result<(), StoreError> {
+        if !self.events.is_empty() {
+            sqlx::query(LOG)
+                .bind(now)
+                .bind(Value::from(self.events).to_string())
+                .execute(&mut **tx)
+                .await
+                .db()?;
+        }
+        if !self.deleted.is_empty() {
+            sqlx::query("DELETE FROM drover_items WHERE id IN (SELECT value FROM json_each(?1))")
+                .bind(Value::from(self.deleted).to_string())
+                .execute(&mut **tx)
+                .await
+                .db()?;
+        }
+        for (id, next) in &self.updated {
+            update(tx, *id, next).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes an item's next row (pending again, or parked).
+async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE drover_items SET state = ?2, priority = ?3, ready_at = ?4, enqueued_at = ?5,
+             failures = ?6, backoff_until = ?7, backoff_ms = ?8, last_error = ?9,
+             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL
+         WHERE id = ?1",
+    )
+    .bind(id)
+    .bind(if next.parked { "parked" } else { "pending" })
+    .bind(next.priority)
+    .bind(to_ms(next.ready_at))
+    .bind(to_ms(next.enqueued_at))
+    .bind(next.failures)
+    .bind(next.backoff_until.map(to_ms))
+    .bind(next.backoff.map(duration_ms))
+    .bind(&next.last_error)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}

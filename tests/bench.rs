@@ -1,0 +1,95 @@
+//! Every `drover bench` store scenario runs to its figure on every engine (tiny
+//! sizes: these tests check that the scenarios work, never how fast they are).
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use drover::bench::{self, Figure, StoreBench};
+use indicatif::ProgressBar;
+use support::{TestDb, each_engine};
+
+fn small(db: &TestDb, keys: u64, workers: usize) -> StoreBench {
+    StoreBench {
+        store: db.store.clone(),
+        url: db.url.clone(),
+        keys,
+        workers,
+        progress: ProgressBar::hidden(),
+    }
+}
+
+fn assert_figure(figure: &Figure, scenario: &str, engine: &str, numbers: &[&str]) {
+    assert_eq!(figure.scenario(), scenario);
+    assert_eq!(figure.get("engine"), Some(engine));
+    for name in numbers {
+        let value = figure
+            .get(name)
+            .unwrap_or_else(|| panic!("{figure} lacks {name}"));
+        let number: f64 = value.parse().unwrap_or_else(|_| panic!("{name}={value}"));
+        assert!(number >= 0.0, "{figure}");
+    }
+    assert!(
+        figure
+            .to_string()
+            .starts_with(&format!("BENCH scenario={scenario} engine={engine} "))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_and_burn_down_report_keys_per_second() {
+    each_engine(|db| async move {
+        let enqueued = bench::enqueue(&small(&db, 250, 2)).await.expect("enqueue");
+        assert_figure(&enqueued, "enqueue", db.engine, &["keys_per_s"]);
+        let drained = bench::burn_down(&small(&db, 250, 8))
+            .await
+            .expect("burn-down");
+        assert_figure(&drained, "burn_down", db.engine, &["keys_per_s"]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_reports_percentiles_of_single_enqueues() {
+    each_engine(|db| async move {
+        let figure = bench::latency(&small(&db, 20, 2), 1_000)
+            .await
+            .expect("latency");
+        assert_figure(
+            &figure,
+            "latency",
+            db.engine,
+            &["p50_ms", "p99_ms", "max_ms"],
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlog_compares_a_large_backlog_with_a_small_one() {
+    each_engine(|db| async move {
+        let figure = bench::backlog(&small(&db, 300, 4)).await.expect("backlog");
+        assert_figure(
+            &figure,
+            "backlog",
+            db.engine,
+            &["ratio", "small_keys_per_s"],
+        );
+        assert_eq!(figure.get("front"), Some("300"));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_runs_a_killed_workers_keys_elsewhere() {
+    each_engine(|db| async move {
+        let drover = Path::new(env!("CARGO_BIN_EXE_drover"));
+        let ttl = Duration::from_millis(600);
+        let figure = bench::recovery(&small(&db, 5, 2), drover, ttl)
+            .await
+            .expect("recovery");
+        assert_figure(&figure, "recovery", db.engine, &["recovery_s", "ttl_s"]);
+    })
+    .await;
+}
