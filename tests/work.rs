@@ -13,6 +13,7 @@ use drover::store::{
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use support::process::{eventually, signal, stop};
 use support::{TestDb, each_engine};
 use tokio::process::{Child, Command};
 
@@ -29,37 +30,6 @@ fn worker(db: &TestDb, exec: &str, flags: &[&str]) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn drover work")
-}
-
-fn signal(child: &Child, signal: Signal) {
-    let pid = i32::try_from(child.id().expect("running")).unwrap();
-    kill(Pid::from_raw(pid), signal).expect("signal the worker");
-}
-
-/// Waits for a graceful exit after SIGTERM.
-async fn stop(mut child: Child) {
-    signal(&child, Signal::SIGTERM);
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("the worker exits within 30 s of SIGTERM")
-        .unwrap();
-    assert!(status.success(), "graceful shutdown exits 0, got {status}");
-}
-
-/// Polls `check` until it is true; external processes give no other signal.
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 async fn enqueue(store: &Store, keys: &[String]) {

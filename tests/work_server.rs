@@ -9,8 +9,8 @@ use std::time::Duration;
 use drover::store::{
     EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
 };
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
+use support::process::{eventually, signal, stop};
 use support::{TestDb, each_engine};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -66,36 +66,6 @@ fn remote_worker(url: &str, exec: &str, flags: &[&str]) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn drover work --server")
-}
-
-fn signal(child: &Child, signal: Signal) {
-    let pid = i32::try_from(child.id().expect("running")).unwrap();
-    kill(Pid::from_raw(pid), signal).expect("signal the child");
-}
-
-async fn stop(mut child: Child) {
-    signal(&child, Signal::SIGTERM);
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exits within 30 s of SIGTERM")
-        .unwrap();
-    assert!(status.success(), "graceful shutdown exits 0, got {status}");
-}
-
-/// Polls `check` until it holds; the processes give no other signal.
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 async fn counts(store: &Store) -> (u64, u64, u64) {

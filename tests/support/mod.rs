@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
+pub(crate) mod process;
+
 /// The variable naming the PostgreSQL server for tests.
 pub(crate) const POSTGRES_ENV: &str = "DROVER_TEST_POSTGRES_URL";
 
