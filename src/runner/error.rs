@@ -86,6 +86,22 @@ pub fn classify(error: &(dyn StdError + 'static)) -> ErrorClass {
     ErrorClass::Transient
 }
 
+/// The store outcome a reconcile's result stands for: the action, or the error
+/// classified by [`classify`] with its whole chain as the recorded error. Local
+/// controllers and HTTP workers both report through it, so both classify alike.
+#[must_use]
+pub fn outcome_of(result: Result<super::Action, BoxError>) -> crate::store::Outcome {
+    use crate::store::Outcome;
+    match result {
+        Ok(super::Action::Done) => Outcome::Done,
+        Ok(super::Action::RequeueAfter(after)) => Outcome::RequeueAfter(after),
+        Err(error) => match classify(&*error) {
+            ErrorClass::Transient => Outcome::Transient(error_chain(&*error)),
+            ErrorClass::Permanent => Outcome::Permanent(error_chain(&*error)),
+        },
+    }
+}
+
 /// The whole chain as one line, `outer: cause: root`, for the history's error.
 #[must_use]
 pub fn error_chain(error: &(dyn StdError + 'static)) -> String {

@@ -30,7 +30,8 @@ mod wake;
 pub use config::{ConfigError, ControllerBuilder};
 pub use controller::{Controller, RunError};
 pub use error::{
-    BoxError, ErrorClass, Permanent, Transient, classify, error_chain, permanent, transient,
+    BoxError, ErrorClass, Permanent, Transient, classify, error_chain, outcome_of, permanent,
+    transient,
 };
 pub use metrics::RunnerFamilies;
 pub use reconciler::{Action, Reconciler, Task};

@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::completer::{Completer, Written};
 use super::config::Settings;
-use super::error::{ErrorClass, classify, error_chain};
+use super::error::outcome_of;
 use super::metrics::RunnerMetrics;
-use super::reconciler::{Action, Reconciler, Task};
+use super::reconciler::{Reconciler, Task};
 use crate::store::{Lease, LeaseRelease, Outcome, Store, StoreEngine as _};
 
 /// What a controller's runs share.
@@ -89,12 +89,7 @@ impl<R: Reconciler> Run<R> {
             }
         };
         Ended::Outcome(match result {
-            Ok(Ok(Action::Done)) => Outcome::Done,
-            Ok(Ok(Action::RequeueAfter(after))) => Outcome::RequeueAfter(after),
-            Ok(Err(error)) => match classify(&*error) {
-                ErrorClass::Transient => Outcome::Transient(error_chain(&*error)),
-                ErrorClass::Permanent => Outcome::Permanent(error_chain(&*error)),
-            },
+            Ok(result) => outcome_of(result),
             Err(join) => Outcome::Transient(panic_message(join)),
         })
     }
@@ -104,12 +99,7 @@ impl<R: Reconciler> Run<R> {
     /// the database stays away, the session expires and another node reclaims the
     /// key, so nothing is lost either way.
     async fn complete(&self, lease: &Lease, outcome: Outcome, token: &CancellationToken) {
-        let name = match &outcome {
-            Outcome::Done => "done",
-            Outcome::RequeueAfter(_) => "requeue_after",
-            Outcome::Transient(_) => "transient",
-            Outcome::Permanent(_) => "permanent",
-        };
+        let name = outcome.name();
         if matches!(outcome, Outcome::Transient(_)) {
             self.metrics.queue.retries.inc();
         }

@@ -471,16 +471,6 @@ impl OutcomeBody {
             Self::Permanent { error } => Outcome::Permanent(error.clone()),
         }
     }
-
-    /// The outcome's name for metrics.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Self::Done => "done",
-            Self::RequeueAfter { .. } => "requeue_after",
-            Self::Transient { .. } => "transient",
-            Self::Permanent { .. } => "permanent",
-        }
-    }
 }
 
 /// Body of `POST /v1/leases/complete`.

@@ -82,6 +82,20 @@ pub enum Outcome {
     Permanent(String),
 }
 
+impl Outcome {
+    /// The outcome's name as metrics, the API and the history spell it:
+    /// `done`, `requeue_after`, `transient` or `permanent`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::RequeueAfter(_) => "requeue_after",
+            Self::Transient(_) => "transient",
+            Self::Permanent(_) => "permanent",
+        }
+    }
+}
+
 /// An item's state as seen from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -12,7 +12,8 @@ mod api;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover::runner::{Action, ErrorClass, classify, error_chain};
+use drover::runner::{Action, outcome_of};
+use drover::store::Outcome;
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, sleep, timeout};
@@ -251,17 +252,13 @@ impl Worker {
 
 /// The API's outcome object for a command's result.
 fn outcome(result: Result<Action, drover::runner::BoxError>) -> Value {
-    match result {
-        Ok(Action::Done) => json!({ "type": "done" }),
-        Ok(Action::RequeueAfter(after)) => {
-            json!({ "type": "requeue_after", "after_ms": u64::try_from(after.as_millis()).unwrap_or(u64::MAX) })
+    match outcome_of(result) {
+        Outcome::Done => json!({ "type": "done" }),
+        Outcome::RequeueAfter(after) => {
+            let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+            json!({ "type": "requeue_after", "after_ms": after_ms })
         }
-        Err(error) => {
-            let kind = match classify(&*error) {
-                ErrorClass::Transient => "transient",
-                ErrorClass::Permanent => "permanent",
-            };
-            json!({ "type": kind, "error": error_chain(&*error) })
-        }
+        Outcome::Transient(error) => json!({ "type": "transient", "error": error }),
+        Outcome::Permanent(error) => json!({ "type": "permanent", "error": error }),
     }
 }

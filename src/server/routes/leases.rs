@@ -142,12 +142,9 @@ pub(crate) async fn complete(
         })
         .await?;
     let now = chrono::Utc::now();
-    state.metrics.completed(
-        &lease.process,
-        body.outcome.name(),
-        body.lease.started_at,
-        now,
-    );
+    state
+        .metrics
+        .completed(&lease.process, outcome.name(), body.lease.started_at, now);
     Ok(StatusCode::NO_CONTENT)
 }
 
