@@ -2,7 +2,7 @@
 //! running row, one deletes the finished items, one appends the history, so a
 //! batch of hundreds of outcomes costs a handful of round trips and one commit.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -14,18 +14,26 @@ use crate::store::params::LeaseComplete;
 use crate::store::settle::{NextRow, Settled, settle};
 use crate::store::types::{Lease, SessionId};
 
-/// Locks the running row of every lease that still holds it (token and session
-/// match, session alive), in id order so concurrent batches lock alike.
+/// Locks the current row of every lease's key, in id order so concurrent
+/// batches lock alike; whether the lease still holds it (running, same token and
+/// session) is checked on the locked rows by [`held`].
+///
+/// The shape is chosen so that no statistics can mislead the planner: the keys
+/// are found one unique-index probe each (the `LATERAL … LIMIT 1` cannot be
+/// flattened into a join), and the rows are locked by primary key. Written as a
+/// join on `state = 'running'` and the token, PostgreSQL's estimates — taken
+/// when no row was running — made it scan every running row once per lease
+/// (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
 const HELD: &str = "
-SELECT l.n, i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at,
-    i.dirty_priority, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms,
-    p.backoff_jitter
-FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
-    WITH ORDINALITY AS l(process, key, token, session, n)
-JOIN drover_items i ON i.process = l.process AND i.key = l.key AND i.state = 'running'
-    AND i.lease_token = l.token AND i.lease_session = l.session
-JOIN drover_sessions s ON s.id = l.session AND s.deadline > $5
-LEFT JOIN drover_processes p ON p.process = i.process
+WITH found AS (
+  SELECT x.id FROM UNNEST($1::text[], $2::text[]) AS l(process, key)
+  CROSS JOIN LATERAL (
+    SELECT i.id FROM drover_items i WHERE i.process = l.process AND i.key = l.key LIMIT 1) x)
+SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, i.id, i.priority,
+    i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at, i.dirty_priority,
+    p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, p.backoff_jitter
+FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
+WHERE i.id = ANY(ARRAY(SELECT id FROM found))
 ORDER BY i.id
 FOR UPDATE OF i";
 
@@ -35,10 +43,14 @@ INSERT INTO drover_history (at, process, key, event, session, token, attempt, er
 SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
     $7::int[], $8::text[], $9::bool[])";
 
-/// A row of [`HELD`]: the lease's 1-based position in the batch and its row.
+/// A row of [`HELD`]: who holds the key now, and the row itself.
 #[derive(Debug, sqlx::FromRow)]
 struct HeldRow {
-    n: i64,
+    process: String,
+    key: String,
+    state: String,
+    lease_token: Option<i64>,
+    lease_session: Option<i64>,
     #[sqlx(flatten)]
     row: RunningRow,
 }
@@ -51,12 +63,8 @@ pub(super) async fn complete_batch(
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let (mut tx, now) = store.write().await?;
-    let mut rows = held(&mut tx, now, batch).await?;
-    let expired = if rows.iter().any(Option::is_none) {
-        expired_sessions(&mut tx, now, batch).await?
-    } else {
-        HashSet::new()
-    };
+    let (live, expired) = sessions(&mut tx, now, batch).await?;
+    let mut rows = held(&mut tx, &live, batch).await?;
     let mut writes = Writes::default();
     let mut seen = HashSet::with_capacity(batch.len());
     let mut results = Vec::with_capacity(batch.len());
@@ -85,54 +93,69 @@ pub(super) async fn complete_batch(
     Ok(results)
 }
 
-/// Each lease's locked running row, by position (`None`: not held).
+/// Each lease's locked running row, by position (`None`: not held — the key is
+/// gone, no longer running, under another token, or its session is not live).
 async fn held(
     tx: &mut Tx,
-    now: DateTime<Utc>,
+    live: &[i64],
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Option<RunningRow>>, StoreError> {
     let leases = || batch.iter().map(|p| p.lease);
     let found: Vec<HeldRow> = sqlx::query_as(HELD)
         .bind(leases().map(|l| l.process.as_str()).collect::<Vec<_>>())
         .bind(leases().map(|l| l.key.as_str()).collect::<Vec<_>>())
-        .bind(leases().map(|l| l.token.0).collect::<Vec<_>>())
-        .bind(leases().map(|l| l.session.0).collect::<Vec<_>>())
-        .bind(now)
         .fetch_all(&mut **tx)
         .await
         .db()?;
+    // Fencing tokens are unique across all leases, so a token names one lease;
+    // a duplicate lease in the batch keeps only its first position.
+    let mut position = HashMap::with_capacity(batch.len());
+    for (n, lease) in leases().enumerate() {
+        position.entry(lease.token.0).or_insert(n);
+    }
     let mut rows: Vec<Option<RunningRow>> = batch.iter().map(|_| None).collect();
     for found in found {
-        let slot = usize::try_from(found.n - 1)
-            .ok()
-            .and_then(|n| rows.get_mut(n));
-        if let Some(slot) = slot {
-            *slot = Some(found.row);
+        let Some(token) = found.lease_token else {
+            continue;
+        };
+        let Some(&n) = position.get(&token) else {
+            continue;
+        };
+        let lease = batch[n].lease;
+        let holds = found.state == "running"
+            && found.lease_session == Some(lease.session.0)
+            && live.contains(&lease.session.0)
+            && found.process == lease.process
+            && found.key == lease.key;
+        if holds {
+            rows[n] = Some(found.row);
         }
     }
     Ok(rows)
 }
 
-/// The batch's sessions that are gone or past their deadline.
-async fn expired_sessions(
+/// The batch's sessions split into those alive at `now` and those gone or past
+/// their deadline.
+async fn sessions(
     tx: &mut Tx,
     now: DateTime<Utc>,
     batch: &[LeaseComplete<'_>],
-) -> Result<HashSet<SessionId>, StoreError> {
+) -> Result<(Vec<i64>, HashSet<SessionId>), StoreError> {
     let asked: HashSet<i64> = batch.iter().map(|p| p.lease.session.0).collect();
     let asked: Vec<i64> = asked.into_iter().collect();
-    let alive: Vec<i64> =
+    let live: Vec<i64> =
         sqlx::query_scalar("SELECT id FROM drover_sessions WHERE id = ANY($1) AND deadline > $2")
             .bind(&asked)
             .bind(now)
             .fetch_all(&mut **tx)
             .await
             .db()?;
-    Ok(asked
+    let expired = asked
         .into_iter()
-        .filter(|id| !alive.contains(id))
+        .filter(|id| !live.contains(id))
         .map(SessionId)
-        .collect())
+        .collect();
+    Ok((live, expired))
 }
 
 /// What a batch writes: rows to delete, rows to update, history to append.

@@ -28,6 +28,10 @@ async fn check_process(store: &PostgresStore, process: &str) -> Result<(), Store
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))
 }
 
+/// Lists one process's items in key order. Running and parked keys are listed
+/// through the partial index over non-pending rows (the literal `state <>
+/// 'pending'` lets the planner prove it applies); pending keys, the bulk,
+/// through the `(process, key)` unique index.
 pub(super) async fn item_list(
     store: &PostgresStore,
     params: &ItemList,
@@ -45,6 +49,16 @@ pub(super) async fn item_list(
         .bind(&params.process)
         .bind(after)
         .bind(limit),
+        Some(state) if stored_state(state) != "pending" => sqlx::query_as(concat!(
+            "SELECT ",
+            item_columns!(),
+            " FROM drover_items WHERE process = $1 AND state <> 'pending' AND state = $4
+                 AND key > $2 ORDER BY key LIMIT $3"
+        ))
+        .bind(&params.process)
+        .bind(after)
+        .bind(limit)
+        .bind(stored_state(state)),
         Some(state) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),

@@ -22,6 +22,9 @@ use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 /// `ORDER BY priority DESC, ready_at` scan would step over every not-yet-ready row
 /// of a higher priority (a million keys in backoff after an outage) on each poll.
 /// The outer `LIMIT` stops the walk, and the locking, as soon as `$3` rows are in.
+/// The update finds its rows by `id = ANY(ARRAY(…))`, a primary-key probe each:
+/// written as a join, a custom plan for a large batch hashed the picked ids and
+/// scanned the whole table (37 ms of a 54 ms claim of 1,000 keys).
 /// The final outer join yields one row even when nothing was claimed, so `live`
 /// tells an expired session apart from an empty queue.
 const CLAIM: &str = "
@@ -49,7 +52,7 @@ picked AS (
 claimed AS (
   UPDATE drover_items i SET state = 'running', lease_session = $1,
       lease_token = nextval('drover_lease_tokens'), started_at = (SELECT now FROM clock)
-  FROM picked WHERE i.id = picked.id
+  WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
   RETURNING i.id, i.process, i.key, i.priority, i.failures, i.ready_at, i.enqueued_at,
       i.lease_token, i.started_at),
 logged AS (

@@ -1,4 +1,5 @@
-//! Opening a SQLite database: WAL, a busy timeout, the migrations.
+//! Opening a SQLite database: WAL, a busy timeout, the migrations, and one
+//! writer connection.
 
 use std::str::FromStr as _;
 use std::time::Duration;
@@ -31,29 +32,43 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
-        let pool_options = if memory {
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .min_connections(1)
-                .idle_timeout(None)
-                .max_lifetime(None)
-        } else {
-            SqlitePoolOptions::new().max_connections(options.max_connections)
+        let open = |pool: SqlitePoolOptions| {
+            let connect = connect.clone();
+            async move {
+                tokio::time::timeout(options.connect_timeout, pool.connect_with(connect))
+                    .await
+                    .map_err(|_| StoreError::ConnectTimeout {
+                        url: url.to_owned(),
+                        timeout: options.connect_timeout,
+                    })?
+                    .map_err(|source| StoreError::Connect {
+                        url: url.to_owned(),
+                        source: source.into(),
+                    })
+            }
         };
-        let pool =
-            tokio::time::timeout(options.connect_timeout, pool_options.connect_with(connect))
-                .await
-                .map_err(|_| StoreError::ConnectTimeout {
-                    url: url.to_owned(),
-                    timeout: options.connect_timeout,
-                })?
-                .map_err(|source| StoreError::Connect {
-                    url: url.to_owned(),
-                    source: source.into(),
-                })?;
+        if memory {
+            let pool = open(
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None),
+            )
+            .await?;
+            migrate_pool(&pool, options.migrate).await?;
+            return Ok(Self {
+                writer: pool.clone(),
+                pool,
+                clock: Clock::default(),
+            });
+        }
+        let pool = open(SqlitePoolOptions::new().max_connections(options.max_connections)).await?;
         migrate_pool(&pool, options.migrate).await?;
+        let writer = open(SqlitePoolOptions::new().max_connections(1)).await?;
         Ok(Self {
             pool,
+            writer,
             clock: Clock::default(),
         })
     }

@@ -25,7 +25,17 @@ pub(super) type Tx = Transaction<'static, Sqlite>;
 /// The SQLite engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
+    /// Reads, and the pool handed to reconcilers.
     pub(super) pool: SqlitePool,
+    /// The one connection every write transaction of this store uses.
+    ///
+    /// SQLite admits one writer at a time; with writes spread over the pool,
+    /// the claim loop and the completer met on the file lock and the loser slept
+    /// in SQLite's busy handler (1, 2, 5, 10 ms…) while the lock was long free.
+    /// Queueing for this connection instead hands the lock over the moment it
+    /// is released, in arrival order. Other processes on the same file still
+    /// meet this one on the busy timeout.
+    pub(super) writer: SqlitePool,
     pub(super) clock: Clock,
 }
 
@@ -45,6 +55,7 @@ impl SqliteStore {
 
     /// Closes the pool, waiting for connections to be returned.
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 
@@ -84,7 +95,7 @@ impl SqliteStore {
 
     /// Starts a write transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, i64), StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.db()?;
         let now = self.now_ms(&mut *tx).await?;
         Ok((tx, now))
     }

@@ -26,6 +26,10 @@ async fn check_process(store: &SqliteStore, process: &str) -> Result<(), StoreEr
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))
 }
 
+/// Lists one process's items in key order. Running and parked keys are listed
+/// through the partial index over non-pending rows (SQLite uses a partial
+/// index only when the query states its condition literally); pending keys, the
+/// bulk, through the `(process, key)` unique index.
 pub(super) async fn item_list(
     store: &SqliteStore,
     params: ItemList,
@@ -42,6 +46,16 @@ pub(super) async fn item_list(
         .bind(&params.process)
         .bind(after)
         .bind(params.limit),
+        Some(state) if stored_state(state) != "pending" => sqlx::query_as(concat!(
+            "SELECT ",
+            item_columns!(),
+            " FROM drover_items WHERE process = ?1 AND state <> 'pending' AND state = ?4
+                 AND key > ?2 ORDER BY key LIMIT ?3"
+        ))
+        .bind(&params.process)
+        .bind(after)
+        .bind(params.limit)
+        .bind(stored_state(state)),
         Some(state) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),
