@@ -63,6 +63,7 @@ mod decode;
 mod engine;
 mod enqueue;
 mod error;
+mod holding;
 mod key;
 mod migrate;
 mod options;

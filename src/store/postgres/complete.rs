@@ -2,7 +2,7 @@
 //! running row, one deletes the finished items, one appends the history, so a
 //! batch of hundreds of outcomes costs a handful of round trips and one commit.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 
@@ -10,6 +10,7 @@ use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::rows::{RunningRow, duration_ms};
 use crate::store::StoreError;
+use crate::store::holding::{Found, match_leases};
 use crate::store::params::LeaseComplete;
 use crate::store::settle::{NextRow, Settled, settle};
 use crate::store::types::{Lease, SessionId};
@@ -93,8 +94,8 @@ pub(super) async fn complete_batch(
     Ok(results)
 }
 
-/// Each lease's locked running row, by position (`None`: not held — the key is
-/// gone, no longer running, under another token, or its session is not live).
+/// Each lease's locked running row, by position (`None`: not held, see
+/// [`match_leases`]).
 async fn held(
     tx: &mut Tx,
     live: &[i64],
@@ -107,31 +108,15 @@ async fn held(
         .fetch_all(&mut **tx)
         .await
         .db()?;
-    // Fencing tokens are unique across all leases, so a token names one lease;
-    // a duplicate lease in the batch keeps only its first position.
-    let mut position = HashMap::with_capacity(batch.len());
-    for (n, lease) in leases().enumerate() {
-        position.entry(lease.token.0).or_insert(n);
-    }
-    let mut rows: Vec<Option<RunningRow>> = batch.iter().map(|_| None).collect();
-    for found in found {
-        let Some(token) = found.lease_token else {
-            continue;
-        };
-        let Some(&n) = position.get(&token) else {
-            continue;
-        };
-        let lease = batch[n].lease;
-        let holds = found.state == "running"
-            && found.lease_session == Some(lease.session.0)
-            && live.contains(&lease.session.0)
-            && found.process == lease.process
-            && found.key == lease.key;
-        if holds {
-            rows[n] = Some(found.row);
-        }
-    }
-    Ok(rows)
+    let found = found.into_iter().map(|f| Found {
+        process: f.process,
+        key: f.key,
+        running: f.state == "running",
+        token: f.lease_token,
+        session: f.lease_session,
+        row: f.row,
+    });
+    Ok(match_leases(batch, live, found))
 }
 
 /// The batch's sessions split into those alive at `now` and those gone or past

@@ -11,24 +11,22 @@ use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, to_ms, to_time};
 use crate::store::StoreError;
+use crate::store::holding::{Found, match_leases};
 use crate::store::params::LeaseComplete;
 use crate::store::settle::{NextRow, Settled, settle};
 use crate::store::types::{Lease, SessionId};
 
-/// The running row of every lease that still holds it (token and session match,
-/// session alive); `n` is the lease's 0-based position in `?1`, a JSON array of
-/// `[process, key, token, session]`.
+/// The running rows leased to the live sessions in `?1` under the tokens in
+/// `?2` (both JSON arrays of integers): one probe of the `(lease_session,
+/// lease_token)` index per lease, with no JSON to pick apart per row. Whether
+/// each row is its lease's is decided by [`match_leases`].
 const HELD: &str = "
-SELECT j.key AS n, i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since,
-    i.dirty_ready_at, i.dirty_priority, p.backoff_initial_ms, p.backoff_factor,
-    p.backoff_max_ms, p.backoff_jitter
-FROM json_each(?1) AS j
-JOIN drover_items i ON i.process = json_extract(j.value, '$[0]')
-    AND i.key = json_extract(j.value, '$[1]') AND i.state = 'running'
-    AND i.lease_token = json_extract(j.value, '$[2]')
-    AND i.lease_session = json_extract(j.value, '$[3]')
-JOIN drover_sessions s ON s.id = i.lease_session AND s.deadline > ?2
-LEFT JOIN drover_processes p ON p.process = i.process";
+SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, i.id, i.priority,
+    i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at, i.dirty_priority,
+    p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, p.backoff_jitter
+FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
+WHERE i.state = 'running' AND i.lease_session IN (SELECT value FROM json_each(?1))
+    AND i.lease_token IN (SELECT value FROM json_each(?2))";
 
 /// Appends one history row per element of `?2`, a JSON array of
 /// `[process, key, event, session, token, attempt, error, transient]`, all at `?1`.
@@ -39,10 +37,14 @@ SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
     json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]')
 FROM json_each(?2)";
 
-/// A row of [`HELD`].
+/// A row of [`HELD`]: who holds the key, and the row itself.
 #[derive(Debug, sqlx::FromRow)]
 struct HeldRow {
-    n: i64,
+    process: String,
+    key: String,
+    state: String,
+    lease_token: Option<i64>,
+    lease_session: Option<i64>,
     #[sqlx(flatten)]
     row: RunningRow,
 }
@@ -55,12 +57,8 @@ pub(super) async fn complete_batch(
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let (mut tx, now) = store.write().await?;
-    let mut rows = held(&mut tx, now, batch).await?;
-    let expired = if rows.iter().any(Option::is_none) {
-        expired_sessions(&mut tx, now, batch).await?
-    } else {
-        HashSet::new()
-    };
+    let (live, expired) = sessions(&mut tx, now, batch).await?;
+    let mut rows = held(&mut tx, &live, batch).await?;
     let mut writes = Writes::default();
     let mut seen = HashSet::with_capacity(batch.len());
     let mut results = Vec::with_capacity(batch.len());
@@ -89,44 +87,41 @@ pub(super) async fn complete_batch(
     Ok(results)
 }
 
-/// Each lease's running row, by position (`None`: not held).
+/// Each lease's running row, by position (`None`: not held, see
+/// [`match_leases`]).
 async fn held(
     tx: &mut Tx,
-    now: i64,
+    live: &[i64],
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Option<RunningRow>>, StoreError> {
-    let leases: Vec<Value> = batch
-        .iter()
-        .map(|p| {
-            let l = p.lease;
-            json!([l.process, l.key, l.token.0, l.session.0])
-        })
-        .collect();
+    let tokens: Vec<i64> = batch.iter().map(|p| p.lease.token.0).collect();
     let found: Vec<HeldRow> = sqlx::query_as(HELD)
-        .bind(Value::from(leases).to_string())
-        .bind(now)
+        .bind(Value::from(live).to_string())
+        .bind(Value::from(tokens).to_string())
         .fetch_all(&mut **tx)
         .await
         .db()?;
-    let mut rows: Vec<Option<RunningRow>> = batch.iter().map(|_| None).collect();
-    for found in found {
-        let slot = usize::try_from(found.n).ok().and_then(|n| rows.get_mut(n));
-        if let Some(slot) = slot {
-            *slot = Some(found.row);
-        }
-    }
-    Ok(rows)
+    let found = found.into_iter().map(|f| Found {
+        process: f.process,
+        key: f.key,
+        running: f.state == "running",
+        token: f.lease_token,
+        session: f.lease_session,
+        row: f.row,
+    });
+    Ok(match_leases(batch, live, found))
 }
 
-/// The batch's sessions that are gone or past their deadline.
-async fn expired_sessions(
+/// The batch's sessions split into those alive at `now` and those gone or past
+/// their deadline.
+async fn sessions(
     tx: &mut Tx,
     now: i64,
     batch: &[LeaseComplete<'_>],
-) -> Result<HashSet<SessionId>, StoreError> {
+) -> Result<(Vec<i64>, HashSet<SessionId>), StoreError> {
     let asked: HashSet<i64> = batch.iter().map(|p| p.lease.session.0).collect();
     let asked: Vec<i64> = asked.into_iter().collect();
-    let alive: Vec<i64> = sqlx::query_scalar(
+    let live: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM drover_sessions
          WHERE id IN (SELECT value FROM json_each(?1)) AND deadline > ?2",
     )
@@ -135,11 +130,12 @@ async fn expired_sessions(
     .fetch_all(&mut **tx)
     .await
     .db()?;
-    Ok(asked
+    let expired = asked
         .into_iter()
-        .filter(|id| !alive.contains(id))
+        .filter(|id| !live.contains(id))
         .map(SessionId)
-        .collect())
+        .collect();
+    Ok((live, expired))
 }
 
 /// What a batch writes: rows to delete, rows to update, history to append.

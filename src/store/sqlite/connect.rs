@@ -16,6 +16,15 @@ use crate::store::{Clock, StoreError, StoreOptions, migrate};
 /// waiting beats surfacing "database is locked" to a worker.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Each connection's page cache, in KiB (SQLite's negative form): 64 MiB
+/// rather than the 2 MiB default, so the claim and lease indexes of a large
+/// backlog stay in memory instead of being re-read on every batch.
+const CACHE_SIZE: &str = "-65536";
+
+/// Reads through a memory map of up to 1 GiB: pages are read in place instead
+/// of copied out of the OS cache for every statement.
+const MMAP_SIZE: &str = "1073741824";
+
 impl SqliteStore {
     /// Opens (creating if missing) the SQLite database at `url` (`sqlite://PATH`,
     /// `sqlite:///ABSOLUTE/PATH` or `sqlite::memory:`) and checks or applies the
@@ -30,7 +39,9 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(BUSY_TIMEOUT);
+            .busy_timeout(BUSY_TIMEOUT)
+            .pragma("cache_size", CACHE_SIZE)
+            .pragma("mmap_size", MMAP_SIZE);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
         let open = |pool: SqlitePoolOptions| {
             let connect = connect.clone();

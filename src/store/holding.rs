@@ -1,0 +1,121 @@
+//! Which leases of a completion batch still hold their key, decided on the rows
+//! the engine locked (or, on SQLite, read under the write lock).
+//!
+//! Both engines find the rows the cheapest way their planner cannot get wrong
+//! (one probe per key or per token) and leave the fencing decision to this one
+//! function, so the rule is written once: a lease holds its key when the row is
+//! running under the lease's own token and session, and that session is live.
+
+use std::collections::HashMap;
+
+use super::params::LeaseComplete;
+
+/// What an engine found at one lease's key.
+#[derive(Debug)]
+pub(crate) struct Found<R> {
+    pub(crate) process: String,
+    pub(crate) key: String,
+    pub(crate) running: bool,
+    pub(crate) token: Option<i64>,
+    pub(crate) session: Option<i64>,
+    /// The engine's own row, handed back for the leases that hold it.
+    pub(crate) row: R,
+}
+
+/// Each lease's row by position in `batch`, `None` where the lease no longer
+/// holds its key or its session is not in `live`. Fencing tokens are unique
+/// across all leases, so a token names one lease; a lease repeated in the batch
+/// keeps only its first position (the repeat is refused as lost).
+pub(crate) fn match_leases<R>(
+    batch: &[LeaseComplete<'_>],
+    live: &[i64],
+    found: impl IntoIterator<Item = Found<R>>,
+) -> Vec<Option<R>> {
+    let mut position = HashMap::with_capacity(batch.len());
+    for (n, params) in batch.iter().enumerate() {
+        position.entry(params.lease.token.0).or_insert(n);
+    }
+    let mut rows: Vec<Option<R>> = batch.iter().map(|_| None).collect();
+    for found in found {
+        let Some(&n) = found.token.and_then(|t| position.get(&t)) else {
+            continue;
+        };
+        let lease = batch[n].lease;
+        let holds = found.running
+            && found.session == Some(lease.session.0)
+            && live.contains(&lease.session.0)
+            && found.process == lease.process
+            && found.key == lease.key;
+        if holds {
+            rows[n] = Some(found.row);
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+    use crate::store::{FencingToken, Lease, Outcome, SessionId};
+
+    fn lease(key: &str, token: i64, session: i64) -> Lease {
+        Lease {
+            session: SessionId(session),
+            process: "p".into(),
+            key: key.into(),
+            token: FencingToken(token),
+            attempt: 1,
+            priority: 0,
+            enqueued_at: Utc::now(),
+            started_at: Utc::now(),
+        }
+    }
+
+    fn found(key: &str, running: bool, token: i64, session: i64) -> Found<&'static str> {
+        Found {
+            process: "p".into(),
+            key: key.into(),
+            running,
+            token: Some(token),
+            session: Some(session),
+            row: "row",
+        }
+    }
+
+    #[test]
+    fn only_running_rows_under_the_same_token_session_and_key_hold() {
+        let leases = [
+            lease("held", 1, 7),
+            lease("requeued", 2, 7),
+            lease("retoken", 3, 7),
+            lease("stolen", 4, 7),
+            lease("dead", 5, 8),
+            lease("forged", 6, 7),
+            lease("held", 1, 7),
+        ];
+        let done = Outcome::Done;
+        let batch: Vec<_> = leases
+            .iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &done,
+            })
+            .collect();
+        let rows = match_leases(
+            &batch,
+            &[7],
+            [
+                found("held", true, 1, 7),
+                found("requeued", false, 2, 7),
+                found("retoken", true, 33, 7),
+                found("stolen", true, 4, 9),
+                found("dead", true, 5, 8),
+                found("other", true, 6, 7),
+            ],
+        );
+        let held: Vec<bool> = rows.iter().map(Option::is_some).collect();
+        assert_eq!(held, [true, false, false, false, false, false, false]);
+    }
+}
