@@ -173,6 +173,81 @@ async fn dirty_key_runs_once_more_after_done() {
 }
 
 #[tokio::test]
+async fn a_batch_of_new_keys_is_all_pending_with_one_enqueued_event_each() {
+    each_engine(|db| async move {
+        // Both a batch for an idle process and one whose keys lie past every
+        // existing key, so an engine's all-new path is taken if it has one.
+        for batch in [&["k1", "k2", "k3", "k2"][..], &["k4", "k6", "k5"]] {
+            let report = db
+                .store
+                .item_enqueue(ItemEnqueue::new(P, batch.iter().copied()))
+                .await
+                .expect("enqueue");
+            assert_eq!((report.pending, report.dirty), (3, 0), "{batch:?}");
+        }
+        for key in ["k1", "k2", "k3", "k4", "k5", "k6"] {
+            assert_eq!(
+                item(&db.store, key).await.expect(key).state,
+                ItemState::Pending
+            );
+        }
+        assert_eq!(events(&db.store, "k1").await, [EventKind::Enqueued]);
+        assert_eq!(
+            events(&db.store, "k2").await,
+            [EventKind::Enqueued],
+            "once per batch"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_batch_mixing_new_pending_running_and_parked_keys_coalesces_each() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["parked", "running"]).await;
+        let mut leases = claim(&db.store, s.id, 2).await;
+        leases.sort_by(|a, b| a.key.cmp(&b.key));
+        complete(&db.store, &leases[0], Outcome::Permanent("bad".into()))
+            .await
+            .expect("park");
+        let later = ItemEnqueue::new(P, ["pending"]).after(secs(60)).priority(3);
+        db.store.item_enqueue(later).await.expect("enqueue");
+        let batch = ["new", "pending", "running", "parked", "new"];
+        let report = db
+            .store
+            .item_enqueue(ItemEnqueue::new(P, batch))
+            .await
+            .expect("enqueue");
+        assert_eq!((report.pending, report.dirty), (3, 1));
+        let pending = item(&db.store, "pending").await.expect("pending");
+        assert_eq!(pending.priority, 3, "the higher priority stays");
+        assert!(item(&db.store, "running").await.expect("running").dirty);
+        for key in ["new", "parked"] {
+            assert_eq!(
+                item(&db.store, key).await.expect(key).state,
+                ItemState::Pending
+            );
+        }
+        assert_eq!(events(&db.store, "new").await, [EventKind::Enqueued]);
+        let s2 = db.session().await;
+        let claimed = claim(&db.store, s2.id, 10).await;
+        let mut ready = keys(&claimed);
+        assert_eq!(
+            ready[0], "pending",
+            "the higher priority and earlier ready time won"
+        );
+        ready.sort_unstable();
+        assert_eq!(
+            ready,
+            ["new", "parked", "pending"],
+            "the parked key is revived"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn claims_follow_priority_then_ready_time_then_fifo() {
     each_engine(|db| async move {
         let s = db.session().await;

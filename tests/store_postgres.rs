@@ -1,11 +1,12 @@
-//! PostgreSQL-only behaviour, beyond the shared contract: `NOTIFY` on enqueue.
-//! Skipped (with a message) unless `DROVER_TEST_POSTGRES_URL` is set.
+//! PostgreSQL-only behaviour, beyond the shared contract: `NOTIFY` on enqueue,
+//! and the all-new-keys enqueue losing a race to a concurrent one. Skipped
+//! (with a message) unless `DROVER_TEST_POSTGRES_URL` is set.
 
 mod support;
 
 use std::time::Duration;
 
-use drover::store::{ItemEnqueue, PostgresStore, StoreEngine as _};
+use drover::store::{HistoryList, ItemEnqueue, PostgresStore, StoreEngine as _};
 
 #[tokio::test]
 async fn an_enqueue_notifies_the_process_channel_on_commit() {
@@ -29,6 +30,66 @@ async fn an_enqueue_notifies_the_process_channel_on_commit() {
     assert_eq!(note.channel(), channel);
     db.store.close().await;
     drop(listener);
+    support::drop_schema(&base, &schema).await;
+}
+
+/// A key that another transaction inserts after the enqueue checked for
+/// existing keys (so it takes the plain insert) and commits while the insert
+/// waits on it: the enqueue starts over and coalesces instead of failing,
+/// and the keys get one `enqueued` event each.
+#[tokio::test]
+async fn an_all_new_batch_that_loses_a_race_for_a_key_coalesces_with_it() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    let mut rival = pool.begin().await.expect("begin");
+    let rival_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *rival)
+        .await
+        .expect("rival pid");
+    sqlx::query(
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         VALUES ('provision', 'k2', 'pending', now(), now())",
+    )
+    .execute(&mut *rival)
+    .await
+    .expect("rival insert");
+    let store = db.store.clone();
+    let enqueue = tokio::spawn(async move {
+        store
+            .item_enqueue(ItemEnqueue::new("provision", ["k1", "k2", "k3"]))
+            .await
+    });
+    // The plain insert blocks on the rival's uncommitted row.
+    let waiting =
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))";
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !sqlx::query_scalar::<_, bool>(waiting)
+            .bind(rival_pid)
+            .fetch_one(&pool)
+            .await
+            .expect("pg_locks")
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the enqueue waits for the rival");
+    rival.commit().await.expect("rival commits");
+    let report = enqueue.await.expect("joined").expect("enqueue");
+    assert_eq!((report.pending, report.dirty), (3, 0));
+    let list = HistoryList {
+        process: Some("provision".into()),
+        limit: 10,
+        ..HistoryList::default()
+    };
+    let events = db.store.history_list(list).await.expect("history");
+    let mut keys: Vec<_> = events.iter().map(|e| e.key.as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["k1", "k2", "k3"], "the lost attempt left no history");
+    db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }
 

@@ -38,6 +38,8 @@ pub(crate) struct Settings {
     pub(crate) process: String,
     pub(crate) component: String,
     pub(crate) parallelism: usize,
+    /// Leases held beyond the running ones; `None`: as many as `parallelism`.
+    pub(crate) prefetch: Option<usize>,
     pub(crate) ttl: Duration,
     pub(crate) timeout: Option<Duration>,
     pub(crate) shutdown_deadline: Duration,
@@ -46,6 +48,11 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// How many leases may wait in the claim loop's buffer.
+    pub(crate) fn prefetch(&self) -> usize {
+        self.prefetch.unwrap_or(self.parallelism)
+    }
+
     /// Heartbeats run every TTL/3 (DESIGN.md rule 6).
     pub(crate) fn heartbeat_every(&self) -> Duration {
         self.ttl / 3
@@ -86,6 +93,7 @@ impl<R: Reconciler> ControllerBuilder<R> {
                 process: process.into(),
                 component: "drover".into(),
                 parallelism: 1,
+                prefetch: None,
                 ttl: Duration::from_secs(10),
                 timeout: None,
                 shutdown_deadline: Duration::from_secs(30),
@@ -106,6 +114,18 @@ impl<R: Reconciler> ControllerBuilder<R> {
     /// database connections and more of the reconciler's downstream.
     pub fn parallelism(mut self, parallelism: usize) -> Self {
         self.settings.parallelism = parallelism;
+        self
+    }
+
+    /// How many keys this controller may hold leased beyond those running:
+    /// claimed ahead, so a run that ends is followed by the next without a
+    /// database round trip, and claims come in bigger batches (fewer
+    /// transactions per key). Default: as many as the parallelism. 0 claims
+    /// only for free slots. More raises throughput when reconciles are quick,
+    /// but a prefetched key waits here, leased, while another node might have
+    /// run it; at shutdown or on session loss unstarted keys go back to pending.
+    pub fn prefetch(mut self, prefetch: usize) -> Self {
+        self.settings.prefetch = Some(prefetch);
         self
     }
 

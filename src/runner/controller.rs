@@ -1,6 +1,7 @@
 //! [`Controller`]: the claim loop, its background services, and graceful
 //! shutdown.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use super::completer::Completer;
 use super::config::{ControllerBuilder, Settings};
+use super::finished::Finished;
 use super::metrics::RunnerMetrics;
 use super::reconciler::Reconciler;
 use super::run::Run;
@@ -19,7 +21,8 @@ use super::source::Source;
 use super::wake::Wake;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Lease, LeaseClaim, LeaseLock, ProcessConfigure, Store, StoreEngine as _, StoreError,
+    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Store, StoreEngine as _,
+    StoreError,
 };
 
 /// A control loop: workers that claim keys of one process from the store and run
@@ -158,6 +161,8 @@ impl<R: Reconciler> Controller<R> {
             settings: self.settings.clone(),
             metrics,
             completer,
+            writing: Arc::new(Semaphore::new(super::run::OUTCOMES_IN_WRITING)),
+            finished: matches!(self.source, Source::Query(_)).then(Finished::default),
             force: force.clone(),
         });
         let runs = TaskTracker::new();
@@ -180,6 +185,12 @@ impl<R: Reconciler> Controller<R> {
 
     /// Claims while there are free slots, a live session and work; returns when
     /// `shutdown` fires.
+    ///
+    /// Claimed leases wait in `ready` (at most the prefetch beyond the free
+    /// slots) and start as slots free up; a claim is made only when `ready`
+    /// cannot fill the free slots. Leases of a session that was lost are
+    /// dropped unstarted (another node reclaims them); those still waiting at
+    /// shutdown go back to pending when the session is closed.
     async fn claim_loop(
         &self,
         shutdown: &CancellationToken,
@@ -189,6 +200,8 @@ impl<R: Reconciler> Controller<R> {
         runs: &TaskTracker,
     ) {
         let slots = Arc::new(Semaphore::new(self.settings.parallelism));
+        let prefetch = self.settings.prefetch();
+        let mut ready: VecDeque<Lease> = VecDeque::new();
         let mut idle = false;
         loop {
             let permits = tokio::select! {
@@ -201,10 +214,15 @@ impl<R: Reconciler> Controller<R> {
                 () = shutdown.cancelled() => return,
                 session = current(&mut live) => session,
             };
+            ready.retain(|lease| lease.session == session.id);
+            if ready.len() >= permits.len() {
+                start(&mut ready, permits, &session, run, runs);
+                continue;
+            }
             // Registered before the claim, so an enqueue during it is not missed.
             let woken = wake.notified();
-            let asked = permits.len();
-            let leases = match self.claim(&session, asked).await {
+            let asked = permits.len() + prefetch - ready.len();
+            let leases = match self.claim(&session, asked, run.finished.as_ref()).await {
                 Ok(leases) => leases,
                 Err(e) => {
                     tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
@@ -212,10 +230,9 @@ impl<R: Reconciler> Controller<R> {
                 }
             };
             let claimed = leases.len();
-            for (lease, permit) in leases.into_iter().zip(permits) {
-                runs.spawn(Arc::clone(run).execute(lease, session.token.child_token(), permit));
-            }
-            if claimed == asked {
+            ready.extend(leases);
+            start(&mut ready, permits, &session, run, runs);
+            if claimed == asked || !ready.is_empty() {
                 idle = false;
                 continue;
             }
@@ -244,7 +261,12 @@ impl<R: Reconciler> Controller<R> {
         }
     }
 
-    async fn claim(&self, session: &Live, max: usize) -> Result<Vec<Lease>, StoreError> {
+    async fn claim(
+        &self,
+        session: &Live,
+        max: usize,
+        finished: Option<&Finished>,
+    ) -> Result<Vec<Lease>, StoreError> {
         let max = u32::try_from(max).unwrap_or(u32::MAX);
         let process = &self.settings.process;
         match &self.source {
@@ -257,6 +279,10 @@ impl<R: Reconciler> Controller<R> {
                 self.store.lease_claim(params).await
             }
             Source::Query(query) => {
+                // Runs of a query source always record their endings.
+                let unrecorded = Finished::default();
+                let finished = finished.unwrap_or(&unrecorded);
+                finished.begin();
                 let keys = match query(self.store.clone(), max).await {
                     Ok(keys) => keys,
                     Err(e) => {
@@ -264,23 +290,29 @@ impl<R: Reconciler> Controller<R> {
                         return Ok(Vec::new());
                     }
                 };
-                self.lock_candidates(session, keys, max as usize).await
+                self.lock_candidates(session, keys, max as usize, finished)
+                    .await
             }
         }
     }
 
     /// Locks candidates one by one until `max` are held, skipping keys that are
-    /// leased, backing off or parked.
+    /// leased, backing off or parked, and keys whose run on this node ended
+    /// since the query began (see [`Finished`]).
     async fn lock_candidates(
         &self,
         session: &Live,
         keys: Vec<String>,
         max: usize,
+        finished: &Finished,
     ) -> Result<Vec<Lease>, StoreError> {
         let mut leases = Vec::new();
         for key in keys {
             if leases.len() == max {
                 break;
+            }
+            if finished.contains(&key) {
+                continue;
             }
             let params = LeaseLock {
                 session: session.id,
@@ -288,6 +320,13 @@ impl<R: Reconciler> Controller<R> {
                 key,
             };
             match self.store.lease_lock(params).await {
+                Ok(lease) if finished.contains(&lease.key) => {
+                    // Its last run ended between the check above and the lock.
+                    let release = self.store.lease_release(LeaseRelease { lease: &lease });
+                    if let Err(e) = release.await {
+                        tracing::warn!(key = %lease.key, error = %e, "cannot release a stale candidate; it will expire");
+                    }
+                }
                 Ok(lease) => leases.push(lease),
                 Err(
                     StoreError::AlreadyLeased { .. }
@@ -305,6 +344,23 @@ impl<R: Reconciler> Controller<R> {
             }
         }
         Ok(leases)
+    }
+}
+
+/// Starts a run for each free slot that a waiting lease can fill, oldest lease
+/// first; slots left over are given back.
+fn start<R: Reconciler>(
+    ready: &mut VecDeque<Lease>,
+    permits: Vec<OwnedSemaphorePermit>,
+    session: &Live,
+    run: &Arc<Run<R>>,
+    runs: &TaskTracker,
+) {
+    for permit in permits {
+        let Some(lease) = ready.pop_front() else {
+            return;
+        };
+        runs.spawn(Arc::clone(run).execute(lease, session.token.child_token(), permit));
     }
 }
 

@@ -20,6 +20,7 @@ mod completer;
 mod config;
 mod controller;
 mod error;
+mod finished;
 pub(crate) mod metrics;
 mod reconciler;
 mod run;

@@ -5,16 +5,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::completer::{Completer, Written};
 use super::config::Settings;
 use super::error::outcome_of;
+use super::finished::Finished;
 use super::metrics::RunnerMetrics;
 use super::reconciler::{Reconciler, Task};
 use crate::store::{Lease, LeaseRelease, Outcome, Store, StoreEngine as _};
+
+/// How many outcomes may wait for the completer at once, across a controller's
+/// runs: two full batches, one being written and one filling.
+pub(crate) const OUTCOMES_IN_WRITING: usize = 2 * super::completer::MAX_BATCH;
 
 /// What a controller's runs share.
 pub(crate) struct Run<R> {
@@ -24,6 +29,13 @@ pub(crate) struct Run<R> {
     pub(crate) metrics: RunnerMetrics,
     /// Writes outcomes, many runs per transaction.
     pub(crate) completer: Completer,
+    /// Outcomes reconciled but not yet written ([`OUTCOMES_IN_WRITING`] at
+    /// most): a run gives its slot back as soon as its reconcile returns, so
+    /// the next key starts while the outcome waits for the completer's commit,
+    /// and this bound is what pushes back when the database falls behind.
+    pub(crate) writing: Arc<Semaphore>,
+    /// Keys whose reconcile returned, for a query source's next locks.
+    pub(crate) finished: Option<Finished>,
     /// Cancelled when shutdown's deadline passes.
     pub(crate) force: CancellationToken,
 }
@@ -38,7 +50,10 @@ enum Ended {
 }
 
 impl<R: Reconciler> Run<R> {
-    /// Runs `lease`'s key; `permit` holds its slot until the outcome is written.
+    /// Runs `lease`'s key; `permit` holds its slot until the reconcile returns
+    /// (and, when [`OUTCOMES_IN_WRITING`] outcomes already wait, until one of
+    /// them is written). The key stays leased until its outcome is written, so
+    /// it cannot run twice meanwhile.
     pub(crate) async fn execute(
         self: Arc<Self>,
         lease: Lease,
@@ -55,7 +70,17 @@ impl<R: Reconciler> Run<R> {
         self.metrics.in_flight.end(lease.token);
         queue.work_duration.observe(started.elapsed().as_secs_f64());
         match ended {
-            Ended::Outcome(outcome) => self.complete(&lease, outcome, &token).await,
+            Ended::Outcome(outcome) => {
+                if let Some(finished) = &self.finished {
+                    finished.record(&lease.key);
+                }
+                // The semaphore is never closed, so acquiring cannot fail.
+                let writing = Arc::clone(&self.writing).acquire_owned().await;
+                drop(permit);
+                self.complete(&lease, outcome, &token).await;
+                drop(writing);
+                return;
+            }
             Ended::Released => {
                 self.metrics.outcome("canceled");
                 let release = self.store.lease_release(LeaseRelease { lease: &lease });

@@ -6,7 +6,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::error::Db as _;
 use super::retry::retry;
-use super::{admin, complete, inspect, items, leases, sessions};
+use super::{admin, complete, enqueue, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
@@ -131,7 +131,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
-        retry(|| items::enqueue(self, &params)).await
+        retry(|| enqueue::enqueue(self, &params)).await
     }
 
     async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {

@@ -7,7 +7,9 @@
 mod admin;
 mod complete;
 mod connect;
+mod copy_rows;
 mod engine;
+mod enqueue;
 mod error;
 mod inspect;
 mod items;

@@ -32,8 +32,16 @@ ON CONFLICT (process, key) DO UPDATE SET
   dirty_priority = CASE i.state WHEN 'running'
       THEN MAX(COALESCE(i.dirty_priority, excluded.priority), excluded.priority)
       ELSE i.dirty_priority END,
-  state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END
-RETURNING state";
+  state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END";
+
+/// How many keys of the batch `?2` are running (the upsert marks them dirty).
+/// Every other key ends up pending, so this and the batch's size give the
+/// report without `RETURNING` a row per key (a tenth of the enqueue's time).
+/// `+key` keeps the search on the process's running rows; the batch's keys
+/// are gathered (once) only when there is a running row to look up.
+const RUNNING: &str = "
+SELECT count(*) FROM drover_items
+WHERE process = ?1 AND state = 'running' AND +key IN (SELECT value FROM json_each(?2))";
 
 pub(super) async fn enqueue(
     store: &SqliteStore,
@@ -43,18 +51,26 @@ pub(super) async fn enqueue(
     if keys.is_empty() {
         return Ok(EnqueueReport::default());
     }
-    let keys = serde_json::Value::from(keys).to_string();
+    let count = keys.len() as u64;
+    // Straight to text: no intermediate `serde_json::Value` (a string per key).
+    let keys = serde_json::to_string(&keys).expect("a list of strings always serializes");
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
+    let running: i64 = sqlx::query_scalar(RUNNING)
+        .bind(&params.process)
+        .bind(&keys)
+        .fetch_one(&mut *tx)
+        .await
+        .db()?;
     let ready_at = now.saturating_add(duration_ms(params.after));
-    let states: Vec<String> = sqlx::query_scalar(UPSERT)
+    sqlx::query(UPSERT)
         .bind(&params.process)
         .bind(params.priority)
         .bind(ready_at)
         .bind(now)
         .bind(&keys)
         .bind(params.bypass_backoff)
-        .fetch_all(&mut *tx)
+        .execute(&mut *tx)
         .await
         .db()?;
     sqlx::query(
@@ -68,9 +84,10 @@ pub(super) async fn enqueue(
     .await
     .db()?;
     tx.commit().await.db()?;
-    let dirty = states.iter().filter(|s| *s == "running").count() as u64;
+    // A count of rows is never negative.
+    let dirty = running.unsigned_abs();
     Ok(EnqueueReport {
-        pending: states.len() as u64 - dirty,
+        pending: count - dirty,
         dirty,
     })
 }
