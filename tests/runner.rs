@@ -375,6 +375,62 @@ async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetched_keys_wait_leased_and_go_back_to_pending_at_shutdown() {
+    for prefetch in [0, 2] {
+        each_engine(move |db| async move {
+            let keys = ["a", "b", "c", "d"];
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let stuck = move |task: Task| {
+                let tx = tx.clone();
+                async move {
+                    tx.send(task.key().to_owned()).unwrap();
+                    std::future::pending::<()>().await;
+                    Ok::<_, BoxError>(Action::Done)
+                }
+            };
+            let running = Running::start(
+                controller(&db.store, stuck)
+                    .parallelism(1)
+                    .prefetch(prefetch)
+                    .shutdown_deadline(ms(200)),
+            );
+            enqueue(&db.store, &keys).await;
+            assert_eq!(recv(&mut rx).await, keys[0], "FIFO: the first key runs");
+            // The claim that started it also took `prefetch` more, in order.
+            for (n, key) in keys.iter().enumerate() {
+                let state = item(&db, key).await.expect("an item").item.state;
+                let leased = n <= prefetch;
+                let expected = if leased {
+                    ItemState::Running
+                } else {
+                    ItemState::Pending
+                };
+                assert_eq!(state, expected, "prefetch {prefetch}: {key}");
+            }
+            running.stop().await;
+            for key in &keys {
+                let detail = item(&db, key).await.expect("still an item");
+                assert_eq!(
+                    detail.item.state,
+                    ItemState::Pending,
+                    "{key} back to pending"
+                );
+                assert_eq!(detail.item.failures, 0, "{key}: not a failure");
+            }
+            for key in &keys[1..=prefetch] {
+                assert_eq!(
+                    events(&db, key, EventKind::Canceled).await.len(),
+                    1,
+                    "{key} was released unstarted"
+                );
+            }
+            assert!(rx.try_recv().is_err(), "only the first key ever ran");
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_session_stops_the_run_and_discards_its_result() {
     each_engine(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();

@@ -172,31 +172,53 @@ async fn dirty_key_runs_once_more_after_done() {
     .await;
 }
 
+/// `n` keys `{prefix}0000`, `{prefix}0001`, …: enough of them push a batch
+/// onto an engine's bulk path (PostgreSQL's `COPY`, from 1,000 keys).
+fn filler(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i:04}")).collect()
+}
+
 #[tokio::test]
 async fn a_batch_of_new_keys_is_all_pending_with_one_enqueued_event_each() {
     each_engine(|db| async move {
-        // Both a batch for an idle process and one whose keys lie past every
-        // existing key, so an engine's all-new path is taken if it has one.
-        for batch in [&["k1", "k2", "k3", "k2"][..], &["k4", "k6", "k5"]] {
+        // Small and bulk batches, each both for an idle process and with keys
+        // past every existing key, so an engine's all-new path is taken if it
+        // has one.
+        let small: [Vec<String>; 2] = [
+            ["k1", "k2", "k3", "k2"].map(String::from).to_vec(),
+            ["k4", "k6", "k5"].map(String::from).to_vec(),
+        ];
+        let bulk = [
+            [filler("m", 1000), vec!["m0001".into()]].concat(),
+            filler("n", 1000),
+        ];
+        for (batch, new) in small
+            .iter()
+            .map(|b| (b, 3))
+            .chain(bulk.iter().map(|b| (b, 1000)))
+        {
             let report = db
                 .store
-                .item_enqueue(ItemEnqueue::new(P, batch.iter().copied()))
+                .item_enqueue(ItemEnqueue::new(P, batch.iter().cloned()))
                 .await
                 .expect("enqueue");
-            assert_eq!((report.pending, report.dirty), (3, 0), "{batch:?}");
+            assert_eq!((report.pending, report.dirty), (new, 0), "{}", batch[0]);
         }
-        for key in ["k1", "k2", "k3", "k4", "k5", "k6"] {
+        for key in [
+            "k1", "k2", "k3", "k4", "k5", "k6", "m0000", "m0999", "n0500",
+        ] {
             assert_eq!(
                 item(&db.store, key).await.expect(key).state,
                 ItemState::Pending
             );
         }
-        assert_eq!(events(&db.store, "k1").await, [EventKind::Enqueued]);
-        assert_eq!(
-            events(&db.store, "k2").await,
-            [EventKind::Enqueued],
-            "once per batch"
-        );
+        for key in ["k1", "k2", "m0001", "n0999"] {
+            assert_eq!(
+                events(&db.store, key).await,
+                [EventKind::Enqueued],
+                "{key}: once per batch"
+            );
+        }
     })
     .await;
 }
@@ -213,13 +235,21 @@ async fn a_batch_mixing_new_pending_running_and_parked_keys_coalesces_each() {
             .expect("park");
         let later = ItemEnqueue::new(P, ["pending"]).after(secs(60)).priority(3);
         db.store.item_enqueue(later).await.expect("enqueue");
-        let batch = ["new", "pending", "running", "parked", "new"];
+        let batch = ["new", "pending", "running", "parked", "new"].map(String::from);
+        // With fillers after it, the same batch again on the bulk path.
         let report = db
             .store
-            .item_enqueue(ItemEnqueue::new(P, batch))
+            .item_enqueue(ItemEnqueue::new(P, batch.clone()))
             .await
             .expect("enqueue");
         assert_eq!((report.pending, report.dirty), (3, 1));
+        let bulk = [batch.to_vec(), filler("z", 1000)].concat();
+        let report = db
+            .store
+            .item_enqueue(ItemEnqueue::new(P, bulk))
+            .await
+            .expect("bulk enqueue");
+        assert_eq!((report.pending, report.dirty), (1003, 1));
         let pending = item(&db.store, "pending").await.expect("pending");
         assert_eq!(pending.priority, 3, "the higher priority stays");
         assert!(item(&db.store, "running").await.expect("running").dirty);
@@ -229,9 +259,12 @@ async fn a_batch_mixing_new_pending_running_and_parked_keys_coalesces_each() {
                 ItemState::Pending
             );
         }
-        assert_eq!(events(&db.store, "new").await, [EventKind::Enqueued]);
+        assert_eq!(
+            events(&db.store, "new").await,
+            [EventKind::Enqueued, EventKind::Enqueued]
+        );
         let s2 = db.session().await;
-        let claimed = claim(&db.store, s2.id, 10).await;
+        let claimed = claim(&db.store, s2.id, 3).await;
         let mut ready = keys(&claimed);
         assert_eq!(
             ready[0], "pending",
@@ -241,7 +274,7 @@ async fn a_batch_mixing_new_pending_running_and_parked_keys_coalesces_each() {
         assert_eq!(
             ready,
             ["new", "parked", "pending"],
-            "the parked key is revived"
+            "the parked key is revived (and the fillers, enqueued later, wait)"
         );
     })
     .await;

@@ -57,9 +57,15 @@ async fn an_all_new_batch_that_loses_a_race_for_a_key_coalesces_with_it() {
     .await
     .expect("rival insert");
     let store = db.store.clone();
+    // Enough keys for the bulk (`COPY`) path, k2 among them.
+    let batch: Vec<String> = ["k1", "k2", "k3"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..1000).map(|i| format!("m{i:04}")))
+        .collect();
     let enqueue = tokio::spawn(async move {
         store
-            .item_enqueue(ItemEnqueue::new("provision", ["k1", "k2", "k3"]))
+            .item_enqueue(ItemEnqueue::new("provision", batch))
             .await
     });
     // The plain insert blocks on the rival's uncommitted row.
@@ -79,16 +85,21 @@ async fn an_all_new_batch_that_loses_a_race_for_a_key_coalesces_with_it() {
     .expect("the enqueue waits for the rival");
     rival.commit().await.expect("rival commits");
     let report = enqueue.await.expect("joined").expect("enqueue");
-    assert_eq!((report.pending, report.dirty), (3, 0));
+    assert_eq!((report.pending, report.dirty), (1003, 0));
     let list = HistoryList {
         process: Some("provision".into()),
-        limit: 10,
+        limit: 2000,
         ..HistoryList::default()
     };
     let events = db.store.history_list(list).await.expect("history");
-    let mut keys: Vec<_> = events.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(events.len(), 1003, "the lost attempt left no history");
+    let mut keys: Vec<_> = events
+        .iter()
+        .map(|e| e.key.as_str())
+        .filter(|k| k.starts_with('k'))
+        .collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["k1", "k2", "k3"], "the lost attempt left no history");
+    assert_eq!(keys, ["k1", "k2", "k3"], "one event each");
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

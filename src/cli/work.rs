@@ -27,6 +27,11 @@ pub(crate) struct Args {
     /// Keys run at once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     parallelism: u16,
+    /// Keys claimed ahead beyond those running, so the next command starts
+    /// without a database round trip (default: the parallelism; 0 claims only
+    /// for free slots). Prefetched keys wait leased on this worker.
+    #[arg(long, conflicts_with = "server")]
+    prefetch: Option<u16>,
     /// Session TTL: a dead worker's keys run elsewhere this long after it died.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     ttl: Duration,
@@ -93,6 +98,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .shutdown_deadline(args.shutdown_deadline);
     if let Some(timeout) = args.timeout {
         builder = builder.timeout(timeout);
+    }
+    if let Some(prefetch) = args.prefetch {
+        builder = builder.prefetch(usize::from(prefetch));
     }
     if let Some(backoff) = backoff {
         builder = builder.backoff(backoff);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use super::checkpoint::Checkpoints;
 use super::engine::SqliteStore;
 use super::error::map;
 use crate::store::{Clock, StoreError, StoreOptions, migrate};
@@ -25,6 +26,18 @@ const CACHE_SIZE: &str = "-65536";
 /// of copied out of the OS cache for every statement.
 const MMAP_SIZE: &str = "1073741824";
 
+/// The WAL size (in pages) at which the writer checkpoints in its own commit:
+/// ten times SQLite's default, as a backstop. The background task
+/// ([`Checkpoints`]) copies frames as they come, but under a steady stream of
+/// writes it never finds the WAL quiet, so only a checkpoint on the writer —
+/// quick, the copying is mostly done — lets the WAL start over from its
+/// beginning instead of growing for as long as the load lasts.
+const WRITER_CHECKPOINT_PAGES: &str = "10000";
+
+/// After a checkpoint lets it start over, the WAL file is cut back to this many
+/// bytes, so a burst does not hold its disk space for good.
+const JOURNAL_SIZE_LIMIT: &str = "67108864";
+
 impl SqliteStore {
     /// Opens (creating if missing) the SQLite database at `url` (`sqlite://PATH`,
     /// `sqlite:///ABSOLUTE/PATH` or `sqlite::memory:`) and checks or applies the
@@ -41,22 +54,20 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .pragma("cache_size", CACHE_SIZE)
-            .pragma("mmap_size", MMAP_SIZE);
+            .pragma("mmap_size", MMAP_SIZE)
+            .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
-        let open = |pool: SqlitePoolOptions| {
-            let connect = connect.clone();
-            async move {
-                tokio::time::timeout(options.connect_timeout, pool.connect_with(connect))
-                    .await
-                    .map_err(|_| StoreError::ConnectTimeout {
-                        url: url.to_owned(),
-                        timeout: options.connect_timeout,
-                    })?
-                    .map_err(|source| StoreError::Connect {
-                        url: url.to_owned(),
-                        source: source.into(),
-                    })
-            }
+        let open = |pool: SqlitePoolOptions, connect: SqliteConnectOptions| async move {
+            tokio::time::timeout(options.connect_timeout, pool.connect_with(connect))
+                .await
+                .map_err(|_| StoreError::ConnectTimeout {
+                    url: url.to_owned(),
+                    timeout: options.connect_timeout,
+                })?
+                .map_err(|source| StoreError::Connect {
+                    url: url.to_owned(),
+                    source: source.into(),
+                })
         };
         if memory {
             let pool = open(
@@ -65,19 +76,24 @@ impl SqliteStore {
                     .min_connections(1)
                     .idle_timeout(None)
                     .max_lifetime(None),
+                connect,
             )
             .await?;
             migrate_pool(&pool, options.migrate).await?;
             return Ok(Self {
                 writer: pool.clone(),
                 pool,
+                _checkpoints: None,
                 clock: Clock::default(),
             });
         }
-        let pool = open(SqlitePoolOptions::new().max_connections(options.max_connections)).await?;
+        let readers = SqlitePoolOptions::new().max_connections(options.max_connections);
+        let pool = open(readers, connect.clone()).await?;
         migrate_pool(&pool, options.migrate).await?;
-        let writer = open(SqlitePoolOptions::new().max_connections(1)).await?;
+        let writer = connect.pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES);
+        let writer = open(SqlitePoolOptions::new().max_connections(1), writer).await?;
         Ok(Self {
+            _checkpoints: Some(Checkpoints::start(pool.clone())),
             pool,
             writer,
             clock: Clock::default(),

@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
+use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
 use super::{admin, complete, inspect, items, leases, sessions};
@@ -36,6 +37,8 @@ pub struct SqliteStore {
     /// is released, in arrival order. Other processes on the same file still
     /// meet this one on the busy timeout.
     pub(super) writer: SqlitePool,
+    /// The WAL checkpoint task of a file database, stopped with the last clone.
+    pub(super) _checkpoints: Option<Checkpoints>,
     pub(super) clock: Clock,
 }
 

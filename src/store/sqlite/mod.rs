@@ -4,6 +4,7 @@
 //! locked", and times stored as integer milliseconds of the database clock.
 
 mod admin;
+mod checkpoint;
 mod complete;
 mod connect;
 mod engine;
