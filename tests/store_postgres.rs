@@ -1,5 +1,6 @@
 //! PostgreSQL-only behaviour, beyond the shared contract: `NOTIFY` on enqueue,
-//! and the all-new-keys enqueue losing a race to a concurrent one. Skipped
+//! the all-new-keys enqueue losing a race to a concurrent one, and statistics
+//! refreshed after bulk enqueues. Skipped
 //! (with a message) unless `DROVER_TEST_POSTGRES_URL` is set.
 
 mod support;
@@ -100,6 +101,42 @@ async fn an_all_new_batch_that_loses_a_race_for_a_key_coalesces_with_it() {
         .collect();
     keys.sort_unstable();
     assert_eq!(keys, ["k1", "k2", "k3"], "one event each");
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// The planner must not keep believing a process is empty after a burst of
+/// enqueues (it then reads every pending row per claim), so the store runs
+/// `ANALYZE` itself rather than waiting for autovacuum (`last_autoanalyze`).
+#[tokio::test]
+async fn a_bulk_enqueue_refreshes_the_planner_statistics() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    let analyzed = "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables
+                    WHERE relname = 'drover_items' AND schemaname = current_schema()";
+    let before: bool = sqlx::query_scalar(analyzed).fetch_one(&pool).await.unwrap();
+    assert!(!before, "a fresh schema was never analysed");
+    for batch in 0..6 {
+        let keys = (0..10_000).map(|i| format!("k{batch}-{i:05}"));
+        db.store
+            .item_enqueue(ItemEnqueue::new("burst", keys))
+            .await
+            .expect("enqueue");
+    }
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !sqlx::query_scalar::<_, bool>(analyzed)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("drover_items analysed after 60,000 enqueued keys");
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

@@ -1,6 +1,7 @@
 //! Opening a PostgreSQL database: a bounded connect, the migrations.
 
 use std::str::FromStr as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -32,6 +33,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             clock: Clock::default(),
+            statistics: Arc::default(),
         })
     }
 

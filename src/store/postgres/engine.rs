@@ -1,11 +1,14 @@
 //! [`PostgresStore`] and its [`StoreEngine`] implementation, which delegates each
 //! operation to the file named for its noun, retrying lost races.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::error::Db as _;
 use super::retry::retry;
+use super::statistics::Statistics;
 use super::{admin, complete, enqueue, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
@@ -29,6 +32,8 @@ pub(super) const NOW: &str = "SELECT now() + $1::float8 * interval '1 millisecon
 pub struct PostgresStore {
     pub(super) pool: PgPool,
     pub(super) clock: Clock,
+    /// Keeps the planner's statistics fresh after bulk enqueues.
+    pub(super) statistics: Arc<Statistics>,
 }
 
 impl PostgresStore {

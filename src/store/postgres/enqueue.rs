@@ -104,7 +104,11 @@ pub(super) async fn enqueue(
     let mut fast = true;
     loop {
         match attempt(store, params, &keys, fast).await? {
-            Attempt::Written(report) => return Ok(report),
+            Attempt::Written(report) => {
+                // New or revived pending rows (an upper bound on new ones).
+                store.statistics.inserted(&store.pool, report.pending);
+                return Ok(report);
+            }
             // The racing key exists now, so the upsert coalesces with it; the
             // upsert never races, so this loops at most once.
             Attempt::Raced => {

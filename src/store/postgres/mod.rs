@@ -17,5 +17,6 @@ mod leases;
 mod retry;
 mod rows;
 mod sessions;
+mod statistics;
 
 pub use engine::PostgresStore;
