@@ -115,6 +115,19 @@ where
     }
 }
 
+/// A reconciler that reports each run's key, then never returns (until the
+/// shutdown deadline cancels it).
+fn stuck(tx: mpsc::UnboundedSender<String>) -> impl Reconciler {
+    move |task: Task| {
+        let tx = tx.clone();
+        async move {
+            tx.send(task.key().to_owned()).unwrap();
+            std::future::pending::<()>().await;
+            Ok::<_, BoxError>(Action::Done)
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_enqueued_key_is_reconciled_exactly_once() {
     each_engine(|db| async move {
@@ -328,16 +341,8 @@ async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() 
 async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
     each_engine(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let stuck = move |task: Task| {
-            let tx = tx.clone();
-            async move {
-                tx.send(task.key().to_owned()).unwrap();
-                std::future::pending::<()>().await;
-                Ok::<_, BoxError>(Action::Done)
-            }
-        };
         let running = Running::start(
-            controller(&db.store, stuck)
+            controller(&db.store, stuck(tx))
                 .parallelism(3)
                 .shutdown_deadline(ms(200)),
         );
@@ -380,16 +385,8 @@ async fn prefetched_keys_wait_leased_and_go_back_to_pending_at_shutdown() {
         each_engine(move |db| async move {
             let keys = ["a", "b", "c", "d"];
             let (tx, mut rx) = mpsc::unbounded_channel();
-            let stuck = move |task: Task| {
-                let tx = tx.clone();
-                async move {
-                    tx.send(task.key().to_owned()).unwrap();
-                    std::future::pending::<()>().await;
-                    Ok::<_, BoxError>(Action::Done)
-                }
-            };
             let running = Running::start(
-                controller(&db.store, stuck)
+                controller(&db.store, stuck(tx))
                     .parallelism(1)
                     .prefetch(prefetch)
                     .shutdown_deadline(ms(200)),
