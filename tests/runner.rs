@@ -169,7 +169,10 @@ async fn a_burst_of_enqueues_during_a_run_gives_exactly_one_more_run() {
                 }
             }
         };
-        let running = Running::start(controller(&db.store, reconciler));
+        // No idle poll to fall back on: the completion itself must wake the
+        // claim loop for the re-run.
+        let running =
+            Running::start(controller(&db.store, reconciler).idle_poll(Duration::from_secs(3600)));
         enqueue(&db.store, &["a"]).await;
         assert_eq!(recv(&mut rx).await, "a");
         for _ in 0..100 {
