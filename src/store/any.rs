@@ -160,31 +160,14 @@ impl StoreEngine for Store {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        let process = params.lease.process.clone();
-        dispatch!(self, s => s.lease_complete(params).await)?;
-        super::wakeup::notify(&process);
-        Ok(())
+        dispatch!(self, s => s.lease_complete(params).await)
     }
 
-    /// Also wakes this process's idle controllers of each process that had an
-    /// outcome written: a key enqueued during its run (dirty) is pending again
-    /// from this commit on, and without the hint it would wait for an idle
-    /// poll. (Which outcomes re-queued a key is not reported, so any may wake;
-    /// a woken loop that finds nothing costs one claim.)
     async fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        let results = dispatch!(self, s => s.lease_complete_batch(batch).await)?;
-        let mut woken: Vec<&str> = Vec::new();
-        for (params, result) in batch.iter().zip(&results) {
-            let process = params.lease.process.as_str();
-            if result.is_ok() && !woken.contains(&process) {
-                super::wakeup::notify(process);
-                woken.push(process);
-            }
-        }
-        Ok(results)
+        dispatch!(self, s => s.lease_complete_batch(batch).await)
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

@@ -60,6 +60,14 @@ pub(crate) struct NextRow {
     pub(crate) last_error: Option<String>,
 }
 
+impl NextRow {
+    /// Whether the key is pending and ready by `now`: a re-run that idle
+    /// controllers should be woken for (a key enqueued during its run).
+    pub(crate) fn ready_by(&self, now: DateTime<Utc>) -> bool {
+        !self.parked && self.ready_at <= now
+    }
+}
+
 /// A history event to append.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Event {

@@ -14,6 +14,7 @@ use crate::store::holding::{Found, match_leases};
 use crate::store::params::LeaseComplete;
 use crate::store::settle::{NextRow, Settled, settle};
 use crate::store::types::{Lease, SessionId};
+use crate::store::wakeup;
 
 /// Locks the current row of every lease's key, in id order so concurrent
 /// batches lock alike; whether the lease still holds it (running, same token and
@@ -68,12 +69,17 @@ pub(super) async fn complete_batch(
     let mut rows = held(&mut tx, &live, batch).await?;
     let mut writes = Writes::default();
     let mut seen = HashSet::with_capacity(batch.len());
+    // Processes with a key pending again and ready now (a dirty re-run).
+    let mut ready = HashSet::new();
     let mut results = Vec::with_capacity(batch.len());
     for (params, row) in batch.iter().zip(rows.iter_mut()) {
         let lease = params.lease;
         match row.take().filter(|row| seen.insert(row.id)) {
             Some(row) => {
                 let settled = settle(now, &row.running(), params.outcome);
+                if settled.next.as_ref().is_some_and(|n| n.ready_by(now)) {
+                    ready.insert(lease.process.as_str());
+                }
                 writes.add(row.id, lease, settled);
                 results.push(Ok(()));
             }
@@ -91,6 +97,9 @@ pub(super) async fn complete_batch(
     }
     writes.flush(&mut tx, now).await?;
     commit(tx).await?;
+    for process in ready {
+        wakeup::notify(process);
+    }
     Ok(results)
 }
 

@@ -15,6 +15,7 @@ use crate::store::holding::{Found, match_leases};
 use crate::store::params::LeaseComplete;
 use crate::store::settle::{NextRow, Settled, settle};
 use crate::store::types::{Lease, SessionId};
+use crate::store::wakeup;
 
 /// The running rows leased to the live sessions in `?1` under the tokens in
 /// `?2` (both JSON arrays of integers): one probe of the `(lease_session,
@@ -61,12 +62,21 @@ pub(super) async fn complete_batch(
     let mut rows = held(&mut tx, &live, batch).await?;
     let mut writes = Writes::default();
     let mut seen = HashSet::with_capacity(batch.len());
+    // Processes with a key pending again and ready now (a dirty re-run).
+    let mut ready = HashSet::new();
     let mut results = Vec::with_capacity(batch.len());
     for (params, row) in batch.iter().zip(rows.iter_mut()) {
         let lease = params.lease;
         match row.take().filter(|row| seen.insert(row.id)) {
             Some(row) => {
                 let settled = settle(to_time(now), &row.running(), params.outcome);
+                if settled
+                    .next
+                    .as_ref()
+                    .is_some_and(|n| n.ready_by(to_time(now)))
+                {
+                    ready.insert(lease.process.as_str());
+                }
                 writes.add(row.id, lease, settled);
                 results.push(Ok(()));
             }
@@ -84,6 +94,9 @@ pub(super) async fn complete_batch(
     }
     writes.flush(&mut tx, now).await?;
     tx.commit().await.db()?;
+    for process in ready {
+        wakeup::notify(process);
+    }
     Ok(results)
 }
 
