@@ -123,7 +123,9 @@ impl<R: Reconciler> ControllerBuilder<R> {
     /// transactions per key). Default: as many as the parallelism. 0 claims
     /// only for free slots. More raises throughput when reconciles are quick,
     /// but a prefetched key waits here, leased, while another node might have
-    /// run it; at shutdown or on session loss unstarted keys go back to pending.
+    /// run it, and a higher-priority key enqueued meanwhile starts after the
+    /// prefetched ones; at shutdown unstarted keys go back to pending, and on
+    /// session loss they are dropped here and reclaimed like any lost lease.
     pub fn prefetch(mut self, prefetch: usize) -> Self {
         self.settings.prefetch = Some(prefetch);
         self
