@@ -224,15 +224,7 @@ async fn sigterm_mid_work_releases_the_running_keys_for_the_next_start() {
         let first = worker(
             &db,
             "sh -c 'exec sleep 60' sh",
-            // No prefetch: exactly the two running keys are leased.
-            &[
-                "--parallelism",
-                "2",
-                "--prefetch",
-                "0",
-                "--shutdown-deadline",
-                "200ms",
-            ],
+            &["--parallelism", "2", "--shutdown-deadline", "200ms"],
         );
         let all = keys(4);
         enqueue(&db.store, &all).await;

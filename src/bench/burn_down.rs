@@ -9,7 +9,7 @@ use crate::store::{ItemList, StoreEngine as _};
 pub const BACKLOG_FRONT: u64 = 10_000;
 
 /// Enqueues `keys` keys, then drains them all with `workers` no-op runs at
-/// once; keys per second.
+/// once and as many leases prefetched; keys per second.
 pub async fn burn_down(b: &StoreBench) -> Result<Figure, BenchError> {
     let process = fresh_process("burn_down");
     fill(b, &process, b.keys).await?;
@@ -31,6 +31,7 @@ pub async fn burn_down(b: &StoreBench) -> Result<Figure, BenchError> {
         )));
     }
     Ok(b.figure("burn_down", b.keys)
+        .with("prefetch", b.workers)
         .with("keys_per_s", per_s(b.keys, elapsed)))
 }
 
@@ -42,6 +43,7 @@ pub async fn backlog(b: &StoreBench) -> Result<Figure, BenchError> {
     let small = rate(b, front, front).await?;
     let large = rate(b, b.keys, front).await?;
     Ok(b.figure("backlog", b.keys)
+        .with("prefetch", b.workers)
         .with("front", front)
         .with("small_keys_per_s", small)
         .with("large_keys_per_s", large)

@@ -152,7 +152,8 @@ impl Tally {
 }
 
 /// A controller on `process` with `workers` no-op runs that count into `tally`
-/// (default settings, or the given session TTL).
+/// and a prefetch of `workers` more leases (default settings otherwise, or the
+/// given session TTL).
 pub(crate) fn counting_controller(
     store: &Store,
     process: &str,
@@ -168,7 +169,8 @@ pub(crate) fn counting_controller(
     };
     let mut builder = Controller::builder(store.clone(), process, reconciler)
         .component("drover bench")
-        .parallelism(workers);
+        .parallelism(workers)
+        .prefetch(workers);
     if let Some(ttl) = ttl {
         builder = builder.ttl(ttl);
     }

@@ -28,8 +28,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     parallelism: u16,
     /// Keys claimed ahead beyond those running, so the next command starts
-    /// without a database round trip (default: the parallelism; 0 claims only
-    /// for free slots). Prefetched keys wait leased on this worker.
+    /// without a database round trip (default 0: claim only for free slots).
+    /// Prefetched keys wait leased on this worker.
     #[arg(long, conflicts_with = "server")]
     prefetch: Option<u16>,
     /// Session TTL: a dead worker's keys run elsewhere this long after it died.

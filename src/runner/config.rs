@@ -38,8 +38,8 @@ pub(crate) struct Settings {
     pub(crate) process: String,
     pub(crate) component: String,
     pub(crate) parallelism: usize,
-    /// Leases held beyond the running ones; `None`: as many as `parallelism`.
-    pub(crate) prefetch: Option<usize>,
+    /// Leases held beyond the running ones.
+    pub(crate) prefetch: usize,
     pub(crate) ttl: Duration,
     pub(crate) timeout: Option<Duration>,
     pub(crate) shutdown_deadline: Duration,
@@ -48,11 +48,6 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// How many leases may wait in the claim loop's buffer.
-    pub(crate) fn prefetch(&self) -> usize {
-        self.prefetch.unwrap_or(self.parallelism)
-    }
-
     /// Heartbeats run every TTL/3 (DESIGN.md rule 6).
     pub(crate) fn heartbeat_every(&self) -> Duration {
         self.ttl / 3
@@ -93,7 +88,7 @@ impl<R: Reconciler> ControllerBuilder<R> {
                 process: process.into(),
                 component: "drover".into(),
                 parallelism: 1,
-                prefetch: None,
+                prefetch: 0,
                 ttl: Duration::from_secs(10),
                 timeout: None,
                 shutdown_deadline: Duration::from_secs(30),
@@ -120,14 +115,15 @@ impl<R: Reconciler> ControllerBuilder<R> {
     /// How many keys this controller may hold leased beyond those running:
     /// claimed ahead, so a run that ends is followed by the next without a
     /// database round trip, and claims come in bigger batches (fewer
-    /// transactions per key). Default: as many as the parallelism. 0 claims
-    /// only for free slots. More raises throughput when reconciles are quick,
+    /// transactions per key). Default 0: claims only for free slots, so a key
+    /// shown running is running. More raises throughput when reconciles are quick
+    /// (the parallelism again roughly doubles a busy loop's batches),
     /// but a prefetched key waits here, leased, while another node might have
     /// run it, and a higher-priority key enqueued meanwhile starts after the
     /// prefetched ones; at shutdown unstarted keys go back to pending, and on
     /// session loss they are dropped here and reclaimed like any lost lease.
     pub fn prefetch(mut self, prefetch: usize) -> Self {
-        self.settings.prefetch = Some(prefetch);
+        self.settings.prefetch = prefetch;
         self
     }
 

@@ -200,7 +200,7 @@ impl<R: Reconciler> Controller<R> {
         runs: &TaskTracker,
     ) {
         let slots = Arc::new(Semaphore::new(self.settings.parallelism));
-        let prefetch = self.settings.prefetch();
+        let prefetch = self.settings.prefetch;
         let mut ready: VecDeque<Lease> = VecDeque::new();
         let mut idle = false;
         loop {
