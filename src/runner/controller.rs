@@ -360,7 +360,13 @@ fn start<R: Reconciler>(
         let Some(lease) = ready.pop_front() else {
             return;
         };
-        runs.spawn(Arc::clone(run).execute(lease, session.token.child_token(), permit));
+        // Boxed: the run future is kilobytes, and tokio would copy it into the
+        // task and again at each stage change (9 % of a burn-down's samples).
+        runs.spawn(Box::pin(Arc::clone(run).execute(
+            lease,
+            session.token.child_token(),
+            permit,
+        )));
     }
 }
 
