@@ -6,9 +6,14 @@
 //! function, so the rule is written once: a lease holds its key when the row is
 //! running under the lease's own token and session, and that session is live.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
+
+use super::StoreError;
 use super::params::LeaseComplete;
+use super::settle::{Running, Settled, settle};
+use super::types::{Lease, SessionId};
 
 /// What an engine found at one lease's key.
 #[derive(Debug)]
@@ -51,6 +56,58 @@ pub(crate) fn match_leases<R>(
         }
     }
     rows
+}
+
+/// What a batch of completions settles to, before the engine writes it.
+#[derive(Debug)]
+pub(crate) struct Settling<'a> {
+    /// Each lease's answer, by position in the batch.
+    pub(crate) results: Vec<Result<(), StoreError>>,
+    /// Processes with a key pending again and ready now (a dirty re-run), whose
+    /// idle controllers should be woken once the batch commits.
+    pub(crate) ready: HashSet<&'a str>,
+}
+
+/// Settles each lease of `batch` whose row is held (`rows`, by position: the
+/// row's id and its running state): hands the outcome to `write`, answers
+/// `Ok`. The others are refused on their own, `SessionExpired` when their
+/// session is in `expired`, `LeaseLost` otherwise; a row met twice in one batch
+/// is settled once.
+pub(crate) fn settle_batch<'a>(
+    now: DateTime<Utc>,
+    batch: &[LeaseComplete<'a>],
+    rows: Vec<Option<(i64, Running)>>,
+    expired: &HashSet<SessionId>,
+    mut write: impl FnMut(i64, &Lease, Settled),
+) -> Settling<'a> {
+    let mut seen = HashSet::with_capacity(batch.len());
+    let mut settling = Settling {
+        results: Vec::with_capacity(batch.len()),
+        ready: HashSet::new(),
+    };
+    for (params, row) in batch.iter().zip(rows) {
+        let lease: &'a Lease = params.lease;
+        let result = match row.filter(|(id, _)| seen.insert(*id)) {
+            Some((id, running)) => {
+                let settled = settle(now, &running, params.outcome);
+                if settled.next.as_ref().is_some_and(|n| n.ready_by(now)) {
+                    settling.ready.insert(lease.process.as_str());
+                }
+                write(id, lease, settled);
+                Ok(())
+            }
+            None if expired.contains(&lease.session) => Err(StoreError::SessionExpired {
+                session: lease.session,
+            }),
+            None => Err(StoreError::LeaseLost {
+                process: lease.process.clone(),
+                key: lease.key.clone(),
+                token: lease.token,
+            }),
+        };
+        settling.results.push(result);
+    }
+    settling
 }
 
 #[cfg(test)]

@@ -11,9 +11,9 @@ use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, to_ms, to_time};
 use crate::store::StoreError;
-use crate::store::holding::{Found, match_leases};
+use crate::store::holding::{Found, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
-use crate::store::settle::{NextRow, Settled, settle};
+use crate::store::settle::{NextRow, Settled};
 use crate::store::types::{Lease, SessionId};
 use crate::store::wakeup;
 
@@ -59,45 +59,21 @@ pub(super) async fn complete_batch(
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let (mut tx, now) = store.write().await?;
     let (live, expired) = sessions(&mut tx, now, batch).await?;
-    let mut rows = held(&mut tx, &live, batch).await?;
+    let rows = held(&mut tx, &live, batch).await?;
+    let rows = rows
+        .into_iter()
+        .map(|r| r.map(|r| (r.id, r.running())))
+        .collect();
     let mut writes = Writes::default();
-    let mut seen = HashSet::with_capacity(batch.len());
-    // Processes with a key pending again and ready now (a dirty re-run).
-    let mut ready = HashSet::new();
-    let mut results = Vec::with_capacity(batch.len());
-    for (params, row) in batch.iter().zip(rows.iter_mut()) {
-        let lease = params.lease;
-        match row.take().filter(|row| seen.insert(row.id)) {
-            Some(row) => {
-                let settled = settle(to_time(now), &row.running(), params.outcome);
-                if settled
-                    .next
-                    .as_ref()
-                    .is_some_and(|n| n.ready_by(to_time(now)))
-                {
-                    ready.insert(lease.process.as_str());
-                }
-                writes.add(row.id, lease, settled);
-                results.push(Ok(()));
-            }
-            None if expired.contains(&lease.session) => {
-                results.push(Err(StoreError::SessionExpired {
-                    session: lease.session,
-                }))
-            }
-            None => results.push(Err(StoreError::LeaseLost {
-                process: lease.process.clone(),
-                key: lease.key.clone(),
-                token: lease.token,
-            })),
-        }
-    }
+    let settling = settle_batch(to_time(now), batch, rows, &expired, |id, lease, s| {
+        writes.add(id, lease, s);
+    });
     writes.flush(&mut tx, now).await?;
     tx.commit().await.db()?;
-    for process in ready {
+    for process in settling.ready {
         wakeup::notify(process);
     }
-    Ok(results)
+    Ok(settling.results)
 }
 
 /// Each lease's running row, by position (`None`: not held, see
