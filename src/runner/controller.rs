@@ -214,7 +214,14 @@ impl<R: Reconciler> Controller<R> {
                 () = shutdown.cancelled() => return,
                 session = current(&mut live) => session,
             };
-            ready.retain(|lease| lease.session == session.id);
+            // Claims come in order and a new session only replaces an old one,
+            // so a lost session's leases are the oldest: drop them from the front.
+            while ready
+                .front()
+                .is_some_and(|lease| lease.session != session.id)
+            {
+                ready.pop_front();
+            }
             if ready.len() >= permits.len() {
                 start(&mut ready, permits, &session, run, runs);
                 continue;

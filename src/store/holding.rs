@@ -15,16 +15,18 @@ use super::params::LeaseComplete;
 use super::settle::{Running, Settled, settle};
 use super::types::{Lease, SessionId};
 
-/// What an engine found at one lease's key.
-#[derive(Debug)]
-pub(crate) struct Found<R> {
+/// What an engine found at one lease's key: a row of its lease query (the
+/// engine's own running-row type flattened into `row`).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct Found<T> {
     pub(crate) process: String,
     pub(crate) key: String,
-    pub(crate) running: bool,
-    pub(crate) token: Option<i64>,
-    pub(crate) session: Option<i64>,
+    pub(crate) state: String,
+    pub(crate) lease_token: Option<i64>,
+    pub(crate) lease_session: Option<i64>,
     /// The engine's own row, handed back for the leases that hold it.
-    pub(crate) row: R,
+    #[sqlx(flatten)]
+    pub(crate) row: T,
 }
 
 /// Each lease's row by position in `batch`, `None` where the lease no longer
@@ -42,12 +44,12 @@ pub(crate) fn match_leases<R>(
     }
     let mut rows: Vec<Option<R>> = batch.iter().map(|_| None).collect();
     for found in found {
-        let Some(&n) = found.token.and_then(|t| position.get(&t)) else {
+        let Some(&n) = found.lease_token.and_then(|t| position.get(&t)) else {
             continue;
         };
         let lease = batch[n].lease;
-        let holds = found.running
-            && found.session == Some(lease.session.0)
+        let holds = found.state == "running"
+            && found.lease_session == Some(lease.session.0)
             && live.contains(&lease.session.0)
             && found.process == lease.process
             && found.key == lease.key;
@@ -134,9 +136,9 @@ mod tests {
         Found {
             process: "p".into(),
             key: key.into(),
-            running,
-            token: Some(token),
-            session: Some(session),
+            state: if running { "running" } else { "pending" }.into(),
+            lease_token: Some(token),
+            lease_session: Some(session),
             row: "row",
         }
     }

@@ -45,18 +45,6 @@ INSERT INTO drover_history (at, process, key, event, session, token, attempt, er
 SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
     $7::int[], $8::text[], $9::bool[])";
 
-/// A row of [`HELD`]: who holds the key now, and the row itself.
-#[derive(Debug, sqlx::FromRow)]
-struct HeldRow {
-    process: String,
-    key: String,
-    state: String,
-    lease_token: Option<i64>,
-    lease_session: Option<i64>,
-    #[sqlx(flatten)]
-    row: RunningRow,
-}
-
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; the others commit.
 /// Any other failure rolls the whole batch back.
@@ -91,20 +79,12 @@ async fn held(
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Option<RunningRow>>, StoreError> {
     let leases = || batch.iter().map(|p| p.lease);
-    let found: Vec<HeldRow> = sqlx::query_as(HELD)
+    let found: Vec<Found<RunningRow>> = sqlx::query_as(HELD)
         .bind(leases().map(|l| l.process.as_str()).collect::<Vec<_>>())
         .bind(leases().map(|l| l.key.as_str()).collect::<Vec<_>>())
         .fetch_all(&mut **tx)
         .await
         .db()?;
-    let found = found.into_iter().map(|f| Found {
-        process: f.process,
-        key: f.key,
-        running: f.state == "running",
-        token: f.lease_token,
-        session: f.lease_session,
-        row: f.row,
-    });
     Ok(match_leases(batch, live, found))
 }
 

@@ -38,18 +38,6 @@ SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
     json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]')
 FROM json_each(?2)";
 
-/// A row of [`HELD`]: who holds the key, and the row itself.
-#[derive(Debug, sqlx::FromRow)]
-struct HeldRow {
-    process: String,
-    key: String,
-    state: String,
-    lease_token: Option<i64>,
-    lease_session: Option<i64>,
-    #[sqlx(flatten)]
-    row: RunningRow,
-}
-
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; the others commit.
 /// Any other failure rolls the whole batch back.
@@ -84,20 +72,12 @@ async fn held(
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Option<RunningRow>>, StoreError> {
     let tokens: Vec<i64> = batch.iter().map(|p| p.lease.token.0).collect();
-    let found: Vec<HeldRow> = sqlx::query_as(HELD)
+    let found: Vec<Found<RunningRow>> = sqlx::query_as(HELD)
         .bind(Value::from(live).to_string())
         .bind(Value::from(tokens).to_string())
         .fetch_all(&mut **tx)
         .await
         .db()?;
-    let found = found.into_iter().map(|f| Found {
-        process: f.process,
-        key: f.key,
-        running: f.state == "running",
-        token: f.lease_token,
-        session: f.lease_session,
-        row: f.row,
-    });
     Ok(match_leases(batch, live, found))
 }
 
