@@ -21,7 +21,7 @@ use crate::store::wakeup;
 /// `?2` (both JSON arrays of integers): one probe of the `(lease_session,
 /// lease_token)` index per lease, with no JSON to pick apart per row. Whether
 /// each row is its lease's is decided by [`match_leases`].
-const HELD: &str = "
+pub(super) const HELD: &str = "
 SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, i.id, i.priority,
     i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at, i.dirty_priority,
     p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, p.backoff_jitter

@@ -12,6 +12,8 @@ mod error;
 mod inspect;
 mod items;
 mod leases;
+#[cfg(test)]
+mod plans;
 mod rows;
 mod sessions;
 

@@ -1,0 +1,43 @@
+//! The hot statements' query plans, checked against the schema the migrations
+//! build: a plan that walks a process's rows instead of probing an index costs
+//! time in proportion to the backlog, which no functional test notices.
+
+use super::SqliteStore;
+use crate::store::StoreOptions;
+
+/// The `EXPLAIN QUERY PLAN` details of `sql` (each `?` bound to NULL), joined.
+async fn plan(store: &SqliteStore, sql: &str) -> String {
+    let rows: Vec<(i64, i64, i64, String)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+            .fetch_all(store.pool())
+            .await
+            .expect("the statement prepares against the migrated schema");
+    rows.into_iter()
+        .map(|(.., detail)| detail)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+async fn store() -> SqliteStore {
+    SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
+        .await
+        .expect("an in-memory store opens")
+}
+
+#[tokio::test]
+async fn the_enqueue_probes_the_running_rows_per_key_not_the_backlog() {
+    let plan = plan(&store().await, super::items::RUNNING).await;
+    assert!(
+        plan.contains("USING INDEX drover_items_settled (process=? AND key=?)"),
+        "{plan}"
+    );
+}
+
+#[tokio::test]
+async fn the_completion_probes_the_lease_index_per_token() {
+    let plan = plan(&store().await, super::complete::HELD).await;
+    assert!(
+        plan.contains("USING INDEX drover_items_leases (lease_session=? AND lease_token=?)"),
+        "{plan}"
+    );
+}
