@@ -966,6 +966,96 @@ async fn a_batch_of_completions_commits_the_held_leases_and_rejects_only_the_los
     .await;
 }
 
+/// Each lease's newest event, as the history shows it.
+async fn last_event(store: &Store, key: &str) -> drover::store::HistoryEvent {
+    store
+        .history_list(HistoryList {
+            process: Some(P.into()),
+            key: Some(key.into()),
+            before_id: None,
+            limit: 1,
+        })
+        .await
+        .expect("history")
+        .remove(0)
+}
+
+#[tokio::test]
+async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a", "b", "c", "d"]).await;
+        let first = claim(&db.store, s.id, 4).await;
+        let failed = Outcome::Transient("flaky".into());
+        complete(&db.store, &first[1], failed.clone())
+            .await
+            .expect("b fails once");
+        db.store.clock().advance(secs(2));
+        let retried = claim(&db.store, s.id, 1).await.remove(0);
+        assert_eq!((retried.key.as_str(), retried.attempt), ("b", 2));
+        enqueue(&db.store, &["c"]).await; // c is running: dirty
+        let (done, later) = (Outcome::Done, Outcome::RequeueAfter(secs(60)));
+        let parked = Outcome::Permanent("broken".into());
+        let batch = [
+            LeaseComplete {
+                lease: &first[0],
+                outcome: &done,
+            },
+            LeaseComplete {
+                lease: &retried,
+                outcome: &done,
+            },
+            LeaseComplete {
+                lease: &first[2],
+                outcome: &later,
+            },
+            LeaseComplete {
+                lease: &first[3],
+                outcome: &parked,
+            },
+        ];
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        use EventKind::*;
+        assert_eq!(events(&db.store, "a").await, [Enqueued, Started, Finished]);
+        assert_eq!(
+            events(&db.store, "b").await,
+            [Enqueued, Started, Failed, Started, Finished]
+        );
+        assert_eq!(
+            events(&db.store, "c").await,
+            [Enqueued, Started, Enqueued, Finished]
+        );
+        assert_eq!(
+            events(&db.store, "d").await,
+            [Enqueued, Started, Failed, Parked]
+        );
+        for (key, attempt) in [("a", 1), ("b", 2), ("c", 1), ("d", 1)] {
+            let event = last_event(&db.store, key).await;
+            assert_eq!(
+                (event.session, event.attempt),
+                (Some(s.id), Some(attempt)),
+                "{key}: {event:?}"
+            );
+        }
+        let b = last_event(&db.store, "b").await;
+        assert_eq!((b.error, b.transient), (None, None));
+        let d = db
+            .store
+            .history_list(HistoryList {
+                process: Some(P.into()),
+                key: Some("d".into()),
+                before_id: None,
+                limit: 2,
+            })
+            .await
+            .expect("history");
+        assert_eq!(d[1].error.as_deref(), Some("broken"));
+        assert_eq!(d[1].transient, Some(false));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_jittered_backoff_stays_between_the_delay_and_its_spread() {
     each_engine(|db| async move {

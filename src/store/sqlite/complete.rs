@@ -3,7 +3,7 @@
 //! one `BEGIN IMMEDIATE` transaction, so a batch costs a handful of statements
 //! and one commit however many outcomes it carries.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
@@ -14,7 +14,7 @@ use crate::store::StoreError;
 use crate::store::holding::{Found, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
 use crate::store::settle::{NextRow, Settled};
-use crate::store::types::{Lease, SessionId};
+use crate::store::types::{EventKind, Lease, SessionId};
 use crate::store::wakeup;
 
 /// The running rows leased to the live sessions in `?1` under the tokens in
@@ -37,6 +37,17 @@ SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
     json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'),
     json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]')
 FROM json_each(?2)";
+
+/// Appends event `?2` at `?1` for each running row whose id is in `?3` (a JSON
+/// array), its names and lease read from the row itself: half the cost of
+/// [`LOG`]'s eight `json_extract` calls per row, for the common run that ends
+/// with one plain event. The row is the lease's (matched on session and
+/// token), and nothing changes a running row's failures, so `failures + 1` is
+/// the lease's attempt.
+const LOG_FROM_ROWS: &str = "
+INSERT INTO drover_history (at, process, key, event, session, token, attempt)
+SELECT ?1, process, key, ?2, lease_session, lease_token, failures + 1 FROM drover_items
+WHERE id IN (SELECT value FROM json_each(?3)) ORDER BY lease_token";
 
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; the others commit.
@@ -112,22 +123,33 @@ async fn sessions(
 struct Writes {
     deleted: Vec<i64>,
     updated: Vec<(i64, NextRow)>,
+    /// Runs that end with one event and no error, by event: logged from their
+    /// rows ([`LOG_FROM_ROWS`]) before those are deleted or updated.
+    plain: HashMap<EventKind, Vec<i64>>,
+    /// Every other event, in batch order ([`LOG`]).
     events: Vec<Value>,
 }
 
 impl Writes {
     fn add(&mut self, id: i64, lease: &Lease, settled: Settled) {
-        for e in settled.events {
-            self.events.push(json!([
-                lease.process,
-                lease.key,
-                e.kind.as_str(),
-                lease.session.0,
-                lease.token.0,
-                lease.attempt,
-                e.error,
-                e.transient,
-            ]));
+        match settled.events.as_slice() {
+            [event] if event.error.is_none() && event.transient.is_none() => {
+                self.plain.entry(event.kind).or_default().push(id);
+            }
+            events => {
+                for e in events {
+                    self.events.push(json!([
+                        lease.process,
+                        lease.key,
+                        e.kind.as_str(),
+                        lease.session.0,
+                        lease.token.0,
+                        lease.attempt,
+                        e.error,
+                        e.transient,
+                    ]));
+                }
+            }
         }
         match settled.next {
             None => self.deleted.push(id),
@@ -136,6 +158,15 @@ impl Writes {
     }
 
     async fn flush(self, tx: &mut Tx, now: i64) -> Result<(), StoreError> {
+        for (kind, ids) in self.plain {
+            sqlx::query(LOG_FROM_ROWS)
+                .bind(now)
+                .bind(kind.as_str())
+                .bind(Value::from(ids).to_string())
+                .execute(&mut **tx)
+                .await
+                .db()?;
+        }
         if !self.events.is_empty() {
             sqlx::query(LOG)
                 .bind(now)
