@@ -316,6 +316,8 @@ pub(crate) struct State<K> {
     shutting_down: bool,
     /// Keys that timers made ready (queued, dirty) since the last `take_promoted`.
     promoted: (usize, usize),
+    /// `get` calls registered for a wake-up (see [`State::add_waiter`]).
+    waiters: usize,
 }
 
 impl<K: Clone + Eq + Hash> State<K> {
@@ -336,7 +338,31 @@ impl<K: Clone + Eq + Hash> State<K> {
             processing: 0,
             shutting_down: false,
             promoted: (0, 0),
+            waiters: 0,
         }
+    }
+
+    /// Counts a `get` that found nothing and registered for a wake-up under
+    /// this lock; the queue wakes only while one is counted, so a key added to
+    /// a busy queue (every worker working) costs no wake-up at all.
+    pub(crate) fn add_waiter(&mut self) {
+        self.waiters += 1;
+    }
+
+    /// Uncounts a `get` whose wait ended (woken, timed out or dropped).
+    pub(crate) fn remove_waiter(&mut self) {
+        self.waiters -= 1;
+    }
+
+    /// Whether keys are ready and some `get` waits for them: after a hand-out,
+    /// the wake-up to pass on.
+    pub(crate) fn more(&self) -> bool {
+        self.lanes.depth > 0 && self.waiters > 0
+    }
+
+    /// Whether some `get` is waiting for a wake-up.
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.waiters > 0
     }
 
     /// Keys ready to be handed out.

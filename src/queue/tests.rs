@@ -377,6 +377,29 @@ async fn dropping_a_get_future_loses_no_key() {
     assert_eq!(q.get().await, Some("a"));
 }
 
+#[tokio::test]
+async fn an_add_wakes_the_get_still_waiting_after_another_was_dropped() {
+    let q = queue();
+    let spawn_get = || {
+        let q = q.clone();
+        tokio::spawn(async move { q.get().await })
+    };
+    let (dropped, waiting) = (spawn_get(), spawn_get());
+    // Both are parked in `get` once the (current-thread) runtime comes back here.
+    tokio::task::yield_now().await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    q.add("a");
+    let woken = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    assert_eq!(
+        woken.expect("the add wakes the waiting get").unwrap(),
+        Some("a")
+    );
+    // A key added with nobody waiting is still there for the next get.
+    q.add("b");
+    assert_eq!(q.get().await, Some("b"));
+}
+
 fn scrape(registry: &Registry) -> String {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, registry).unwrap();

@@ -250,17 +250,18 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
     /// Runs one state operation under the lock, then wakes and counts outside it.
     fn with_state<R>(&self, op: impl FnOnce(&mut State<K>, &mut LazyNow) -> (R, Change)) -> R {
         let mut now = LazyNow::default();
-        let (result, change, promoted, depth) = {
+        let (result, change, promoted, depth, waiters) = {
             let mut state = self.state.lock();
             let (result, change) = op(&mut state, &mut now);
-            (result, change, state.take_promoted(), state.len())
+            let waiters = state.has_waiters();
+            (result, change, state.take_promoted(), state.len(), waiters)
         };
         self.state.after_unlock();
         let wake = matches!(
             change,
             Change::Queued | Change::Scheduled { earliest: true }
         );
-        if wake || promoted.0 > 0 {
+        if waiters && (wake || promoted.0 > 0) {
             self.ready.notify_one();
         }
         if let Some(m) = &self.metrics {
@@ -306,19 +307,33 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
     }
 
     pub(crate) async fn get(&self) -> Option<K> {
+        // A ready key needs no wake-up registration: look once without one.
+        if let Some((key, timing, more)) = self.with_state(|state, now| {
+            let got = state
+                .pop(now)
+                .map(|(key, timing)| (key, timing, state.more()));
+            (got, Change::Unchanged)
+        }) {
+            self.handed_out(more, timing);
+            return Some(key);
+        }
         loop {
             let mut notified = pin!(self.ready.notified());
             let attempt = self.with_state(|state, now| {
                 if let Some((key, timing)) = state.pop(now) {
-                    return (Attempt::Got(key, timing, state.len()), Change::Unchanged);
+                    return (Attempt::Got(key, timing, state.more()), Change::Unchanged);
                 }
                 if state.is_shutting_down() {
                     return (Attempt::Closed, Change::Unchanged);
                 }
-                // Registered while the lock is held: an add after the unlock wakes us.
+                // Registered and counted while the lock is held: an add after
+                // the unlock sees the count and wakes us.
                 notified.as_mut().enable();
+                state.add_waiter();
                 (Attempt::Wait(state.next_timer()), Change::Unchanged)
             });
+            // Uncounts the wait however it ends, the future's drop included.
+            let _waiting = matches!(attempt, Attempt::Wait(_)).then(|| Waiting(self));
             match attempt {
                 Attempt::Got(key, timing, more) => {
                     self.handed_out(more, timing);
@@ -336,10 +351,11 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
         }
     }
 
-    /// After a hand-out: pass the wake-up on if more keys are ready (a timer may
-    /// have made several ready at once), and record the wait.
-    fn handed_out(&self, more: usize, timing: Timing) {
-        if more > 0 {
+    /// After a hand-out: pass the wake-up on if more keys are ready and another
+    /// `get` waits (a timer may have made several ready at once), and record
+    /// the wait.
+    fn handed_out(&self, more: bool, timing: Timing) {
+        if more {
             self.ready.notify_one();
         }
         if let (Some(m), Some(waited)) = (&self.metrics, timing.waited) {
@@ -386,10 +402,20 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
     }
 }
 
+/// A `get` counted among the waiters ([`State::add_waiter`]) until dropped.
+struct Waiting<'a, K: Clone + Eq + Hash + Send, L: Lock<State<K>>>(&'a Shared<K, L>);
+
+impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Drop for Waiting<'_, K, L> {
+    fn drop(&mut self) {
+        self.0.state.lock().remove_waiter();
+        self.0.state.after_unlock();
+    }
+}
+
 /// What one look at the state found for a `get`.
 enum Attempt<K> {
-    /// A key, its timing, and how many more are ready.
-    Got(K, Timing, usize),
+    /// A key, its timing, and whether more are ready for a waiting `get`.
+    Got(K, Timing, bool),
     /// Shut down and empty.
     Closed,
     /// Nothing ready: wait for a wake-up, or until the next timer.
