@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Issue 6's bare SQLite loop, the yardstick of drover's SQLite figures.
+
+No framework: one connection (Python's sqlite3, WAL, synchronous=FULL), 100,000
+keys enqueued by upsert in batches of 10,000, then drained: claim 1,000 keys
+bumping a fencing token, delete them by (key, token) with one history row each,
+a transaction per step. Prints `enqueue KEYS_PER_S` and `drain KEYS_PER_S`.
+
+    python3 scripts/bare/sqlite.py [PATH]   (default /tmp/drover-bare.db, replaced)
+"""
+
+import os
+import sqlite3
+import sys
+import time
+
+N, BATCH, CLAIM = 100_000, 10_000, 1_000
+
+
+def main() -> None:
+    path = sys.argv[1] if len(sys.argv) > 1 else "/tmp/drover-bare.db"
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.remove(path + suffix)
+        except FileNotFoundError:
+            pass
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute("PRAGMA synchronous=FULL")
+    c.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, key TEXT UNIQUE, state TEXT,"
+              " token INTEGER, ready INTEGER)")
+    c.execute("CREATE INDEX items_ready ON items (state, ready, id)")
+    c.execute("CREATE TABLE history (id INTEGER PRIMARY KEY, at INTEGER, key TEXT,"
+              " event TEXT, token INTEGER)")
+    start = time.perf_counter()
+    for first in range(0, N, BATCH):
+        c.execute("BEGIN")
+        c.executemany(
+            "INSERT INTO items (key, state, token, ready) VALUES (?, 'pending', 0, 0)"
+            " ON CONFLICT (key) DO UPDATE SET ready = 0",
+            [(f"k{i}",) for i in range(first, first + BATCH)])
+        c.execute("COMMIT")
+    print(f"enqueue {N / (time.perf_counter() - start):.0f}")
+    start = time.perf_counter()
+    while True:
+        c.execute("BEGIN IMMEDIATE")
+        rows = c.execute(
+            "UPDATE items SET state = 'running', token = token + 1 WHERE id IN"
+            " (SELECT id FROM items WHERE state = 'pending' ORDER BY ready, id LIMIT ?)"
+            " RETURNING key, token", (CLAIM,)).fetchall()
+        c.execute("COMMIT")
+        if not rows:
+            break
+        c.execute("BEGIN IMMEDIATE")
+        c.executemany("DELETE FROM items WHERE key = ? AND token = ?", rows)
+        c.executemany("INSERT INTO history (at, key, event, token) VALUES (1, ?, 'done', ?)", rows)
+        c.execute("COMMIT")
+    print(f"drain {N / (time.perf_counter() - start):.0f}")
+
+
+if __name__ == "__main__":
+    main()
