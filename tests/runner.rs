@@ -621,6 +621,55 @@ async fn an_idle_controller_hears_an_enqueue_from_another_process_through_listen
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_commit_is_unknown_gives_its_session_up_and_loses_no_key() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let proxy = support::commit_cut::CommitCut::start(support::server_addr(&base).await).await;
+    let store = Store::connect(&support::through_proxy(&db.url, proxy.addr))
+        .await
+        .expect("connect through the proxy");
+    // The controller's first claim takes all three keys, and its commit is cut.
+    enqueue(&db.store, &["a", "b", "c"]).await;
+    proxy.arm();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // A TTL far past the test: only closing the session can free what it leased.
+    let builder = controller(&store, reporting(tx, |_| Ok(Action::Done)))
+        .parallelism(3)
+        .ttl(Duration::from_secs(600))
+        .idle_poll(Duration::from_secs(3600));
+    let running = Running::start(builder);
+    tokio::time::timeout(Duration::from_secs(20), proxy.cut())
+        .await
+        .expect("the claim of a, b and c was cut after its commit");
+    let mut ran: Vec<String> = Vec::new();
+    for _ in 0..3 {
+        ran.push(recv(&mut rx).await.0);
+    }
+    ran.sort_unstable();
+    assert_eq!(ran, ["a", "b", "c"]);
+    for key in ["a", "b", "c"] {
+        let started = events(&db, key, EventKind::Started).await;
+        assert_eq!(
+            started.len(),
+            2,
+            "{key}: leased by the cut claim, then again"
+        );
+        assert_ne!(started[0].session, started[1].session, "{key}");
+        assert_eq!(
+            events(&db, key, EventKind::Canceled).await.len(),
+            1,
+            "{key}"
+        );
+    }
+    running.stop().await;
+    store.close().await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_reports_its_outcomes_and_sessions_as_metrics() {
     each_engine(|db| async move {
         let process = format!("metered_{}", db.engine);

@@ -472,3 +472,46 @@ async fn dashboard_buttons_retry_and_park_and_refuse_cross_site_posts() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_commit_is_unknown_closes_the_session_and_hands_its_keys_back() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let proxy = support::commit_cut::CommitCut::start(support::server_addr(&base).await).await;
+    let proxied = drover::store::Store::connect(&support::through_proxy(&db.url, proxy.addr))
+        .await
+        .expect("connect through the proxy");
+    let api = Api::new(&proxied);
+    let session = api.session(600_000).await;
+    db.store
+        .item_enqueue(ItemEnqueue::new(P, ["a", "b"]))
+        .await
+        .expect("enqueue");
+    proxy.arm();
+    let uri = format!("/v1/sessions/{session}/claim");
+    let refused = api
+        .post(
+            &uri,
+            json!({ "process": P, "max": 10 }),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    assert_eq!(refused["error"], "session_expired", "{refused}");
+    tokio::time::timeout(Duration::from_secs(5), proxy.cut())
+        .await
+        .expect("the claim's commit was the one cut");
+    // The claim did commit: both keys were started, then handed back by the close.
+    let counts = api.counts(P).await.expect("process listed");
+    assert_eq!(
+        (&counts["pending"], &counts["running"]),
+        (&json!(2), &json!(0))
+    );
+    let fresh = api.session(600_000).await;
+    assert_eq!(api.claim(fresh, P, 10).await.len(), 2);
+    drop(api);
+    proxied.close().await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

@@ -21,8 +21,8 @@ use super::source::Source;
 use super::wake::Wake;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Store, StoreEngine as _,
-    StoreError,
+    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, SessionId, Store,
+    StoreEngine as _, StoreError,
 };
 
 /// A control loop: workers that claim keys of one process from the store and run
@@ -233,6 +233,16 @@ impl<R: Reconciler> Controller<R> {
                 Ok(leases) => leases,
                 Err(e) => {
                     tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
+                    if abandon_if_unknown(&session, &e) {
+                        // The keeper closes it (handing its leases back) before it
+                        // publishes the next one: claim again under that at once.
+                        tokio::select! {
+                            biased;
+                            () = shutdown.cancelled() => return,
+                            () = replaced(&mut live, session.id) => {}
+                        }
+                        continue;
+                    }
                     Vec::new()
                 }
             };
@@ -346,6 +356,7 @@ impl<R: Reconciler> Controller<R> {
                 Err(e) if leases.is_empty() => return Err(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "lock failed; running what is locked");
+                    abandon_if_unknown(session, &e);
                     break;
                 }
             }
@@ -390,6 +401,26 @@ async fn free_slots(slots: &Arc<Semaphore>) -> Vec<OwnedSemaphorePermit> {
         permits.push(permit);
     }
     permits
+}
+
+/// A claim or lock whose commit is unknown may have leased keys this node will
+/// never hear of, held for as long as the session lives: give the session up
+/// (see [`Live::abandon`]) and say so. Retrying instead could lease twice as many.
+fn abandon_if_unknown(session: &Live, e: &StoreError) -> bool {
+    let unknown = matches!(e, StoreError::CommitUnknown(_));
+    if unknown {
+        session.abandon();
+    }
+    unknown
+}
+
+/// Waits until a session other than `old` is live.
+async fn replaced(live: &mut watch::Receiver<Option<Live>>, old: SessionId) {
+    let next = live.wait_for(|now| now.as_ref().is_some_and(|l| l.id != old));
+    if next.await.is_err() {
+        // The keeper is gone only at shutdown; wait for the caller's select.
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Waits until a session is live and returns it.

@@ -5,6 +5,12 @@
 //! worker). When the session is lost — the database says it expired, or the
 //! deadline passed without a successful heartbeat — its token is cancelled, which
 //! cancels every run started under it, and a new session starts.
+//!
+//! A claim whose commit went unknown (the connection broke at `COMMIT`) may
+//! have leased keys nobody here knows of; nothing would ever finish or release
+//! them while the session lives. The claim loop then abandons the session: its
+//! runs are cancelled, the session is closed (which hands every lease it still
+//! has back, the unknown ones included) and a new one starts.
 
 use std::time::Duration;
 
@@ -23,6 +29,17 @@ use crate::store::{
 pub(crate) struct Live {
     pub(crate) id: SessionId,
     pub(crate) token: CancellationToken,
+    /// Cancelled by [`Live::abandon`].
+    abandoned: CancellationToken,
+}
+
+impl Live {
+    /// Asks the keeper to give this session up: cancel its runs, close it
+    /// (releasing every lease it holds) and start a new one. For a claim whose
+    /// commit is unknown, which may have leased keys this node never heard of.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.cancel();
+    }
 }
 
 /// Keeps a session alive and publishes it; see the module doc.
@@ -38,6 +55,8 @@ pub(crate) struct Keeper {
 /// How a session ended.
 enum End {
     Lost,
+    /// Given up on request ([`Live::abandon`]).
+    Abandoned,
     Stopped,
 }
 
@@ -48,12 +67,20 @@ impl Keeper {
         while let Some(live) = self.start(&stop).await {
             self.publish.send_replace(Some(live.clone()));
             self.metrics.sessions_active.inc();
-            let end = self.keep_alive(live.id, &stop).await;
+            let end = self.keep_alive(&live, &stop).await;
             self.publish.send_replace(None);
             self.metrics.sessions_active.dec();
             live.token.cancel();
             match end {
                 End::Lost => tracing::warn!(session = %live.id, "session lost; starting a new one"),
+                End::Abandoned => {
+                    tracing::warn!(
+                        session = %live.id,
+                        "a claim's commit is unknown; closing the session so that any \
+                         lease it took goes back, and starting a new one"
+                    );
+                    self.close(live.id).await;
+                }
                 End::Stopped => {
                     self.close(live.id).await;
                     return;
@@ -76,6 +103,7 @@ impl Keeper {
                     return Some(Live {
                         id: session.id,
                         token,
+                        abandoned: CancellationToken::new(),
                     });
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot start a session; retrying"),
@@ -88,13 +116,14 @@ impl Keeper {
         }
     }
 
-    /// Heartbeats until the session is lost or `stop` fires.
-    async fn keep_alive(&self, id: SessionId, stop: &CancellationToken) -> End {
-        let ttl = self.settings.ttl;
+    /// Heartbeats until the session is lost or abandoned, or `stop` fires.
+    async fn keep_alive(&self, live: &Live, stop: &CancellationToken) -> End {
+        let (id, ttl) = (live.id, self.settings.ttl);
         let mut renewed = Instant::now();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return End::Stopped,
+                () = live.abandoned.cancelled() => return End::Abandoned,
                 () = sleep(self.settings.heartbeat_every()) => {}
             }
             loop {
@@ -121,6 +150,7 @@ impl Keeper {
                 }
                 tokio::select! {
                     () = stop.cancelled() => return End::Stopped,
+                    () = live.abandoned.cancelled() => return End::Abandoned,
                     () = sleep(ttl / 10) => {}
                 }
             }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
+pub(crate) mod commit_cut;
 pub(crate) mod process;
 
 /// The variable naming the PostgreSQL server for tests.
@@ -97,6 +98,40 @@ pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
         engine: "postgres",
     };
     (db, schema)
+}
+
+/// `url` (a test database's, from [`postgres`]) reaching the server through
+/// `proxy` instead, in plain text so the proxy can read it.
+pub(crate) fn through_proxy(url: &str, proxy: std::net::SocketAddr) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let (authority, path) = rest.split_once('/').expect("a URL with a database");
+    let user = authority
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"));
+    let sep = if path.contains('?') { '&' } else { '?' };
+    format!(
+        "{scheme}://{}{proxy}/{path}{sep}sslmode=disable",
+        user.unwrap_or_default()
+    )
+}
+
+/// The server address in a PostgreSQL URL (port 5432 when it names none).
+pub(crate) async fn server_addr(url: &str) -> std::net::SocketAddr {
+    let rest = url.split_once("://").expect("a URL with a scheme").1;
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    };
+    tokio::net::lookup_host(host)
+        .await
+        .expect("resolve the PostgreSQL host")
+        .next()
+        .expect("an address for the PostgreSQL host")
 }
 
 /// Drops a test schema.

@@ -17,13 +17,19 @@ use crate::server::model::{
 };
 use crate::server::state::AppState;
 use crate::store::{
-    Lease, LeaseClaim, LeaseComplete, LeaseRelease, SessionId, StoreEngine as _, validate_process,
+    Lease, LeaseClaim, LeaseComplete, LeaseRelease, SessionClose, SessionId, StoreEngine as _,
+    StoreError, validate_process,
 };
 
 /// Leases up to `max` ready keys of a process for the session. When none is
 /// ready it waits up to `wait_ms` and returns as soon as work arrives (an enqueue
 /// through this server at once; on PostgreSQL, through any node at once;
 /// otherwise at the next poll). An empty list means nothing became ready.
+///
+/// If the database connection breaks as the claim commits, the claim may have
+/// leased keys the client never hears of; the server then closes the session
+/// (handing every lease it holds back) and answers 409 `session_expired`, so the
+/// client starts a new session, as after any lost session.
 #[utoipa::path(
     post, path = "/v1/sessions/{session}/claim", tag = "work",
     security(("bearer" = [])),
@@ -89,7 +95,11 @@ async fn wait_for_leases(
             process: body.process.clone(),
             max: body.max,
         };
-        let leases = state.store.lease_claim(params).await?;
+        let leases = match state.store.lease_claim(params).await {
+            Ok(leases) => leases,
+            Err(e @ StoreError::CommitUnknown(_)) => return Err(give_up(state, session, e).await),
+            Err(e) => return Err(e.into()),
+        };
         let now = Instant::now();
         if !leases.is_empty() || now >= deadline {
             return Ok(leases);
@@ -99,6 +109,21 @@ async fn wait_for_leases(
             () = notified => {}
             () = tokio::time::sleep(pause) => {}
             () = state.shutdown.cancelled() => return Ok(Vec::new()),
+        }
+    }
+}
+
+/// After a claim whose commit is unknown: closes `session`, so that whatever it
+/// may have leased goes back, and tells the client its session is gone. If the
+/// close fails too, the claim's error stands (503) and the session's leases go
+/// back when it expires.
+async fn give_up(state: &AppState, session: SessionId, unknown: StoreError) -> ApiError {
+    tracing::warn!(%session, error = %unknown, "a claim's commit is unknown; closing its session");
+    match state.store.session_close(SessionClose { session }).await {
+        Ok(_) => StoreError::SessionExpired { session }.into(),
+        Err(e) => {
+            tracing::warn!(%session, error = %e, "cannot close the session; it will expire");
+            unknown.into()
         }
     }
 }

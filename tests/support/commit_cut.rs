@@ -1,0 +1,181 @@
+//! A TCP proxy in front of PostgreSQL that, once armed, lets one claim commit
+//! on the server and then cuts the connection before the client hears the
+//! answer: the "committed, but the client cannot know" case that no local
+//! fault can produce otherwise.
+//!
+//! It reads the client's side of the wire protocol (plain text only: connect
+//! through it with `sslmode=disable`): statements are remembered by name from
+//! `Parse`, a `Bind` of one that leases keys (`SET state = 'running'`) marks the
+//! transaction, and that transaction's commit is the one cut: its `COMMIT`, or
+//! for a statement outside `BEGIN` the `Sync` that ends its implicit
+//! transaction. The server's answer (up to its `ReadyForQuery`, sent once the
+//! commit is done) is swallowed, then both connections are dropped.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// What a statement must contain for its transaction's commit to be cut.
+const CLAIM: &str = "SET state = 'running'";
+
+/// The proxy; it serves until the test ends.
+#[derive(Debug, Clone)]
+pub(crate) struct CommitCut {
+    /// Where clients connect.
+    pub(crate) addr: SocketAddr,
+    armed: Arc<AtomicBool>,
+    cut: Arc<Notify>,
+}
+
+impl CommitCut {
+    /// Listens on a free loopback port, forwarding to `upstream`.
+    pub(crate) async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let proxy = Self {
+            addr: listener.local_addr().expect("proxy address"),
+            armed: Arc::new(AtomicBool::new(false)),
+            cut: Arc::new(Notify::new()),
+        };
+        let serving = proxy.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                tokio::spawn(serving.clone().pipe(client, server));
+            }
+        });
+        proxy
+    }
+
+    /// Cuts the next claim's commit (once).
+    pub(crate) fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until a commit has been cut.
+    pub(crate) async fn cut(&self) {
+        self.cut.notified().await;
+    }
+
+    async fn pipe(self, client: TcpStream, server: TcpStream) {
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        let cutting = Arc::new(AtomicBool::new(false));
+        let replies = tokio::spawn(replies(
+            server_read,
+            client_write,
+            Arc::clone(&cutting),
+            Arc::clone(&self.cut),
+        ));
+        self.requests(client_read, server_write, &cutting).await;
+        replies.abort();
+    }
+
+    /// Client to server, message by message, watching for the commit to cut.
+    async fn requests(
+        &self,
+        mut from: OwnedReadHalf,
+        mut to: OwnedWriteHalf,
+        cutting: &AtomicBool,
+    ) {
+        let mut statements: HashMap<Vec<u8>, bool> = HashMap::new();
+        let (mut claiming, mut explicit, mut started) = (false, false, false);
+        loop {
+            // Before the startup message is through, messages carry no type byte.
+            let kind = if started {
+                match from.read_u8().await {
+                    Ok(kind) => Some(kind),
+                    Err(_) => return,
+                }
+            } else {
+                None
+            };
+            let Ok(len) = from.read_u32().await else {
+                return;
+            };
+            let mut body = vec![0; (len as usize).saturating_sub(4)];
+            if from.read_exact(&mut body).await.is_err() {
+                return;
+            }
+            let mut commits = false;
+            match kind {
+                None => {
+                    // SSLRequest and GSSENCRequest codes; anything else is the startup.
+                    let code = body
+                        .get(..4)
+                        .map(|c| u32::from_be_bytes(c.try_into().unwrap()));
+                    started = !matches!(code, Some(80_877_103 | 80_877_104));
+                }
+                Some(b'P') => {
+                    let mut parts = body.split(|b| *b == 0);
+                    let name = parts.next().unwrap_or_default().to_vec();
+                    let query = String::from_utf8_lossy(parts.next().unwrap_or_default());
+                    statements.insert(name, query.contains(CLAIM));
+                }
+                Some(b'B') => {
+                    let statement = body.split(|b| *b == 0).nth(1).unwrap_or_default();
+                    claiming |= statements.get(statement).copied().unwrap_or(false);
+                }
+                Some(b'Q') if body.starts_with(b"BEGIN") => explicit = true,
+                Some(b'Q') if body.starts_with(b"COMMIT") || body.starts_with(b"ROLLBACK") => {
+                    commits = body.starts_with(b"COMMIT") && claiming;
+                    (explicit, claiming) = (false, false);
+                }
+                Some(b'S') if !explicit => {
+                    commits = claiming;
+                    claiming = false;
+                }
+                Some(_) => {}
+            }
+            if commits && self.armed.swap(false, Ordering::SeqCst) {
+                // Set before the commit goes out: its answer is not passed on.
+                cutting.store(true, Ordering::SeqCst);
+            }
+            let mut message = Vec::with_capacity(len as usize + 1);
+            message.extend(kind);
+            message.extend_from_slice(&len.to_be_bytes());
+            message.extend_from_slice(&body);
+            if to.write_all(&message).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Server to client, byte for byte, until the answer to a cut commit: that is
+/// swallowed up to its `ReadyForQuery` (the server has committed by then), and
+/// both connections are dropped.
+async fn replies(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    cutting: Arc<AtomicBool>,
+    cut: Arc<Notify>,
+) {
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if cutting.load(Ordering::SeqCst) {
+            // A `ReadyForQuery` ('Z', length 5, status) ends what the server sent.
+            let ready = n >= 6 && buf[n - 6..n - 1] == [b'Z', 0, 0, 0, 5];
+            if ready {
+                drop((from, to));
+                cut.notify_one();
+                return;
+            }
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
