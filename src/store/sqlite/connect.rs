@@ -22,6 +22,13 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// backlog stay in memory instead of being re-read on every batch.
 const CACHE_SIZE: &str = "-65536";
 
+/// The page size of a new database file, in bytes: twice SQLite's default.
+/// A claim or a completion touches several indexes at scattered places, and
+/// with larger pages fewer of them split and fewer are written to the WAL per
+/// key (a bare loop over drover's statements drained 8 % faster at 8 KiB; 16 KiB
+/// gained nothing more). An existing file keeps the size it was created with.
+const PAGE_SIZE: u32 = 8192;
+
 /// Reads through a memory map of up to 1 GiB: pages are read in place instead
 /// of copied out of the OS cache for every statement.
 const MMAP_SIZE: &str = "1073741824";
@@ -57,6 +64,7 @@ impl SqliteStore {
                 reason: e.to_string(),
             })?
             .create_if_missing(true)
+            .page_size(PAGE_SIZE)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
