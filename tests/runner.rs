@@ -626,10 +626,7 @@ async fn a_claim_whose_commit_is_unknown_gives_its_session_up_and_loses_no_key()
         return;
     };
     let (db, schema) = support::postgres(&base).await;
-    let proxy = support::commit_cut::CommitCut::start(support::server_addr(&base).await).await;
-    let store = Store::connect(&support::through_proxy(&db.url, proxy.addr))
-        .await
-        .expect("connect through the proxy");
+    let (proxy, store) = support::commit_cut::CommitCut::in_front_of(&base, &db.url).await;
     // The controller's first claim takes all three keys, and its commit is cut.
     enqueue(&db.store, &["a", "b", "c"]).await;
     proxy.arm();

@@ -479,10 +479,7 @@ async fn a_claim_whose_commit_is_unknown_closes_the_session_and_hands_its_keys_b
         return;
     };
     let (db, schema) = support::postgres(&base).await;
-    let proxy = support::commit_cut::CommitCut::start(support::server_addr(&base).await).await;
-    let proxied = drover::store::Store::connect(&support::through_proxy(&db.url, proxy.addr))
-        .await
-        .expect("connect through the proxy");
+    let (proxy, proxied) = support::commit_cut::CommitCut::in_front_of(&base, &db.url).await;
     let api = Api::new(&proxied);
     let session = api.session(600_000).await;
     db.store

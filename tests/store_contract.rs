@@ -65,16 +65,22 @@ async fn item(store: &Store, key: &str) -> Option<drover::store::Item> {
         .map(|d| d.item)
 }
 
-async fn events(store: &Store, key: &str) -> Vec<EventKind> {
-    let mut events: Vec<_> = store
+/// The newest `limit` events of `key`, newest first.
+async fn history(store: &Store, key: &str, limit: u32) -> Vec<drover::store::HistoryEvent> {
+    store
         .history_list(HistoryList {
             process: Some(P.into()),
             key: Some(key.into()),
             before_id: None,
-            limit: 100,
+            limit,
         })
         .await
         .expect("history")
+}
+
+async fn events(store: &Store, key: &str) -> Vec<EventKind> {
+    let mut events: Vec<_> = history(store, key, 100)
+        .await
         .into_iter()
         .map(|e| e.event)
         .collect();
@@ -966,20 +972,6 @@ async fn a_batch_of_completions_commits_the_held_leases_and_rejects_only_the_los
     .await;
 }
 
-/// Each lease's newest event, as the history shows it.
-async fn last_event(store: &Store, key: &str) -> drover::store::HistoryEvent {
-    store
-        .history_list(HistoryList {
-            process: Some(P.into()),
-            key: Some(key.into()),
-            before_id: None,
-            limit: 1,
-        })
-        .await
-        .expect("history")
-        .remove(0)
-}
-
 #[tokio::test]
 async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
     each_engine(|db| async move {
@@ -1031,25 +1023,16 @@ async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
             [Enqueued, Started, Failed, Parked]
         );
         for (key, attempt) in [("a", 1), ("b", 2), ("c", 1), ("d", 1)] {
-            let event = last_event(&db.store, key).await;
+            let event = history(&db.store, key, 1).await.remove(0);
             assert_eq!(
                 (event.session, event.attempt),
                 (Some(s.id), Some(attempt)),
                 "{key}: {event:?}"
             );
         }
-        let b = last_event(&db.store, "b").await;
+        let b = history(&db.store, "b", 1).await.remove(0);
         assert_eq!((b.error, b.transient), (None, None));
-        let d = db
-            .store
-            .history_list(HistoryList {
-                process: Some(P.into()),
-                key: Some("d".into()),
-                before_id: None,
-                limit: 2,
-            })
-            .await
-            .expect("history");
+        let d = history(&db.store, "d", 2).await;
         assert_eq!(d[1].error.as_deref(), Some("broken"));
         assert_eq!(d[1].transient, Some(false));
     })

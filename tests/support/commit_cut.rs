@@ -21,6 +21,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+use drover::store::Store;
+
 /// What a statement must contain for its transaction's commit to be cut.
 const CLAIM: &str = "SET state = 'running'";
 
@@ -52,6 +54,16 @@ impl CommitCut {
             }
         });
         proxy
+    }
+
+    /// A proxy in front of the PostgreSQL server at `base`, and a store on the
+    /// test database `url` connected through it.
+    pub(crate) async fn in_front_of(base: &str, url: &str) -> (Self, Store) {
+        let proxy = Self::start(super::server_addr(base).await).await;
+        let store = Store::connect(&super::through_proxy(url, proxy.addr))
+            .await
+            .expect("connect through the proxy");
+        (proxy, store)
     }
 
     /// Cuts the next claim's commit (once).

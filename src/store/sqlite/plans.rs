@@ -18,26 +18,23 @@ async fn plan(store: &SqliteStore, sql: &str) -> String {
         .join("; ")
 }
 
-async fn store() -> SqliteStore {
-    SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
+/// Fails unless the plan of `sql` on a freshly migrated store contains `step`.
+async fn assert_plan(sql: &str, step: &str) {
+    let store = SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
         .await
-        .expect("an in-memory store opens")
+        .expect("an in-memory store opens");
+    let plan = plan(&store, sql).await;
+    assert!(plan.contains(step), "expected `{step}` in: {plan}");
 }
 
 #[tokio::test]
 async fn the_enqueue_probes_the_running_rows_per_key_not_the_backlog() {
-    let plan = plan(&store().await, super::items::RUNNING).await;
-    assert!(
-        plan.contains("USING INDEX drover_items_settled (process=? AND key=?)"),
-        "{plan}"
-    );
+    let step = "USING INDEX drover_items_settled (process=? AND key=?)";
+    assert_plan(super::items::RUNNING, step).await;
 }
 
 #[tokio::test]
 async fn the_completion_probes_the_lease_index_per_token() {
-    let plan = plan(&store().await, super::complete::HELD).await;
-    assert!(
-        plan.contains("USING INDEX drover_items_leases (lease_session=? AND lease_token=?)"),
-        "{plan}"
-    );
+    let step = "USING INDEX drover_items_leases (lease_session=? AND lease_token=?)";
+    assert_plan(super::complete::HELD, step).await;
 }
