@@ -201,6 +201,53 @@ async fn an_http_worker_that_lost_its_lease_to_expiry_is_refused() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_worker_whose_claim_is_refused_starts_a_new_session_at_once() {
+    each_engine(|db| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, url) = serve(&db, dir.path()).await;
+        // A TTL far past the test: the next regular heartbeat is 200 s away.
+        let worker = remote_worker(&url, "true", &["--ttl", "600s"]);
+        let enqueue = |key: &'static str| {
+            let store = db.store.clone();
+            async move {
+                store
+                    .item_enqueue(ItemEnqueue::new(PROCESS, [key]))
+                    .await
+                    .unwrap();
+            }
+        };
+        enqueue("first").await;
+        eventually("the first key to run", || async {
+            !events(&db.store, "first", EventKind::Finished)
+                .await
+                .is_empty()
+        })
+        .await;
+        let session = events(&db.store, "first", EventKind::Finished).await[0]
+            .session
+            .expect("the run's session");
+        // The session goes away under the worker (as when the server closes it
+        // after a claim whose commit was unknown); its claims are refused.
+        db.store
+            .session_close(drover::store::SessionClose { session })
+            .await
+            .unwrap();
+        enqueue("second").await;
+        eventually("the second key to run under a new session", || async {
+            !events(&db.store, "second", EventKind::Finished)
+                .await
+                .is_empty()
+        })
+        .await;
+        let second = events(&db.store, "second", EventKind::Finished).await;
+        assert_ne!(second[0].session, Some(session));
+        stop(worker).await;
+        drop(server);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_wrong_token_fails_at_once_with_the_servers_answer() {
     let (db, dir) = support::sqlite().await;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use drover::runner::{Action, outcome_of};
 use drover::store::Outcome;
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -48,6 +48,11 @@ struct Worker {
     settings: Settings,
     /// Cancelled when shutdown's deadline passes.
     force: CancellationToken,
+    /// Asks the session keeper to heartbeat now: a claim was refused with 409,
+    /// so the session is likely gone (expired, or closed by the server after a
+    /// claim whose commit was unknown), and waiting for the next regular
+    /// heartbeat (up to TTL/3) would leave the worker idle that long.
+    recheck: Notify,
 }
 
 /// Starts a first session (so a wrong URL or token fails at once, with the
@@ -67,6 +72,7 @@ pub(crate) async fn run(
         exec,
         settings,
         force: CancellationToken::new(),
+        recheck: Notify::new(),
     });
     let (publish, mut live) = watch::channel(None);
     let keeper_stop = CancellationToken::new();
@@ -97,6 +103,9 @@ pub(crate) async fn run(
             }
             Err(e) => {
                 eprintln!("drover work: claim failed: {e}");
+                if matches!(e, CallError::Conflict(_)) {
+                    worker.recheck.notify_one();
+                }
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = sleep(Duration::from_secs(1)) => {}
@@ -168,7 +177,7 @@ async fn keep_session(
         };
         let token = worker.force.child_token();
         publish.send_replace(Some((id, token.clone())));
-        let lost = heartbeat_until_lost(&worker.api, id, ttl, &stop).await;
+        let lost = heartbeat_until_lost(&worker, id, &stop).await;
         publish.send_replace(None);
         token.cancel();
         if !lost {
@@ -181,9 +190,11 @@ async fn keep_session(
     }
 }
 
-/// Heartbeats every TTL/3, retrying failures until the deadline passes. Returns
-/// `true` when the session is lost, `false` when `stop` fired.
-async fn heartbeat_until_lost(api: &Api, id: i64, ttl: Duration, stop: &CancellationToken) -> bool {
+/// Heartbeats every TTL/3 (and at once when asked to recheck), retrying
+/// failures until the deadline passes. Returns `true` when the session is lost,
+/// `false` when `stop` fired.
+async fn heartbeat_until_lost(worker: &Worker, id: i64, stop: &CancellationToken) -> bool {
+    let (api, ttl) = (&worker.api, worker.settings.ttl);
     let mut renewed = Instant::now();
     loop {
         let pause = if renewed.elapsed() < ttl / 3 {
@@ -193,6 +204,7 @@ async fn heartbeat_until_lost(api: &Api, id: i64, ttl: Duration, stop: &Cancella
         };
         tokio::select! {
             () = stop.cancelled() => return false,
+            () = worker.recheck.notified() => {}
             () = sleep(pause) => {}
         }
         match api.heartbeat(id, ttl / 3).await {
