@@ -42,6 +42,35 @@ async fn a_missing_sqlite_file_is_created_and_migrated() {
 }
 
 #[tokio::test]
+async fn a_new_sqlite_file_uses_8_kib_pages_and_an_existing_one_keeps_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page_size = |path: std::path::PathBuf| async move {
+        let url = format!("sqlite://{}", path.display());
+        let store = drover::store::SqliteStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("connect");
+        let size: i64 = sqlx::query_scalar("PRAGMA page_size")
+            .fetch_one(store.pool())
+            .await
+            .expect("page_size");
+        store.close().await;
+        size
+    };
+    assert_eq!(page_size(dir.path().join("new.db")).await, 8192);
+    // A file made by something else first, with SQLite's default page size.
+    let old = dir.path().join("old.db");
+    let other = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", old.display()))
+        .await
+        .expect("create a plain SQLite file");
+    sqlx::query("CREATE TABLE t (x)")
+        .execute(&other)
+        .await
+        .expect("create table");
+    other.close().await;
+    assert_eq!(page_size(old).await, 4096);
+}
+
+#[tokio::test]
 async fn several_nodes_migrating_a_fresh_database_at_once_all_succeed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sqlite = format!("sqlite://{}", dir.path().join("race.db").display());

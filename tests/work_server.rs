@@ -87,6 +87,15 @@ async fn events(store: &Store, key: &str, kind: EventKind) -> Vec<drover::store:
     all
 }
 
+/// Waits until `key` has run to completion; its newest `finished` event.
+async fn finished_run(store: &Store, key: &str) -> drover::store::HistoryEvent {
+    eventually(&format!("{key} to finish"), || async {
+        !events(store, key, EventKind::Finished).await.is_empty()
+    })
+    .await;
+    events(store, key, EventKind::Finished).await.remove(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_over_http_processes_keys_end_to_end() {
     each_engine(|db| async move {
@@ -208,40 +217,19 @@ async fn an_http_worker_whose_claim_is_refused_starts_a_new_session_at_once() {
         let (server, url) = serve(&db, dir.path()).await;
         // A TTL far past the test: the next regular heartbeat is 200 s away.
         let worker = remote_worker(&url, "true", &["--ttl", "600s"]);
-        let enqueue = |key: &'static str| {
-            let store = db.store.clone();
-            async move {
-                store
-                    .item_enqueue(ItemEnqueue::new(PROCESS, [key]))
-                    .await
-                    .unwrap();
-            }
-        };
-        enqueue("first").await;
-        eventually("the first key to run", || async {
-            !events(&db.store, "first", EventKind::Finished)
-                .await
-                .is_empty()
-        })
-        .await;
-        let session = events(&db.store, "first", EventKind::Finished).await[0]
-            .session
-            .expect("the run's session");
+        let enqueue = |key: &'static str| db.store.item_enqueue(ItemEnqueue::new(PROCESS, [key]));
+        enqueue("first").await.unwrap();
+        let first = finished_run(&db.store, "first").await;
+        let session = first.session.expect("the run's session");
         // The session goes away under the worker (as when the server closes it
         // after a claim whose commit was unknown); its claims are refused.
         db.store
             .session_close(drover::store::SessionClose { session })
             .await
             .unwrap();
-        enqueue("second").await;
-        eventually("the second key to run under a new session", || async {
-            !events(&db.store, "second", EventKind::Finished)
-                .await
-                .is_empty()
-        })
-        .await;
-        let second = events(&db.store, "second", EventKind::Finished).await;
-        assert_ne!(second[0].session, Some(session));
+        enqueue("second").await.unwrap();
+        let second = finished_run(&db.store, "second").await;
+        assert_ne!(second.session, Some(session), "run under a new session");
         stop(worker).await;
         drop(server);
     })
