@@ -5,7 +5,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -33,7 +33,7 @@ use super::state::{Change, LazyNow, State, Timing};
 ///
 /// Clones are cheap handles to the same queue, for many worker tasks.
 pub struct Queue<K> {
-    shared: Arc<Shared<K, Mutex<State<K>>>>,
+    shared: Arc<Shared<K, parking_lot::Mutex<State<K>>>>,
 }
 
 impl<K> Clone for Queue<K> {
