@@ -220,7 +220,8 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> QueueBuilder<K> {
 /// this very code under shuttle.
 pub(crate) struct Shared<K, L> {
     state: L,
-    /// Wakes one waiting `get` per key that became ready; all of them at shutdown.
+    /// Wakes one waiting `get` per key that became ready (only while one is
+    /// counted as waiting: [`State::has_waiters`]); all of them at shutdown.
     ready: Notify,
     /// Wakes `shut_down_with_drain` when the last processing key is done.
     drained: Notify,
