@@ -79,11 +79,7 @@ pub(super) async fn retry(
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
     log(&mut tx, now, names, EventKind::Retried, None).await?;
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(PostgresStore::notify_channel(&params.process))
-        .execute(&mut *tx)
-        .await
-        .db()?;
+    PostgresStore::notify_ready(&mut tx, &params.process).await?;
     commit(tx).await?;
     row.into_item(now).map(Some)
 }

@@ -75,6 +75,18 @@ impl PostgresStore {
         format!("drover_{hash:016x}")
     }
 
+    /// Queues a notification on `process`'s channel in `tx`: PostgreSQL sends
+    /// it when `tx` commits, so listeners on every node claim at once instead
+    /// of at their next poll.
+    pub(super) async fn notify_ready(tx: &mut Tx, process: &str) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(Self::notify_channel(process))
+            .execute(&mut **tx)
+            .await
+            .db()?;
+        Ok(())
+    }
+
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
     /// shape) that is true when `lease_lock` would accept the key: the key is not
     /// leased, not parked and not backing off. `process` and `key` are spliced in

@@ -157,11 +157,7 @@ async fn attempt(
     } else {
         upsert(&mut tx, params, keys, ready_at, now).await?
     };
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(PostgresStore::notify_channel(&params.process))
-        .execute(&mut *tx)
-        .await
-        .db()?;
+    PostgresStore::notify_ready(&mut tx, &params.process).await?;
     commit(tx).await?;
     Ok(Attempt::Written(report))
 }
