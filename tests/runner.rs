@@ -100,6 +100,18 @@ async fn events(db: &TestDb, key: &str, kind: EventKind) -> Vec<drover::store::H
     all
 }
 
+/// Fails unless `key` is pending again with no failure counted (a released or
+/// canceled run is not a failure).
+async fn assert_pending_unfailed(db: &TestDb, key: &str) {
+    let detail = item(db, key).await.expect("still an item");
+    assert_eq!(
+        detail.item.state,
+        ItemState::Pending,
+        "{key} back to pending"
+    );
+    assert_eq!(detail.item.failures, 0, "{key}: not a failure");
+}
+
 /// A reconciler that reports every run's (key, attempt) and ends it with `end`.
 fn reporting<F>(tx: mpsc::UnboundedSender<(String, u32)>, end: F) -> impl Reconciler
 where
@@ -355,13 +367,7 @@ async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
         }
         running.stop().await;
         for key in ["a", "b", "c"] {
-            let detail = item(&db, key).await.expect("still an item");
-            assert_eq!(
-                detail.item.state,
-                ItemState::Pending,
-                "{key} is pending again"
-            );
-            assert_eq!(detail.item.failures, 0, "a cancellation is not a failure");
+            assert_pending_unfailed(&db, key).await;
             assert_eq!(events(&db, key, EventKind::Canceled).await.len(), 1);
         }
 
@@ -408,14 +414,8 @@ async fn prefetched_keys_wait_leased_and_go_back_to_pending_at_shutdown() {
                 assert_eq!(state, expected, "prefetch {prefetch}: {key}");
             }
             running.stop().await;
-            for key in &keys {
-                let detail = item(&db, key).await.expect("still an item");
-                assert_eq!(
-                    detail.item.state,
-                    ItemState::Pending,
-                    "{key} back to pending"
-                );
-                assert_eq!(detail.item.failures, 0, "{key}: not a failure");
+            for key in keys {
+                assert_pending_unfailed(&db, key).await;
             }
             for key in &keys[1..=prefetch] {
                 assert_eq!(

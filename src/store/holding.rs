@@ -60,6 +60,30 @@ pub(crate) fn match_leases<R>(
     rows
 }
 
+/// An engine's running row as a completion reads it: its id and what
+/// [`settle`] needs.
+pub(crate) trait Held {
+    /// The row's primary key.
+    fn id(&self) -> i64;
+    /// The row's running state.
+    fn running(&self) -> Running;
+}
+
+/// The distinct sessions of `batch`, to look up once each.
+pub(crate) fn asked_sessions(batch: &[LeaseComplete<'_>]) -> Vec<i64> {
+    let asked: HashSet<i64> = batch.iter().map(|p| p.lease.session.0).collect();
+    asked.into_iter().collect()
+}
+
+/// The `asked` sessions missing from `live` (gone, or past their deadline).
+pub(crate) fn expired_sessions(asked: Vec<i64>, live: &[i64]) -> HashSet<SessionId> {
+    asked
+        .into_iter()
+        .filter(|id| !live.contains(id))
+        .map(SessionId)
+        .collect()
+}
+
 /// What a batch of completions settles to, before the engine writes it.
 #[derive(Debug)]
 pub(crate) struct Settling<'a> {
@@ -70,15 +94,15 @@ pub(crate) struct Settling<'a> {
     pub(crate) ready: HashSet<&'a str>,
 }
 
-/// Settles each lease of `batch` whose row is held (`rows`, by position: the
-/// row's id and its running state): hands the outcome to `write`, answers
+/// Settles each lease of `batch` whose row is held (`rows`, by position, as
+/// [`match_leases`] gives them): hands the outcome to `write`, answers
 /// `Ok`. The others are refused on their own, `SessionExpired` when their
 /// session is in `expired`, `LeaseLost` otherwise; a row met twice in one batch
 /// is settled once.
 pub(crate) fn settle_batch<'a>(
     now: DateTime<Utc>,
     batch: &[LeaseComplete<'a>],
-    rows: Vec<Option<(i64, Running)>>,
+    rows: Vec<Option<impl Held>>,
     expired: &HashSet<SessionId>,
     mut write: impl FnMut(i64, &Lease, Settled),
 ) -> Settling<'a> {
@@ -89,9 +113,9 @@ pub(crate) fn settle_batch<'a>(
     };
     for (params, row) in batch.iter().zip(rows) {
         let lease: &'a Lease = params.lease;
-        let result = match row.filter(|(id, _)| seen.insert(*id)) {
-            Some((id, running)) => {
-                let settled = settle(now, &running, params.outcome);
+        let result = match row.filter(|row| seen.insert(row.id())) {
+            Some(row) => {
+                let (id, settled) = (row.id(), settle(now, &row.running(), params.outcome));
                 if settled.next.as_ref().is_some_and(|n| n.ready_by(now)) {
                     settling.ready.insert(lease.process.as_str());
                 }

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use crate::backoff::clamp_delay;
 use crate::store::StoreError;
 use crate::store::decode::{backoff_policy, event_kind, item_state};
+use crate::store::holding::Held;
 use crate::store::settle::{Dirty, Running};
 use crate::store::types::{FencingToken, HistoryEvent, Item, SessionId};
 
@@ -81,9 +82,12 @@ pub(super) struct RunningRow {
     backoff_jitter: Option<f64>,
 }
 
-impl RunningRow {
-    /// The input of [`crate::store::settle::settle`].
-    pub(super) fn running(&self) -> Running {
+impl Held for RunningRow {
+    fn id(&self) -> i64 {
+        self.id
+    }
+
+    fn running(&self) -> Running {
         let dirty = self.dirty_since.map(|since| Dirty {
             since,
             ready_at: self.dirty_ready_at.unwrap_or(since),

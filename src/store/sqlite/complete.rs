@@ -11,7 +11,7 @@ use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, to_ms, to_time};
 use crate::store::StoreError;
-use crate::store::holding::{Found, match_leases, settle_batch};
+use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
 use crate::store::settle::{NextRow, Settled};
 use crate::store::types::{EventKind, Lease, SessionId};
@@ -59,10 +59,6 @@ pub(super) async fn complete_batch(
     let (mut tx, now) = store.write().await?;
     let (live, expired) = sessions(&mut tx, now, batch).await?;
     let rows = held(&mut tx, &live, batch).await?;
-    let rows = rows
-        .into_iter()
-        .map(|r| r.map(|r| (r.id, r.running())))
-        .collect();
     let mut writes = Writes::default();
     let settling = settle_batch(to_time(now), batch, rows, &expired, |id, lease, s| {
         writes.add(id, lease, s);
@@ -99,8 +95,7 @@ async fn sessions(
     now: i64,
     batch: &[LeaseComplete<'_>],
 ) -> Result<(Vec<i64>, HashSet<SessionId>), StoreError> {
-    let asked: HashSet<i64> = batch.iter().map(|p| p.lease.session.0).collect();
-    let asked: Vec<i64> = asked.into_iter().collect();
+    let asked = asked_sessions(batch);
     let live: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM drover_sessions
          WHERE id IN (SELECT value FROM json_each(?1)) AND deadline > ?2",
@@ -110,11 +105,7 @@ async fn sessions(
     .fetch_all(&mut **tx)
     .await
     .db()?;
-    let expired = asked
-        .into_iter()
-        .filter(|id| !live.contains(id))
-        .map(SessionId)
-        .collect();
+    let expired = expired_sessions(asked, &live);
     Ok((live, expired))
 }
 
