@@ -51,8 +51,10 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod backoff;
 pub mod bench;
+pub mod client;
 pub mod metrics;
 pub mod queue;
 pub mod runner;

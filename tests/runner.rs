@@ -14,7 +14,8 @@ use drover::runner::{
 use drover::store::{
     EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
 };
-use support::{TestDb, each_engine};
+use support::backend::TestBackend;
+use support::{TestDb, each_backend, each_engine};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -26,8 +27,11 @@ fn ms(n: u64) -> Duration {
 }
 
 /// A controller tuned for tests: no poll throttling, quick idle polls.
-fn controller<R: Reconciler>(store: &Store, reconciler: R) -> ControllerBuilder<R> {
-    Controller::builder(store.clone(), PROCESS, reconciler)
+fn controller<R: Reconciler>(
+    backend: &TestBackend,
+    reconciler: R,
+) -> ControllerBuilder<R, TestBackend> {
+    Controller::builder(backend.clone(), PROCESS, reconciler)
         .poll_rate(ms(1), 1000)
         .idle_poll(ms(50))
         .ttl(Duration::from_secs(3))
@@ -39,7 +43,7 @@ struct Running {
 }
 
 impl Running {
-    fn start<R: Reconciler>(builder: ControllerBuilder<R>) -> Self {
+    fn start<R: Reconciler>(builder: ControllerBuilder<R, TestBackend>) -> Self {
         let controller = builder.build().expect("valid settings");
         let stop = CancellationToken::new();
         let handle = tokio::spawn({
@@ -142,10 +146,10 @@ fn stuck(tx: mpsc::UnboundedSender<String>) -> impl Reconciler {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_enqueued_key_is_reconciled_exactly_once() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let running = Running::start(
-            controller(&db.store, reporting(tx, |_| Ok(Action::Done))).parallelism(4),
+            controller(&db.worker, reporting(tx, |_| Ok(Action::Done))).parallelism(4),
         );
         let keys: Vec<String> = (0..40).map(|i| format!("ns/obj-{i:02}")).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -167,7 +171,7 @@ async fn every_enqueued_key_is_reconciled_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_enqueues_during_a_run_gives_exactly_one_more_run() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let gate = Arc::new(Semaphore::new(0));
         let reconciler = {
@@ -184,7 +188,7 @@ async fn a_burst_of_enqueues_during_a_run_gives_exactly_one_more_run() {
         // No idle poll to fall back on: the completion itself must wake the
         // claim loop for the re-run.
         let running =
-            Running::start(controller(&db.store, reconciler).idle_poll(Duration::from_secs(3600)));
+            Running::start(controller(&db.worker, reconciler).idle_poll(Duration::from_secs(3600)));
         enqueue(&db.store, &["a"]).await;
         assert_eq!(recv(&mut rx).await, "a");
         for _ in 0..100 {
@@ -207,7 +211,7 @@ async fn a_burst_of_enqueues_during_a_run_gives_exactly_one_more_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_error_parks_the_key_until_it_is_enqueued_again() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let calls = Arc::new(AtomicU32::new(0));
         let reconciler = {
@@ -221,7 +225,7 @@ async fn a_permanent_error_parks_the_key_until_it_is_enqueued_again() {
                 }
             })
         };
-        let running = Running::start(controller(&db.store, reconciler));
+        let running = Running::start(controller(&db.worker, reconciler));
         enqueue(&db.store, &["run-1"]).await;
         recv(&mut rx).await;
         running.stop().await;
@@ -234,7 +238,7 @@ async fn a_permanent_error_parks_the_key_until_it_is_enqueued_again() {
         );
 
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let running = Running::start(controller(&db.store, reporting(tx, |_| Ok(Action::Done))));
+        let running = Running::start(controller(&db.worker, reporting(tx, |_| Ok(Action::Done))));
         enqueue(&db.store, &["run-1"]).await;
         assert_eq!(
             recv(&mut rx).await.0,
@@ -249,12 +253,12 @@ async fn a_permanent_error_parks_the_key_until_it_is_enqueued_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_failures_back_off_longer_each_time_up_to_the_cap() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let backoff = Backoff::new(ms(40), 2.0, ms(160)).unwrap();
         let failing = reporting(tx, |_| Err("upstream unavailable".into()));
         let running = Running::start(
-            controller(&db.store, failing)
+            controller(&db.worker, failing)
                 .backoff(backoff)
                 .idle_poll(ms(10)),
         );
@@ -288,11 +292,11 @@ async fn transient_failures_back_off_longer_each_time_up_to_the_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_worker_respects_the_stored_backoff() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let backoff = Backoff::new(ms(400), 2.0, ms(400)).unwrap();
         let running = Running::start(
-            controller(&db.store, reporting(tx, |_| Err("down".into()))).backoff(backoff),
+            controller(&db.worker, reporting(tx, |_| Err("down".into()))).backoff(backoff),
         );
         enqueue(&db.store, &["k"]).await;
         recv(&mut rx).await;
@@ -305,9 +309,14 @@ async fn a_restarted_worker_respects_the_stored_backoff() {
             .expect("in backoff");
 
         let restarted = db.reconnect().await;
+        // On the database, a fresh connection; through a server, a new client.
+        let worker = match &db.worker {
+            TestBackend::Store(_) => TestBackend::Store(restarted.clone()),
+            client => client.clone(),
+        };
         let (tx, mut rx) = mpsc::unbounded_channel();
         let running = Running::start(
-            controller(&restarted, reporting(tx, |_| Ok(Action::Done))).idle_poll(ms(10)),
+            controller(&worker, reporting(tx, |_| Ok(Action::Done))).idle_poll(ms(10)),
         );
         enqueue(&restarted, &["k"]).await; // an enqueue does not shorten the backoff
         assert_eq!(recv(&mut rx).await, ("k".to_owned(), 2));
@@ -324,7 +333,7 @@ async fn a_restarted_worker_respects_the_stored_backoff() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let reconciler = reporting(tx, |task| {
             if task.attempt() == 1 {
@@ -333,7 +342,7 @@ async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() 
             Ok(Action::Done)
         });
         let running = Running::start(
-            controller(&db.store, reconciler).backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
+            controller(&db.worker, reconciler).backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
         );
         enqueue(&db.store, &["p"]).await;
         assert_eq!(recv(&mut rx).await.1, 1);
@@ -354,10 +363,10 @@ async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let running = Running::start(
-            controller(&db.store, stuck(tx))
+            controller(&db.worker, stuck(tx))
                 .parallelism(3)
                 .shutdown_deadline(ms(200)),
         );
@@ -372,7 +381,7 @@ async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
         }
 
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let running = Running::start(controller(&db.store, reporting(tx, |_| Ok(Action::Done))));
+        let running = Running::start(controller(&db.worker, reporting(tx, |_| Ok(Action::Done))));
         let mut rerun = Vec::new();
         for _ in 0..3 {
             rerun.push(recv(&mut rx).await.0);
@@ -391,11 +400,11 @@ async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefetched_keys_wait_leased_and_go_back_to_pending_at_shutdown() {
     for prefetch in [0, 2] {
-        each_engine(move |db| async move {
+        each_backend(move |db| async move {
             let keys = ["a", "b", "c", "d"];
             let (tx, mut rx) = mpsc::unbounded_channel();
             let running = Running::start(
-                controller(&db.store, stuck(tx))
+                controller(&db.worker, stuck(tx))
                     .parallelism(1)
                     .prefetch(prefetch)
                     .shutdown_deadline(ms(200)),
@@ -432,7 +441,7 @@ async fn prefetched_keys_wait_leased_and_go_back_to_pending_at_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_session_stops_the_run_and_discards_its_result() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let runs = Arc::new(AtomicU32::new(0));
         let reconciler = move |task: Task| {
@@ -447,7 +456,7 @@ async fn a_lost_session_stops_the_run_and_discards_its_result() {
                 Ok::<_, BoxError>(Action::Done)
             }
         };
-        let running = Running::start(controller(&db.store, reconciler).ttl(ms(900)));
+        let running = Running::start(controller(&db.worker, reconciler).ttl(ms(900)));
         enqueue(&db.store, &["m"]).await;
         assert_eq!(recv(&mut rx).await, "start 1");
         // Jump the database clock past the TTL: the next heartbeat is refused.
@@ -484,9 +493,9 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_controller_wakes_on_an_enqueue_without_polling() {
-    each_engine(|db| async move {
+    each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let builder = controller(&db.store, reporting(tx, |_| Ok(Action::Done)))
+        let builder = controller(&db.worker, reporting(tx, |_| Ok(Action::Done)))
             .idle_poll(Duration::from_secs(3600));
         let running = Running::start(builder);
         enqueue(&db.store, &["warm"]).await;
@@ -557,11 +566,11 @@ async fn a_query_source_locks_candidates_from_the_users_table_and_backs_off_fail
                     "UPDATE machines SET started = TRUE WHERE id = '{}'",
                     task.key()
                 );
-                exec(task.store(), &sql).await;
+                exec(task.store().expect("a store backend"), &sql).await;
                 Ok(Action::Done)
             }
         };
-        let builder = controller(&db.store, agent)
+        let builder = controller(&db.worker, agent)
             .source(Source::query(unstarted))
             .parallelism(2)
             .idle_poll(ms(10))
@@ -598,7 +607,7 @@ async fn an_idle_controller_hears_an_enqueue_from_another_process_through_listen
     };
     let (db, schema) = support::postgres(&base).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let builder = controller(&db.store, reporting(tx, |_| Ok(Action::Done)))
+    let builder = controller(&db.worker, reporting(tx, |_| Ok(Action::Done)))
         .idle_poll(Duration::from_secs(3600));
     let running = Running::start(builder);
     enqueue(&db.store, &["warm"]).await;
@@ -632,10 +641,13 @@ async fn a_claim_whose_commit_is_unknown_gives_its_session_up_and_loses_no_key()
     proxy.arm();
     let (tx, mut rx) = mpsc::unbounded_channel();
     // A TTL far past the test: only closing the session can free what it leased.
-    let builder = controller(&store, reporting(tx, |_| Ok(Action::Done)))
-        .parallelism(3)
-        .ttl(Duration::from_secs(600))
-        .idle_poll(Duration::from_secs(3600));
+    let builder = controller(
+        &TestBackend::Store(store.clone()),
+        reporting(tx, |_| Ok(Action::Done)),
+    )
+    .parallelism(3)
+    .ttl(Duration::from_secs(600))
+    .idle_poll(Duration::from_secs(3600));
     let running = Running::start(builder);
     tokio::time::timeout(Duration::from_secs(20), proxy.cut())
         .await
@@ -668,14 +680,14 @@ async fn a_claim_whose_commit_is_unknown_gives_its_session_up_and_loses_no_key()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_reports_its_outcomes_and_sessions_as_metrics() {
-    each_engine(|db| async move {
-        let process = format!("metered_{}", db.engine);
+    each_backend(|db| async move {
+        let process = format!("metered_{}_{}", db.engine, db.worker.name());
         let (tx, mut rx) = mpsc::unbounded_channel();
         let reconciler = reporting(tx, |task| match task.key() {
             "bad" => Err(permanent(std::io::Error::other("no")).into()),
             _ => Ok(Action::Done),
         });
-        let builder = Controller::builder(db.store.clone(), process.clone(), reconciler)
+        let builder = Controller::builder(db.worker.clone(), process.clone(), reconciler)
             .poll_rate(ms(1), 1000)
             .idle_poll(ms(20));
         let running = Running::start(builder);
@@ -694,25 +706,32 @@ async fn a_controller_reports_its_outcomes_and_sessions_as_metrics() {
                 .find(|l| l.starts_with(&prefix))
                 .map(str::to_owned)
         };
+        // Through a server, the server counts each outcome it records too, in
+        // this same process's registry.
+        let counted = if db.worker.name() == "client" { 2 } else { 1 };
         assert_eq!(
             line(format!(
                 r#"drover_outcomes_total{{process="{process}",outcome="done"}}"#
             ))
             .as_deref(),
             Some(
-                format!(r#"drover_outcomes_total{{process="{process}",outcome="done"}} 2"#)
-                    .as_str()
+                format!(
+                    r#"drover_outcomes_total{{process="{process}",outcome="done"}} {}"#,
+                    2 * counted
+                )
+                .as_str()
             )
         );
         assert!(
             line(format!(
-                r#"drover_outcomes_total{{process="{process}",outcome="permanent"}} 1"#
+                r#"drover_outcomes_total{{process="{process}",outcome="permanent"}} {counted}"#
             ))
             .is_some()
         );
         assert!(
             line(format!(
-                r#"workqueue_work_duration_seconds_count{{name="{process}"}} 3"#
+                r#"workqueue_work_duration_seconds_count{{name="{process}"}} {}"#,
+                3 * counted
             ))
             .is_some()
         );

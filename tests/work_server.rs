@@ -21,17 +21,15 @@ const TOKEN: &str = "worker-secret";
 /// `drover serve` on a free loopback port with one worker token; returns it and
 /// its base URL.
 async fn serve(db: &TestDb, dir: &std::path::Path) -> (Child, String) {
+    serve_on(db, dir, "127.0.0.1:0").await
+}
+
+/// `drover serve` listening on `listen`.
+async fn serve_on(db: &TestDb, dir: &std::path::Path, listen: &str) -> (Child, String) {
     let tokens = dir.join("tokens");
     std::fs::write(&tokens, format!("worker:{TOKEN}\n")).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_drover"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--db",
-            &db.url,
-            "--tokens",
-        ])
+        .args(["serve", "--listen", listen, "--db", &db.url, "--tokens"])
         .arg(&tokens)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -251,4 +249,81 @@ async fn a_wrong_token_fails_at_once_with_the_servers_answer() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("401"), "{stderr}");
     drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_reached_while_the_server_is_down_lands_after_its_restart() {
+    each_engine(|db| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, url) = serve(&db, dir.path()).await;
+        let listen = url.trim_start_matches("http://").to_owned();
+        let (started, ended) = (dir.path().join("started"), dir.path().join("ended"));
+        let gate = dir.path().join("gate");
+        // The run waits for the test to kill the server, then ends: its outcome
+        // is reached while nothing answers.
+        let script = format!(
+            "touch {s}; while [ ! -e {g} ]; do sleep 0.02; done; touch {e}",
+            s = started.display(),
+            g = gate.display(),
+            e = ended.display()
+        );
+        let worker = remote_worker(&url, &format!("sh -c '{script}' sh"), &["--ttl", "30s"]);
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .unwrap();
+        eventually("the run to start", || async { started.exists() }).await;
+        let mut server = server;
+        server.start_kill().unwrap();
+        server.wait().await.unwrap();
+        std::fs::write(&gate, "").unwrap();
+        eventually("the run to end", || async { ended.exists() }).await;
+        // The worker is now retrying its outcome against a dead server; bring
+        // it back on the same address (a crash and restart of `serve`).
+        let (restarted, _) = serve_on(&db, dir.path(), &listen).await;
+        let finished = finished_run(&db.store, "k").await;
+        assert_eq!(counts(&db.store).await, (0, 0, 0), "k is done, not stuck");
+        let started = events(&db.store, "k", EventKind::Started).await;
+        assert_eq!(started.len(), 1, "one run: its outcome landed late");
+        assert_eq!(finished.session, started[0].session);
+        stop(worker).await;
+        drop(restarted);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_worker_with_a_parallelism_over_one_claims_answer_drains_everything() {
+    each_engine(|db| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, url) = serve(&db, dir.path()).await;
+        let keys: Vec<String> = (0..5000).map(|i| format!("k{i:04}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .unwrap();
+        // 2,000 slots: more than one claim answer holds (1,000).
+        let worker = remote_worker(&url, "true", &["--parallelism", "2000"]);
+        support::process::eventually_within(
+            "5,000 keys drained",
+            Duration::from_secs(120),
+            || async { counts(&db.store).await == (0, 0, 0) },
+        )
+        .await;
+        stop(worker).await;
+        let list = HistoryList {
+            process: Some(PROCESS.into()),
+            key: None,
+            before_id: None,
+            limit: 10_000,
+        };
+        let history = db.store.history_list(list).await.unwrap();
+        let finished = history
+            .iter()
+            .filter(|e| e.event == EventKind::Finished)
+            .count();
+        assert_eq!(finished, 5000, "every key ran once");
+        drop(server);
+    })
+    .await;
 }

@@ -10,7 +10,6 @@ mod enqueue;
 mod exec;
 mod history;
 mod migrate;
-mod remote;
 mod serve;
 mod signal;
 mod status;

@@ -6,12 +6,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::backoff::Backoff;
-use drover::runner::{Controller, Task};
+use drover::client::Client;
+use drover::runner::{Controller, Reconciler, Task};
+use drover::store::WorkerBackend;
 use tokio_util::sync::CancellationToken;
 
 use super::db::{DbArgs, parse_duration};
 use super::exec::{Exec, Job};
-use super::remote;
 use super::signal::shutdown_on_signals;
 
 /// Arguments of `drover work`.
@@ -30,7 +31,7 @@ pub(crate) struct Args {
     /// Keys claimed ahead beyond those running, so the next command starts
     /// without a database round trip (default 0: claim only for free slots).
     /// Prefetched keys wait leased on this worker.
-    #[arg(long, conflicts_with = "server")]
+    #[arg(long)]
     prefetch: Option<u16>,
     /// Session TTL: a dead worker's keys run elsewhere this long after it died.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -49,7 +50,8 @@ pub(crate) struct Args {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     shutdown_deadline: Duration,
     /// Work through a drover server's HTTP API instead of the database (for
-    /// machines that should not hold database credentials).
+    /// machines that should not hold database credentials): the same worker,
+    /// with long-polling claims and batched completions.
     #[arg(long, value_name = "URL", conflicts_with = "url")]
     server: Option<String>,
     /// The bearer token for --server (a worker's or an admin's).
@@ -79,20 +81,57 @@ impl Args {
 }
 
 /// Runs the worker until SIGINT/SIGTERM, then shuts down gracefully (a second
-/// signal exits at once).
+/// signal exits at once). With `--server` the same controller works through a
+/// drover server's HTTP API instead of the database.
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
-    if let Some(server) = &args.server {
-        return run_remote(&args, server).await;
-    }
     let exec = Arc::new(Exec::parse(&args.exec)?);
     let backoff = args.backoff()?;
+    if let Some(server) = &args.server {
+        anyhow::ensure!(
+            backoff.is_none(),
+            "--backoff-initial and --backoff-max need --db: a process's backoff is set where its database is"
+        );
+        let mut client = Client::new(server).context("invalid --server")?;
+        if let Some(token) = &args.token {
+            client = client.token(token.clone());
+        }
+        let controller = controller(&args, client, exec, None)?;
+        eprintln!(
+            "drover work: process {} via {server}, parallelism {}, exec {:?}",
+            args.process, args.parallelism, args.exec
+        );
+        return serve_until_signal(controller).await;
+    }
     let store = args.db.open().await?;
+    let controller = controller(&args, store, exec, backoff)?;
+    eprintln!(
+        "drover work: process {} on {}, parallelism {}, exec {:?}",
+        args.process,
+        args.db.redacted(),
+        args.parallelism,
+        args.exec
+    );
+    serve_until_signal(controller).await
+}
+
+/// The controller `drover work` runs, on either backend.
+fn controller<B: WorkerBackend>(
+    args: &Args,
+    backend: B,
+    exec: Arc<Exec>,
+    backoff: Option<Backoff>,
+) -> anyhow::Result<Controller<impl Reconciler + use<B>, B>> {
     let reconciler = move |task: Task| {
         let exec = Arc::clone(&exec);
         async move { exec.run(Job::from(&task)).await }
     };
-    let mut builder = Controller::builder(store, args.process.clone(), reconciler)
-        .component("drover work")
+    let component = if args.server.is_some() {
+        "drover work --server"
+    } else {
+        "drover work"
+    };
+    let mut builder = Controller::builder(backend, args.process.clone(), reconciler)
+        .component(component)
         .parallelism(usize::from(args.parallelism))
         .ttl(args.ttl)
         .shutdown_deadline(args.shutdown_deadline);
@@ -105,44 +144,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(backoff) = backoff {
         builder = builder.backoff(backoff);
     }
-    let controller = builder.build().context("invalid worker settings")?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown_on_signals(shutdown.clone()));
-    eprintln!(
-        "drover work: process {} on {}, parallelism {}, exec {:?}",
-        args.process,
-        args.db.redacted(),
-        args.parallelism,
-        args.exec
-    );
-    controller.run(shutdown).await?;
-    Ok(())
+    builder.build().context("invalid worker settings")
 }
 
-/// `--server`: the same loop over the HTTP API.
-async fn run_remote(args: &Args, server: &str) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.backoff_initial.is_none() && args.backoff_max.is_none(),
-        "--backoff-initial and --backoff-max need --db: a process's backoff is set where its database is"
-    );
-    anyhow::ensure!(
-        args.ttl >= Duration::from_millis(300),
-        "--ttl must be at least 300ms"
-    );
-    let api = remote::Api::new(server, args.token.clone())?;
-    let exec = Exec::parse(&args.exec)?;
-    let settings = remote::Settings {
-        process: args.process.clone(),
-        parallelism: usize::from(args.parallelism),
-        ttl: args.ttl,
-        timeout: args.timeout,
-        shutdown_deadline: args.shutdown_deadline,
-    };
+/// Runs `controller` until SIGINT/SIGTERM.
+async fn serve_until_signal<R: Reconciler, B: WorkerBackend>(
+    controller: Controller<R, B>,
+) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_on_signals(shutdown.clone()));
-    eprintln!(
-        "drover work: process {} via {server}, parallelism {}, exec {:?}",
-        args.process, args.parallelism, args.exec
-    );
-    remote::run(api, exec, settings, shutdown).await
+    controller.run(shutdown).await?;
+    Ok(())
 }

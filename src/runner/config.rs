@@ -8,7 +8,7 @@ use super::reconciler::Reconciler;
 use super::source::Source;
 use crate::backoff::Backoff;
 use crate::queue::rate_limit::{Bucket, RateLimitError};
-use crate::store::{Store, StoreError, validate_process};
+use crate::store::{Store, StoreError, WorkerBackend, validate_process};
 
 /// Why a [`ControllerBuilder`] refused its settings.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,10 @@ pub enum ConfigError {
     /// The poll rate limit is impossible.
     #[error("invalid poll rate limit: {0}")]
     Poll(#[source] RateLimitError),
+    /// A query source locks keys through the database, which this backend
+    /// (a server's client) does not reach.
+    #[error("a query source needs a backend on the database (a Store), not a server's client")]
+    QueryNeedsStore,
 }
 
 /// Settings shared by the controller's parts. Built by [`ControllerBuilder`].
@@ -61,15 +65,15 @@ impl Settings {
 
 /// Builds a [`Controller`]. Every setter documents its default and trade-off.
 #[must_use]
-pub struct ControllerBuilder<R> {
-    store: Store,
+pub struct ControllerBuilder<R, B = Store> {
+    backend: B,
     reconciler: R,
     source: Source,
     settings: Settings,
     poll: (Duration, u32),
 }
 
-impl<R> std::fmt::Debug for ControllerBuilder<R> {
+impl<R, B> std::fmt::Debug for ControllerBuilder<R, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControllerBuilder")
             .field("settings", &self.settings)
@@ -78,10 +82,10 @@ impl<R> std::fmt::Debug for ControllerBuilder<R> {
     }
 }
 
-impl<R: Reconciler> ControllerBuilder<R> {
-    pub(crate) fn new(store: Store, process: impl Into<String>, reconciler: R) -> Self {
+impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
+    pub(crate) fn new(backend: B, process: impl Into<String>, reconciler: R) -> Self {
         Self {
-            store,
+            backend,
             reconciler,
             source: Source::Queue,
             settings: Settings {
@@ -100,6 +104,7 @@ impl<R: Reconciler> ControllerBuilder<R> {
     }
 
     /// Where keys come from. Default [`Source::Queue`]: keys enqueued in the store.
+    /// A [`Source::Query`] needs a [`Store`] backend.
     pub fn source(mut self, source: Source) -> Self {
         self.source = source;
         self
@@ -181,8 +186,11 @@ impl<R: Reconciler> ControllerBuilder<R> {
     }
 
     /// Checks the settings and builds the controller.
-    pub fn build(self) -> Result<Controller<R>, ConfigError> {
+    pub fn build(self) -> Result<Controller<R, B>, ConfigError> {
         let s = &self.settings;
+        if matches!(self.source, Source::Query(_)) && self.backend.local_store().is_none() {
+            return Err(ConfigError::QueryNeedsStore);
+        }
         validate_process(&s.process).map_err(ConfigError::Process)?;
         if s.parallelism == 0 {
             return Err(ConfigError::Parallelism);
@@ -205,7 +213,7 @@ impl<R: Reconciler> ControllerBuilder<R> {
         }
         let poll = Bucket::new(1.0 / every.as_secs_f64(), burst).map_err(ConfigError::Poll)?;
         Ok(Controller::new(
-            self.store,
+            self.backend,
             Arc::new(self.reconciler),
             self.source,
             self.settings,

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,19 +18,23 @@ use super::reconciler::Reconciler;
 use super::run::Run;
 use super::session::{Keeper, Live};
 use super::source::Source;
-use super::wake::Wake;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, SessionId, Store,
-    StoreEngine as _, StoreError,
+    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, SessionId, SessionStart, Store,
+    StoreEngine, StoreError, WorkerBackend,
 };
 
-/// A control loop: workers that claim keys of one process from the store and run
+/// A control loop: workers that claim keys of one process from a backend and run
 /// a [`Reconciler`] on each, with a session, fencing, backoff and graceful
 /// shutdown.
 ///
+/// The backend is where the work lives: a [`Store`] (the database, the
+/// default) or a [`Client`](crate::client::Client) of a drover server. The
+/// loop is the same over both; only how it waits for work differs (a wake-up
+/// subscription on a database, a long-polling claim over HTTP).
+///
 /// Guarantees, across any number of controllers on any number of machines
-/// sharing one database:
+/// sharing one database (directly or through servers):
 /// - a key runs in at most one place at a time, and a run whose lease was lost is
 ///   cancelled and its result discarded (the store's fencing refuses it anyway);
 /// - an enqueue during a run leads to exactly one more run after it;
@@ -53,15 +57,15 @@ use crate::store::{
 /// controller.run(CancellationToken::new()).await?;
 /// # Ok(()) }
 /// ```
-pub struct Controller<R> {
-    store: Store,
+pub struct Controller<R, B = Store> {
+    backend: B,
     reconciler: Arc<R>,
     source: Source,
     settings: Settings,
     poll: Bucket,
 }
 
-impl<R> std::fmt::Debug for Controller<R> {
+impl<R, B> std::fmt::Debug for Controller<R, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controller")
             .field("settings", &self.settings)
@@ -83,27 +87,33 @@ pub enum RunError {
         #[source]
         source: StoreError,
     },
+    /// The first session could not be started (the database or server is
+    /// unreachable, or refuses the token). Sessions lost later are replaced
+    /// with retries instead.
+    #[error("cannot start a session")]
+    Session(#[source] StoreError),
 }
 
-impl<R: Reconciler> Controller<R> {
-    /// Starts building a controller for `process` on `store`.
+impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
+    /// Starts building a controller for `process` on `backend` (a [`Store`] or
+    /// a [`Client`](crate::client::Client)).
     pub fn builder(
-        store: Store,
+        backend: B,
         process: impl Into<String>,
         reconciler: R,
-    ) -> ControllerBuilder<R> {
-        ControllerBuilder::new(store, process, reconciler)
+    ) -> ControllerBuilder<R, B> {
+        ControllerBuilder::new(backend, process, reconciler)
     }
 
     pub(crate) fn new(
-        store: Store,
+        backend: B,
         reconciler: Arc<R>,
         source: Source,
         settings: Settings,
         poll: Bucket,
     ) -> Self {
         Self {
-            store,
+            backend,
             reconciler,
             source,
             settings,
@@ -114,6 +124,11 @@ impl<R: Reconciler> Controller<R> {
     /// Runs until `shutdown` is cancelled, then shuts down gracefully: stops
     /// claiming, lets runs finish until the shutdown deadline, cancels and
     /// releases the rest, and closes the session.
+    ///
+    /// The first session is started before anything else, and failing to start
+    /// it ends the run with [`RunError::Session`]: a wrong URL or token fails
+    /// at once. Every later failure (a lost session, a database or server that
+    /// goes away) is retried while the run goes on.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
         let process = self.settings.process.clone();
         if let Some(backoff) = self.settings.backoff {
@@ -121,11 +136,19 @@ impl<R: Reconciler> Controller<R> {
                 process: process.clone(),
                 backoff,
             };
-            self.store
+            self.backend
                 .process_configure(params)
                 .await
                 .map_err(|source| RunError::Configure { process, source })?;
         }
+        let first = self
+            .backend
+            .session_start(SessionStart {
+                component: self.settings.component.clone(),
+                ttl: self.settings.ttl,
+            })
+            .await
+            .map_err(RunError::Session)?;
         let metrics = RunnerMetrics::global(&self.settings.process);
         let force = CancellationToken::new();
         let services_stop = CancellationToken::new();
@@ -133,30 +156,28 @@ impl<R: Reconciler> Controller<R> {
         let (publish, live) = watch::channel(None);
         services.spawn(
             Keeper {
-                store: self.store.clone(),
+                backend: self.backend.clone(),
                 settings: self.settings.clone(),
                 metrics: metrics.clone(),
                 force: force.clone(),
                 publish,
+                first: Some(first),
             }
             .run(services_stop.clone()),
         );
-        services.spawn(reclaim(
-            self.store.clone(),
-            self.settings.reclaim_every(),
-            metrics.clone(),
-            self.store.wakeup(&self.settings.process),
-            services_stop.clone(),
-        ));
-        let wake = Wake::subscribe(
-            &self.store,
-            &self.settings.process,
-            &services,
-            &services_stop,
-        );
-        let completer = Completer::start(self.store.clone(), &services, services_stop.clone());
+        if B::RECLAIMS {
+            services.spawn(reclaim(
+                self.backend.clone(),
+                self.settings.reclaim_every(),
+                metrics.clone(),
+                self.settings.process.clone(),
+                services_stop.clone(),
+            ));
+        }
+        let wake = self.backend.subscribe(&self.settings.process);
+        let completer = Completer::start(self.backend.clone(), &services, services_stop.clone());
         let run = Arc::new(Run {
-            store: self.store.clone(),
+            backend: self.backend.clone(),
             reconciler: Arc::clone(&self.reconciler),
             settings: self.settings.clone(),
             metrics,
@@ -166,7 +187,8 @@ impl<R: Reconciler> Controller<R> {
             force: force.clone(),
         });
         let runs = TaskTracker::new();
-        self.claim_loop(&shutdown, live, &wake, &run, &runs).await;
+        self.claim_loop(&shutdown, live, wake.as_deref(), &run, &runs)
+            .await;
 
         runs.close();
         if tokio::time::timeout(self.settings.shutdown_deadline, runs.wait())
@@ -195,8 +217,8 @@ impl<R: Reconciler> Controller<R> {
         &self,
         shutdown: &CancellationToken,
         mut live: watch::Receiver<Option<Live>>,
-        wake: &Wake,
-        run: &Arc<Run<R>>,
+        wake: Option<&Notify>,
+        run: &Arc<Run<R, B>>,
         runs: &TaskTracker,
     ) {
         let slots = Arc::new(Semaphore::new(self.settings.parallelism));
@@ -227,9 +249,22 @@ impl<R: Reconciler> Controller<R> {
                 continue;
             }
             // Registered before the claim, so an enqueue during it is not missed.
-            let woken = wake.notified();
+            let woken = wake.map(Notify::notified);
             let asked = permits.len() + prefetch - ready.len();
-            let leases = match self.claim(&session, asked, run.finished.as_ref()).await {
+            // Without a subscription, the backend waits for work itself
+            // (a long-poll) once a claim found less than it asked for.
+            let wait = if wake.is_none() && idle {
+                self.settings.idle_poll
+            } else {
+                Duration::ZERO
+            };
+            let claim = self.claim(&session, asked, wait, run.finished.as_ref());
+            let leases = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                leases = claim => leases,
+            };
+            let leases = match leases {
                 Ok(leases) => leases,
                 Err(e) => {
                     tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
@@ -242,6 +277,14 @@ impl<R: Reconciler> Controller<R> {
                             () = replaced(&mut live, session.id) => {}
                         }
                         continue;
+                    }
+                    if wake.is_none() {
+                        // No wait below: pause before asking a failing backend again.
+                        tokio::select! {
+                            biased;
+                            () = shutdown.cancelled() => return,
+                            () = sleep(self.settings.idle_poll.min(Duration::from_secs(1))) => {}
+                        }
                     }
                     Vec::new()
                 }
@@ -263,12 +306,16 @@ impl<R: Reconciler> Controller<R> {
             } else {
                 Duration::ZERO
             });
-            idle = claimed == 0;
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                () = woken => {}
-                () = sleep(self.settings.idle_poll) => {}
+            // Without a subscription a partial claim, too, makes the next
+            // claim wait (long-poll) for more.
+            idle = claimed == 0 || wake.is_none();
+            if let Some(woken) = woken {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    () = woken => {}
+                    () = sleep(self.settings.idle_poll) => {}
+                }
             }
             tokio::select! {
                 biased;
@@ -282,32 +329,35 @@ impl<R: Reconciler> Controller<R> {
         &self,
         session: &Live,
         max: usize,
+        wait: Duration,
         finished: Option<&Finished>,
     ) -> Result<Vec<Lease>, StoreError> {
         let max = u32::try_from(max).unwrap_or(u32::MAX);
         let process = &self.settings.process;
-        match &self.source {
-            Source::Queue => {
+        match (&self.source, self.backend.local_store()) {
+            (Source::Queue, _) => {
                 let params = LeaseClaim {
                     session: session.id,
                     process: process.clone(),
                     max,
                 };
-                self.store.lease_claim(params).await
+                self.backend.lease_claim_wait(params, wait).await
             }
-            Source::Query(query) => {
+            // `build` refuses a query source on a backend without a store.
+            (Source::Query(_), None) => Ok(Vec::new()),
+            (Source::Query(query), Some(store)) => {
                 // Runs of a query source always record their endings.
                 let unrecorded = Finished::default();
                 let finished = finished.unwrap_or(&unrecorded);
                 finished.begin();
-                let keys = match query(self.store.clone(), max).await {
+                let keys = match query(store.clone(), max).await {
                     Ok(keys) => keys,
                     Err(e) => {
                         tracing::warn!(%process, error = %e, "candidate query failed");
                         return Ok(Vec::new());
                     }
                 };
-                self.lock_candidates(session, keys, max as usize, finished)
+                self.lock_candidates(store, session, keys, max as usize, finished)
                     .await
             }
         }
@@ -318,6 +368,7 @@ impl<R: Reconciler> Controller<R> {
     /// since the query began (see [`Finished`]).
     async fn lock_candidates(
         &self,
+        store: &Store,
         session: &Live,
         keys: Vec<String>,
         max: usize,
@@ -336,10 +387,10 @@ impl<R: Reconciler> Controller<R> {
                 process: self.settings.process.clone(),
                 key,
             };
-            match self.store.lease_lock(params).await {
+            match store.lease_lock(params).await {
                 Ok(lease) if finished.contains(&lease.key) => {
                     // Its last run ended between the check above and the lock.
-                    let release = self.store.lease_release(LeaseRelease { lease: &lease });
+                    let release = StoreEngine::lease_release(store, LeaseRelease { lease: &lease });
                     if let Err(e) = release.await {
                         tracing::warn!(key = %lease.key, error = %e, "cannot release a stale candidate; it will expire");
                     }
@@ -367,11 +418,11 @@ impl<R: Reconciler> Controller<R> {
 
 /// Starts a run for each free slot that a waiting lease can fill, oldest lease
 /// first; slots left over are given back.
-fn start<R: Reconciler>(
+fn start<R: Reconciler, B: WorkerBackend>(
     ready: &mut VecDeque<Lease>,
     permits: Vec<OwnedSemaphorePermit>,
     session: &Live,
-    run: &Arc<Run<R>>,
+    run: &Arc<Run<R, B>>,
     runs: &TaskTracker,
 ) {
     for permit in permits {
@@ -406,12 +457,14 @@ async fn free_slots(slots: &Arc<Semaphore>) -> Vec<OwnedSemaphorePermit> {
 /// A claim or lock whose commit is unknown may have leased keys this node will
 /// never hear of, held for as long as the session lives: give the session up
 /// (see [`Live::abandon`]) and say so. Retrying instead could lease twice as many.
+/// A claim refused because the session expired gives it up too, so a new one
+/// starts at once instead of at the next heartbeat.
 fn abandon_if_unknown(session: &Live, e: &StoreError) -> bool {
-    let unknown = matches!(e, StoreError::CommitUnknown(_));
-    if unknown {
+    let give_up = e.is_commit_unknown() || matches!(e, StoreError::SessionExpired { .. });
+    if give_up {
         session.abandon();
     }
-    unknown
+    give_up
 }
 
 /// Waits until a session other than `old` is live.
@@ -437,20 +490,20 @@ async fn current(live: &mut watch::Receiver<Option<Live>>) -> Live {
 }
 
 /// Reclaims expired sessions' leases every `every` until `stop` fires, waking
-/// the claim loop when leases came back (they are ready at once).
-async fn reclaim(
-    store: Store,
+/// the claim loops of `process` when leases came back (they are ready at once).
+async fn reclaim<B: WorkerBackend>(
+    backend: B,
     every: Duration,
     metrics: RunnerMetrics,
-    wake: Arc<tokio::sync::Notify>,
+    process: String,
     stop: CancellationToken,
 ) {
     loop {
-        match store.session_reclaim().await {
+        match backend.session_reclaim().await {
             Ok(report) => {
                 metrics.leases_reclaimed.inc_by(report.leases);
                 if report.leases > 0 {
-                    wake.notify_waiters();
+                    crate::store::wakeup::notify(&process);
                 }
                 if report.sessions > 0 {
                     tracing::info!(

@@ -26,7 +26,6 @@ mod reconciler;
 mod run;
 mod session;
 mod source;
-mod wake;
 
 pub use config::{ConfigError, ControllerBuilder};
 pub use controller::{Controller, RunError};

@@ -27,11 +27,11 @@ pub enum Action {
 pub struct Task {
     lease: Lease,
     cancel: CancellationToken,
-    store: Store,
+    store: Option<Store>,
 }
 
 impl Task {
-    pub(crate) fn new(lease: Lease, cancel: CancellationToken, store: Store) -> Self {
+    pub(crate) fn new(lease: Lease, cancel: CancellationToken, store: Option<Store>) -> Self {
         Self {
             lease,
             cancel,
@@ -65,10 +65,12 @@ impl Task {
         &self.lease
     }
 
-    /// The store, for reconcilers that keep their own state in the same database.
+    /// The store, for reconcilers that keep their own state in the same
+    /// database; `None` when the controller works through a drover server
+    /// ([`Client`](crate::client::Client)).
     #[must_use]
-    pub fn store(&self) -> &Store {
-        &self.store
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
     }
 
     /// Completes when the run must stop: its lease was lost (session expired) or

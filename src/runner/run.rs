@@ -15,20 +15,20 @@ use super::error::outcome_of;
 use super::finished::Finished;
 use super::metrics::RunnerMetrics;
 use super::reconciler::{Reconciler, Task};
-use crate::store::{Lease, LeaseRelease, Outcome, Store, StoreEngine as _};
+use crate::store::{Lease, LeaseRelease, Outcome, WorkerBackend};
 
 /// How many outcomes may wait for the completer at once, across a controller's
 /// runs: two full batches, one being written and one filling.
 pub(crate) const OUTCOMES_IN_WRITING: usize = 2 * super::completer::MAX_BATCH;
 
 /// What a controller's runs share.
-pub(crate) struct Run<R> {
-    pub(crate) store: Store,
+pub(crate) struct Run<R, B> {
+    pub(crate) backend: B,
     pub(crate) reconciler: Arc<R>,
     pub(crate) settings: Settings,
     pub(crate) metrics: RunnerMetrics,
     /// Writes outcomes, many runs per transaction.
-    pub(crate) completer: Completer,
+    pub(crate) completer: Completer<B>,
     /// Outcomes reconciled but not yet written ([`OUTCOMES_IN_WRITING`] at
     /// most): a run gives its slot back as soon as its reconcile returns, so
     /// the next key starts while the outcome waits for the completer's commit,
@@ -49,7 +49,7 @@ enum Ended {
     Lost,
 }
 
-impl<R: Reconciler> Run<R> {
+impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     /// Runs `lease`'s key; `permit` holds its slot until the reconcile returns
     /// (and, when [`OUTCOMES_IN_WRITING`] outcomes already wait, until one of
     /// them is written). The key stays leased until its outcome is written, so
@@ -83,7 +83,7 @@ impl<R: Reconciler> Run<R> {
             }
             Ended::Released => {
                 self.metrics.outcome("canceled");
-                let release = self.store.lease_release(LeaseRelease { lease: &lease });
+                let release = self.backend.lease_release(LeaseRelease { lease: &lease });
                 if let Err(e) = release.await {
                     tracing::warn!(key = %lease.key, error = %e, "cannot release the lease; it will expire");
                 }
@@ -97,7 +97,8 @@ impl<R: Reconciler> Run<R> {
     }
 
     async fn reconcile(&self, lease: &Lease, token: &CancellationToken) -> Ended {
-        let task = Task::new(lease.clone(), token.clone(), self.store.clone());
+        let store = self.backend.local_store().cloned();
+        let task = Task::new(lease.clone(), token.clone(), store);
         let reconciler = Arc::clone(&self.reconciler);
         let mut handle = tokio::spawn(async move { reconciler.reconcile(task).await });
         let limit = self.settings.timeout;

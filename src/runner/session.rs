@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::Settings;
 use super::metrics::RunnerMetrics;
 use crate::store::{
-    SessionClose, SessionHeartbeat, SessionId, SessionStart, Store, StoreEngine as _, StoreError,
+    Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError, WorkerBackend,
 };
 
 /// The session work is claimed under, with the token that fires when it is lost.
@@ -43,13 +43,16 @@ impl Live {
 }
 
 /// Keeps a session alive and publishes it; see the module doc.
-pub(crate) struct Keeper {
-    pub(crate) store: Store,
+pub(crate) struct Keeper<B> {
+    pub(crate) backend: B,
     pub(crate) settings: Settings,
     pub(crate) metrics: RunnerMetrics,
     /// Parent of every session token: cancelled when shutdown forces.
     pub(crate) force: CancellationToken,
     pub(crate) publish: watch::Sender<Option<Live>>,
+    /// The session [`Controller::run`](super::Controller::run) started before
+    /// the keeper, so a wrong URL, token or database fails the run at once.
+    pub(crate) first: Option<Session>,
 }
 
 /// How a session ended.
@@ -60,10 +63,10 @@ enum End {
     Stopped,
 }
 
-impl Keeper {
+impl<B: WorkerBackend> Keeper<B> {
     /// Runs until `stop` fires, then closes the session it holds (giving its
     /// remaining leases back).
-    pub(crate) async fn run(self, stop: CancellationToken) {
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
         while let Some(live) = self.start(&stop).await {
             self.publish.send_replace(Some(live.clone()));
             self.metrics.sessions_active.inc();
@@ -76,7 +79,7 @@ impl Keeper {
                 End::Abandoned => {
                     tracing::warn!(
                         session = %live.id,
-                        "a claim's commit is unknown; closing the session so that any \
+                        "a claim's commit is unknown or its session expired; closing it so that any \
                          lease it took goes back, and starting a new one"
                     );
                     self.close(live.id).await;
@@ -90,14 +93,21 @@ impl Keeper {
     }
 
     /// Starts a session, retrying transient failures until `stop` fires.
-    async fn start(&self, stop: &CancellationToken) -> Option<Live> {
+    async fn start(&mut self, stop: &CancellationToken) -> Option<Live> {
+        if let Some(session) = self.first.take() {
+            return Some(Live {
+                id: session.id,
+                token: self.force.child_token(),
+                abandoned: CancellationToken::new(),
+            });
+        }
         let mut delay = Duration::from_millis(50);
         loop {
             let params = SessionStart {
                 component: self.settings.component.clone(),
                 ttl: self.settings.ttl,
             };
-            match self.store.session_start(params).await {
+            match self.backend.session_start(params).await {
                 Ok(session) => {
                     let token = self.force.child_token();
                     return Some(Live {
@@ -129,7 +139,7 @@ impl Keeper {
             loop {
                 let beat = timeout(
                     ttl / 3,
-                    self.store
+                    self.backend
                         .session_heartbeat(SessionHeartbeat { session: id }),
                 );
                 match beat.await {
@@ -158,7 +168,11 @@ impl Keeper {
     }
 
     async fn close(&self, id: SessionId) {
-        match self.store.session_close(SessionClose { session: id }).await {
+        match self
+            .backend
+            .session_close(SessionClose { session: id })
+            .await
+        {
             Ok(released) if released > 0 => {
                 tracing::info!(session = %id, released, "session closed; leases released");
             }

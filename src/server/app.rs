@@ -18,7 +18,6 @@ use super::metrics::ServerMetrics;
 use super::options::ServerOptions;
 use super::routes;
 use super::state::AppState;
-use super::wake::Wakeups;
 use crate::store::{Store, StoreEngine as _};
 
 /// drover's HTTP server over one store: the JSON API under `/v1`, `/openapi.json`,
@@ -37,14 +36,11 @@ impl Server {
     /// [`stop`](Self::stop) or the end of [`serve`](Self::serve).
     #[must_use]
     pub fn new(store: Store, options: ServerOptions) -> Self {
-        let shutdown = CancellationToken::new();
-        let wake = Wakeups::start(&store, &shutdown);
         let state = AppState {
             store,
             options: Arc::new(options),
             metrics: Arc::new(ServerMetrics::new()),
-            wake,
-            shutdown,
+            shutdown: CancellationToken::new(),
         };
         Self { state }
     }

@@ -5,29 +5,12 @@
 //! request never changes state; only database trouble is a 5xx (503 when
 //! retrying may help, 500 otherwise).
 
+pub use crate::api::ErrorBody;
+use crate::store::StoreError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-
-use crate::store::StoreError;
 
 use super::auth::Role;
-
-/// The JSON body of every error response.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ErrorBody {
-    /// A stable, machine-readable code: `bad_request`, `unauthorized`,
-    /// `forbidden`, `not_found`, `method_not_allowed`, `lease_lost`, `session_expired`, `item_running`,
-    /// `payload_too_large`, `invalid_key`, `invalid_process`, `unavailable`,
-    /// `internal`.
-    pub error: String,
-    /// What went wrong, for people.
-    pub message: String,
-    /// The request field at fault (`keys[2]`, `ttl_ms`, `limit`), when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
-}
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -87,9 +70,14 @@ pub enum ApiError {
         /// What is wrong.
         message: String,
     },
-    /// 503: the database is busy or unreachable; retrying later may succeed.
+    /// 503: the database is busy or unreachable; nothing was written and
+    /// retrying later may succeed.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// 503 `commit_unknown`: the database connection broke while committing,
+    /// so the request may or may not have been applied.
+    #[error("the database connection failed while committing; the outcome is unknown")]
+    CommitUnknown,
     /// 500: anything else (logged with its cause).
     #[error("internal error")]
     Internal,
@@ -116,7 +104,7 @@ impl ApiError {
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::CommitUnknown => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -134,6 +122,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => ("payload_too_large", None),
             Self::Unprocessable { code, field, .. } => (*code, Some((*field).to_owned())),
             Self::Unavailable(_) => ("unavailable", None),
+            Self::CommitUnknown => ("commit_unknown", None),
             Self::Internal => ("internal", None),
         };
         ErrorBody {
@@ -183,7 +172,11 @@ impl From<StoreError> for ApiError {
             StoreError::AlreadyLeased { .. }
             | StoreError::InBackoff { .. }
             | StoreError::Parked { .. } => conflict("item_running", &e),
-            e if e.is_transient() || matches!(e, StoreError::CommitUnknown(_)) => {
+            e if e.is_commit_unknown() => {
+                tracing::warn!(error = %chain(&e), "commit unknown");
+                Self::CommitUnknown
+            }
+            e if e.is_transient() => {
                 tracing::warn!(error = %chain(&e), "database unavailable");
                 Self::Unavailable(e.to_string())
             }

@@ -35,21 +35,22 @@ mod dashboard;
 mod error;
 mod extract;
 mod metrics;
-mod model;
 mod openapi;
 mod options;
 mod routes;
 mod state;
-mod wake;
+
+pub(crate) use crate::api as model;
 
 pub use app::Server;
 pub use auth::{Role, Tokens, TokensError};
 pub use error::{ApiError, ErrorBody};
 pub use model::{
-    ClaimRequest, ClaimResponse, CloseResponse, CompleteRequest, EnqueueRequest, EnqueueResponse,
-    EventBody, Health, HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
-    MAX_CLAIM, MAX_PAGE, MAX_TTL_MS, OutcomeBody, ProcessList, ProcessSummary, ReleaseRequest,
-    SessionBody, SessionRequest, StateName,
+    ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
+    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, EventBody, Health,
+    HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM,
+    MAX_PAGE, MAX_TTL_MS, OutcomeBody, ProcessList, ProcessSummary, ReleaseRequest, SessionBody,
+    SessionRequest, StateName,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

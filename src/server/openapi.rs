@@ -7,10 +7,10 @@ use utoipa::{Modify, OpenApi};
 use super::auth::Role;
 use super::error::ErrorBody;
 use super::model::{
-    ClaimRequest, ClaimResponse, CloseResponse, CompleteRequest, EnqueueRequest, EnqueueResponse,
-    EventBody, Health, HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
-    OutcomeBody, ProcessList, ProcessSummary, ReleaseRequest, SessionBody, SessionRequest,
-    StateName,
+    ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
+    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, EventBody, Health,
+    HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody,
+    ProcessList, ProcessSummary, ReleaseRequest, SessionBody, SessionRequest, StateName,
 };
 use super::routes::{health, items, leases, processes, sessions};
 
@@ -28,14 +28,15 @@ use super::routes::{health, items, leases, processes, sessions};
         processes::list,
         items::enqueue, items::list, items::get, items::retry, items::park, items::delete,
         sessions::start, sessions::heartbeat, sessions::close,
-        leases::claim, leases::complete, leases::release,
+        leases::claim, leases::complete, leases::complete_batch, leases::release,
         health::healthz, health::readyz, health::metrics, health::openapi,
     ),
     components(schemas(
         ErrorBody, Role, EnqueueRequest, EnqueueResponse, ProcessList, ProcessSummary,
         StateName, ItemBody, ItemPage, EventBody, ItemDetailBody, SessionRequest, SessionBody,
         HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
-        OutcomeBody, CompleteRequest, ReleaseRequest, Health,
+        OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
+        CompletionResult, ReleaseRequest, Health,
     )),
     modifiers(&BearerAuth),
     tags(

@@ -9,7 +9,6 @@ use super::auth::Role;
 use super::error::ApiError;
 use super::metrics::ServerMetrics;
 use super::options::ServerOptions;
-use super::wake::Wakeups;
 use crate::store::Store;
 
 /// The handlers' shared state; cheap to clone.
@@ -21,8 +20,6 @@ pub(crate) struct AppState {
     pub(crate) options: Arc<ServerOptions>,
     /// HTTP and database metrics.
     pub(crate) metrics: Arc<ServerMetrics>,
-    /// Wake-ups for waiting claims.
-    pub(crate) wake: Wakeups,
     /// Fires on shutdown, ending waiting claims at once.
     pub(crate) shutdown: CancellationToken,
 }

@@ -113,6 +113,14 @@ impl Store {
         }
     }
 
+    /// The PostgreSQL engine, when the store is on PostgreSQL.
+    pub(crate) fn postgres(&self) -> Option<&PostgresStore> {
+        match &self.engine {
+            Engine::Postgres(s) => Some(s),
+            Engine::Sqlite(_) => None,
+        }
+    }
+
     /// The engine's name: `sqlite` or `postgres`.
     #[must_use]
     pub fn engine_name(&self) -> &'static str {

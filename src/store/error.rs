@@ -159,6 +159,31 @@ pub enum StoreError {
     /// Any other database error.
     #[error("database error")]
     Database(#[source] DriverError),
+    /// A drover server (the [`client`](crate::client) backend) failed to answer
+    /// as its API promises: unreachable, a timeout, a 5xx or a reply that does
+    /// not parse. [`RemoteError::unknown`] says whether the request may have
+    /// been applied (it was sent and no answer came back), like
+    /// [`CommitUnknown`](Self::CommitUnknown) on a database.
+    #[error("drover server: {0}")]
+    Remote(RemoteError),
+}
+
+/// A failed call to a drover server, in the terms a worker acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteError {
+    /// What went wrong (the method and path, the status, the server's message).
+    pub message: String,
+    /// The HTTP status, when one came back.
+    pub status: Option<u16>,
+    /// `true` when the request was sent and its fate is unknown (a timeout or a
+    /// connection lost before the answer): it may have been applied.
+    pub unknown: bool,
+}
+
+impl fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// A database driver's error, kept whole for inspection ([`DriverError::get`]).
@@ -198,12 +223,28 @@ impl StoreError {
         matches!(self, Self::LeaseLost { .. } | Self::SessionExpired { .. })
     }
 
+    /// Whether the operation may or may not have been applied: the database
+    /// connection broke at `COMMIT`, or a server got the request and no answer
+    /// came back. A claim in that state may have leased keys nobody will hear of.
+    #[must_use]
+    pub fn is_commit_unknown(&self) -> bool {
+        match self {
+            Self::CommitUnknown(_) => true,
+            Self::Remote(remote) => remote.unknown,
+            _ => false,
+        }
+    }
+
     /// Whether retrying the same operation later may succeed (`Busy`, lost
-    /// connections); `false` for errors that will repeat (`LeaseLost`, bad input).
+    /// connections, a server that is down or overloaded); `false` for errors
+    /// that will repeat (`LeaseLost`, bad input).
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Busy(_) | Self::Unavailable(_) | Self::ConnectTimeout { .. } => true,
+            Self::Remote(remote) => {
+                !remote.unknown && remote.status.is_none_or(|s| s >= 500 || s == 429)
+            }
             Self::Connect { source, .. } => {
                 matches!(source.get(), sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)
             }

@@ -58,6 +58,7 @@
 
 mod admin;
 mod any;
+mod backend;
 mod clock;
 mod decode;
 mod engine;
@@ -73,12 +74,13 @@ mod settle;
 mod sqlite;
 mod types;
 mod url;
-mod wakeup;
+pub(crate) mod wakeup;
 
 pub use any::Store;
+pub use backend::WorkerBackend;
 pub use clock::Clock;
 pub use engine::StoreEngine;
-pub use error::{DriverError, StoreError};
+pub use error::{DriverError, RemoteError, StoreError};
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{

@@ -42,4 +42,17 @@ impl Store {
         registry.insert(process.to_owned(), Arc::downgrade(&notify));
         notify
     }
+
+    /// The wake-up signal of `process` (see [`wakeup`](Self::wakeup)), fired
+    /// also by enqueues on other nodes where the engine can hear them: on
+    /// PostgreSQL the store `LISTEN`s on the process's channel from now on (one
+    /// connection per store, reconnected after errors); SQLite has no other
+    /// nodes to hear. Must be called inside a Tokio runtime.
+    #[must_use]
+    pub fn subscribe(&self, process: &str) -> Arc<Notify> {
+        if let Some(postgres) = self.postgres() {
+            postgres.subscribe(process);
+        }
+        self.wakeup(process)
+    }
 }

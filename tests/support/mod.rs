@@ -12,8 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
+pub(crate) mod backend;
 pub(crate) mod commit_cut;
 pub(crate) mod process;
+
+use backend::TestBackend;
 
 /// The variable naming the PostgreSQL server for tests.
 pub(crate) const POSTGRES_ENV: &str = "DROVER_TEST_POSTGRES_URL";
@@ -27,9 +30,29 @@ pub(crate) struct TestDb {
     pub(crate) url: String,
     /// `sqlite` or `postgres`.
     pub(crate) engine: &'static str,
+    /// Where controllers under test work: [`store`](Self::store) itself, or a
+    /// server in front of it (see [`each_backend`]), which lives as long as
+    /// this value does.
+    pub(crate) worker: TestBackend,
 }
 
 impl TestDb {
+    fn new(store: Store, url: String, engine: &'static str) -> Self {
+        Self {
+            worker: TestBackend::Store(store.clone()),
+            store,
+            url,
+            engine,
+        }
+    }
+
+    /// The same database with its controllers working through a server
+    /// started in front of it (which lives as long as the returned value).
+    pub(crate) fn served(mut self) -> Self {
+        self.worker = backend::served(&self.store);
+        self
+    }
+
     /// A second, independent connection to the same database (a "restart").
     pub(crate) async fn reconnect(&self) -> Store {
         Store::connect(&self.url).await.expect("reconnect")
@@ -53,11 +76,7 @@ pub(crate) async fn sqlite() -> (TestDb, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("drover.db").display());
     let store = Store::connect(&url).await.expect("connect to SQLite");
-    let db = TestDb {
-        store,
-        url,
-        engine: "sqlite",
-    };
+    let db = TestDb::new(store, url, "sqlite");
     (db, dir)
 }
 
@@ -92,11 +111,7 @@ pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
     let sep = if base.contains('?') { '&' } else { '?' };
     let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
     let store = Store::connect(&url).await.expect("connect to PostgreSQL");
-    let db = TestDb {
-        store,
-        url,
-        engine: "postgres",
-    };
+    let db = TestDb::new(store, url, "postgres");
     (db, schema)
 }
 
@@ -168,4 +183,17 @@ where
     if let Err(e) = outcome {
         panic!("on postgres: {e}");
     }
+}
+
+/// Runs `test` once per engine and backend: on each engine (see
+/// [`each_engine`]) with controllers on the database, then again with
+/// controllers through a server in front of it ([`TestDb::worker`]).
+pub(crate) async fn each_backend<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    each_engine(&test).await;
+    eprintln!("again through a server");
+    each_engine(|db| test(db.served())).await;
 }

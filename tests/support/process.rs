@@ -30,7 +30,17 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    eventually_within(what, Duration::from_secs(30), check).await;
+}
+
+/// [`eventually`] with a bound of its own, for slow work (thousands of
+/// commands).
+pub(crate) async fn eventually_within<F, Fut>(what: &str, within: Duration, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
     while !check().await {
         assert!(
             tokio::time::Instant::now() < deadline,

@@ -13,18 +13,21 @@ use crate::server::auth::{Authorized, Work};
 use crate::server::error::{ApiError, ErrorBody};
 use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::model::{
-    ClaimRequest, ClaimResponse, CompleteRequest, MAX_CLAIM, ReleaseRequest, max_delay_ms,
+    ClaimRequest, ClaimResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest,
+    CompletionResult, MAX_CLAIM, MAX_COMPLETE_BATCH, OutcomeBody, ReleaseRequest, max_delay_ms,
 };
 use crate::server::state::AppState;
 use crate::store::{
-    Lease, LeaseClaim, LeaseComplete, LeaseRelease, SessionClose, SessionId, StoreEngine as _,
-    StoreError, validate_process,
+    Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,
+    StoreEngine as _, StoreError, validate_process,
 };
 
-/// Leases up to `max` ready keys of a process for the session. When none is
+/// Leases up to `max` ready keys of a process for the session (at most 1000 in
+/// one answer, whatever `max` asks: claim again for the rest). When none is
 /// ready it waits up to `wait_ms` and returns as soon as work arrives (an enqueue
 /// through this server at once; on PostgreSQL, through any node at once;
-/// otherwise at the next poll). An empty list means nothing became ready.
+/// otherwise at the next poll); a wait longer than the server's maximum (60 s
+/// unless configured) is cut to it. An empty list means nothing became ready.
 ///
 /// If the database connection breaks as the claim commits, the claim may have
 /// leased keys the client never hears of; the server then closes the session
@@ -37,7 +40,7 @@ use crate::store::{
     request_body = ClaimRequest,
     responses(
         (status = 200, description = "The leases (maybe none)", body = ClaimResponse),
-        (status = 400, description = "Malformed body, max or wait_ms out of range", body = ErrorBody),
+        (status = 400, description = "Malformed body, or a max of 0", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 409, description = "The session expired or never existed", body = ErrorBody),
@@ -53,17 +56,12 @@ pub(crate) async fn claim(
     JsonBody(body): JsonBody<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     let session = session_id(&session)?;
-    if !(1..=MAX_CLAIM).contains(&body.max) {
-        return Err(ApiError::field("max", "max must be between 1 and 1000"));
+    if body.max == 0 {
+        return Err(ApiError::field("max", "max must be at least 1"));
     }
-    let max_wait = state.options.max_wait;
-    let wait = Duration::from_millis(body.wait_ms);
-    if wait > max_wait {
-        return Err(ApiError::field(
-            "wait_ms",
-            format!("wait_ms must be at most {}", max_wait.as_millis()),
-        ));
-    }
+    // A longer wait than the server allows is cut to its maximum: the worker
+    // claims again when the answer comes back empty.
+    let wait = Duration::from_millis(body.wait_ms).min(state.options.max_wait);
     validate_process(&body.process)?;
     let leases = wait_for_leases(&state, session, &body, wait).await?;
     state.metrics.claimed(&leases);
@@ -72,9 +70,10 @@ pub(crate) async fn claim(
     }))
 }
 
-/// Claims until something is leased, the wait is over or the server shuts down.
-/// The wake-up is armed before each claim, so an enqueue between an empty claim
-/// and the wait is never missed.
+/// Claims until something is leased, the wait is over or the server shuts down,
+/// waking on the store's subscription to the process (so an enqueue between an
+/// empty claim and the wait is never missed) and polling every
+/// `poll_interval`.
 async fn wait_for_leases(
     state: &AppState,
     session: SessionId,
@@ -82,34 +81,29 @@ async fn wait_for_leases(
     wait: Duration,
 ) -> Result<Vec<Lease>, ApiError> {
     let deadline = Instant::now() + wait;
-    let notify = state.store.wakeup(&body.process);
-    if !wait.is_zero() {
-        state.wake.subscribe(&body.process);
-    }
+    let params = LeaseClaim {
+        session,
+        process: body.process.clone(),
+        max: body.max.min(MAX_CLAIM),
+    };
+    let mut pause = Duration::ZERO;
     loop {
-        let notified = notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let params = LeaseClaim {
-            session,
-            process: body.process.clone(),
-            max: body.max,
+        let claim = state.store.lease_claim_wait(params.clone(), pause);
+        let leases = tokio::select! {
+            leases = claim => leases,
+            // Only a wait is cut short: a claim statement in flight finishes.
+            () = state.shutdown.cancelled(), if !pause.is_zero() => return Ok(Vec::new()),
         };
-        let leases = match state.store.lease_claim(params).await {
+        let leases = match leases {
             Ok(leases) => leases,
-            Err(e @ StoreError::CommitUnknown(_)) => return Err(give_up(state, session, e).await),
+            Err(e) if e.is_commit_unknown() => return Err(give_up(state, session, e).await),
             Err(e) => return Err(e.into()),
         };
         let now = Instant::now();
         if !leases.is_empty() || now >= deadline {
             return Ok(leases);
         }
-        let pause = (deadline - now).min(state.options.poll_interval);
-        tokio::select! {
-            () = notified => {}
-            () = tokio::time::sleep(pause) => {}
-            () = state.shutdown.cancelled() => return Ok(Vec::new()),
-        }
+        pause = (deadline - now).min(state.options.poll_interval);
     }
 }
 
@@ -149,14 +143,7 @@ pub(crate) async fn complete(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<CompleteRequest>,
 ) -> Result<StatusCode, ApiError> {
-    if let crate::server::model::OutcomeBody::RequeueAfter { after_ms } = body.outcome
-        && after_ms > max_delay_ms()
-    {
-        return Err(ApiError::field(
-            "outcome.after_ms",
-            format!("after_ms must be at most {}", max_delay_ms()),
-        ));
-    }
+    check_outcome(&body.outcome, "outcome.after_ms")?;
     let lease = body.lease.to_lease();
     let outcome = body.outcome.to_outcome();
     state
@@ -171,6 +158,94 @@ pub(crate) async fn complete(
         .metrics
         .completed(&lease.process, outcome.name(), body.lease.started_at, now);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A requeue delay the store would refuse is the caller's mistake: a 400
+/// naming the field, before anything is written.
+fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
+    match outcome {
+        OutcomeBody::RequeueAfter { after_ms } if *after_ms > max_delay_ms() => {
+            Err(ApiError::field(
+                field,
+                format!("after_ms must be at most {}", max_delay_ms()),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Records many runs' outcomes in one transaction (what `drover::client` sends,
+/// so a remote worker commits as rarely as one on the database). Each lease is
+/// checked on its own: a lost lease gets its own `lease_lost` /
+/// `session_expired` result and changes nothing, while the rest commit.
+#[utoipa::path(
+    post, path = "/v1/leases/complete-batch", tag = "work",
+    security(("bearer" = [])),
+    request_body = CompleteBatchRequest,
+    responses(
+        (status = 200, description = "One result per completion, in order", body = CompleteBatchResponse),
+        (status = 400, description = "Malformed body, or no or too many completions", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not a worker's", body = ErrorBody),
+        (status = 413, description = "Body over the limit", body = ErrorBody),
+        (status = 503, description = "The database is unavailable; nothing was written", body = ErrorBody),
+    )
+)]
+pub(crate) async fn complete_batch(
+    _: Authorized<Work>,
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<CompleteBatchRequest>,
+) -> Result<Json<CompleteBatchResponse>, ApiError> {
+    let count = body.completions.len();
+    if !(1..=MAX_COMPLETE_BATCH).contains(&count) {
+        return Err(ApiError::field(
+            "completions",
+            format!("a batch holds 1 to {MAX_COMPLETE_BATCH} completions, got {count}"),
+        ));
+    }
+    for (i, completion) in body.completions.iter().enumerate() {
+        check_outcome(
+            &completion.outcome,
+            &format!("completions[{i}].outcome.after_ms"),
+        )?;
+    }
+    let runs: Vec<(Lease, Outcome)> = body
+        .completions
+        .iter()
+        .map(|c| (c.lease.to_lease(), c.outcome.to_outcome()))
+        .collect();
+    let batch: Vec<LeaseComplete<'_>> = runs
+        .iter()
+        .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+        .collect();
+    let results = state.store.lease_complete_batch(&batch).await?;
+    let now = chrono::Utc::now();
+    let results = results
+        .into_iter()
+        .zip(&body.completions)
+        .zip(&runs)
+        .map(|((result, sent), (lease, outcome))| match result {
+            Ok(()) => {
+                let started = sent.lease.started_at;
+                state
+                    .metrics
+                    .completed(&lease.process, outcome.name(), started, now);
+                Ok(CompletionResult {
+                    error: None,
+                    message: None,
+                })
+            }
+            Err(e) if e.is_lease_rejection() => Ok(CompletionResult {
+                error: Some(ApiError::from(e).body().error),
+                message: Some(format!(
+                    "{}/{} (token {})",
+                    lease.process, lease.key, lease.token
+                )),
+            }),
+            Err(e) => Err(ApiError::from(e)),
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok(Json(CompleteBatchResponse { results }))
 }
 
 /// Gives a lease back without an outcome: the key is pending at once and no

@@ -46,6 +46,7 @@ pub(crate) fn api() -> Router<AppState> {
         )
         .route("/v1/sessions/{session}/claim", post(leases::claim))
         .route("/v1/leases/complete", post(leases::complete))
+        .route("/v1/leases/complete-batch", post(leases::complete_batch))
         .route("/v1/leases/release", post(leases::release))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

@@ -34,6 +34,7 @@ impl PostgresStore {
             pool,
             clock: Clock::default(),
             statistics: Arc::default(),
+            listener: Arc::default(),
         })
     }
 

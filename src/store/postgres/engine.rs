@@ -1,12 +1,13 @@
 //! [`PostgresStore`] and its [`StoreEngine`] implementation, which delegates each
 //! operation to the file named for its noun, retrying lost races.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::error::Db as _;
+use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
 use super::{admin, complete, enqueue, inspect, items, leases, sessions};
@@ -34,6 +35,8 @@ pub struct PostgresStore {
     pub(super) clock: Clock,
     /// Keeps the planner's statistics fresh after bulk enqueues.
     pub(super) statistics: Arc<Statistics>,
+    /// The `LISTEN` task, started by the first [`subscribe`](Self::subscribe).
+    pub(super) listener: Arc<OnceLock<Listener>>,
 }
 
 impl PostgresStore {
@@ -50,9 +53,23 @@ impl PostgresStore {
         &self.clock
     }
 
-    /// Closes the pool, waiting for connections to be returned.
+    /// Closes the pool, waiting for connections to be returned, and stops
+    /// listening for notifications.
     pub async fn close(&self) {
+        if let Some(listener) = self.listener.get() {
+            listener.stop();
+        }
         self.pool.close().await;
+    }
+
+    /// Makes notifications of `process` from every node (enqueues, retries,
+    /// dirty completions) fire this process's wake-up signal, through one
+    /// `LISTEN` connection per store started on first use. Must be called
+    /// inside a Tokio runtime.
+    pub fn subscribe(&self, process: &str) {
+        self.listener
+            .get_or_init(|| Listener::start(self.pool.clone()))
+            .subscribe(process);
     }
 
     /// The channel an enqueue to `process` notifies (`LISTEN` on it to wake up

@@ -14,6 +14,7 @@ mod error;
 mod inspect;
 mod items;
 mod leases;
+mod listen;
 mod retry;
 mod rows;
 mod sessions;

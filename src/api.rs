@@ -1,9 +1,8 @@
-//! The API's JSON shapes, separate from the store's domain types so the wire
-//! format is stable and documented (every type here appears in `/openapi.json`).
-//! Durations are whole milliseconds (`*_ms`); times are RFC 3339 in UTC.
-//!
-//! Every type both serialises and deserialises, so a Rust client (such as a
-//! worker over HTTP) can use them as they are.
+//! The HTTP API's wire format: the JSON shapes [`server`](crate::server) answers
+//! with and [`client`](crate::client) sends, defined once for both. They are
+//! separate from the store's domain types so the format is stable and documented
+//! (every type here appears in `/openapi.json`). Durations are whole
+//! milliseconds (`*_ms`); times are RFC 3339 in UTC.
 
 use std::time::Duration;
 
@@ -18,8 +17,11 @@ use crate::store::{
 
 /// The longest session TTL the API accepts: one day.
 pub const MAX_TTL_MS: u64 = 86_400_000;
-/// The most leases one claim returns.
+/// The most leases one claim answers with; a claim may ask for more (a worker's
+/// parallelism), and claims again for the rest.
 pub const MAX_CLAIM: u32 = 1000;
+/// The most completions one batch request carries.
+pub const MAX_COMPLETE_BATCH: usize = 4096;
 /// The most items or events one page holds.
 pub const MAX_PAGE: u32 = 1000;
 
@@ -35,6 +37,22 @@ fn millis(d: Duration) -> u64 {
 /// `MAX_DELAY` in milliseconds, for validation messages.
 pub(crate) fn max_delay_ms() -> u64 {
     millis(MAX_DELAY)
+}
+
+/// The JSON body of every error response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// A stable, machine-readable code: `bad_request`, `unauthorized`,
+    /// `forbidden`, `not_found`, `method_not_allowed`, `lease_lost`, `session_expired`, `item_running`,
+    /// `payload_too_large`, `invalid_key`, `invalid_process`, `unavailable`,
+    /// `commit_unknown` (a 503 after which the request may have been applied),
+    /// `internal`.
+    pub error: String,
+    /// What went wrong, for people.
+    pub message: String,
+    /// The request field at fault (`keys[2]`, `ttl_ms`, `limit`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
 }
 
 /// Body of `POST /v1/processes/{process}/items`.
@@ -335,14 +353,15 @@ pub struct CloseResponse {
 pub struct ClaimRequest {
     /// The process to claim from.
     pub process: String,
-    /// At most this many leases (1–1000, default 1).
+    /// At most this many leases (at least 1, default 1). One answer holds at
+    /// most 1000 (`MAX_CLAIM`): ask again for the rest.
     #[serde(default = "one")]
-    #[schema(minimum = 1, maximum = 1000, default = 1)]
+    #[schema(minimum = 1, default = 1)]
     pub max: u32,
     /// When nothing is ready, wait up to this many milliseconds for work
-    /// (default 0; at most the server's maximum, 60 s unless configured).
+    /// (default 0; a longer wait than the server's maximum, 60 s unless
+    /// configured, is cut to it).
     #[serde(default)]
-    #[schema(maximum = 60000)]
     pub wait_ms: u64,
 }
 
@@ -420,6 +439,36 @@ pub struct LeaseRef {
     pub started_at: Option<DateTime<Utc>>,
 }
 
+impl From<&Lease> for LeaseRef {
+    fn from(l: &Lease) -> Self {
+        Self {
+            session: l.session.0,
+            process: l.process.clone(),
+            key: l.key.clone(),
+            token: l.token.0,
+            attempt: l.attempt,
+            priority: Some(l.priority),
+            enqueued_at: Some(l.enqueued_at),
+            started_at: Some(l.started_at),
+        }
+    }
+}
+
+impl From<LeaseBody> for Lease {
+    fn from(l: LeaseBody) -> Self {
+        Self {
+            session: crate::store::SessionId(l.session),
+            process: l.process,
+            key: l.key,
+            token: crate::store::FencingToken(l.token),
+            attempt: l.attempt,
+            priority: l.priority,
+            enqueued_at: l.enqueued_at,
+            started_at: l.started_at,
+        }
+    }
+}
+
 impl LeaseRef {
     /// The store's lease; the described-only fields are filled with neutral
     /// values the store does not check.
@@ -461,6 +510,23 @@ pub enum OutcomeBody {
     },
 }
 
+impl From<&Outcome> for OutcomeBody {
+    fn from(o: &Outcome) -> Self {
+        match o {
+            Outcome::Done => Self::Done,
+            Outcome::RequeueAfter(after) => Self::RequeueAfter {
+                after_ms: millis(*after),
+            },
+            Outcome::Transient(error) => Self::Transient {
+                error: error.clone(),
+            },
+            Outcome::Permanent(error) => Self::Permanent {
+                error: error.clone(),
+            },
+        }
+    }
+}
+
 impl OutcomeBody {
     /// The store's outcome.
     pub(crate) fn to_outcome(&self) -> Outcome {
@@ -481,6 +547,32 @@ pub struct CompleteRequest {
     pub lease: LeaseRef,
     /// How the run went.
     pub outcome: OutcomeBody,
+}
+
+/// Body of `POST /v1/leases/complete-batch`: many outcomes, one transaction.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteBatchRequest {
+    /// The completions (1–4096), each checked against its own lease.
+    #[schema(min_items = 1, max_items = 4096)]
+    pub completions: Vec<CompleteRequest>,
+}
+
+/// What became of one completion of a batch.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CompletionResult {
+    /// Null when the outcome was recorded; otherwise why this lease alone
+    /// changed nothing: `lease_lost` or `session_expired`.
+    pub error: Option<String>,
+    /// The refusal's message, when refused.
+    pub message: Option<String>,
+}
+
+/// Response of `POST /v1/leases/complete-batch`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CompleteBatchResponse {
+    /// One result per completion, in the request's order.
+    pub results: Vec<CompletionResult>,
 }
 
 /// Body of `POST /v1/leases/release`.

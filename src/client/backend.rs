@@ -1,0 +1,231 @@
+//! [`WorkerBackend`] for [`Client`]: the worker's calls as HTTP requests.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::Method;
+
+use super::http::{CALL_TIMEOUT, Client, Failure};
+use crate::api::{
+    ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
+    CompleteRequest, CompletionResult, HeartbeatResponse, LeaseRef, MAX_COMPLETE_BATCH,
+    OutcomeBody, ReleaseRequest, SessionBody, SessionRequest,
+};
+use crate::store::{
+    Lease, LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, RemoteError, Session,
+    SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError, WorkerBackend,
+};
+
+/// The most bytes of completions one request carries: half the server's
+/// default body limit (1 MiB), so a batch of long error texts still fits.
+const MAX_BATCH_BYTES: usize = 512 * 1024;
+
+/// How much longer than the long-poll itself a claim may take to answer.
+const CLAIM_SLACK: Duration = Duration::from_secs(10);
+
+impl WorkerBackend for Client {
+    const RECLAIMS: bool = false;
+
+    async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
+        let body = SessionRequest {
+            component: params.component,
+            ttl_ms: millis(params.ttl),
+        };
+        let session: SessionBody = self
+            .call(Method::POST, "/v1/sessions", Some(&body), CALL_TIMEOUT)
+            .await
+            .map_err(Failure::into_store)?;
+        Ok(Session {
+            id: SessionId(session.id),
+            component: session.component,
+            ttl: Duration::from_millis(session.ttl_ms),
+            deadline: session.deadline,
+        })
+    }
+
+    async fn session_heartbeat(
+        &self,
+        params: SessionHeartbeat,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        let path = format!("/v1/sessions/{}/heartbeat", params.session);
+        let answer: HeartbeatResponse = self
+            .call(Method::POST, &path, None::<&()>, CALL_TIMEOUT)
+            .await
+            .map_err(|f| session_failure(f, params.session))?;
+        Ok(answer.deadline)
+    }
+
+    async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
+        let path = format!("/v1/sessions/{}", params.session);
+        let answer: CloseResponse = self
+            .call(Method::DELETE, &path, None::<&()>, CALL_TIMEOUT)
+            .await
+            .map_err(Failure::into_store)?;
+        Ok(answer.released)
+    }
+
+    async fn lease_claim_wait(
+        &self,
+        params: LeaseClaim,
+        wait: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let path = format!("/v1/sessions/{}/claim", params.session);
+        let body = ClaimRequest {
+            process: params.process,
+            max: params.max.max(1),
+            wait_ms: millis(wait),
+        };
+        let answer: ClaimResponse = self
+            .call(Method::POST, &path, Some(&body), wait + CLAIM_SLACK)
+            .await
+            .map_err(|f| session_failure(f, params.session))?;
+        Ok(answer.leases.into_iter().map(Lease::from).collect())
+    }
+
+    async fn lease_complete_batch(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let mut results = Vec::with_capacity(batch.len());
+        for chunk in chunks(batch) {
+            let request = CompleteBatchRequest {
+                completions: chunk.iter().map(completion).collect(),
+            };
+            let answer: Result<CompleteBatchResponse, Failure> = self
+                .call(
+                    Method::POST,
+                    "/v1/leases/complete-batch",
+                    Some(&request),
+                    CALL_TIMEOUT,
+                )
+                .await;
+            match answer {
+                Ok(answer) if answer.results.len() == chunk.len() => {
+                    let each = chunk.iter().zip(answer.results);
+                    results.extend(each.map(|(sent, result)| refusal(sent.lease, &result)));
+                }
+                Ok(answer) => {
+                    let remote = RemoteError {
+                        message: format!(
+                            "the server answered {} results for {} completions",
+                            answer.results.len(),
+                            chunk.len()
+                        ),
+                        status: None,
+                        unknown: true,
+                    };
+                    results.extend(
+                        chunk
+                            .iter()
+                            .map(|_| Err(StoreError::Remote(remote.clone()))),
+                    );
+                }
+                // An earlier chunk may have committed: report per completion,
+                // so each is retried (a retry of one that did commit is refused
+                // as lost, which is harmless).
+                Err(failure) => {
+                    let remote = failure.into_remote();
+                    results.extend(
+                        chunk
+                            .iter()
+                            .map(|_| Err(StoreError::Remote(remote.clone()))),
+                    );
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
+        let body = ReleaseRequest {
+            lease: LeaseRef::from(params.lease),
+        };
+        let answer: Result<(), Failure> = self
+            .call(
+                Method::POST,
+                "/v1/leases/release",
+                Some(&body),
+                CALL_TIMEOUT,
+            )
+            .await;
+        answer.map_err(|f| lease_failure(f, params.lease))
+    }
+
+    async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
+        Err(StoreError::InvalidArgument(format!(
+            "the backoff policy of {} is set where its database is: configure it from a \
+             worker or `drover` command on the database, not over the HTTP API",
+            params.process
+        )))
+    }
+}
+
+/// Splits a batch into requests within [`MAX_COMPLETE_BATCH`] completions and
+/// about [`MAX_BATCH_BYTES`] of error text.
+fn chunks<'b, 'a>(batch: &'b [LeaseComplete<'a>]) -> Vec<&'b [LeaseComplete<'a>]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, c) in batch.iter().enumerate() {
+        let size = 256 + c.lease.key.len() + c.lease.process.len() + error_len(c);
+        if i > start && (i - start == MAX_COMPLETE_BATCH || bytes + size > MAX_BATCH_BYTES) {
+            out.push(&batch[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < batch.len() {
+        out.push(&batch[start..]);
+    }
+    out
+}
+
+fn error_len(c: &LeaseComplete<'_>) -> usize {
+    match c.outcome {
+        crate::store::Outcome::Transient(e) | crate::store::Outcome::Permanent(e) => e.len(),
+        _ => 0,
+    }
+}
+
+fn completion(c: &LeaseComplete<'_>) -> CompleteRequest {
+    CompleteRequest {
+        lease: LeaseRef::from(c.lease),
+        outcome: OutcomeBody::from(c.outcome),
+    }
+}
+
+/// One completion's result in the store's words.
+fn refusal(lease: &Lease, result: &CompletionResult) -> Result<(), StoreError> {
+    match result.error.as_deref() {
+        None => Ok(()),
+        Some(code) => Err(lease_failure(Failure::Conflict(code.to_owned()), lease)),
+    }
+}
+
+/// A refused session call: `session_expired` as the store says it.
+fn session_failure(failure: Failure, session: SessionId) -> StoreError {
+    match failure {
+        Failure::Conflict(code) if code == "session_expired" => {
+            StoreError::SessionExpired { session }
+        }
+        other => other.into_store(),
+    }
+}
+
+/// A refused lease call: `lease_lost` / `session_expired` as the store says them.
+fn lease_failure(failure: Failure, lease: &Lease) -> StoreError {
+    match failure {
+        Failure::Conflict(code) if code == "lease_lost" => StoreError::LeaseLost {
+            process: lease.process.clone(),
+            key: lease.key.clone(),
+            token: lease.token,
+        },
+        Failure::Conflict(code) if code == "session_expired" => StoreError::SessionExpired {
+            session: lease.session,
+        },
+        other => other.into_store(),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

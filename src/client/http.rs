@@ -1,0 +1,164 @@
+//! [`Client`]: requests to a drover server and the mapping of its answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::ErrorBody;
+use crate::store::{RemoteError, StoreError};
+
+/// How long a request other than a long-polling claim may take.
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A drover server reached over HTTP, with an optional bearer token. Cheap to
+/// clone; clones share the connection pool.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: Arc<str>,
+    token: Option<Arc<str>>,
+}
+
+/// How a call failed before the caller's own mapping.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// A 409 with its code (`lease_lost`, `session_expired`, …).
+    Conflict(String),
+    /// Anything else.
+    Remote(RemoteError),
+}
+
+impl Failure {
+    /// As a remote error; a conflict the caller did not map names its code.
+    pub(super) fn into_remote(self) -> RemoteError {
+        match self {
+            Self::Conflict(code) => RemoteError {
+                message: format!("409 {code}"),
+                status: Some(409),
+                unknown: false,
+            },
+            Self::Remote(remote) => remote,
+        }
+    }
+
+    /// As a store error (see [`into_remote`](Self::into_remote)).
+    pub(super) fn into_store(self) -> StoreError {
+        StoreError::Remote(self.into_remote())
+    }
+}
+
+impl Client {
+    /// A client for the server at `base` (`http://host:port`, or `https://…`).
+    /// A URL of another scheme is refused at once.
+    pub fn new(base: &str) -> Result<Self, StoreError> {
+        let trimmed = base.trim_end_matches('/');
+        if !(trimmed.starts_with("http://") || trimmed.starts_with("https://")) {
+            return Err(StoreError::InvalidUrl {
+                url: base.to_owned(),
+                reason: "expected http://HOST:PORT or https://…".into(),
+            });
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| {
+                StoreError::InvalidArgument(format!("cannot build the HTTP client: {e}"))
+            })?;
+        Ok(Self {
+            http,
+            base: trimmed.into(),
+            token: None,
+        })
+    }
+
+    /// Sends `token` as the bearer token of every request (a worker's or an
+    /// admin's, for a server started with tokens).
+    #[must_use]
+    pub fn token(self, token: impl Into<String>) -> Self {
+        Self {
+            token: Some(token.into().into()),
+            ..self
+        }
+    }
+
+    /// The server's base URL.
+    #[must_use]
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends one request and parses its JSON answer (`()` for 204).
+    pub(super) async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        timeout: Duration,
+    ) -> Result<T, Failure> {
+        let what = format!("{method} {path}");
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .timeout(timeout);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(&**token);
+        }
+        let response = request.send().await.map_err(|e| transport(&what, &e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| transport(&what, &e))?;
+        if status.is_success() {
+            let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+            return serde_json::from_slice(bytes).map_err(|e| {
+                Failure::Remote(RemoteError {
+                    message: format!("{what}: the answer does not parse: {e}"),
+                    status: Some(status.as_u16()),
+                    unknown: false,
+                })
+            });
+        }
+        Err(refusal(&what, status, &bytes))
+    }
+}
+
+/// A request that got no answer: refused before sending (nothing applied) or
+/// lost after (maybe applied).
+fn transport(what: &str, e: &reqwest::Error) -> Failure {
+    // reqwest's own message is generic ("error sending request"): the cause
+    // (refused, reset, timed out) is in its sources.
+    let mut message = format!("{what}: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    Failure::Remote(RemoteError {
+        message,
+        status: None,
+        unknown: !e.is_connect() && !e.is_builder(),
+    })
+}
+
+/// An error status with the server's [`ErrorBody`], when it sent one.
+fn refusal(what: &str, status: StatusCode, bytes: &[u8]) -> Failure {
+    let body = serde_json::from_slice::<ErrorBody>(bytes).ok();
+    let code = body.as_ref().map_or("", |b| b.error.as_str());
+    if status == StatusCode::CONFLICT {
+        return Failure::Conflict(code.to_owned());
+    }
+    let message = body.as_ref().map_or_else(
+        || String::from_utf8_lossy(bytes).chars().take(200).collect(),
+        |b| b.message.clone(),
+    );
+    Failure::Remote(RemoteError {
+        message: format!("{what}: {status}: {message}"),
+        status: Some(status.as_u16()),
+        unknown: code == "commit_unknown",
+    })
+}

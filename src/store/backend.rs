@@ -1,0 +1,191 @@
+//! [`WorkerBackend`]: the part of the store a worker needs, and nothing else, so
+//! one control loop runs against a database ([`Store`]) or a drover server
+//! ([`Client`](crate::client::Client)).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+
+use super::params::{
+    LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat,
+    SessionStart,
+};
+use super::types::{Lease, ReclaimReport, Session};
+use super::{Store, StoreEngine, StoreError};
+
+/// What a [`Controller`](crate::runner::Controller) needs from where its work
+/// lives: sessions, claims (with a wait), batched completions and releases.
+///
+/// Operators' calls (items, history, processes) stay on [`StoreEngine`]; query
+/// sources, which lock keys chosen by the user's own SQL, need a [`Store`].
+/// Every implementation gives the [`StoreEngine`] guarantees for these calls:
+/// one live lease per key, fencing checked on every completion and release
+/// (`LeaseLost` / `SessionExpired` change nothing), deadlines on the database
+/// clock, and [`StoreError::is_commit_unknown`] when a call may have been
+/// applied without the caller hearing of it.
+pub trait WorkerBackend: Clone + Send + Sync + std::fmt::Debug + 'static {
+    /// Whether [`session_reclaim`](Self::session_reclaim) does anything here:
+    /// a database reclaims expired sessions itself, while over HTTP the server
+    /// does it for every worker.
+    const RECLAIMS: bool;
+
+    /// Registers a worker; its deadline is now + ttl on the database clock.
+    fn session_start(
+        &self,
+        params: SessionStart,
+    ) -> impl Future<Output = Result<Session, StoreError>> + Send;
+
+    /// Pushes the session's deadline to now + ttl; `SessionExpired` if it has
+    /// passed already.
+    fn session_heartbeat(
+        &self,
+        params: SessionHeartbeat,
+    ) -> impl Future<Output = Result<DateTime<Utc>, StoreError>> + Send;
+
+    /// Ends a session, handing its leases back; returns how many.
+    fn session_close(
+        &self,
+        params: SessionClose,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Requeues the leases of expired sessions (see
+    /// [`StoreEngine::session_reclaim`]); a no-op where [`RECLAIMS`](Self::RECLAIMS)
+    /// is `false`.
+    fn session_reclaim(&self) -> impl Future<Output = Result<ReclaimReport, StoreError>> + Send {
+        async { Ok(ReclaimReport::default()) }
+    }
+
+    /// Leases up to `params.max` ready keys. When none is ready and `wait` is
+    /// not zero, waits up to `wait` for a wake-up (an enqueue, a retry, a dirty
+    /// completion) and claims once more; an empty result means nothing became
+    /// ready. Fewer than `max` may come back even when more are ready (a server
+    /// caps one answer); claim again for the rest.
+    fn lease_claim_wait(
+        &self,
+        params: LeaseClaim,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
+
+    /// Records many runs' outcomes at once, each checked on its own (see
+    /// [`StoreEngine::lease_complete_batch`]).
+    fn lease_complete_batch(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
+
+    /// Gives a lease back without an outcome: pending at once, no failure.
+    fn lease_release(
+        &self,
+        params: LeaseRelease<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Sets the process's backoff policy for every node.
+    fn process_configure(
+        &self,
+        params: ProcessConfigure,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The wake-up signal of `process` when this backend can hear of new work
+    /// without asking (a database: enqueues in this process, and on PostgreSQL
+    /// on every node); `None` where waiting happens inside
+    /// [`lease_claim_wait`](Self::lease_claim_wait) (a server's long-poll).
+    fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
+        let _ = process;
+        None
+    }
+
+    /// The database itself, when the backend is one: handed to reconcilers
+    /// ([`Task::store`](crate::runner::Task::store)) that keep their own state
+    /// in it. `None` over HTTP.
+    fn local_store(&self) -> Option<&Store> {
+        None
+    }
+}
+
+impl Store {
+    /// [`lease_claim`](StoreEngine::lease_claim), waiting up to `wait` when
+    /// nothing is ready: armed before the claim, a wake-up of the process (an
+    /// enqueue through any store in this process, and on PostgreSQL through any
+    /// node) ends the wait and the claim runs once more. Dropping the future
+    /// while it waits is harmless; dropped during a claim statement, the claim
+    /// is as good as one whose commit is unknown.
+    pub async fn lease_claim_wait(
+        &self,
+        params: LeaseClaim,
+        wait: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
+        if wait.is_zero() {
+            return StoreEngine::lease_claim(self, params).await;
+        }
+        let notify = self.subscribe(&params.process);
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let leases = StoreEngine::lease_claim(self, params.clone()).await?;
+        if !leases.is_empty() {
+            return Ok(leases);
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(wait) => return Ok(Vec::new()),
+        }
+        StoreEngine::lease_claim(self, params).await
+    }
+}
+
+impl WorkerBackend for Store {
+    const RECLAIMS: bool = true;
+
+    async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
+        StoreEngine::session_start(self, params).await
+    }
+
+    async fn session_heartbeat(
+        &self,
+        params: SessionHeartbeat,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        StoreEngine::session_heartbeat(self, params).await
+    }
+
+    async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
+        StoreEngine::session_close(self, params).await
+    }
+
+    async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
+        StoreEngine::session_reclaim(self).await
+    }
+
+    async fn lease_claim_wait(
+        &self,
+        params: LeaseClaim,
+        wait: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
+        Store::lease_claim_wait(self, params, wait).await
+    }
+
+    async fn lease_complete_batch(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        StoreEngine::lease_complete_batch(self, batch).await
+    }
+
+    async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
+        StoreEngine::lease_release(self, params).await
+    }
+
+    async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
+        StoreEngine::process_configure(self, params).await
+    }
+
+    fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
+        Some(Store::subscribe(self, process))
+    }
+
+    fn local_store(&self) -> Option<&Store> {
+        Some(self)
+    }
+}

@@ -1,0 +1,141 @@
+//! Wake-ups from other nodes: one `LISTEN` connection per store, shared by every
+//! controller and waiting claim that uses it.
+//!
+//! A process is subscribed the first time something waits on it; from then on
+//! a notification on its channel (sent when an enqueue, a retry or a dirty
+//! completion commits on any node) fires the process's in-process signal
+//! ([`wakeup::notify`]). Notifications are hints: waiters poll as well, and
+//! after the connection breaks every subscribed process is woken once, since
+//! anything may have been missed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::PostgresStore;
+use crate::store::wakeup;
+
+/// The most channels one store listens on; waits on further processes poll.
+const MAX_CHANNELS: usize = 1024;
+
+/// The listening task's handle: dropping it (with the last clone of its
+/// store) or [`stop`](Self::stop) ends the task and its connection.
+#[derive(Debug)]
+pub(super) struct Listener {
+    subscribed: Mutex<HashSet<String>>,
+    requests: mpsc::UnboundedSender<String>,
+    stop: CancellationToken,
+}
+
+impl Listener {
+    /// Starts the listening task on `pool`; it connects when the first process
+    /// is subscribed. Must be called inside a Tokio runtime.
+    pub(super) fn start(pool: PgPool) -> Self {
+        let (requests, rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        tokio::spawn(listen(pool, rx, stop.clone()));
+        Self {
+            subscribed: Mutex::new(HashSet::new()),
+            requests,
+            stop,
+        }
+    }
+
+    /// Makes sure notifications of `process` wake this process's waiters.
+    pub(super) fn subscribe(&self, process: &str) {
+        let mut subscribed = self
+            .subscribed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if subscribed.len() < MAX_CHANNELS && subscribed.insert(process.to_owned()) {
+            self.requests.send(process.to_owned()).ok();
+        }
+    }
+
+    /// Ends the task (what closing the store does).
+    pub(super) fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Relays notifications, reconnecting with a growing delay after errors.
+async fn listen(
+    pool: PgPool,
+    mut requests: mpsc::UnboundedReceiver<String>,
+    stop: CancellationToken,
+) {
+    // channel → process
+    let mut channels: HashMap<String, String> = HashMap::new();
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let result = tokio::select! {
+            () = stop.cancelled() => return,
+            result = relay(&pool, &mut requests, &mut channels) => result,
+        };
+        match result {
+            Ok(()) => return, // every handle is gone
+            Err(e) => {
+                tracing::warn!(error = %e, "LISTEN failed; waiters poll until it reconnects");
+            }
+        }
+        for process in channels.values() {
+            wakeup::notify(process);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Listens on every known channel and on each newly requested one, relaying
+/// notifications until the connection fails (`Err`) or the handle is dropped.
+async fn relay(
+    pool: &PgPool,
+    requests: &mut mpsc::UnboundedReceiver<String>,
+    channels: &mut HashMap<String, String>,
+) -> Result<(), sqlx::Error> {
+    // Nothing to listen on yet: connect only once something waits.
+    if channels.is_empty() {
+        let Some(process) = requests.recv().await else {
+            return Ok(());
+        };
+        channels.insert(PostgresStore::notify_channel(&process), process);
+    }
+    let mut listener = PgListener::connect_with(pool).await?;
+    for channel in channels.keys() {
+        listener.listen(channel).await?;
+    }
+    // An enqueue before the LISTEN took effect sent nothing we could hear.
+    for process in channels.values() {
+        wakeup::notify(process);
+    }
+    loop {
+        tokio::select! {
+            process = requests.recv() => {
+                let Some(process) = process else { return Ok(()) };
+                let channel = PostgresStore::notify_channel(&process);
+                listener.listen(&channel).await?;
+                wakeup::notify(&process);
+                channels.insert(channel, process);
+            }
+            notification = listener.recv() => {
+                if let Some(process) = channels.get(notification?.channel()) {
+                    wakeup::notify(process);
+                }
+            }
+        }
+    }
+}
