@@ -85,7 +85,7 @@ async fn backlog_compares_a_large_backlog_with_a_small_one() {
 async fn recovery_runs_a_killed_workers_keys_elsewhere() {
     each_engine(|db| async move {
         let drover = Path::new(env!("CARGO_BIN_EXE_drover"));
-        let ttl = Duration::from_millis(600);
+        let ttl = Duration::from_millis(750);
         let figure = bench::recovery(&small(&db, 5, 2), drover, ttl)
             .await
             .expect("recovery");

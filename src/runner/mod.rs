@@ -21,6 +21,7 @@ mod config;
 mod controller;
 mod error;
 mod finished;
+mod lapse;
 pub(crate) mod metrics;
 mod reconciler;
 mod run;
@@ -30,6 +31,7 @@ mod wake;
 
 pub use config::{ConfigError, ControllerBuilder};
 pub use controller::{Controller, RunError};
+pub use lapse::{MIN_SAFETY_MARGIN, MIN_TTL, STOP_GRACE, safety_margin};
 pub use error::{
     BoxError, ErrorClass, Permanent, Transient, classify, error_chain, outcome_of, permanent,
     transient,

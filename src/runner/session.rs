@@ -1,10 +1,12 @@
 //! The session keeper: one live session per controller, renewed every TTL/3.
 //!
-//! A failed heartbeat is retried until the session's deadline has passed (BMDB
-//! dropped the session on the first error, so one network blip restarted every
-//! worker). When the session is lost — the database says it expired, or the
-//! deadline passed without a successful heartbeat — its token is cancelled, which
-//! cancels every run started under it, and a new session starts.
+//! A failed heartbeat is retried (BMDB dropped the session on the first error,
+//! so one network blip restarted every worker) until this node's own timer says
+//! the database may soon give the session away: ttl − margin after the last
+//! successful heartbeat was *sent* (see [`super::lapse`]). When the session is
+//! lost — the timer fired, or the database says it expired — its token is
+//! cancelled, which cancels every run started under it, and a new session
+//! starts.
 //!
 //! A claim whose commit went unknown (the connection broke at `COMMIT`) may
 //! have leased keys nobody here knows of; nothing would ever finish or release
@@ -19,10 +21,15 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
+use super::lapse::{Held, hold};
 use super::metrics::RunnerMetrics;
 use crate::store::{
-    SessionClose, SessionHeartbeat, SessionId, SessionStart, Store, StoreEngine as _, StoreError,
+    SessionClose, SessionHeartbeat, SessionId, SessionStart, Store, StoreEngine as _,
 };
+
+/// How long closing a session may take at shutdown or abandonment before it
+/// is left to expire. Part of what a shutdown may take past its deadline.
+const CLOSE_WITHIN: Duration = Duration::from_millis(300);
 
 /// The session work is claimed under, with the token that fires when it is lost.
 #[derive(Debug, Clone)]
@@ -64,10 +71,10 @@ impl Keeper {
     /// Runs until `stop` fires, then closes the session it holds (giving its
     /// remaining leases back).
     pub(crate) async fn run(self, stop: CancellationToken) {
-        while let Some(live) = self.start(&stop).await {
+        while let Some((live, sent)) = self.start(&stop).await {
             self.publish.send_replace(Some(live.clone()));
             self.metrics.sessions_active.inc();
-            let end = self.keep_alive(&live, &stop).await;
+            let end = self.keep_alive(&live, sent, &stop).await;
             self.publish.send_replace(None);
             self.metrics.sessions_active.dec();
             live.token.cancel();
@@ -89,22 +96,29 @@ impl Keeper {
         }
     }
 
-    /// Starts a session, retrying transient failures until `stop` fires.
-    async fn start(&self, stop: &CancellationToken) -> Option<Live> {
+    /// Starts a session, retrying transient failures until `stop` fires; with
+    /// it, the instant taken before its start was sent.
+    async fn start(&self, stop: &CancellationToken) -> Option<(Live, Instant)> {
         let mut delay = Duration::from_millis(50);
         loop {
             let params = SessionStart {
                 component: self.settings.component.clone(),
                 ttl: self.settings.ttl,
             };
-            match self.store.session_start(params).await {
+            let sent = Instant::now();
+            let started = tokio::select! {
+                () = stop.cancelled() => return None,
+                started = self.store.session_start(params) => started,
+            };
+            match started {
                 Ok(session) => {
                     let token = self.force.child_token();
-                    return Some(Live {
+                    let live = Live {
                         id: session.id,
                         token,
                         abandoned: CancellationToken::new(),
-                    });
+                    };
+                    return Some((live, sent));
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot start a session; retrying"),
             }
@@ -117,54 +131,41 @@ impl Keeper {
     }
 
     /// Heartbeats until the session is lost or abandoned, or `stop` fires.
-    async fn keep_alive(&self, live: &Live, stop: &CancellationToken) -> End {
-        let (id, ttl) = (live.id, self.settings.ttl);
-        let mut renewed = Instant::now();
-        loop {
+    /// `sent` is the instant taken before the session start was sent: the
+    /// session is given up by this node's clock (see [`super::lapse`]).
+    async fn keep_alive(&self, live: &Live, sent: Instant, stop: &CancellationToken) -> End {
+        let id = live.id;
+        let beat = || async move {
+            let params = SessionHeartbeat { session: id };
+            self.store.session_heartbeat(params).await.map(drop)
+        };
+        let until = async {
             tokio::select! {
-                () = stop.cancelled() => return End::Stopped,
-                () = live.abandoned.cancelled() => return End::Abandoned,
-                () = sleep(self.settings.heartbeat_every()) => {}
+                () = stop.cancelled() => End::Stopped,
+                () = live.abandoned.cancelled() => End::Abandoned,
             }
-            loop {
-                let beat = timeout(
-                    ttl / 3,
-                    self.store
-                        .session_heartbeat(SessionHeartbeat { session: id }),
-                );
-                match beat.await {
-                    Ok(Ok(_)) => {
-                        renewed = Instant::now();
-                        break;
-                    }
-                    Ok(Err(StoreError::SessionExpired { .. })) => return End::Lost,
-                    Ok(Err(e)) => {
-                        tracing::warn!(session = %id, error = %e, "heartbeat failed; retrying")
-                    }
-                    Err(_) => tracing::warn!(session = %id, "heartbeat timed out; retrying"),
-                }
-                // The deadline was at most `ttl` after the last renewal: past it,
-                // another node may already have reclaimed our leases.
-                if renewed.elapsed() >= ttl {
-                    return End::Lost;
-                }
-                tokio::select! {
-                    () = stop.cancelled() => return End::Stopped,
-                    () = live.abandoned.cancelled() => return End::Abandoned,
-                    () = sleep(ttl / 10) => {}
-                }
-            }
+        };
+        match hold(self.settings.ttl, sent, beat, until).await {
+            Held::Lost => End::Lost,
+            Held::Until(end) => end,
         }
     }
 
+    /// Closes the session, handing its leases back; gives up after
+    /// [`CLOSE_WITHIN`] (the session then expires and is reclaimed), so that
+    /// an unreachable database cannot hold shutdown up.
     async fn close(&self, id: SessionId) {
-        match self.store.session_close(SessionClose { session: id }).await {
-            Ok(released) if released > 0 => {
+        let close = self.store.session_close(SessionClose { session: id });
+        match timeout(CLOSE_WITHIN, close).await {
+            Ok(Ok(released)) if released > 0 => {
                 tracing::info!(session = %id, released, "session closed; leases released");
             }
-            Ok(_) => {}
-            Err(e) => {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
                 tracing::warn!(session = %id, error = %e, "cannot close the session; it will expire")
+            }
+            Err(_) => {
+                tracing::warn!(session = %id, "closing the session timed out; it will expire")
             }
         }
     }
