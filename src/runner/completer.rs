@@ -58,8 +58,8 @@ impl std::fmt::Debug for Job {
 }
 
 impl Completer {
-    /// Starts the writer task on `store`; it runs until `stop` fires and the
-    /// queued outcomes are written, or every handle is dropped.
+    /// Starts the writer task on `store`; it runs until `stop` fires (see
+    /// [`write_loop`]) or every handle is dropped.
     pub(crate) fn start(
         store: Store,
         tracker: &tokio_util::task::TaskTracker,
@@ -91,7 +91,12 @@ impl Completer {
     }
 }
 
-/// Takes every queued job (up to [`MAX_BATCH`]) and writes them in one batch.
+/// Takes every queued job (up to [`MAX_BATCH`]) and writes them in one batch,
+/// until `stop` fires. The controller stops it once every run has ended, so a
+/// job still queued or being written then has nobody waiting for it (its run
+/// gave up at the shutdown deadline): it is dropped, not written, and a
+/// database that does not answer cannot hold shutdown up. The session's close
+/// or expiry hands such a key back.
 async fn write_loop(
     store: Store,
     mut queue: mpsc::UnboundedReceiver<Job>,
@@ -101,11 +106,8 @@ async fn write_loop(
     loop {
         let first = tokio::select! {
             biased;
+            () = stop.cancelled() => return,
             job = queue.recv() => job,
-            () = stop.cancelled() => {
-                queue.close();
-                queue.recv().await
-            }
         };
         let Some(first) = first else { return };
         batch.push(first);
@@ -115,7 +117,11 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
-        write(&store, &mut batch).await;
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = write(&store, &mut batch) => {}
+        }
     }
 }
 

@@ -446,7 +446,11 @@ async fn reclaim(
     stop: CancellationToken,
 ) {
     loop {
-        match store.session_reclaim().await {
+        let reclaimed = tokio::select! {
+            () = stop.cancelled() => return,
+            reclaimed = store.session_reclaim() => reclaimed,
+        };
+        match reclaimed {
             Ok(report) => {
                 metrics.leases_reclaimed.inc_by(report.leases);
                 if report.leases > 0 {
