@@ -27,9 +27,9 @@ use crate::store::{
     SessionClose, SessionHeartbeat, SessionId, SessionStart, Store, StoreEngine as _,
 };
 
-/// How long closing a session may take at shutdown or abandonment before it
-/// is left to expire. Part of what a shutdown may take past its deadline.
-const CLOSE_WITHIN: Duration = Duration::from_millis(300);
+/// How long closing a session may take at shutdown before it is left to
+/// expire: part of what a shutdown may take past its deadline.
+const CLOSE_WITHIN: Duration = Duration::from_millis(500);
 
 /// The session work is claimed under, with the token that fires when it is lost.
 #[derive(Debug, Clone)]
@@ -86,10 +86,10 @@ impl Keeper {
                         "a claim's commit is unknown; closing the session so that any \
                          lease it took goes back, and starting a new one"
                     );
-                    self.close(live.id).await;
+                    self.close(live.id, self.settings.ttl).await;
                 }
                 End::Stopped => {
-                    self.close(live.id).await;
+                    self.close(live.id, CLOSE_WITHIN).await;
                     return;
                 }
             }
@@ -151,12 +151,12 @@ impl Keeper {
         }
     }
 
-    /// Closes the session, handing its leases back; gives up after
-    /// [`CLOSE_WITHIN`] (the session then expires and is reclaimed), so that
-    /// an unreachable database cannot hold shutdown up.
-    async fn close(&self, id: SessionId) {
+    /// Closes the session, handing its leases back; gives up after `within`
+    /// (the session then expires and is reclaimed), so that an unreachable
+    /// database cannot hold shutdown up.
+    async fn close(&self, id: SessionId, within: Duration) {
         let close = self.store.session_close(SessionClose { session: id });
-        match timeout(CLOSE_WITHIN, close).await {
+        match timeout(within, close).await {
             Ok(Ok(released)) if released > 0 => {
                 tracing::info!(session = %id, released, "session closed; leases released");
             }
