@@ -32,7 +32,11 @@ pub(crate) struct Args {
     /// Prefetched keys wait leased on this worker.
     #[arg(long, conflicts_with = "server")]
     prefetch: Option<u16>,
-    /// Session TTL: a dead worker's keys run elsewhere this long after it died.
+    /// Session TTL (at least 750ms): a dead worker's keys run elsewhere this long
+    /// after it died. A worker cut off from the database kills its commands
+    /// TTL − margin after its last good heartbeat was sent, margin =
+    /// max(250ms, TTL/10), before the database can give their keys to another
+    /// worker.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     ttl: Duration,
     /// Kill a command that runs longer than this (counts as a transient failure).
@@ -89,7 +93,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let store = args.db.open().await?;
     let reconciler = move |task: Task| {
         let exec = Arc::clone(&exec);
-        async move { exec.run(Job::from(&task)).await }
+        async move { exec.run_until(Job::from(&task), task.cancelled()).await }
     };
     let mut builder = Controller::builder(store, args.process.clone(), reconciler)
         .component("drover work")

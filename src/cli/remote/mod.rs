@@ -231,6 +231,7 @@ impl Worker {
             key: lease.key.clone(),
             process: lease.process.clone(),
             attempt: lease.attempt,
+            fencing_token: lease.body.get("token").and_then(Value::as_i64),
         };
         let limit = self.settings.timeout.unwrap_or(Duration::MAX);
         let outcome = tokio::select! {
