@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
 pub(crate) mod commit_cut;
+pub(crate) mod fault_proxy;
 pub(crate) mod process;
+pub(crate) mod ticks;
 
 /// The variable naming the PostgreSQL server for tests.
 pub(crate) const POSTGRES_ENV: &str = "DROVER_TEST_POSTGRES_URL";
