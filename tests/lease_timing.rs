@@ -224,3 +224,45 @@ async fn shutdown_ends_within_its_deadline_plus_a_second_when_the_database_refus
         .await
         .expect("drop the database");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_the_database_cannot_store_is_dropped_after_a_ttl_and_its_key_runs_again() {
+    each_engine(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let reconciler = move |_task: Task| {
+            let (tx, runs) = (tx.clone(), Arc::clone(&runs));
+            async move {
+                let run = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                tx.send(run).expect("test alive");
+                if run == 1 {
+                    // PostgreSQL refuses U+0000 in text (22021), on every retry.
+                    return Err::<Action, BoxError>("bad\0byte".into());
+                }
+                Ok(Action::Done)
+            }
+        };
+        let controller = Controller::builder(db.store.clone(), PROCESS, reconciler)
+            .idle_poll(Duration::from_millis(50))
+            .ttl(Duration::from_secs(1))
+            .build()
+            .expect("valid settings");
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(controller.run(shutdown.clone()));
+        enqueue(&db.store, "k").await;
+        for expected in [1, 2] {
+            let run = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+                .await
+                .expect("the key ran again within 20 s, not stuck running")
+                .expect("sender alive");
+            assert_eq!(run, expected);
+        }
+        eventually("the second run's outcome written", || async {
+            state(&db.store, "k").await.is_none()
+        })
+        .await;
+        shutdown.cancel();
+        running.await.expect("task").expect("controller runs");
+    })
+    .await;
+}
