@@ -132,7 +132,10 @@ async fn an_exec_command_gets_its_key_and_fencing_token_in_its_environment() {
         };
         eventually("the command started", || async { line().is_some() }).await;
         let token = lease_token(&db.store, "ns/web").await.expect("leased");
-        assert_eq!(line().as_deref(), Some(format!("env ns/web {token}").as_str()));
+        assert_eq!(
+            line().as_deref(),
+            Some(format!("env ns/web {token}").as_str())
+        );
         stop(worker).await;
     })
     .await;
@@ -152,7 +155,10 @@ async fn fresh_database(admin: &sqlx::PgPool, base: &str) -> (String, String) {
         .expect("create database");
     let (server, rest) = base.rsplit_once('/').expect("a URL with a database");
     let query = rest.split_once('?').map(|(_, q)| format!("?{q}"));
-    (name.clone(), format!("{server}/{name}{}", query.unwrap_or_default()))
+    (
+        name.clone(),
+        format!("{server}/{name}{}", query.unwrap_or_default()),
+    )
 }
 
 /// Makes every transaction on `name` read-only, its open connections included

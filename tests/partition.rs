@@ -65,7 +65,11 @@ impl<F: FnMut()> Drop for OnDrop<F> {
 /// A reconciler whose work ticks as `tag` every 20 ms until its run is
 /// cancelled; it reports `TAG started` after its first tick and `TAG stopped`
 /// when its future is gone.
-fn ticking(log: TickLog, tag: &'static str, events: mpsc::UnboundedSender<String>) -> impl Reconciler {
+fn ticking(
+    log: TickLog,
+    tag: &'static str,
+    events: mpsc::UnboundedSender<String>,
+) -> impl Reconciler {
     move |task: Task| {
         let (log, events) = (log.clone(), events.clone());
         async move {
@@ -183,12 +187,18 @@ async fn exec_round(base: &str, ttl: Duration, how: Cut, round: &str) {
     let log = TickLog::new();
     let a = worker(&proxy.url_for(&db.url), &log.command("A"), ttl);
     enqueue(&db.store).await;
-    eventually("A's command ticking", || async { !log.ticks("A").is_empty() }).await;
+    eventually("A's command ticking", || async {
+        !log.ticks("A").is_empty()
+    })
+    .await;
     let a_pid = log.pid("A").expect("A's command logged its pid");
     cut(&proxy, how);
     let b = worker(&db.url, &log.command("B"), ttl);
     // Other processes' progress shows only in the log and the process table.
-    eventually("B's command ticking", || async { !log.ticks("B").is_empty() }).await;
+    eventually("B's command ticking", || async {
+        !log.ticks("B").is_empty()
+    })
+    .await;
     eventually("A's command gone", || async {
         kill(Pid::from_raw(a_pid), None).is_err()
     })

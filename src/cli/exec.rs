@@ -197,7 +197,9 @@ impl GroupKill {
         if let Err(e) = leader.wait().await {
             tracing::warn!(pid = self.0, error = %e, "cannot reap a killed command");
         }
-        let Ok(pid) = i32::try_from(self.0) else { return };
+        let Ok(pid) = i32::try_from(self.0) else {
+            return;
+        };
         let gone = async {
             // Signal 0 only checks that some process of the group exists.
             while killpg(Pid::from_raw(pid), None).is_ok() {
@@ -205,7 +207,10 @@ impl GroupKill {
             }
         };
         if tokio::time::timeout(GROUP_GONE_WITHIN, gone).await.is_err() {
-            tracing::warn!(pid, "a killed command's process group is still there (unreaped zombies?)");
+            tracing::warn!(
+                pid,
+                "a killed command's process group is still there (unreaped zombies?)"
+            );
         }
     }
 }

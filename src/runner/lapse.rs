@@ -70,7 +70,12 @@ pub(crate) enum Held<T> {
 /// A failed or timed-out heartbeat is retried every `ttl / 10`; it never
 /// extends the session, and neither does one whose answer is still on its way
 /// when the timer fires.
-pub(crate) async fn hold<B, Fut, U>(ttl: Duration, sent: Instant, mut beat: B, until: U) -> Held<U::Output>
+pub(crate) async fn hold<B, Fut, U>(
+    ttl: Duration,
+    sent: Instant,
+    mut beat: B,
+    until: U,
+) -> Held<U::Output>
 where
     B: FnMut() -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
@@ -162,7 +167,10 @@ mod tests {
     fn the_margin_is_a_tenth_of_the_ttl_but_at_least_250_ms() {
         assert_eq!(safety_margin(Duration::from_secs(1)), ms(250));
         assert_eq!(safety_margin(Duration::from_secs(2)), ms(250));
-        assert_eq!(safety_margin(Duration::from_secs(10)), Duration::from_secs(1));
+        assert_eq!(
+            safety_margin(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
         assert!(safety_margin(MIN_TTL) * 3 <= MIN_TTL);
     }
 
@@ -170,7 +178,10 @@ mod tests {
     async fn a_session_whose_first_heartbeat_hangs_is_given_up_ttl_minus_margin_after_its_start() {
         let (elapsed, calls) = lost_after(ms(0), vec![]).await;
         assert_eq!(elapsed, TTL - safety_margin(TTL));
-        assert_eq!(calls, 2, "sent at TTL/3, timed out at 2 TTL/3, retried TTL/10 later");
+        assert_eq!(
+            calls, 2,
+            "sent at TTL/3, timed out at 2 TTL/3, retried TTL/10 later"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -193,7 +204,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refused_heartbeat_gives_the_session_up_at_once() {
-        let expired = Err(StoreError::SessionExpired { session: SessionId(7) });
+        let expired = Err(StoreError::SessionExpired {
+            session: SessionId(7),
+        });
         let (elapsed, calls) = lost_after(ms(5), vec![expired]).await;
         assert_eq!(elapsed, TTL / 3 + ms(5));
         assert_eq!(calls, 1);
@@ -208,6 +221,9 @@ mod tests {
         let held = hold(TTL, start, beat, stop).await;
         assert!(matches!(held, Held::Until(())));
         assert_eq!(start.elapsed(), TTL * 20);
-        assert!(calls.load(SeqCst) >= 57, "a heartbeat every TTL/3 plus its answer time");
+        assert!(
+            calls.load(SeqCst) >= 57,
+            "a heartbeat every TTL/3 plus its answer time"
+        );
     }
 }

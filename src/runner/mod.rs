@@ -31,11 +31,11 @@ mod wake;
 
 pub use config::{ConfigError, ControllerBuilder};
 pub use controller::{Controller, RunError};
-pub use lapse::{MIN_SAFETY_MARGIN, MIN_TTL, STOP_GRACE, safety_margin};
 pub use error::{
     BoxError, ErrorClass, Permanent, Transient, classify, error_chain, outcome_of, permanent,
     transient,
 };
+pub use lapse::{MIN_SAFETY_MARGIN, MIN_TTL, STOP_GRACE, safety_margin};
 pub use metrics::RunnerFamilies;
 pub use reconciler::{Action, Reconciler, Task};
 pub use source::Source;
