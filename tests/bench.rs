@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use drover::bench::{self, Figure, StoreBench};
 use indicatif::ProgressBar;
+use support::backend::TestBackend;
 use support::{TestDb, each_engine};
 
 fn small(db: &TestDb, keys: u64, workers: usize) -> StoreBench {
@@ -17,6 +18,7 @@ fn small(db: &TestDb, keys: u64, workers: usize) -> StoreBench {
         keys,
         workers,
         progress: ProgressBar::hidden(),
+        server: None,
     }
 }
 
@@ -46,6 +48,25 @@ async fn enqueue_and_burn_down_report_keys_per_second() {
             .await
             .expect("burn-down");
         assert_figure(&drained, "burn_down", db.engine, &["keys_per_s"]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burn_down_through_a_server_drains_every_key_over_http() {
+    each_engine(|db| async move {
+        let db = db.served();
+        let TestBackend::Client(client, ..) = &db.worker else {
+            unreachable!("served() puts a server in front")
+        };
+        let b = StoreBench {
+            server: Some(client.clone()),
+            ..small(&db, 250, 8)
+        };
+        // burn_down fails unless every key was drained and none is left.
+        let drained = bench::burn_down(&b).await.expect("burn-down over HTTP");
+        assert_figure(&drained, "burn_down", db.engine, &["keys_per_s"]);
+        assert_eq!(drained.get("backend"), Some("server"));
     })
     .await;
 }
@@ -85,7 +106,7 @@ async fn backlog_compares_a_large_backlog_with_a_small_one() {
 async fn recovery_runs_a_killed_workers_keys_elsewhere() {
     each_engine(|db| async move {
         let drover = Path::new(env!("CARGO_BIN_EXE_drover"));
-        let ttl = Duration::from_millis(600);
+        let ttl = Duration::from_millis(750);
         let figure = bench::recovery(&small(&db, 5, 2), drover, ttl)
             .await
             .expect("recovery");

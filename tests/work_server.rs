@@ -327,3 +327,70 @@ async fn a_remote_worker_with_a_parallelism_over_one_claims_answer_drains_everyt
     })
     .await;
 }
+
+/// A free loopback address (bound, then released) for a child to listen on.
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_worker_serves_its_own_metrics_on_either_backend() {
+    each_engine(|db| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, url) = serve(&db, dir.path()).await;
+        let (remote_addr, direct_addr) = (free_addr(), free_addr());
+        let remote = remote_worker(&url, "true", &["--metrics-listen", &remote_addr]);
+        let direct = Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args(["work", PROCESS, "--db", &db.url, "--exec", "false"])
+            .args(["--metrics-listen", &direct_addr])
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .unwrap();
+        eventually("every key ran", || async {
+            let (pending, running, _) = counts(&db.store).await;
+            pending + running == 0
+        })
+        .await;
+        // The remote worker's runs are done, the direct one's (`false`) parked:
+        // each worker's own page counts what it ran, and both add up.
+        let page = |addr: String| async move {
+            let reply = reqwest::get(format!("http://{addr}/metrics"))
+                .await
+                .unwrap();
+            assert!(reply.status().is_success());
+            reply.text().await.unwrap()
+        };
+        let count = |text: &str, outcome: &str| -> u64 {
+            let prefix =
+                format!(r#"drover_outcomes_total{{process="{PROCESS}",outcome="{outcome}"}} "#);
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .map_or(0, |n| n.trim().parse().unwrap())
+        };
+        let (remote_page, direct_page) = (page(remote_addr).await, page(direct_addr).await);
+        assert_eq!(count(&remote_page, "permanent"), 0, "{remote_page}");
+        assert_eq!(count(&direct_page, "done"), 0, "{direct_page}");
+        let (done, parked) = (
+            count(&remote_page, "done"),
+            count(&direct_page, "permanent"),
+        );
+        assert_eq!(done + parked, 20, "remote {done} + direct {parked}");
+        assert_eq!(
+            counts(&db.store).await.2,
+            parked,
+            "parked keys are the direct worker's"
+        );
+        assert!(remote_page.contains("drover_sessions_active"));
+        stop(remote).await;
+        stop(direct).await;
+        drop(server);
+    })
+    .await;
+}

@@ -26,7 +26,14 @@ pub async fn recovery(b: &StoreBench, drover: &Path, ttl: Duration) -> Result<Fi
     let mut child = spawn_worker(b, drover, &process, ttl)?;
     let held = wait_running(b, &process, &mut child).await;
     let tally = Arc::new(Tally::default());
-    let survivor = counting_controller(&b.store, &process, b.workers, &tally, b.keys, Some(ttl))?;
+    let survivor = counting_controller(
+        b.store.clone(),
+        &process,
+        b.workers,
+        &tally,
+        b.keys,
+        Some(ttl),
+    )?;
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(survivor.run(shutdown.clone()));
     let result = match held {

@@ -12,8 +12,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Figure;
-use crate::runner::{Action, ConfigError, Controller, RunError, Task};
-use crate::store::{ItemEnqueue, Store, StoreEngine as _, StoreError};
+use crate::client::Client;
+use crate::runner::{Action, ConfigError, Controller, Reconciler, RunError, Task};
+use crate::store::{ItemEnqueue, Store, StoreEngine as _, StoreError, WorkerBackend};
 
 /// Keys per enqueue call when a scenario fills a backlog.
 pub const ENQUEUE_BATCH: usize = 10_000;
@@ -31,6 +32,9 @@ pub struct StoreBench {
     pub workers: usize,
     /// Shows progress; pass [`ProgressBar::hidden`] when nobody watches.
     pub progress: ProgressBar,
+    /// Drain through this drover server (serving the same database) instead
+    /// of on the database: the same controller over HTTP.
+    pub server: Option<Client>,
 }
 
 /// Why a scenario could not produce its figure.
@@ -60,8 +64,14 @@ pub enum BenchError {
 impl StoreBench {
     /// A figure for `scenario` with this bench's engine, keys and workers.
     pub(crate) fn figure(&self, scenario: &'static str, keys: u64) -> Figure {
+        let backend = if self.server.is_some() {
+            "server"
+        } else {
+            "store"
+        };
         Figure::new(scenario)
             .with("engine", self.store.engine_name())
+            .with("backend", backend)
             .with("keys", keys)
             .with("workers", self.workers)
     }
@@ -154,20 +164,20 @@ impl Tally {
 /// A controller on `process` with `workers` no-op runs that count into `tally`
 /// and a prefetch of `workers` more leases (default settings otherwise, or the
 /// given session TTL).
-pub(crate) fn counting_controller(
-    store: &Store,
+pub(crate) fn counting_controller<B: WorkerBackend>(
+    backend: B,
     process: &str,
     workers: usize,
     tally: &Arc<Tally>,
     target: u64,
     ttl: Option<Duration>,
-) -> Result<Controller<impl crate::runner::Reconciler>, BenchError> {
+) -> Result<Controller<impl Reconciler + use<B>, B>, BenchError> {
     let tally = Arc::clone(tally);
     let reconciler = move |_task: Task| {
         tally.count(target);
         async { Ok::<_, Infallible>(Action::Done) }
     };
-    let mut builder = Controller::builder(store.clone(), process, reconciler)
+    let mut builder = Controller::builder(backend, process, reconciler)
         .component("drover bench")
         .parallelism(workers)
         .prefetch(workers);
@@ -187,10 +197,20 @@ pub(crate) async fn drain(
 ) -> Result<Duration, BenchError> {
     b.phase("draining", count);
     let tally = Arc::new(Tally::default());
-    let controller = counting_controller(&b.store, process, b.workers, &tally, count, None)?;
     let shutdown = CancellationToken::new();
     let start = Instant::now();
-    let running = tokio::spawn(controller.run(shutdown.clone()));
+    let running = match &b.server {
+        Some(client) => {
+            let controller =
+                counting_controller(client.clone(), process, b.workers, &tally, count, None)?;
+            tokio::spawn(controller.run(shutdown.clone()))
+        }
+        None => {
+            let controller =
+                counting_controller(b.store.clone(), process, b.workers, &tally, count, None)?;
+            tokio::spawn(controller.run(shutdown.clone()))
+        }
+    };
     let ticker = tick_progress(b.progress.clone(), Arc::clone(&tally));
     let limit = Duration::from_secs(600);
     let reached = tokio::time::timeout(limit, tally.reached.notified()).await;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args as ClapArgs, ValueEnum};
 use drover::bench::{self, Figure, StoreBench};
+use drover::client::Client;
 use drover::store::{Store, StoreOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -44,6 +45,19 @@ pub(crate) struct Args {
     /// Print one JSON object per figure instead of `BENCH …` lines.
     #[arg(long)]
     json: bool,
+    /// burn-down and backlog: also drain through this drover server (a
+    /// `drover serve` on the same database), the same controller over HTTP;
+    /// its figure (`backend=server`) follows the direct one.
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
+    /// The bearer token for --server.
+    #[arg(
+        long,
+        env = "DROVER_TOKEN",
+        hide_env_values = true,
+        requires = "server"
+    )]
+    token: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,23 +118,46 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             .context("cannot open the store")?;
         Some(store)
     };
+    let server = match &args.server {
+        None => None,
+        Some(url) => {
+            anyhow::ensure!(
+                matches!(args.scenario, Scenario::BurnDown | Scenario::Backlog),
+                "--server applies to burn-down and backlog"
+            );
+            let client = Client::new(url).context("invalid --server")?;
+            Some(match &args.token {
+                Some(token) => client.token(token.clone()),
+                None => client,
+            })
+        }
+    };
     for workers in workers {
         let figure = match &store {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
-            Some(store) => store_figure(&args, store, keys, workers).await?,
+            Some(store) => store_figure(&args, store, None, keys, workers).await?,
         };
-        if args.json {
-            println!("{}", figure.to_json());
-        } else {
-            println!("{figure}");
+        print(&args, &figure);
+        if let (Some(store), Some(client)) = (&store, &server) {
+            let figure = store_figure(&args, store, Some(client), keys, workers).await?;
+            print(&args, &figure);
         }
     }
     Ok(())
 }
 
+fn print(args: &Args, figure: &Figure) {
+    if args.json {
+        println!("{}", figure.to_json());
+    } else {
+        println!("{figure}");
+    }
+}
+
 async fn store_figure(
     args: &Args,
     store: &Store,
+    server: Option<&Client>,
     keys: u64,
     workers: usize,
 ) -> anyhow::Result<Figure> {
@@ -130,6 +167,7 @@ async fn store_figure(
         keys,
         workers,
         progress: progress_bar(),
+        server: server.cloned(),
     };
     let figure = match args.scenario {
         Scenario::Enqueue => bench::enqueue(&b).await,

@@ -2,25 +2,32 @@
 //!
 //! The command is started without a shell (its words are split like a shell
 //! would, then executed directly), with the key as its last argument and in
-//! `DROVER_KEY`, plus `DROVER_PROCESS` and `DROVER_ATTEMPT`. Exit 0 is done, 75
+//! `DROVER_KEY`, plus `DROVER_PROCESS`, `DROVER_ATTEMPT` and, when the lease
+//! has one, `DROVER_FENCING_TOKEN` (for downstream systems that refuse a stale
+//! writer). Exit 0 is done, 75
 //! (`EX_TEMPFAIL`) transient, any other code permanent; death by a signal is
 //! transient (an OOM kill or a shutdown says nothing about the key). The tail of
 //! its stderr becomes the history's error.
 //!
 //! A command outlives neither its lease nor its worker: it runs in its own
-//! process group, which is killed when the run ends or is cancelled (lease lost,
-//! shutdown deadline), and on Linux it gets `SIGKILL` from the kernel the moment
-//! the worker dies, even by `SIGKILL` (`PR_SET_PDEATHSIG`).
+//! process group. When the run is cancelled (lease lost, timeout, shutdown
+//! deadline) the group is killed and the command reaped before the run returns,
+//! so nothing of an old run is alive once its session is given up; the group is
+//! killed too whenever the run's future is dropped. On Linux the command gets
+//! `SIGKILL` from the kernel the moment the worker dies, even by `SIGKILL`
+//! (`PR_SET_PDEATHSIG`).
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::process::Stdio;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use drover::runner::{Action, BoxError, Task, permanent, transient};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
-use tokio::process::{ChildStderr, Command};
+use tokio::process::{Child, ChildStderr, Command};
 
 /// Exit code that asks for a retry with backoff (`EX_TEMPFAIL` from sysexits.h).
 pub(crate) const EXIT_TRANSIENT: i32 = 75;
@@ -28,12 +35,14 @@ pub(crate) const EXIT_TRANSIENT: i32 = 75;
 /// How much of the command's stderr the history keeps.
 const TAIL_BYTES: usize = 2048;
 
-/// One key to run the command for, from a local lease or one claimed over HTTP.
+/// One key to run the command for: its run's task, as the command sees it.
 #[derive(Debug, Clone)]
 pub(crate) struct Job {
     pub(crate) key: String,
     pub(crate) process: String,
     pub(crate) attempt: u32,
+    /// The lease's fencing token, as `DROVER_FENCING_TOKEN`.
+    pub(crate) fencing_token: i64,
 }
 
 impl From<&Task> for Job {
@@ -42,6 +51,7 @@ impl From<&Task> for Job {
             key: task.key().to_owned(),
             process: task.process().to_owned(),
             attempt: task.attempt(),
+            fencing_token: task.fencing_token().0,
         }
     }
 }
@@ -74,28 +84,32 @@ impl Exec {
         })
     }
 
-    /// Runs the command for `job`'s key and maps its exit status to an outcome.
-    pub(crate) async fn run(&self, job: Job) -> Result<Action, BoxError> {
-        let mut command = Command::new(&self.program);
-        command
-            .args(&self.args)
-            .arg(&job.key)
-            .env("DROVER_KEY", &job.key)
-            .env("DROVER_PROCESS", &job.process)
-            .env("DROVER_ATTEMPT", job.attempt.to_string())
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        die_with_worker(&mut command);
-        let mut child = command
+    /// Runs the command for `job`'s key and maps its exit status to an outcome,
+    /// until `cancelled` completes: then the command's process group is killed
+    /// and the command reaped before this returns (a transient error, which
+    /// the runner discards or counts as a timeout).
+    pub(crate) async fn run_until(
+        &self,
+        job: Job,
+        cancelled: impl Future<Output = ()>,
+    ) -> Result<Action, BoxError> {
+        let mut child = self
+            .command(&job)
             .spawn()
             .map_err(|e| transient(format!("cannot start {}: {e}", self.program)))?;
         // Kills the whole group when the run ends, however it ends (a dropped
         // future included), so nothing the command started outlives the run.
-        let _group = child.id().map(GroupKill);
+        let group = child.id().map(GroupKill);
         let tail = tokio::spawn(tail(child.stderr.take(), job.key.clone()));
-        let status = child.wait().await?;
+        let status = tokio::select! {
+            status = child.wait() => status?,
+            () = cancelled => {
+                if let Some(group) = &group {
+                    group.kill_and_reap(&mut child).await;
+                }
+                return Err(transient("cancelled: the command was killed").into());
+            }
+        };
         let tail = tail.await.unwrap_or_default();
         let failed = |status: String| Failed {
             status,
@@ -107,6 +121,25 @@ impl Exec {
             Some(code) => Err(permanent(failed(format!("exit {code}"))).into()),
             None => Err(transient(failed(format!("killed ({status})"))).into()),
         }
+    }
+
+    /// The command for `job`: its own process group, stdin closed, stderr
+    /// piped, the job in its arguments and environment.
+    fn command(&self, job: &Job) -> Command {
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .arg(&job.key)
+            .env("DROVER_KEY", &job.key)
+            .env("DROVER_PROCESS", &job.process)
+            .env("DROVER_ATTEMPT", job.attempt.to_string())
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        command.env("DROVER_FENCING_TOKEN", job.fencing_token.to_string());
+        die_with_worker(&mut command);
+        command
     }
 }
 
@@ -135,15 +168,50 @@ async fn tail(stderr: Option<ChildStderr>, key: String) -> String {
     joined[start..].to_owned()
 }
 
+/// How long a killed command's other processes may take to disappear once the
+/// command itself is reaped (they are reaped by init or a subreaper, which a
+/// container may lack: then they stay zombies, which cannot run either).
+const GROUP_GONE_WITHIN: Duration = Duration::from_millis(50);
+
 /// Kills a process group when dropped.
 struct GroupKill(u32);
 
-impl Drop for GroupKill {
-    fn drop(&mut self) {
+impl GroupKill {
+    fn kill(&self) {
         if let Ok(pid) = i32::try_from(self.0) {
             // ESRCH (the group is gone already) is the normal case.
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
         }
+    }
+
+    /// Kills the group, reaps `leader` (the command), then waits a little for
+    /// the rest of the group to be gone.
+    async fn kill_and_reap(&self, leader: &mut Child) {
+        self.kill();
+        if let Err(e) = leader.wait().await {
+            tracing::warn!(pid = self.0, error = %e, "cannot reap a killed command");
+        }
+        let Ok(pid) = i32::try_from(self.0) else {
+            return;
+        };
+        let gone = async {
+            // Signal 0 only checks that some process of the group exists.
+            while killpg(Pid::from_raw(pid), None).is_ok() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        if tokio::time::timeout(GROUP_GONE_WITHIN, gone).await.is_err() {
+            tracing::warn!(
+                pid,
+                "a killed command's process group is still there (unreaped zombies?)"
+            );
+        }
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

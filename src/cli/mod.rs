@@ -9,6 +9,7 @@ mod db;
 mod enqueue;
 mod exec;
 mod history;
+mod metrics_listen;
 mod migrate;
 mod serve;
 mod signal;

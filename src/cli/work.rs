@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::db::{DbArgs, parse_duration};
 use super::exec::{Exec, Job};
+use super::metrics_listen;
 use super::signal::shutdown_on_signals;
 
 /// Arguments of `drover work`.
@@ -33,7 +34,11 @@ pub(crate) struct Args {
     /// Prefetched keys wait leased on this worker.
     #[arg(long)]
     prefetch: Option<u16>,
-    /// Session TTL: a dead worker's keys run elsewhere this long after it died.
+    /// Session TTL (at least 750ms): a dead worker's keys run elsewhere this long
+    /// after it died. A worker cut off from the database kills its commands
+    /// TTL − margin after its last good heartbeat was sent, margin =
+    /// max(250ms, TTL/10), before the database can give their keys to another
+    /// worker.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     ttl: Duration,
     /// Kill a command that runs longer than this (counts as a transient failure).
@@ -54,6 +59,10 @@ pub(crate) struct Args {
     /// with long-polling claims and batched completions.
     #[arg(long, value_name = "URL", conflicts_with = "url")]
     server: Option<String>,
+    /// Serve this worker's `/metrics` (its outcomes, work durations, sessions)
+    /// and `/healthz` on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// The bearer token for --server (a worker's or an admin's).
     #[arg(
         long,
@@ -100,7 +109,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             "drover work: process {} via {server}, parallelism {}, exec {:?}",
             args.process, args.parallelism, args.exec
         );
-        return serve_until_signal(controller).await;
+        return serve_until_signal(&args, controller).await;
     }
     let store = args.db.open().await?;
     let controller = controller(&args, store, exec, backoff)?;
@@ -111,7 +120,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         args.parallelism,
         args.exec
     );
-    serve_until_signal(controller).await
+    serve_until_signal(&args, controller).await
 }
 
 /// The controller `drover work` runs, on either backend.
@@ -123,7 +132,7 @@ fn controller<B: WorkerBackend>(
 ) -> anyhow::Result<Controller<impl Reconciler + use<B>, B>> {
     let reconciler = move |task: Task| {
         let exec = Arc::clone(&exec);
-        async move { exec.run(Job::from(&task)).await }
+        async move { exec.run_until(Job::from(&task), task.cancelled()).await }
     };
     let component = if args.server.is_some() {
         "drover work --server"
@@ -147,12 +156,20 @@ fn controller<B: WorkerBackend>(
     builder.build().context("invalid worker settings")
 }
 
-/// Runs `controller` until SIGINT/SIGTERM.
+/// Runs `controller` until SIGINT/SIGTERM, with its metrics listener if asked.
 async fn serve_until_signal<R: Reconciler, B: WorkerBackend>(
+    args: &Args,
     controller: Controller<R, B>,
 ) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
+    let metrics_stop = CancellationToken::new();
+    if let Some(addr) = args.metrics_listen {
+        metrics_listen::start(addr, metrics_stop.clone()).await?;
+        eprintln!("drover work: metrics on http://{addr}/metrics");
+    }
     tokio::spawn(shutdown_on_signals(shutdown.clone()));
-    controller.run(shutdown).await?;
+    let ran = controller.run(shutdown).await;
+    metrics_stop.cancel();
+    ran?;
     Ok(())
 }

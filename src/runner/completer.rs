@@ -59,8 +59,8 @@ impl std::fmt::Debug for Job {
 }
 
 impl<B: WorkerBackend> Completer<B> {
-    /// Starts the writer task on `backend`; it runs until `stop` fires and the
-    /// queued outcomes are written, or every handle is dropped.
+    /// Starts the writer task on `backend`; it runs until `stop` fires (see
+    /// [`write_loop`]) or every handle is dropped.
     pub(crate) fn start(
         backend: B,
         tracker: &tokio_util::task::TaskTracker,
@@ -95,7 +95,12 @@ impl<B: WorkerBackend> Completer<B> {
     }
 }
 
-/// Takes every queued job (up to [`MAX_BATCH`]) and writes them in one batch.
+/// Takes every queued job (up to [`MAX_BATCH`]) and writes them in one batch,
+/// until `stop` fires. The controller stops it once every run has ended, so a
+/// job still queued or being written then has nobody waiting for it (its run
+/// gave up at the shutdown deadline): it is dropped, not written, and a
+/// database that does not answer cannot hold shutdown up. The session's close
+/// or expiry hands such a key back.
 async fn write_loop<B: WorkerBackend>(
     backend: B,
     mut queue: mpsc::UnboundedReceiver<Job>,
@@ -105,11 +110,8 @@ async fn write_loop<B: WorkerBackend>(
     loop {
         let first = tokio::select! {
             biased;
+            () = stop.cancelled() => return,
             job = queue.recv() => job,
-            () = stop.cancelled() => {
-                queue.close();
-                queue.recv().await
-            }
         };
         let Some(first) = first else { return };
         batch.push(first);
@@ -119,7 +121,11 @@ async fn write_loop<B: WorkerBackend>(
                 Err(_) => break,
             }
         }
-        write(&backend, &mut batch).await;
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = write(&backend, &mut batch) => {}
+        }
     }
 }
 

@@ -20,9 +20,15 @@ pub enum ConfigError {
     /// Parallelism must be at least 1.
     #[error("parallelism must be at least 1")]
     Parallelism,
-    /// The session TTL must be at least 300 ms, so heartbeats every TTL/3 are
-    /// meaningful.
-    #[error("session ttl must be at least 300ms, got {0:?}")]
+    /// The session TTL is too short for the safety margin: a worker gives its
+    /// session up ttl − [`safety_margin`](super::safety_margin) after its last
+    /// heartbeat was sent, and the margin (at least 250 ms) must leave room for
+    /// a heartbeat and a retry. The least TTL is [`MIN_TTL`](super::MIN_TTL).
+    #[error(
+        "session ttl {0:?} is too short for the safety margin of {margin:?}: it must be at least {min:?}",
+        margin = super::safety_margin(*.0),
+        min = super::MIN_TTL
+    )]
     Ttl(Duration),
     /// A timeout or deadline of zero would cancel every run at once.
     #[error("{0} must be greater than zero")]
@@ -139,9 +145,15 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
         self
     }
 
-    /// The session TTL. Default 10 s; heartbeats every TTL/3. A shorter TTL makes
-    /// a dead worker's keys run elsewhere sooner, at the cost of more heartbeats
-    /// and a greater risk that a long GC pause or network blip loses the session.
+    /// The session TTL. Default 10 s, at least [`MIN_TTL`](super::MIN_TTL)
+    /// (750 ms); heartbeats every TTL/3. A shorter TTL makes a dead worker's
+    /// keys run elsewhere sooner, at the cost of more heartbeats and a greater
+    /// risk that a long GC pause or network blip loses the session.
+    ///
+    /// A worker cut off from the database cancels its runs ttl −
+    /// [`safety_margin`](super::safety_margin) after its last successful
+    /// heartbeat was sent, before the database can hand its keys to another
+    /// worker.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.settings.ttl = ttl;
         self
@@ -195,7 +207,7 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
         if s.parallelism == 0 {
             return Err(ConfigError::Parallelism);
         }
-        if s.ttl < Duration::from_millis(300) {
+        if s.ttl < super::MIN_TTL {
             return Err(ConfigError::Ttl(s.ttl));
         }
         if s.timeout == Some(Duration::ZERO) {

@@ -141,6 +141,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                 .await
                 .map_err(|source| RunError::Configure { process, source })?;
         }
+        let sent = tokio::time::Instant::now();
         let first = self
             .backend
             .session_start(SessionStart {
@@ -161,7 +162,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                 metrics: metrics.clone(),
                 force: force.clone(),
                 publish,
-                first: Some(first),
+                first: Some((first, sent)),
             }
             .run(services_stop.clone()),
         );
@@ -499,7 +500,11 @@ async fn reclaim<B: WorkerBackend>(
     stop: CancellationToken,
 ) {
     loop {
-        match backend.session_reclaim().await {
+        let reclaimed = tokio::select! {
+            () = stop.cancelled() => return,
+            reclaimed = backend.session_reclaim() => reclaimed,
+        };
+        match reclaimed {
             Ok(report) => {
                 metrics.leases_reclaimed.inc_by(report.leases);
                 if report.leases > 0 {

@@ -21,6 +21,7 @@ mod config;
 mod controller;
 mod error;
 mod finished;
+mod lapse;
 pub(crate) mod metrics;
 mod reconciler;
 mod run;
@@ -33,6 +34,7 @@ pub use error::{
     BoxError, ErrorClass, Permanent, Transient, classify, error_chain, outcome_of, permanent,
     transient,
 };
+pub use lapse::{MIN_SAFETY_MARGIN, MIN_TTL, STOP_GRACE, safety_margin};
 pub use metrics::RunnerFamilies;
 pub use reconciler::{Action, Reconciler, Task};
 pub use source::Source;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::error::BoxError;
-use crate::store::{Lease, Store};
+use crate::store::{FencingToken, Lease, Store};
 
 /// What a successful reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,9 +57,21 @@ impl Task {
         self.lease.attempt
     }
 
-    /// The lease this run holds, with its fencing token: pass the token along to
-    /// any external system that can check it, so a stale worker is refused there
-    /// too.
+    /// The fencing token of the lease this run holds: strictly greater than the
+    /// token of any earlier run of any key.
+    ///
+    /// No lease system can stop a worker that is paused (SIGSTOP, a frozen VM, a
+    /// long GC pause) from resuming this run after its lease was given to
+    /// another worker. Pass the token along with every write to a downstream
+    /// system that can keep the highest token it has seen per key and refuse a
+    /// write carrying a lower one: then the stale run is refused there too.
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.lease.token
+    }
+
+    /// The lease this run holds, with its fencing token (see
+    /// [`fencing_token`](Self::fencing_token)).
     #[must_use]
     pub fn lease(&self) -> &Lease {
         &self.lease
@@ -73,9 +85,13 @@ impl Task {
         self.store.as_ref()
     }
 
-    /// Completes when the run must stop: its lease was lost (session expired) or
-    /// shutdown's deadline passed. Whatever the reconcile returns after that is
-    /// not written; a reconciler doing long work should `select!` on this.
+    /// Completes when the run must stop: its lease was lost (session expired),
+    /// it ran past the controller's timeout, or shutdown's deadline passed.
+    /// Whatever the reconcile returns after that is not written (a timeout's
+    /// is: a transient failure). A reconciler doing long work should `select!`
+    /// on this: it then has [`STOP_GRACE`](super::STOP_GRACE) to stop what it
+    /// started (kill a child process and wait for it) before its future is
+    /// dropped.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
         self.cancel.cancelled()
     }

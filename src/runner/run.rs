@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, sleep};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::completer::{Completer, Written};
 use super::config::Settings;
 use super::error::outcome_of;
 use super::finished::Finished;
+use super::lapse::STOP_GRACE;
 use super::metrics::RunnerMetrics;
 use super::reconciler::{Reconciler, Task};
 use crate::store::{Lease, LeaseRelease, Outcome, WorkerBackend};
@@ -20,6 +22,11 @@ use crate::store::{Lease, LeaseRelease, Outcome, WorkerBackend};
 /// How many outcomes may wait for the completer at once, across a controller's
 /// runs: two full batches, one being written and one filling.
 pub(crate) const OUTCOMES_IN_WRITING: usize = 2 * super::completer::MAX_BATCH;
+
+/// How long handing a lease back may take before it is left to its session
+/// (whose close or expiry hands it back): part of what a shutdown may take
+/// past its deadline.
+const RELEASE_WITHIN: Duration = Duration::from_millis(300);
 
 /// What a controller's runs share.
 pub(crate) struct Run<R, B> {
@@ -83,10 +90,7 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
             }
             Ended::Released => {
                 self.metrics.outcome("canceled");
-                let release = self.backend.lease_release(LeaseRelease { lease: &lease });
-                if let Err(e) = release.await {
-                    tracing::warn!(key = %lease.key, error = %e, "cannot release the lease; it will expire");
-                }
+                self.release(&lease).await;
             }
             Ended::Lost => {
                 self.metrics.outcome("lost");
@@ -97,19 +101,21 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     }
 
     async fn reconcile(&self, lease: &Lease, token: &CancellationToken) -> Ended {
+        // The task's own token: a timeout cancels this run alone.
+        let cancel = token.child_token();
         let store = self.backend.local_store().cloned();
-        let task = Task::new(lease.clone(), token.clone(), store);
+        let task = Task::new(lease.clone(), cancel.clone(), store);
         let reconciler = Arc::clone(&self.reconciler);
         let mut handle = tokio::spawn(async move { reconciler.reconcile(task).await });
         let limit = self.settings.timeout;
         let result = tokio::select! {
             result = &mut handle => result,
             () = token.cancelled() => {
-                handle.abort();
+                stop_reconcile(handle, &cancel).await;
                 return if self.force.is_cancelled() { Ended::Released } else { Ended::Lost };
             }
             () = sleep_for(limit) => {
-                handle.abort();
+                stop_reconcile(handle, &cancel).await;
                 let limit = limit.unwrap_or_default();
                 return Ended::Outcome(Outcome::Transient(format!("timed out after {limit:?}")));
             }
@@ -121,40 +127,90 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     }
 
     /// Writes the outcome through the completer (sharing a commit with other
-    /// runs), retrying database errors while the session lives: if
-    /// the database stays away, the session expires and another node reclaims the
-    /// key, so nothing is lost either way.
+    /// runs). A failed write is retried with a backoff (20 ms doubling up to
+    /// TTL/3) for one TTL at most; then the outcome is dropped and the lease
+    /// handed back, so the key runs again (at-least-once) rather than staying
+    /// leased under a live session. The run stops waiting when its token
+    /// fires: its session was lost (another node reclaims the key), or the
+    /// shutdown deadline passed (closing the session hands the key back).
     async fn complete(&self, lease: &Lease, outcome: Outcome, token: &CancellationToken) {
         let name = outcome.name();
         if matches!(outcome, Outcome::Transient(_)) {
             self.metrics.queue.retries.inc();
         }
+        let give_up = Instant::now() + self.settings.ttl;
         let mut delay = Duration::from_millis(20);
         loop {
-            if token.is_cancelled() && !self.force.is_cancelled() {
-                self.metrics.outcome("lost");
-                return;
-            }
-            match self.completer.complete(lease, &outcome).await {
-                Written::Done => {
-                    self.metrics.outcome(name);
-                    return;
-                }
+            let written = tokio::select! {
+                biased;
+                () = token.cancelled() => return self.unwritten(lease),
+                written = self.completer.complete(lease, &outcome) => written,
+            };
+            match written {
+                Written::Done => return self.metrics.outcome(name),
                 Written::Refused(e) => {
                     self.metrics.outcome("lost");
                     tracing::warn!(key = %lease.key, error = %e, "outcome refused: the lease was lost");
                     return;
+                }
+                Written::Failed(e) if Instant::now() + delay > give_up => {
+                    self.metrics.outcome("lost");
+                    tracing::error!(key = %lease.key, error = %e, "cannot write the outcome; dropping it and handing the key back to run again");
+                    return self.release(lease).await;
                 }
                 Written::Failed(e) => {
                     tracing::warn!(key = %lease.key, error = %e, "cannot write the outcome; retrying");
                 }
             }
             tokio::select! {
-                () = token.cancelled() => {}
+                biased;
+                () = token.cancelled() => return self.unwritten(lease),
                 () = sleep(delay) => {}
             }
             delay = (delay * 2).min(self.settings.heartbeat_every());
         }
+    }
+
+    /// Counts an outcome its run stopped writing when its token fired.
+    fn unwritten(&self, lease: &Lease) {
+        if self.force.is_cancelled() {
+            self.metrics.outcome("canceled");
+            tracing::warn!(key = %lease.key, "the shutdown deadline passed before the outcome was written; the key runs again");
+        } else {
+            self.metrics.outcome("lost");
+        }
+    }
+
+    /// Hands the lease back (the key is pending again) unless that takes
+    /// longer than [`RELEASE_WITHIN`]: the lease then stays with the session,
+    /// whose close or expiry hands it back.
+    async fn release(&self, lease: &Lease) {
+        let release = self.backend.lease_release(LeaseRelease { lease });
+        match timeout(RELEASE_WITHIN, release).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(key = %lease.key, error = %e, "cannot release the lease; it goes back with its session");
+            }
+            Err(_) => {
+                tracing::warn!(key = %lease.key, "releasing the lease timed out; it goes back with its session");
+            }
+        }
+    }
+}
+
+/// Stops a reconcile that must end: cancels its task, lets it return on its
+/// own for [`STOP_GRACE`] (a reconciler watching
+/// [`Task::cancelled`](super::Task::cancelled) kills and reaps what it
+/// started), then aborts it. Returns once its future is gone (its drop guards
+/// have run), or a grace later if it blocks its thread and cannot be dropped.
+async fn stop_reconcile<T>(mut handle: JoinHandle<T>, cancel: &CancellationToken) {
+    cancel.cancel();
+    if timeout(STOP_GRACE, &mut handle).await.is_ok() {
+        return;
+    }
+    handle.abort();
+    if timeout(STOP_GRACE, handle).await.is_err() {
+        tracing::error!("a cancelled reconcile blocks its thread and cannot be stopped");
     }
 }
 

@@ -1,10 +1,12 @@
 //! The session keeper: one live session per controller, renewed every TTL/3.
 //!
-//! A failed heartbeat is retried until the session's deadline has passed (BMDB
-//! dropped the session on the first error, so one network blip restarted every
-//! worker). When the session is lost — the database says it expired, or the
-//! deadline passed without a successful heartbeat — its token is cancelled, which
-//! cancels every run started under it, and a new session starts.
+//! A failed heartbeat is retried (BMDB dropped the session on the first error,
+//! so one network blip restarted every worker) until this node's own timer says
+//! the database may soon give the session away: ttl − margin after the last
+//! successful heartbeat was *sent* (see [`super::lapse`]). When the session is
+//! lost — the timer fired, or the database says it expired — its token is
+//! cancelled, which cancels every run started under it, and a new session
+//! starts.
 //!
 //! A claim whose commit went unknown (the connection broke at `COMMIT`) may
 //! have leased keys nobody here knows of; nothing would ever finish or release
@@ -19,10 +21,15 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
+use super::lapse::{Held, hold};
 use super::metrics::RunnerMetrics;
 use crate::store::{
-    Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError, WorkerBackend,
+    Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, WorkerBackend,
 };
+
+/// How long closing a session may take at shutdown before it is left to
+/// expire: part of what a shutdown may take past its deadline.
+const CLOSE_WITHIN: Duration = Duration::from_millis(500);
 
 /// The session work is claimed under, with the token that fires when it is lost.
 #[derive(Debug, Clone)]
@@ -51,8 +58,9 @@ pub(crate) struct Keeper<B> {
     pub(crate) force: CancellationToken,
     pub(crate) publish: watch::Sender<Option<Live>>,
     /// The session [`Controller::run`](super::Controller::run) started before
-    /// the keeper, so a wrong URL, token or database fails the run at once.
-    pub(crate) first: Option<Session>,
+    /// the keeper (so a wrong URL, token or database fails the run at once),
+    /// with the instant taken before its start was sent.
+    pub(crate) first: Option<(Session, Instant)>,
 }
 
 /// How a session ended.
@@ -67,10 +75,10 @@ impl<B: WorkerBackend> Keeper<B> {
     /// Runs until `stop` fires, then closes the session it holds (giving its
     /// remaining leases back).
     pub(crate) async fn run(mut self, stop: CancellationToken) {
-        while let Some(live) = self.start(&stop).await {
+        while let Some((live, sent)) = self.start(&stop).await {
             self.publish.send_replace(Some(live.clone()));
             self.metrics.sessions_active.inc();
-            let end = self.keep_alive(&live, &stop).await;
+            let end = self.keep_alive(&live, sent, &stop).await;
             self.publish.send_replace(None);
             self.metrics.sessions_active.dec();
             live.token.cancel();
@@ -82,24 +90,26 @@ impl<B: WorkerBackend> Keeper<B> {
                         "a claim's commit is unknown or its session expired; closing it so that any \
                          lease it took goes back, and starting a new one"
                     );
-                    self.close(live.id).await;
+                    self.close(live.id, self.settings.ttl).await;
                 }
                 End::Stopped => {
-                    self.close(live.id).await;
+                    self.close(live.id, CLOSE_WITHIN).await;
                     return;
                 }
             }
         }
     }
 
-    /// Starts a session, retrying transient failures until `stop` fires.
-    async fn start(&mut self, stop: &CancellationToken) -> Option<Live> {
-        if let Some(session) = self.first.take() {
-            return Some(Live {
+    /// Starts a session, retrying transient failures until `stop` fires; with
+    /// it, the instant taken before its start was sent.
+    async fn start(&mut self, stop: &CancellationToken) -> Option<(Live, Instant)> {
+        if let Some((session, sent)) = self.first.take() {
+            let live = Live {
                 id: session.id,
                 token: self.force.child_token(),
                 abandoned: CancellationToken::new(),
-            });
+            };
+            return Some((live, sent));
         }
         let mut delay = Duration::from_millis(50);
         loop {
@@ -107,14 +117,20 @@ impl<B: WorkerBackend> Keeper<B> {
                 component: self.settings.component.clone(),
                 ttl: self.settings.ttl,
             };
-            match self.backend.session_start(params).await {
+            let sent = Instant::now();
+            let started = tokio::select! {
+                () = stop.cancelled() => return None,
+                started = self.backend.session_start(params) => started,
+            };
+            match started {
                 Ok(session) => {
                     let token = self.force.child_token();
-                    return Some(Live {
+                    let live = Live {
                         id: session.id,
                         token,
                         abandoned: CancellationToken::new(),
-                    });
+                    };
+                    return Some((live, sent));
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot start a session; retrying"),
             }
@@ -127,58 +143,41 @@ impl<B: WorkerBackend> Keeper<B> {
     }
 
     /// Heartbeats until the session is lost or abandoned, or `stop` fires.
-    async fn keep_alive(&self, live: &Live, stop: &CancellationToken) -> End {
-        let (id, ttl) = (live.id, self.settings.ttl);
-        let mut renewed = Instant::now();
-        loop {
+    /// `sent` is the instant taken before the session start was sent: the
+    /// session is given up by this node's clock (see [`super::lapse`]).
+    async fn keep_alive(&self, live: &Live, sent: Instant, stop: &CancellationToken) -> End {
+        let id = live.id;
+        let beat = || async move {
+            let params = SessionHeartbeat { session: id };
+            self.backend.session_heartbeat(params).await.map(drop)
+        };
+        let until = async {
             tokio::select! {
-                () = stop.cancelled() => return End::Stopped,
-                () = live.abandoned.cancelled() => return End::Abandoned,
-                () = sleep(self.settings.heartbeat_every()) => {}
+                () = stop.cancelled() => End::Stopped,
+                () = live.abandoned.cancelled() => End::Abandoned,
             }
-            loop {
-                let beat = timeout(
-                    ttl / 3,
-                    self.backend
-                        .session_heartbeat(SessionHeartbeat { session: id }),
-                );
-                match beat.await {
-                    Ok(Ok(_)) => {
-                        renewed = Instant::now();
-                        break;
-                    }
-                    Ok(Err(StoreError::SessionExpired { .. })) => return End::Lost,
-                    Ok(Err(e)) => {
-                        tracing::warn!(session = %id, error = %e, "heartbeat failed; retrying")
-                    }
-                    Err(_) => tracing::warn!(session = %id, "heartbeat timed out; retrying"),
-                }
-                // The deadline was at most `ttl` after the last renewal: past it,
-                // another node may already have reclaimed our leases.
-                if renewed.elapsed() >= ttl {
-                    return End::Lost;
-                }
-                tokio::select! {
-                    () = stop.cancelled() => return End::Stopped,
-                    () = live.abandoned.cancelled() => return End::Abandoned,
-                    () = sleep(ttl / 10) => {}
-                }
-            }
+        };
+        match hold(self.settings.ttl, sent, beat, until).await {
+            Held::Lost => End::Lost,
+            Held::Until(end) => end,
         }
     }
 
-    async fn close(&self, id: SessionId) {
-        match self
-            .backend
-            .session_close(SessionClose { session: id })
-            .await
-        {
-            Ok(released) if released > 0 => {
+    /// Closes the session, handing its leases back; gives up after `within`
+    /// (the session then expires and is reclaimed), so that an unreachable
+    /// database cannot hold shutdown up.
+    async fn close(&self, id: SessionId, within: Duration) {
+        let close = self.backend.session_close(SessionClose { session: id });
+        match timeout(within, close).await {
+            Ok(Ok(released)) if released > 0 => {
                 tracing::info!(session = %id, released, "session closed; leases released");
             }
-            Ok(_) => {}
-            Err(e) => {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
                 tracing::warn!(session = %id, error = %e, "cannot close the session; it will expire")
+            }
+            Err(_) => {
+                tracing::warn!(session = %id, "closing the session timed out; it will expire")
             }
         }
     }

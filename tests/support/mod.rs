@@ -14,7 +14,9 @@ use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
 pub(crate) mod backend;
 pub(crate) mod commit_cut;
+pub(crate) mod fault_proxy;
 pub(crate) mod process;
+pub(crate) mod ticks;
 
 use backend::TestBackend;
 
