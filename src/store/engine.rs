@@ -18,7 +18,7 @@ use super::types::{
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
 ///
-/// Guarantees every engine gives (and `tests/store_contract.rs` checks on each):
+/// Guarantees every engine gives (and the contract suite, `tests/store_*.rs`, checks on each):
 ///
 /// - a (process, key) is held by at most one live lease; a completion, release or
 ///   heartbeat from a session that lost it is rejected with

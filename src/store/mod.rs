@@ -12,7 +12,7 @@
 //!
 //! [`Store`] picks the engine from the URL and implements the same trait, so most
 //! code holds a `Store`. What every engine guarantees (and
-//! `tests/store_contract.rs` checks on each):
+//! the contract suite, `tests/store_*.rs`, checks on each):
 //!
 //! - **fencing**: a lease carries a strictly increasing token; completing,
 //!   releasing or heartbeating after the session expired or the lease was

@@ -14,6 +14,7 @@ use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
 pub(crate) mod commit_cut;
 pub(crate) mod process;
+pub(crate) mod store;
 
 /// The variable naming the PostgreSQL server for tests.
 pub(crate) const POSTGRES_ENV: &str = "DROVER_TEST_POSTGRES_URL";
