@@ -54,6 +54,11 @@ pub trait StoreEngine: Send + Sync {
     /// Turns the leases of every session past its deadline (and any lease whose
     /// session no longer exists) back into pending items with an `expired` event,
     /// and deletes those sessions. Any node may call it at any time.
+    ///
+    /// Expiry is decided once, under the session row's lock: a heartbeat that
+    /// renewed the session first keeps it and every lease it holds, and a
+    /// heartbeat that comes after the reclaim is refused with
+    /// [`StoreError::SessionExpired`]; the two never both win.
     fn session_reclaim(&self) -> impl Future<Output = Result<ReclaimReport, StoreError>> + Send;
 
     /// Enqueues keys with coalescing (DESIGN.md rule 2); all keys are validated

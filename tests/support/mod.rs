@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
 pub(crate) mod commit_cut;
+pub(crate) mod locks;
 pub(crate) mod process;
 pub(crate) mod store;
 
