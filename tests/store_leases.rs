@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    EventKind, ItemEnqueue, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease, Outcome,
-    ProcessConfigure, SessionHeartbeat, StoreEngine as _, StoreError,
+    EventKind, ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
+    MAX_TEXT_BYTES, Outcome, ProcessConfigure, SessionHeartbeat, StoreEngine as _, StoreError,
 };
 use support::each_engine;
 use support::store::{P, claim, complete, configure, enqueue, events, history, item, keys, secs};
@@ -464,6 +464,112 @@ async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
         let d = history(&db.store, "d", 2).await;
         assert_eq!(d[1].error.as_deref(), Some("broken"));
         assert_eq!(d[1].transient, Some(false));
+    })
+    .await;
+}
+
+/// Claims `keys` (enqueued first) for a fresh session, in key order.
+async fn claimed(db: &support::TestDb, keys: &[&str]) -> Vec<Lease> {
+    let s = db.session().await;
+    enqueue(&db.store, keys).await;
+    let mut leases = claim(&db.store, s.id, 100).await;
+    leases.sort_by(|a, b| a.key.cmp(&b.key));
+    leases
+}
+
+#[tokio::test]
+async fn error_text_with_nul_bytes_or_a_megabyte_is_stored_cleaned_with_the_rest_of_its_batch() {
+    each_engine(|db| async move {
+        let leases = claimed(&db, &["a", "b", "c"]).await;
+        let nul = Outcome::Transient("exit 1: \0boom\0".into());
+        let huge = Outcome::Permanent(format!("{}é", "x".repeat(1 << 20)));
+        let outcomes = [&Outcome::Done, &nul, &huge];
+        let batch: Vec<_> = leases
+            .iter()
+            .zip(outcomes)
+            .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+            .collect();
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(item(&db.store, "a").await, None);
+        let b = item(&db.store, "b").await.expect("b");
+        assert_eq!(b.state, ItemState::Backoff);
+        assert_eq!(
+            b.last_error.as_deref(),
+            Some("exit 1: \u{FFFD}boom\u{FFFD}")
+        );
+        let c = item(&db.store, "c").await.expect("c");
+        assert_eq!(c.state, ItemState::Parked);
+        let error = c.last_error.expect("c's error");
+        assert!(error.len() <= MAX_TEXT_BYTES, "{}", error.len());
+        assert!(error.starts_with("xxxx") && error.ends_with(" bytes cut]"));
+        let logged = history(&db.store, "c", 2).await;
+        assert_eq!(logged[1].error.as_deref(), Some(error.as_str()));
+        let park = ItemPark {
+            process: P.into(),
+            key: "b".into(),
+            reason: "by\0hand".into(),
+        };
+        let parked = db.store.item_park(park).await.expect("park").expect("b");
+        assert_eq!(parked.last_error.as_deref(), Some("by\u{FFFD}hand"));
+    })
+    .await;
+}
+
+/// Refuses, in the database itself, any history row whose error is `poison`:
+/// an outcome that no cleaning makes storable.
+async fn refuse_poison(db: &support::TestDb) {
+    db.execute(if db.engine == "postgres" {
+        "ALTER TABLE drover_history ADD CONSTRAINT drover_test_poison
+             CHECK (error IS DISTINCT FROM 'poison')"
+    } else {
+        "CREATE TRIGGER drover_test_poison BEFORE INSERT ON drover_history
+             WHEN NEW.error = 'poison' BEGIN SELECT RAISE(ABORT, 'poison refused'); END"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_outcome_the_database_refuses_fails_neither_its_batch_nor_its_key() {
+    each_engine(|db| async move {
+        refuse_poison(&db).await;
+        let keys = ["a", "b", "c", "d", "e"];
+        let leases = claimed(&db, &keys).await;
+        let (poison, bad) = (
+            Outcome::Transient("poison".into()),
+            Outcome::Permanent("bad".into()),
+        );
+        let outcomes = [&Outcome::Done, &bad, &poison, &Outcome::Done, &bad];
+        let batch: Vec<_> = leases
+            .iter()
+            .zip(outcomes)
+            .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+            .collect();
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        for key in ["a", "d"] {
+            assert_eq!(item(&db.store, key).await, None, "{key} landed");
+        }
+        for key in ["b", "e"] {
+            let it = item(&db.store, key).await.expect(key);
+            assert_eq!(it.state, ItemState::Parked, "{key} landed");
+        }
+        let c = item(&db.store, "c").await.expect("c");
+        assert_eq!(
+            (c.state, c.failures),
+            (ItemState::Backoff, 1),
+            "as its outcome says"
+        );
+        let note = c.last_error.expect("a note instead of the error");
+        assert!(note.starts_with("[drover could not store"), "{note}");
+        let alone = claimed(&db, &["f"]).await.remove(0);
+        complete(&db.store, &alone, Outcome::Permanent("poison".into()))
+            .await
+            .expect("alone too");
+        assert_eq!(
+            item(&db.store, "f").await.expect("f").state,
+            ItemState::Parked
+        );
     })
     .await;
 }

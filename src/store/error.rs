@@ -198,6 +198,19 @@ impl StoreError {
         matches!(self, Self::LeaseLost { .. } | Self::SessionExpired { .. })
     }
 
+    /// A copy of this error for a second caller (driver errors cannot be
+    /// cloned): the same variant, its driver error carried as text.
+    pub(crate) fn duplicate(&self) -> Self {
+        let text = |e: &DriverError| DriverError(sqlx::Error::Protocol(e.to_string()));
+        match self {
+            Self::Busy(e) => Self::Busy(text(e)),
+            Self::Unavailable(e) => Self::Unavailable(text(e)),
+            Self::CommitUnknown(e) => Self::CommitUnknown(text(e)),
+            Self::Database(e) => Self::Database(text(e)),
+            other => Self::Database(DriverError(sqlx::Error::Protocol(other.to_string()))),
+        }
+    }
+
     /// Whether retrying the same operation later may succeed (`Busy`, lost
     /// connections); `false` for errors that will repeat (`LeaseLost`, bad input).
     #[must_use]

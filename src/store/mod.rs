@@ -68,9 +68,11 @@ mod key;
 mod migrate;
 mod options;
 mod params;
+mod parts;
 mod postgres;
 mod settle;
 mod sqlite;
+mod text;
 mod types;
 mod url;
 mod wakeup;
@@ -88,6 +90,7 @@ pub use params::{
 };
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
     EnqueueReport, EventKind, FencingToken, HistoryEvent, Item, ItemDetail, ItemState, Lease,
     Outcome, ProcessActivity, ProcessCounts, ReclaimReport, Session, SessionId,

@@ -10,7 +10,8 @@ use super::types::{ItemState, Lease, Outcome, SessionId};
 /// Parameters of [`session_start`](super::StoreEngine::session_start).
 #[derive(Debug, Clone)]
 pub struct SessionStart {
-    /// The component starting the session, for operators.
+    /// The component starting the session, for operators (stored as
+    /// [`clean_text`](super::clean_text) makes it).
     pub component: String,
     /// How long the session lives without a heartbeat; heartbeat every `ttl / 3`.
     /// Must be at least one millisecond.
@@ -192,7 +193,8 @@ pub struct ItemPark {
     pub process: String,
     /// The key.
     pub key: String,
-    /// Why the operator parked it; shown as the item's last error.
+    /// Why the operator parked it; shown as the item's last error (stored as
+    /// [`clean_text`](super::clean_text) makes it).
     pub reason: String,
 }
 

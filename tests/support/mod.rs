@@ -37,6 +37,21 @@ impl TestDb {
         Store::connect(&self.url).await.expect("reconnect")
     }
 
+    /// Runs one SQL statement on this database through a connection of its
+    /// own (test set-up the store has no operation for).
+    pub(crate) async fn execute(&self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        if self.engine == "postgres" {
+            let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+            sqlx::query(sql).execute(&pool).await.expect("execute");
+            pool.close().await;
+        } else {
+            let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+            sqlx::query(sql).execute(&pool).await.expect("execute");
+            pool.close().await;
+        }
+    }
+
     /// Starts a session with a 30 s TTL.
     pub(crate) async fn session(&self) -> Session {
         self.store

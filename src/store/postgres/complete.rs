@@ -8,10 +8,12 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
+use super::retry::retry;
 use super::rows::{RunningRow, duration_ms};
 use crate::store::StoreError;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
+use crate::store::parts::{Answers, CompleteOnce};
 use crate::store::settle::{NextRow, Settled};
 use crate::store::types::{Lease, SessionId};
 use crate::store::wakeup;
@@ -189,4 +191,27 @@ async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> 
     .await
     .db()?;
     Ok(())
+}
+
+/// SQLSTATE classes of errors a value can cause: data exception (22: NUL in
+/// text, a number out of range), integrity constraint violation (23), program
+/// limit exceeded (54: a row too large) and PL/pgSQL's `RAISE` (P0, from a
+/// user's trigger). Any other failure is about the database, not one outcome.
+const DATA_ERROR_CLASSES: [&str; 4] = ["22", "23", "54", "P0"];
+
+impl CompleteOnce for PostgresStore {
+    async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
+        retry(|| complete_batch(self, batch)).await
+    }
+
+    fn from_data(e: &StoreError) -> bool {
+        let StoreError::Database(e) = e else {
+            return false;
+        };
+        let sqlx::Error::Database(db) = e.get() else {
+            return false;
+        };
+        db.code()
+            .is_some_and(|code| DATA_ERROR_CLASSES.iter().any(|c| code.starts_with(c)))
+    }
 }

@@ -9,12 +9,13 @@ use sqlx::{PgPool, Postgres, Transaction};
 use super::error::Db as _;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, complete, enqueue, inspect, items, leases, sessions};
+use super::{admin, enqueue, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
     SessionClose, SessionHeartbeat, SessionStart,
 };
+use crate::store::parts::complete_in_parts;
 use crate::store::types::{
     EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
     ReclaimReport, Session,
@@ -156,14 +157,15 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        retry(|| leases::complete(self, params)).await
+        let answers = complete_in_parts(self, &[params]).await?;
+        answers.into_iter().next().unwrap_or(Ok(()))
     }
 
     async fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        retry(|| complete::complete_batch(self, batch)).await
+        complete_in_parts(self, batch).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

@@ -10,7 +10,7 @@ use super::rows::RunningRow;
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
-use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
+use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// The whole claim in one statement: check the session, walk the process's
@@ -159,14 +159,6 @@ async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<RunningR
         key: lease.key.clone(),
         token: lease.token,
     })
-}
-
-pub(super) async fn complete(
-    store: &PostgresStore,
-    params: LeaseComplete<'_>,
-) -> Result<(), StoreError> {
-    let results = super::complete::complete_batch(store, &[params]).await?;
-    results.into_iter().next().unwrap_or(Ok(()))
 }
 
 pub(super) async fn release(

@@ -7,6 +7,7 @@ use super::error::{Db as _, commit};
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::SessionStart;
+use crate::store::text::clean_text;
 use crate::store::types::{EventKind, ReclaimReport, Session, SessionId};
 
 pub(super) async fn start(
@@ -19,13 +20,14 @@ pub(super) async fn start(
             "a session's ttl must be at least 1 ms".into(),
         ));
     }
+    let component = clean_text(&params.component).into_owned();
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, DateTime<Utc>) = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline)
          VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond')
          RETURNING id, deadline",
     )
-    .bind(&params.component)
+    .bind(&component)
     .bind(ttl_ms)
     .bind(now)
     .fetch_one(&mut *tx)
@@ -34,7 +36,7 @@ pub(super) async fn start(
     commit(tx).await?;
     Ok(Session {
         id: SessionId(id),
-        component: params.component.clone(),
+        component,
         ttl: params.ttl,
         deadline,
     })

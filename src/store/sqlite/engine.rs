@@ -7,12 +7,13 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, complete, inspect, items, leases, sessions};
+use super::{admin, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
     SessionClose, SessionHeartbeat, SessionStart,
 };
+use crate::store::parts::complete_in_parts;
 use crate::store::types::{
     EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
     ReclaimReport, Session,
@@ -133,14 +134,15 @@ impl StoreEngine for SqliteStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        leases::complete(self, params).await
+        let answers = complete_in_parts(self, &[params]).await?;
+        answers.into_iter().next().unwrap_or(Ok(()))
     }
 
     async fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        complete::complete_batch(self, batch).await
+        complete_in_parts(self, batch).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

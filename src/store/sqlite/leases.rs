@@ -8,7 +8,7 @@ use super::rows::{RunningRow, to_time};
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
-use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
+use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is
@@ -216,14 +216,6 @@ async fn held(tx: &mut Tx, now: i64, lease: &Lease) -> Result<RunningRow, StoreE
         key: lease.key.clone(),
         token: lease.token,
     })
-}
-
-pub(super) async fn complete(
-    store: &SqliteStore,
-    params: LeaseComplete<'_>,
-) -> Result<(), StoreError> {
-    let results = super::complete::complete_batch(store, &[params]).await?;
-    results.into_iter().next().unwrap_or(Ok(()))
 }
 
 pub(super) async fn release(

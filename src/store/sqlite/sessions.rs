@@ -7,6 +7,7 @@ use super::error::Db as _;
 use super::rows::{duration_ms, to_time};
 use crate::store::StoreError;
 use crate::store::params::SessionStart;
+use crate::store::text::clean_text;
 use crate::store::types::{EventKind, ReclaimReport, Session, SessionId};
 
 pub(super) async fn start(
@@ -19,12 +20,13 @@ pub(super) async fn start(
             "a session's ttl must be at least 1 ms".into(),
         ));
     }
+    let component = clean_text(&params.component).into_owned();
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, i64) = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline)
          VALUES (?1, ?2, ?3, ?3, ?3 + ?2) RETURNING id, deadline",
     )
-    .bind(&params.component)
+    .bind(&component)
     .bind(ttl_ms)
     .bind(now)
     .fetch_one(&mut *tx)
@@ -33,7 +35,7 @@ pub(super) async fn start(
     tx.commit().await.db()?;
     Ok(Session {
         id: SessionId(id),
-        component: params.component,
+        component,
         ttl: params.ttl,
         deadline: to_time(deadline),
     })
