@@ -45,7 +45,8 @@ pub(crate) async fn complete_in_parts<E: CompleteOnce>(
     batch: &[LeaseComplete<'_>],
 ) -> Result<Answers, StoreError> {
     let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
-    let mut todo: Vec<Range<usize>> = Vec::from([0..batch.len()]);
+    let mut todo = Vec::with_capacity(1);
+    todo.push(0..batch.len());
     let mut written = false;
     while let Some(part) = todo.pop() {
         match engine.complete_once(&batch[part.clone()]).await {
