@@ -451,3 +451,81 @@ async fn operator_actions_on_unknown_items_report_nothing_to_do() {
     })
     .await;
 }
+
+/// Whether the item row `id` is free to lock this instant (`NOWAIT`).
+async fn row_is_free(pool: &sqlx::PgPool, id: i64) -> bool {
+    let mut tx = pool.begin().await.expect("begin");
+    let locked = sqlx::query("SELECT 1 FROM drover_items WHERE id = $1 FOR UPDATE NOWAIT")
+        .bind(id)
+        .execute(&mut *tx)
+        .await;
+    tx.rollback().await.expect("rollback");
+    locked.is_ok()
+}
+
+/// Enqueues and completions lock item rows in one order, key order, so they
+/// cannot deadlock (PostgreSQL; SQLite has one writer and no row locks). Shown
+/// with keys whose ids run the other way: while a test transaction holds `a`,
+/// an enqueue of `[b, a]` and a completion of `[b, a]` each wait for `a`
+/// holding nothing, so `b` stays free. (Before: the enqueue locked in input
+/// order and the completion in id order, each taking `b` first.)
+#[tokio::test]
+async fn enqueues_and_completions_lock_rows_in_key_order_on_postgres() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    enqueue(&db.store, &["b"]).await;
+    enqueue(&db.store, &["a"]).await;
+    let s = db.session().await;
+    let mut leases = claim(&db.store, s.id, 2).await;
+    leases.sort_by(|x, y| y.key.cmp(&x.key)); // [b, a]
+    let id = |key: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT id FROM drover_items WHERE key = $1")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("id")
+        }
+    };
+    let (a, b) = (id("a").await, id("b").await);
+    assert!(b < a, "b's row is older");
+    const LOCK: &str = "SELECT 1 FROM drover_items WHERE id = $1 FOR UPDATE";
+    let holder = support::locks::Holder::lock(&pool, LOCK, a).await;
+    let store = db.store.clone();
+    let enqueue = tokio::spawn(async move {
+        let batch = ItemEnqueue::new(P, ["b", "a"]);
+        store.item_enqueue(batch).await
+    });
+    holder.wait_for_waiters(&pool, 1).await;
+    assert!(row_is_free(&pool, b).await, "the enqueue took b before a");
+    holder.release().await;
+    let report = enqueue.await.expect("joined").expect("enqueue");
+    assert_eq!(report.dirty, 2);
+    let holder = support::locks::Holder::lock(&pool, LOCK, a).await;
+    let store = db.store.clone();
+    let complete = tokio::spawn(async move {
+        let done = Outcome::Done;
+        let batch: Vec<_> = leases
+            .iter()
+            .map(|lease| drover::store::LeaseComplete {
+                lease,
+                outcome: &done,
+            })
+            .collect();
+        store.lease_complete_batch(&batch).await
+    });
+    holder.wait_for_waiters(&pool, 1).await;
+    assert!(
+        row_is_free(&pool, b).await,
+        "the completion took b before a"
+    );
+    holder.release().await;
+    let results = complete.await.expect("joined").expect("batch");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

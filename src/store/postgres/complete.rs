@@ -18,8 +18,9 @@ use crate::store::settle::{NextRow, Settled};
 use crate::store::types::{Lease, SessionId};
 use crate::store::wakeup;
 
-/// Locks the current row of every lease's key, in id order so concurrent
-/// batches lock alike; whether the lease still holds it (running, same token and
+/// Locks the current row of every lease's key, in key order as every writer
+/// that waits on item rows does (enqueues sort their batch, reclaims and
+/// closes order alike), so none of them can deadlock another; whether the lease still holds it (running, same token and
 /// session) is checked on the locked rows by [`held`].
 ///
 /// The shape is chosen so that no statistics can mislead the planner: the keys
@@ -38,7 +39,7 @@ SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, i.id, i.priori
     p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, p.backoff_jitter
 FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
 WHERE i.id = ANY(ARRAY(SELECT id FROM found))
-ORDER BY i.id
+ORDER BY i.process, i.key
 FOR UPDATE OF i";
 
 /// Appends one history row per array element, all at `$1`.

@@ -97,10 +97,14 @@ pub(super) async fn enqueue(
     store: &PostgresStore,
     params: &ItemEnqueue,
 ) -> Result<EnqueueReport, StoreError> {
-    let keys = checked_keys(&params.process, &params.keys)?;
+    let mut keys = checked_keys(&params.process, &params.keys)?;
     if keys.is_empty() {
         return Ok(EnqueueReport::default());
     }
+    // Rows are locked in key order (bytewise, as `COLLATE "C"` compares), as
+    // completions and reclaims lock them, so no two writers wait on each other
+    // in a cycle (a deadlock, which PostgreSQL breaks by aborting one).
+    keys.sort_unstable();
     let mut fast = true;
     loop {
         match attempt(store, params, &keys, fast).await? {
