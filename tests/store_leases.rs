@@ -573,3 +573,65 @@ async fn an_outcome_the_database_refuses_fails_neither_its_batch_nor_its_key() {
     })
     .await;
 }
+
+/// The keys among `candidates` that `db.store.candidate_filter` lets through.
+async fn unfiltered(db: &support::TestDb, candidates: &[&str]) -> Vec<String> {
+    let param = if db.engine == "postgres" { "$1" } else { "?1" };
+    let filter = db.store.candidate_filter(param, "m.id");
+    let rows = candidates
+        .iter()
+        .map(|k| format!("SELECT '{k}' AS id"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let sql = format!("SELECT m.id FROM ({rows}) m WHERE {filter} ORDER BY m.id");
+    if db.engine == "postgres" {
+        let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(P);
+        q.fetch_all(&pool).await.expect("user query")
+    } else {
+        let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(P);
+        q.fetch_all(&pool).await.expect("user query")
+    }
+}
+
+#[tokio::test]
+async fn lock_and_the_candidate_filter_wait_for_a_delayed_key_to_be_ready() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        let lock = |key: &str| LeaseLock {
+            session: s.id,
+            process: P.into(),
+            key: key.into(),
+        };
+        let later = ItemEnqueue::new(P, ["delayed"]).after(secs(60));
+        db.store.item_enqueue(later).await.expect("enqueue");
+        let again = db.store.lease_lock(lock("requeued")).await.expect("lock");
+        complete(&db.store, &again, Outcome::RequeueAfter(secs(30)))
+            .await
+            .expect("requeue after");
+        let candidates = ["delayed", "requeued", "new"];
+        assert_eq!(unfiltered(&db, &candidates).await, ["new"]);
+        for key in ["delayed", "requeued"] {
+            let err = db.store.lease_lock(lock(key)).await.expect_err("not ready");
+            assert!(matches!(err, StoreError::InBackoff { .. }), "{key}: {err}");
+        }
+        db.store.clock().advance(secs(30));
+        assert_eq!(unfiltered(&db, &candidates).await, ["new", "requeued"]);
+        db.store.clock().advance(secs(30));
+        let s2 = db.session().await;
+        let lock = |key: &str| LeaseLock {
+            session: s2.id,
+            process: P.into(),
+            key: key.into(),
+        };
+        assert_eq!(
+            unfiltered(&db, &candidates).await,
+            ["delayed", "new", "requeued"]
+        );
+        for key in candidates {
+            db.store.lease_lock(lock(key)).await.expect("ready now");
+        }
+    })
+    .await;
+}

@@ -102,7 +102,8 @@ pub trait StoreEngine: Send + Sync {
 
     /// Leases one key chosen by the caller (query-driven loops), creating its item
     /// if needed. Refused with [`StoreError::AlreadyLeased`],
-    /// [`StoreError::InBackoff`] or [`StoreError::Parked`].
+    /// [`StoreError::InBackoff`] (backing off, or delayed: its ready time has
+    /// not come) or [`StoreError::Parked`].
     fn lease_lock(
         &self,
         params: LeaseLock,

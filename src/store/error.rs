@@ -121,14 +121,16 @@ pub enum StoreError {
         /// The key.
         key: String,
     },
-    /// `lease_lock` was refused because the key is backing off after a failure.
-    #[error("{process}/{key} is backing off until {until}")]
+    /// `lease_lock` was refused because the key is not ready yet: backing off
+    /// after a failure, or delayed (a `RequeueAfter` outcome, an enqueue's
+    /// `after`) until `until`.
+    #[error("{process}/{key} is backing off or delayed until {until}")]
     InBackoff {
         /// The process.
         process: String,
         /// The key.
         key: String,
-        /// When the backoff ends.
+        /// When the backoff or the delay ends.
         until: DateTime<Utc>,
     },
     /// `lease_lock` was refused because the key is parked after a permanent error;

@@ -90,7 +90,8 @@ impl PostgresStore {
 
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
     /// shape) that is true when `lease_lock` would accept the key: the key is not
-    /// leased, not parked and not backing off. `process` and `key` are spliced in
+    /// leased, not parked, not backing off and not delayed (its ready time, from
+    /// a `RequeueAfter` or an enqueue's `after`, has come). `process` and `key` are spliced in
     /// as SQL — pass placeholders or column names, never user input:
     ///
     /// ```text
@@ -102,9 +103,12 @@ impl PostgresStore {
         format!(
             "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
              WHERE drover_i.process = {process} AND drover_i.key = {key} \
-             AND (drover_i.state <> 'pending' OR drover_i.backoff_until > \
-             now() + {offset} * interval '1 millisecond'))",
-            offset = self.clock.offset_ms()
+             AND (drover_i.state <> 'pending' \
+             OR GREATEST(drover_i.ready_at, drover_i.backoff_until) > {now}))",
+            now = format_args!(
+                "clock_timestamp() + {} * interval '1 millisecond'",
+                self.clock.offset_ms()
+            )
         )
     }
 

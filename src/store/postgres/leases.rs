@@ -184,7 +184,7 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
          ON CONFLICT (process, key) DO UPDATE SET state = 'running',
              lease_session = EXCLUDED.lease_session, lease_token = EXCLUDED.lease_token,
              started_at = EXCLUDED.started_at
-         WHERE i.state = 'pending' AND COALESCE(i.backoff_until, $3) <= $3
+         WHERE i.state = 'pending' AND i.ready_at <= $3 AND COALESCE(i.backoff_until, $3) <= $3
          RETURNING priority, failures, enqueued_at, lease_token",
     )
     .bind(&params.process)
@@ -226,8 +226,8 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
 
 /// Why `lease_lock` could not take a key (the upsert above locked its row).
 async fn refusal(tx: &mut Tx, now: DateTime<Utc>, params: &LeaseLock) -> StoreError {
-    let row: Option<(String, Option<DateTime<Utc>>)> = match sqlx::query_as(
-        "SELECT state, backoff_until FROM drover_items WHERE process = $1 AND key = $2",
+    let row: Option<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = match sqlx::query_as(
+        "SELECT state, backoff_until, ready_at FROM drover_items WHERE process = $1 AND key = $2",
     )
     .bind(&params.process)
     .bind(&params.key)
@@ -239,13 +239,15 @@ async fn refusal(tx: &mut Tx, now: DateTime<Utc>, params: &LeaseLock) -> StoreEr
     };
     let (process, key) = (params.process.clone(), params.key.clone());
     match row {
-        Some((state, _)) if state == "running" => StoreError::AlreadyLeased { process, key },
-        Some((state, _)) if state == "parked" => StoreError::Parked { process, key },
-        Some((_, Some(until))) if until > now => StoreError::InBackoff {
-            process,
-            key,
-            until,
-        },
+        Some((state, ..)) if state == "running" => StoreError::AlreadyLeased { process, key },
+        Some((state, ..)) if state == "parked" => StoreError::Parked { process, key },
+        Some((_, backoff, ready_at)) if backoff.unwrap_or(ready_at).max(ready_at) > now => {
+            StoreError::InBackoff {
+                process,
+                key,
+                until: backoff.unwrap_or(ready_at).max(ready_at),
+            }
+        }
         _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
     }
 }

@@ -65,7 +65,8 @@ impl SqliteStore {
 
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
     /// shape) that is true when `lease_lock` would accept the key: the key is not
-    /// leased, not parked and not backing off. `process` and `key` are spliced in
+    /// leased, not parked, not backing off and not delayed (its ready time, from
+    /// a `RequeueAfter` or an enqueue's `after`, has come). `process` and `key` are spliced in
     /// as SQL — pass placeholders or column names, never user input:
     ///
     /// ```text
@@ -77,7 +78,8 @@ impl SqliteStore {
         format!(
             "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
              WHERE drover_i.process = {process} AND drover_i.key = {key} \
-             AND (drover_i.state <> 'pending' OR drover_i.backoff_until > \
+             AND (drover_i.state <> 'pending' \
+             OR MAX(drover_i.ready_at, COALESCE(drover_i.backoff_until, 0)) > \
              CAST(unixepoch('subsec') * 1000 AS INTEGER) + {offset}))",
             offset = self.clock.offset_ms()
         )

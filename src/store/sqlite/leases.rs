@@ -238,7 +238,7 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
          VALUES (?1, ?2, 'pending', 0, ?3, ?3)
          ON CONFLICT (process, key) DO UPDATE SET state = i.state
-         WHERE i.state = 'pending' AND COALESCE(i.backoff_until, ?3) <= ?3
+         WHERE i.state = 'pending' AND i.ready_at <= ?3 AND COALESCE(i.backoff_until, ?3) <= ?3
          RETURNING id",
     )
     .bind(&params.process)
@@ -258,8 +258,8 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
 
 /// Why `lease_lock` could not take a key.
 async fn refusal(tx: &mut Tx, now: i64, params: LeaseLock) -> StoreError {
-    let row: Option<(String, Option<i64>)> = match sqlx::query_as(
-        "SELECT state, backoff_until FROM drover_items WHERE process = ?1 AND key = ?2",
+    let row: Option<(String, Option<i64>, i64)> = match sqlx::query_as(
+        "SELECT state, backoff_until, ready_at FROM drover_items WHERE process = ?1 AND key = ?2",
     )
     .bind(&params.process)
     .bind(&params.key)
@@ -271,13 +271,15 @@ async fn refusal(tx: &mut Tx, now: i64, params: LeaseLock) -> StoreError {
     };
     let (process, key) = (params.process, params.key);
     match row {
-        Some((state, _)) if state == "running" => StoreError::AlreadyLeased { process, key },
-        Some((state, _)) if state == "parked" => StoreError::Parked { process, key },
-        Some((_, Some(until))) if until > now => StoreError::InBackoff {
-            process,
-            key,
-            until: to_time(until),
-        },
+        Some((state, ..)) if state == "running" => StoreError::AlreadyLeased { process, key },
+        Some((state, ..)) if state == "parked" => StoreError::Parked { process, key },
+        Some((_, backoff, ready_at)) if backoff.unwrap_or(ready_at).max(ready_at) > now => {
+            StoreError::InBackoff {
+                process,
+                key,
+                until: to_time(backoff.unwrap_or(ready_at).max(ready_at)),
+            }
+        }
         _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
     }
 }
