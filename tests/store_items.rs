@@ -529,3 +529,33 @@ async fn enqueues_and_completions_lock_rows_in_key_order_on_postgres() {
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+#[tokio::test]
+async fn an_enqueue_that_bypasses_the_backoff_clears_it_for_status_and_lock() {
+    each_engine(|db| async move {
+        configure(&db.store, 30, 60).await;
+        let s = db.session().await;
+        let lock = || LeaseLock {
+            session: s.id,
+            process: P.into(),
+            key: "a".into(),
+        };
+        let lease = db.store.lease_lock(lock()).await.expect("lock");
+        complete(&db.store, &lease, Outcome::Transient("boom".into()))
+            .await
+            .expect("fail");
+        let bypass = ItemEnqueue::new(P, ["a"]).bypass_backoff(true);
+        db.store.item_enqueue(bypass).await.expect("enqueue");
+        let it = item(&db.store, "a").await.expect("item");
+        assert_eq!(
+            (it.state, it.backoff_until, it.failures),
+            (ItemState::Pending, None, 1),
+            "no longer backing off; the failure count is kept"
+        );
+        let counts = db.store.process_counts().await.expect("counts");
+        assert_eq!((counts[0].pending, counts[0].backoff), (1, 0));
+        let again = db.store.lease_lock(lock()).await.expect("lock takes it");
+        assert_eq!(again.attempt, 2);
+    })
+    .await;
+}

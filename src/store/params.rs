@@ -44,7 +44,9 @@ pub struct ItemEnqueue {
     /// Higher runs first (default 0). Resyncs use a negative priority.
     pub priority: i32,
     /// Let this enqueue cut a running backoff short (default `false`: an enqueue
-    /// never shortens a backoff).
+    /// never shortens a backoff). A pending key's backoff is then cleared, so
+    /// the key shows as pending and `lease_lock` takes it; its failure count is
+    /// kept, so a further failure backs off as before.
     pub bypass_backoff: bool,
 }
 

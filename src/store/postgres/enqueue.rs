@@ -54,8 +54,9 @@ const COPY_NEW_ITEMS: &str = "COPY drover_items (process, key, state, priority, 
      enqueued_at) FROM STDIN (FORMAT binary)";
 
 /// DESIGN.md rule 2 in one statement. A pending key keeps the earlier ready
-/// time (never earlier than its backoff unless `$6` bypasses it) and the higher
-/// priority; a parked key is revived; a running key is marked dirty,
+/// time (never earlier than its backoff unless `$6` bypasses it, which also
+/// clears the backoff, so status and `lease_lock` agree the key is ready) and
+/// the higher priority; a parked key is revived; a running key is marked dirty,
 /// remembering the earliest ready time and highest priority. Yields the number
 /// of keys that were running (now dirty) and the number of keys.
 const UPSERT: &str = "
@@ -70,6 +71,7 @@ ON CONFLICT (process, key) DO UPDATE SET
           ELSE GREATEST(EXCLUDED.ready_at, i.backoff_until) END)
       WHEN 'parked' THEN EXCLUDED.ready_at ELSE i.ready_at END,
   enqueued_at = CASE i.state WHEN 'parked' THEN EXCLUDED.enqueued_at ELSE i.enqueued_at END,
+  backoff_until = CASE WHEN $6 AND i.state = 'pending' THEN NULL ELSE i.backoff_until END,
   dirty_since = CASE i.state WHEN 'running'
       THEN COALESCE(i.dirty_since, EXCLUDED.enqueued_at) ELSE i.dirty_since END,
   dirty_ready_at = CASE i.state WHEN 'running'
