@@ -635,3 +635,88 @@ async fn lock_and_the_candidate_filter_wait_for_a_delayed_key_to_be_ready() {
     })
     .await;
 }
+
+/// The id of `key`'s item row.
+async fn item_id(db: &support::TestDb, key: &str) -> i64 {
+    let sql = if db.engine == "postgres" {
+        "SELECT id FROM drover_items WHERE key = $1"
+    } else {
+        "SELECT id FROM drover_items WHERE key = ?1"
+    };
+    if db.engine == "postgres" {
+        let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sql).bind(key);
+        q.fetch_one(&pool).await.expect("id")
+    } else {
+        let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sql).bind(key);
+        q.fetch_one(&pool).await.expect("id")
+    }
+}
+
+/// A completion, an enqueue and a heartbeat that each wait for a lock a test
+/// transaction holds store times measured from after the wait: the clock is
+/// read when they write (on PostgreSQL `clock_timestamp()` after the locking
+/// statement, not `now()`, the transaction's start). `released` is read after
+/// the operation is seen waiting and before the lock is let go.
+#[tokio::test]
+async fn writes_that_waited_for_a_lock_measure_their_times_from_after_the_wait() {
+    use support::locks::Blocker;
+    const ROW: &str = "SELECT 1 FROM drover_items WHERE id = $1 FOR UPDATE";
+    const SESSION: &str = "SELECT 1 FROM drover_sessions WHERE id = $1 FOR UPDATE";
+    each_engine(|db| async move {
+        let leases = claimed(&db, &["done", "parked"]).await;
+        complete(&db.store, &leases[1], Outcome::Permanent("x".into()))
+            .await
+            .expect("park");
+        let blocker = Blocker::hold(&db, ROW, item_id(&db, "done").await).await;
+        let (store, lease) = (db.store.clone(), leases[0].clone());
+        let waiter =
+            tokio::spawn(
+                async move { complete(&store, &lease, Outcome::RequeueAfter(secs(30))).await },
+            );
+        blocker.wait_for_a_waiter().await;
+        let released = db.store.clock_now().await.expect("now");
+        blocker.release().await;
+        waiter.await.expect("joined").expect("requeue after");
+        let ready_at = item(&db.store, "done").await.expect("item").ready_at;
+        assert!(
+            ready_at >= released + chrono::Duration::seconds(30),
+            "completion"
+        );
+
+        let blocker = Blocker::hold(&db, ROW, item_id(&db, "parked").await).await;
+        let store = db.store.clone();
+        let waiter = tokio::spawn(async move {
+            store
+                .item_enqueue(ItemEnqueue::new(P, ["parked"]).after(secs(30)))
+                .await
+        });
+        blocker.wait_for_a_waiter().await;
+        let released = db.store.clock_now().await.expect("now");
+        blocker.release().await;
+        waiter.await.expect("joined").expect("enqueue");
+        let ready_at = item(&db.store, "parked").await.expect("item").ready_at;
+        assert!(
+            ready_at >= released + chrono::Duration::seconds(30),
+            "enqueue"
+        );
+
+        let session = leases[0].session;
+        let blocker = Blocker::hold(&db, SESSION, session.0).await;
+        let store = db.store.clone();
+        let waiter =
+            tokio::spawn(
+                async move { store.session_heartbeat(SessionHeartbeat { session }).await },
+            );
+        blocker.wait_for_a_waiter().await;
+        let released = db.store.clock_now().await.expect("now");
+        blocker.release().await;
+        let deadline = waiter.await.expect("joined").expect("heartbeat");
+        assert!(
+            deadline >= released + chrono::Duration::seconds(30),
+            "heartbeat"
+        );
+    })
+    .await;
+}

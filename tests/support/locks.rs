@@ -62,3 +62,49 @@ impl Holder {
         self.tx.commit().await.expect("the holder commits");
     }
 }
+
+/// A lock that makes a store operation wait, on either engine: on PostgreSQL a
+/// [`Holder`] of one row, on SQLite the write lock (`BEGIN IMMEDIATE` on a
+/// connection of the test's own), which every writer waits for.
+#[derive(Debug)]
+pub(crate) enum Blocker {
+    /// A held row and the pool to watch its waiters from.
+    Postgres(Holder, PgPool),
+    /// A held write lock.
+    Sqlite(Transaction<'static, sqlx::Sqlite>),
+}
+
+impl Blocker {
+    /// Takes the lock: on PostgreSQL `pg_lock` with `id` bound as `$1`.
+    pub(crate) async fn hold(db: &super::TestDb, pg_lock: &'static str, id: i64) -> Self {
+        if db.engine == "postgres" {
+            let pool = db.store.postgres_pool().expect("postgres").clone();
+            Self::Postgres(Holder::lock(&pool, pg_lock, id).await, pool)
+        } else {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+            let tx = pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .expect("write lock");
+            Self::Sqlite(tx)
+        }
+    }
+
+    /// Returns once an operation waits for the lock. SQLite tells no one who
+    /// waits for its lock; there this only yields, and what the tests check
+    /// holds whenever the waiter started.
+    pub(crate) async fn wait_for_a_waiter(&self) {
+        match self {
+            Self::Postgres(holder, pool) => holder.wait_for_waiters(pool, 1).await,
+            Self::Sqlite(_) => tokio::task::yield_now().await,
+        }
+    }
+
+    /// Lets the waiter go.
+    pub(crate) async fn release(self) {
+        match self {
+            Self::Postgres(holder, _) => holder.release().await,
+            Self::Sqlite(tx) => tx.commit().await.expect("release the write lock"),
+        }
+    }
+}

@@ -24,7 +24,7 @@ async fn begin(
 ) -> Result<Option<(Tx, DateTime<Utc>)>, StoreError> {
     validate_process(process)?;
     validate_key(key)?;
-    let (mut tx, now) = store.write().await?;
+    let (mut tx, _) = store.write().await?;
     let stored: Option<String> = sqlx::query_scalar(
         "SELECT state FROM drover_items WHERE process = $1 AND key = $2 FOR UPDATE",
     )
@@ -33,6 +33,7 @@ async fn begin(
     .fetch_optional(&mut *tx)
     .await
     .db()?;
+    let now = store.now(&mut *tx).await?; // after the row lock's wait
     Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
 }
 

@@ -58,6 +58,9 @@ pub(super) async fn complete_batch(
     let (mut tx, now) = store.write().await?;
     let (live, expired) = sessions(&mut tx, now, batch).await?;
     let rows = held(&mut tx, &live, batch).await?;
+    // Read after the row locks' wait: the next ready time and any backoff are
+    // measured from when they are written.
+    let now = store.now(&mut *tx).await?;
     let mut writes = Writes::default();
     let settling = settle_batch(now, batch, rows, &expired, |id, lease, s| {
         writes.add(id, lease, s);

@@ -26,7 +26,12 @@ use crate::store::{Clock, StoreEngine, StoreError};
 pub(super) type Tx = Transaction<'static, Postgres>;
 
 /// The database clock, shifted by the test offset bound as the parameter `$1`.
-pub(super) const NOW: &str = "SELECT now() + $1::float8 * interval '1 millisecond'";
+///
+/// `clock_timestamp()`, the time the statement reads it, not `now()`, the
+/// transaction's start: a writer reads the clock again after the statements
+/// that may wait on row locks, so a delay or a backoff it stores is measured
+/// from when it is written, not shortened by the wait.
+pub(super) const NOW: &str = "SELECT clock_timestamp() + $1::float8 * interval '1 millisecond'";
 
 /// The PostgreSQL engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]

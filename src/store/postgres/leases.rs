@@ -28,7 +28,7 @@ use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 /// The final outer join yields one row even when nothing was claimed, so `live`
 /// tells an expired session apart from an empty queue.
 const CLAIM: &str = "
-WITH RECURSIVE clock AS (SELECT now() + $4::float8 * interval '1 millisecond' AS now),
+WITH RECURSIVE clock AS (SELECT clock_timestamp() + $4::float8 * interval '1 millisecond' AS now),
 live AS (
   SELECT s.id FROM drover_sessions s
   WHERE s.id = $1 AND s.deadline > (SELECT now FROM clock)),
@@ -167,6 +167,7 @@ pub(super) async fn release(
 ) -> Result<(), StoreError> {
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
+    let now = store.now(&mut *tx).await?; // after the row lock's wait
     requeue(&mut tx, now, &[row.id], EventKind::Canceled).await?;
     commit(tx).await
 }
@@ -177,24 +178,26 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     let (mut tx, now) = store.write().await?;
     check_session(&mut tx, now, params.session).await?;
     ensure_process(&mut tx, now, &params.process).await?;
-    let row: Option<(i32, i32, DateTime<Utc>, i64)> = sqlx::query_as(
+    // The started time is read when the row is taken, after any wait for it.
+    let row: Option<(i32, i32, DateTime<Utc>, i64, DateTime<Utc>)> = sqlx::query_as(
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
              lease_session, lease_token, started_at)
          VALUES ($1, $2, 'running', 0, $3, $3, $4, nextval('drover_lease_tokens'), $3)
          ON CONFLICT (process, key) DO UPDATE SET state = 'running',
              lease_session = EXCLUDED.lease_session, lease_token = EXCLUDED.lease_token,
-             started_at = EXCLUDED.started_at
+             started_at = clock_timestamp() + $5::float8 * interval '1 millisecond'
          WHERE i.state = 'pending' AND i.ready_at <= $3 AND COALESCE(i.backoff_until, $3) <= $3
-         RETURNING priority, failures, enqueued_at, lease_token",
+         RETURNING priority, failures, enqueued_at, lease_token, started_at",
     )
     .bind(&params.process)
     .bind(&params.key)
     .bind(now)
     .bind(params.session.0)
+    .bind(store.clock.offset_ms())
     .fetch_optional(&mut *tx)
     .await
     .db()?;
-    let Some((priority, failures, enqueued_at, token)) = row else {
+    let Some((priority, failures, enqueued_at, token, now)) = row else {
         return Err(refusal(&mut tx, now, params).await);
     };
     let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);

@@ -46,7 +46,17 @@ pub(super) async fn heartbeat(
     store: &PostgresStore,
     session: SessionId,
 ) -> Result<DateTime<Utc>, StoreError> {
-    let (mut tx, now) = store.write().await?;
+    // The row is locked first and the clock read after: a heartbeat that
+    // waited for a reclaim's lock renews from when it writes, and is judged
+    // by the time it got the row. (An `UPDATE` computes its new values before
+    // it waits for a row that another transaction only locked.)
+    let mut tx = store.pool.begin().await.db()?;
+    sqlx::query("SELECT 1 FROM drover_sessions WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(session.0)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    let now = store.now(&mut *tx).await?;
     let deadline: Option<DateTime<Utc>> = sqlx::query_scalar(
         "UPDATE drover_sessions SET heartbeat_at = $2,
              deadline = $2 + ttl_ms::float8 * interval '1 millisecond'
