@@ -172,6 +172,16 @@ pub(super) async fn release(
     commit(tx).await
 }
 
+/// The row `lease_lock` took.
+#[derive(Debug, sqlx::FromRow)]
+struct Locked {
+    priority: i32,
+    failures: i32,
+    enqueued_at: DateTime<Utc>,
+    lease_token: i64,
+    started_at: DateTime<Utc>,
+}
+
 pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Lease, StoreError> {
     validate_process(&params.process)?;
     validate_key(&params.key)?;
@@ -179,7 +189,7 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     check_session(&mut tx, now, params.session).await?;
     ensure_process(&mut tx, now, &params.process).await?;
     // The started time is read when the row is taken, after any wait for it.
-    let row: Option<(i32, i32, DateTime<Utc>, i64, DateTime<Utc>)> = sqlx::query_as(
+    let row: Option<Locked> = sqlx::query_as(
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
              lease_session, lease_token, started_at)
          VALUES ($1, $2, 'running', 0, $3, $3, $4, nextval('drover_lease_tokens'), $3)
@@ -197,7 +207,14 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     .fetch_optional(&mut *tx)
     .await
     .db()?;
-    let Some((priority, failures, enqueued_at, token, now)) = row else {
+    let Some(Locked {
+        priority,
+        failures,
+        enqueued_at,
+        lease_token: token,
+        started_at: now,
+    }) = row
+    else {
         return Err(refusal(&mut tx, now, params).await);
     };
     let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
