@@ -41,9 +41,33 @@ pub(crate) struct Args {
     /// recovery: the session TTL of the killed worker and of the survivor.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     ttl: Duration,
+    /// SQLite: sync the WAL at every commit (`full`, drover's default: an
+    /// acknowledged write survives a power loss) or only at checkpoints
+    /// (`normal`: faster, but the last commits may be lost on a power loss).
+    /// Printed as `synchronous=` on SQLite figures; ignored on PostgreSQL.
+    #[arg(long, value_enum, default_value_t = Synchronous::Full)]
+    synchronous: Synchronous,
     /// Print one JSON object per figure instead of `BENCH …` lines.
     #[arg(long)]
     json: bool,
+}
+
+/// SQLite's `synchronous` setting for `drover bench` ([`StoreOptions::durable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Synchronous {
+    /// Durable: the WAL is synced at every commit.
+    Full,
+    /// Faster: the WAL is synced at checkpoints only.
+    Normal,
+}
+
+impl Synchronous {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Normal => "normal",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -98,7 +122,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let store = if args.scenario == Scenario::Queue {
         None
     } else {
-        let options = StoreOptions::default().max_connections(16);
+        let options = StoreOptions::default()
+            .max_connections(16)
+            .durable(args.synchronous == Synchronous::Full);
         let store = Store::connect_with(&args.db, &options)
             .await
             .context("cannot open the store")?;
@@ -107,6 +133,11 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     for workers in workers {
         let figure = match &store {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
+            Some(store) if store.engine_name() == "sqlite" => {
+                store_figure(&args, store, keys, workers)
+                    .await?
+                    .with("synchronous", args.synchronous.name())
+            }
             Some(store) => store_figure(&args, store, keys, workers).await?,
         };
         if args.json {
