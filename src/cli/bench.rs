@@ -42,6 +42,12 @@ pub(crate) struct Args {
     /// recovery: the session TTL of the killed worker and of the survivor.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     ttl: Duration,
+    /// SQLite: sync the WAL at every commit (`full`, drover's default: an
+    /// acknowledged write survives a power loss) or only at checkpoints
+    /// (`normal`: faster, but the last commits may be lost on a power loss).
+    /// Printed as `synchronous=` on SQLite figures; ignored on PostgreSQL.
+    #[arg(long, value_enum, default_value_t = Synchronous::Full)]
+    synchronous: Synchronous,
     /// Print one JSON object per figure instead of `BENCH …` lines.
     #[arg(long)]
     json: bool,
@@ -58,6 +64,24 @@ pub(crate) struct Args {
         requires = "server"
     )]
     token: Option<String>,
+}
+
+/// SQLite's `synchronous` setting for `drover bench` ([`StoreOptions::durable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Synchronous {
+    /// Durable: the WAL is synced at every commit.
+    Full,
+    /// Faster: the WAL is synced at checkpoints only.
+    Normal,
+}
+
+impl Synchronous {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Normal => "normal",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -112,7 +136,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let store = if args.scenario == Scenario::Queue {
         None
     } else {
-        let options = StoreOptions::default().max_connections(16);
+        let options = StoreOptions::default()
+            .max_connections(16)
+            .durable(args.synchronous == Synchronous::Full);
         let store = Store::connect_with(&args.db, &options)
             .await
             .context("cannot open the store")?;
@@ -181,7 +207,12 @@ async fn store_figure(
         Scenario::Queue => unreachable!("the queue scenario needs no store"),
     };
     b.progress.finish_and_clear();
-    Ok(figure?)
+    let figure = figure?;
+    Ok(if store.engine_name() == "sqlite" {
+        figure.with("synchronous", args.synchronous.name())
+    } else {
+        figure
+    })
 }
 
 /// A bar on stderr, drawn only when stderr is a terminal.

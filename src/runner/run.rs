@@ -101,6 +101,15 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     }
 
     async fn reconcile(&self, lease: &Lease, token: &CancellationToken) -> Ended {
+        if token.is_cancelled() {
+            // The session was given up (or shutdown forced) while the lease
+            // came in, e.g. a long-poll answered late: the work never starts.
+            return if self.force.is_cancelled() {
+                Ended::Released
+            } else {
+                Ended::Lost
+            };
+        }
         // The task's own token: a timeout cancels this run alone.
         let cancel = token.child_token();
         let store = self.backend.local_store().cloned();

@@ -84,8 +84,8 @@ impl Store {
     }
 
     /// A SQL condition that lets a user's own candidate query skip keys that
-    /// [`lease_lock`](StoreEngine::lease_lock) would refuse (leased, parked or
-    /// backing off), written for this store's engine; see
+    /// [`lease_lock`](StoreEngine::lease_lock) would refuse (leased, parked,
+    /// backing off or delayed), written for this store's engine; see
     /// [`SqliteStore::candidate_filter`] and [`PostgresStore::candidate_filter`].
     /// `process` and `key` are SQL fragments (a placeholder such as `$1` or `?1`, a
     /// column such as `m.id`), never user input.

@@ -18,7 +18,7 @@ use super::types::{
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
 ///
-/// Guarantees every engine gives (and `tests/store_contract.rs` checks on each):
+/// Guarantees every engine gives (and the contract suite, `tests/store_*.rs`, checks on each):
 ///
 /// - a (process, key) is held by at most one live lease; a completion, release or
 ///   heartbeat from a session that lost it is rejected with
@@ -54,6 +54,11 @@ pub trait StoreEngine: Send + Sync {
     /// Turns the leases of every session past its deadline (and any lease whose
     /// session no longer exists) back into pending items with an `expired` event,
     /// and deletes those sessions. Any node may call it at any time.
+    ///
+    /// Expiry is decided once, under the session row's lock: a heartbeat that
+    /// renewed the session first keeps it and every lease it holds, and a
+    /// heartbeat that comes after the reclaim is refused with
+    /// [`StoreError::SessionExpired`]; the two never both win.
     fn session_reclaim(&self) -> impl Future<Output = Result<ReclaimReport, StoreError>> + Send;
 
     /// Enqueues keys with coalescing (DESIGN.md rule 2); all keys are validated
@@ -97,7 +102,8 @@ pub trait StoreEngine: Send + Sync {
 
     /// Leases one key chosen by the caller (query-driven loops), creating its item
     /// if needed. Refused with [`StoreError::AlreadyLeased`],
-    /// [`StoreError::InBackoff`] or [`StoreError::Parked`].
+    /// [`StoreError::InBackoff`] (backing off, or delayed: its ready time has
+    /// not come) or [`StoreError::Parked`].
     fn lease_lock(
         &self,
         params: LeaseLock,

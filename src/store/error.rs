@@ -121,14 +121,16 @@ pub enum StoreError {
         /// The key.
         key: String,
     },
-    /// `lease_lock` was refused because the key is backing off after a failure.
-    #[error("{process}/{key} is backing off until {until}")]
+    /// `lease_lock` was refused because the key is not ready yet: backing off
+    /// after a failure, or delayed (a `RequeueAfter` outcome, an enqueue's
+    /// `after`) until `until`.
+    #[error("{process}/{key} is backing off or delayed until {until}")]
     InBackoff {
         /// The process.
         process: String,
         /// The key.
         key: String,
-        /// When the backoff ends.
+        /// When the backoff or the delay ends.
         until: DateTime<Utc>,
     },
     /// `lease_lock` was refused because the key is parked after a permanent error;
@@ -232,6 +234,20 @@ impl StoreError {
             Self::CommitUnknown(_) => true,
             Self::Remote(remote) => remote.unknown,
             _ => false,
+        }
+    }
+
+    /// A copy of this error for a second caller (driver errors cannot be
+    /// cloned): the same variant, its driver error carried as text.
+    pub(crate) fn duplicate(&self) -> Self {
+        let text = |e: &DriverError| DriverError(sqlx::Error::Protocol(e.to_string()));
+        match self {
+            Self::Busy(e) => Self::Busy(text(e)),
+            Self::Unavailable(e) => Self::Unavailable(text(e)),
+            Self::CommitUnknown(e) => Self::CommitUnknown(text(e)),
+            Self::Database(e) => Self::Database(text(e)),
+            Self::Remote(remote) => Self::Remote(remote.clone()),
+            other => Self::Database(DriverError(sqlx::Error::Protocol(other.to_string()))),
         }
     }
 

@@ -12,7 +12,7 @@
 //!
 //! [`Store`] picks the engine from the URL and implements the same trait, so most
 //! code holds a `Store`. What every engine guarantees (and
-//! `tests/store_contract.rs` checks on each):
+//! the contract suite, `tests/store_*.rs`, checks on each):
 //!
 //! - **fencing**: a lease carries a strictly increasing token; completing,
 //!   releasing or heartbeating after the session expired or the lease was
@@ -69,9 +69,11 @@ mod key;
 mod migrate;
 mod options;
 mod params;
+mod parts;
 mod postgres;
 mod settle;
 mod sqlite;
+mod text;
 mod types;
 mod url;
 pub(crate) mod wakeup;
@@ -90,6 +92,7 @@ pub use params::{
 };
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
     EnqueueReport, EventKind, FencingToken, HistoryEvent, Item, ItemDetail, ItemState, Lease,
     Outcome, ProcessActivity, ProcessCounts, ReclaimReport, Session, SessionId,

@@ -10,7 +10,8 @@ use super::types::{ItemState, Lease, Outcome, SessionId};
 /// Parameters of [`session_start`](super::StoreEngine::session_start).
 #[derive(Debug, Clone)]
 pub struct SessionStart {
-    /// The component starting the session, for operators.
+    /// The component starting the session, for operators (stored as
+    /// [`clean_text`](super::clean_text) makes it).
     pub component: String,
     /// How long the session lives without a heartbeat; heartbeat every `ttl / 3`.
     /// Must be at least one millisecond.
@@ -43,7 +44,9 @@ pub struct ItemEnqueue {
     /// Higher runs first (default 0). Resyncs use a negative priority.
     pub priority: i32,
     /// Let this enqueue cut a running backoff short (default `false`: an enqueue
-    /// never shortens a backoff).
+    /// never shortens a backoff). A pending key's backoff is then cleared, so
+    /// the key shows as pending and `lease_lock` takes it; its failure count is
+    /// kept, so a further failure backs off as before.
     pub bypass_backoff: bool,
 }
 
@@ -192,7 +195,8 @@ pub struct ItemPark {
     pub process: String,
     /// The key.
     pub key: String,
-    /// Why the operator parked it; shown as the item's last error.
+    /// Why the operator parked it; shown as the item's last error (stored as
+    /// [`clean_text`](super::clean_text) makes it).
     pub reason: String,
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::text::clean_text;
 use super::types::{EventKind, Outcome};
 use crate::backoff::{Backoff, clamp_delay};
 
@@ -84,10 +85,11 @@ pub(crate) struct Settled {
     pub(crate) events: Vec<Event>,
 }
 
+/// An event; its error text is stored as [`clean_text`] makes it.
 fn event(kind: EventKind, error: Option<&str>, transient: Option<bool>) -> Event {
     Event {
         kind,
-        error: error.map(str::to_owned),
+        error: error.map(|e| clean_text(e).into_owned()),
         transient,
     }
 }
@@ -134,10 +136,11 @@ pub(crate) fn settle(now: DateTime<Utc>, run: &Running, outcome: &Outcome) -> Se
             next.ready_at = until;
             next.backoff_until = Some(until);
             next.backoff = Some(delay);
-            next.last_error = Some(error.clone());
+            let failed = event(EventKind::Failed, Some(error), Some(true));
+            next.last_error.clone_from(&failed.error);
             Settled {
                 next: Some(next),
-                events: vec![event(EventKind::Failed, Some(error), Some(true))],
+                events: vec![failed],
             }
         }
         Outcome::Permanent(error) => settle_permanent(now, run, error),
@@ -155,9 +158,14 @@ fn settle_permanent(now: DateTime<Utc>, run: &Running, error: &str) -> Settled {
             ..pending(run, now, 0)
         },
     };
-    next.last_error = Some(error.to_owned());
+    next.last_error.clone_from(&failed.error);
     let events = if next.parked {
-        vec![failed, event(EventKind::Parked, Some(error), None)]
+        let parked = Event {
+            kind: EventKind::Parked,
+            error: failed.error.clone(),
+            transient: None,
+        };
+        vec![failed, parked]
     } else {
         vec![failed]
     };

@@ -66,6 +66,11 @@ pub struct Lease {
 }
 
 /// What processing a key returned.
+///
+/// An error's text may be anything (a command's stderr, a library's message): it
+/// is stored as [`clean_text`](super::clean_text) makes it — NUL replaced, cut
+/// past [`MAX_TEXT_BYTES`](super::MAX_TEXT_BYTES) — so no text can make an
+/// outcome unstorable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Converged: the failure count is reset and the item is gone (or pending again

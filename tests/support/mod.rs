@@ -15,7 +15,9 @@ use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 pub(crate) mod backend;
 pub(crate) mod commit_cut;
 pub(crate) mod fault_proxy;
+pub(crate) mod locks;
 pub(crate) mod process;
+pub(crate) mod store;
 pub(crate) mod ticks;
 
 use backend::TestBackend;
@@ -58,6 +60,21 @@ impl TestDb {
     /// A second, independent connection to the same database (a "restart").
     pub(crate) async fn reconnect(&self) -> Store {
         Store::connect(&self.url).await.expect("reconnect")
+    }
+
+    /// Runs one SQL statement on this database through a connection of its
+    /// own (test set-up the store has no operation for).
+    pub(crate) async fn execute(&self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        if self.engine == "postgres" {
+            let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+            sqlx::query(sql).execute(&pool).await.expect("execute");
+            pool.close().await;
+        } else {
+            let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+            sqlx::query(sql).execute(&pool).await.expect("execute");
+            pool.close().await;
+        }
     }
 
     /// Starts a session with a 30 s TTL.

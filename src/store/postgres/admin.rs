@@ -12,6 +12,7 @@ use crate::store::admin::admit;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
 use crate::store::settle::earlier;
+use crate::store::text::clean_text;
 use crate::store::types::{EventKind, Item, ProcessActivity};
 
 /// Validates the names, opens the transaction, locks the row and applies
@@ -23,7 +24,7 @@ async fn begin(
 ) -> Result<Option<(Tx, DateTime<Utc>)>, StoreError> {
     validate_process(process)?;
     validate_key(key)?;
-    let (mut tx, now) = store.write().await?;
+    let (mut tx, _) = store.write().await?;
     let stored: Option<String> = sqlx::query_scalar(
         "SELECT state FROM drover_items WHERE process = $1 AND key = $2 FOR UPDATE",
     )
@@ -32,6 +33,7 @@ async fn begin(
     .fetch_optional(&mut *tx)
     .await
     .db()?;
+    let now = store.now(&mut *tx).await?; // after the row lock's wait
     Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
 }
 
@@ -91,6 +93,7 @@ pub(super) async fn park(
     let Some((mut tx, now)) = begin(store, &params.process, &params.key).await? else {
         return Ok(None);
     };
+    let reason = clean_text(&params.reason);
     let row: ItemRow = sqlx::query_as(concat!(
         "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = $3
          WHERE process = $1 AND key = $2 RETURNING ",
@@ -98,12 +101,12 @@ pub(super) async fn park(
     ))
     .bind(&params.process)
     .bind(&params.key)
-    .bind(&params.reason)
+    .bind(&reason)
     .fetch_one(&mut *tx)
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Parked, Some(&params.reason)).await?;
+    log(&mut tx, now, names, EventKind::Parked, Some(&reason)).await?;
     commit(tx).await?;
     row.into_item(now).map(Some)
 }

@@ -8,16 +8,19 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
+use super::retry::retry;
 use super::rows::{RunningRow, duration_ms};
 use crate::store::StoreError;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
+use crate::store::parts::{Answers, CompleteOnce};
 use crate::store::settle::{NextRow, Settled};
 use crate::store::types::{Lease, SessionId};
 use crate::store::wakeup;
 
-/// Locks the current row of every lease's key, in id order so concurrent
-/// batches lock alike; whether the lease still holds it (running, same token and
+/// Locks the current row of every lease's key, in key order as every writer
+/// that waits on item rows does (enqueues sort their batch, reclaims and
+/// closes order alike), so none of them can deadlock another; whether the lease still holds it (running, same token and
 /// session) is checked on the locked rows by [`held`].
 ///
 /// The shape is chosen so that no statistics can mislead the planner: the keys
@@ -36,7 +39,7 @@ SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, i.id, i.priori
     p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, p.backoff_jitter
 FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
 WHERE i.id = ANY(ARRAY(SELECT id FROM found))
-ORDER BY i.id
+ORDER BY i.process, i.key
 FOR UPDATE OF i";
 
 /// Appends one history row per array element, all at `$1`.
@@ -55,6 +58,9 @@ pub(super) async fn complete_batch(
     let (mut tx, now) = store.write().await?;
     let (live, expired) = sessions(&mut tx, now, batch).await?;
     let rows = held(&mut tx, &live, batch).await?;
+    // Read after the row locks' wait: the next ready time and any backoff are
+    // measured from when they are written.
+    let now = store.now(&mut *tx).await?;
     let mut writes = Writes::default();
     let settling = settle_batch(now, batch, rows, &expired, |id, lease, s| {
         writes.add(id, lease, s);
@@ -189,4 +195,27 @@ async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> 
     .await
     .db()?;
     Ok(())
+}
+
+/// SQLSTATE classes of errors a value can cause: data exception (22: NUL in
+/// text, a number out of range), integrity constraint violation (23), program
+/// limit exceeded (54: a row too large) and PL/pgSQL's `RAISE` (P0, from a
+/// user's trigger). Any other failure is about the database, not one outcome.
+const DATA_ERROR_CLASSES: [&str; 4] = ["22", "23", "54", "P0"];
+
+impl CompleteOnce for PostgresStore {
+    async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
+        retry(|| complete_batch(self, batch)).await
+    }
+
+    fn from_data(e: &StoreError) -> bool {
+        let StoreError::Database(e) = e else {
+            return false;
+        };
+        let sqlx::Error::Database(db) = e.get() else {
+            return false;
+        };
+        db.code()
+            .is_some_and(|code| DATA_ERROR_CLASSES.iter().any(|c| code.starts_with(c)))
+    }
 }

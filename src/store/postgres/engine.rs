@@ -10,12 +10,13 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, complete, enqueue, inspect, items, leases, sessions};
+use super::{admin, enqueue, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
     SessionClose, SessionHeartbeat, SessionStart,
 };
+use crate::store::parts::complete_in_parts;
 use crate::store::types::{
     EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
     ReclaimReport, Session,
@@ -26,7 +27,12 @@ use crate::store::{Clock, StoreEngine, StoreError};
 pub(super) type Tx = Transaction<'static, Postgres>;
 
 /// The database clock, shifted by the test offset bound as the parameter `$1`.
-pub(super) const NOW: &str = "SELECT now() + $1::float8 * interval '1 millisecond'";
+///
+/// `clock_timestamp()`, the time the statement reads it, not `now()`, the
+/// transaction's start: a writer reads the clock again after the statements
+/// that may wait on row locks, so a delay or a backoff it stores is measured
+/// from when it is written, not shortened by the wait.
+pub(super) const NOW: &str = "SELECT clock_timestamp() + $1::float8 * interval '1 millisecond'";
 
 /// The PostgreSQL engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]
@@ -106,7 +112,8 @@ impl PostgresStore {
 
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
     /// shape) that is true when `lease_lock` would accept the key: the key is not
-    /// leased, not parked and not backing off. `process` and `key` are spliced in
+    /// leased, not parked, not backing off and not delayed (its ready time, from
+    /// a `RequeueAfter` or an enqueue's `after`, has come). `process` and `key` are spliced in
     /// as SQL — pass placeholders or column names, never user input:
     ///
     /// ```text
@@ -118,9 +125,12 @@ impl PostgresStore {
         format!(
             "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
              WHERE drover_i.process = {process} AND drover_i.key = {key} \
-             AND (drover_i.state <> 'pending' OR drover_i.backoff_until > \
-             now() + {offset} * interval '1 millisecond'))",
-            offset = self.clock.offset_ms()
+             AND (drover_i.state <> 'pending' \
+             OR GREATEST(drover_i.ready_at, drover_i.backoff_until) > {now}))",
+            now = format_args!(
+                "clock_timestamp() + {} * interval '1 millisecond'",
+                self.clock.offset_ms()
+            )
         )
     }
 
@@ -173,14 +183,15 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        retry(|| leases::complete(self, params)).await
+        let answers = complete_in_parts(self, &[params]).await?;
+        answers.into_iter().next().unwrap_or(Ok(()))
     }
 
     async fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        retry(|| complete::complete_batch(self, batch)).await
+        complete_in_parts(self, batch).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

@@ -15,6 +15,7 @@ use super::copy_rows::{CopyRows, int4, timestamptz};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map};
 use super::items::ensure_process;
+use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::enqueue::checked_keys;
 use crate::store::params::ItemEnqueue;
@@ -54,10 +55,16 @@ const COPY_NEW_ITEMS: &str = "COPY drover_items (process, key, state, priority, 
      enqueued_at) FROM STDIN (FORMAT binary)";
 
 /// DESIGN.md rule 2 in one statement. A pending key keeps the earlier ready
-/// time (never earlier than its backoff unless `$6` bypasses it) and the higher
-/// priority; a parked key is revived; a running key is marked dirty,
+/// time (never earlier than its backoff unless `$6` bypasses it, which also
+/// clears the backoff, so status and `lease_lock` agree the key is ready) and
+/// the higher priority; a parked key is revived; a running key is marked dirty,
 /// remembering the earliest ready time and highest priority. Yields the number
 /// of keys that were running (now dirty) and the number of keys.
+///
+/// An existing row may be locked by a completion, and the upsert waits for it:
+/// the times it then writes into that row are read when it writes them
+/// (`clock_timestamp()` shifted by `$7`, the test clock's offset, and by `$8`,
+/// that offset plus the delay), not before the wait as `EXCLUDED`'s are.
 const UPSERT: &str = "
 WITH up AS (
 INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
@@ -66,14 +73,24 @@ ON CONFLICT (process, key) DO UPDATE SET
   priority = CASE i.state WHEN 'pending' THEN GREATEST(i.priority, EXCLUDED.priority)
                           WHEN 'parked' THEN EXCLUDED.priority ELSE i.priority END,
   ready_at = CASE i.state
-      WHEN 'pending' THEN LEAST(i.ready_at, CASE WHEN $6 THEN EXCLUDED.ready_at
-          ELSE GREATEST(EXCLUDED.ready_at, i.backoff_until) END)
-      WHEN 'parked' THEN EXCLUDED.ready_at ELSE i.ready_at END,
-  enqueued_at = CASE i.state WHEN 'parked' THEN EXCLUDED.enqueued_at ELSE i.enqueued_at END,
-  dirty_since = CASE i.state WHEN 'running'
-      THEN COALESCE(i.dirty_since, EXCLUDED.enqueued_at) ELSE i.dirty_since END,
-  dirty_ready_at = CASE i.state WHEN 'running'
-      THEN LEAST(i.dirty_ready_at, EXCLUDED.ready_at) ELSE i.dirty_ready_at END,
+      WHEN 'pending' THEN LEAST(i.ready_at, CASE
+          WHEN $6 THEN clock_timestamp() + $8::float8 * interval '1 millisecond'
+          ELSE GREATEST(clock_timestamp() + $8::float8 * interval '1 millisecond',
+                        i.backoff_until) END)
+      WHEN 'parked' THEN clock_timestamp() + $8::float8 * interval '1 millisecond'
+      ELSE i.ready_at END,
+  enqueued_at = CASE i.state
+      WHEN 'parked' THEN clock_timestamp() + $7::float8 * interval '1 millisecond'
+      ELSE i.enqueued_at END,
+  backoff_until = CASE WHEN $6 AND i.state = 'pending' THEN NULL ELSE i.backoff_until END,
+  dirty_since = CASE i.state
+      WHEN 'running' THEN COALESCE(i.dirty_since,
+                                   clock_timestamp() + $7::float8 * interval '1 millisecond')
+      ELSE i.dirty_since END,
+  dirty_ready_at = CASE i.state
+      WHEN 'running' THEN LEAST(i.dirty_ready_at,
+                                clock_timestamp() + $8::float8 * interval '1 millisecond')
+      ELSE i.dirty_ready_at END,
   dirty_priority = CASE i.state WHEN 'running'
       THEN GREATEST(i.dirty_priority, EXCLUDED.priority) ELSE i.dirty_priority END,
   state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END
@@ -97,10 +114,14 @@ pub(super) async fn enqueue(
     store: &PostgresStore,
     params: &ItemEnqueue,
 ) -> Result<EnqueueReport, StoreError> {
-    let keys = checked_keys(&params.process, &params.keys)?;
+    let mut keys = checked_keys(&params.process, &params.keys)?;
     if keys.is_empty() {
         return Ok(EnqueueReport::default());
     }
+    // Rows are locked in key order (bytewise, as `COLLATE "C"` compares), as
+    // completions and reclaims lock them, so no two writers wait on each other
+    // in a cycle (a deadlock, which PostgreSQL breaks by aborting one).
+    keys.sort_unstable();
     let mut fast = true;
     loop {
         match attempt(store, params, &keys, fast).await? {
@@ -155,7 +176,7 @@ async fn attempt(
             Err(e) => return Err(map(e)),
         }
     } else {
-        upsert(&mut tx, params, keys, ready_at, now).await?
+        upsert(store, &mut tx, params, keys, ready_at, now).await?
     };
     PostgresStore::notify_ready(&mut tx, &params.process).await?;
     commit(tx).await?;
@@ -176,12 +197,14 @@ async fn overlaps(tx: &mut Tx, process: &str, keys: &[&str]) -> Result<bool, Sto
 
 /// Coalesces the batch into the items with [`UPSERT`].
 async fn upsert(
+    store: &PostgresStore,
     tx: &mut Tx,
     params: &ItemEnqueue,
     keys: &[&str],
     ready_at: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<EnqueueReport, StoreError> {
+    let offset = store.clock.offset_ms();
     let (dirty, all): (i64, i64) = sqlx::query_as(UPSERT)
         .bind(&params.process)
         .bind(params.priority)
@@ -189,6 +212,8 @@ async fn upsert(
         .bind(now)
         .bind(keys)
         .bind(params.bypass_backoff)
+        .bind(offset)
+        .bind(offset.saturating_add(duration_ms(params.after)))
         .fetch_one(&mut **tx)
         .await
         .db()?;

@@ -10,7 +10,7 @@ use super::rows::RunningRow;
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
-use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
+use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// The whole claim in one statement: check the session, walk the process's
@@ -28,7 +28,7 @@ use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 /// The final outer join yields one row even when nothing was claimed, so `live`
 /// tells an expired session apart from an empty queue.
 const CLAIM: &str = "
-WITH RECURSIVE clock AS (SELECT now() + $4::float8 * interval '1 millisecond' AS now),
+WITH RECURSIVE clock AS (SELECT clock_timestamp() + $4::float8 * interval '1 millisecond' AS now),
 live AS (
   SELECT s.id FROM drover_sessions s
   WHERE s.id = $1 AND s.deadline > (SELECT now FROM clock)),
@@ -161,22 +161,25 @@ async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<RunningR
     })
 }
 
-pub(super) async fn complete(
-    store: &PostgresStore,
-    params: LeaseComplete<'_>,
-) -> Result<(), StoreError> {
-    let results = super::complete::complete_batch(store, &[params]).await?;
-    results.into_iter().next().unwrap_or(Ok(()))
-}
-
 pub(super) async fn release(
     store: &PostgresStore,
     params: LeaseRelease<'_>,
 ) -> Result<(), StoreError> {
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
+    let now = store.now(&mut *tx).await?; // after the row lock's wait
     requeue(&mut tx, now, &[row.id], EventKind::Canceled).await?;
     commit(tx).await
+}
+
+/// The row `lease_lock` took.
+#[derive(Debug, sqlx::FromRow)]
+struct Locked {
+    priority: i32,
+    failures: i32,
+    enqueued_at: DateTime<Utc>,
+    lease_token: i64,
+    started_at: DateTime<Utc>,
 }
 
 pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Lease, StoreError> {
@@ -185,24 +188,33 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     let (mut tx, now) = store.write().await?;
     check_session(&mut tx, now, params.session).await?;
     ensure_process(&mut tx, now, &params.process).await?;
-    let row: Option<(i32, i32, DateTime<Utc>, i64)> = sqlx::query_as(
+    // The started time is read when the row is taken, after any wait for it.
+    let row: Option<Locked> = sqlx::query_as(
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
              lease_session, lease_token, started_at)
          VALUES ($1, $2, 'running', 0, $3, $3, $4, nextval('drover_lease_tokens'), $3)
          ON CONFLICT (process, key) DO UPDATE SET state = 'running',
              lease_session = EXCLUDED.lease_session, lease_token = EXCLUDED.lease_token,
-             started_at = EXCLUDED.started_at
-         WHERE i.state = 'pending' AND COALESCE(i.backoff_until, $3) <= $3
-         RETURNING priority, failures, enqueued_at, lease_token",
+             started_at = clock_timestamp() + $5::float8 * interval '1 millisecond'
+         WHERE i.state = 'pending' AND i.ready_at <= $3 AND COALESCE(i.backoff_until, $3) <= $3
+         RETURNING priority, failures, enqueued_at, lease_token, started_at",
     )
     .bind(&params.process)
     .bind(&params.key)
     .bind(now)
     .bind(params.session.0)
+    .bind(store.clock.offset_ms())
     .fetch_optional(&mut *tx)
     .await
     .db()?;
-    let Some((priority, failures, enqueued_at, token)) = row else {
+    let Some(Locked {
+        priority,
+        failures,
+        enqueued_at,
+        lease_token: token,
+        started_at: now,
+    }) = row
+    else {
         return Err(refusal(&mut tx, now, params).await);
     };
     let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
@@ -234,8 +246,8 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
 
 /// Why `lease_lock` could not take a key (the upsert above locked its row).
 async fn refusal(tx: &mut Tx, now: DateTime<Utc>, params: &LeaseLock) -> StoreError {
-    let row: Option<(String, Option<DateTime<Utc>>)> = match sqlx::query_as(
-        "SELECT state, backoff_until FROM drover_items WHERE process = $1 AND key = $2",
+    let row: Option<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = match sqlx::query_as(
+        "SELECT state, backoff_until, ready_at FROM drover_items WHERE process = $1 AND key = $2",
     )
     .bind(&params.process)
     .bind(&params.key)
@@ -247,13 +259,15 @@ async fn refusal(tx: &mut Tx, now: DateTime<Utc>, params: &LeaseLock) -> StoreEr
     };
     let (process, key) = (params.process.clone(), params.key.clone());
     match row {
-        Some((state, _)) if state == "running" => StoreError::AlreadyLeased { process, key },
-        Some((state, _)) if state == "parked" => StoreError::Parked { process, key },
-        Some((_, Some(until))) if until > now => StoreError::InBackoff {
-            process,
-            key,
-            until,
-        },
+        Some((state, ..)) if state == "running" => StoreError::AlreadyLeased { process, key },
+        Some((state, ..)) if state == "parked" => StoreError::Parked { process, key },
+        Some((_, backoff, ready_at)) if backoff.unwrap_or(ready_at).max(ready_at) > now => {
+            StoreError::InBackoff {
+                process,
+                key,
+                until: backoff.unwrap_or(ready_at).max(ready_at),
+            }
+        }
         _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
     }
 }

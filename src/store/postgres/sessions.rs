@@ -7,6 +7,7 @@ use super::error::{Db as _, commit};
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::SessionStart;
+use crate::store::text::clean_text;
 use crate::store::types::{EventKind, ReclaimReport, Session, SessionId};
 
 pub(super) async fn start(
@@ -19,13 +20,14 @@ pub(super) async fn start(
             "a session's ttl must be at least 1 ms".into(),
         ));
     }
+    let component = clean_text(&params.component).into_owned();
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, DateTime<Utc>) = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline)
          VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond')
          RETURNING id, deadline",
     )
-    .bind(&params.component)
+    .bind(&component)
     .bind(ttl_ms)
     .bind(now)
     .fetch_one(&mut *tx)
@@ -34,7 +36,7 @@ pub(super) async fn start(
     commit(tx).await?;
     Ok(Session {
         id: SessionId(id),
-        component: params.component.clone(),
+        component,
         ttl: params.ttl,
         deadline,
     })
@@ -44,7 +46,17 @@ pub(super) async fn heartbeat(
     store: &PostgresStore,
     session: SessionId,
 ) -> Result<DateTime<Utc>, StoreError> {
-    let (mut tx, now) = store.write().await?;
+    // The row is locked first and the clock read after: a heartbeat that
+    // waited for a reclaim's lock renews from when it writes, and is judged
+    // by the time it got the row. (An `UPDATE` computes its new values before
+    // it waits for a row that another transaction only locked.)
+    let mut tx = store.pool.begin().await.db()?;
+    sqlx::query("SELECT 1 FROM drover_sessions WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(session.0)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    let now = store.now(&mut *tx).await?;
     let deadline: Option<DateTime<Utc>> = sqlx::query_scalar(
         "UPDATE drover_sessions SET heartbeat_at = $2,
              deadline = $2 + ttl_ms::float8 * interval '1 millisecond'
@@ -60,52 +72,96 @@ pub(super) async fn heartbeat(
     Ok(deadline)
 }
 
+/// Ends a session. Its row is deleted first, as [`reclaim`] does, so the two
+/// take their locks in the same order (session, then items) and cannot deadlock.
 pub(super) async fn close(store: &PostgresStore, session: SessionId) -> Result<u64, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM drover_items WHERE state = 'running' AND lease_session = $1
-         FOR UPDATE",
-    )
-    .bind(session.0)
-    .fetch_all(&mut *tx)
-    .await
-    .db()?;
-    requeue(&mut tx, now, &ids, EventKind::Canceled).await?;
+    let (mut tx, _) = store.write().await?;
     sqlx::query("DELETE FROM drover_sessions WHERE id = $1")
         .bind(session.0)
         .execute(&mut *tx)
         .await
         .db()?;
+    let ids = lock_leases(&mut tx, &[session.0]).await?;
+    // Read after the locks: the requeue's time is when it is written.
+    let now = store.now(&mut *tx).await?;
+    requeue(&mut tx, now, &ids, EventKind::Canceled).await?;
     commit(tx).await?;
     Ok(ids.len() as u64)
 }
 
-/// Reclaims leases of expired or vanished sessions. Rows another transaction
-/// holds are skipped (that transaction is finishing them); a lease skipped here
-/// whose session is then deleted is picked up by the next reclaim as an orphan.
+/// Reclaims the leases of expired sessions, deciding expiry once and under
+/// lock: the `DELETE … RETURNING` waits for a heartbeat that holds a session's
+/// row and re-checks the deadline on the row it committed, so a heartbeat and a
+/// reclaim never both win. Then it requeues the running items of exactly the
+/// deleted sessions (waiting for completions in flight, which settle them
+/// first), and any orphan whose session row is gone ([`orphans`]).
 pub(super) async fn reclaim(store: &PostgresStore) -> Result<ReclaimReport, StoreError> {
     let (mut tx, now) = store.write().await?;
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT i.id FROM drover_items i WHERE i.state = 'running' AND NOT EXISTS (
-             SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session AND s.deadline > $1)
-         FOR UPDATE OF i SKIP LOCKED",
-    )
-    .bind(now)
-    .fetch_all(&mut *tx)
-    .await
-    .db()?;
+    let expired: Vec<i64> =
+        sqlx::query_scalar("DELETE FROM drover_sessions WHERE deadline <= $1 RETURNING id")
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await
+            .db()?;
+    let mut ids = lock_leases(&mut tx, &expired).await?;
+    ids.extend(orphans(&mut tx, &ids).await?);
+    // Read after the locks: the requeue's time is when it is written.
+    let now = store.now(&mut *tx).await?;
     requeue(&mut tx, now, &ids, EventKind::Expired).await?;
-    let sessions = sqlx::query("DELETE FROM drover_sessions WHERE deadline <= $1")
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
     commit(tx).await?;
     Ok(ReclaimReport {
-        sessions,
+        sessions: expired.len() as u64,
         leases: ids.len() as u64,
     })
+}
+
+/// Locks the running items of `sessions`, in key order (as every writer that
+/// waits on item rows locks them), and returns their ids. A row that changed
+/// while this waited is re-checked on its committed version: a completion that
+/// settled it first leaves nothing to reclaim.
+async fn lock_leases(tx: &mut Tx, sessions: &[i64]) -> Result<Vec<i64>, StoreError> {
+    if sessions.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar(
+        "SELECT id FROM drover_items WHERE state = 'running' AND lease_session = ANY($1)
+         ORDER BY process, key FOR UPDATE",
+    )
+    .bind(sessions)
+    .fetch_all(&mut **tx)
+    .await
+    .db()
+}
+
+/// Running items whose session row is gone (a claim that read its session as
+/// live just before a reclaim deleted it), besides `taken`. Rows other
+/// transactions hold are skipped (the next reclaim finds them). The orphans are
+/// locked first and then re-checked by a second statement, whose fresh snapshot
+/// sees every session committed before the lock was taken: a row that a new
+/// session claimed after the first statement's snapshot is left alone, where a
+/// re-check inside the locking statement would still judge it by the old
+/// snapshot, in which that session did not exist yet.
+async fn orphans(tx: &mut Tx, taken: &[i64]) -> Result<Vec<i64>, StoreError> {
+    let candidates: Vec<i64> = sqlx::query_scalar(
+        "SELECT i.id FROM drover_items i WHERE i.state = 'running' AND i.id <> ALL($1)
+             AND NOT EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session)
+         FOR UPDATE OF i SKIP LOCKED",
+    )
+    .bind(taken)
+    .fetch_all(&mut **tx)
+    .await
+    .db()?;
+    if candidates.is_empty() {
+        return Ok(candidates);
+    }
+    sqlx::query_scalar(
+        "SELECT i.id FROM drover_items i WHERE i.id = ANY($1) AND i.state = 'running'
+             AND NOT EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session)",
+    )
+    .bind(&candidates)
+    .fetch_all(&mut **tx)
+    .await
+    .db()
 }
 
 /// Turns locked running items back into pending ones without counting a failure:

@@ -8,6 +8,7 @@ use crate::store::StoreError;
 use crate::store::admin::admit;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
+use crate::store::text::clean_text;
 use crate::store::types::{EventKind, Item, ProcessActivity};
 
 /// Validates the names, opens the write transaction and applies [`admit`];
@@ -85,6 +86,7 @@ pub(super) async fn park(
     let Some((mut tx, now)) = begin(store, &params.process, &params.key).await? else {
         return Ok(None);
     };
+    let reason = clean_text(&params.reason);
     let row: ItemRow = sqlx::query_as(concat!(
         "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = ?3
          WHERE process = ?1 AND key = ?2 RETURNING ",
@@ -92,12 +94,12 @@ pub(super) async fn park(
     ))
     .bind(&params.process)
     .bind(&params.key)
-    .bind(&params.reason)
+    .bind(&reason)
     .fetch_one(&mut *tx)
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Parked, Some(&params.reason)).await?;
+    log(&mut tx, now, names, EventKind::Parked, Some(&reason)).await?;
     tx.commit().await.db()?;
     row.into_item(now).map(Some)
 }

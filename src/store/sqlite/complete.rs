@@ -13,6 +13,7 @@ use super::rows::{RunningRow, duration_ms, to_ms, to_time};
 use crate::store::StoreError;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
+use crate::store::parts::{Answers, CompleteOnce};
 use crate::store::settle::{NextRow, Settled};
 use crate::store::types::{EventKind, Lease, SessionId};
 use crate::store::wakeup;
@@ -202,4 +203,28 @@ async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> 
     .await
     .db()?;
     Ok(())
+}
+
+/// SQLite's primary result codes for errors a value can cause: a string or
+/// blob too big (`SQLITE_TOOBIG`), a constraint (`SQLITE_CONSTRAINT`, which a
+/// trigger's `RAISE(ABORT, …)` also gives) and a datatype mismatch. Any other
+/// failure (I/O, a full disk, a read-only file) is about the database.
+const DATA_ERRORS: [i64; 3] = [18, 19, 20];
+
+impl CompleteOnce for SqliteStore {
+    async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
+        complete_batch(self, batch).await
+    }
+
+    fn from_data(e: &StoreError) -> bool {
+        let StoreError::Database(e) = e else {
+            return false;
+        };
+        let sqlx::Error::Database(db) = e.get() else {
+            return false;
+        };
+        db.code()
+            .and_then(|c| c.parse::<i64>().ok())
+            .is_some_and(|c| DATA_ERRORS.contains(&(c & 0xff)))
+    }
 }

@@ -1,5 +1,7 @@
 //! Opening a SQLite database: WAL, a busy timeout, the migrations, and one
-//! writer connection.
+//! writer connection. Every connection syncs the WAL at each commit
+//! (`synchronous=FULL`) unless [`StoreOptions::durable`] is off: in WAL mode
+//! `NORMAL` may lose the last acknowledged commits on a power loss.
 
 use std::str::FromStr as _;
 use std::time::Duration;
@@ -66,7 +68,11 @@ impl SqliteStore {
             .create_if_missing(true)
             .page_size(PAGE_SIZE)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(if options.durable {
+                SqliteSynchronous::Full
+            } else {
+                SqliteSynchronous::Normal
+            })
             .busy_timeout(BUSY_TIMEOUT)
             .pragma("cache_size", CACHE_SIZE)
             .pragma("mmap_size", MMAP_SIZE)
@@ -144,4 +150,33 @@ async fn migrate_pool(pool: &SqlitePool, migrating: bool) -> Result<(), StoreErr
             .map_err(|e| migrate::map_error(e, &migrator))?;
     }
     tx.commit().await.map_err(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn synchronous(pool: &SqlitePool) -> i64 {
+        sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(pool)
+            .await
+            .expect("PRAGMA synchronous")
+    }
+
+    #[tokio::test]
+    async fn the_writer_and_the_readers_sync_every_commit_unless_asked_not_to() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("d.db").display());
+        let store = SqliteStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("connect");
+        // 2 = FULL, 1 = NORMAL.
+        assert_eq!(synchronous(&store.writer).await, 2);
+        assert_eq!(synchronous(&store.pool).await, 2);
+        store.close().await;
+        let fast = StoreOptions::default().durable(false);
+        let store = SqliteStore::connect(&url, &fast).await.expect("connect");
+        assert_eq!(synchronous(&store.writer).await, 1);
+        assert_eq!(synchronous(&store.pool).await, 1);
+    }
 }

@@ -7,12 +7,13 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, complete, inspect, items, leases, sessions};
+use super::{admin, inspect, items, leases, sessions};
 use crate::store::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
     SessionClose, SessionHeartbeat, SessionStart,
 };
+use crate::store::parts::complete_in_parts;
 use crate::store::types::{
     EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
     ReclaimReport, Session,
@@ -64,7 +65,8 @@ impl SqliteStore {
 
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
     /// shape) that is true when `lease_lock` would accept the key: the key is not
-    /// leased, not parked and not backing off. `process` and `key` are spliced in
+    /// leased, not parked, not backing off and not delayed (its ready time, from
+    /// a `RequeueAfter` or an enqueue's `after`, has come). `process` and `key` are spliced in
     /// as SQL — pass placeholders or column names, never user input:
     ///
     /// ```text
@@ -76,7 +78,8 @@ impl SqliteStore {
         format!(
             "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
              WHERE drover_i.process = {process} AND drover_i.key = {key} \
-             AND (drover_i.state <> 'pending' OR drover_i.backoff_until > \
+             AND (drover_i.state <> 'pending' \
+             OR MAX(drover_i.ready_at, COALESCE(drover_i.backoff_until, 0)) > \
              CAST(unixepoch('subsec') * 1000 AS INTEGER) + {offset}))",
             offset = self.clock.offset_ms()
         )
@@ -133,14 +136,15 @@ impl StoreEngine for SqliteStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        leases::complete(self, params).await
+        let answers = complete_in_parts(self, &[params]).await?;
+        answers.into_iter().next().unwrap_or(Ok(()))
     }
 
     async fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        complete::complete_batch(self, batch).await
+        complete_in_parts(self, batch).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

@@ -10,8 +10,9 @@ use crate::store::params::{ItemEnqueue, ProcessConfigure};
 use crate::store::types::EnqueueReport;
 
 /// DESIGN.md rule 2 in one statement. A pending key keeps the earlier ready time
-/// (never earlier than its backoff unless `?6` bypasses it) and the higher
-/// priority; a parked key is revived; a running key is marked dirty, remembering
+/// (never earlier than its backoff unless `?6` bypasses it, which also clears
+/// the backoff, so status and `lease_lock` agree the key is ready) and the
+/// higher priority; a parked key is revived; a running key is marked dirty, remembering
 /// the earliest ready time and highest priority asked for.
 const UPSERT: &str = "
 INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
@@ -24,6 +25,7 @@ ON CONFLICT (process, key) DO UPDATE SET
           ELSE MAX(excluded.ready_at, COALESCE(i.backoff_until, excluded.ready_at)) END)
       WHEN 'parked' THEN excluded.ready_at ELSE i.ready_at END,
   enqueued_at = CASE i.state WHEN 'parked' THEN excluded.enqueued_at ELSE i.enqueued_at END,
+  backoff_until = CASE WHEN ?6 AND i.state = 'pending' THEN NULL ELSE i.backoff_until END,
   dirty_since = CASE i.state WHEN 'running'
       THEN COALESCE(i.dirty_since, excluded.enqueued_at) ELSE i.dirty_since END,
   dirty_ready_at = CASE i.state WHEN 'running'

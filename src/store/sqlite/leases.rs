@@ -8,7 +8,7 @@ use super::rows::{RunningRow, to_time};
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
-use crate::store::params::{LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease};
+use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is
@@ -218,14 +218,6 @@ async fn held(tx: &mut Tx, now: i64, lease: &Lease) -> Result<RunningRow, StoreE
     })
 }
 
-pub(super) async fn complete(
-    store: &SqliteStore,
-    params: LeaseComplete<'_>,
-) -> Result<(), StoreError> {
-    let results = super::complete::complete_batch(store, &[params]).await?;
-    results.into_iter().next().unwrap_or(Ok(()))
-}
-
 pub(super) async fn release(
     store: &SqliteStore,
     params: LeaseRelease<'_>,
@@ -246,7 +238,7 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
          VALUES (?1, ?2, 'pending', 0, ?3, ?3)
          ON CONFLICT (process, key) DO UPDATE SET state = i.state
-         WHERE i.state = 'pending' AND COALESCE(i.backoff_until, ?3) <= ?3
+         WHERE i.state = 'pending' AND i.ready_at <= ?3 AND COALESCE(i.backoff_until, ?3) <= ?3
          RETURNING id",
     )
     .bind(&params.process)
@@ -266,8 +258,8 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
 
 /// Why `lease_lock` could not take a key.
 async fn refusal(tx: &mut Tx, now: i64, params: LeaseLock) -> StoreError {
-    let row: Option<(String, Option<i64>)> = match sqlx::query_as(
-        "SELECT state, backoff_until FROM drover_items WHERE process = ?1 AND key = ?2",
+    let row: Option<(String, Option<i64>, i64)> = match sqlx::query_as(
+        "SELECT state, backoff_until, ready_at FROM drover_items WHERE process = ?1 AND key = ?2",
     )
     .bind(&params.process)
     .bind(&params.key)
@@ -279,13 +271,15 @@ async fn refusal(tx: &mut Tx, now: i64, params: LeaseLock) -> StoreError {
     };
     let (process, key) = (params.process, params.key);
     match row {
-        Some((state, _)) if state == "running" => StoreError::AlreadyLeased { process, key },
-        Some((state, _)) if state == "parked" => StoreError::Parked { process, key },
-        Some((_, Some(until))) if until > now => StoreError::InBackoff {
-            process,
-            key,
-            until: to_time(until),
-        },
+        Some((state, ..)) if state == "running" => StoreError::AlreadyLeased { process, key },
+        Some((state, ..)) if state == "parked" => StoreError::Parked { process, key },
+        Some((_, backoff, ready_at)) if backoff.unwrap_or(ready_at).max(ready_at) > now => {
+            StoreError::InBackoff {
+                process,
+                key,
+                until: to_time(backoff.unwrap_or(ready_at).max(ready_at)),
+            }
+        }
         _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
     }
 }

@@ -7,6 +7,7 @@ use super::error::Db as _;
 use super::rows::{duration_ms, to_time};
 use crate::store::StoreError;
 use crate::store::params::SessionStart;
+use crate::store::text::clean_text;
 use crate::store::types::{EventKind, ReclaimReport, Session, SessionId};
 
 pub(super) async fn start(
@@ -19,12 +20,13 @@ pub(super) async fn start(
             "a session's ttl must be at least 1 ms".into(),
         ));
     }
+    let component = clean_text(&params.component).into_owned();
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, i64) = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline)
          VALUES (?1, ?2, ?3, ?3, ?3 + ?2) RETURNING id, deadline",
     )
-    .bind(&params.component)
+    .bind(&component)
     .bind(ttl_ms)
     .bind(now)
     .fetch_one(&mut *tx)
@@ -33,7 +35,7 @@ pub(super) async fn start(
     tx.commit().await.db()?;
     Ok(Session {
         id: SessionId(id),
-        component: params.component,
+        component,
         ttl: params.ttl,
         deadline: to_time(deadline),
     })
@@ -77,26 +79,29 @@ pub(super) async fn close(store: &SqliteStore, session: SessionId) -> Result<u64
     Ok(ids.len() as u64)
 }
 
+/// Reclaims the leases of expired sessions: the same steps as on PostgreSQL,
+/// in one `BEGIN IMMEDIATE` transaction, which no heartbeat can interleave
+/// with. Expiry is decided once, by the `DELETE`; then every running item whose
+/// session row is gone (those sessions' own, and any orphan) is requeued.
 pub(super) async fn reclaim(store: &SqliteStore) -> Result<ReclaimReport, StoreError> {
     let (mut tx, now) = store.write().await?;
+    let expired: Vec<i64> =
+        sqlx::query_scalar("DELETE FROM drover_sessions WHERE deadline <= ?1 RETURNING id")
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await
+            .db()?;
     let ids: Vec<i64> = sqlx::query_scalar(
         "SELECT i.id FROM drover_items i WHERE i.state = 'running' AND NOT EXISTS (
-             SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session AND s.deadline > ?1)",
+             SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session)",
     )
-    .bind(now)
     .fetch_all(&mut *tx)
     .await
     .db()?;
     requeue(&mut tx, now, &ids, EventKind::Expired).await?;
-    let sessions = sqlx::query("DELETE FROM drover_sessions WHERE deadline <= ?1")
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
     tx.commit().await.db()?;
     Ok(ReclaimReport {
-        sessions,
+        sessions: expired.len() as u64,
         leases: ids.len() as u64,
     })
 }

@@ -1,0 +1,722 @@
+//! The store's contract for leases (DESIGN.md rules 1, 4, 5 and 7): claims in
+//! order, completions and their outcomes, backoff, release, lock and the
+//! candidate filter, on every engine via `support::each_engine`.
+//!
+//! No test sleeps: TTLs and backoffs pass by advancing the store's clock offset.
+
+mod support;
+
+use std::time::Duration;
+
+use drover::backoff::Backoff;
+use drover::store::{
+    EventKind, ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
+    MAX_TEXT_BYTES, Outcome, ProcessConfigure, SessionHeartbeat, StoreEngine as _, StoreError,
+};
+use support::each_engine;
+use support::store::{P, claim, complete, configure, enqueue, events, history, item, keys, secs};
+
+#[tokio::test]
+async fn enqueued_key_is_claimed_once_and_gone_after_done() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let leases = claim(&db.store, s.id, 10).await;
+        assert_eq!(keys(&leases), ["a"]);
+        assert_eq!(leases[0].attempt, 1);
+        assert!(
+            claim(&db.store, s.id, 10).await.is_empty(),
+            "held keys are not handed out"
+        );
+        complete(&db.store, &leases[0], Outcome::Done)
+            .await
+            .expect("done");
+        assert_eq!(item(&db.store, "a").await, None);
+        assert!(claim(&db.store, s.id, 10).await.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn claims_follow_priority_then_ready_time_then_fifo() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        let delayed = ItemEnqueue::new(P, ["delayed"]).after(secs(5));
+        db.store.item_enqueue(delayed).await.expect("enqueue");
+        enqueue(&db.store, &["first", "second"]).await;
+        db.store.clock().advance(secs(1));
+        enqueue(&db.store, &["third"]).await;
+        let urgent = ItemEnqueue::new(P, ["urgent"]).priority(10);
+        db.store.item_enqueue(urgent).await.expect("enqueue");
+        let resync = ItemEnqueue::new(P, ["resync"]).priority(-1);
+        db.store.item_enqueue(resync).await.expect("enqueue");
+        let order = keys(&claim(&db.store, s.id, 10).await)
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        assert_eq!(order, ["urgent", "first", "second", "third", "resync"]);
+        db.store.clock().advance(secs(5));
+        assert_eq!(keys(&claim(&db.store, s.id, 10).await), ["delayed"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn small_claims_take_the_highest_priority_first_past_keys_not_yet_ready() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        let waiting = ItemEnqueue::new(P, ["w1", "w2"])
+            .priority(9)
+            .after(secs(60));
+        db.store.item_enqueue(waiting).await.expect("enqueue");
+        for (key, priority) in [("low", -1), ("mid", 0), ("high", 5), ("mid2", 0)] {
+            let e = ItemEnqueue::new(P, [key]).priority(priority);
+            db.store.item_enqueue(e).await.expect("enqueue");
+        }
+        let mut order = Vec::new();
+        for _ in 0..5 {
+            order.extend(claim(&db.store, s.id, 1).await.into_iter().map(|l| l.key));
+        }
+        assert_eq!(order, ["high", "mid", "mid2", "low"]);
+        db.store.clock().advance(secs(60));
+        let s = db.session().await;
+        assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["w1"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn transient_failures_back_off_exponentially_up_to_the_cap() {
+    each_engine(|db| async move {
+        configure(&db.store, 2, 6).await;
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        for (attempt, delay) in [(1, 2), (2, 4), (3, 6), (4, 6)] {
+            let leases = claim(&db.store, s.id, 1).await;
+            assert_eq!(leases.len(), 1, "attempt {attempt} is ready");
+            assert_eq!(leases[0].attempt, attempt);
+            complete(&db.store, &leases[0], Outcome::Transient("boom".into()))
+                .await
+                .expect("fail");
+            let it = item(&db.store, "a").await.expect("item");
+            assert_eq!((it.state, it.failures), (ItemState::Backoff, attempt));
+            db.store
+                .clock()
+                .advance(secs(delay) - Duration::from_millis(100));
+            assert!(claim(&db.store, s.id, 1).await.is_empty(), "backing off");
+            db.store.clock().advance(Duration::from_millis(200));
+            db.store
+                .session_heartbeat(SessionHeartbeat { session: s.id })
+                .await
+                .expect("heartbeat");
+        }
+        let leases = claim(&db.store, s.id, 1).await;
+        complete(&db.store, &leases[0], Outcome::Done)
+            .await
+            .expect("done");
+        assert_eq!(item(&db.store, "a").await, None, "done resets everything");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn backoff_survives_a_reconnect() {
+    each_engine(|db| async move {
+        configure(&db.store, 10, 100).await;
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let leases = claim(&db.store, s.id, 1).await;
+        complete(&db.store, &leases[0], Outcome::Transient("boom".into()))
+            .await
+            .expect("fail");
+        db.store.close().await;
+        let store = db.reconnect().await;
+        let s = store
+            .session_start(drover::store::SessionStart {
+                component: "restarted".into(),
+                ttl: secs(60),
+            })
+            .await
+            .expect("session");
+        assert!(
+            claim(&store, s.id, 1).await.is_empty(),
+            "backoff is durable"
+        );
+        store.clock().advance(secs(10));
+        let leases = claim(&store, s.id, 1).await;
+        assert_eq!((leases.len(), leases[0].attempt), (1, 2));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_jittered_backoff_stays_between_the_delay_and_its_spread() {
+    each_engine(|db| async move {
+        let policy = Backoff::new(secs(10), 2.0, secs(100))
+            .and_then(|b| b.with_jitter(0.5))
+            .expect("valid policy");
+        let configure = ProcessConfigure {
+            process: P.into(),
+            backoff: policy,
+        };
+        db.store
+            .process_configure(configure)
+            .await
+            .expect("configure");
+        let s = db.session().await;
+        for i in 0..10 {
+            let key = format!("k{i}");
+            enqueue(&db.store, &[key.as_str()]).await;
+            let lease = claim(&db.store, s.id, 1).await.remove(0);
+            let before = db.store.clock_now().await.expect("now");
+            complete(&db.store, &lease, Outcome::Transient("x".into()))
+                .await
+                .expect("fail");
+            let after = db.store.clock_now().await.expect("now");
+            let until = item(&db.store, &key).await.expect("item").backoff_until;
+            let until = until.expect("backing off");
+            assert!(
+                until >= before + chrono::Duration::seconds(10),
+                "{until} vs {before}"
+            );
+            assert!(
+                until <= after + chrono::Duration::seconds(15),
+                "{until} vs {after}"
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn requeue_after_resets_failures_and_delays_the_key() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let leases = claim(&db.store, s.id, 1).await;
+        complete(&db.store, &leases[0], Outcome::Transient("x".into()))
+            .await
+            .expect("fail");
+        db.store.clock().advance(secs(1));
+        let leases = claim(&db.store, s.id, 1).await;
+        complete(&db.store, &leases[0], Outcome::RequeueAfter(secs(30)))
+            .await
+            .expect("requeue");
+        let it = item(&db.store, "a").await.expect("item");
+        assert_eq!((it.state, it.failures), (ItemState::Pending, 0));
+        db.store.clock().advance(secs(29));
+        let s = db.session().await;
+        assert!(claim(&db.store, s.id, 1).await.is_empty());
+        db.store.clock().advance(secs(1));
+        assert_eq!(claim(&db.store, s.id, 1).await[0].attempt, 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn permanent_failure_parks_the_key_until_an_enqueue_revives_it() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let leases = claim(&db.store, s.id, 1).await;
+        complete(&db.store, &leases[0], Outcome::Permanent("bad spec".into()))
+            .await
+            .expect("park");
+        let it = item(&db.store, "a").await.expect("item");
+        assert_eq!(it.state, ItemState::Parked);
+        assert_eq!(it.last_error.as_deref(), Some("bad spec"));
+        db.store.clock().advance(secs(3600));
+        let s = db.session().await;
+        assert!(
+            claim(&db.store, s.id, 1).await.is_empty(),
+            "never runs on its own"
+        );
+        enqueue(&db.store, &["a"]).await;
+        assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["a"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_permanent_failure_of_a_dirty_key_runs_it_again_instead_of_parking() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let leases = claim(&db.store, s.id, 1).await;
+        enqueue(&db.store, &["a"]).await;
+        complete(&db.store, &leases[0], Outcome::Permanent("bad".into()))
+            .await
+            .expect("fail");
+        assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["a"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn release_makes_the_key_pending_without_counting_a_failure() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let lease = claim(&db.store, s.id, 1).await.remove(0);
+        db.store
+            .lease_release(LeaseRelease { lease: &lease })
+            .await
+            .expect("release");
+        let again = claim(&db.store, s.id, 1).await;
+        assert_eq!((keys(&again), again[0].attempt), (vec!["a"], 1));
+        assert_eq!(
+            events(&db.store, "a").await[..3],
+            [EventKind::Enqueued, EventKind::Started, EventKind::Canceled]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn lock_takes_a_chosen_key_and_refuses_leased_backing_off_and_parked_keys() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        let lock = |key: &str| LeaseLock {
+            session: s.id,
+            process: P.into(),
+            key: key.into(),
+        };
+        let held = db
+            .store
+            .lease_lock(lock("m1"))
+            .await
+            .expect("lock an unknown key");
+        let err = db.store.lease_lock(lock("m1")).await.expect_err("held");
+        assert!(matches!(err, StoreError::AlreadyLeased { .. }), "{err}");
+        complete(&db.store, &held, Outcome::Transient("x".into()))
+            .await
+            .expect("fail");
+        let err = db.store.lease_lock(lock("m1")).await.expect_err("backoff");
+        assert!(matches!(err, StoreError::InBackoff { .. }), "{err}");
+        db.store.clock().advance(secs(1));
+        let again = db.store.lease_lock(lock("m1")).await.expect("backoff over");
+        assert_eq!(again.attempt, 2);
+        complete(&db.store, &again, Outcome::Permanent("x".into()))
+            .await
+            .expect("park");
+        let err = db.store.lease_lock(lock("m1")).await.expect_err("parked");
+        assert!(matches!(err, StoreError::Parked { .. }), "{err}");
+        enqueue(&db.store, &["m2"]).await;
+        assert_eq!(
+            db.store.lease_lock(lock("m2")).await.expect("pending").key,
+            "m2"
+        );
+        assert!(claim(&db.store, s.id, 5).await.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_candidate_filter_skips_leased_parked_and_backing_off_keys() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        let lock = |key: &str| LeaseLock {
+            session: s.id,
+            process: P.into(),
+            key: key.into(),
+        };
+        db.store.lease_lock(lock("leased")).await.expect("lock");
+        let failing = db.store.lease_lock(lock("backoff")).await.expect("lock");
+        complete(&db.store, &failing, Outcome::Transient("x".into()))
+            .await
+            .expect("fail");
+        let broken = db.store.lease_lock(lock("parked")).await.expect("lock");
+        complete(&db.store, &broken, Outcome::Permanent("x".into()))
+            .await
+            .expect("park");
+        enqueue(&db.store, &["pending"]).await;
+        let param = if db.engine == "postgres" { "$1" } else { "?1" };
+        let filter = db.store.candidate_filter(param, "m.id");
+        let sql = format!(
+            "SELECT m.id FROM (SELECT 'leased' AS id UNION ALL SELECT 'backoff' \
+             UNION ALL SELECT 'parked' UNION ALL SELECT 'pending' UNION ALL SELECT 'new') m \
+             WHERE {filter} ORDER BY m.id"
+        );
+        let free: Vec<String> = if db.engine == "postgres" {
+            let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+            let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(P);
+            q.fetch_all(&pool).await.expect("user query")
+        } else {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+            let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(P);
+            q.fetch_all(&pool).await.expect("user query")
+        };
+        assert_eq!(free, ["new", "pending"]);
+        for key in &free {
+            db.store
+                .lease_lock(lock(key))
+                .await
+                .expect("the filter agrees with lock");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_batch_of_completions_commits_the_held_leases_and_rejects_only_the_lost_one() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a", "b", "c"]).await;
+        let leases = claim(&db.store, s.id, 3).await;
+        let lost = Lease {
+            token: drover::store::FencingToken(leases[1].token.0 + 1000),
+            ..leases[1].clone()
+        };
+        let (done, failed) = (Outcome::Done, Outcome::Transient("x".into()));
+        let batch = [
+            LeaseComplete {
+                lease: &leases[0],
+                outcome: &done,
+            },
+            LeaseComplete {
+                lease: &lost,
+                outcome: &done,
+            },
+            LeaseComplete {
+                lease: &leases[2],
+                outcome: &failed,
+            },
+        ];
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert!(
+            matches!(results[1], Err(StoreError::LeaseLost { .. })),
+            "{results:?}"
+        );
+        assert_eq!(item(&db.store, "a").await, None);
+        assert_eq!(
+            item(&db.store, "b").await.expect("b").state,
+            ItemState::Running
+        );
+        assert_eq!(
+            item(&db.store, "c").await.expect("c").state,
+            ItemState::Backoff
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a", "b", "c", "d"]).await;
+        let first = claim(&db.store, s.id, 4).await;
+        let failed = Outcome::Transient("flaky".into());
+        complete(&db.store, &first[1], failed.clone())
+            .await
+            .expect("b fails once");
+        db.store.clock().advance(secs(2));
+        let retried = claim(&db.store, s.id, 1).await.remove(0);
+        assert_eq!((retried.key.as_str(), retried.attempt), ("b", 2));
+        enqueue(&db.store, &["c"]).await; // c is running: dirty
+        let (done, later) = (Outcome::Done, Outcome::RequeueAfter(secs(60)));
+        let parked = Outcome::Permanent("broken".into());
+        let batch = [
+            LeaseComplete {
+                lease: &first[0],
+                outcome: &done,
+            },
+            LeaseComplete {
+                lease: &retried,
+                outcome: &done,
+            },
+            LeaseComplete {
+                lease: &first[2],
+                outcome: &later,
+            },
+            LeaseComplete {
+                lease: &first[3],
+                outcome: &parked,
+            },
+        ];
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        use EventKind::*;
+        assert_eq!(events(&db.store, "a").await, [Enqueued, Started, Finished]);
+        assert_eq!(
+            events(&db.store, "b").await,
+            [Enqueued, Started, Failed, Started, Finished]
+        );
+        assert_eq!(
+            events(&db.store, "c").await,
+            [Enqueued, Started, Enqueued, Finished]
+        );
+        assert_eq!(
+            events(&db.store, "d").await,
+            [Enqueued, Started, Failed, Parked]
+        );
+        for (key, attempt) in [("a", 1), ("b", 2), ("c", 1), ("d", 1)] {
+            let event = history(&db.store, key, 1).await.remove(0);
+            assert_eq!(
+                (event.session, event.attempt),
+                (Some(s.id), Some(attempt)),
+                "{key}: {event:?}"
+            );
+        }
+        let b = history(&db.store, "b", 1).await.remove(0);
+        assert_eq!((b.error, b.transient), (None, None));
+        let d = history(&db.store, "d", 2).await;
+        assert_eq!(d[1].error.as_deref(), Some("broken"));
+        assert_eq!(d[1].transient, Some(false));
+    })
+    .await;
+}
+
+/// Claims `keys` (enqueued first) for a fresh session, in key order.
+async fn claimed(db: &support::TestDb, keys: &[&str]) -> Vec<Lease> {
+    let s = db.session().await;
+    enqueue(&db.store, keys).await;
+    let mut leases = claim(&db.store, s.id, 100).await;
+    leases.sort_by(|a, b| a.key.cmp(&b.key));
+    leases
+}
+
+#[tokio::test]
+async fn error_text_with_nul_bytes_or_a_megabyte_is_stored_cleaned_with_the_rest_of_its_batch() {
+    each_engine(|db| async move {
+        let leases = claimed(&db, &["a", "b", "c"]).await;
+        let nul = Outcome::Transient("exit 1: \0boom\0".into());
+        let huge = Outcome::Permanent(format!("{}é", "x".repeat(1 << 20)));
+        let outcomes = [&Outcome::Done, &nul, &huge];
+        let batch: Vec<_> = leases
+            .iter()
+            .zip(outcomes)
+            .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+            .collect();
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(item(&db.store, "a").await, None);
+        let b = item(&db.store, "b").await.expect("b");
+        assert_eq!(b.state, ItemState::Backoff);
+        assert_eq!(
+            b.last_error.as_deref(),
+            Some("exit 1: \u{FFFD}boom\u{FFFD}")
+        );
+        let c = item(&db.store, "c").await.expect("c");
+        assert_eq!(c.state, ItemState::Parked);
+        let error = c.last_error.expect("c's error");
+        assert!(error.len() <= MAX_TEXT_BYTES, "{}", error.len());
+        assert!(error.starts_with("xxxx") && error.ends_with(" bytes cut]"));
+        let logged = history(&db.store, "c", 2).await;
+        assert_eq!(logged[1].error.as_deref(), Some(error.as_str()));
+        let park = ItemPark {
+            process: P.into(),
+            key: "b".into(),
+            reason: "by\0hand".into(),
+        };
+        let parked = db.store.item_park(park).await.expect("park").expect("b");
+        assert_eq!(parked.last_error.as_deref(), Some("by\u{FFFD}hand"));
+    })
+    .await;
+}
+
+/// Refuses, in the database itself, any history row whose error is `poison`:
+/// an outcome that no cleaning makes storable.
+async fn refuse_poison(db: &support::TestDb) {
+    db.execute(if db.engine == "postgres" {
+        "ALTER TABLE drover_history ADD CONSTRAINT drover_test_poison
+             CHECK (error IS DISTINCT FROM 'poison')"
+    } else {
+        "CREATE TRIGGER drover_test_poison BEFORE INSERT ON drover_history
+             WHEN NEW.error = 'poison' BEGIN SELECT RAISE(ABORT, 'poison refused'); END"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_outcome_the_database_refuses_fails_neither_its_batch_nor_its_key() {
+    each_engine(|db| async move {
+        refuse_poison(&db).await;
+        let keys = ["a", "b", "c", "d", "e"];
+        let leases = claimed(&db, &keys).await;
+        let (poison, bad) = (
+            Outcome::Transient("poison".into()),
+            Outcome::Permanent("bad".into()),
+        );
+        let outcomes = [&Outcome::Done, &bad, &poison, &Outcome::Done, &bad];
+        let batch: Vec<_> = leases
+            .iter()
+            .zip(outcomes)
+            .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+            .collect();
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        for key in ["a", "d"] {
+            assert_eq!(item(&db.store, key).await, None, "{key} landed");
+        }
+        for key in ["b", "e"] {
+            let it = item(&db.store, key).await.expect(key);
+            assert_eq!(it.state, ItemState::Parked, "{key} landed");
+        }
+        let c = item(&db.store, "c").await.expect("c");
+        assert_eq!(
+            (c.state, c.failures),
+            (ItemState::Backoff, 1),
+            "as its outcome says"
+        );
+        let note = c.last_error.expect("a note instead of the error");
+        assert!(note.starts_with("[drover could not store"), "{note}");
+        let alone = claimed(&db, &["f"]).await.remove(0);
+        complete(&db.store, &alone, Outcome::Permanent("poison".into()))
+            .await
+            .expect("alone too");
+        assert_eq!(
+            item(&db.store, "f").await.expect("f").state,
+            ItemState::Parked
+        );
+    })
+    .await;
+}
+
+/// The keys among `candidates` that `db.store.candidate_filter` lets through.
+async fn unfiltered(db: &support::TestDb, candidates: &[&str]) -> Vec<String> {
+    let param = if db.engine == "postgres" { "$1" } else { "?1" };
+    let filter = db.store.candidate_filter(param, "m.id");
+    let rows = candidates
+        .iter()
+        .map(|k| format!("SELECT '{k}' AS id"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let sql = format!("SELECT m.id FROM ({rows}) m WHERE {filter} ORDER BY m.id");
+    if db.engine == "postgres" {
+        let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(P);
+        q.fetch_all(&pool).await.expect("user query")
+    } else {
+        let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(P);
+        q.fetch_all(&pool).await.expect("user query")
+    }
+}
+
+#[tokio::test]
+async fn lock_and_the_candidate_filter_wait_for_a_delayed_key_to_be_ready() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        let lock = |key: &str| LeaseLock {
+            session: s.id,
+            process: P.into(),
+            key: key.into(),
+        };
+        let later = ItemEnqueue::new(P, ["delayed"]).after(secs(60));
+        db.store.item_enqueue(later).await.expect("enqueue");
+        let again = db.store.lease_lock(lock("requeued")).await.expect("lock");
+        complete(&db.store, &again, Outcome::RequeueAfter(secs(30)))
+            .await
+            .expect("requeue after");
+        let candidates = ["delayed", "requeued", "new"];
+        assert_eq!(unfiltered(&db, &candidates).await, ["new"]);
+        for key in ["delayed", "requeued"] {
+            let err = db.store.lease_lock(lock(key)).await.expect_err("not ready");
+            assert!(matches!(err, StoreError::InBackoff { .. }), "{key}: {err}");
+        }
+        db.store.clock().advance(secs(30));
+        assert_eq!(unfiltered(&db, &candidates).await, ["new", "requeued"]);
+        db.store.clock().advance(secs(30));
+        let s2 = db.session().await;
+        let lock = |key: &str| LeaseLock {
+            session: s2.id,
+            process: P.into(),
+            key: key.into(),
+        };
+        assert_eq!(
+            unfiltered(&db, &candidates).await,
+            ["delayed", "new", "requeued"]
+        );
+        for key in candidates {
+            db.store.lease_lock(lock(key)).await.expect("ready now");
+        }
+    })
+    .await;
+}
+
+/// The id of `key`'s item row.
+async fn item_id(db: &support::TestDb, key: &str) -> i64 {
+    let sql = if db.engine == "postgres" {
+        "SELECT id FROM drover_items WHERE key = $1"
+    } else {
+        "SELECT id FROM drover_items WHERE key = ?1"
+    };
+    if db.engine == "postgres" {
+        let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sql).bind(key);
+        q.fetch_one(&pool).await.expect("id")
+    } else {
+        let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+        let q = sqlx::query_scalar(sql).bind(key);
+        q.fetch_one(&pool).await.expect("id")
+    }
+}
+
+/// A completion, an enqueue and a heartbeat that each wait for a lock a test
+/// transaction holds store times measured from after the wait: the clock is
+/// read when they write (on PostgreSQL `clock_timestamp()` after the locking
+/// statement, not `now()`, the transaction's start). `released` is read after
+/// the operation is seen waiting and before the lock is let go.
+#[tokio::test]
+async fn writes_that_waited_for_a_lock_measure_their_times_from_after_the_wait() {
+    use support::locks::Blocker;
+    const ROW: &str = "SELECT 1 FROM drover_items WHERE id = $1 FOR UPDATE";
+    const SESSION: &str = "SELECT 1 FROM drover_sessions WHERE id = $1 FOR UPDATE";
+    each_engine(|db| async move {
+        let leases = claimed(&db, &["done", "parked"]).await;
+        complete(&db.store, &leases[1], Outcome::Permanent("x".into()))
+            .await
+            .expect("park");
+        let blocker = Blocker::hold(&db, ROW, item_id(&db, "done").await).await;
+        let (store, lease) = (db.store.clone(), leases[0].clone());
+        let waiter =
+            tokio::spawn(
+                async move { complete(&store, &lease, Outcome::RequeueAfter(secs(30))).await },
+            );
+        blocker.wait_for_a_waiter().await;
+        let released = db.store.clock_now().await.expect("now");
+        blocker.release().await;
+        waiter.await.expect("joined").expect("requeue after");
+        let ready_at = item(&db.store, "done").await.expect("item").ready_at;
+        assert!(
+            ready_at >= released + chrono::Duration::seconds(30),
+            "completion"
+        );
+
+        let blocker = Blocker::hold(&db, ROW, item_id(&db, "parked").await).await;
+        let store = db.store.clone();
+        let waiter = tokio::spawn(async move {
+            store
+                .item_enqueue(ItemEnqueue::new(P, ["parked"]).after(secs(30)))
+                .await
+        });
+        blocker.wait_for_a_waiter().await;
+        let released = db.store.clock_now().await.expect("now");
+        blocker.release().await;
+        waiter.await.expect("joined").expect("enqueue");
+        let ready_at = item(&db.store, "parked").await.expect("item").ready_at;
+        assert!(
+            ready_at >= released + chrono::Duration::seconds(30),
+            "enqueue"
+        );
+
+        let session = leases[0].session;
+        let blocker = Blocker::hold(&db, SESSION, session.0).await;
+        let store = db.store.clone();
+        let waiter =
+            tokio::spawn(
+                async move { store.session_heartbeat(SessionHeartbeat { session }).await },
+            );
+        blocker.wait_for_a_waiter().await;
+        let released = db.store.clock_now().await.expect("now");
+        blocker.release().await;
+        let deadline = waiter.await.expect("joined").expect("heartbeat");
+        assert!(
+            deadline >= released + chrono::Duration::seconds(30),
+            "heartbeat"
+        );
+    })
+    .await;
+}

@@ -1,0 +1,110 @@
+//! Forcing an interleaving on PostgreSQL: a test transaction holds a lock, the
+//! operations under test queue behind it in a known order, then it commits.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Postgres, Transaction};
+
+/// A test transaction that holds row locks, and its backend's pid.
+#[derive(Debug)]
+pub(crate) struct Holder {
+    /// The open transaction; commit or drop it to let the waiters go.
+    pub(crate) tx: Transaction<'static, Postgres>,
+    pid: i32,
+}
+
+impl Holder {
+    /// Opens a transaction on `pool` and runs `lock` (a `SELECT … FOR UPDATE`)
+    /// in it with `id` bound as `$1`.
+    pub(crate) async fn lock(pool: &PgPool, lock: &'static str, id: i64) -> Self {
+        let mut tx = pool.begin().await.expect("begin the holder");
+        let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("the holder's pid");
+        sqlx::query(lock)
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .expect("the holder takes its lock");
+        Self { tx, pid }
+    }
+
+    /// Returns once `n` backends wait, directly or behind another waiter, for
+    /// this holder's locks. Polls `pg_blocking_pids`: PostgreSQL offers no
+    /// notification for "a backend started waiting".
+    pub(crate) async fn wait_for_waiters(&self, pool: &PgPool, n: i64) {
+        const WAITERS: &str = "
+            WITH RECURSIVE w(pid) AS (
+              SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))
+              UNION
+              SELECT a.pid FROM pg_stat_activity a JOIN w ON w.pid = ANY(pg_blocking_pids(a.pid)))
+            SELECT count(*) FROM w";
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let waiting: i64 = sqlx::query_scalar(WAITERS)
+                    .bind(self.pid)
+                    .fetch_one(pool)
+                    .await
+                    .expect("pg_blocking_pids");
+                if waiting >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{n} waiters never queued behind the holder"));
+    }
+
+    /// Commits, letting the waiters go in the order they queued.
+    pub(crate) async fn release(self) {
+        self.tx.commit().await.expect("the holder commits");
+    }
+}
+
+/// A lock that makes a store operation wait, on either engine: on PostgreSQL a
+/// [`Holder`] of one row, on SQLite the write lock (`BEGIN IMMEDIATE` on a
+/// connection of the test's own), which every writer waits for.
+#[derive(Debug)]
+pub(crate) enum Blocker {
+    /// A held row and the pool to watch its waiters from.
+    Postgres(Holder, PgPool),
+    /// A held write lock.
+    Sqlite(Transaction<'static, sqlx::Sqlite>),
+}
+
+impl Blocker {
+    /// Takes the lock: on PostgreSQL `pg_lock` with `id` bound as `$1`.
+    pub(crate) async fn hold(db: &super::TestDb, pg_lock: &'static str, id: i64) -> Self {
+        if db.engine == "postgres" {
+            let pool = db.store.postgres_pool().expect("postgres").clone();
+            Self::Postgres(Holder::lock(&pool, pg_lock, id).await, pool)
+        } else {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+            let tx = pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .expect("write lock");
+            Self::Sqlite(tx)
+        }
+    }
+
+    /// Returns once an operation waits for the lock. SQLite tells no one who
+    /// waits for its lock; there this only yields, and what the tests check
+    /// holds whenever the waiter started.
+    pub(crate) async fn wait_for_a_waiter(&self) {
+        match self {
+            Self::Postgres(holder, pool) => holder.wait_for_waiters(pool, 1).await,
+            Self::Sqlite(_) => tokio::task::yield_now().await,
+        }
+    }
+
+    /// Lets the waiter go.
+    pub(crate) async fn release(self) {
+        match self {
+            Self::Postgres(holder, _) => holder.release().await,
+            Self::Sqlite(tx) => tx.commit().await.expect("release the write lock"),
+        }
+    }
+}

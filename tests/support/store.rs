@@ -1,0 +1,111 @@
+//! Helpers for the store's contract suite (`tests/store_*.rs`): one process, `P`,
+//! and short forms of the operations the tests repeat.
+
+use std::time::Duration;
+
+use drover::backoff::Backoff;
+use drover::store::{
+    EventKind, HistoryEvent, HistoryList, Item, ItemEnqueue, ItemGet, Lease, LeaseClaim,
+    LeaseComplete, Outcome, ProcessConfigure, SessionId, Store, StoreEngine as _, StoreError,
+};
+
+/// The process every contract test works on.
+pub(crate) const P: &str = "provision";
+
+/// `s` seconds.
+pub(crate) fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// Enqueues `keys` to [`P`] with default options.
+pub(crate) async fn enqueue(store: &Store, keys: &[&str]) {
+    store
+        .item_enqueue(ItemEnqueue::new(P, keys.iter().copied()))
+        .await
+        .expect("enqueue");
+}
+
+/// Claims up to `max` keys of [`P`] for `session`.
+pub(crate) async fn claim(store: &Store, session: SessionId, max: u32) -> Vec<Lease> {
+    store
+        .lease_claim(LeaseClaim {
+            session,
+            process: P.into(),
+            max,
+        })
+        .await
+        .expect("claim")
+}
+
+/// The leases' keys, in order.
+pub(crate) fn keys(leases: &[Lease]) -> Vec<&str> {
+    leases.iter().map(|l| l.key.as_str()).collect()
+}
+
+/// Completes one lease.
+pub(crate) async fn complete(
+    store: &Store,
+    lease: &Lease,
+    outcome: Outcome,
+) -> Result<(), StoreError> {
+    store
+        .lease_complete(LeaseComplete {
+            lease,
+            outcome: &outcome,
+        })
+        .await
+}
+
+/// The item of `key` in [`P`], if any.
+pub(crate) async fn item(store: &Store, key: &str) -> Option<Item> {
+    store
+        .item_get(ItemGet {
+            process: P.into(),
+            key: key.into(),
+            history_limit: 0,
+        })
+        .await
+        .expect("item_get")
+        .map(|d| d.item)
+}
+
+/// The newest `limit` events of `key`, newest first.
+pub(crate) async fn history(store: &Store, key: &str, limit: u32) -> Vec<HistoryEvent> {
+    store
+        .history_list(HistoryList {
+            process: Some(P.into()),
+            key: Some(key.into()),
+            before_id: None,
+            limit,
+        })
+        .await
+        .expect("history")
+}
+
+/// Every event kind of `key`, oldest first.
+pub(crate) async fn events(store: &Store, key: &str) -> Vec<EventKind> {
+    let mut events: Vec<_> = history(store, key, 100)
+        .await
+        .into_iter()
+        .map(|e| e.event)
+        .collect();
+    events.reverse();
+    events
+}
+
+/// Sets [`P`]'s backoff: `initial` seconds, ×2, at most `max` seconds.
+pub(crate) async fn configure(store: &Store, initial: u64, max: u64) {
+    store
+        .process_configure(ProcessConfigure {
+            process: P.into(),
+            backoff: Backoff::new(secs(initial), 2.0, secs(max)).expect("valid backoff"),
+        })
+        .await
+        .expect("configure");
+}
+
+/// `n` keys `{prefix}0000`, `{prefix}0001`, …: enough of them push a batch
+/// onto an engine's bulk path (PostgreSQL's `COPY`, from 1,000 keys).
+pub(crate) fn filler(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i:04}")).collect()
+}
