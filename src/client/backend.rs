@@ -214,11 +214,7 @@ fn session_failure(failure: Failure, session: SessionId) -> StoreError {
 /// A refused lease call: `lease_lost` / `session_expired` as the store says them.
 fn lease_failure(failure: Failure, lease: &Lease) -> StoreError {
     match failure {
-        Failure::Conflict(code) if code == "lease_lost" => StoreError::LeaseLost {
-            process: lease.process.clone(),
-            key: lease.key.clone(),
-            token: lease.token,
-        },
+        Failure::Conflict(code) if code == "lease_lost" => StoreError::lease_lost(lease),
         Failure::Conflict(code) if code == "session_expired" => StoreError::SessionExpired {
             session: lease.session,
         },

@@ -125,11 +125,7 @@ pub(crate) fn settle_batch<'a>(
             None if expired.contains(&lease.session) => Err(StoreError::SessionExpired {
                 session: lease.session,
             }),
-            None => Err(StoreError::LeaseLost {
-                process: lease.process.clone(),
-                key: lease.key.clone(),
-                token: lease.token,
-            }),
+            None => Err(StoreError::lease_lost(lease)),
         };
         settling.results.push(result);
     }

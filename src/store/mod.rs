@@ -71,6 +71,7 @@ mod options;
 mod params;
 mod parts;
 mod postgres;
+mod refusal;
 mod settle;
 mod sqlite;
 mod text;

@@ -11,6 +11,7 @@ use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
+use crate::store::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// The whole claim in one statement: check the session, walk the process's
@@ -154,11 +155,7 @@ async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<RunningR
     .fetch_optional(&mut **tx)
     .await
     .db()?;
-    row.ok_or_else(|| StoreError::LeaseLost {
-        process: lease.process.clone(),
-        key: lease.key.clone(),
-        token: lease.token,
-    })
+    row.ok_or_else(|| StoreError::lease_lost(lease))
 }
 
 pub(super) async fn release(
@@ -257,17 +254,12 @@ async fn refusal(tx: &mut Tx, now: DateTime<Utc>, params: &LeaseLock) -> StoreEr
         Ok(row) => row,
         Err(e) => return map(e),
     };
-    let (process, key) = (params.process.clone(), params.key.clone());
-    match row {
-        Some((state, ..)) if state == "running" => StoreError::AlreadyLeased { process, key },
-        Some((state, ..)) if state == "parked" => StoreError::Parked { process, key },
-        Some((_, backoff, ready_at)) if backoff.unwrap_or(ready_at).max(ready_at) > now => {
-            StoreError::InBackoff {
-                process,
-                key,
-                until: backoff.unwrap_or(ready_at).max(ready_at),
-            }
-        }
-        _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
-    }
+    let row = row
+        .as_ref()
+        .map(|(state, backoff_until, ready_at)| Unlockable {
+            state,
+            backoff_until: *backoff_until,
+            ready_at: *ready_at,
+        });
+    lock_refusal(params.process.clone(), params.key.clone(), row, now)
 }

@@ -9,6 +9,7 @@ use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
+use crate::store::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is
@@ -211,11 +212,7 @@ async fn held(tx: &mut Tx, now: i64, lease: &Lease) -> Result<RunningRow, StoreE
     .fetch_optional(&mut **tx)
     .await
     .db()?;
-    row.ok_or_else(|| StoreError::LeaseLost {
-        process: lease.process.clone(),
-        key: lease.key.clone(),
-        token: lease.token,
-    })
+    row.ok_or_else(|| StoreError::lease_lost(lease))
 }
 
 pub(super) async fn release(
@@ -269,17 +266,12 @@ async fn refusal(tx: &mut Tx, now: i64, params: LeaseLock) -> StoreError {
         Ok(row) => row,
         Err(e) => return super::error::map(e),
     };
-    let (process, key) = (params.process, params.key);
-    match row {
-        Some((state, ..)) if state == "running" => StoreError::AlreadyLeased { process, key },
-        Some((state, ..)) if state == "parked" => StoreError::Parked { process, key },
-        Some((_, backoff, ready_at)) if backoff.unwrap_or(ready_at).max(ready_at) > now => {
-            StoreError::InBackoff {
-                process,
-                key,
-                until: to_time(backoff.unwrap_or(ready_at).max(ready_at)),
-            }
-        }
-        _ => StoreError::Busy(sqlx::Error::RowNotFound.into()),
-    }
+    let row = row
+        .as_ref()
+        .map(|(state, backoff_until, ready_at)| Unlockable {
+            state,
+            backoff_until: backoff_until.map(to_time),
+            ready_at: to_time(*ready_at),
+        });
+    lock_refusal(params.process, params.key, row, to_time(now))
 }
