@@ -739,3 +739,32 @@ async fn a_controller_reports_its_outcomes_and_sessions_as_metrics() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parallelism_beyond_one_claims_answer_drains_every_key_once() {
+    each_backend(|db| async move {
+        // 2,000 slots: over HTTP more than one claim answer holds (1,000).
+        let keys: Vec<String> = (0..5000).map(|i| format!("k{i:04}")).collect();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        // A long TTL: this is about paging claims, and a loaded machine must
+        // not lose the session (and re-run keys) meanwhile.
+        let running = Running::start(
+            controller(&db.worker, reporting(tx, |_| Ok(Action::Done)))
+                .parallelism(2000)
+                .ttl(Duration::from_secs(60)),
+        );
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys.iter().map(String::as_str)))
+            .await
+            .unwrap();
+        let mut seen = Vec::with_capacity(keys.len());
+        for _ in 0..keys.len() {
+            seen.push(recv(&mut rx).await.0);
+        }
+        running.stop().await;
+        assert!(rx.try_recv().is_err(), "no key ran twice");
+        seen.sort();
+        assert_eq!(seen, keys);
+    })
+    .await;
+}

@@ -174,7 +174,9 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
     }
 
     /// How often an idle controller looks for work without a wake-up (delayed and
-    /// backing-off keys become ready without one). Default 1 s.
+    /// backing-off keys become ready without one). Default 1 s. Over HTTP an
+    /// idle controller long-polls instead, for this long but at least 20 s (the
+    /// server wakes the claim on enqueues and watches for delayed keys).
     pub fn idle_poll(mut self, every: Duration) -> Self {
         self.settings.idle_poll = every;
         self

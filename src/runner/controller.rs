@@ -74,6 +74,12 @@ impl<R, B> std::fmt::Debug for Controller<R, B> {
     }
 }
 
+/// The shortest wait of an idle controller's long-polling claim, on a backend
+/// that waits for work itself (a server): the server wakes the claim on
+/// enqueues and polls the database for delayed keys, so a longer wait only
+/// saves requests.
+const LONG_POLL: Duration = Duration::from_secs(20);
+
 /// Why a controller could not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -253,9 +259,10 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             let woken = wake.map(Notify::notified);
             let asked = permits.len() + prefetch - ready.len();
             // Without a subscription, the backend waits for work itself
-            // (a long-poll) once a claim found less than it asked for.
+            // (a long-poll) once a claim found less than it asked for; the
+            // server watches the database meanwhile, so the wait can be long.
             let wait = if wake.is_none() && idle {
-                self.settings.idle_poll
+                self.settings.idle_poll.max(LONG_POLL)
             } else {
                 Duration::ZERO
             };
