@@ -9,11 +9,13 @@ use std::sync::OnceLock;
 use prometheus_client::registry::Registry;
 
 use crate::queue::QueueMetrics;
+#[cfg(feature = "_store")]
 use crate::runner::RunnerFamilies;
 
 struct Global {
     registry: Registry,
     queue: QueueMetrics,
+    #[cfg(feature = "_store")]
     runner: RunnerFamilies,
 }
 
@@ -22,11 +24,11 @@ fn global() -> &'static Global {
     GLOBAL.get_or_init(|| {
         let mut registry = Registry::default();
         let queue = QueueMetrics::new(&mut registry);
-        let runner = RunnerFamilies::new(&mut registry);
         Global {
-            registry,
+            #[cfg(feature = "_store")]
+            runner: RunnerFamilies::new(&mut registry),
             queue,
-            runner,
+            registry,
         }
     })
 }
@@ -51,6 +53,7 @@ pub(crate) fn queue() -> &'static QueueMetrics {
     &global().queue
 }
 
+#[cfg(feature = "_store")]
 pub(crate) fn runner() -> &'static RunnerFamilies {
     &global().runner
 }

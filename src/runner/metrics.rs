@@ -52,6 +52,7 @@ impl RunnerFamilies {
 
     /// Counts one run of `process` that ended with `outcome`, wherever it ran
     /// (a controller here, or a worker reporting over HTTP).
+    #[cfg(feature = "server")] // called by the server only
     pub(crate) fn count_outcome(&self, process: &str, outcome: &str) {
         let labels = [
             ("process", process.to_owned()),

@@ -17,7 +17,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::Mutex;
 
-use crate::store::{ProcessCounts, Store};
+use crate::store::{PoolStats, ProcessCounts, Store};
 
 type RequestLabels = [(&'static str, String); 3];
 type TwoLabels = [(&'static str, String); 2];
@@ -152,16 +152,9 @@ impl ServerMetrics {
     }
 
     fn refresh_pool(&self, store: &Store) {
-        let (size, idle, max) = if let Some(pool) = store.postgres_pool() {
-            let max = pool.options().get_max_connections();
-            (pool.size(), pool.num_idle(), max)
-        } else if let Some(pool) = store.sqlite_pool() {
-            let max = pool.options().get_max_connections();
-            (pool.size(), pool.num_idle(), max)
-        } else {
-            return;
-        };
-        let idle = u32::try_from(idle).unwrap_or(u32::MAX);
+        let PoolStats {
+            size, idle, max, ..
+        } = store.pool_stats();
         let in_use = size.saturating_sub(idle);
         for (state, n) in [("idle", idle), ("in_use", in_use)] {
             self.pool
