@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use super::PostgresStore;
 #[cfg(feature = "sqlite")]
 use super::SqliteStore;
+use super::error::ENGINE_URLS;
 use super::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
@@ -73,7 +74,7 @@ impl Store {
         let Some((scheme, _)) = url.split_once(':') else {
             return Err(StoreError::InvalidUrl {
                 url: url.to_owned(),
-                reason: "expected sqlite://PATH, sqlite::memory: or postgres://…".into(),
+                reason: format!("expected {ENGINE_URLS}"),
             });
         };
         let engine = match scheme {

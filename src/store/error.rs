@@ -23,10 +23,9 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The URL names an engine drover does not have.
-    #[error(
-        "unsupported database scheme {scheme:?}: use sqlite://PATH, sqlite::memory: or postgres://…"
-    )]
+    /// The URL names an engine drover does not have, or one this build left
+    /// out (the `sqlite` and `postgres` features).
+    #[error("unsupported database scheme {scheme:?}: use {ENGINE_URLS}")]
     UnsupportedScheme {
         /// The scheme found in the URL.
         scheme: String,
@@ -175,6 +174,14 @@ pub enum StoreError {
     #[error("drover server: {0}")]
     Remote(RemoteError),
 }
+
+/// The database URLs this build accepts, for error messages.
+pub(crate) const ENGINE_URLS: &str = match (cfg!(feature = "sqlite"), cfg!(feature = "postgres")) {
+    (true, true) => "sqlite://PATH, sqlite::memory: or postgres://…",
+    (true, false) => "sqlite://PATH or sqlite::memory: (this drover is built without `postgres`)",
+    (false, true) => "postgres://… (this drover is built without `sqlite`)",
+    (false, false) => "a drover server's client (this drover is built without any database engine)",
+};
 
 /// A failed call to a drover server, in the terms a worker acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
