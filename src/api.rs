@@ -8,12 +8,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
-use crate::backoff::MAX_DELAY;
-use crate::store::{
-    HistoryEvent, Item, ItemDetail, ItemState, Lease, Outcome, ProcessCounts, Session,
-};
+use crate::store::{HistoryEvent, Item, ItemDetail, ItemState, Lease, Outcome, Session};
 
 /// The longest session TTL the API accepts: one day.
 pub const MAX_TTL_MS: u64 = 86_400_000;
@@ -26,6 +23,7 @@ pub const MAX_COMPLETE_BATCH: usize = 4096;
 pub const MAX_PAGE: u32 = 1000;
 
 /// Milliseconds as a duration.
+#[cfg(feature = "server")] // read by the server only
 pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -35,8 +33,9 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// `MAX_DELAY` in milliseconds, for validation messages.
+#[cfg(feature = "server")] // read by the server only
 pub(crate) fn max_delay_ms() -> u64 {
-    millis(MAX_DELAY)
+    millis(crate::backoff::MAX_DELAY)
 }
 
 /// The JSON body of every error response.
@@ -106,7 +105,8 @@ pub struct ProcessSummary {
 
 impl ProcessSummary {
     /// Joins counts with the recent activity.
-    pub(crate) fn new(c: ProcessCounts, finished: u64, failed: u64) -> Self {
+    #[cfg(feature = "server")] // read by the server only
+    pub(crate) fn new(c: crate::store::ProcessCounts, finished: u64, failed: u64) -> Self {
         Self {
             oldest_pending_age_ms: c.oldest_pending_age.map(millis),
             process: c.process,
@@ -164,7 +164,8 @@ impl From<StateName> for ItemState {
 }
 
 /// Query of `GET /v1/processes/{process}/items`.
-#[derive(Debug, Deserialize, IntoParams)]
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct ItemListQuery {
     /// Only items in this state.
@@ -177,7 +178,8 @@ pub(crate) struct ItemListQuery {
 }
 
 /// Query of `GET /v1/processes/{process}/items/{key}`.
-#[derive(Debug, Deserialize, IntoParams)]
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct ItemGetQuery {
     /// At most this many history events, newest first (0–1000, default 50).
@@ -472,6 +474,7 @@ impl From<LeaseBody> for Lease {
 impl LeaseRef {
     /// The store's lease; the described-only fields are filled with neutral
     /// values the store does not check.
+    #[cfg(feature = "server")] // read by the server only
     pub(crate) fn to_lease(&self) -> Lease {
         Lease {
             session: crate::store::SessionId(self.session),
@@ -529,6 +532,7 @@ impl From<&Outcome> for OutcomeBody {
 
 impl OutcomeBody {
     /// The store's outcome.
+    #[cfg(feature = "server")] // read by the server only
     pub(crate) fn to_outcome(&self) -> Outcome {
         match self {
             Self::Done => Outcome::Done,

@@ -12,9 +12,32 @@
 //! - [`runner`]: the control loop users program against: a [`runner::Controller`]
 //!   running a [`runner::Reconciler`] over a store's keys.
 //! - [`metrics`]: the process-wide Prometheus registry.
+//! - [`client`](mod@client): the runner's backend over a drover server's HTTP API,
+//!   and [`api`], the wire types it shares with the server.
 //! - [`server`]: `drover serve` — the HTTP/JSON API (OpenAPI), `/metrics` and the
 //!   dashboard, so producers and workers in any language can use drover.
 //! - [`bench`](mod@bench): the workloads behind `drover bench` and `cargo bench`.
+//!
+//! # Cargo features
+//!
+//! Each layer that pulls heavy dependencies is a feature; all are on by
+//! default, so `cargo run --release -- serve` and `cargo test` need none named.
+//! With `default-features = false`, [`queue`], [`backoff`] and [`metrics`] build
+//! alone, on tokio and prometheus-client, with no database, HTTP or terminal
+//! crate.
+//!
+//! | feature | adds | implies |
+//! | --- | --- | --- |
+//! | `sqlite` | [`store`] and [`runner`] with the embedded engine ([`store::SqliteStore`]) | sqlx (SQLite) |
+//! | `postgres` | [`store`] and [`runner`] with the fleet engine ([`store::PostgresStore`]) | sqlx (PostgreSQL) |
+//! | `client` | [`client`](mod@client): the runner's backend over a drover server, and the wire types in [`api`] | reqwest; no engine |
+//! | `server` | [`server`]: `drover serve`'s API, `/metrics` and dashboard, and [`api`] | axum, maud; needs `sqlite` or `postgres` as well |
+//! | `bench` | [`bench`](mod@bench): the workloads behind `drover bench` and `cargo bench` | `sqlite`, `postgres`, `client` |
+//! | `cli` | the `drover` binary | every feature above |
+//!
+//! A `client`-only build has [`Store`] and the whole [`runner`], so a worker far
+//! from the database compiles no SQL driver; there [`Store::connect`] refuses
+//! every URL and controllers run on a [`client::Client`].
 //!
 //! # Example: a control loop on an embedded database
 //!
@@ -51,16 +74,27 @@
 //! ```
 #![forbid(unsafe_code)]
 
+#[cfg(all(feature = "server", not(any(feature = "sqlite", feature = "postgres"))))]
+compile_error!("the `server` feature serves a database: enable `sqlite` or `postgres` too");
+
+#[cfg(feature = "_api")]
 pub mod api;
 pub mod backoff;
+#[cfg(feature = "bench")]
 pub mod bench;
+#[cfg(feature = "client")]
 pub mod client;
 pub mod metrics;
 pub mod queue;
+#[cfg(feature = "_store")]
 pub mod runner;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "_store")]
 pub mod store;
 
 pub use queue::Queue;
+#[cfg(feature = "_store")]
 pub use runner::{Action, Controller, Reconciler, Task};
+#[cfg(feature = "_store")]
 pub use store::{Store, StoreEngine};

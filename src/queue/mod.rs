@@ -47,7 +47,6 @@
 //! ```
 
 mod lock;
-pub(crate) mod metrics;
 mod options;
 pub mod rate_limit;
 mod state;
@@ -58,6 +57,6 @@ mod model_check;
 #[cfg(test)]
 mod tests;
 
-pub use metrics::QueueMetrics;
+pub use crate::metrics::QueueMetrics;
 pub use options::AddOpts;
 pub use workqueue::{Queue, QueueBuilder};

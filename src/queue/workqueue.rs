@@ -13,9 +13,9 @@ use tokio::time::Instant;
 
 use super::AddOpts;
 use super::lock::Lock;
-use super::metrics::{InFlight, MetricsHandle, QueueMetrics};
 use super::rate_limit::{RateLimiter, default_rate_limiter};
 use super::state::{Change, LazyNow, State, Timing};
+use crate::metrics::{InFlight, MetricsHandle, QueueMetrics};
 
 /// A keyed workqueue: the client-go workqueue, async, with priorities and backoff
 /// that plain adds respect.

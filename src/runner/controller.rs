@@ -13,11 +13,11 @@ use tokio_util::task::TaskTracker;
 use super::completer::Completer;
 use super::config::{ControllerBuilder, Settings};
 use super::finished::Finished;
-use super::metrics::RunnerMetrics;
 use super::reconciler::Reconciler;
 use super::run::Run;
 use super::session::{Keeper, Live};
 use super::source::Source;
+use crate::metrics::RunnerMetrics;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
     Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, SessionId, SessionStart, Store,

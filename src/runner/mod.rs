@@ -22,12 +22,12 @@ mod controller;
 mod error;
 mod finished;
 mod lapse;
-pub(crate) mod metrics;
 mod reconciler;
 mod run;
 mod session;
 mod source;
 
+pub use crate::metrics::RunnerFamilies;
 pub use config::{ConfigError, ControllerBuilder};
 pub use controller::{Controller, RunError};
 pub use error::{
@@ -35,6 +35,5 @@ pub use error::{
     transient,
 };
 pub use lapse::{MIN_SAFETY_MARGIN, MIN_TTL, STOP_GRACE, safety_margin};
-pub use metrics::RunnerFamilies;
 pub use reconciler::{Action, Reconciler, Task};
 pub use source::Source;

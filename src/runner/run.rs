@@ -15,8 +15,8 @@ use super::config::Settings;
 use super::error::outcome_of;
 use super::finished::Finished;
 use super::lapse::STOP_GRACE;
-use super::metrics::RunnerMetrics;
 use super::reconciler::{Reconciler, Task};
+use crate::metrics::RunnerMetrics;
 use crate::store::{Lease, LeaseRelease, Outcome, WorkerBackend};
 
 /// How many outcomes may wait for the completer at once, across a controller's

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
 use super::lapse::{Held, hold};
-use super::metrics::RunnerMetrics;
+use crate::metrics::RunnerMetrics;
 use crate::store::{
     Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, WorkerBackend,
 };

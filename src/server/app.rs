@@ -14,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
 
 use super::dashboard;
-use super::metrics::ServerMetrics;
 use super::options::ServerOptions;
 use super::routes;
 use super::state::AppState;
+use crate::metrics::ServerMetrics;
 use crate::store::{Store, StoreEngine as _};
 
 /// drover's HTTP server over one store: the JSON API under `/v1`, `/openapi.json`,

@@ -34,7 +34,6 @@ mod auth;
 mod dashboard;
 mod error;
 mod extract;
-mod metrics;
 mod openapi;
 mod options;
 mod routes;

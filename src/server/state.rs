@@ -7,8 +7,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::Role;
 use super::error::ApiError;
-use super::metrics::ServerMetrics;
 use super::options::ServerOptions;
+use crate::metrics::ServerMetrics;
 use crate::store::Store;
 
 /// The handlers' shared state; cheap to clone.

@@ -1,17 +1,33 @@
 //! [`Store`]: the engine chosen by the database URL's scheme.
+//!
+//! `Store` has one arm per engine compiled in. A build with neither `sqlite`
+//! nor `postgres` (the `client` feature alone) still has the type, so the
+//! runner's signatures stay the same, but it can never hold a value:
+//! [`Store::connect`] refuses every URL there.
+// With no engine compiled in, `Engine` is empty: every dispatch is an empty
+// match, so what follows it is unreachable and its parameters unused.
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(unreachable_code, unused_variables)
+)]
 
 use chrono::{DateTime, Utc};
 
+#[cfg(feature = "postgres")]
+use super::PostgresStore;
+#[cfg(feature = "sqlite")]
+use super::SqliteStore;
+use super::error::ENGINE_URLS;
 use super::params::{
     HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
     SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ReclaimReport, Session,
+    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, PoolStats, ProcessActivity,
+    ProcessCounts, ReclaimReport, Session,
 };
-use super::{Clock, PostgresStore, SqliteStore, StoreEngine, StoreError, StoreOptions};
+use super::{Clock, StoreEngine, StoreError, StoreOptions};
 
 /// A store on whichever engine the URL names. Cheap to clone; clones share the
 /// connection pool and the clock.
@@ -26,16 +42,20 @@ pub struct Store {
 
 #[derive(Debug, Clone)]
 enum Engine {
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteStore),
+    #[cfg(feature = "postgres")]
     Postgres(PostgresStore),
 }
 
 /// Calls the same method on whichever engine the store holds.
 macro_rules! dispatch {
     ($self:ident, $store:ident => $call:expr) => {
-        match &$self.engine {
-            Engine::Sqlite($store) => $call,
-            Engine::Postgres($store) => $call,
+        match $self.engine {
+            #[cfg(feature = "sqlite")]
+            Engine::Sqlite(ref $store) => $call,
+            #[cfg(feature = "postgres")]
+            Engine::Postgres(ref $store) => $call,
         }
     };
 }
@@ -54,11 +74,13 @@ impl Store {
         let Some((scheme, _)) = url.split_once(':') else {
             return Err(StoreError::InvalidUrl {
                 url: url.to_owned(),
-                reason: "expected sqlite://PATH, sqlite::memory: or postgres://…".into(),
+                reason: format!("expected {ENGINE_URLS}"),
             });
         };
         let engine = match scheme {
+            #[cfg(feature = "sqlite")]
             "sqlite" => Engine::Sqlite(SqliteStore::connect(url, options).await?),
+            #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
                 Engine::Postgres(PostgresStore::connect(url, options).await?)
             }
@@ -96,36 +118,46 @@ impl Store {
 
     /// The PostgreSQL pool, when the store is on PostgreSQL (see
     /// [`PostgresStore::pool`]).
+    #[cfg(feature = "postgres")]
     #[must_use]
     pub fn postgres_pool(&self) -> Option<&sqlx::PgPool> {
-        match &self.engine {
-            Engine::Postgres(s) => Some(s.pool()),
-            Engine::Sqlite(_) => None,
-        }
+        self.postgres().map(PostgresStore::pool)
     }
 
     /// The SQLite pool, when the store is on SQLite (see [`SqliteStore::pool`]).
+    #[cfg(feature = "sqlite")]
     #[must_use]
     pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
         match &self.engine {
             Engine::Sqlite(s) => Some(s.pool()),
+            #[cfg(feature = "postgres")]
             Engine::Postgres(_) => None,
         }
     }
 
     /// The PostgreSQL engine, when the store is on PostgreSQL.
+    #[cfg(feature = "postgres")]
     pub(crate) fn postgres(&self) -> Option<&PostgresStore> {
         match &self.engine {
             Engine::Postgres(s) => Some(s),
+            #[cfg(feature = "sqlite")]
             Engine::Sqlite(_) => None,
         }
+    }
+
+    /// A snapshot of the connection pool, on either engine.
+    #[must_use]
+    pub fn pool_stats(&self) -> PoolStats {
+        dispatch!(self, s => pool_stats(s.pool()))
     }
 
     /// The engine's name: `sqlite` or `postgres`.
     #[must_use]
     pub fn engine_name(&self) -> &'static str {
         match self.engine {
+            #[cfg(feature = "sqlite")]
             Engine::Sqlite(_) => "sqlite",
+            #[cfg(feature = "postgres")]
             Engine::Postgres(_) => "postgres",
         }
     }
@@ -133,6 +165,16 @@ impl Store {
     /// Closes the connection pool.
     pub async fn close(&self) {
         dispatch!(self, s => s.close().await);
+    }
+}
+
+/// The pool's figures, whichever the database.
+#[cfg(feature = "_engine")]
+fn pool_stats<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> PoolStats {
+    PoolStats {
+        size: pool.size(),
+        idle: u32::try_from(pool.num_idle()).unwrap_or(u32::MAX),
+        max: pool.options().get_max_connections(),
     }
 }
 
@@ -158,7 +200,7 @@ impl StoreEngine for Store {
 
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
         let process = params.process.clone();
-        let report = dispatch!(self, s => s.item_enqueue(params).await)?;
+        let report: EnqueueReport = dispatch!(self, s => s.item_enqueue(params).await?);
         super::wakeup::notify(&process);
         Ok(report)
     }
@@ -196,7 +238,7 @@ impl StoreEngine for Store {
 
     async fn item_retry(&self, params: ItemRetry) -> Result<Option<Item>, StoreError> {
         let process = params.process.clone();
-        let item = dispatch!(self, s => s.item_retry(params).await)?;
+        let item: Option<Item> = dispatch!(self, s => s.item_retry(params).await?);
         super::wakeup::notify(&process);
         Ok(item)
     }

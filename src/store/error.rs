@@ -23,15 +23,15 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The URL names an engine drover does not have.
-    #[error(
-        "unsupported database scheme {scheme:?}: use sqlite://PATH, sqlite::memory: or postgres://…"
-    )]
+    /// The URL names an engine drover does not have, or one this build left
+    /// out (the `sqlite` and `postgres` features).
+    #[error("unsupported database scheme {scheme:?}: use {ENGINE_URLS}")]
     UnsupportedScheme {
         /// The scheme found in the URL.
         scheme: String,
     },
     /// The database could not be reached or refused the connection.
+    #[cfg(feature = "_engine")]
     #[error("cannot connect to {url}")]
     Connect {
         /// The URL, with any password removed.
@@ -71,6 +71,7 @@ pub enum StoreError {
         supported: i64,
     },
     /// Applying the embedded migrations failed.
+    #[cfg(feature = "_engine")]
     #[error("cannot migrate the database")]
     Migrate(#[source] sqlx::migrate::MigrateError),
     /// A key is empty, longer than 1024 bytes or contains NUL.
@@ -146,19 +147,23 @@ pub enum StoreError {
     /// timeout, PostgreSQL kept aborting the transaction (serialization failure,
     /// deadlock) through every retry, or no pooled connection came free. Nothing
     /// was written; retrying later may succeed.
+    #[cfg(feature = "_engine")]
     #[error("the database is busy")]
     Busy(#[source] DriverError),
     /// The connection to the database failed before the operation committed, so
     /// nothing was written; retrying (on a fresh connection) may succeed. The
     /// PostgreSQL engine retries these itself a few times before reporting one.
+    #[cfg(feature = "_engine")]
     #[error("the database connection failed")]
     Unavailable(#[source] DriverError),
     /// The connection failed while committing: the operation may or may not have
     /// been applied. Not retried, since applying it twice could be wrong; a lost
     /// claim's leases stay with the session until it is closed or reclaimed.
+    #[cfg(feature = "_engine")]
     #[error("the database connection failed while committing; the outcome is unknown")]
     CommitUnknown(#[source] DriverError),
     /// Any other database error.
+    #[cfg(feature = "_engine")]
     #[error("database error")]
     Database(#[source] DriverError),
     /// A drover server (the [`client`](crate::client) backend) failed to answer
@@ -169,6 +174,14 @@ pub enum StoreError {
     #[error("drover server: {0}")]
     Remote(RemoteError),
 }
+
+/// The database URLs this build accepts, for error messages.
+pub(crate) const ENGINE_URLS: &str = match (cfg!(feature = "sqlite"), cfg!(feature = "postgres")) {
+    (true, true) => "sqlite://PATH, sqlite::memory: or postgres://…",
+    (true, false) => "sqlite://PATH or sqlite::memory: (this drover is built without `postgres`)",
+    (false, true) => "postgres://… (this drover is built without `sqlite`)",
+    (false, false) => "a drover server's client (this drover is built without any database engine)",
+};
 
 /// A failed call to a drover server, in the terms a worker acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,13 +202,16 @@ impl fmt::Display for RemoteError {
 }
 
 /// A database driver's error, kept whole for inspection ([`DriverError::get`]).
+/// Only builds with an engine (`sqlite`, `postgres`) have one.
 ///
 /// It reports the driver's message as its own and no further source: sqlx
 /// repeats its cause's text in its message, so an error chain printed with
 /// `{:#}` would otherwise say everything twice.
+#[cfg(feature = "_engine")]
 #[derive(Debug)]
 pub struct DriverError(pub sqlx::Error);
 
+#[cfg(feature = "_engine")]
 impl DriverError {
     /// The driver's error.
     #[must_use]
@@ -204,14 +220,17 @@ impl DriverError {
     }
 }
 
+#[cfg(feature = "_engine")]
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }
 }
 
+#[cfg(feature = "_engine")]
 impl std::error::Error for DriverError {}
 
+#[cfg(feature = "_engine")]
 impl From<sqlx::Error> for DriverError {
     fn from(e: sqlx::Error) -> Self {
         Self(e)
@@ -231,6 +250,7 @@ impl StoreError {
     #[must_use]
     pub fn is_commit_unknown(&self) -> bool {
         match self {
+            #[cfg(feature = "_engine")]
             Self::CommitUnknown(_) => true,
             Self::Remote(remote) => remote.unknown,
             _ => false,
@@ -239,6 +259,7 @@ impl StoreError {
 
     /// A copy of this error for a second caller (driver errors cannot be
     /// cloned): the same variant, its driver error carried as text.
+    #[cfg(feature = "_engine")]
     pub(crate) fn duplicate(&self) -> Self {
         let text = |e: &DriverError| DriverError(sqlx::Error::Protocol(e.to_string()));
         match self {
@@ -257,10 +278,13 @@ impl StoreError {
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Busy(_) | Self::Unavailable(_) | Self::ConnectTimeout { .. } => true,
+            Self::ConnectTimeout { .. } => true,
+            #[cfg(feature = "_engine")]
+            Self::Busy(_) | Self::Unavailable(_) => true,
             Self::Remote(remote) => {
                 !remote.unknown && remote.status.is_none_or(|s| s >= 500 || s == 429)
             }
+            #[cfg(feature = "_engine")]
             Self::Connect { source, .. } => {
                 matches!(source.get(), sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)
             }

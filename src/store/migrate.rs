@@ -9,11 +9,13 @@ use super::error::StoreError;
 pub(crate) const MIGRATIONS_TABLE: &str = "drover_migrations";
 
 /// The SQLite migrations, compiled into the binary.
+#[cfg(feature = "sqlite")]
 pub(crate) fn sqlite() -> Migrator {
     with_table(sqlx::migrate!("migrations/sqlite"))
 }
 
 /// The PostgreSQL migrations, compiled into the binary.
+#[cfg(feature = "postgres")]
 pub(crate) fn postgres() -> Migrator {
     with_table(sqlx::migrate!("migrations/postgres"))
 }

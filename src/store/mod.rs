@@ -56,34 +56,53 @@
 //! Times always come from the database clock. Tests shift it through
 //! [`Store::clock`] instead of sleeping.
 
-mod admin;
+// What every build with a store holds: the seam, its words and `Store`, which
+// has an arm per engine compiled in (none in a `client`-only build, where
+// `Store::connect` refuses every URL and the runner runs on a `Client`).
 mod any;
 mod backend;
 mod clock;
-mod decode;
 mod engine;
-mod enqueue;
 mod error;
-mod holding;
 mod key;
-mod migrate;
 mod options;
 mod params;
-mod parts;
-mod postgres;
 mod refusal;
-mod settle;
-mod sqlite;
 mod text;
 mod types;
 mod url;
 pub(crate) mod wakeup;
 
+// What both engines share: migrations, the settle state machine, the rules
+// applied in Rust to the rows each engine reads.
+#[cfg(feature = "_engine")]
+mod admin;
+#[cfg(feature = "_engine")]
+mod decode;
+#[cfg(feature = "_engine")]
+mod enqueue;
+#[cfg(feature = "_engine")]
+mod holding;
+#[cfg(feature = "_engine")]
+mod migrate;
+#[cfg(feature = "_engine")]
+mod parts;
+#[cfg(feature = "_engine")]
+mod settle;
+
+// The engines, each with its own SQL.
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
 pub use any::Store;
 pub use backend::WorkerBackend;
 pub use clock::Clock;
 pub use engine::StoreEngine;
-pub use error::{DriverError, RemoteError, StoreError};
+#[cfg(feature = "_engine")]
+pub use error::DriverError;
+pub use error::{RemoteError, StoreError};
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
@@ -91,11 +110,13 @@ pub use params::{
     ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
     SessionClose, SessionHeartbeat, SessionStart,
 };
+#[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
     EnqueueReport, EventKind, FencingToken, HistoryEvent, Item, ItemDetail, ItemState, Lease,
-    Outcome, ProcessActivity, ProcessCounts, ReclaimReport, Session, SessionId,
+    Outcome, PoolStats, ProcessActivity, ProcessCounts, ReclaimReport, Session, SessionId,
 };
 pub use url::redact_url;

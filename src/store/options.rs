@@ -5,10 +5,14 @@ use std::time::Duration;
 
 /// Connection settings, validated when used. The defaults suit a worker process.
 #[derive(Debug, Clone)]
+// The engines read these; a `client`-only build has none.
+#[cfg_attr(not(feature = "_engine"), allow(dead_code))]
 pub struct StoreOptions {
     pub(crate) migrate: bool,
     pub(crate) connect_timeout: Duration,
     pub(crate) max_connections: u32,
+    // Read by the SQLite engine only.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) durable: bool,
 }
 

@@ -2,6 +2,7 @@
 //! reads the rows with its own SQL and hands them here, so "which error does a
 //! caller get, and what does it promise" is written one time.
 
+#[cfg(feature = "_engine")]
 use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
@@ -20,6 +21,7 @@ impl StoreError {
 }
 
 /// What `lease_lock` found on the key's row when it could not take it.
+#[cfg(feature = "_engine")]
 #[derive(Debug)]
 pub(crate) struct Unlockable<'a> {
     /// The item's stored state (`pending`, `running`, `parked`).
@@ -34,6 +36,7 @@ pub(crate) struct Unlockable<'a> {
 /// until its next enqueue, or not due before its backoff or delay ends. A row
 /// that fits none of these (it changed under the caller) is `Busy`: retrying
 /// may take it.
+#[cfg(feature = "_engine")]
 pub(crate) fn lock_refusal(
     process: String,
     key: String,
@@ -56,7 +59,7 @@ pub(crate) fn lock_refusal(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "_engine"))]
 mod tests {
     use chrono::TimeDelta;
 

@@ -20,6 +20,7 @@ pub(crate) fn later(at: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
 }
 
 /// `at - delay`, clamped like [`later`].
+#[cfg(feature = "postgres")] // only the PostgreSQL engine uses it
 pub(crate) fn earlier(at: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
     let delay = chrono::Duration::from_std(clamp_delay(delay)).unwrap_or(chrono::Duration::MAX);
     at.checked_sub_signed(delay)

@@ -311,3 +311,15 @@ pub struct ProcessActivity {
     /// Runs that failed, transiently or permanently (`failed` events).
     pub failed: u64,
 }
+
+/// A snapshot of a store's connection pool ([`Store::pool_stats`](super::Store::pool_stats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Connections open, idle or in use.
+    pub size: u32,
+    /// Connections open and idle.
+    pub idle: u32,
+    /// The most connections the pool opens.
+    pub max: u32,
+}

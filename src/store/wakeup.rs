@@ -50,6 +50,7 @@ impl Store {
     /// nodes to hear. Must be called inside a Tokio runtime.
     #[must_use]
     pub fn subscribe(&self, process: &str) -> Arc<Notify> {
+        #[cfg(feature = "postgres")]
         if let Some(postgres) = self.postgres() {
             postgres.subscribe(process);
         }

@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::queue::metrics::{InFlight, MetricsHandle};
+use super::{InFlight, MetricsHandle, QueueMetrics};
 use crate::store::FencingToken;
 
 type OutcomeLabels = [(&'static str, String); 2];
@@ -52,6 +52,7 @@ impl RunnerFamilies {
 
     /// Counts one run of `process` that ended with `outcome`, wherever it ran
     /// (a controller here, or a worker reporting over HTTP).
+    #[cfg(feature = "server")] // called by the server only
     pub(crate) fn count_outcome(&self, process: &str, outcome: &str) {
         let labels = [
             ("process", process.to_owned()),
@@ -76,8 +77,8 @@ impl RunnerMetrics {
     /// The global handles for `process`, with its in-flight runs tracked for the
     /// scrape-time gauges.
     pub(crate) fn global(process: &str) -> Self {
-        let queue = crate::queue::QueueMetrics::global();
-        let families = crate::metrics::runner().clone();
+        let queue = QueueMetrics::global();
+        let families = super::runner().clone();
         let in_flight = Arc::new(Runs {
             process: process.to_owned(),
             started: Mutex::new(HashMap::new()),

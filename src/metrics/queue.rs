@@ -104,11 +104,11 @@ impl QueueMetrics {
         Self { families }
     }
 
-    /// The process-wide metrics that [`QueueBuilder::name`](super::QueueBuilder::name)
+    /// The process-wide metrics that [`QueueBuilder::name`](crate::queue::QueueBuilder::name)
     /// uses when no other [`QueueMetrics`] is given; they live in
-    /// [`crate::metrics::registry`].
+    /// [`registry`](super::registry).
     pub fn global() -> &'static QueueMetrics {
-        crate::metrics::queue()
+        super::queue()
     }
 
     /// The metric handles of one named queue.

@@ -1,0 +1,85 @@
+//! Every drover metric family, and the process-wide Prometheus registry that a
+//! `/metrics` page encodes.
+//!
+//! One file per layer's families, each built with its layer's feature:
+//!
+//! - queue: client-go's `workqueue_*` names, label `name` ([`QueueMetrics`]);
+//! - runner: `drover_outcomes_total{process,outcome}`, `drover_sessions_active`,
+//!   `drover_leases_reclaimed_total` ([`RunnerFamilies`]);
+//! - server: `drover_http_requests_total` and `drover_http_request_duration_seconds`;
+//! - store: `drover_items{process,state}`, `drover_oldest_pending_age_seconds`
+//!   and the connection pool's gauges, read from the database at scrape time.
+//!
+//! The queue, the runner and the server import their families from here; this
+//! module imports nothing from them, so metrics never form a cycle between
+//! layers.
+//!
+//! Named queues ([`QueueBuilder::name`](crate::queue::QueueBuilder::name)) and
+//! controllers report to [`registry`] unless given other metrics.
+
+use std::sync::OnceLock;
+
+use prometheus_client::registry::Registry;
+
+mod queue;
+#[cfg(feature = "_store")]
+mod runner;
+#[cfg(feature = "server")]
+mod server;
+#[cfg(feature = "server")]
+mod store;
+
+pub use queue::QueueMetrics;
+pub(crate) use queue::{InFlight, MetricsHandle};
+#[cfg(feature = "_store")]
+pub use runner::RunnerFamilies;
+#[cfg(feature = "_store")]
+pub(crate) use runner::RunnerMetrics;
+#[cfg(feature = "server")]
+pub(crate) use server::ServerMetrics;
+
+struct Global {
+    registry: Registry,
+    queue: QueueMetrics,
+    #[cfg(feature = "_store")]
+    runner: RunnerFamilies,
+}
+
+fn global() -> &'static Global {
+    static GLOBAL: OnceLock<Global> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let mut registry = Registry::default();
+        let queue = QueueMetrics::new(&mut registry);
+        Global {
+            #[cfg(feature = "_store")]
+            runner: RunnerFamilies::new(&mut registry),
+            queue,
+            registry,
+        }
+    })
+}
+
+/// The registry holding every metric of this process.
+///
+/// ```
+/// use drover::queue::Queue;
+///
+/// let queue: Queue<String> = Queue::builder().name("pods").build();
+/// queue.add("default/web".to_string());
+/// let mut text = String::new();
+/// prometheus_client::encoding::text::encode(&mut text, drover::metrics::registry())?;
+/// assert!(text.contains(r#"workqueue_depth{name="pods"} 1"#));
+/// # Ok::<(), std::fmt::Error>(())
+/// ```
+pub fn registry() -> &'static Registry {
+    &global().registry
+}
+
+pub(crate) fn queue() -> &'static QueueMetrics {
+    &global().queue
+}
+
+#[cfg(feature = "_store")]
+pub(crate) fn runner() -> &'static RunnerFamilies {
+    &global().runner
+}

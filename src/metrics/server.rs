@@ -1,0 +1,136 @@
+//! The server's own families, and the `/metrics` page.
+//!
+//! `/metrics` encodes [`registry`](super::registry) (queue and runner metrics of
+//! this process) followed by the server's registry: HTTP request counts and
+//! latencies per route, and the [store families](super::store) read from the
+//! database at scrape time. Family names are unique across both registries.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::Mutex;
+
+use super::QueueMetrics;
+use super::store::StoreFamilies;
+use crate::store::{Lease, Store};
+
+type RequestLabels = [(&'static str, String); 3];
+type RouteLabels = [(&'static str, String); 2];
+
+/// The server's metric families, in a registry of their own (one per server,
+/// so servers sharing a process keep their figures apart).
+#[derive(Debug)]
+pub(crate) struct ServerMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram>,
+    store: StoreFamilies,
+    /// Serialises scrapes, so two never interleave clearing and setting gauges.
+    scrape: Mutex<()>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+impl ServerMetrics {
+    /// Registers the families.
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "drover_http_requests",
+            "HTTP requests answered, by method, route template and status",
+            requests.clone(),
+        );
+        registry.register(
+            "drover_http_request_duration_seconds",
+            "HTTP request latency, by method and route template",
+            latency.clone(),
+        );
+        let store = StoreFamilies::new(&mut registry);
+        Self {
+            registry,
+            requests,
+            latency,
+            store,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    /// Counts one answered request.
+    pub(crate) fn observe(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        let labels = [
+            ("method", method.to_owned()),
+            ("route", route.to_owned()),
+            ("status", status.to_string()),
+        ];
+        self.requests.get_or_create(&labels).inc();
+        let route = [("method", method.to_owned()), ("route", route.to_owned())];
+        self.latency
+            .get_or_create(&route)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Refreshes the scrape-time gauges from `store` and encodes both registries
+    /// as OpenMetrics text.
+    pub(crate) async fn render(&self, store: &Store) -> Result<String, std::fmt::Error> {
+        let _scrape = self.scrape.lock().await;
+        self.store.refresh(store).await;
+        let mut text = String::new();
+        encode_registry(&mut text, super::registry())?;
+        encode_registry(&mut text, &self.registry)?;
+        encode_eof(&mut text)?;
+        Ok(text)
+    }
+}
+
+/// The queue metrics of DESIGN.md for work that passes through this server,
+/// recorded in the process-wide families (`name` = process).
+impl ServerMetrics {
+    /// `workqueue_adds_total` for keys enqueued over HTTP.
+    pub(crate) fn enqueued(&self, process: &str, keys: u64) {
+        QueueMetrics::global().handle(process).adds.inc_by(keys);
+    }
+
+    /// `workqueue_queue_duration_seconds`: how long each claimed key waited.
+    pub(crate) fn claimed(&self, leases: &[Lease]) {
+        for lease in leases {
+            let waited = (lease.started_at - lease.enqueued_at)
+                .to_std()
+                .unwrap_or_default();
+            QueueMetrics::global()
+                .handle(&lease.process)
+                .queue_duration
+                .observe(waited.as_secs_f64());
+        }
+    }
+
+    /// `workqueue_work_duration_seconds` (when the worker sent the start time
+    /// back) and `workqueue_retries_total` for transient failures.
+    pub(crate) fn completed(
+        &self,
+        process: &str,
+        outcome: &str,
+        started_at: Option<chrono::DateTime<chrono::Utc>>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) {
+        let handle = QueueMetrics::global().handle(process);
+        if let Some(started) = started_at
+            && let Ok(took) = (now - started).to_std()
+        {
+            handle.work_duration.observe(took.as_secs_f64());
+        }
+        if outcome == "transient" {
+            handle.retries.inc();
+        }
+        super::runner().count_outcome(process, outcome);
+    }
+}
