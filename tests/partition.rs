@@ -4,7 +4,8 @@
 //! Each round: worker A, whose store connects through a [`FaultProxy`], runs a
 //! key whose work ticks into a log every 20 ms; the link is frozen (or reset);
 //! worker B, connected directly, reclaims the key once A's session expires and
-//! starts it. The round fails if any tick of A's run is later than B's first.
+//! starts it (for `drover work`, a node reclaiming every 5 ms,
+//! `EagerReclaim`, requeues it the moment the database allows). The round fails if any tick of A's run is later than B's first.
 //! Rounds run on the library `Controller` and on `drover work --exec`
 //! processes, with 1 s and 2 s TTLs. PostgreSQL only (skipped without
 //! `DROVER_TEST_POSTGRES_URL`). The ignored `measure_*` test runs the
@@ -21,7 +22,7 @@ use drover::store::{ItemEnqueue, Store, StoreEngine as _};
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use support::fault_proxy::FaultProxy;
-use support::partition::{Cut, PROCESS, Rounds, Tally, both_cuts, worker};
+use support::partition::{Cut, EagerReclaim, PROCESS, Rounds, Tally, both_cuts, worker};
 use support::process::{eventually, stop};
 use support::ticks::TickLog;
 use tokio::sync::mpsc;
@@ -171,6 +172,7 @@ async fn exec_round(base: &str, rounds: Rounds, round: &str) -> f64 {
     .await;
     let a_pid = log.pid("A").expect("A's command logged its pid");
     rounds.cut.apply(&proxy);
+    let reclaim = EagerReclaim::start(db.store.clone());
     let b = worker(["--db", &db.url], &log.command("B"), rounds.ttl);
     // Other processes' progress shows only in the log and the process table.
     eventually("B's command ticking", || async {
@@ -181,6 +183,7 @@ async fn exec_round(base: &str, rounds: Rounds, round: &str) -> f64 {
         kill(Pid::from_raw(a_pid), None).is_err()
     })
     .await;
+    drop(reclaim);
     let gap = log.gap_ms("A", "B", round);
     proxy.heal();
     stop(b).await;

@@ -5,8 +5,9 @@
 //! Each round: worker A (`drover work --server`, through one `drover serve`)
 //! runs a key whose command ticks into a log every 20 ms; one link breaks
 //! (frozen or reset) while A, its server and its command stay alive; worker B
-//! (`drover work --db`, connected directly) reclaims the key once A's session
-//! expires and starts it. The round fails if any tick of A's command is later
+//! (`drover work --db`, connected directly) starts the key once A's session
+//! expires and the key is reclaimed, by B or by the test's [`EagerReclaim`]
+//! (a node reclaiming every 5 ms: the worst schedule for A). The round fails if any tick of A's command is later
 //! than B's first, as the commands logged them. Two links are cut:
 //!
 //! - between A and its server ([`Link::WorkerToServe`]): A's heartbeats go
@@ -26,7 +27,7 @@ use drover::store::{ItemEnqueue, StoreEngine as _};
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use support::fault_proxy::FaultProxy;
-use support::partition::{PROCESS, Rounds, Tally, both_cuts, worker};
+use support::partition::{EagerReclaim, PROCESS, Rounds, Tally, both_cuts, worker};
 use support::process::{eventually, stop};
 use support::serve::Serve;
 use support::ticks::TickLog;
@@ -79,6 +80,7 @@ async fn round(base: &str, link: Link, rounds: Rounds, name: &str) -> f64 {
     .await;
     let a_pid = log.pid("A").expect("A's command logged its pid");
     rounds.cut.apply(&proxy);
+    let reclaim = EagerReclaim::start(db.store.clone());
     let b = worker(["--db", &db.url], &log.command("B"), rounds.ttl);
     // Other processes' progress shows only in the log and the process table.
     eventually("B's command ticking", || async {
@@ -89,6 +91,7 @@ async fn round(base: &str, link: Link, rounds: Rounds, name: &str) -> f64 {
         kill(Pid::from_raw(a_pid), None).is_err()
     })
     .await;
+    drop(reclaim);
     let gap = log.gap_ms("A", "B", name);
     proxy.heal();
     stop(b).await;

@@ -11,7 +11,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use drover::store::{ItemEnqueue, Store, StoreEngine as _};
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 
 use super::fault_proxy::FaultProxy;
 
@@ -87,6 +89,39 @@ pub(crate) fn worker(target: [&str; 2], exec: &str, ttl: Duration) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn drover work")
+}
+
+/// Another database node reclaiming expired sessions every 5 ms, the worst
+/// schedule for a cut-off worker: its key is requeued the moment the
+/// database's deadline passes, and re-enqueued at once, whose notification
+/// wakes a waiting worker (a reclaim alone wakes only its own node). Stops
+/// when dropped.
+#[derive(Debug)]
+pub(crate) struct EagerReclaim(JoinHandle<()>);
+
+impl EagerReclaim {
+    /// Starts reclaiming on `store`.
+    pub(crate) fn start(store: Store) -> Self {
+        Self(tokio::spawn(async move {
+            loop {
+                if let Ok(report) = store.session_reclaim().await
+                    && report.leases > 0
+                {
+                    store
+                        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+                        .await
+                        .ok();
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for EagerReclaim {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The gaps between the cut-off run's last tick and the other run's first,
