@@ -4,12 +4,12 @@
 //! Each round: worker A, whose store connects through a [`FaultProxy`], runs a
 //! key whose work ticks into a log every 20 ms; the link is frozen (or reset);
 //! worker B, connected directly, reclaims the key once A's session expires and
-//! starts it (for `drover work`, a node reclaiming every 5 ms,
-//! `EagerReclaim`, requeues it the moment the database allows). The round fails if any tick of A's run is later than B's first.
-//! Rounds run on the library `Controller` and on `drover work --exec`
-//! processes, with 1 s and 2 s TTLs. PostgreSQL only (skipped without
-//! `DROVER_TEST_POSTGRES_URL`). The ignored `measure_*` test runs the
-//! measurement of issue 11 (see `support::partition` and
+//! starts it (for `drover work`, a node reclaiming every 5 ms, `EagerReclaim`,
+//! requeues it the moment the database allows). The round fails if any tick of
+//! A's run is later than B's first. Rounds run on the library `Controller` and
+//! on `drover work --exec` processes, with 1 s and 2 s TTLs. PostgreSQL only
+//! (skipped without `DROVER_TEST_POSTGRES_URL`). The ignored `measure_*` test
+//! runs the measurement of issue 11 (see `support::partition` and
 //! `scripts/partition-measure.sh`); `tests/partition_server.rs` cuts the links
 //! around `drover serve`.
 
