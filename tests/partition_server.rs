@@ -26,8 +26,9 @@ use std::time::Duration;
 use drover::store::{ItemEnqueue, StoreEngine as _};
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
+use support::TestDb;
 use support::fault_proxy::FaultProxy;
-use support::partition::{EagerReclaim, PROCESS, Rounds, Tally, both_cuts, worker};
+use support::partition::{EagerReclaim, PROCESS, Tally, both_cuts, worker};
 use support::process::{eventually, stop};
 use support::serve::Serve;
 use support::ticks::TickLog;
@@ -63,13 +64,19 @@ async fn a_side(base: &str, db_url: &str, link: Link) -> (Serve, FaultProxy, Str
     }
 }
 
-/// One round; returns the gap from A's last tick to B's first (negative if
-/// they overlapped).
-async fn round(base: &str, link: Link, rounds: Rounds, name: &str) -> f64 {
+/// One round, in which `fault` breaks A's link; returns the gap from A's last
+/// tick to B's first (negative if they overlapped).
+async fn round(
+    base: &str,
+    link: Link,
+    ttl: Duration,
+    name: &str,
+    fault: impl AsyncFnOnce(&FaultProxy, &TestDb),
+) -> f64 {
     let (db, schema) = support::postgres(base).await;
     let (serve, proxy, a_url) = a_side(base, &db.url, link).await;
     let log = TickLog::new();
-    let a = worker(["--server", &a_url], &log.command("A"), rounds.ttl);
+    let a = worker(["--server", &a_url], &log.command("A"), ttl);
     db.store
         .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
         .await
@@ -79,9 +86,9 @@ async fn round(base: &str, link: Link, rounds: Rounds, name: &str) -> f64 {
     })
     .await;
     let a_pid = log.pid("A").expect("A's command logged its pid");
-    rounds.cut.apply(&proxy);
+    fault(&proxy, &db).await;
     let reclaim = EagerReclaim::start(db.store.clone());
-    let b = worker(["--db", &db.url], &log.command("B"), rounds.ttl);
+    let b = worker(["--db", &db.url], &log.command("B"), ttl);
     // Other processes' progress shows only in the log and the process table.
     eventually("B's command ticking", || async {
         !log.ticks("B").is_empty()
@@ -113,7 +120,10 @@ async fn rounds_on(link: Link) {
                 "{link:?}, {:?}, ttl {:?}, round {n}",
                 rounds.cut, rounds.ttl
             );
-            let gap = round(&base, link, rounds, &name).await;
+            let gap = round(&base, link, rounds.ttl, &name, async |proxy, _| {
+                rounds.cut.apply(proxy)
+            })
+            .await;
             eprintln!("{name}: gap {gap:.1} ms");
             assert!(
                 gap > 0.0,
@@ -136,7 +146,10 @@ async fn measure(link: Link) {
                 "{link:?}, {:?}, ttl {:?}, round {n}",
                 rounds.cut, rounds.ttl
             );
-            let gap = round(&base, link, rounds, &name).await;
+            let gap = round(&base, link, rounds.ttl, &name, async |proxy, _| {
+                rounds.cut.apply(proxy)
+            })
+            .await;
             tally.record(rounds, &name, gap);
         }
     }
@@ -163,4 +176,50 @@ async fn measure_a_worker_cut_off_from_its_server() {
 #[ignore = "a measurement (minutes): scripts/partition-measure.sh"]
 async fn measure_a_worker_whose_server_lost_the_database() {
     measure(Link::ServeToDatabase).await;
+}
+
+/// How late A's answers come in [`answers_come_late`]: more than the margin at
+/// a 2 s TTL (250 ms), less than a heartbeat's timeout (TTL/3).
+const LATE: Duration = Duration::from_millis(550);
+
+/// A's answers come [`LATE`]; once a heartbeat sent since then has renewed
+/// the session, A's requests stop getting through (its answers still come).
+/// A worker counting from the answer would give up `LATE` after the database.
+async fn answers_come_late(proxy: &FaultProxy, db: &TestDb) {
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+    let last = || async {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT max(heartbeat_at)::text FROM drover_sessions",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("read the heartbeat")
+    };
+    proxy.delay_answers(LATE);
+    let before = last().await;
+    // Only the database shows when A's heartbeat arrived.
+    eventually("a heartbeat since the answers slowed down", || async {
+        last().await != before
+    })
+    .await;
+    proxy.freeze_requests();
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_answers_come_late_counts_its_session_from_each_heartbeats_send() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    for n in 0..2 {
+        let name = format!("late answers, round {n}");
+        let ttl = Duration::from_secs(2);
+        let gap = round(&base, Link::WorkerToServe, ttl, &name, answers_come_late).await;
+        eprintln!("{name}: gap {gap:.1} ms");
+        assert!(
+            gap > 0.0,
+            "{name}: A's command still ticked {:.1} ms after B's started",
+            -gap
+        );
+    }
 }
