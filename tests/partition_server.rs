@@ -28,7 +28,7 @@ use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use support::TestDb;
 use support::fault_proxy::FaultProxy;
-use support::partition::{EagerReclaim, PROCESS, Tally, both_cuts, worker};
+use support::partition::{EagerReclaim, PROCESS, Tally, answers_come_late, both_cuts, worker};
 use support::process::{eventually, stop};
 use support::serve::Serve;
 use support::ticks::TickLog;
@@ -176,34 +176,6 @@ async fn measure_a_worker_cut_off_from_its_server() {
 #[ignore = "a measurement (minutes): scripts/partition-measure.sh"]
 async fn measure_a_worker_whose_server_lost_the_database() {
     measure(Link::ServeToDatabase).await;
-}
-
-/// How late A's answers come in [`answers_come_late`]: more than the margin at
-/// a 2 s TTL (250 ms), less than a heartbeat's timeout (TTL/3).
-const LATE: Duration = Duration::from_millis(550);
-
-/// A's answers come [`LATE`]; once a heartbeat sent since then has renewed
-/// the session, A's requests stop getting through (its answers still come).
-/// A worker counting from the answer would give up `LATE` after the database.
-async fn answers_come_late(proxy: &FaultProxy, db: &TestDb) {
-    let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
-    let last = || async {
-        sqlx::query_scalar::<_, Option<String>>(
-            "SELECT max(heartbeat_at)::text FROM drover_sessions",
-        )
-        .fetch_one(&pool)
-        .await
-        .expect("read the heartbeat")
-    };
-    proxy.delay_answers(LATE);
-    let before = last().await;
-    // Only the database shows when A's heartbeat arrived.
-    eventually("a heartbeat since the answers slowed down", || async {
-        last().await != before
-    })
-    .await;
-    proxy.freeze_requests();
-    pool.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

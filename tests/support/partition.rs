@@ -15,7 +15,9 @@ use drover::store::{ItemEnqueue, Store, StoreEngine as _};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
+use super::TestDb;
 use super::fault_proxy::FaultProxy;
+use super::process::eventually;
 
 /// The process every round works on (one key, `k`).
 pub(crate) const PROCESS: &str = "partitioned";
@@ -52,6 +54,38 @@ pub(crate) fn both_cuts(plan: &[(Duration, usize)]) -> Vec<Rounds> {
     plan.iter()
         .flat_map(|&(ttl, count)| [Cut::Freeze, Cut::Reset].map(|cut| Rounds { ttl, cut, count }))
         .collect()
+}
+
+/// How late answers come in [`answers_come_late`]: more than the margin at a
+/// 2 s TTL (250 ms), less than a heartbeat's timeout (TTL/3).
+pub(crate) const LATE: Duration = Duration::from_millis(550);
+
+/// A fault for a worker on a 2 s TTL behind `proxy`: its answers come
+/// [`LATE`]; once a heartbeat sent since then has renewed the session, its
+/// requests stop getting through (answers still come). A worker counting its
+/// session from a heartbeat's answer instead of its send would give up `LATE`
+/// after the database. (Through `drover serve` a heartbeat is one request;
+/// on PostgreSQL it is a transaction of several statements, which the delay
+/// makes time out.)
+pub(crate) async fn answers_come_late(proxy: &FaultProxy, db: &TestDb) {
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+    let last = || async {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT max(heartbeat_at)::text FROM drover_sessions",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("read the heartbeat")
+    };
+    proxy.delay_answers(LATE);
+    let before = last().await;
+    // Only the database shows when the worker's heartbeat arrived.
+    eventually("a heartbeat since the answers slowed down", || async {
+        last().await != before
+    })
+    .await;
+    proxy.freeze_requests();
+    pool.close().await;
 }
 
 /// A measurement's rounds, from the environment (see the module doc).
