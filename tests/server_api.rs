@@ -516,3 +516,65 @@ async fn a_claim_whose_commit_is_unknown_closes_the_session_and_hands_its_keys_b
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+/// The item `key` of [`P`] as the API shows it.
+async fn item(api: &Api, key: &str) -> Value {
+    api.get_ok(&format!("/v1/processes/{P}/items/{key}")).await["item"].clone()
+}
+
+#[tokio::test]
+async fn outcomes_with_a_nul_byte_or_a_megabyte_of_error_are_stored_cleaned_never_a_5xx() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["nul", "big", "batch-nul", "batch-big", "over"])
+            .await;
+        let session = api.session(30_000).await;
+        let leases = api.claim(session, P, 5).await;
+        let lease = |key: &str| leases.iter().find(|l| l["key"] == key).unwrap();
+        let permanent = |error: &str| json!({ "type": "permanent", "error": error });
+        let nul = "bad\0byte";
+        // A million bytes of two-byte characters: within the 1 MiB body limit.
+        let big = "é".repeat(500_000);
+        for (key, error) in [("nul", nul), ("big", &big)] {
+            let body = complete_body(lease(key), permanent(error));
+            api.post("/v1/leases/complete", body, StatusCode::NO_CONTENT)
+                .await;
+        }
+        let batch = json!({ "completions": [
+            complete_body(lease("batch-nul"), permanent(nul)),
+            complete_body(lease("batch-big"), permanent(&big[..400_000])),
+        ] });
+        let results = api
+            .post("/v1/leases/complete-batch", batch, StatusCode::OK)
+            .await;
+        for result in results["results"].as_array().unwrap() {
+            assert!(result["error"].is_null(), "{result}");
+        }
+        for key in ["nul", "batch-nul"] {
+            let item = item(&api, key).await;
+            assert_eq!(item["state"], "parked", "{key}");
+            assert_eq!(item["last_error"], "bad\u{FFFD}byte", "{key}");
+        }
+        for key in ["big", "batch-big"] {
+            let item = item(&api, key).await;
+            assert_eq!(item["state"], "parked", "{key}");
+            let error = item["last_error"].as_str().unwrap();
+            assert!(
+                error.len() <= drover::store::MAX_TEXT_BYTES,
+                "{key}: {}",
+                error.len()
+            );
+            assert!(
+                error.starts_with("éé") && error.ends_with(" bytes cut]"),
+                "{key}"
+            );
+        }
+        // A full mebibyte of error does not fit the body: 413, and the lease
+        // is still held (the worker may send a shorter error).
+        let body = complete_body(lease("over"), permanent(&"x".repeat(1 << 20)));
+        api.post("/v1/leases/complete", body, StatusCode::PAYLOAD_TOO_LARGE)
+            .await;
+        assert_eq!(item(&api, "over").await["state"], "running");
+    })
+    .await;
+}

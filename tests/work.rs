@@ -125,6 +125,45 @@ async fn exit_codes_decide_done_retry_and_park() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_writing_invalid_utf8_and_nul_to_stderr_is_parked_with_readable_text_and_its_batch_mates_land()
+ {
+    each_engine(|db| async move {
+        // Every key starts at once, so their outcomes are completed together.
+        let script = r#"[ "$1" = bad ] || exit 0
+            printf "before\377" >&2; head -c 1 /dev/zero >&2; printf "after\n" >&2
+            echo "the rest is read too" >&2; exit 1"#;
+        let exec = format!("sh -c '{script}' sh");
+        let mut keys = keys(7);
+        keys.push("bad".into());
+        let child = worker(&db, &exec, &["--parallelism", "8"]);
+        enqueue(&db.store, &keys).await;
+        eventually("seven done and bad parked", || async {
+            counts(&db.store).await == (0, 0, 1)
+        })
+        .await;
+        stop(child).await;
+        let bad = db
+            .store
+            .item_get(ItemGet {
+                process: PROCESS.into(),
+                key: "bad".into(),
+                history_limit: 10,
+            })
+            .await
+            .unwrap()
+            .expect("parked item");
+        assert_eq!(bad.item.state, ItemState::Parked);
+        assert_eq!(
+            bad.item.last_error.as_deref(),
+            Some("exit 1: before\u{FFFD}\u{FFFD}after | the rest is read too")
+        );
+        let finished = events(&db.store, EventKind::Finished).await;
+        assert_eq!(finished.len(), 7, "every batch-mate landed: {finished:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_with_sigkill_takes_its_commands_down_and_its_keys_run_elsewhere_after_the_ttl()
  {
     each_engine(|db| async move {

@@ -24,9 +24,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use drover::runner::{Action, BoxError, Task, permanent, transient};
+use drover::store::text_from_bytes;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::io::AsyncReadExt as _;
 use tokio::process::{Child, ChildStderr, Command};
 
 /// Exit code that asks for a retry with backoff (`EX_TEMPFAIL` from sysexits.h).
@@ -143,29 +144,74 @@ impl Exec {
     }
 }
 
+/// The longest stderr line kept whole: a longer one (binary output with no
+/// newline) is cut into pieces of this size, so memory stays bounded.
+const MAX_LINE_BYTES: usize = 64 * 1024;
+
 /// Copies the command's stderr to ours, prefixed with the key, and returns its
-/// last [`TAIL_BYTES`] as one line.
+/// last [`TAIL_BYTES`] as one line. Whatever the command writes is read to the
+/// end: invalid UTF-8 and NUL bytes become U+FFFD ([`text_from_bytes`]).
 async fn tail(stderr: Option<ChildStderr>, key: String) -> String {
-    let Some(stderr) = stderr else {
+    let Some(mut stderr) = stderr else {
         return String::new();
     };
-    let mut lines = BufReader::new(stderr).lines();
-    let mut kept: VecDeque<String> = VecDeque::new();
-    let mut size = 0;
-    while let Ok(Some(line)) = lines.next_line().await {
-        eprintln!("[{key}] {line}");
-        size += line.len() + 1;
-        kept.push_back(line);
-        while size > TAIL_BYTES && kept.len() > 1 {
-            size -= kept.pop_front().map_or(0, |l| l.len() + 1);
+    let mut tail = Tail::default();
+    let mut buf = vec![0; 8192];
+    while let Ok(n @ 1..) = stderr.read(&mut buf).await {
+        tail.push(&buf[..n], &key);
+    }
+    tail.finish(&key)
+}
+
+/// The last lines of a byte stream, as text.
+#[derive(Debug, Default)]
+struct Tail {
+    /// The line being read (no newline yet).
+    partial: Vec<u8>,
+    kept: VecDeque<String>,
+    /// The bytes of `kept`, one separator each included.
+    size: usize,
+}
+
+impl Tail {
+    /// Takes the next bytes of the stream; complete lines are echoed with the
+    /// key and kept.
+    fn push(&mut self, mut bytes: &[u8], key: &str) {
+        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
+            self.partial.extend_from_slice(&bytes[..end]);
+            self.line(key);
+            bytes = &bytes[end + 1..];
+        }
+        self.partial.extend_from_slice(bytes);
+        if self.partial.len() >= MAX_LINE_BYTES {
+            self.line(key);
         }
     }
-    let joined = Vec::from(kept).join(" | ");
-    let start = joined.len().saturating_sub(TAIL_BYTES);
-    let start = (start..joined.len())
-        .find(|&i| joined.is_char_boundary(i))
-        .unwrap_or(0);
-    joined[start..].to_owned()
+
+    /// Ends the line being read.
+    fn line(&mut self, key: &str) {
+        let bytes = std::mem::take(&mut self.partial);
+        let line = text_from_bytes(bytes.strip_suffix(b"\r").unwrap_or(&bytes));
+        eprintln!("[{key}] {line}");
+        self.size += line.len() + 1;
+        self.kept.push_back(line);
+        while self.size > TAIL_BYTES && self.kept.len() > 1 {
+            self.size -= self.kept.pop_front().map_or(0, |l| l.len() + 1);
+        }
+    }
+
+    /// The kept lines joined with ` | `, cut to their last [`TAIL_BYTES`].
+    fn finish(mut self, key: &str) -> String {
+        if !self.partial.is_empty() {
+            self.line(key);
+        }
+        let joined = Vec::from(self.kept).join(" | ");
+        let start = joined.len().saturating_sub(TAIL_BYTES);
+        let start = (start..joined.len())
+            .find(|&i| joined.is_char_boundary(i))
+            .unwrap_or(0);
+        joined[start..].to_owned()
+    }
 }
 
 /// How long a killed command's other processes may take to disappear once the
@@ -241,3 +287,46 @@ fn die_with_worker(command: &mut Command) {
 /// leaves its command running.
 #[cfg(not(target_os = "linux"))]
 fn die_with_worker(_command: &mut Command) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tail_of(chunks: &[&[u8]]) -> String {
+        let mut tail = Tail::default();
+        for chunk in chunks {
+            tail.push(chunk, "k");
+        }
+        tail.finish("k")
+    }
+
+    #[test]
+    fn invalid_utf8_and_nul_become_replacement_characters_and_reading_goes_on() {
+        let got = tail_of(&[b"bad \xff\0 byte\r\nnext", b" line\nlast"]);
+        assert_eq!(got, "bad \u{FFFD}\u{FFFD} byte | next line | last");
+    }
+
+    #[test]
+    fn only_the_last_tail_bytes_are_kept() {
+        let line = [b'x'; 1000];
+        let mut chunks: Vec<&[u8]> = vec![];
+        for _ in 0..10 {
+            chunks.extend([&line[..], b"\n"]);
+        }
+        chunks.push(b"end\n");
+        let got = tail_of(&chunks);
+        assert!(got.len() <= TAIL_BYTES, "{}", got.len());
+        assert!(got.ends_with("x | end"), "{got}");
+    }
+
+    #[test]
+    fn a_line_without_a_newline_is_cut_into_pieces() {
+        let long = vec![b'y'; MAX_LINE_BYTES * 3];
+        let mut tail = Tail::default();
+        for chunk in long.chunks(8192) {
+            tail.push(chunk, "k");
+            assert!(tail.partial.len() < MAX_LINE_BYTES);
+        }
+        assert_eq!(tail.finish("k").len(), TAIL_BYTES);
+    }
+}

@@ -8,7 +8,10 @@
 //!   and new ones are reset as soon as they are accepted;
 //! - [`delay`](FaultProxy::delay): each chunk is held this long before it is
 //!   passed on (order kept);
-//! - [`heal`](FaultProxy::heal): bytes flow again, held ones first.
+//! - [`heal`](FaultProxy::heal): bytes flow again, held ones first;
+//! - one way only: [`delay_answers`](FaultProxy::delay_answers) holds what the
+//!   upstream sends back, [`freeze_requests`](FaultProxy::freeze_requests)
+//!   stops what the client sends while answers still come back.
 //!
 //! Unlike [`CommitCut`](super::commit_cut::CommitCut) it does not read the
 //! protocol, so it stands between any client and server (PostgreSQL, drover's
@@ -41,7 +44,10 @@ enum Mode {
 pub(crate) struct FaultProxy {
     /// Where clients connect.
     pub(crate) addr: SocketAddr,
+    /// What happens to bytes from the client to the upstream.
     mode: Arc<watch::Sender<Mode>>,
+    /// What happens to bytes from the upstream back to the client.
+    answers: Arc<watch::Sender<Mode>>,
     /// The pumps of every open connection, aborted by a reset.
     pumps: Arc<Mutex<Vec<AbortHandle>>>,
 }
@@ -53,6 +59,7 @@ impl FaultProxy {
         let proxy = Self {
             addr: listener.local_addr().expect("proxy address"),
             mode: Arc::new(watch::Sender::new(Mode::Flow)),
+            answers: Arc::new(watch::Sender::new(Mode::Flow)),
             pumps: Arc::default(),
         };
         let serving = proxy.clone();
@@ -82,12 +89,18 @@ impl FaultProxy {
 
     /// Stops every byte both ways, keeping the sockets open.
     pub(crate) fn freeze(&self) {
+        self.set(Mode::Frozen);
+    }
+
+    /// Stops every byte from the client, keeping the sockets open; answers
+    /// to what got through still come back.
+    pub(crate) fn freeze_requests(&self) {
         self.mode.send_replace(Mode::Frozen);
     }
 
     /// Resets every connection, and every new one until [`heal`](Self::heal).
     pub(crate) fn reset(&self) {
-        self.mode.send_replace(Mode::Reset);
+        self.set(Mode::Reset);
         for pump in self.pumps.lock().drain(..) {
             pump.abort();
         }
@@ -95,12 +108,23 @@ impl FaultProxy {
 
     /// Holds every chunk `by` before passing it on.
     pub(crate) fn delay(&self, by: Duration) {
-        self.mode.send_replace(Mode::Delay(by));
+        self.set(Mode::Delay(by));
     }
 
-    /// Lets bytes flow again.
+    /// Holds every chunk the upstream sends back `by` before passing it on;
+    /// the client's bytes go through at once.
+    pub(crate) fn delay_answers(&self, by: Duration) {
+        self.answers.send_replace(Mode::Delay(by));
+    }
+
+    /// Lets bytes flow again, both ways.
     pub(crate) fn heal(&self) {
-        self.mode.send_replace(Mode::Flow);
+        self.set(Mode::Flow);
+    }
+
+    fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+        self.answers.send_replace(mode);
     }
 
     async fn serve(&self, client: TcpStream, upstream: SocketAddr) {
@@ -121,8 +145,12 @@ impl FaultProxy {
         let (server_read, server_write) = server.into_split();
         let mut pumps = self.pumps.lock();
         pumps.retain(|pump| !pump.is_finished());
-        for (from, to) in [(client_read, server_write), (server_read, client_write)] {
-            let task = tokio::spawn(pump(from, to, self.mode.subscribe()));
+        let ways = [
+            (client_read, server_write, &self.mode),
+            (server_read, client_write, &self.answers),
+        ];
+        for (from, to, mode) in ways {
+            let task = tokio::spawn(pump(from, to, mode.subscribe()));
             pumps.push(task.abort_handle());
         }
     }

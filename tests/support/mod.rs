@@ -16,7 +16,9 @@ pub(crate) mod backend;
 pub(crate) mod commit_cut;
 pub(crate) mod fault_proxy;
 pub(crate) mod locks;
+pub(crate) mod partition;
 pub(crate) mod process;
+pub(crate) mod serve;
 pub(crate) mod store;
 pub(crate) mod ticks;
 

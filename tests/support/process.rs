@@ -7,6 +7,15 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::Child;
 
+/// The `drover` binary under test: `DROVER_TEST_BIN` when set (a copy kept
+/// apart from rebuilds, for a long measurement), else the one cargo built.
+pub(crate) fn drover_bin() -> String {
+    std::env::var("DROVER_TEST_BIN")
+        .ok()
+        .filter(|bin| !bin.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_drover").to_owned())
+}
+
 /// Sends `signal` to a running child.
 pub(crate) fn signal(child: &Child, signal: Signal) {
     let pid = i32::try_from(child.id().expect("running")).expect("a pid fits i32");

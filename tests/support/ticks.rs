@@ -89,6 +89,23 @@ impl TickLog {
         );
     }
 
+    /// Milliseconds from the last tick of `old` to the first tick of `new`:
+    /// positive when `old`'s run had stopped before `new`'s started, negative
+    /// (by as much as they overlapped) otherwise.
+    pub(crate) fn gap_ms(&self, old: &str, new: &str, round: &str) -> f64 {
+        let last_old = *self
+            .ticks(old)
+            .iter()
+            .max()
+            .unwrap_or_else(|| panic!("{round}: {old} never ticked"));
+        let first_new = *self
+            .ticks(new)
+            .iter()
+            .min()
+            .unwrap_or_else(|| panic!("{round}: {new} never ticked"));
+        (first_new as f64 - last_old as f64) / 1e6
+    }
+
     fn lines(&self) -> Vec<(String, String)> {
         std::fs::read_to_string(&self.path)
             .unwrap_or_default()
