@@ -247,16 +247,16 @@ async fn measure_drover_work_cut_off_from_the_database() {
 }
 
 /// A worker whose link to PostgreSQL gets slow, then stops carrying its
-/// requests, must not keep its key from other workers. Fails today: every
-/// transaction of A then spans seconds (one answer per statement, each 550 ms
-/// late), so A's heartbeats time out, A's own reclaim deletes A's expired
-/// session row and freezes before it commits, and PostgreSQL keeps that
-/// transaction and its row locks until it notices the dead client (no
-/// `idle_in_transaction_session_timeout`, `tcp_keepalives_idle` 7200 s); every
-/// other node's reclaim waits on the row and B never gets the key. A stall,
-/// not an overlap: A's command is killed in time.
+/// requests, must not keep its key from other workers. Every transaction of A
+/// then spans seconds (one answer per statement, each 550 ms late), so A's
+/// heartbeats time out, and A's own reclaim may delete A's expired session row
+/// and freeze before it commits. PostgreSQL would keep that transaction and its
+/// row locks until it noticed the dead client (hours with default keepalives,
+/// never through a proxy that keeps the socket open) and every other node's
+/// reclaim would wait on the row; drover's connections set
+/// `idle_in_transaction_session_timeout`, so the server ends it and B gets the
+/// key. (Without it this test stalled, 2 of 2.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails today: a transaction frozen mid-way holds its row locks and blocks every reclaim"]
 async fn a_worker_whose_link_freezes_mid_transaction_does_not_keep_its_key_from_others() {
     let Some(base) = support::postgres_url() else {
         return;

@@ -152,3 +152,27 @@ fn channel_names_are_short_valid_identifiers() {
     assert!(odd.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
     assert_ne!(odd, PostgresStore::notify_channel("Name With Spaces"));
 }
+
+#[tokio::test]
+async fn the_server_ends_a_drover_transaction_whose_client_went_silent() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("a PostgreSQL store");
+    // A frozen client's open transaction must not hold its row locks (and so
+    // every other node's reclaim) until the server notices the dead link.
+    let timeout: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(timeout, "5s");
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5500)).await; // the silence itself
+    let after = sqlx::query("SELECT 1").execute(&mut *tx).await;
+    assert!(after.is_err(), "the server ended the idle transaction");
+    drop(tx);
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

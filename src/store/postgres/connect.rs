@@ -14,16 +14,26 @@ use crate::store::{Clock, StoreError, StoreOptions, migrate};
 /// How long an operation waits for a free pooled connection once connected.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the server keeps a drover transaction open while its client sends
+/// nothing: drover's transactions send their statements back to back, so a
+/// silence this long means the client is cut off or frozen mid-transaction, and
+/// its row locks (a session's, a key's) would otherwise block every other
+/// node's reclaim until the server noticed the dead link — with default TCP
+/// keepalives, hours; through a proxy that keeps the socket open, never.
+const IDLE_IN_TRANSACTION: &str = "5s";
+
 impl PostgresStore {
     /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?options=…]`)
     /// and checks or applies the migrations. An unreachable server or a refused
     /// login fails within the connect timeout, never hangs.
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let shown = redact(url);
-        let connect = PgConnectOptions::from_str(url).map_err(|e| StoreError::InvalidUrl {
-            url: shown.clone(),
-            reason: e.to_string(),
-        })?;
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::InvalidUrl {
+                url: shown.clone(),
+                reason: e.to_string(),
+            })?
+            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)]);
         probe(&connect, &shown, options.connect_timeout).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
