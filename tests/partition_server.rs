@@ -24,11 +24,9 @@ mod support;
 use std::time::Duration;
 
 use drover::store::{ItemEnqueue, StoreEngine as _};
-use nix::sys::signal::kill;
-use nix::unistd::Pid;
 use support::TestDb;
 use support::fault_proxy::FaultProxy;
-use support::partition::{EagerReclaim, PROCESS, Tally, answers_come_late, both_cuts, worker};
+use support::partition::{PROCESS, Tally, answers_come_late, both_cuts, take_over, worker};
 use support::process::{eventually, stop};
 use support::serve::Serve;
 use support::ticks::TickLog;
@@ -87,19 +85,7 @@ async fn round(
     .await;
     let a_pid = log.pid("A").expect("A's command logged its pid");
     fault(&proxy, &db).await;
-    let reclaim = EagerReclaim::start(db.store.clone());
-    let b = worker(["--db", &db.url], &log.command("B"), ttl);
-    // Other processes' progress shows only in the log and the process table.
-    eventually("B's command ticking", || async {
-        !log.ticks("B").is_empty()
-    })
-    .await;
-    eventually("A's command gone", || async {
-        kill(Pid::from_raw(a_pid), None).is_err()
-    })
-    .await;
-    drop(reclaim);
-    let gap = log.gap_ms("A", "B", name);
+    let (b, gap) = take_over(&db, &log, a_pid, ttl, name).await;
     proxy.heal();
     stop(b).await;
     stop(a).await;

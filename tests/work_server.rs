@@ -11,8 +11,8 @@ use drover::store::{
 };
 use nix::sys::signal::Signal;
 use support::process::{eventually, signal, stop};
+use support::serve::Serve;
 use support::{TestDb, each_engine};
-use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
 const PROCESS: &str = "remote";
@@ -28,28 +28,9 @@ async fn serve(db: &TestDb, dir: &std::path::Path) -> (Child, String) {
 async fn serve_on(db: &TestDb, dir: &std::path::Path, listen: &str) -> (Child, String) {
     let tokens = dir.join("tokens");
     std::fs::write(&tokens, format!("worker:{TOKEN}\n")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_drover"))
-        .args(["serve", "--listen", listen, "--db", &db.url, "--tokens"])
-        .arg(&tokens)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover serve");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("serve starts within 30 s")
-        .unwrap()
-        .expect("a banner line");
-    let url = first
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .expect("the banner names the URL")
-        .to_owned();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, url)
+    let tokens = tokens.to_str().expect("a UTF-8 temporary path");
+    let serve = Serve::start_with(&db.url, &["--listen", listen, "--tokens", tokens]).await;
+    (serve.child, serve.url)
 }
 
 fn remote_worker(url: &str, exec: &str, flags: &[&str]) -> Child {

@@ -257,6 +257,20 @@ impl StoreError {
         }
     }
 
+    /// The database's own error code (a PostgreSQL SQLSTATE, a SQLite result
+    /// code) when the database refused a statement, for the engine that knows
+    /// what it means.
+    #[cfg(feature = "_engine")]
+    pub(crate) fn database_code(&self) -> Option<String> {
+        let Self::Database(e) = self else {
+            return None;
+        };
+        let sqlx::Error::Database(db) = e.get() else {
+            return None;
+        };
+        db.code().map(std::borrow::Cow::into_owned)
+    }
+
     /// A copy of this error for a second caller (driver errors cannot be
     /// cloned): the same variant, its driver error carried as text.
     #[cfg(feature = "_engine")]

@@ -15,9 +15,13 @@ use drover::store::{ItemEnqueue, Store, StoreEngine as _};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+
 use super::TestDb;
 use super::fault_proxy::FaultProxy;
 use super::process::eventually;
+use super::ticks::TickLog;
 
 /// The process every round works on (one key, `k`).
 pub(crate) const PROCESS: &str = "partitioned";
@@ -123,6 +127,32 @@ pub(crate) fn worker(target: [&str; 2], exec: &str, ttl: Duration) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn drover work")
+}
+
+/// After A (whose command logged `a_pid`) was cut off: starts B on the
+/// database directly, with a node reclaiming eagerly, waits until B's command
+/// ticks and A's is gone, and returns B and the gap in milliseconds between
+/// A's last tick and B's first (negative: they overlapped).
+pub(crate) async fn take_over(
+    db: &TestDb,
+    log: &TickLog,
+    a_pid: i32,
+    ttl: Duration,
+    round: &str,
+) -> (Child, f64) {
+    let reclaim = EagerReclaim::start(db.store.clone());
+    let b = worker(["--db", &db.url], &log.command("B"), ttl);
+    // Other processes' progress shows only in the log and the process table.
+    eventually("B's command ticking", || async {
+        !log.ticks("B").is_empty()
+    })
+    .await;
+    eventually("A's command gone", || async {
+        kill(Pid::from_raw(a_pid), None).is_err()
+    })
+    .await;
+    drop(reclaim);
+    (b, log.gap_ms("A", "B", round))
 }
 
 /// Another database node reclaiming expired sessions every 5 ms, the worst

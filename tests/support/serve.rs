@@ -22,8 +22,14 @@ impl Serve {
     /// Starts `drover serve --db db_url` and waits (at most 30 s) for the
     /// banner naming its URL.
     pub(crate) async fn start(db_url: &str) -> Self {
+        Self::start_with(db_url, &["--listen", "127.0.0.1:0"]).await
+    }
+
+    /// [`start`](Self::start) with `flags` (`--listen ADDR`, `--tokens FILE`).
+    pub(crate) async fn start_with(db_url: &str, flags: &[&str]) -> Self {
         let mut child = Command::new(super::process::drover_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--db", db_url])
+            .args(["serve", "--db", db_url])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

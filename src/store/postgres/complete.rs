@@ -209,13 +209,7 @@ impl CompleteOnce for PostgresStore {
     }
 
     fn from_data(e: &StoreError) -> bool {
-        let StoreError::Database(e) = e else {
-            return false;
-        };
-        let sqlx::Error::Database(db) = e.get() else {
-            return false;
-        };
-        db.code()
+        e.database_code()
             .is_some_and(|code| DATA_ERROR_CLASSES.iter().any(|c| code.starts_with(c)))
     }
 }

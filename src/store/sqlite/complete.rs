@@ -217,13 +217,7 @@ impl CompleteOnce for SqliteStore {
     }
 
     fn from_data(e: &StoreError) -> bool {
-        let StoreError::Database(e) = e else {
-            return false;
-        };
-        let sqlx::Error::Database(db) = e.get() else {
-            return false;
-        };
-        db.code()
+        e.database_code()
             .and_then(|c| c.parse::<i64>().ok())
             .is_some_and(|c| DATA_ERRORS.contains(&(c & 0xff)))
     }
