@@ -566,7 +566,9 @@ pub struct CompleteBatchRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CompletionResult {
     /// Null when the outcome was recorded; otherwise why this lease alone
-    /// changed nothing: `lease_lost` or `session_expired`.
+    /// changed nothing: `lease_lost` or `session_expired` (final), or the code
+    /// of an error that kept it from being written (`internal`, `unavailable`:
+    /// it may be sent again).
     pub error: Option<String>,
     /// The refusal's message, when refused.
     pub message: Option<String>,

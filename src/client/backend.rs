@@ -193,11 +193,20 @@ fn completion(c: &LeaseComplete<'_>) -> CompleteRequest {
     }
 }
 
-/// One completion's result in the store's words.
+/// One completion's result in the store's words: a lost lease or session as
+/// the store says them, any other code (the server could not write this one)
+/// as a remote error the completer retries.
 fn refusal(lease: &Lease, result: &CompletionResult) -> Result<(), StoreError> {
     match result.error.as_deref() {
         None => Ok(()),
-        Some(code) => Err(lease_failure(Failure::Conflict(code.to_owned()), lease)),
+        Some(code @ ("lease_lost" | "session_expired")) => {
+            Err(lease_failure(Failure::Conflict(code.to_owned()), lease))
+        }
+        Some(code) => Err(StoreError::Remote(RemoteError {
+            message: format!("{code}: {}", result.message.as_deref().unwrap_or("")),
+            status: None,
+            unknown: false,
+        })),
     }
 }
 
@@ -224,4 +233,50 @@ fn lease_failure(failure: Failure, lease: &Lease) -> StoreError {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::FencingToken;
+
+    #[test]
+    fn a_batch_result_is_final_only_for_a_lost_lease_or_session() {
+        let lease = Lease {
+            session: SessionId(7),
+            process: "p".into(),
+            key: "k".into(),
+            token: FencingToken(3),
+            attempt: 1,
+            priority: 0,
+            enqueued_at: DateTime::<Utc>::UNIX_EPOCH,
+            started_at: DateTime::<Utc>::UNIX_EPOCH,
+        };
+        let result = |code: Option<&str>| CompletionResult {
+            error: code.map(str::to_owned),
+            message: Some("why".into()),
+        };
+        assert!(refusal(&lease, &result(None)).is_ok());
+        let lost = refusal(&lease, &result(Some("lease_lost"))).unwrap_err();
+        assert!(matches!(
+            lost,
+            StoreError::LeaseLost {
+                token: FencingToken(3),
+                ..
+            }
+        ));
+        let expired = refusal(&lease, &result(Some("session_expired"))).unwrap_err();
+        assert!(matches!(
+            expired,
+            StoreError::SessionExpired {
+                session: SessionId(7)
+            }
+        ));
+        // Not written, for a reason of the server's: the completer retries it.
+        let failed = refusal(&lease, &result(Some("internal"))).unwrap_err();
+        assert!(
+            !failed.is_lease_rejection() && failed.is_transient(),
+            "{failed}"
+        );
+    }
 }

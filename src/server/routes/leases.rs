@@ -177,7 +177,9 @@ fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
 /// Records many runs' outcomes in one transaction (what `drover::client` sends,
 /// so a remote worker commits as rarely as one on the database). Each lease is
 /// checked on its own: a lost lease gets its own `lease_lost` /
-/// `session_expired` result and changes nothing, while the rest commit.
+/// `session_expired` result and changes nothing, while the rest commit; an
+/// outcome the database could not write even alone gets the error's code
+/// (`internal`, `unavailable`), and the worker may send it again.
 #[utoipa::path(
     post, path = "/v1/leases/complete-batch", tag = "work",
     security(("bearer" = [])),
@@ -230,21 +232,25 @@ pub(crate) async fn complete_batch(
                 state
                     .metrics
                     .completed(&lease.process, outcome.name(), started, now);
-                Ok(CompletionResult {
+                CompletionResult {
                     error: None,
                     message: None,
-                })
+                }
             }
-            Err(e) if e.is_lease_rejection() => Ok(CompletionResult {
-                error: Some(ApiError::from(e).body().error),
-                message: Some(format!(
-                    "{}/{} (token {})",
-                    lease.process, lease.key, lease.token
-                )),
-            }),
-            Err(e) => Err(ApiError::from(e)),
+            // The others committed: this one alone is refused (a lost lease)
+            // or could not be written (the worker may retry it).
+            Err(e) => {
+                let body = ApiError::from(e).body();
+                CompletionResult {
+                    error: Some(body.error),
+                    message: Some(format!(
+                        "{}/{} (token {}): {}",
+                        lease.process, lease.key, lease.token, body.message
+                    )),
+                }
+            }
         })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+        .collect();
     Ok(Json(CompleteBatchResponse { results }))
 }
 
