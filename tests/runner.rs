@@ -768,3 +768,30 @@ async fn a_parallelism_beyond_one_claims_answer_drains_every_key_once() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_error_with_nul_bytes_parks_its_key_with_the_text_cleaned() {
+    each_backend(|db| async move {
+        // Over HTTP the raw text would not fit the server's 1 MiB body limit:
+        // refused on every retry, the key would never park.
+        let huge = format!("bad\0{}", "x".repeat(2 << 20));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reconciler = reporting(tx, move |_| {
+            Err(permanent(std::io::Error::other(huge.clone())).into())
+        });
+        let running = Running::start(controller(&db.worker, reconciler));
+        enqueue(&db.store, &["poison"]).await;
+        recv(&mut rx).await;
+        running.stop().await;
+        let parked = item(&db, "poison").await.expect("parked item");
+        assert_eq!(parked.item.state, ItemState::Parked);
+        let error = parked.item.last_error.expect("its error");
+        assert!(error.starts_with("bad\u{FFFD}xxx"), "{}", &error[..20]);
+        assert!(
+            error.len() <= drover::store::MAX_TEXT_BYTES,
+            "{}",
+            error.len()
+        );
+    })
+    .await;
+}

@@ -1,5 +1,6 @@
 //! [`WorkerBackend`] for [`Client`]: the worker's calls as HTTP requests.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -12,8 +13,9 @@ use crate::api::{
     OutcomeBody, ReleaseRequest, SessionBody, SessionRequest,
 };
 use crate::store::{
-    Lease, LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, RemoteError, Session,
-    SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError, WorkerBackend,
+    Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome, ProcessConfigure,
+    RemoteError, Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError,
+    WorkerBackend, clean_text,
 };
 
 /// The most bytes of completions one request carries: half the server's
@@ -91,47 +93,35 @@ impl WorkerBackend for Client {
             let request = CompleteBatchRequest {
                 completions: chunk.iter().map(completion).collect(),
             };
+            let path = "/v1/leases/complete-batch";
             let answer: Result<CompleteBatchResponse, Failure> = self
-                .call(
-                    Method::POST,
-                    "/v1/leases/complete-batch",
-                    Some(&request),
-                    CALL_TIMEOUT,
-                )
+                .call(Method::POST, path, Some(&request), CALL_TIMEOUT)
                 .await;
-            match answer {
+            // An earlier chunk may have committed: a chunk that fails is
+            // answered per completion, so each is retried (a retry of one that
+            // did commit is refused as lost, which is harmless).
+            let failed = match answer {
                 Ok(answer) if answer.results.len() == chunk.len() => {
-                    let each = chunk.iter().zip(answer.results);
-                    results.extend(each.map(|(sent, result)| refusal(sent.lease, &result)));
+                    let each = chunk.iter().zip(&answer.results);
+                    results.extend(each.map(|(sent, result)| refusal(sent.lease, result)));
+                    continue;
                 }
-                Ok(answer) => {
-                    let remote = RemoteError {
-                        message: format!(
-                            "the server answered {} results for {} completions",
-                            answer.results.len(),
-                            chunk.len()
-                        ),
-                        status: None,
-                        unknown: true,
-                    };
-                    results.extend(
-                        chunk
-                            .iter()
-                            .map(|_| Err(StoreError::Remote(remote.clone()))),
-                    );
-                }
-                // An earlier chunk may have committed: report per completion,
-                // so each is retried (a retry of one that did commit is refused
-                // as lost, which is harmless).
-                Err(failure) => {
-                    let remote = failure.into_remote();
-                    results.extend(
-                        chunk
-                            .iter()
-                            .map(|_| Err(StoreError::Remote(remote.clone()))),
-                    );
-                }
-            }
+                Ok(answer) => RemoteError {
+                    message: format!(
+                        "the server answered {} results for {} completions",
+                        answer.results.len(),
+                        chunk.len()
+                    ),
+                    status: None,
+                    unknown: true,
+                },
+                Err(failure) => failure.into_remote(),
+            };
+            results.extend(
+                chunk
+                    .iter()
+                    .map(|_| Err(StoreError::Remote(failed.clone()))),
+            );
         }
         Ok(results)
     }
@@ -179,17 +169,27 @@ fn chunks<'b, 'a>(batch: &'b [LeaseComplete<'a>]) -> Vec<&'b [LeaseComplete<'a>]
     out
 }
 
+/// The error text's size as [`completion`] sends it.
 fn error_len(c: &LeaseComplete<'_>) -> usize {
     match c.outcome {
-        crate::store::Outcome::Transient(e) | crate::store::Outcome::Permanent(e) => e.len(),
-        _ => 0,
+        Outcome::Transient(e) | Outcome::Permanent(e) => e.len().min(MAX_TEXT_BYTES),
+        Outcome::Done | Outcome::RequeueAfter(_) => 0,
     }
 }
 
+/// One completion as the API takes it, its error text cleaned as the store
+/// would store it: a huge error then cannot make every retry of the request
+/// too large for the server (a 413, and the key never parked).
 fn completion(c: &LeaseComplete<'_>) -> CompleteRequest {
+    let mut outcome = OutcomeBody::from(c.outcome);
+    if let OutcomeBody::Transient { error } | OutcomeBody::Permanent { error } = &mut outcome
+        && let Cow::Owned(cleaned) = clean_text(error)
+    {
+        *error = cleaned;
+    }
     CompleteRequest {
         lease: LeaseRef::from(c.lease),
-        outcome: OutcomeBody::from(c.outcome),
+        outcome,
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::ErrorBody;
-use crate::store::{RemoteError, StoreError};
+use crate::store::{RemoteError, StoreError, error_chain};
 
 /// How long a request other than a long-polling claim may take.
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -131,15 +131,8 @@ impl Client {
 fn transport(what: &str, e: &reqwest::Error) -> Failure {
     // reqwest's own message is generic ("error sending request"): the cause
     // (refused, reset, timed out) is in its sources.
-    let mut message = format!("{what}: {e}");
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
     Failure::Remote(RemoteError {
-        message,
+        message: format!("{what}: {}", error_chain(e)),
         status: None,
         unknown: !e.is_connect() && !e.is_builder(),
     })
@@ -161,4 +154,44 @@ fn refusal(what: &str, status: StatusCode, bytes: &[u8]) -> Failure {
         status: Some(status.as_u16()),
         unknown: code == "commit_unknown",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, code: &str) -> Failure {
+        let body = format!(r#"{{"error":"{code}","message":"why"}}"#);
+        refusal(
+            "POST /x",
+            StatusCode::from_u16(status).unwrap(),
+            body.as_bytes(),
+        )
+    }
+
+    #[test]
+    fn a_servers_refusal_maps_to_what_the_worker_does_next() {
+        assert!(matches!(answer(409, "lease_lost"), Failure::Conflict(c) if c == "lease_lost"));
+        // Maybe applied: a claim in this state gives its session up.
+        let unknown = answer(503, "commit_unknown").into_store();
+        assert!(
+            unknown.is_commit_unknown() && !unknown.is_transient(),
+            "{unknown}"
+        );
+        // Nothing applied, worth retrying.
+        let down = answer(503, "unavailable").into_store();
+        assert!(!down.is_commit_unknown() && down.is_transient(), "{down}");
+        // The caller's mistake: retrying cannot help.
+        let token = answer(401, "unauthorized").into_store();
+        assert!(
+            !token.is_commit_unknown() && !token.is_transient(),
+            "{token}"
+        );
+        // Not JSON (a proxy's page): still a clear error with the status.
+        let page = refusal("POST /x", StatusCode::BAD_GATEWAY, b"<html>oops").into_store();
+        assert!(
+            page.is_transient() && page.to_string().contains("502"),
+            "{page}"
+        );
+    }
 }

@@ -47,9 +47,8 @@ struct Job {
 
 /// A handle runs write their outcomes through. Cheap to clone.
 #[derive(Debug)]
-pub(crate) struct Completer<B> {
+pub(crate) struct Completer {
     jobs: mpsc::UnboundedSender<Job>,
-    backend: std::marker::PhantomData<fn() -> B>,
 }
 
 impl std::fmt::Debug for Job {
@@ -58,20 +57,17 @@ impl std::fmt::Debug for Job {
     }
 }
 
-impl<B: WorkerBackend> Completer<B> {
+impl Completer {
     /// Starts the writer task on `backend`; it runs until `stop` fires (see
     /// [`write_loop`]) or every handle is dropped.
-    pub(crate) fn start(
+    pub(crate) fn start<B: WorkerBackend>(
         backend: B,
         tracker: &tokio_util::task::TaskTracker,
         stop: CancellationToken,
     ) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
         tracker.spawn(write_loop(backend, queue, stop));
-        Self {
-            jobs,
-            backend: std::marker::PhantomData,
-        }
+        Self { jobs }
     }
 
     /// Writes `outcome` for `lease` in the next batch and waits for the answer.

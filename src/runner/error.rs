@@ -105,17 +105,7 @@ pub fn outcome_of(result: Result<super::Action, BoxError>) -> crate::store::Outc
 /// The whole chain as one line, `outer: cause: root`, for the history's error.
 #[must_use]
 pub fn error_chain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut next = error.source();
-    while let Some(err) = next {
-        let part = err.to_string();
-        if !text.ends_with(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        next = err.source();
-    }
-    text
+    crate::store::error_chain(error)
 }
 
 #[cfg(test)]

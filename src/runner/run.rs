@@ -35,7 +35,7 @@ pub(crate) struct Run<R, B> {
     pub(crate) settings: Settings,
     pub(crate) metrics: RunnerMetrics,
     /// Writes outcomes, many runs per transaction.
-    pub(crate) completer: Completer<B>,
+    pub(crate) completer: Completer,
     /// Outcomes reconciled but not yet written ([`OUTCOMES_IN_WRITING`] at
     /// most): a run gives its slot back as soon as its reconcile returns, so
     /// the next key starts while the outcome waits for the completer's commit,

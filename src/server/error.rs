@@ -6,7 +6,7 @@
 //! retrying may help, 500 otherwise).
 
 pub use crate::api::ErrorBody;
-use crate::store::StoreError;
+use crate::store::{StoreError, error_chain as chain};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -193,18 +193,6 @@ fn conflict(code: &'static str, e: &StoreError) -> ApiError {
         code,
         message: e.to_string(),
     }
-}
-
-/// An error with its sources, `a: b: c`, for logs.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

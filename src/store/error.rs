@@ -306,3 +306,19 @@ impl StoreError {
         }
     }
 }
+
+/// An error with its sources on one line, `outer: cause: root`, each cause
+/// written once (many errors repeat their source's text in their own).
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(err) = next {
+        let part = err.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        next = err.source();
+    }
+    text
+}

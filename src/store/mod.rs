@@ -102,6 +102,7 @@ pub use clock::Clock;
 pub use engine::StoreEngine;
 #[cfg(feature = "_engine")]
 pub use error::DriverError;
+pub(crate) use error::error_chain;
 pub use error::{RemoteError, StoreError};
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;

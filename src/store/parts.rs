@@ -9,6 +9,7 @@ use std::future::Future;
 use std::ops::Range;
 
 use super::StoreError;
+use super::error::error_chain;
 use super::params::LeaseComplete;
 use super::text::clean_text;
 use super::types::Outcome;
@@ -89,7 +90,7 @@ async fn alone<E: CompleteOnce>(
 ) -> Result<(), StoreError> {
     let note = clean_text(&format!(
         "[drover could not store this run's error: {}]",
-        chain(&refused)
+        error_chain(&refused)
     ))
     .into_owned();
     let outcome = match params.outcome {
@@ -106,18 +107,6 @@ async fn alone<E: CompleteOnce>(
         Ok(mut got) => got.pop().unwrap_or(Err(refused)),
         Err(_) => Err(refused),
     }
-}
-
-/// An error with its sources, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// Answers every lease of the `todo` parts with a copy of `e`.
