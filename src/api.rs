@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::store::{HistoryEvent, Item, ItemDetail, ItemState, Lease, Outcome, Session};
+use crate::store::{Item, ItemDetail, ItemState, Lease, Outcome, Run, RunOutcome, Session};
 
 /// The longest session TTL the API accepts: one day.
 pub const MAX_TTL_MS: u64 = 86_400_000;
@@ -139,6 +139,8 @@ pub enum StateName {
     Running,
     /// Stopped after a permanent error until the next enqueue.
     Parked,
+    /// Converged: known, with no pending work, until the next enqueue.
+    Idle,
 }
 
 impl From<ItemState> for StateName {
@@ -148,6 +150,7 @@ impl From<ItemState> for StateName {
             ItemState::Backoff => Self::Backoff,
             ItemState::Running => Self::Running,
             ItemState::Parked => Self::Parked,
+            ItemState::Idle => Self::Idle,
         }
     }
 }
@@ -159,6 +162,7 @@ impl From<StateName> for ItemState {
             StateName::Backoff => Self::Backoff,
             StateName::Running => Self::Running,
             StateName::Parked => Self::Parked,
+            StateName::Idle => Self::Idle,
         }
     }
 }
@@ -182,9 +186,9 @@ pub(crate) struct ItemListQuery {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct ItemGetQuery {
-    /// At most this many history events, newest first (0–1000, default 50).
+    /// At most this many runs, newest first (0–1000, default 50).
     #[param(minimum = 0, maximum = 1000)]
-    pub(crate) history_limit: Option<u32>,
+    pub(crate) runs_limit: Option<u32>,
 }
 
 /// One durable item.
@@ -200,9 +204,10 @@ pub struct ItemBody {
     pub priority: i32,
     /// When a pending item may start.
     pub ready_at: DateTime<Utc>,
-    /// When the enqueue it answers arrived.
+    /// When the key became pending for its current (or next, or last) run.
     pub enqueued_at: DateTime<Utc>,
-    /// Consecutive failed attempts.
+    /// Consecutive failed attempts, transient or permanent; reset when a run
+    /// converges.
     pub failures: u32,
     /// The end of the current backoff.
     pub backoff_until: Option<DateTime<Utc>>,
@@ -216,6 +221,16 @@ pub struct ItemBody {
     pub lease_token: Option<i64>,
     /// When the current run started.
     pub started_at: Option<DateTime<Utc>>,
+    /// When the key was first enqueued (null if only ever locked).
+    pub first_enqueued_at: Option<DateTime<Utc>>,
+    /// When the key was last enqueued.
+    pub last_enqueued_at: Option<DateTime<Utc>>,
+    /// How many enqueues it has had, coalesced ones included.
+    pub enqueue_count: u64,
+    /// How its last run ended: done, requeued, retry, parked, canceled or expired.
+    pub last_outcome: Option<String>,
+    /// When its last run ended.
+    pub last_ended_at: Option<DateTime<Utc>>,
 }
 
 impl From<Item> for ItemBody {
@@ -234,6 +249,11 @@ impl From<Item> for ItemBody {
             lease_session: i.lease_session.map(|s| s.0),
             lease_token: i.lease_token.map(|t| t.0),
             started_at: i.started_at,
+            first_enqueued_at: i.first_enqueued_at,
+            last_enqueued_at: i.last_enqueued_at,
+            enqueue_count: i.enqueue_count,
+            last_outcome: i.last_outcome.map(|o| o.as_str().to_owned()),
+            last_ended_at: i.last_ended_at,
         }
     }
 }
@@ -247,54 +267,155 @@ pub struct ItemPage {
     pub next_after_key: Option<String>,
 }
 
-/// One history event.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct EventBody {
-    /// Increasing id.
-    pub id: i64,
-    /// When.
-    pub at: DateTime<Utc>,
-    /// enqueued, started, finished, failed, parked, canceled, expired, retried
-    /// or deleted.
-    pub event: String,
-    /// The session involved.
-    pub session: Option<i64>,
-    /// The attempt number, for run events.
-    pub attempt: Option<u32>,
-    /// The error, for failed and parked.
-    pub error: Option<String>,
-    /// For failed: whether it will be retried.
-    pub transient: Option<bool>,
+/// How a run ended, or which action an operator took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeName {
+    /// Converged: the key is idle (or pending again if changed during the run).
+    Done,
+    /// Converged for now, to be looked at again after a delay.
+    Requeued,
+    /// Failed transiently: pending again after the process's backoff.
+    Retry,
+    /// Failed permanently and parked (or, as an action, parked by an operator).
+    Parked,
+    /// Given back without an outcome (shutdown, cancellation).
+    Canceled,
+    /// Its worker's session expired and the lease was reclaimed.
+    Expired,
+    /// An operator's "retry now".
+    Retried,
+    /// An operator forgot the key.
+    Deleted,
 }
 
-impl From<HistoryEvent> for EventBody {
-    fn from(e: HistoryEvent) -> Self {
-        Self {
-            id: e.id,
-            at: e.at,
-            event: e.event.as_str().to_owned(),
-            session: e.session.map(|s| s.0),
-            attempt: e.attempt,
-            error: e.error,
-            transient: e.transient,
+impl From<RunOutcome> for OutcomeName {
+    fn from(o: RunOutcome) -> Self {
+        match o {
+            RunOutcome::Done => Self::Done,
+            RunOutcome::Requeued => Self::Requeued,
+            RunOutcome::Retry => Self::Retry,
+            RunOutcome::Parked => Self::Parked,
+            RunOutcome::Canceled => Self::Canceled,
+            RunOutcome::Expired => Self::Expired,
+            RunOutcome::Retried => Self::Retried,
+            RunOutcome::Deleted => Self::Deleted,
         }
     }
 }
 
-/// An item with its newest history.
+impl From<OutcomeName> for RunOutcome {
+    fn from(o: OutcomeName) -> Self {
+        match o {
+            OutcomeName::Done => Self::Done,
+            OutcomeName::Requeued => Self::Requeued,
+            OutcomeName::Retry => Self::Retry,
+            OutcomeName::Parked => Self::Parked,
+            OutcomeName::Canceled => Self::Canceled,
+            OutcomeName::Expired => Self::Expired,
+            OutcomeName::Retried => Self::Retried,
+            OutcomeName::Deleted => Self::Deleted,
+        }
+    }
+}
+
+/// One history row: a run that ended, or an operator's action.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunBody {
+    /// Increasing id; pass the last one of a page as `before` for the next.
+    pub id: i64,
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// How the run ended, or which action an operator took.
+    pub outcome: OutcomeName,
+    /// Which consecutive attempt the run was: 1 + the failed attempts before
+    /// it (null for an action).
+    pub attempt: Option<u32>,
+    /// Whether the run failed (outcome retry or parked, not an action).
+    pub failed: bool,
+    /// The session that held the lease (null for an action).
+    pub session: Option<i64>,
+    /// The lease's fencing token (null for an action).
+    pub token: Option<i64>,
+    /// When the key became pending for this run.
+    pub pending_since: Option<DateTime<Utc>>,
+    /// When the run started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the run ended, or the action was taken.
+    pub ended_at: DateTime<Utc>,
+    /// How long the key waited from pending to the run's start, in milliseconds.
+    pub queue_wait_ms: Option<u64>,
+    /// How long the run took, in milliseconds.
+    pub duration_ms: Option<u64>,
+    /// The error of a failed run, or the reason an operator parked the key.
+    pub error: Option<String>,
+    /// The role that took an action (null for a run).
+    pub actor: Option<String>,
+}
+
+impl From<Run> for RunBody {
+    fn from(r: Run) -> Self {
+        Self {
+            failed: r.failed(),
+            queue_wait_ms: r.queue_wait().map(millis),
+            duration_ms: r.duration().map(millis),
+            id: r.id,
+            process: r.process,
+            key: r.key,
+            outcome: r.outcome.into(),
+            attempt: r.attempt,
+            session: r.session.map(|s| s.0),
+            token: r.token.map(|t| t.0),
+            pending_since: r.pending_since,
+            started_at: r.started_at,
+            ended_at: r.ended_at,
+            error: r.error,
+            actor: r.actor,
+        }
+    }
+}
+
+/// A page of history, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunPage {
+    /// The rows, newest first.
+    pub runs: Vec<RunBody>,
+    /// Pass as `before` for the next (older) page; null on the last page.
+    pub next_before: Option<i64>,
+}
+
+/// Query of `GET /v1/processes/{process}/runs`.
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct RunListQuery {
+    /// Only this key's runs.
+    pub(crate) key: Option<String>,
+    /// Only rows with this outcome.
+    pub(crate) outcome: Option<OutcomeName>,
+    /// Only rows older than this id (the previous page's `next_before`).
+    pub(crate) before: Option<i64>,
+    /// At most this many rows (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub(crate) limit: Option<u32>,
+}
+
+/// An item with its newest runs: what happened to the key, and why.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ItemDetailBody {
     /// The item.
     pub item: ItemBody,
-    /// Its newest events, newest first.
-    pub history: Vec<EventBody>,
+    /// Its newest runs and actions, newest first.
+    pub runs: Vec<RunBody>,
 }
 
 impl From<ItemDetail> for ItemDetailBody {
     fn from(d: ItemDetail) -> Self {
         Self {
             item: d.item.into(),
-            history: d.history.into_iter().map(Into::into).collect(),
+            runs: d.runs.into_iter().map(Into::into).collect(),
         }
     }
 }

@@ -138,10 +138,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
         let process = self.settings.process.clone();
         if let Some(backoff) = self.settings.backoff {
-            let params = ProcessConfigure {
-                process: process.clone(),
-                backoff,
-            };
+            let params = ProcessConfigure::new(process.clone()).backoff(backoff);
             self.backend
                 .process_configure(params)
                 .await

@@ -46,10 +46,10 @@ pub use auth::{Role, Tokens, TokensError};
 pub use error::{ApiError, ErrorBody};
 pub use model::{
     ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
-    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, EventBody, Health,
-    HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM,
-    MAX_PAGE, MAX_TTL_MS, OutcomeBody, ProcessList, ProcessSummary, ReleaseRequest, SessionBody,
-    SessionRequest, StateName,
+    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, Health, HeartbeatResponse,
+    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
+    OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage,
+    SessionBody, SessionRequest, StateName,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

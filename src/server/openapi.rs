@@ -8,11 +8,11 @@ use super::auth::Role;
 use super::error::ErrorBody;
 use super::model::{
     ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
-    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, EventBody, Health,
-    HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody,
-    ProcessList, ProcessSummary, ReleaseRequest, SessionBody, SessionRequest, StateName,
+    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, Health, HeartbeatResponse,
+    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList,
+    ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
 };
-use super::routes::{health, items, leases, processes, sessions};
+use super::routes::{health, items, leases, processes, runs, sessions};
 
 /// The API description served at `/openapi.json`.
 #[derive(Debug, OpenApi)]
@@ -27,13 +27,14 @@ use super::routes::{health, items, leases, processes, sessions};
     paths(
         processes::list,
         items::enqueue, items::list, items::get, items::retry, items::park, items::delete,
+        runs::list,
         sessions::start, sessions::heartbeat, sessions::close,
         leases::claim, leases::complete, leases::complete_batch, leases::release,
         health::healthz, health::readyz, health::metrics, health::openapi,
     ),
     components(schemas(
         ErrorBody, Role, EnqueueRequest, EnqueueResponse, ProcessList, ProcessSummary,
-        StateName, ItemBody, ItemPage, EventBody, ItemDetailBody, SessionRequest, SessionBody,
+        StateName, ItemBody, ItemPage, RunBody, RunPage, OutcomeName, ItemDetailBody, SessionRequest, SessionBody,
         HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
         CompletionResult, ReleaseRequest, Health,

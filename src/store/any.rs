@@ -19,13 +19,13 @@ use super::PostgresStore;
 use super::SqliteStore;
 use super::error::ENGINE_URLS;
 use super::params::{
-    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
+    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
     SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, PoolStats, ProcessActivity,
-    ProcessCounts, ReclaimReport, Session,
+    EnqueueReport, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions};
 
@@ -258,12 +258,12 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.history_activity(params).await)
     }
 
-    async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {
-        dispatch!(self, s => s.history_list(params).await)
+    async fn run_list(&self, params: RunList) -> Result<Vec<Run>, StoreError> {
+        dispatch!(self, s => s.run_list(params).await)
     }
 
-    async fn history_prune(&self, params: HistoryPrune) -> Result<u64, StoreError> {
-        dispatch!(self, s => s.history_prune(params).await)
+    async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
+        dispatch!(self, s => s.retention_prune(params).await)
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
@@ -272,6 +272,10 @@ impl StoreEngine for Store {
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
         dispatch!(self, s => s.process_configure(params).await)
+    }
+
+    async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {
+        dispatch!(self, s => s.process_list().await)
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::error::StoreError;
-use super::types::{EventKind, ItemState};
+use super::types::{ItemState, RunOutcome};
 use crate::backoff::Backoff;
 
 /// An item's state from its stored name; a pending item still inside its backoff
@@ -15,6 +15,7 @@ pub(crate) fn item_state(stored: &str, backing_off: bool) -> Result<ItemState, S
         "pending" => Ok(ItemState::Pending),
         "running" => Ok(ItemState::Running),
         "parked" => Ok(ItemState::Parked),
+        "idle" => Ok(ItemState::Idle),
         other => Err(corrupt(format!("unknown item state {other:?}"))),
     }
 }
@@ -25,6 +26,7 @@ pub(crate) fn stored_state(state: ItemState) -> &'static str {
         ItemState::Pending | ItemState::Backoff => "pending",
         ItemState::Running => "running",
         ItemState::Parked => "parked",
+        ItemState::Idle => "idle",
     }
 }
 
@@ -34,13 +36,13 @@ pub(crate) fn backing_off(state: ItemState) -> Option<bool> {
     match state {
         ItemState::Pending => Some(false),
         ItemState::Backoff => Some(true),
-        ItemState::Running | ItemState::Parked => None,
+        ItemState::Running | ItemState::Parked | ItemState::Idle => None,
     }
 }
 
-/// An event kind from its stored name.
-pub(crate) fn event_kind(stored: &str) -> Result<EventKind, StoreError> {
-    EventKind::parse(stored).ok_or_else(|| corrupt(format!("unknown history event {stored:?}")))
+/// A run's outcome from its stored name.
+pub(crate) fn run_outcome(stored: &str) -> Result<RunOutcome, StoreError> {
+    RunOutcome::parse(stored).ok_or_else(|| corrupt(format!("unknown run outcome {stored:?}")))
 }
 
 /// A process's backoff policy from its stored columns. A process without a row, or

@@ -7,13 +7,13 @@ use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
 use super::params::{
-    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
+    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
     SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ReclaimReport, Session,
+    EnqueueReport, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts, ProcessSettings,
+    PruneReport, ReclaimReport, Run, Session,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -43,7 +43,7 @@ pub trait StoreEngine: Send + Sync {
         params: SessionHeartbeat,
     ) -> impl Future<Output = Result<DateTime<Utc>, StoreError>> + Send;
 
-    /// Ends a session: its leases go back to pending (history `canceled`, no
+    /// Ends a session: its leases go back to pending (a `canceled` run each, no
     /// failure counted) and the session is deleted. Returns how many leases it
     /// gave back. Closing an unknown session is not an error.
     fn session_close(
@@ -52,7 +52,7 @@ pub trait StoreEngine: Send + Sync {
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Turns the leases of every session past its deadline (and any lease whose
-    /// session no longer exists) back into pending items with an `expired` event,
+    /// session no longer exists) back into pending items with an `expired` run,
     /// and deletes those sessions. Any node may call it at any time.
     ///
     /// Expiry is decided once, under the session row's lock: a heartbeat that
@@ -77,7 +77,7 @@ pub trait StoreEngine: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
 
     /// Records a run's outcome (DESIGN.md rule 4), checked against the session and
-    /// the fencing token.
+    /// the fencing token: the item's next state and the run's one history row.
     fn lease_complete(
         &self,
         params: LeaseComplete<'_>,
@@ -94,14 +94,14 @@ pub trait StoreEngine: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
 
     /// Gives a lease back without an outcome (cancellation, shutdown): the item is
-    /// pending at once, no failure is counted, history says `canceled`.
+    /// pending at once, no failure is counted, the run ends `canceled`.
     fn lease_release(
         &self,
         params: LeaseRelease<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Leases one key chosen by the caller (query-driven loops), creating its item
-    /// if needed. Refused with [`StoreError::AlreadyLeased`],
+    /// if needed (an idle key is taken like a new one). Refused with [`StoreError::AlreadyLeased`],
     /// [`StoreError::InBackoff`] (backing off, or delayed: its ready time has
     /// not come) or [`StoreError::Parked`].
     fn lease_lock(
@@ -116,15 +116,16 @@ pub trait StoreEngine: Send + Sync {
         params: ItemList,
     ) -> impl Future<Output = Result<Vec<Item>, StoreError>> + Send;
 
-    /// One item with its newest history; `None` if the key has no item.
+    /// One item (idle ones included) with its newest runs; `None` if the key
+    /// is not known.
     fn item_get(
         &self,
         params: ItemGet,
     ) -> impl Future<Output = Result<Option<ItemDetail>, StoreError>> + Send;
 
-    /// An operator's "retry now": a pending, backing-off or parked item becomes
-    /// pending at once (its backoff cut short; its failure count kept, so a
-    /// further failure backs off as before), with a `retried` event. `None` if
+    /// An operator's "retry now": a pending, backing-off, parked or idle item
+    /// becomes pending at once (its backoff cut short; its failure count kept,
+    /// so a further failure backs off as before), with a `retried` row. `None` if
     /// the key has no item; [`StoreError::AlreadyLeased`] (changing nothing) if it
     /// is running, since only its lease holder may end that run.
     fn item_retry(
@@ -132,8 +133,8 @@ pub trait StoreEngine: Send + Sync {
         params: ItemRetry,
     ) -> impl Future<Output = Result<Option<Item>, StoreError>> + Send;
 
-    /// An operator's "park": a pending or backing-off item is parked with
-    /// `reason` as its last error (a `parked` event), so it never runs until the
+    /// An operator's "park": a pending, backing-off or idle item is parked with
+    /// `reason` as its last error (a `parked` row), so it never runs until the
     /// next enqueue or retry. Parking a parked item only replaces the reason.
     /// `None` if the key has no item; [`StoreError::AlreadyLeased`] if running.
     fn item_park(
@@ -141,43 +142,53 @@ pub trait StoreEngine: Send + Sync {
         params: ItemPark,
     ) -> impl Future<Output = Result<Option<Item>, StoreError>> + Send;
 
-    /// An operator's "delete": the item's row is gone (its history stays, with a
-    /// `deleted` event); a later enqueue starts it afresh with no failures.
+    /// An operator's "delete" (the informer's delete event): the key is
+    /// forgotten, its item gone; its runs stay (with a `deleted` row) until
+    /// retention removes them. A later enqueue starts it afresh.
     /// `false` if the key had no item; [`StoreError::AlreadyLeased`] if running.
     fn item_delete(
         &self,
         params: ItemDelete,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Per known process, how many runs ended (finished / failed) within the
+    /// Per known process, how many runs ended (converged / failed) within the
     /// window: recent throughput and failure rate, from the history.
     fn history_activity(
         &self,
         params: HistoryActivity,
     ) -> impl Future<Output = Result<Vec<ProcessActivity>, StoreError>> + Send;
 
-    /// History events, newest first.
-    fn history_list(
+    /// A page of history (runs and operator actions), newest first.
+    fn run_list(
         &self,
-        params: HistoryList,
-    ) -> impl Future<Output = Result<Vec<HistoryEvent>, StoreError>> + Send;
+        params: RunList,
+    ) -> impl Future<Output = Result<Vec<Run>, StoreError>> + Send;
 
-    /// Deletes events older than the retention; returns how many.
-    fn history_prune(
+    /// One small batch of a process's retention ([`Retention`](super::Retention)):
+    /// deletes runs past the period, then caps runs per key and forgets idle
+    /// keys along a walk that goes on from `params.cursor`. Each step is its
+    /// own short transaction.
+    fn retention_prune(
         &self,
-        params: HistoryPrune,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+        params: RetentionPrune,
+    ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
 
     /// Counts per known process and state, with the oldest ready item's age.
+    /// Idle keys are not counted: counting them would read every known key.
     fn process_counts(&self)
     -> impl Future<Output = Result<Vec<ProcessCounts>, StoreError>> + Send;
 
-    /// Sets a process's backoff policy (creating the process if unknown). It applies
-    /// to every failure recorded from then on, by every node.
+    /// Changes a process's settings (creating the process if unknown); the
+    /// settings not given keep their values. They apply from then on, on every
+    /// node.
     fn process_configure(
         &self,
         params: ProcessConfigure,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Every known process with its settings, in name order.
+    fn process_list(&self)
+    -> impl Future<Output = Result<Vec<ProcessSettings>, StoreError>> + Send;
 
     /// The database clock (shifted by [`Clock`](super::Clock)'s test offset).
     fn clock_now(&self) -> impl Future<Output = Result<DateTime<Utc>, StoreError>> + Send;

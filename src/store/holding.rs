@@ -95,16 +95,16 @@ pub(crate) struct Settling<'a> {
 }
 
 /// Settles each lease of `batch` whose row is held (`rows`, by position, as
-/// [`match_leases`] gives them): hands the outcome to `write`, answers
+/// [`match_leases`] gives them): hands the row and its outcome to `write`, answers
 /// `Ok`. The others are refused on their own, `SessionExpired` when their
 /// session is in `expired`, `LeaseLost` otherwise; a row met twice in one batch
 /// is settled once.
-pub(crate) fn settle_batch<'a>(
+pub(crate) fn settle_batch<'a, R: Held>(
     now: DateTime<Utc>,
     batch: &[LeaseComplete<'a>],
-    rows: Vec<Option<impl Held>>,
+    rows: Vec<Option<R>>,
     expired: &HashSet<SessionId>,
-    mut write: impl FnMut(i64, &Lease, Settled),
+    mut write: impl FnMut(R, Settled),
 ) -> Settling<'a> {
     let mut seen = HashSet::with_capacity(batch.len());
     let mut settling = Settling {
@@ -115,11 +115,11 @@ pub(crate) fn settle_batch<'a>(
         let lease: &'a Lease = params.lease;
         let result = match row.filter(|row| seen.insert(row.id())) {
             Some(row) => {
-                let (id, settled) = (row.id(), settle(now, &row.running(), params.outcome));
-                if settled.next.as_ref().is_some_and(|n| n.ready_by(now)) {
+                let settled = settle(now, &row.running(), params.outcome);
+                if settled.next.ready_by(now) {
                     settling.ready.insert(lease.process.as_str());
                 }
-                write(id, lease, settled);
+                write(row, settled);
                 Ok(())
             }
             None if expired.contains(&lease.session) => Err(StoreError::SessionExpired {

@@ -26,7 +26,10 @@
 //!   never shortens a backoff unless it sets `bypass_backoff`;
 //! - **reclaim**: [`StoreEngine::session_reclaim`] turns the leases of expired
 //!   sessions back into pending items;
-//! - **history**: every step is an event ([`EventKind`]), pruned by age.
+//! - **known keys and runs**: a converged key stays as an idle item until a
+//!   delete forgets it; the history has one row per run ([`Run`]), written
+//!   when the run ends, and per operator action, kept per process's
+//!   [`Retention`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -88,6 +91,12 @@ mod migrate;
 #[cfg(feature = "_engine")]
 mod parts;
 #[cfg(feature = "_engine")]
+mod processes;
+#[cfg(feature = "_engine")]
+mod retention;
+#[cfg(feature = "_engine")]
+mod rows;
+#[cfg(feature = "_engine")]
 mod settle;
 
 // The engines, each with its own SQL.
@@ -107,8 +116,8 @@ pub use error::{RemoteError, StoreError};
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
-    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
+    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
     SessionClose, SessionHeartbeat, SessionStart,
 };
 #[cfg(feature = "postgres")]
@@ -117,7 +126,8 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
-    EnqueueReport, EventKind, FencingToken, HistoryEvent, Item, ItemDetail, ItemState, Lease,
-    Outcome, PoolStats, ProcessActivity, ProcessCounts, ReclaimReport, Session, SessionId,
+    EnqueueReport, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome, PoolStats,
+    ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport, ReclaimReport,
+    Retention, Run, RunOutcome, Session, SessionId,
 };
 pub use url::redact_url;

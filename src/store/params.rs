@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::backoff::Backoff;
 
-use super::types::{ItemState, Lease, Outcome, SessionId};
+use super::types::{ItemState, Lease, Outcome, PruneCursor, RunOutcome, SessionId};
 
 /// Parameters of [`session_start`](super::StoreEngine::session_start).
 #[derive(Debug, Clone)]
@@ -146,37 +146,100 @@ pub struct ItemGet {
     pub process: String,
     /// The key.
     pub key: String,
-    /// At most this many history events, newest first.
-    pub history_limit: u32,
+    /// At most this many runs, newest first.
+    pub runs_limit: u32,
 }
 
-/// Parameters of [`history_list`](super::StoreEngine::history_list).
+/// Parameters of [`run_list`](super::StoreEngine::run_list): one page of
+/// history, newest first, paged by run id (keyset, never by offset).
 #[derive(Debug, Clone, Default)]
-pub struct HistoryList {
+pub struct RunList {
     /// Only this process (it must be known).
     pub process: Option<String>,
     /// Only this key.
     pub key: Option<String>,
-    /// Only events older than this id (paging backwards).
-    pub before_id: Option<i64>,
-    /// At most this many events, newest first.
+    /// Only rows with this outcome (or action).
+    pub outcome: Option<RunOutcome>,
+    /// Only rows older than this id: the previous page's last id.
+    pub before: Option<i64>,
+    /// At most this many rows.
     pub limit: u32,
 }
 
-/// Parameters of [`history_prune`](super::StoreEngine::history_prune).
-#[derive(Debug, Clone, Copy)]
-pub struct HistoryPrune {
-    /// Delete events older than now − `retention`.
-    pub retention: Duration,
+/// Parameters of [`retention_prune`](super::StoreEngine::retention_prune):
+/// one small batch of a process's retention, so pruning never holds up claims.
+#[derive(Debug, Clone)]
+pub struct RetentionPrune {
+    /// The process whose rules apply.
+    pub process: String,
+    /// Where the previous batch stopped ([`PruneCursor::default`] to start).
+    pub cursor: PruneCursor,
+    /// At most about this many rows are looked at per step (at least 1).
+    pub batch: u32,
 }
 
-/// Parameters of [`process_configure`](super::StoreEngine::process_configure).
-#[derive(Debug, Clone)]
+/// Parameters of [`process_configure`](super::StoreEngine::process_configure):
+/// the settings to change; those left `None` keep their stored value (or the
+/// default, for a new process).
+#[derive(Debug, Clone, Default)]
 pub struct ProcessConfigure {
     /// The process; created if unknown.
     pub process: String,
-    /// Its backoff after transient failures (default 1 s, ×2, 360 s).
-    pub backoff: Backoff,
+    /// Its backoff after failures (default 1 s, ×2, 360 s).
+    pub backoff: Option<Backoff>,
+    /// Keep runs this long (default 7 days).
+    pub keep_runs_for: Option<Duration>,
+    /// Keep at most this many runs per key (default 100; at least 1).
+    pub keep_runs_per_key: Option<u32>,
+    /// Forget idle keys untouched this long: `Some(None)` = never (the default).
+    pub forget_idle_after: Option<Option<Duration>>,
+}
+
+impl ProcessConfigure {
+    /// Changes nothing yet (but creates the process if unknown).
+    #[must_use]
+    pub fn new(process: impl Into<String>) -> Self {
+        Self {
+            process: process.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the backoff policy.
+    #[must_use]
+    pub fn backoff(self, backoff: Backoff) -> Self {
+        Self {
+            backoff: Some(backoff),
+            ..self
+        }
+    }
+
+    /// Sets how long runs are kept.
+    #[must_use]
+    pub fn keep_runs_for(self, period: Duration) -> Self {
+        Self {
+            keep_runs_for: Some(period),
+            ..self
+        }
+    }
+
+    /// Sets how many runs are kept per key.
+    #[must_use]
+    pub fn keep_runs_per_key(self, runs: u32) -> Self {
+        Self {
+            keep_runs_per_key: Some(runs),
+            ..self
+        }
+    }
+
+    /// Sets after how long untouched idle keys are forgotten (`None`: never).
+    #[must_use]
+    pub fn forget_idle_after(self, period: Option<Duration>) -> Self {
+        Self {
+            forget_idle_after: Some(period),
+            ..self
+        }
+    }
 }
 
 /// Parameters of [`item_retry`](super::StoreEngine::item_retry).
@@ -186,6 +249,9 @@ pub struct ItemRetry {
     pub process: String,
     /// The key.
     pub key: String,
+    /// Who did it, recorded in the history (`admin` for the API's admin role,
+    /// `cli` for the command line).
+    pub actor: String,
 }
 
 /// Parameters of [`item_park`](super::StoreEngine::item_park).
@@ -198,6 +264,9 @@ pub struct ItemPark {
     /// Why the operator parked it; shown as the item's last error (stored as
     /// [`clean_text`](super::clean_text) makes it).
     pub reason: String,
+    /// Who did it, recorded in the history (`admin` for the API's admin role,
+    /// `cli` for the command line).
+    pub actor: String,
 }
 
 /// Parameters of [`item_delete`](super::StoreEngine::item_delete).
@@ -207,6 +276,9 @@ pub struct ItemDelete {
     pub process: String,
     /// The key.
     pub key: String,
+    /// Who did it, recorded in the history (`admin` for the API's admin role,
+    /// `cli` for the command line).
+    pub actor: String,
 }
 
 /// Parameters of [`history_activity`](super::StoreEngine::history_activity).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::text::clean_text;
-use super::types::{EventKind, Outcome};
+use super::types::{Outcome, RunOutcome};
 use crate::backoff::{Backoff, clamp_delay};
 
 /// `at + delay`, with the delay clamped to [`crate::backoff::MAX_DELAY`] so the sum
@@ -48,11 +48,32 @@ pub(crate) struct Running {
     pub(crate) backoff: Backoff,
 }
 
-/// The item's next row, when it stays.
+/// The state an item is left in after its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextState {
+    /// Waiting to run again (a dirty re-run, a requeue, a retry after backoff).
+    Pending,
+    /// Stopped after a permanent error.
+    Parked,
+    /// Converged: known, nothing to do.
+    Idle,
+}
+
+impl NextState {
+    /// The stored name.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Parked => "parked",
+            Self::Idle => "idle",
+        }
+    }
+}
+
+/// The item's next row.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct NextRow {
-    /// `true` = parked, `false` = pending.
-    pub(crate) parked: bool,
+    pub(crate) state: NextState,
     pub(crate) priority: i32,
     pub(crate) ready_at: DateTime<Utc>,
     pub(crate) enqueued_at: DateTime<Utc>,
@@ -66,33 +87,18 @@ impl NextRow {
     /// Whether the key is pending and ready by `now`: a re-run that idle
     /// controllers should be woken for (a key enqueued during its run).
     pub(crate) fn ready_by(&self, now: DateTime<Utc>) -> bool {
-        !self.parked && self.ready_at <= now
+        self.state == NextState::Pending && self.ready_at <= now
     }
 }
 
-/// A history event to append.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Event {
-    pub(crate) kind: EventKind,
-    pub(crate) error: Option<String>,
-    pub(crate) transient: Option<bool>,
-}
-
-/// What to write after a run.
+/// What to write after a run: the item's next row and the run's history row.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Settled {
-    /// `None` = delete the row.
-    pub(crate) next: Option<NextRow>,
-    pub(crate) events: Vec<Event>,
-}
-
-/// An event; its error text is stored as [`clean_text`] makes it.
-fn event(kind: EventKind, error: Option<&str>, transient: Option<bool>) -> Event {
-    Event {
-        kind,
-        error: error.map(|e| clean_text(e).into_owned()),
-        transient,
-    }
+    pub(crate) next: NextRow,
+    /// How the run ended.
+    pub(crate) outcome: RunOutcome,
+    /// The run's error, as stored ([`clean_text`]).
+    pub(crate) error: Option<String>,
 }
 
 /// The pending row a dirty re-run gets, given the ready time and priority the
@@ -107,7 +113,7 @@ fn pending(run: &Running, ready_at: DateTime<Utc>, failures: u32) -> NextRow {
         None => (ready_at, run.priority, run.enqueued_at),
     };
     NextRow {
-        parked: false,
+        state: NextState::Pending,
         priority,
         ready_at,
         enqueued_at,
@@ -120,15 +126,19 @@ fn pending(run: &Running, ready_at: DateTime<Utc>, failures: u32) -> NextRow {
 
 /// Applies DESIGN.md rule 4 (outcomes) with rules 2 (dirty re-run) and 5 (backoff).
 pub(crate) fn settle(now: DateTime<Utc>, run: &Running, outcome: &Outcome) -> Settled {
+    let kind = RunOutcome::of(outcome);
     match outcome {
-        Outcome::Done => Settled {
-            next: run.dirty.map(|d| pending(run, d.ready_at, 0)),
-            events: vec![event(EventKind::Finished, None, None)],
-        },
-        Outcome::RequeueAfter(delay) => Settled {
-            next: Some(pending(run, later(now, *delay), 0)),
-            events: vec![event(EventKind::Finished, None, None)],
-        },
+        Outcome::Done => {
+            let next = match run.dirty {
+                Some(d) => pending(run, d.ready_at, 0),
+                None => NextRow {
+                    state: NextState::Idle,
+                    ..pending(run, now, 0)
+                },
+            };
+            settled(next, kind, None)
+        }
+        Outcome::RequeueAfter(delay) => settled(pending(run, later(now, *delay), 0), kind, None),
         Outcome::Transient(error) => {
             let failures = run.failures.saturating_add(1);
             let delay = run.backoff.delay(failures);
@@ -137,42 +147,35 @@ pub(crate) fn settle(now: DateTime<Utc>, run: &Running, outcome: &Outcome) -> Se
             next.ready_at = until;
             next.backoff_until = Some(until);
             next.backoff = Some(delay);
-            let failed = event(EventKind::Failed, Some(error), Some(true));
-            next.last_error.clone_from(&failed.error);
-            Settled {
-                next: Some(next),
-                events: vec![failed],
-            }
+            settled(next, kind, Some(error))
         }
-        Outcome::Permanent(error) => settle_permanent(now, run, error),
+        Outcome::Permanent(error) => {
+            // A permanent failure counts as a failed attempt like any other (the
+            // item shows it), but parks instead of backing off, unless an
+            // enqueue arrived during the run: that change deserves a run of
+            // its own, so the item is pending again instead.
+            let failures = run.failures.saturating_add(1);
+            let next = match run.dirty {
+                Some(d) => pending(run, d.ready_at, failures),
+                None => NextRow {
+                    state: NextState::Parked,
+                    ..pending(run, now, failures)
+                },
+            };
+            settled(next, kind, Some(error))
+        }
     }
 }
 
-/// A permanent error parks the item, unless an enqueue arrived during the run: that
-/// change deserves a run of its own, so the item is pending again instead.
-fn settle_permanent(now: DateTime<Utc>, run: &Running, error: &str) -> Settled {
-    let failed = event(EventKind::Failed, Some(error), Some(false));
-    let mut next = match run.dirty {
-        Some(d) => pending(run, d.ready_at, 0),
-        None => NextRow {
-            parked: true,
-            ..pending(run, now, 0)
-        },
-    };
-    next.last_error.clone_from(&failed.error);
-    let events = if next.parked {
-        let parked = Event {
-            kind: EventKind::Parked,
-            error: failed.error.clone(),
-            transient: None,
-        };
-        vec![failed, parked]
-    } else {
-        vec![failed]
-    };
+/// The settled run; its error text is stored as [`clean_text`] makes it, and
+/// kept as the item's last error.
+fn settled(mut next: NextRow, outcome: RunOutcome, error: Option<&str>) -> Settled {
+    let error = error.map(|e| clean_text(e).into_owned());
+    next.last_error.clone_from(&error);
     Settled {
-        next: Some(next),
-        events,
+        next,
+        outcome,
+        error,
     }
 }
 
@@ -203,17 +206,19 @@ mod tests {
     }
 
     #[test]
-    fn done_deletes_a_clean_item() {
+    fn done_leaves_a_clean_item_idle_with_a_reset_count() {
         let s = settle(at(100), &running(3, None), &Outcome::Done);
-        assert_eq!(s.next, None);
-        assert_eq!(s.events[0].kind, EventKind::Finished);
+        assert_eq!(s.next.state, NextState::Idle);
+        assert_eq!((s.next.failures, s.next.last_error), (0, None));
+        assert_eq!((s.outcome, s.error), (RunOutcome::Done, None));
+        assert!(!s.next.ready_by(at(100)), "an idle key is not woken for");
     }
 
     #[test]
     fn done_on_a_dirty_item_makes_it_pending_once_with_a_reset_count() {
         let s = settle(at(100), &running(3, dirty(60, 5)), &Outcome::Done);
-        let next = s.next.expect("pending again");
-        assert!(!next.parked);
+        let next = s.next;
+        assert_eq!(next.state, NextState::Pending);
         assert_eq!(
             (next.ready_at, next.priority, next.failures),
             (at(60), 5, 0)
@@ -224,41 +229,49 @@ mod tests {
     #[test]
     fn requeue_after_takes_the_earlier_of_its_delay_and_the_dirty_ready_time() {
         let d = Outcome::RequeueAfter(Duration::from_secs(30));
-        let clean = settle(at(100), &running(2, None), &d).next.expect("stays");
+        let clean = settle(at(100), &running(2, None), &d);
+        assert_eq!(clean.outcome, RunOutcome::Requeued);
+        let clean = clean.next;
         assert_eq!((clean.ready_at, clean.failures), (at(130), 0));
-        let early = settle(at(100), &running(2, dirty(110, 0)), &d)
-            .next
-            .expect("stays");
+        let early = settle(at(100), &running(2, dirty(110, 0)), &d).next;
         assert_eq!((early.ready_at, early.priority), (at(110), 1));
     }
 
     #[test]
     fn transient_failures_back_off_exponentially_even_when_dirty() {
         let e = Outcome::Transient("boom".into());
-        let first = settle(at(100), &running(0, None), &e).next.expect("stays");
+        let first = settle(at(100), &running(0, None), &e);
+        assert_eq!(
+            (first.outcome, first.error.as_deref()),
+            (RunOutcome::Retry, Some("boom"))
+        );
+        let first = first.next;
         assert_eq!((first.failures, first.ready_at), (1, at(101)));
-        let fourth = settle(at(100), &running(3, dirty(0, 0)), &e)
-            .next
-            .expect("stays");
+        let fourth = settle(at(100), &running(3, dirty(0, 0)), &e).next;
         assert_eq!((fourth.failures, fourth.ready_at), (4, at(108)));
         assert_eq!(fourth.backoff_until, Some(at(108)));
         assert_eq!(fourth.last_error.as_deref(), Some("boom"));
     }
 
     #[test]
-    fn permanent_parks_a_clean_item_and_requeues_a_dirty_one() {
+    fn permanent_counts_a_failure_parks_a_clean_item_and_requeues_a_dirty_one() {
         let e = Outcome::Permanent("bad spec".into());
         let parked = settle(at(100), &running(2, None), &e);
-        let next = parked.next.expect("stays");
-        assert!(next.parked);
-        assert_eq!(next.failures, 0);
-        let kinds: Vec<_> = parked.events.iter().map(|e| e.kind).collect();
-        assert_eq!(kinds, [EventKind::Failed, EventKind::Parked]);
-        let revived = settle(at(100), &running(2, dirty(90, 0)), &e)
-            .next
-            .expect("stays");
-        assert!(!revived.parked);
-        assert_eq!(revived.ready_at, at(90));
+        assert_eq!(parked.outcome, RunOutcome::Parked);
+        let next = parked.next;
+        assert_eq!(next.state, NextState::Parked);
+        assert_eq!(
+            next.failures, 3,
+            "a permanent failure is a failed attempt too"
+        );
+        assert_eq!(next.last_error.as_deref(), Some("bad spec"));
+        let revived = settle(at(100), &running(2, dirty(90, 0)), &e).next;
+        assert_eq!(revived.state, NextState::Pending);
+        assert_eq!((revived.ready_at, revived.failures), (at(90), 3));
+        assert_eq!(
+            revived.backoff_until, None,
+            "a permanent failure never backs off"
+        );
     }
 
     #[test]

@@ -6,6 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::backoff::Backoff;
+
 /// A session's id. Ids are never reused, so a dead session's id never names a new
 /// one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -73,8 +75,8 @@ pub struct Lease {
 /// outcome unstorable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// Converged: the failure count is reset and the item is gone (or pending again
-    /// if it was enqueued while running).
+    /// Converged: the failure count is reset and the item is idle, a known key
+    /// with no pending work (or pending again if it was enqueued while running).
     Done,
     /// Converged for now, look again later: the failure count is reset and the item
     /// is pending at now + the delay (earlier if a dirty re-run asked for earlier).
@@ -82,8 +84,9 @@ pub enum Outcome {
     /// Failed, worth retrying: the failure count grows and the item is pending
     /// after the process's backoff. Errors the handler did not classify belong here.
     Transient(String),
-    /// Failed, retrying will not help: the item is parked with its error until an
-    /// enqueue revives it (at once, if it was enqueued while running).
+    /// Failed, retrying will not help: the failure count grows and the item is
+    /// parked with its error until an enqueue revives it (at once, if it was
+    /// enqueued while running).
     Permanent(String),
 }
 
@@ -113,6 +116,9 @@ pub enum ItemState {
     Running,
     /// Stopped after a permanent error until the next enqueue.
     Parked,
+    /// Converged: a known key with no pending work, its last outcome kept. The
+    /// next enqueue makes it pending; only a delete forgets it.
+    Idle,
 }
 
 impl ItemState {
@@ -124,7 +130,22 @@ impl ItemState {
             Self::Backoff => "backoff",
             Self::Running => "running",
             Self::Parked => "parked",
+            Self::Idle => "idle",
         }
+    }
+
+    /// Parses a state's name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Pending,
+            Self::Backoff,
+            Self::Running,
+            Self::Parked,
+            Self::Idle,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
     }
 }
 
@@ -134,8 +155,8 @@ impl fmt::Display for ItemState {
     }
 }
 
-/// One durable item: the row for a (process, key) that is pending, running or
-/// parked.
+/// One durable item: the record of a known (process, key), pending, running,
+/// parked or idle. A running item's current run is read from its lease fields.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Item {
     /// The process.
@@ -148,9 +169,11 @@ pub struct Item {
     pub priority: i32,
     /// When a pending item may start; for others the last such time.
     pub ready_at: DateTime<Utc>,
-    /// When the enqueue it answers arrived.
+    /// When the key became pending for its current (or next, or last) run:
+    /// the enqueue that run answers.
     pub enqueued_at: DateTime<Utc>,
-    /// Consecutive failed attempts.
+    /// Consecutive failed attempts, transient or permanent; reset by a run that
+    /// converges (done or requeue-after).
     pub failures: u32,
     /// The end of the current backoff, if any.
     pub backoff_until: Option<DateTime<Utc>>,
@@ -164,41 +187,67 @@ pub struct Item {
     pub lease_token: Option<FencingToken>,
     /// When the current run started, while running.
     pub started_at: Option<DateTime<Utc>>,
+    /// When the key was first enqueued (`None` if only ever locked by a
+    /// query-driven loop).
+    pub first_enqueued_at: Option<DateTime<Utc>>,
+    /// When the key was last enqueued.
+    pub last_enqueued_at: Option<DateTime<Utc>>,
+    /// How many enqueues the key has had (coalesced ones included).
+    pub enqueue_count: u64,
+    /// How its last run ended (operator actions are not runs: see the history).
+    pub last_outcome: Option<RunOutcome>,
+    /// When its last run ended.
+    pub last_ended_at: Option<DateTime<Utc>>,
 }
 
-/// What happened to a key, as recorded in the history.
+/// How a run ended, or which operator action a history row records.
+///
+/// A run is one attempt at a key under one lease; it gets exactly one history
+/// row, written when it ends. Operator actions (retry, park, delete) are rows
+/// too, with the role that did them in [`Run::actor`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    /// It was enqueued.
-    Enqueued,
-    /// A run started (by claim or lock).
-    Started,
-    /// A run ended with done or requeue-after.
-    Finished,
-    /// A run failed (see `transient`).
-    Failed,
-    /// It was parked after a permanent error.
+pub enum RunOutcome {
+    /// Converged: the item is idle (or pending again if enqueued while running).
+    Done,
+    /// Converged for now, look again later ([`Outcome::RequeueAfter`]).
+    Requeued,
+    /// Failed transiently: pending again after the process's backoff.
+    Retry,
+    /// Failed permanently: parked with its error (pending again at once if an
+    /// enqueue arrived during the run). As an operator's action: parked by hand.
     Parked,
-    /// Its lease was released without an outcome (shutdown, cancellation).
+    /// Given back without an outcome (shutdown, cancellation): pending again.
     Canceled,
-    /// Its session expired and the lease was reclaimed.
+    /// Its session expired and the lease was reclaimed: pending again.
     Expired,
-    /// An operator made it pending at once (backoff or park cut short).
+    /// An operator's "retry now" (backoff or park cut short).
     Retried,
-    /// An operator deleted it.
+    /// An operator forgot the key: its item was deleted (its runs stay until
+    /// retention removes them).
     Deleted,
 }
 
-impl EventKind {
-    /// The event's name as stored and printed.
+impl RunOutcome {
+    /// Every outcome, in the order the documentation lists them.
+    pub const ALL: [Self; 8] = [
+        Self::Done,
+        Self::Requeued,
+        Self::Retry,
+        Self::Parked,
+        Self::Canceled,
+        Self::Expired,
+        Self::Retried,
+        Self::Deleted,
+    ];
+
+    /// The outcome's name as stored, printed and sent over the API.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Enqueued => "enqueued",
-            Self::Started => "started",
-            Self::Finished => "finished",
-            Self::Failed => "failed",
+            Self::Done => "done",
+            Self::Requeued => "requeued",
+            Self::Retry => "retry",
             Self::Parked => "parked",
             Self::Canceled => "canceled",
             Self::Expired => "expired",
@@ -207,61 +256,162 @@ impl EventKind {
         }
     }
 
-    /// Parses a stored event name.
+    /// Parses a stored outcome name.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            Self::Enqueued,
-            Self::Started,
-            Self::Finished,
-            Self::Failed,
-            Self::Parked,
-            Self::Canceled,
-            Self::Expired,
-            Self::Retried,
-            Self::Deleted,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The row a run with this outcome of the handler gets.
+    #[must_use]
+    pub fn of(outcome: &Outcome) -> Self {
+        match outcome {
+            Outcome::Done => Self::Done,
+            Outcome::RequeueAfter(_) => Self::Requeued,
+            Outcome::Transient(_) => Self::Retry,
+            Outcome::Permanent(_) => Self::Parked,
+        }
     }
 }
 
-impl fmt::Display for EventKind {
+impl fmt::Display for RunOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-/// One history event. History is append-only; only a retention prune deletes it.
+/// One history row: a run that ended, or an operator's action. History is
+/// append-only; only retention deletes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct HistoryEvent {
-    /// Increasing id: the order events were written in.
+pub struct Run {
+    /// Increasing id: the order rows were written in, and the page cursor.
     pub id: i64,
-    /// When, on the database clock.
-    pub at: DateTime<Utc>,
     /// The process.
     pub process: String,
     /// The key.
     pub key: String,
-    /// What happened.
-    pub event: EventKind,
-    /// The session involved, if any.
-    pub session: Option<SessionId>,
-    /// The attempt number, for run events.
+    /// How the run ended, or which action an operator took.
+    pub outcome: RunOutcome,
+    /// Which consecutive attempt the run was (1 + the failed attempts before
+    /// it); `None` for an operator's action.
     pub attempt: Option<u32>,
-    /// The error, for `failed` and `parked`.
+    /// The session that held the lease; `None` for an operator's action.
+    pub session: Option<SessionId>,
+    /// The lease's fencing token; `None` for an operator's action.
+    pub token: Option<FencingToken>,
+    /// When the key became pending for this run (the enqueue it answered).
+    pub pending_since: Option<DateTime<Utc>>,
+    /// When the run started, on the database clock.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the run ended (or the action was taken), on the database clock.
+    pub ended_at: DateTime<Utc>,
+    /// The error of a failed run, or an operator's reason for parking.
     pub error: Option<String>,
-    /// For `failed`: whether the failure was transient (retried) or permanent.
-    pub transient: Option<bool>,
+    /// The role that took an operator's action (`admin`, `cli`); `None` for a run.
+    pub actor: Option<String>,
 }
 
-/// An item with its most recent history.
+impl Run {
+    /// Whether this row is a run that failed (transiently or permanently),
+    /// as opposed to a converged, given-back or reclaimed run or an action.
+    #[must_use]
+    pub fn failed(&self) -> bool {
+        self.actor.is_none() && matches!(self.outcome, RunOutcome::Retry | RunOutcome::Parked)
+    }
+
+    /// How long the key waited between becoming pending and this run's start.
+    #[must_use]
+    pub fn queue_wait(&self) -> Option<Duration> {
+        span(self.pending_since?, self.started_at?)
+    }
+
+    /// How long the run took, from its start to its end.
+    #[must_use]
+    pub fn duration(&self) -> Option<Duration> {
+        span(self.started_at?, self.ended_at)
+    }
+}
+
+/// `to − from`, `None` if negative.
+fn span(from: DateTime<Utc>, to: DateTime<Utc>) -> Option<Duration> {
+    (to - from).to_std().ok()
+}
+
+/// An item with its newest runs: "what happened to key X".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ItemDetail {
     /// The item.
     pub item: Item,
-    /// Its newest events, newest first.
-    pub history: Vec<HistoryEvent>,
+    /// Its newest runs and actions, newest first.
+    pub runs: Vec<Run>,
+}
+
+/// How long a process keeps its history and its idle keys. Stored per process
+/// in the database, so every node prunes by the same rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Retention {
+    /// Runs older than this are deleted (default 7 days).
+    pub keep_runs_for: Duration,
+    /// At most this many runs are kept per key, the newest (default 100).
+    pub keep_runs_per_key: u32,
+    /// Idle keys untouched (no run ended, no enqueue) for this long are
+    /// forgotten, as by a delete; `None` (the default) keeps them forever.
+    pub forget_idle_after: Option<Duration>,
+}
+
+impl Retention {
+    /// The default period runs are kept: 7 days.
+    pub const KEEP_RUNS_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// The default number of runs kept per key: 100.
+    pub const KEEP_RUNS_PER_KEY: u32 = 100;
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            keep_runs_for: Self::KEEP_RUNS_FOR,
+            keep_runs_per_key: Self::KEEP_RUNS_PER_KEY,
+            forget_idle_after: None,
+        }
+    }
+}
+
+/// A process's stored settings, as every node reads them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessSettings {
+    /// The process.
+    pub process: String,
+    /// Its backoff after failures.
+    #[serde(skip)]
+    pub backoff: Backoff,
+    /// How long its history and idle keys are kept.
+    pub retention: Retention,
+}
+
+/// Where a retention walk over one process stands: the last key whose runs
+/// were capped and the last idle item looked at. Pass the cursor a
+/// [`PruneReport`] returns to the next prune to go on from there;
+/// [`PruneCursor::default`] starts from the first key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneCursor {
+    /// The walk over the runs' keys (per-key cap) is past this key.
+    pub runs_key: Option<String>,
+    /// The walk over the items (idle keys to forget) is past this key.
+    pub items_key: Option<String>,
+}
+
+/// What one retention batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Runs deleted (too old, or beyond the per-key cap).
+    pub runs: u64,
+    /// Idle keys forgotten.
+    pub items: u64,
+    /// Where to go on from.
+    pub cursor: PruneCursor,
+    /// Whether a pass over the process is complete: no run left older than
+    /// the period, and both key walks reached the end (the cursor restarts).
+    pub done: bool,
 }
 
 /// Item counts for one process.
@@ -306,9 +456,9 @@ pub struct ReclaimReport {
 pub struct ProcessActivity {
     /// The process.
     pub process: String,
-    /// Runs that ended with done or requeue-after (`finished` events).
+    /// Runs that ended with done or requeue-after.
     pub finished: u64,
-    /// Runs that failed, transiently or permanently (`failed` events).
+    /// Runs that failed, transiently or permanently.
     pub failed: u64,
 }
 

@@ -10,7 +10,7 @@ use axum::response::Redirect;
 
 use super::item_path;
 use super::pages::HtmlError;
-use crate::server::auth::{Authorized, Manage};
+use crate::server::auth::{Authorized, Manage, Role};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
 use crate::server::state::AppState;
@@ -46,7 +46,11 @@ pub(super) async fn retry(
     let back = item_path(&process, &key);
     state
         .store
-        .item_retry(ItemRetry { process, key })
+        .item_retry(ItemRetry {
+            process,
+            key,
+            actor: Role::Admin.to_string(),
+        })
         .await
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
@@ -67,6 +71,7 @@ pub(super) async fn park(
         process,
         key,
         reason: "parked by an operator from the dashboard".into(),
+        actor: Role::Admin.to_string(),
     };
     state
         .store

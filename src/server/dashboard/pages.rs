@@ -16,8 +16,8 @@ use crate::store::{ItemGet, ItemList, StoreEngine as _};
 
 /// Items per process page.
 const PAGE: u32 = 100;
-/// History events on an item page.
-const HISTORY: u32 = 50;
+/// Runs on an item page.
+const RUNS: u32 = 50;
 
 /// An [`ApiError`] shown as an HTML page (with the Basic-auth challenge on 401,
 /// so a browser asks for the token).
@@ -107,7 +107,7 @@ pub(super) async fn process(
     Ok(Html(page.into_string()))
 }
 
-/// `/ui/processes/{process}/items/{key}`: one item and its history.
+/// `/ui/processes/{process}/items/{key}`: one item and its runs.
 pub(super) async fn item(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
@@ -119,12 +119,12 @@ pub(super) async fn item(
         .item_get(ItemGet {
             process,
             key,
-            history_limit: HISTORY,
+            runs_limit: RUNS,
         })
         .await
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
     let admin = auth.role >= Role::Admin;
-    let page = view::item(&detail.item, &detail.history, admin);
+    let page = view::item(&detail.item, &detail.runs, admin);
     Ok(Html(page.into_string()))
 }

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 
 use super::{item_path, segment};
 use crate::server::model::ProcessSummary;
-use crate::store::{HistoryEvent, Item, ItemState};
+use crate::store::{Item, ItemState, Run};
 
 /// How often pages reload themselves, in seconds.
 const REFRESH_SECONDS: u32 = 5;
@@ -102,7 +103,7 @@ pub(super) fn process(
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
         p { "Show: " a href=(base) { "all" }
-            @for s in ["pending", "backoff", "running", "parked"] { " " a href=(format!("{base}?state={s}")) { (s) } } }
+            @for s in ["pending", "backoff", "running", "parked", "idle"] { " " a href=(format!("{base}?state={s}")) { (s) } } }
         table id="items" {
             tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "last error" } }
             @for i in items {
@@ -124,34 +125,72 @@ fn next_page(base: &str, state: Option<ItemState>, after: &str) -> String {
     }
 }
 
-/// One item with its history; admins get the retry and park buttons.
-pub(super) fn item(item: &Item, history: &[HistoryEvent], admin: bool) -> Markup {
+/// A time as the dashboard prints it (UTC, milliseconds).
+fn at(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+}
+
+/// An optional time, or a dash.
+fn at_or_dash(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(|| "-".to_owned(), at)
+}
+
+/// A duration as the dashboard prints it: milliseconds below 10 s, seconds above.
+fn span(d: Option<Duration>) -> String {
+    match d {
+        None => String::new(),
+        Some(d) if d < Duration::from_secs(10) => format!("{} ms", d.as_millis()),
+        Some(d) => format!("{:.1} s", d.as_secs_f64()),
+    }
+}
+
+/// One known key with its runs, converged or not; admins get the retry and
+/// park buttons.
+pub(super) fn item(item: &Item, runs: &[Run], admin: bool) -> Markup {
     let path = item_path(&item.process, &item.key);
+    let running = item.state == ItemState::Running;
     let body = html! {
         p { "Process " a href=(format!("/ui/processes/{}", segment(&item.process))) { (item.process) } }
         table id="item" {
             tr { th { "key" } td.key { (item.key) } }
             tr { th { "state" } td.state { (item.state) } }
             tr { th { "priority" } td { (item.priority) } }
-            tr { th { "failures" } td { (item.failures) } }
-            tr { th { "ready at" } td { (item.ready_at.to_rfc3339()) } }
+            tr { th { "failed attempts" } td.failures { (item.failures) } }
+            tr { th { "pending since" } td { (at(item.enqueued_at)) } }
+            @if item.state == ItemState::Pending || item.state == ItemState::Backoff {
+                tr { th { "ready at" } td { (at(item.ready_at)) } }
+            }
+            tr { th { "enqueues" } td.n { (item.enqueue_count) " (first " (at_or_dash(item.first_enqueued_at))
+                 ", last " (at_or_dash(item.last_enqueued_at)) ")" } }
+            tr { th { "last outcome" } td.outcome {
+                (item.last_outcome.map_or("-", |o| o.as_str())) " " (at_or_dash(item.last_ended_at)) } }
             tr { th { "last error" } td.err { (item.last_error.as_deref().unwrap_or("-")) } }
+            @if running {
+                tr { th { "current run" } td.current {
+                    "attempt " (item.failures + 1) ", started " (at_or_dash(item.started_at))
+                    ", session " (item.lease_session.map(|s| s.to_string()).unwrap_or_default())
+                    ", fencing token " (item.lease_token.map(|t| t.to_string()).unwrap_or_default())
+                    @if item.dirty { ", runs again after it (changed while running)" } } }
+            }
         }
-        @if admin && item.state != ItemState::Running {
+        @if admin && !running {
             form.inline method="post" action=(format!("{path}/retry")) { button type="submit" { "Retry now" } }
             " "
             @if item.state != ItemState::Parked {
                 form.inline method="post" action=(format!("{path}/park")) { button type="submit" { "Park" } }
             }
         }
-        h2 { "History" }
-        table id="history" {
-            tr { th { "at" } th { "event" } th { "attempt" } th { "session" } th { "error" } }
-            @for e in history {
-                tr { td { (e.at.format("%Y-%m-%d %H:%M:%S%.3f")) } td { (e.event) }
-                     td.n { (e.attempt.map(|a| a.to_string()).unwrap_or_default()) }
-                     td.n { (e.session.map(|s| s.to_string()).unwrap_or_default()) }
-                     td.err { (e.error.as_deref().unwrap_or("")) } }
+        h2 { "Runs" }
+        table id="runs" {
+            tr { th { "ended" } th { "outcome" } th { "attempt" } th { "queue wait" } th { "duration" }
+                 th { "token" } th { "by" } th { "error" } }
+            @for r in runs {
+                tr { td { (at(r.ended_at)) } td.outcome { (r.outcome) }
+                     td.n { (r.attempt.map(|a| a.to_string()).unwrap_or_default()) }
+                     td.n { (span(r.queue_wait())) } td.n { (span(r.duration())) }
+                     td.n { (r.token.map(|t| t.to_string()).unwrap_or_default()) }
+                     td { (r.actor.as_deref().unwrap_or("")) }
+                     td.err { (r.error.as_deref().unwrap_or("")) } }
             }
         }
     };

@@ -1,4 +1,4 @@
-//! Items of a process: enqueue, list, read one with its history, and the admin
+//! Items of a process: enqueue, list, read one with its runs, and the admin
 //! actions retry, park and delete.
 //!
 //! Keys travel in the path percent-encoded (`ns%2Fname` for `ns/name`).
@@ -7,7 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use crate::server::auth::{Authorized, Manage, Read, Work};
+use crate::server::auth::{Authorized, Manage, Read, Role, Work};
 use crate::server::error::{ApiError, ErrorBody};
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
 use crate::server::model::{
@@ -117,7 +117,7 @@ pub(crate) async fn list(
     }))
 }
 
-/// One item with its newest history events.
+/// One known key (idle ones included) with its newest runs.
 #[utoipa::path(
     get, path = "/v1/processes/{process}/items/{key}", tag = "read",
     security(("bearer" = [])),
@@ -127,7 +127,7 @@ pub(crate) async fn list(
         ItemGetQuery,
     ),
     responses(
-        (status = 200, description = "The item and its history", body = ItemDetailBody),
+        (status = 200, description = "The item and its runs", body = ItemDetailBody),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
@@ -141,11 +141,11 @@ pub(crate) async fn get(
     PathParams((process, key)): PathParams<(String, String)>,
     QueryParams(query): QueryParams<ItemGetQuery>,
 ) -> Result<Json<ItemDetailBody>, ApiError> {
-    let history_limit = query.history_limit.unwrap_or(50);
-    if history_limit > MAX_PAGE {
+    let runs_limit = query.runs_limit.unwrap_or(50);
+    if runs_limit > MAX_PAGE {
         return Err(ApiError::field(
-            "history_limit",
-            "history_limit must be at most 1000",
+            "runs_limit",
+            "runs_limit must be at most 1000",
         ));
     }
     let detail = state
@@ -153,7 +153,7 @@ pub(crate) async fn get(
         .item_get(ItemGet {
             process,
             key,
-            history_limit,
+            runs_limit,
         })
         .await?
         .ok_or_else(no_item)?;
@@ -191,7 +191,11 @@ pub(crate) async fn retry(
 ) -> Result<Json<ItemBody>, ApiError> {
     let item = state
         .store
-        .item_retry(ItemRetry { process, key })
+        .item_retry(ItemRetry {
+            process,
+            key,
+            actor: Role::Admin.to_string(),
+        })
         .await?
         .ok_or_else(no_item)?;
     Ok(Json(item.into()))
@@ -226,12 +230,14 @@ pub(crate) async fn park(
         process,
         key,
         reason: PARK_REASON.to_owned(),
+        actor: Role::Admin.to_string(),
     };
     let item = state.store.item_park(params).await?.ok_or_else(no_item)?;
     Ok(Json(item.into()))
 }
 
-/// Deletes an item (its history stays). Refused (409) while a worker holds it.
+/// Forgets a key: its item is deleted, its runs stay until retention removes
+/// them. Refused (409) while a worker holds it.
 #[utoipa::path(
     delete, path = "/v1/processes/{process}/items/{key}", tag = "admin",
     security(("bearer" = [])),
@@ -255,7 +261,12 @@ pub(crate) async fn delete(
     State(state): State<AppState>,
     PathParams((process, key)): PathParams<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    if state.store.item_delete(ItemDelete { process, key }).await? {
+    let params = ItemDelete {
+        process,
+        key,
+        actor: Role::Admin.to_string(),
+    };
+    if state.store.item_delete(params).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(no_item())

@@ -3,7 +3,7 @@
 //! | class | routes | least role |
 //! | --- | --- | --- |
 //! | open | `/healthz`, `/readyz`, `/openapi.json` | none |
-//! | read | `GET /v1/processes…`, `/metrics`, the dashboard | viewer |
+//! | read | `GET /v1/processes…` (items, runs), `/metrics`, the dashboard | viewer |
 //! | work | enqueue, `/v1/sessions…`, `/v1/leases/…` | worker |
 //! | admin | retry, park, delete (API and dashboard buttons) | admin |
 
@@ -11,6 +11,7 @@ pub(crate) mod health;
 pub(crate) mod items;
 pub(crate) mod leases;
 pub(crate) mod processes;
+pub(crate) mod runs;
 pub(crate) mod sessions;
 
 use axum::Router;
@@ -30,6 +31,7 @@ pub(crate) fn api() -> Router<AppState> {
             "/v1/processes/{process}/items/{key}",
             get(items::get).delete(items::delete),
         )
+        .route("/v1/processes/{process}/runs", get(runs::list))
         .route(
             "/v1/processes/{process}/items/{key}/retry",
             post(items::retry),

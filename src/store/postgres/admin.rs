@@ -7,13 +7,14 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::rows::{ItemRow, item_columns};
+use super::runs::log_action;
 use crate::store::StoreError;
 use crate::store::admin::admit;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
 use crate::store::settle::earlier;
 use crate::store::text::clean_text;
-use crate::store::types::{EventKind, Item, ProcessActivity};
+use crate::store::types::{Item, ProcessActivity, RunOutcome};
 
 /// Validates the names, opens the transaction, locks the row and applies
 /// [`admit`]; `None` when there is no item to act on.
@@ -37,28 +38,6 @@ async fn begin(
     Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
 }
 
-/// Appends an operator's event to the history.
-async fn log(
-    tx: &mut Tx,
-    now: DateTime<Utc>,
-    (process, key): (&str, &str),
-    event: EventKind,
-    error: Option<&str>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO drover_history (at, process, key, event, error) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(now)
-    .bind(process)
-    .bind(key)
-    .bind(event.as_str())
-    .bind(error)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
-}
-
 pub(super) async fn retry(
     store: &PostgresStore,
     params: &ItemRetry,
@@ -69,7 +48,7 @@ pub(super) async fn retry(
     let row: ItemRow = sqlx::query_as(concat!(
         "UPDATE drover_items SET state = 'pending', backoff_until = NULL,
              ready_at = CASE WHEN state = 'pending' AND ready_at < $3 THEN ready_at ELSE $3 END,
-             enqueued_at = CASE state WHEN 'parked' THEN $3 ELSE enqueued_at END
+             enqueued_at = CASE WHEN state IN ('parked', 'idle') THEN $3 ELSE enqueued_at END
          WHERE process = $1 AND key = $2 RETURNING ",
         item_columns!()
     ))
@@ -80,7 +59,8 @@ pub(super) async fn retry(
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Retried, None).await?;
+    let action = (RunOutcome::Retried, params.actor.as_str());
+    log_action(&mut tx, now, names, action, None).await?;
     PostgresStore::notify_ready(&mut tx, &params.process).await?;
     commit(tx).await?;
     row.into_item(now).map(Some)
@@ -106,7 +86,8 @@ pub(super) async fn park(
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Parked, Some(&reason)).await?;
+    let action = (RunOutcome::Parked, params.actor.as_str());
+    log_action(&mut tx, now, names, action, Some(&reason)).await?;
     commit(tx).await?;
     row.into_item(now).map(Some)
 }
@@ -122,7 +103,8 @@ pub(super) async fn delete(store: &PostgresStore, params: &ItemDelete) -> Result
         .await
         .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Deleted, None).await?;
+    let action = (RunOutcome::Deleted, params.actor.as_str());
+    log_action(&mut tx, now, names, action, None).await?;
     commit(tx).await?;
     Ok(true)
 }
@@ -133,10 +115,10 @@ pub(super) async fn activity(
 ) -> Result<Vec<ProcessActivity>, StoreError> {
     let now = store.now(&store.pool).await?;
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT p.process, COUNT(h.id) FILTER (WHERE h.event = 'finished'),
-             COUNT(h.id) FILTER (WHERE h.event = 'failed')
-         FROM drover_processes p LEFT JOIN drover_history h ON h.process = p.process
-             AND h.at >= $1 AND h.event IN ('finished', 'failed')
+        "SELECT p.process, COUNT(r.id) FILTER (WHERE r.outcome IN ('done', 'requeued')),
+             COUNT(r.id) FILTER (WHERE r.outcome IN ('retry', 'parked'))
+         FROM drover_processes p LEFT JOIN drover_runs r ON r.process = p.process
+             AND r.ended_at >= $1 AND r.actor IS NULL
          GROUP BY p.process ORDER BY p.process",
     )
     .bind(earlier(now, params.window))

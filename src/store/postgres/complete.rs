@@ -1,6 +1,7 @@
 //! Completing leases on PostgreSQL, set-based: one statement locks every lease's
-//! running row, one deletes the finished items, one appends the history, so a
-//! batch of hundreds of outcomes costs a handful of round trips and one commit.
+//! running row, one appends the runs' history, one leaves the converged items
+//! idle, so a batch of hundreds of outcomes costs a handful of round trips and
+//! one commit.
 
 use std::collections::HashSet;
 
@@ -9,13 +10,14 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::retry::retry;
-use super::rows::{RunningRow, duration_ms};
+use super::rows::{RunningRow, duration_ms, running_columns};
+use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
 use crate::store::parts::{Answers, CompleteOnce};
-use crate::store::settle::{NextRow, Settled};
-use crate::store::types::{Lease, SessionId};
+use crate::store::settle::{NextRow, NextState, Settled};
+use crate::store::types::{RunOutcome, SessionId};
 use crate::store::wakeup;
 
 /// Locks the current row of every lease's key, in key order as every writer
@@ -29,24 +31,20 @@ use crate::store::wakeup;
 /// join on `state = 'running'` and the token, PostgreSQL's estimates — taken
 /// when no row was running — made it scan every running row once per lease
 /// (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
-const HELD: &str = "
+const HELD: &str = concat!(
+    "
 WITH found AS (
   SELECT x.id FROM UNNEST($1::text[], $2::text[]) AS l(process, key)
   CROSS JOIN LATERAL (
     SELECT i.id FROM drover_items i WHERE i.process = l.process AND i.key = l.key LIMIT 1) x)
-SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, i.id, i.priority,
-    i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at, i.dirty_priority,
-    p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, p.backoff_jitter
+SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, ",
+    running_columns!(),
+    "
 FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
 WHERE i.id = ANY(ARRAY(SELECT id FROM found))
 ORDER BY i.process, i.key
-FOR UPDATE OF i";
-
-/// Appends one history row per array element, all at `$1`.
-const LOG: &str = "
-INSERT INTO drover_history (at, process, key, event, session, token, attempt, error, transient)
-SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
-    $7::int[], $8::text[], $9::bool[])";
+FOR UPDATE OF i"
+);
 
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; the others commit.
@@ -62,8 +60,8 @@ pub(super) async fn complete_batch(
     // measured from when they are written.
     let now = store.now(&mut *tx).await?;
     let mut writes = Writes::default();
-    let settling = settle_batch(now, batch, rows, &expired, |id, lease, s| {
-        writes.add(id, lease, s);
+    let settling = settle_batch(now, batch, rows, &expired, |row, s| {
+        writes.add(row.id, s);
     });
     writes.flush(&mut tx, now).await?;
     commit(tx).await?;
@@ -109,81 +107,75 @@ async fn sessions(
     Ok((live, expired))
 }
 
-/// What a batch writes: rows to delete, rows to update, history to append.
+/// What a batch writes: each run's history row, each item's next row.
 #[derive(Debug, Default)]
 struct Writes {
-    deleted: Vec<i64>,
-    updated: Vec<(i64, NextRow)>,
-    process: Vec<String>,
-    key: Vec<String>,
-    event: Vec<&'static str>,
-    session: Vec<i64>,
-    token: Vec<i64>,
-    attempt: Vec<i32>,
-    error: Vec<Option<String>>,
-    transient: Vec<Option<bool>>,
+    runs: Ending,
+    /// Items left idle (a clean `done`, the common run): one statement for all.
+    idle: Vec<i64>,
+    /// Every other item's next row.
+    updated: Vec<(i64, RunOutcome, NextRow)>,
 }
 
 impl Writes {
-    fn add(&mut self, id: i64, lease: &Lease, settled: Settled) {
-        for e in settled.events {
-            self.process.push(lease.process.clone());
-            self.key.push(lease.key.clone());
-            self.event.push(e.kind.as_str());
-            self.session.push(lease.session.0);
-            self.token.push(lease.token.0);
-            self.attempt
-                .push(i32::try_from(lease.attempt).unwrap_or(i32::MAX));
-            self.error.push(e.error);
-            self.transient.push(e.transient);
-        }
-        match settled.next {
-            None => self.deleted.push(id),
-            Some(next) => self.updated.push((id, next)),
+    fn add(&mut self, id: i64, settled: Settled) {
+        self.runs.push(id, settled.outcome, settled.error);
+        if settled.next.state == NextState::Idle {
+            self.idle.push(id);
+        } else {
+            self.updated.push((id, settled.outcome, settled.next));
         }
     }
 
     async fn flush(self, tx: &mut Tx, now: DateTime<Utc>) -> Result<(), StoreError> {
-        if !self.process.is_empty() {
-            sqlx::query(LOG)
-                .bind(now)
-                .bind(&self.process)
-                .bind(&self.key)
-                .bind(&self.event)
-                .bind(&self.session)
-                .bind(&self.token)
-                .bind(&self.attempt)
-                .bind(&self.error)
-                .bind(&self.transient)
-                .execute(&mut **tx)
-                .await
-                .db()?;
+        log_runs(tx, now, &self.runs).await?;
+        if !self.idle.is_empty() {
+            idle(tx, now, &self.idle).await?;
         }
-        if !self.deleted.is_empty() {
-            sqlx::query("DELETE FROM drover_items WHERE id = ANY($1)")
-                .bind(&self.deleted)
-                .execute(&mut **tx)
-                .await
-                .db()?;
-        }
-        for (id, next) in &self.updated {
-            update(tx, *id, next).await?;
+        for (id, outcome, next) in &self.updated {
+            update(tx, now, *id, *outcome, next).await?;
         }
         Ok(())
     }
 }
 
+/// Leaves converged items idle: no lease, no failures, no error; their last
+/// outcome `done`. What [`settle`](crate::store::settle::settle) returns for a
+/// clean `done`, written for a whole batch at once.
+async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE drover_items SET state = 'idle', ready_at = $1, failures = 0,
+             backoff_until = NULL, backoff_ms = NULL, last_error = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = 'done', last_ended_at = $1
+         WHERE id = ANY($2)",
+    )
+    .bind(now)
+    .bind(ids)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
 /// Writes an item's next row (pending again, or parked).
-async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> {
+async fn update(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    id: i64,
+    outcome: RunOutcome,
+    next: &NextRow,
+) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE drover_items SET state = $2, priority = $3, ready_at = $4, enqueued_at = $5,
              failures = $6, backoff_until = $7, backoff_ms = $8, last_error = $9,
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = $10, last_ended_at = $11
          WHERE id = $1",
     )
     .bind(id)
-    .bind(if next.parked { "parked" } else { "pending" })
+    .bind(next.state.as_str())
     .bind(next.priority)
     .bind(next.ready_at)
     .bind(next.enqueued_at)
@@ -191,6 +183,8 @@ async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> 
     .bind(next.backoff_until)
     .bind(next.backoff.map(duration_ms))
     .bind(&next.last_error)
+    .bind(outcome.as_str())
+    .bind(now)
     .execute(&mut **tx)
     .await
     .db()?;

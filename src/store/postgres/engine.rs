@@ -10,16 +10,16 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, enqueue, inspect, items, leases, sessions};
+use super::{admin, enqueue, inspect, leases, processes, runs, sessions};
 use crate::store::params::{
-    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
+    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
     SessionClose, SessionHeartbeat, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ReclaimReport, Session,
+    EnqueueReport, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts, ProcessSettings,
+    PruneReport, ReclaimReport, Run, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -111,8 +111,8 @@ impl PostgresStore {
     }
 
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
-    /// shape) that is true when `lease_lock` would accept the key: the key is not
-    /// leased, not parked, not backing off and not delayed (its ready time, from
+    /// shape) that is true when `lease_lock` would accept the key: new or idle,
+    /// or pending and not backing off and not delayed (its ready time, from
     /// a `RequeueAfter` or an enqueue's `after`, has come). `process` and `key` are spliced in
     /// as SQL — pass placeholders or column names, never user input:
     ///
@@ -125,7 +125,7 @@ impl PostgresStore {
         format!(
             "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
              WHERE drover_i.process = {process} AND drover_i.key = {key} \
-             AND (drover_i.state <> 'pending' \
+             AND drover_i.state <> 'idle' AND (drover_i.state <> 'pending' \
              OR GREATEST(drover_i.ready_at, drover_i.backoff_until) > {now}))",
             now = format_args!(
                 "clock_timestamp() + {} * interval '1 millisecond'",
@@ -229,12 +229,12 @@ impl StoreEngine for PostgresStore {
         admin::activity(self, params).await
     }
 
-    async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {
-        inspect::history_list(self, &params).await
+    async fn run_list(&self, params: RunList) -> Result<Vec<Run>, StoreError> {
+        runs::list(self, &params).await
     }
 
-    async fn history_prune(&self, params: HistoryPrune) -> Result<u64, StoreError> {
-        retry(|| inspect::history_prune(self, params)).await
+    async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
+        retry(|| runs::prune(self, params.clone())).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
@@ -242,7 +242,11 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
-        retry(|| items::configure(self, &params)).await
+        retry(|| processes::configure(self, &params)).await
+    }
+
+    async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {
+        processes::list(self).await
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {

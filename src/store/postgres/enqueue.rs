@@ -1,11 +1,10 @@
-//! Enqueueing on PostgreSQL: the `enqueued` history by binary `COPY`, then one
-//! set-based statement (or `COPY`) for the items, then a `NOTIFY` delivered on
-//! commit.
+//! Enqueueing on PostgreSQL: one set-based statement (or `COPY`) for the
+//! items, then a `NOTIFY` delivered on commit. An enqueue writes no history
+//! row: the item counts its enqueues and keeps the first and last one's time.
 //!
 //! A batch that cannot meet an existing item — no item of the process has a
-//! key between the batch's least and greatest key: an idle process (items are
-//! deleted when done), or fresh keys from a growing range — is copied in as
-//! new rows: with nothing to coalesce, `ON CONFLICT`'s speculative insertion
+//! key between the batch's least and greatest key: a new process, or fresh
+//! keys from a growing range — is copied in as new rows: with nothing to coalesce, `ON CONFLICT`'s speculative insertion
 //! is pure overhead (about a fifth of the items' server time on a 10,000-key
 //! batch). Any other batch goes through the coalescing upsert.
 
@@ -38,28 +37,20 @@ SELECT EXISTS (SELECT 1 FROM drover_items
 /// batches keep the socket busy enough not to wait, and are where `COPY` pays.
 const COPY_MIN_KEYS: usize = 1_000;
 
-/// The `enqueued` events of a small batch, one per key of `$3`.
-const INSERT_HISTORY: &str = "
-INSERT INTO drover_history (at, process, key, event)
-SELECT $1, $2, k, 'enqueued' FROM UNNEST($3::text[]) AS k";
-
-/// The `enqueued` events that [`history_rows`] encodes.
-const COPY_HISTORY: &str =
-    "COPY drover_history (at, process, key, event) FROM STDIN (FORMAT binary)";
-
 /// New keys only: the fresh pending items that [`new_item_rows`] encodes. A key
 /// that a concurrent enqueue created after [`ANY_IN_RANGE`] looked makes this
 /// fail with a unique violation (after waiting for that enqueue to commit),
 /// never coalesce wrongly.
 const COPY_NEW_ITEMS: &str = "COPY drover_items (process, key, state, priority, ready_at, \
-     enqueued_at) FROM STDIN (FORMAT binary)";
+     enqueued_at, first_enqueued_at, last_enqueued_at, enqueue_count) FROM STDIN (FORMAT binary)";
 
 /// DESIGN.md rule 2 in one statement. A pending key keeps the earlier ready
 /// time (never earlier than its backoff unless `$6` bypasses it, which also
 /// clears the backoff, so status and `lease_lock` agree the key is ready) and
-/// the higher priority; a parked key is revived; a running key is marked dirty,
-/// remembering the earliest ready time and highest priority. Yields the number
-/// of keys that were running (now dirty) and the number of keys.
+/// the higher priority; a parked or idle key becomes pending (pending since
+/// now); a running key is marked dirty, remembering the earliest ready time and
+/// highest priority. Every key counts the enqueue. Yields the number of keys
+/// that were running (now dirty) and the number of keys.
 ///
 /// An existing row may be locked by a completion, and the upsert waits for it:
 /// the times it then writes into that row are read when it writes them
@@ -67,21 +58,21 @@ const COPY_NEW_ITEMS: &str = "COPY drover_items (process, key, state, priority, 
 /// that offset plus the delay), not before the wait as `EXCLUDED`'s are.
 const UPSERT: &str = "
 WITH up AS (
-INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
-SELECT $1, k, 'pending', $2, $3, $4 FROM UNNEST($5::text[]) AS k
+INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
+    first_enqueued_at, last_enqueued_at, enqueue_count)
+SELECT $1, k, 'pending', $2, $3, $4, $4, $4, 1 FROM UNNEST($5::text[]) AS k
 ON CONFLICT (process, key) DO UPDATE SET
   priority = CASE i.state WHEN 'pending' THEN GREATEST(i.priority, EXCLUDED.priority)
-                          WHEN 'parked' THEN EXCLUDED.priority ELSE i.priority END,
+                          WHEN 'running' THEN i.priority ELSE EXCLUDED.priority END,
   ready_at = CASE i.state
       WHEN 'pending' THEN LEAST(i.ready_at, CASE
           WHEN $6 THEN clock_timestamp() + $8::float8 * interval '1 millisecond'
           ELSE GREATEST(clock_timestamp() + $8::float8 * interval '1 millisecond',
                         i.backoff_until) END)
-      WHEN 'parked' THEN clock_timestamp() + $8::float8 * interval '1 millisecond'
-      ELSE i.ready_at END,
-  enqueued_at = CASE i.state
-      WHEN 'parked' THEN clock_timestamp() + $7::float8 * interval '1 millisecond'
-      ELSE i.enqueued_at END,
+      WHEN 'running' THEN i.ready_at
+      ELSE clock_timestamp() + $8::float8 * interval '1 millisecond' END,
+  enqueued_at = CASE i.state WHEN 'pending' THEN i.enqueued_at WHEN 'running' THEN i.enqueued_at
+      ELSE clock_timestamp() + $7::float8 * interval '1 millisecond' END,
   backoff_until = CASE WHEN $6 AND i.state = 'pending' THEN NULL ELSE i.backoff_until END,
   dirty_since = CASE i.state
       WHEN 'running' THEN COALESCE(i.dirty_since,
@@ -93,6 +84,10 @@ ON CONFLICT (process, key) DO UPDATE SET
       ELSE i.dirty_ready_at END,
   dirty_priority = CASE i.state WHEN 'running'
       THEN GREATEST(i.dirty_priority, EXCLUDED.priority) ELSE i.dirty_priority END,
+  first_enqueued_at = COALESCE(i.first_enqueued_at,
+                               clock_timestamp() + $7::float8 * interval '1 millisecond'),
+  last_enqueued_at = clock_timestamp() + $7::float8 * interval '1 millisecond',
+  enqueue_count = i.enqueue_count + 1,
   state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END
 RETURNING state)
 SELECT count(*) FILTER (WHERE state = 'running'), count(*) FROM up";
@@ -140,7 +135,7 @@ pub(super) async fn enqueue(
     }
 }
 
-/// One transaction: history, items, `NOTIFY`. New items are copied in only
+/// One transaction: items, `NOTIFY`. New items are copied in only
 /// when `fast` is allowed and no item of the process lies in the batch's range.
 async fn attempt(
     store: &PostgresStore,
@@ -152,18 +147,6 @@ async fn attempt(
     ensure_process(&mut tx, now, &params.process).await?;
     let bulk = keys.len() >= COPY_MIN_KEYS;
     let new_only = bulk && fast && !overlaps(&mut tx, &params.process, keys).await?;
-    if bulk {
-        let history = history_rows(now, &params.process, keys);
-        copy_in(&mut tx, COPY_HISTORY, history).await.db()?;
-    } else {
-        sqlx::query(INSERT_HISTORY)
-            .bind(now)
-            .bind(&params.process)
-            .bind(keys)
-            .execute(&mut *tx)
-            .await
-            .db()?;
-    }
     let ready_at = later(now, params.after);
     let report = if new_only {
         let items = new_item_rows(params, keys, ready_at, now);
@@ -231,22 +214,6 @@ async fn copy_in(tx: &mut Tx, statement: &str, rows: Vec<u8>) -> Result<u64, sql
     copy.finish().await
 }
 
-/// One `enqueued` event at `now` per key, for [`COPY_HISTORY`].
-fn history_rows(now: DateTime<Utc>, process: &str, keys: &[&str]) -> Vec<u8> {
-    const EVENT: &[u8] = b"enqueued";
-    let at = timestamptz(now);
-    let fixed = CopyRows::overhead(4) + at.len() + process.len() + EVENT.len();
-    let mut rows = CopyRows::with_capacity(keys.iter().map(|k| fixed + k.len()).sum());
-    for key in keys {
-        rows.row(4)
-            .field(&at)
-            .field(process.as_bytes())
-            .field(key.as_bytes())
-            .field(EVENT);
-    }
-    rows.finish()
-}
-
 /// A fresh pending item per key, for [`COPY_NEW_ITEMS`].
 fn new_item_rows(
     params: &ItemEnqueue,
@@ -257,16 +224,20 @@ fn new_item_rows(
     const STATE: &[u8] = b"pending";
     let (process, priority) = (params.process.as_bytes(), int4(params.priority));
     let (ready_at, enqueued_at) = (timestamptz(ready_at), timestamptz(now));
-    let fixed = CopyRows::overhead(6) + process.len() + STATE.len() + 4 + 8 + 8;
+    let count = 1_i64.to_be_bytes();
+    let fixed = CopyRows::overhead(9) + process.len() + STATE.len() + 4 + 8 * 5;
     let mut rows = CopyRows::with_capacity(keys.iter().map(|k| fixed + k.len()).sum());
     for key in keys {
-        rows.row(6)
+        rows.row(9)
             .field(process)
             .field(key.as_bytes())
             .field(STATE)
             .field(&priority)
             .field(&ready_at)
-            .field(&enqueued_at);
+            .field(&enqueued_at)
+            .field(&enqueued_at)
+            .field(&enqueued_at)
+            .field(&count);
     }
     rows.finish()
 }

@@ -1,21 +1,20 @@
-//! Read-side operations on PostgreSQL: items, history, counts; and history
-//! pruning.
+//! Read-side operations on PostgreSQL: items and counts.
 
 use std::time::Duration;
 
 use super::engine::PostgresStore;
 use super::error::Db as _;
-use super::rows::{HistoryRow, ItemRow, item_columns};
+use super::rows::{ItemRow, item_columns};
+use super::runs;
 use crate::store::StoreError;
 use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
-use crate::store::params::{HistoryList, HistoryPrune, ItemGet, ItemList};
-use crate::store::settle::earlier;
-use crate::store::types::{HistoryEvent, Item, ItemDetail, ProcessCounts};
+use crate::store::params::{ItemGet, ItemList, RunList};
+use crate::store::types::{Item, ItemDetail, ItemState, ProcessCounts};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or
 /// configured.
-async fn check_process(store: &PostgresStore, process: &str) -> Result<(), StoreError> {
+pub(super) async fn check_process(store: &PostgresStore, process: &str) -> Result<(), StoreError> {
     validate_process(process)?;
     let known: Option<i32> =
         sqlx::query_scalar("SELECT 1 FROM drover_processes WHERE process = $1")
@@ -29,9 +28,9 @@ async fn check_process(store: &PostgresStore, process: &str) -> Result<(), Store
 }
 
 /// Lists one process's items in key order. Running and parked keys are listed
-/// through the partial index over non-pending rows (the literal `state <>
-/// 'pending'` lets the planner prove it applies); pending keys, the bulk,
-/// through the `(process, key)` unique index.
+/// through the partial index over those states (the literal `state IN
+/// ('running', 'parked')` lets the planner prove it applies); pending and idle
+/// keys, the bulk, through the `(process, key)` unique index.
 pub(super) async fn item_list(
     store: &PostgresStore,
     params: &ItemList,
@@ -49,11 +48,11 @@ pub(super) async fn item_list(
         .bind(&params.process)
         .bind(after)
         .bind(limit),
-        Some(state) if stored_state(state) != "pending" => sqlx::query_as(concat!(
+        Some(state @ (ItemState::Running | ItemState::Parked)) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),
-            " FROM drover_items WHERE process = $1 AND state <> 'pending' AND state = $4
-                 AND key > $2 ORDER BY key LIMIT $3"
+            " FROM drover_items WHERE process = $1 AND state IN ('running', 'parked')
+                 AND state = $4 AND key > $2 ORDER BY key LIMIT $3"
         ))
         .bind(&params.process)
         .bind(after)
@@ -95,76 +94,46 @@ pub(super) async fn item_get(
     .await
     .db()?;
     let Some(row) = row else { return Ok(None) };
-    let history = history_list(
+    let runs = runs::list(
         store,
-        &HistoryList {
+        &RunList {
             process: Some(params.process.clone()),
             key: Some(params.key.clone()),
-            before_id: None,
-            limit: params.history_limit,
+            limit: params.runs_limit,
+            ..RunList::default()
         },
     )
     .await?;
     Ok(Some(ItemDetail {
         item: row.into_item(now)?,
-        history,
+        runs,
     }))
 }
 
-pub(super) async fn history_list(
-    store: &PostgresStore,
-    params: &HistoryList,
-) -> Result<Vec<HistoryEvent>, StoreError> {
-    if let Some(process) = &params.process {
-        check_process(store, process).await?;
-    }
-    let rows: Vec<HistoryRow> = sqlx::query_as(
-        "SELECT id, at, process, key, event, session, attempt, error, transient
-         FROM drover_history
-         WHERE ($1::text IS NULL OR process = $1) AND ($2::text IS NULL OR key = $2)
-             AND ($3::bigint IS NULL OR id < $3)
-         ORDER BY id DESC LIMIT $4",
-    )
-    .bind(&params.process)
-    .bind(&params.key)
-    .bind(params.before_id)
-    .bind(i64::from(params.limit))
-    .fetch_all(&store.pool)
-    .await
-    .db()?;
-    rows.into_iter().map(HistoryRow::into_event).collect()
-}
-
-pub(super) async fn history_prune(
-    store: &PostgresStore,
-    params: HistoryPrune,
-) -> Result<u64, StoreError> {
-    let now = store.now(&store.pool).await?;
-    let horizon = earlier(now, params.retention);
-    let deleted = sqlx::query("DELETE FROM drover_history WHERE at < $1")
-        .bind(horizon)
-        .execute(&store.pool)
-        .await
-        .db()?
-        .rows_affected();
-    Ok(deleted)
-}
-
+/// Counts per process, each state through the partial index that holds it, so
+/// idle keys (which may be most rows) are never read.
 pub(super) async fn process_counts(
     store: &PostgresStore,
 ) -> Result<Vec<ProcessCounts>, StoreError> {
     let now = store.now(&store.pool).await?;
     let rows: Vec<(String, i64, i64, i64, i64, Option<f64>)> = sqlx::query_as(
-        "SELECT p.process,
-             count(*) FILTER (WHERE i.state = 'pending'
-                 AND (i.backoff_until IS NULL OR i.backoff_until <= $1)),
-             count(*) FILTER (WHERE i.state = 'pending' AND i.backoff_until > $1),
-             count(*) FILTER (WHERE i.state = 'running'),
-             count(*) FILTER (WHERE i.state = 'parked'),
-             EXTRACT(EPOCH FROM $1 - min(i.ready_at) FILTER (
-                 WHERE i.state = 'pending' AND i.ready_at <= $1))::float8
-         FROM drover_processes p LEFT JOIN drover_items i ON i.process = p.process
-         GROUP BY p.process ORDER BY p.process",
+        "SELECT p.process, COALESCE(q.ready, 0), COALESCE(q.backoff, 0),
+             COALESCE(s.running, 0), COALESCE(s.parked, 0),
+             EXTRACT(EPOCH FROM $1 - q.oldest)::float8
+         FROM drover_processes p
+         LEFT JOIN (
+             SELECT process,
+                 count(*) FILTER (WHERE backoff_until IS NULL OR backoff_until <= $1) AS ready,
+                 count(*) FILTER (WHERE backoff_until > $1) AS backoff,
+                 min(ready_at) FILTER (WHERE ready_at <= $1) AS oldest
+             FROM drover_items WHERE state = 'pending' GROUP BY process) q
+             ON q.process = p.process
+         LEFT JOIN (
+             SELECT process, count(*) FILTER (WHERE state = 'running') AS running,
+                 count(*) FILTER (WHERE state = 'parked') AS parked
+             FROM drover_items WHERE state IN ('running', 'parked') GROUP BY process) s
+             ON s.process = p.process
+         ORDER BY p.process",
     )
     .bind(now)
     .fetch_all(&store.pool)

@@ -6,18 +6,20 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map, map_commit};
 use super::items::ensure_process;
-use super::rows::RunningRow;
+use super::rows::{RunningRow, running_columns};
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::refusal::{Unlockable, lock_refusal};
-use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
+use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 
 /// The whole claim in one statement: check the session, walk the process's
 /// distinct pending priorities from the highest down (`prios`, one index probe
 /// each), take each priority's ready rows in (ready time, id) order skipping rows
-/// other claimers hold, lease them with fresh fencing tokens, log `started`.
+/// other claimers hold, lease them with fresh fencing tokens. A start writes no
+/// history row: the running item shows it, and the run's row is written when it
+/// ends.
 ///
 /// Walking priorities keeps a claim O(P log n) for P distinct priorities: a plain
 /// `ORDER BY priority DESC, ready_at` scan would step over every not-yet-ready row
@@ -55,10 +57,7 @@ claimed AS (
       lease_token = nextval('drover_lease_tokens'), started_at = (SELECT now FROM clock)
   WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
   RETURNING i.id, i.process, i.key, i.priority, i.failures, i.ready_at, i.enqueued_at,
-      i.lease_token, i.started_at),
-logged AS (
-  INSERT INTO drover_history (at, process, key, event, session, token, attempt)
-  SELECT started_at, process, key, 'started', $1, lease_token, failures + 1 FROM claimed)
+      i.lease_token, i.started_at)
 SELECT (SELECT count(*) FROM live) AS live, c.process, c.key, c.priority, c.failures,
     c.enqueued_at, c.lease_token, c.started_at
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
@@ -139,15 +138,14 @@ async fn check_session(
 /// token or session no longer match.
 async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<RunningRow, StoreError> {
     check_session(tx, now, lease.session).await?;
-    let row: Option<RunningRow> = sqlx::query_as(
-        "SELECT i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at,
-             i.dirty_priority, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms,
-             p.backoff_jitter
-         FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
+    let row: Option<RunningRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        running_columns!(),
+        " FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
          WHERE i.process = $1 AND i.key = $2 AND i.state = 'running'
              AND i.lease_token = $3 AND i.lease_session = $4
-         FOR UPDATE OF i",
-    )
+         FOR UPDATE OF i"
+    ))
     .bind(&lease.process)
     .bind(&lease.key)
     .bind(lease.token.0)
@@ -165,7 +163,7 @@ pub(super) async fn release(
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
     let now = store.now(&mut *tx).await?; // after the row lock's wait
-    requeue(&mut tx, now, &[row.id], EventKind::Canceled).await?;
+    requeue(&mut tx, now, &[row.id], RunOutcome::Canceled).await?;
     commit(tx).await
 }
 
@@ -186,14 +184,19 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     check_session(&mut tx, now, params.session).await?;
     ensure_process(&mut tx, now, &params.process).await?;
     // The started time is read when the row is taken, after any wait for it.
+    // An idle key is taken like a new one: pending since then.
     let row: Option<Locked> = sqlx::query_as(
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
              lease_session, lease_token, started_at)
          VALUES ($1, $2, 'running', 0, $3, $3, $4, nextval('drover_lease_tokens'), $3)
          ON CONFLICT (process, key) DO UPDATE SET state = 'running',
              lease_session = EXCLUDED.lease_session, lease_token = EXCLUDED.lease_token,
-             started_at = clock_timestamp() + $5::float8 * interval '1 millisecond'
-         WHERE i.state = 'pending' AND i.ready_at <= $3 AND COALESCE(i.backoff_until, $3) <= $3
+             started_at = clock_timestamp() + $5::float8 * interval '1 millisecond',
+             enqueued_at = CASE i.state
+                 WHEN 'idle' THEN clock_timestamp() + $5::float8 * interval '1 millisecond'
+                 ELSE i.enqueued_at END
+         WHERE (i.state = 'pending' AND i.ready_at <= $3 AND COALESCE(i.backoff_until, $3) <= $3)
+             OR i.state = 'idle'
          RETURNING priority, failures, enqueued_at, lease_token, started_at",
     )
     .bind(&params.process)
@@ -215,19 +218,6 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
         return Err(refusal(&mut tx, now, params).await);
     };
     let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
-    sqlx::query(
-        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
-         VALUES ($1, $2, $3, 'started', $4, $5, $6)",
-    )
-    .bind(now)
-    .bind(&params.process)
-    .bind(&params.key)
-    .bind(params.session.0)
-    .bind(token)
-    .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
-    .execute(&mut *tx)
-    .await
-    .db()?;
     commit(tx).await?;
     Ok(Lease {
         session: params.session,

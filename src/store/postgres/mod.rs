@@ -15,8 +15,10 @@ mod inspect;
 mod items;
 mod leases;
 mod listen;
+mod processes;
 mod retry;
 mod rows;
+mod runs;
 mod sessions;
 mod statistics;
 

@@ -5,10 +5,11 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::rows::duration_ms;
+use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
 use crate::store::params::SessionStart;
 use crate::store::text::clean_text;
-use crate::store::types::{EventKind, ReclaimReport, Session, SessionId};
+use crate::store::types::{ReclaimReport, RunOutcome, Session, SessionId};
 
 pub(super) async fn start(
     store: &PostgresStore,
@@ -84,7 +85,7 @@ pub(super) async fn close(store: &PostgresStore, session: SessionId) -> Result<u
     let ids = lock_leases(&mut tx, &[session.0]).await?;
     // Read after the locks: the requeue's time is when it is written.
     let now = store.now(&mut *tx).await?;
-    requeue(&mut tx, now, &ids, EventKind::Canceled).await?;
+    requeue(&mut tx, now, &ids, RunOutcome::Canceled).await?;
     commit(tx).await?;
     Ok(ids.len() as u64)
 }
@@ -107,7 +108,7 @@ pub(super) async fn reclaim(store: &PostgresStore) -> Result<ReclaimReport, Stor
     ids.extend(orphans(&mut tx, &ids).await?);
     // Read after the locks: the requeue's time is when it is written.
     let now = store.now(&mut *tx).await?;
-    requeue(&mut tx, now, &ids, EventKind::Expired).await?;
+    requeue(&mut tx, now, &ids, RunOutcome::Expired).await?;
     commit(tx).await?;
     Ok(ReclaimReport {
         sessions: expired.len() as u64,
@@ -166,30 +167,28 @@ async fn orphans(tx: &mut Tx, taken: &[i64]) -> Result<Vec<i64>, StoreError> {
 
 /// Turns locked running items back into pending ones without counting a failure:
 /// ready at once, keeping the higher of their own and a dirty enqueue's priority,
-/// with a `canceled` or `expired` event naming the lost lease.
+/// each run ending with `outcome` (`canceled` or `expired`) in the history.
 pub(super) async fn requeue(
     tx: &mut Tx,
     now: DateTime<Utc>,
     ids: &[i64],
-    event: EventKind,
+    outcome: RunOutcome,
 ) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
+    log_runs(tx, now, &Ending::all(ids, outcome)).await?;
     sqlx::query(
-        "WITH logged AS (
-             INSERT INTO drover_history (at, process, key, event, session, token, attempt)
-             SELECT $1, process, key, $2, lease_session, lease_token, failures + 1
-             FROM drover_items WHERE id = ANY($3))
-         UPDATE drover_items SET state = 'pending', ready_at = $1,
+        "UPDATE drover_items SET state = 'pending', ready_at = $1,
              priority = GREATEST(priority, dirty_priority),
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL
-         WHERE id = ANY($3)",
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = $3, last_ended_at = $1
+         WHERE id = ANY($2)",
     )
     .bind(now)
-    .bind(event.as_str())
     .bind(ids)
+    .bind(outcome.as_str())
     .execute(&mut **tx)
     .await
     .db()?;

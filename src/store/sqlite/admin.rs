@@ -4,12 +4,13 @@
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{ItemRow, duration_ms, item_columns};
+use super::runs::log_action;
 use crate::store::StoreError;
 use crate::store::admin::admit;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
 use crate::store::text::clean_text;
-use crate::store::types::{EventKind, Item, ProcessActivity};
+use crate::store::types::{Item, ProcessActivity, RunOutcome};
 
 /// Validates the names, opens the write transaction and applies [`admit`];
 /// `None` when there is no item to act on.
@@ -31,28 +32,6 @@ async fn begin(
     Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
 }
 
-/// Appends an operator's event to the history.
-async fn log(
-    tx: &mut Tx,
-    now: i64,
-    (process, key): (&str, &str),
-    event: EventKind,
-    error: Option<&str>,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO drover_history (at, process, key, event, error) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )
-    .bind(now)
-    .bind(process)
-    .bind(key)
-    .bind(event.as_str())
-    .bind(error)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
-}
-
 pub(super) async fn retry(
     store: &SqliteStore,
     params: ItemRetry,
@@ -63,7 +42,7 @@ pub(super) async fn retry(
     let row: ItemRow = sqlx::query_as(concat!(
         "UPDATE drover_items SET state = 'pending', backoff_until = NULL,
              ready_at = CASE WHEN state = 'pending' AND ready_at < ?3 THEN ready_at ELSE ?3 END,
-             enqueued_at = CASE state WHEN 'parked' THEN ?3 ELSE enqueued_at END
+             enqueued_at = CASE WHEN state IN ('parked', 'idle') THEN ?3 ELSE enqueued_at END
          WHERE process = ?1 AND key = ?2 RETURNING ",
         item_columns!()
     ))
@@ -74,7 +53,8 @@ pub(super) async fn retry(
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Retried, None).await?;
+    let action = (RunOutcome::Retried, params.actor.as_str());
+    log_action(&mut tx, now, names, action, None).await?;
     tx.commit().await.db()?;
     row.into_item(now).map(Some)
 }
@@ -99,7 +79,8 @@ pub(super) async fn park(
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Parked, Some(&reason)).await?;
+    let action = (RunOutcome::Parked, params.actor.as_str());
+    log_action(&mut tx, now, names, action, Some(&reason)).await?;
     tx.commit().await.db()?;
     row.into_item(now).map(Some)
 }
@@ -115,7 +96,8 @@ pub(super) async fn delete(store: &SqliteStore, params: ItemDelete) -> Result<bo
         .await
         .db()?;
     let names = (params.process.as_str(), params.key.as_str());
-    log(&mut tx, now, names, EventKind::Deleted, None).await?;
+    let action = (RunOutcome::Deleted, params.actor.as_str());
+    log_action(&mut tx, now, names, action, None).await?;
     tx.commit().await.db()?;
     Ok(true)
 }
@@ -126,10 +108,10 @@ pub(super) async fn activity(
 ) -> Result<Vec<ProcessActivity>, StoreError> {
     let now = store.now_ms(&store.pool).await?;
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT p.process, COALESCE(SUM(h.event = 'finished'), 0),
-             COALESCE(SUM(h.event = 'failed'), 0)
-         FROM drover_processes p LEFT JOIN drover_history h ON h.process = p.process
-             AND h.at >= ?1 AND h.event IN ('finished', 'failed')
+        "SELECT p.process, COALESCE(SUM(r.outcome IN ('done', 'requeued')), 0),
+             COALESCE(SUM(r.outcome IN ('retry', 'parked')), 0)
+         FROM drover_processes p LEFT JOIN drover_runs r ON r.process = p.process
+             AND r.ended_at >= ?1 AND r.actor IS NULL
          GROUP BY p.process ORDER BY p.process",
     )
     .bind(now.saturating_sub(duration_ms(params.window)))

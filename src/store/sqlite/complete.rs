@@ -1,7 +1,7 @@
 //! Completing leases on SQLite, set-based: one statement finds every lease's
-//! running row, one deletes the finished items, one appends the history, all in
-//! one `BEGIN IMMEDIATE` transaction, so a batch costs a handful of statements
-//! and one commit however many outcomes it carries.
+//! running row, one appends the runs' history, one leaves the converged items
+//! idle, all in one `BEGIN IMMEDIATE` transaction, so a batch costs a handful of
+//! statements and one commit however many outcomes it carries.
 
 use std::collections::{HashMap, HashSet};
 
@@ -9,46 +9,27 @@ use serde_json::{Value, json};
 
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
-use super::rows::{RunningRow, duration_ms, to_ms, to_time};
+use super::rows::{RunningRow, duration_ms, running_columns, to_ms, to_time};
+use super::runs::{log_from_rows, log_with_errors};
 use crate::store::StoreError;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
 use crate::store::parts::{Answers, CompleteOnce};
-use crate::store::settle::{NextRow, Settled};
-use crate::store::types::{EventKind, Lease, SessionId};
+use crate::store::settle::{NextRow, NextState, Settled};
+use crate::store::types::{RunOutcome, SessionId};
 use crate::store::wakeup;
 
 /// The running rows leased to the live sessions in `?1` under the tokens in
 /// `?2` (both JSON arrays of integers): one probe of the `(lease_session,
 /// lease_token)` index per lease, with no JSON to pick apart per row. Whether
 /// each row is its lease's is decided by [`match_leases`].
-pub(super) const HELD: &str = "
-SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, i.id, i.priority,
-    i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at, i.dirty_priority,
-    p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, p.backoff_jitter
-FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
+pub(super) const HELD: &str = concat!(
+    "SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, ",
+    running_columns!(),
+    " FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
 WHERE i.state = 'running' AND i.lease_session IN (SELECT value FROM json_each(?1))
-    AND i.lease_token IN (SELECT value FROM json_each(?2))";
-
-/// Appends one history row per element of `?2`, a JSON array of
-/// `[process, key, event, session, token, attempt, error, transient]`, all at `?1`.
-const LOG: &str = "
-INSERT INTO drover_history (at, process, key, event, session, token, attempt, error, transient)
-SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
-    json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'),
-    json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]')
-FROM json_each(?2)";
-
-/// Appends event `?2` at `?1` for each running row whose id is in `?3` (a JSON
-/// array), its names and lease read from the row itself: half the cost of
-/// [`LOG`]'s eight `json_extract` calls per row, for the common run that ends
-/// with one plain event. The row is the lease's (matched on session and
-/// token), and nothing changes a running row's failures, so `failures + 1` is
-/// the lease's attempt.
-const LOG_FROM_ROWS: &str = "
-INSERT INTO drover_history (at, process, key, event, session, token, attempt)
-SELECT ?1, process, key, ?2, lease_session, lease_token, failures + 1 FROM drover_items
-WHERE id IN (SELECT value FROM json_each(?3)) ORDER BY lease_token";
+    AND i.lease_token IN (SELECT value FROM json_each(?2))"
+);
 
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; the others commit.
@@ -61,8 +42,8 @@ pub(super) async fn complete_batch(
     let (live, expired) = sessions(&mut tx, now, batch).await?;
     let rows = held(&mut tx, &live, batch).await?;
     let mut writes = Writes::default();
-    let settling = settle_batch(to_time(now), batch, rows, &expired, |id, lease, s| {
-        writes.add(id, lease, s);
+    let settling = settle_batch(to_time(now), batch, rows, &expired, |row, s| {
+        writes.add(row.id, s);
     });
     writes.flush(&mut tx, now).await?;
     tx.commit().await.db()?;
@@ -110,88 +91,87 @@ async fn sessions(
     Ok((live, expired))
 }
 
-/// What a batch writes: rows to delete, rows to update, history to append.
+/// What a batch writes: each run's history row, each item's next row.
 #[derive(Debug, Default)]
 struct Writes {
-    deleted: Vec<i64>,
-    updated: Vec<(i64, NextRow)>,
-    /// Runs that end with one event and no error, by event: logged from their
-    /// rows ([`LOG_FROM_ROWS`]) before those are deleted or updated.
-    plain: HashMap<EventKind, Vec<i64>>,
-    /// Every other event, in batch order ([`LOG`]).
-    events: Vec<Value>,
+    /// Runs that end with no error, by outcome: logged from their rows
+    /// ([`log_from_rows`]) before those change.
+    plain: HashMap<RunOutcome, Vec<i64>>,
+    /// Runs that end with an error, as `[id, outcome, error]`.
+    failed: Vec<Value>,
+    /// Items left idle (a clean `done`, the common run): one statement for all.
+    idle: Vec<i64>,
+    /// Every other item's next row.
+    updated: Vec<(i64, RunOutcome, NextRow)>,
 }
 
 impl Writes {
-    fn add(&mut self, id: i64, lease: &Lease, settled: Settled) {
-        match settled.events.as_slice() {
-            [event] if event.error.is_none() && event.transient.is_none() => {
-                self.plain.entry(event.kind).or_default().push(id);
-            }
-            events => {
-                for e in events {
-                    self.events.push(json!([
-                        lease.process,
-                        lease.key,
-                        e.kind.as_str(),
-                        lease.session.0,
-                        lease.token.0,
-                        lease.attempt,
-                        e.error,
-                        e.transient,
-                    ]));
-                }
-            }
+    fn add(&mut self, id: i64, settled: Settled) {
+        match settled.error {
+            None => self.plain.entry(settled.outcome).or_default().push(id),
+            Some(error) => self
+                .failed
+                .push(json!([id, settled.outcome.as_str(), error])),
         }
-        match settled.next {
-            None => self.deleted.push(id),
-            Some(next) => self.updated.push((id, next)),
+        if settled.next.state == NextState::Idle {
+            self.idle.push(id);
+        } else {
+            self.updated.push((id, settled.outcome, settled.next));
         }
     }
 
     async fn flush(self, tx: &mut Tx, now: i64) -> Result<(), StoreError> {
-        for (kind, ids) in self.plain {
-            sqlx::query(LOG_FROM_ROWS)
-                .bind(now)
-                .bind(kind.as_str())
-                .bind(Value::from(ids).to_string())
-                .execute(&mut **tx)
-                .await
-                .db()?;
+        for (outcome, ids) in self.plain {
+            log_from_rows(tx, now, outcome, &Value::from(ids).to_string()).await?;
         }
-        if !self.events.is_empty() {
-            sqlx::query(LOG)
-                .bind(now)
-                .bind(Value::from(self.events).to_string())
-                .execute(&mut **tx)
-                .await
-                .db()?;
+        log_with_errors(tx, now, self.failed).await?;
+        if !self.idle.is_empty() {
+            idle(tx, now, &Value::from(self.idle).to_string()).await?;
         }
-        if !self.deleted.is_empty() {
-            sqlx::query("DELETE FROM drover_items WHERE id IN (SELECT value FROM json_each(?1))")
-                .bind(Value::from(self.deleted).to_string())
-                .execute(&mut **tx)
-                .await
-                .db()?;
-        }
-        for (id, next) in &self.updated {
-            update(tx, *id, next).await?;
+        for (id, outcome, next) in &self.updated {
+            update(tx, now, *id, *outcome, next).await?;
         }
         Ok(())
     }
 }
 
+/// Leaves converged items idle: no lease, no failures, no error; their last
+/// outcome `done`. What [`settle`](crate::store::settle::settle) returns for a
+/// clean `done`, written for a whole batch at once.
+async fn idle(tx: &mut Tx, now: i64, ids: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
+             backoff_until = NULL, backoff_ms = NULL, last_error = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = 'done', last_ended_at = ?1
+         WHERE id IN (SELECT value FROM json_each(?2))",
+    )
+    .bind(now)
+    .bind(ids)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
 /// Writes an item's next row (pending again, or parked).
-async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> {
+async fn update(
+    tx: &mut Tx,
+    now: i64,
+    id: i64,
+    outcome: RunOutcome,
+    next: &NextRow,
+) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE drover_items SET state = ?2, priority = ?3, ready_at = ?4, enqueued_at = ?5,
              failures = ?6, backoff_until = ?7, backoff_ms = ?8, last_error = ?9,
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = ?10, last_ended_at = ?11
          WHERE id = ?1",
     )
     .bind(id)
-    .bind(if next.parked { "parked" } else { "pending" })
+    .bind(next.state.as_str())
     .bind(next.priority)
     .bind(to_ms(next.ready_at))
     .bind(to_ms(next.enqueued_at))
@@ -199,6 +179,8 @@ async fn update(tx: &mut Tx, id: i64, next: &NextRow) -> Result<(), StoreError> 
     .bind(next.backoff_until.map(to_ms))
     .bind(next.backoff.map(duration_ms))
     .bind(&next.last_error)
+    .bind(outcome.as_str())
+    .bind(now)
     .execute(&mut **tx)
     .await
     .db()?;

@@ -7,16 +7,16 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, inspect, items, leases, sessions};
+use super::{admin, inspect, items, leases, processes, runs, sessions};
 use crate::store::params::{
-    HistoryActivity, HistoryList, HistoryPrune, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure,
+    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
+    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
     SessionClose, SessionHeartbeat, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::types::{
-    EnqueueReport, HistoryEvent, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ReclaimReport, Session,
+    EnqueueReport, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts, ProcessSettings,
+    PruneReport, ReclaimReport, Run, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -64,8 +64,8 @@ impl SqliteStore {
     }
 
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
-    /// shape) that is true when `lease_lock` would accept the key: the key is not
-    /// leased, not parked, not backing off and not delayed (its ready time, from
+    /// shape) that is true when `lease_lock` would accept the key: new or idle,
+    /// or pending and not backing off and not delayed (its ready time, from
     /// a `RequeueAfter` or an enqueue's `after`, has come). `process` and `key` are spliced in
     /// as SQL — pass placeholders or column names, never user input:
     ///
@@ -78,7 +78,7 @@ impl SqliteStore {
         format!(
             "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
              WHERE drover_i.process = {process} AND drover_i.key = {key} \
-             AND (drover_i.state <> 'pending' \
+             AND drover_i.state <> 'idle' AND (drover_i.state <> 'pending' \
              OR MAX(drover_i.ready_at, COALESCE(drover_i.backoff_until, 0)) > \
              CAST(unixepoch('subsec') * 1000 AS INTEGER) + {offset}))",
             offset = self.clock.offset_ms()
@@ -182,12 +182,12 @@ impl StoreEngine for SqliteStore {
         admin::activity(self, params).await
     }
 
-    async fn history_list(&self, params: HistoryList) -> Result<Vec<HistoryEvent>, StoreError> {
-        inspect::history_list(self, params).await
+    async fn run_list(&self, params: RunList) -> Result<Vec<Run>, StoreError> {
+        runs::list(self, params).await
     }
 
-    async fn history_prune(&self, params: HistoryPrune) -> Result<u64, StoreError> {
-        inspect::history_prune(self, params).await
+    async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
+        runs::prune(self, params).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
@@ -195,7 +195,11 @@ impl StoreEngine for SqliteStore {
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
-        items::configure(self, params).await
+        processes::configure(self, params).await
+    }
+
+    async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {
+        processes::list(self).await
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {

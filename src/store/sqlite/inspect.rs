@@ -1,19 +1,20 @@
-//! Read-side operations on SQLite: items, history, counts; and history pruning.
+//! Read-side operations on SQLite: items and counts.
 
 use std::time::Duration;
 
 use super::engine::SqliteStore;
 use super::error::Db as _;
-use super::rows::{HistoryRow, ItemRow, duration_ms, item_columns};
+use super::rows::{ItemRow, item_columns};
+use super::runs;
 use crate::store::StoreError;
 use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
-use crate::store::params::{HistoryList, HistoryPrune, ItemGet, ItemList};
-use crate::store::types::{HistoryEvent, Item, ItemDetail, ProcessCounts};
+use crate::store::params::{ItemGet, ItemList, RunList};
+use crate::store::types::{Item, ItemDetail, ItemState, ProcessCounts};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or
 /// configured.
-async fn check_process(store: &SqliteStore, process: &str) -> Result<(), StoreError> {
+pub(super) async fn check_process(store: &SqliteStore, process: &str) -> Result<(), StoreError> {
     validate_process(process)?;
     let known: Option<i64> =
         sqlx::query_scalar("SELECT 1 FROM drover_processes WHERE process = ?1")
@@ -27,9 +28,9 @@ async fn check_process(store: &SqliteStore, process: &str) -> Result<(), StoreEr
 }
 
 /// Lists one process's items in key order. Running and parked keys are listed
-/// through the partial index over non-pending rows (SQLite uses a partial
-/// index only when the query states its condition literally); pending keys, the
-/// bulk, through the `(process, key)` unique index.
+/// through the partial index over those states (SQLite uses a partial index
+/// only when the query states its condition literally); pending and idle keys,
+/// the bulk, through the `(process, key)` unique index.
 pub(super) async fn item_list(
     store: &SqliteStore,
     params: ItemList,
@@ -46,11 +47,11 @@ pub(super) async fn item_list(
         .bind(&params.process)
         .bind(after)
         .bind(params.limit),
-        Some(state) if stored_state(state) != "pending" => sqlx::query_as(concat!(
+        Some(state @ (ItemState::Running | ItemState::Parked)) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),
-            " FROM drover_items WHERE process = ?1 AND state <> 'pending' AND state = ?4
-                 AND key > ?2 ORDER BY key LIMIT ?3"
+            " FROM drover_items WHERE process = ?1 AND state IN ('running', 'parked')
+                 AND state = ?4 AND key > ?2 ORDER BY key LIMIT ?3"
         ))
         .bind(&params.process)
         .bind(after)
@@ -92,72 +93,40 @@ pub(super) async fn item_get(
     .await
     .db()?;
     let Some(row) = row else { return Ok(None) };
-    let history = history_list(
+    let runs = runs::list(
         store,
-        HistoryList {
+        RunList {
             process: Some(params.process),
             key: Some(params.key),
-            before_id: None,
-            limit: params.history_limit,
+            limit: params.runs_limit,
+            ..RunList::default()
         },
     )
     .await?;
     Ok(Some(ItemDetail {
         item: row.into_item(now)?,
-        history,
+        runs,
     }))
 }
 
-pub(super) async fn history_list(
-    store: &SqliteStore,
-    params: HistoryList,
-) -> Result<Vec<HistoryEvent>, StoreError> {
-    if let Some(process) = &params.process {
-        check_process(store, process).await?;
-    }
-    let rows: Vec<HistoryRow> = sqlx::query_as(
-        "SELECT id, at, process, key, event, session, attempt, error, transient
-         FROM drover_history
-         WHERE (?1 IS NULL OR process = ?1) AND (?2 IS NULL OR key = ?2)
-             AND (?3 IS NULL OR id < ?3)
-         ORDER BY id DESC LIMIT ?4",
-    )
-    .bind(&params.process)
-    .bind(&params.key)
-    .bind(params.before_id)
-    .bind(params.limit)
-    .fetch_all(&store.pool)
-    .await
-    .db()?;
-    rows.into_iter().map(HistoryRow::into_event).collect()
-}
-
-pub(super) async fn history_prune(
-    store: &SqliteStore,
-    params: HistoryPrune,
-) -> Result<u64, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    let deleted = sqlx::query("DELETE FROM drover_history WHERE at < ?1")
-        .bind(now.saturating_sub(duration_ms(params.retention)))
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
-    tx.commit().await.db()?;
-    Ok(deleted)
-}
-
+/// Counts per process, each state through the partial index that holds it, so
+/// idle keys (which may be most rows) are never read.
 pub(super) async fn process_counts(store: &SqliteStore) -> Result<Vec<ProcessCounts>, StoreError> {
     let now = store.now_ms(&store.pool).await?;
     let rows: Vec<(String, i64, i64, i64, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT p.process,
-             COALESCE(SUM(i.state = 'pending' AND COALESCE(i.backoff_until, 0) <= ?1), 0),
-             COALESCE(SUM(i.state = 'pending' AND COALESCE(i.backoff_until, 0) > ?1), 0),
-             COALESCE(SUM(i.state = 'running'), 0),
-             COALESCE(SUM(i.state = 'parked'), 0),
-             MIN(CASE WHEN i.state = 'pending' AND i.ready_at <= ?1 THEN i.ready_at END)
-         FROM drover_processes p LEFT JOIN drover_items i ON i.process = p.process
-         GROUP BY p.process ORDER BY p.process",
+        "SELECT p.process, COALESCE(q.ready, 0), COALESCE(q.backoff, 0),
+             (SELECT count(*) FROM drover_items s WHERE s.process = p.process
+                 AND s.state IN ('running', 'parked') AND s.state = 'running'),
+             (SELECT count(*) FROM drover_items s WHERE s.process = p.process
+                 AND s.state IN ('running', 'parked') AND s.state = 'parked'),
+             q.oldest
+         FROM drover_processes p LEFT JOIN (
+             SELECT process, SUM(COALESCE(backoff_until, 0) <= ?1) AS ready,
+                 SUM(COALESCE(backoff_until, 0) > ?1) AS backoff,
+                 MIN(CASE WHEN ready_at <= ?1 THEN ready_at END) AS oldest
+             FROM drover_items WHERE state = 'pending' GROUP BY process) q
+             ON q.process = p.process
+         ORDER BY p.process",
     )
     .bind(now)
     .fetch_all(&store.pool)

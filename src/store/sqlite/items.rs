@@ -1,30 +1,34 @@
 //! Enqueueing on SQLite: one upsert for the whole batch, coalescing in SQL.
+//! An enqueue writes no history row: the item counts its enqueues and keeps
+//! the first and last one's time.
 
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::enqueue::checked_keys;
-use crate::store::key::validate_process;
-use crate::store::params::{ItemEnqueue, ProcessConfigure};
+use crate::store::params::ItemEnqueue;
 use crate::store::types::EnqueueReport;
 
 /// DESIGN.md rule 2 in one statement. A pending key keeps the earlier ready time
 /// (never earlier than its backoff unless `?6` bypasses it, which also clears
 /// the backoff, so status and `lease_lock` agree the key is ready) and the
-/// higher priority; a parked key is revived; a running key is marked dirty, remembering
-/// the earliest ready time and highest priority asked for.
+/// higher priority; a parked or idle key becomes pending (pending since now); a
+/// running key is marked dirty, remembering the earliest ready time and highest
+/// priority asked for. Every key counts the enqueue.
 const UPSERT: &str = "
-INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
-SELECT ?1, j.value, 'pending', ?2, ?3, ?4 FROM json_each(?5) AS j WHERE true
+INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
+    first_enqueued_at, last_enqueued_at, enqueue_count)
+SELECT ?1, j.value, 'pending', ?2, ?3, ?4, ?4, ?4, 1 FROM json_each(?5) AS j WHERE true
 ON CONFLICT (process, key) DO UPDATE SET
   priority = CASE i.state WHEN 'pending' THEN MAX(i.priority, excluded.priority)
-                          WHEN 'parked' THEN excluded.priority ELSE i.priority END,
+                          WHEN 'running' THEN i.priority ELSE excluded.priority END,
   ready_at = CASE i.state
       WHEN 'pending' THEN MIN(i.ready_at, CASE WHEN ?6 THEN excluded.ready_at
           ELSE MAX(excluded.ready_at, COALESCE(i.backoff_until, excluded.ready_at)) END)
-      WHEN 'parked' THEN excluded.ready_at ELSE i.ready_at END,
-  enqueued_at = CASE i.state WHEN 'parked' THEN excluded.enqueued_at ELSE i.enqueued_at END,
+      WHEN 'running' THEN i.ready_at ELSE excluded.ready_at END,
+  enqueued_at = CASE i.state WHEN 'parked' THEN excluded.enqueued_at
+                             WHEN 'idle' THEN excluded.enqueued_at ELSE i.enqueued_at END,
   backoff_until = CASE WHEN ?6 AND i.state = 'pending' THEN NULL ELSE i.backoff_until END,
   dirty_since = CASE i.state WHEN 'running'
       THEN COALESCE(i.dirty_since, excluded.enqueued_at) ELSE i.dirty_since END,
@@ -34,20 +38,23 @@ ON CONFLICT (process, key) DO UPDATE SET
   dirty_priority = CASE i.state WHEN 'running'
       THEN MAX(COALESCE(i.dirty_priority, excluded.priority), excluded.priority)
       ELSE i.dirty_priority END,
+  first_enqueued_at = COALESCE(i.first_enqueued_at, excluded.enqueued_at),
+  last_enqueued_at = excluded.enqueued_at,
+  enqueue_count = i.enqueue_count + 1,
   state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END";
 
 /// How many keys of the batch `?2` are running (the upsert marks them dirty).
 /// Every other key ends up pending, so this and the batch's size give the
 /// report without `RETURNING` a row per key (a tenth of the enqueue's time).
-/// `state <> 'pending'` lets the planner probe the small partial index of
-/// running and parked rows once per key; with `state = 'running'` alone it
-/// walked every row of the process in the unique index instead, so each batch
-/// cost time in proportion to the backlog (18 ms per 10,000 keys at 50,000
-/// pending, growing without bound).
+/// `state IN ('running', 'parked')` lets the planner probe the small partial
+/// index of running and parked rows once per key; with `state = 'running'`
+/// alone it walked every row of the process in the unique index instead, so
+/// each batch cost time in proportion to the backlog (18 ms per 10,000 keys at
+/// 50,000 pending, growing without bound).
 pub(super) const RUNNING: &str = "
 SELECT count(*) FROM drover_items
-WHERE process = ?1 AND state <> 'pending' AND key IN (SELECT value FROM json_each(?2))
-    AND state = 'running'";
+WHERE process = ?1 AND state IN ('running', 'parked')
+    AND key IN (SELECT value FROM json_each(?2)) AND state = 'running'";
 
 pub(super) async fn enqueue(
     store: &SqliteStore,
@@ -79,16 +86,6 @@ pub(super) async fn enqueue(
         .execute(&mut *tx)
         .await
         .db()?;
-    sqlx::query(
-        "INSERT INTO drover_history (at, process, key, event)
-         SELECT ?1, ?2, j.value, 'enqueued' FROM json_each(?3) AS j",
-    )
-    .bind(now)
-    .bind(&params.process)
-    .bind(&keys)
-    .execute(&mut *tx)
-    .await
-    .db()?;
     tx.commit().await.db()?;
     // A count of rows is never negative.
     let dirty = running.unsigned_abs();
@@ -109,32 +106,5 @@ pub(super) async fn ensure_process(tx: &mut Tx, now: i64, process: &str) -> Resu
     .execute(&mut **tx)
     .await
     .db()?;
-    Ok(())
-}
-
-pub(super) async fn configure(
-    store: &SqliteStore,
-    params: ProcessConfigure,
-) -> Result<(), StoreError> {
-    validate_process(&params.process)?;
-    let b = params.backoff;
-    let (mut tx, now) = store.write().await?;
-    sqlx::query(
-        "INSERT INTO drover_processes (process, backoff_initial_ms, backoff_factor,
-             backoff_max_ms, backoff_jitter, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT (process) DO UPDATE SET backoff_initial_ms = excluded.backoff_initial_ms,
-             backoff_factor = excluded.backoff_factor, backoff_max_ms = excluded.backoff_max_ms,
-             backoff_jitter = excluded.backoff_jitter",
-    )
-    .bind(&params.process)
-    .bind(duration_ms(b.initial()))
-    .bind(b.factor())
-    .bind(duration_ms(b.max()))
-    .bind(b.jitter())
-    .bind(now)
-    .execute(&mut *tx)
-    .await
-    .db()?;
-    tx.commit().await.db()?;
     Ok(())
 }

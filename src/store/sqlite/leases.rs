@@ -4,13 +4,13 @@
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::items::ensure_process;
-use super::rows::{RunningRow, to_time};
+use super::rows::{RunningRow, running_columns, to_time};
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::refusal::{Unlockable, lock_refusal};
-use crate::store::types::{EventKind, FencingToken, Lease, SessionId};
+use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is
 /// still ahead.
@@ -39,7 +39,9 @@ async fn take_tokens(tx: &mut Tx, n: i64) -> Result<i64, StoreError> {
     Ok(last - n + 1)
 }
 
-/// Marks one item running under a lease and records `started`.
+/// Marks one item running under a lease. A run's start has no history row of
+/// its own: the running item shows it, and the run's row is written when it
+/// ends.
 async fn start_run(
     tx: &mut Tx,
     now: i64,
@@ -61,19 +63,6 @@ async fn start_run(
         .await
         .db()?;
     let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
-    sqlx::query(
-        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
-         VALUES (?1, ?2, ?3, 'started', ?4, ?5, ?6)",
-    )
-    .bind(now)
-    .bind(&process)
-    .bind(&key)
-    .bind(session.0)
-    .bind(token)
-    .bind(attempt)
-    .execute(&mut **tx)
-    .await
-    .db()?;
     Ok(Lease {
         session,
         process,
@@ -141,7 +130,7 @@ pub(super) async fn claim(
     Ok(leases)
 }
 
-/// Like [`start_run`] for many items at once (one `UPDATE`, one `INSERT`): the
+/// Like [`start_run`] for many items at once (one `UPDATE`): the
 /// `n`th id gets token `first + n`, and the leases come back in `ids` order.
 async fn start_runs(
     tx: &mut Tx,
@@ -165,17 +154,6 @@ async fn start_runs(
     .await
     .db()?;
     rows.sort_unstable_by_key(|row| row.5);
-    sqlx::query(
-        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
-         SELECT ?1, process, key, 'started', ?2, lease_token, failures + 1 FROM drover_items
-         WHERE id IN (SELECT value FROM json_each(?3)) ORDER BY lease_token",
-    )
-    .bind(now)
-    .bind(session.0)
-    .bind(&ids)
-    .execute(&mut **tx)
-    .await
-    .db()?;
     Ok(rows
         .into_iter()
         .map(
@@ -197,14 +175,13 @@ async fn start_runs(
 /// token or session no longer match.
 async fn held(tx: &mut Tx, now: i64, lease: &Lease) -> Result<RunningRow, StoreError> {
     check_session(tx, now, lease.session).await?;
-    let row: Option<RunningRow> = sqlx::query_as(
-        "SELECT i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since, i.dirty_ready_at,
-             i.dirty_priority, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms,
-             p.backoff_jitter
-         FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
+    let row: Option<RunningRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        running_columns!(),
+        " FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
          WHERE i.process = ?1 AND i.key = ?2 AND i.state = 'running'
-             AND i.lease_token = ?3 AND i.lease_session = ?4",
-    )
+             AND i.lease_token = ?3 AND i.lease_session = ?4"
+    ))
     .bind(&lease.process)
     .bind(&lease.key)
     .bind(lease.token.0)
@@ -221,7 +198,7 @@ pub(super) async fn release(
 ) -> Result<(), StoreError> {
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
-    requeue(&mut tx, now, &[row.id], EventKind::Canceled).await?;
+    requeue(&mut tx, now, &[row.id], RunOutcome::Canceled).await?;
     tx.commit().await.db()
 }
 
@@ -231,11 +208,14 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
     let (mut tx, now) = store.write().await?;
     check_session(&mut tx, now, params.session).await?;
     ensure_process(&mut tx, now, &params.process).await?;
+    // An idle key is taken like a new one: pending since now.
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
          VALUES (?1, ?2, 'pending', 0, ?3, ?3)
-         ON CONFLICT (process, key) DO UPDATE SET state = i.state
-         WHERE i.state = 'pending' AND i.ready_at <= ?3 AND COALESCE(i.backoff_until, ?3) <= ?3
+         ON CONFLICT (process, key) DO UPDATE SET
+             enqueued_at = CASE i.state WHEN 'idle' THEN ?3 ELSE i.enqueued_at END
+         WHERE (i.state = 'pending' AND i.ready_at <= ?3 AND COALESCE(i.backoff_until, ?3) <= ?3)
+             OR i.state = 'idle'
          RETURNING id",
     )
     .bind(&params.process)

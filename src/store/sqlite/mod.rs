@@ -14,7 +14,9 @@ mod items;
 mod leases;
 #[cfg(test)]
 mod plans;
+mod processes;
 mod rows;
+mod runs;
 mod sessions;
 
 pub use engine::SqliteStore;

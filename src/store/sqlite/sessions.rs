@@ -5,10 +5,11 @@ use chrono::{DateTime, Utc};
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{duration_ms, to_time};
+use super::runs::log_from_rows;
 use crate::store::StoreError;
 use crate::store::params::SessionStart;
 use crate::store::text::clean_text;
-use crate::store::types::{EventKind, ReclaimReport, Session, SessionId};
+use crate::store::types::{ReclaimReport, RunOutcome, Session, SessionId};
 
 pub(super) async fn start(
     store: &SqliteStore,
@@ -69,7 +70,7 @@ pub(super) async fn close(store: &SqliteStore, session: SessionId) -> Result<u64
     .fetch_all(&mut *tx)
     .await
     .db()?;
-    requeue(&mut tx, now, &ids, EventKind::Canceled).await?;
+    requeue(&mut tx, now, &ids, RunOutcome::Canceled).await?;
     sqlx::query("DELETE FROM drover_sessions WHERE id = ?1")
         .bind(session.0)
         .execute(&mut *tx)
@@ -98,7 +99,7 @@ pub(super) async fn reclaim(store: &SqliteStore) -> Result<ReclaimReport, StoreE
     .fetch_all(&mut *tx)
     .await
     .db()?;
-    requeue(&mut tx, now, &ids, EventKind::Expired).await?;
+    requeue(&mut tx, now, &ids, RunOutcome::Expired).await?;
     tx.commit().await.db()?;
     Ok(ReclaimReport {
         sessions: expired.len() as u64,
@@ -107,38 +108,30 @@ pub(super) async fn reclaim(store: &SqliteStore) -> Result<ReclaimReport, StoreE
 }
 
 /// Turns running items back into pending ones without counting a failure: ready
-/// at once, keeping the higher of their own and a dirty enqueue's priority, with a
-/// `canceled` or `expired` event naming the lost lease.
+/// at once, keeping the higher of their own and a dirty enqueue's priority, each
+/// run ending with `outcome` (`canceled` or `expired`) in the history.
 pub(super) async fn requeue(
     tx: &mut Tx,
     now: i64,
     ids: &[i64],
-    event: EventKind,
+    outcome: RunOutcome,
 ) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
     let ids = serde_json::Value::from(ids).to_string();
-    sqlx::query(
-        "INSERT INTO drover_history (at, process, key, event, session, token, attempt)
-         SELECT ?1, process, key, ?2, lease_session, lease_token, failures + 1
-         FROM drover_items WHERE id IN (SELECT value FROM json_each(?3))",
-    )
-    .bind(now)
-    .bind(event.as_str())
-    .bind(&ids)
-    .execute(&mut **tx)
-    .await
-    .db()?;
+    log_from_rows(tx, now, outcome, &ids).await?;
     sqlx::query(
         "UPDATE drover_items SET state = 'pending', ready_at = ?1,
              priority = MAX(priority, COALESCE(dirty_priority, priority)),
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = ?3, last_ended_at = ?1
          WHERE id IN (SELECT value FROM json_each(?2))",
     )
     .bind(now)
     .bind(&ids)
+    .bind(outcome.as_str())
     .execute(&mut **tx)
     .await
     .db()?;

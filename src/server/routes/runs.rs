@@ -1,0 +1,61 @@
+//! A process's history: runs (one row each, written when the run ends) and
+//! operators' actions, newest first, a page at a time.
+
+use axum::Json;
+use axum::extract::State;
+
+use crate::server::auth::{Authorized, Read};
+use crate::server::error::{ApiError, ErrorBody};
+use crate::server::extract::{PathParams, QueryParams};
+use crate::server::model::{MAX_PAGE, RunListQuery, RunPage};
+use crate::server::state::AppState;
+use crate::store::{RunList, StoreEngine as _, validate_key, validate_process};
+
+/// Pages through a process's runs, newest first: "what happened to key X".
+/// Paged by run id (`before` = the previous page's `next_before`), never by
+/// offset, so a page costs the same however deep it is.
+#[utoipa::path(
+    get, path = "/v1/processes/{process}/runs", tag = "read",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process"), RunListQuery),
+    responses(
+        (status = 200, description = "A page of runs, newest first", body = RunPage),
+        (status = 400, description = "Bad query parameter", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 404, description = "Unknown process", body = ErrorBody),
+        (status = 422, description = "Invalid process name or key", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn list(
+    _: Authorized<Read>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+    QueryParams(query): QueryParams<RunListQuery>,
+) -> Result<Json<RunPage>, ApiError> {
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
+    }
+    validate_process(&process)?;
+    if let Some(key) = &query.key {
+        validate_key(key)?;
+    }
+    let runs = state
+        .store
+        .run_list(RunList {
+            process: Some(process),
+            key: query.key,
+            outcome: query.outcome.map(Into::into),
+            before: query.before,
+            limit,
+        })
+        .await?;
+    let next_before = (runs.len() == limit as usize)
+        .then(|| runs.last().map(|r| r.id))
+        .flatten();
+    Ok(Json(RunPage {
+        runs: runs.into_iter().map(Into::into).collect(),
+        next_before,
+    }))
+}

@@ -1,0 +1,63 @@
+//! Processes on PostgreSQL: their stored settings, changed by `process
+//! configure` and read by every node.
+
+use super::engine::PostgresStore;
+use super::error::{Db as _, commit};
+use super::items::ensure_process;
+use super::rows::duration_ms;
+use crate::store::StoreError;
+use crate::store::params::ProcessConfigure;
+use crate::store::processes::{SettingsRow, checked};
+use crate::store::types::ProcessSettings;
+
+/// Writes the settings given, leaving the others as stored.
+pub(super) async fn configure(
+    store: &PostgresStore,
+    params: &ProcessConfigure,
+) -> Result<(), StoreError> {
+    checked(params)?;
+    let b = params.backoff;
+    let (mut tx, now) = store.write().await?;
+    ensure_process(&mut tx, now, &params.process).await?;
+    sqlx::query(
+        "UPDATE drover_processes SET
+             backoff_initial_ms = COALESCE($2, backoff_initial_ms),
+             backoff_factor = COALESCE($3, backoff_factor),
+             backoff_max_ms = COALESCE($4, backoff_max_ms),
+             backoff_jitter = COALESCE($5, backoff_jitter),
+             keep_runs_ms = COALESCE($6, keep_runs_ms),
+             keep_runs_per_key = COALESCE($7, keep_runs_per_key),
+             forget_idle_ms = CASE WHEN $8 THEN $9 ELSE forget_idle_ms END
+         WHERE process = $1",
+    )
+    .bind(&params.process)
+    .bind(b.map(|b| duration_ms(b.initial())))
+    .bind(b.map(|b| b.factor()))
+    .bind(b.map(|b| duration_ms(b.max())))
+    .bind(b.map(|b| b.jitter()))
+    .bind(params.keep_runs_for.map(duration_ms))
+    .bind(
+        params
+            .keep_runs_per_key
+            .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+    )
+    .bind(params.forget_idle_after.is_some())
+    .bind(params.forget_idle_after.flatten().map(duration_ms))
+    .execute(&mut *tx)
+    .await
+    .db()?;
+    commit(tx).await
+}
+
+/// Every known process with its settings.
+pub(super) async fn list(store: &PostgresStore) -> Result<Vec<ProcessSettings>, StoreError> {
+    let rows: Vec<SettingsRow> = sqlx::query_as(
+        "SELECT process, backoff_initial_ms, backoff_factor, backoff_max_ms, backoff_jitter,
+             keep_runs_ms, keep_runs_per_key, forget_idle_ms
+         FROM drover_processes ORDER BY process",
+    )
+    .fetch_all(&store.pool)
+    .await
+    .db()?;
+    Ok(rows.into_iter().map(SettingsRow::into_settings).collect())
+}

@@ -1,0 +1,286 @@
+//! The history on PostgreSQL: one row per run, written when it ends, and one
+//! per operator action; reading it a page at a time; pruning it by each
+//! process's retention.
+
+use chrono::{DateTime, Utc};
+
+use super::engine::{PostgresStore, Tx};
+use super::error::{Db as _, commit};
+use super::inspect::check_process;
+use super::rows::{RunRow, run_columns};
+use crate::store::StoreError;
+use crate::store::params::{RetentionPrune, RunList};
+use crate::store::retention::{batch, runs_window};
+use crate::store::rows::runs;
+use crate::store::settle::earlier;
+use crate::store::types::{PruneCursor, PruneReport, Run, RunOutcome};
+
+/// Ends the runs of the running rows whose ids are in `$3`, with the outcome
+/// and error of the same position in `$2` and `$4`, at `$1`; everything else is
+/// read from the rows themselves: the lease, the attempt (nothing changes a
+/// running row's failures, so `failures + 1` is the lease's attempt), when the
+/// key became pending and when the run started. Must run before the rows change.
+const LOG_FROM_ROWS: &str = "
+INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
+    started_at, ended_at, error)
+SELECT i.process, i.key, r.outcome, i.failures + 1, i.lease_session, i.lease_token,
+    i.enqueued_at, i.started_at, $1, r.error
+FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS r(outcome, id)
+JOIN drover_items i ON i.id = r.id
+ORDER BY i.lease_token";
+
+/// The history rows of runs about to end, gathered for one [`log_runs`].
+#[derive(Debug, Default)]
+pub(super) struct Ending {
+    outcome: Vec<&'static str>,
+    id: Vec<i64>,
+    error: Vec<Option<String>>,
+}
+
+impl Ending {
+    /// Adds the run of running row `id`, ending with `outcome` and `error`.
+    pub(super) fn push(&mut self, id: i64, outcome: RunOutcome, error: Option<String>) {
+        self.outcome.push(outcome.as_str());
+        self.id.push(id);
+        self.error.push(error);
+    }
+
+    /// The runs of the rows `ids`, all ending with `outcome` and no error.
+    pub(super) fn all(ids: &[i64], outcome: RunOutcome) -> Self {
+        let mut ending = Self::default();
+        for &id in ids {
+            ending.push(id, outcome, None);
+        }
+        ending
+    }
+}
+
+/// Writes the history rows of running items whose runs end now ([`LOG_FROM_ROWS`]).
+pub(super) async fn log_runs(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    ending: &Ending,
+) -> Result<(), StoreError> {
+    if ending.id.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(LOG_FROM_ROWS)
+        .bind(now)
+        .bind(&ending.outcome)
+        .bind(&ending.id)
+        .bind(&ending.error)
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    Ok(())
+}
+
+/// Records an operator's action on a key.
+pub(super) async fn log_action(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    (process, key): (&str, &str),
+    (action, actor): (RunOutcome, &str),
+    error: Option<&str>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO drover_runs (process, key, outcome, ended_at, error, actor)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(process)
+    .bind(key)
+    .bind(action.as_str())
+    .bind(now)
+    .bind(error)
+    .bind(actor)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+/// A page of history, newest first. With a key, the `(process, key, id)` index
+/// gives the page directly; otherwise the primary key is walked backwards from
+/// the cursor.
+pub(super) async fn list(store: &PostgresStore, params: &RunList) -> Result<Vec<Run>, StoreError> {
+    if let Some(process) = &params.process {
+        check_process(store, process).await?;
+    }
+    let rows: Vec<RunRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        run_columns!(),
+        " FROM drover_runs
+         WHERE ($1::text IS NULL OR process = $1) AND ($2::text IS NULL OR key = $2)
+             AND ($3::text IS NULL OR outcome = $3) AND id < COALESCE($4, 9223372036854775807)
+         ORDER BY id DESC LIMIT $5"
+    ))
+    .bind(&params.process)
+    .bind(&params.key)
+    .bind(params.outcome.map(RunOutcome::as_str))
+    .bind(params.before)
+    .bind(i64::from(params.limit))
+    .fetch_all(&store.pool)
+    .await
+    .db()?;
+    runs(rows)
+}
+
+/// A process's retention, as stored.
+#[derive(Debug, sqlx::FromRow)]
+struct Rules {
+    keep_runs_ms: i64,
+    keep_runs_per_key: i32,
+    forget_idle_ms: Option<i64>,
+}
+
+/// One batch of retention: runs past the period, then one window of the
+/// per-key cap's walk and one of the idle keys' walk, each its own short
+/// statement so a claim never waits long behind it.
+pub(super) async fn prune(
+    store: &PostgresStore,
+    params: RetentionPrune,
+) -> Result<PruneReport, StoreError> {
+    check_process(store, &params.process).await?;
+    let rules: Rules = sqlx::query_as(
+        "SELECT keep_runs_ms, keep_runs_per_key, forget_idle_ms
+         FROM drover_processes WHERE process = $1",
+    )
+    .bind(&params.process)
+    .fetch_one(&store.pool)
+    .await
+    .db()?;
+    let batch = batch(params.batch);
+    let process = params.process.as_str();
+    let aged = prune_old(store, process, rules.keep_runs_ms, batch).await?;
+    let keep = u32::try_from(rules.keep_runs_per_key.max(1)).unwrap_or(1);
+    let (capped, runs_key) =
+        cap_window(store, process, params.cursor.runs_key, batch, keep).await?;
+    let (items, items_key) = match rules.forget_idle_ms {
+        Some(ms) => forget_window(store, process, params.cursor.items_key, batch, ms).await?,
+        None => (0, None),
+    };
+    Ok(PruneReport {
+        runs: aged + capped,
+        items,
+        done: aged < u64::from(batch) && runs_key.is_none() && items_key.is_none(),
+        cursor: PruneCursor {
+            runs_key,
+            items_key,
+        },
+    })
+}
+
+/// Milliseconds before `now`.
+fn before(now: DateTime<Utc>, ms: i64) -> DateTime<Utc> {
+    earlier(
+        now,
+        std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+    )
+}
+
+/// Deletes up to `batch` of the process's runs that ended before now − `keep_ms`.
+async fn prune_old(
+    store: &PostgresStore,
+    process: &str,
+    keep_ms: i64,
+    batch: u32,
+) -> Result<u64, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let deleted = sqlx::query(
+        "DELETE FROM drover_runs WHERE id = ANY(ARRAY(
+             SELECT id FROM drover_runs WHERE ended_at < $2 AND process = $1 LIMIT $3))",
+    )
+    .bind(process)
+    .bind(before(now, keep_ms))
+    .bind(i64::from(batch))
+    .execute(&mut *tx)
+    .await
+    .db()?
+    .rows_affected();
+    commit(tx).await?;
+    Ok(deleted)
+}
+
+/// Caps the runs of the keys in one window of the walk after `after`; returns
+/// the runs deleted and where the next window starts.
+async fn cap_window(
+    store: &PostgresStore,
+    process: &str,
+    after: Option<String>,
+    batch: u32,
+    keep: u32,
+) -> Result<(u64, Option<String>), StoreError> {
+    let window: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key, count(*) FROM (
+             SELECT key FROM drover_runs WHERE process = $1 AND key > $2 ORDER BY key LIMIT $3) w
+         GROUP BY key ORDER BY key",
+    )
+    .bind(process)
+    .bind(after.as_deref().unwrap_or(""))
+    .bind(i64::from(batch))
+    .fetch_all(&store.pool)
+    .await
+    .db()?;
+    let window = runs_window(window, batch, keep);
+    if window.cap.is_empty() {
+        return Ok((0, window.next));
+    }
+    let deleted = sqlx::query(
+        "DELETE FROM drover_runs r USING (
+             SELECT k.key, (SELECT o.id FROM drover_runs o WHERE o.process = $1 AND o.key = k.key
+                            ORDER BY o.id DESC OFFSET $3 LIMIT 1) AS id
+             FROM UNNEST($2::text[]) AS k(key)) cut
+         WHERE r.process = $1 AND r.key = cut.key AND r.id <= cut.id",
+    )
+    .bind(process)
+    .bind(&window.cap)
+    .bind(i64::from(keep))
+    .execute(&store.pool)
+    .await
+    .db()?
+    .rows_affected();
+    Ok((deleted, window.next))
+}
+
+/// Forgets the idle items untouched for `forget_ms` among one window of the
+/// process's keys after `after`; returns how many and where the next window
+/// starts.
+async fn forget_window(
+    store: &PostgresStore,
+    process: &str,
+    after: Option<String>,
+    batch: u32,
+    forget_ms: i64,
+) -> Result<(u64, Option<String>), StoreError> {
+    let after = after.unwrap_or_default();
+    let (entries, last): (i64, Option<String>) = sqlx::query_as(
+        "SELECT count(*), max(key) FROM (
+             SELECT key FROM drover_items WHERE process = $1 AND key > $2 ORDER BY key LIMIT $3) w",
+    )
+    .bind(process)
+    .bind(&after)
+    .bind(i64::from(batch))
+    .fetch_one(&store.pool)
+    .await
+    .db()?;
+    let Some(last) = last else {
+        return Ok((0, None));
+    };
+    let (mut tx, now) = store.write().await?;
+    let forgotten = sqlx::query(
+        "DELETE FROM drover_items
+         WHERE process = $1 AND key > $2 AND key <= $3 AND state = 'idle'
+             AND COALESCE(last_ended_at, enqueued_at) < $4",
+    )
+    .bind(process)
+    .bind(&after)
+    .bind(&last)
+    .bind(before(now, forget_ms))
+    .execute(&mut *tx)
+    .await
+    .db()?
+    .rows_affected();
+    commit(tx).await?;
+    let next = (entries >= i64::from(batch)).then_some(last);
+    Ok((forgotten, next))
+}

@@ -1,0 +1,68 @@
+//! A process's stored settings, read and checked the same way on both engines.
+
+use std::time::Duration;
+
+use super::StoreError;
+use super::decode::backoff_policy;
+use super::key::validate_process;
+use super::params::ProcessConfigure;
+use super::types::{ProcessSettings, Retention};
+
+/// `drover_processes` as both engines store it (durations in milliseconds).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct SettingsRow {
+    process: String,
+    backoff_initial_ms: i64,
+    backoff_factor: f64,
+    backoff_max_ms: i64,
+    backoff_jitter: f64,
+    keep_runs_ms: i64,
+    keep_runs_per_key: i32,
+    forget_idle_ms: Option<i64>,
+}
+
+/// Milliseconds as a duration (negative ones as zero).
+fn ms(v: i64) -> Duration {
+    Duration::from_millis(u64::try_from(v).unwrap_or(0))
+}
+
+impl SettingsRow {
+    /// The domain settings.
+    pub(crate) fn into_settings(self) -> ProcessSettings {
+        ProcessSettings {
+            backoff: backoff_policy(
+                Some(self.backoff_initial_ms),
+                Some(self.backoff_factor),
+                Some(self.backoff_max_ms),
+                Some(self.backoff_jitter),
+            ),
+            retention: Retention {
+                keep_runs_for: ms(self.keep_runs_ms),
+                keep_runs_per_key: u32::try_from(self.keep_runs_per_key.max(1)).unwrap_or(1),
+                forget_idle_after: self.forget_idle_ms.map(ms),
+            },
+            process: self.process,
+        }
+    }
+}
+
+/// Refuses settings no process can run with, before anything is written.
+pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
+    validate_process(&params.process)?;
+    if params.keep_runs_per_key == Some(0) {
+        return Err(StoreError::InvalidArgument(
+            "keep at least 1 run per key (the last run is what the key's page shows)".into(),
+        ));
+    }
+    if params.keep_runs_for == Some(Duration::ZERO) {
+        return Err(StoreError::InvalidArgument(
+            "keep runs for longer than 0 (use 1s to keep them as briefly as possible)".into(),
+        ));
+    }
+    if params.forget_idle_after == Some(Some(Duration::ZERO)) {
+        return Err(StoreError::InvalidArgument(
+            "forget idle keys after longer than 0, or never".into(),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! The rows both engines read, generic over how an engine stores a time
+//! (PostgreSQL's `TIMESTAMPTZ`, SQLite's integer milliseconds), so an item, a
+//! running item and a run are decoded into domain types in one place.
+
+use chrono::{DateTime, Utc};
+
+use super::StoreError;
+use super::decode::{backoff_policy, item_state, run_outcome};
+use super::holding::Held;
+use super::settle::{Dirty, Running};
+use super::types::{FencingToken, Item, Run, SessionId};
+
+/// A time as an engine stores it.
+pub(crate) trait Stamp: Copy + Ord {
+    /// The time it stands for.
+    fn time(self) -> DateTime<Utc>;
+}
+
+impl Stamp for DateTime<Utc> {
+    fn time(self) -> DateTime<Utc> {
+        self
+    }
+}
+
+impl Stamp for i64 {
+    /// Milliseconds since the epoch; out-of-range values saturate.
+    fn time(self) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(self).unwrap_or(if self < 0 {
+            DateTime::<Utc>::MIN_UTC
+        } else {
+            DateTime::<Utc>::MAX_UTC
+        })
+    }
+}
+
+/// Every column of `drover_items` that the domain [`Item`] shows.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ItemRow<T> {
+    process: String,
+    key: String,
+    state: String,
+    priority: i32,
+    ready_at: T,
+    enqueued_at: T,
+    failures: i32,
+    backoff_until: Option<T>,
+    last_error: Option<String>,
+    dirty_since: Option<T>,
+    lease_session: Option<i64>,
+    lease_token: Option<i64>,
+    started_at: Option<T>,
+    first_enqueued_at: Option<T>,
+    last_enqueued_at: Option<T>,
+    enqueue_count: i64,
+    last_outcome: Option<String>,
+    last_ended_at: Option<T>,
+}
+
+/// `SELECT <this> FROM drover_items` yields an [`ItemRow`].
+macro_rules! item_columns {
+    () => {
+        "process, key, state, priority, ready_at, enqueued_at, failures, backoff_until, \
+         last_error, dirty_since, lease_session, lease_token, started_at, first_enqueued_at, \
+         last_enqueued_at, enqueue_count, last_outcome, last_ended_at"
+    };
+}
+pub(crate) use item_columns;
+
+impl<T: Stamp> ItemRow<T> {
+    /// The domain item as seen at `now` (a pending item still backing off shows as
+    /// `backoff`).
+    pub(crate) fn into_item(self, now: T) -> Result<Item, StoreError> {
+        let backing_off = self.backoff_until.is_some_and(|b| b > now);
+        Ok(Item {
+            state: item_state(&self.state, backing_off)?,
+            process: self.process,
+            key: self.key,
+            priority: self.priority,
+            ready_at: self.ready_at.time(),
+            enqueued_at: self.enqueued_at.time(),
+            failures: u32::try_from(self.failures).unwrap_or(0),
+            backoff_until: self.backoff_until.map(Stamp::time),
+            last_error: self.last_error,
+            dirty: self.dirty_since.is_some(),
+            lease_session: self.lease_session.map(SessionId),
+            lease_token: self.lease_token.map(FencingToken),
+            started_at: self.started_at.map(Stamp::time),
+            first_enqueued_at: self.first_enqueued_at.map(Stamp::time),
+            last_enqueued_at: self.last_enqueued_at.map(Stamp::time),
+            enqueue_count: u64::try_from(self.enqueue_count).unwrap_or(0),
+            last_outcome: self.last_outcome.as_deref().map(run_outcome).transpose()?,
+            last_ended_at: self.last_ended_at.map(Stamp::time),
+        })
+    }
+}
+
+/// A running item with its process's backoff policy, as a completion reads
+/// it: what [`settle`](super::settle::settle) needs.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct RunningRow<T> {
+    pub(crate) id: i64,
+    priority: i32,
+    failures: i32,
+    enqueued_at: T,
+    dirty_since: Option<T>,
+    dirty_ready_at: Option<T>,
+    dirty_priority: Option<i32>,
+    backoff_initial_ms: Option<i64>,
+    backoff_factor: Option<f64>,
+    backoff_max_ms: Option<i64>,
+    backoff_jitter: Option<f64>,
+}
+
+/// `SELECT <this> FROM drover_items i LEFT JOIN drover_processes p …` yields a
+/// [`RunningRow`].
+macro_rules! running_columns {
+    () => {
+        "i.id, i.priority, i.failures, i.enqueued_at, i.dirty_since, \
+         i.dirty_ready_at, i.dirty_priority, p.backoff_initial_ms, p.backoff_factor, \
+         p.backoff_max_ms, p.backoff_jitter"
+    };
+}
+pub(crate) use running_columns;
+
+impl<T: Stamp> Held for RunningRow<T> {
+    fn id(&self) -> i64 {
+        self.id
+    }
+
+    fn running(&self) -> Running {
+        let dirty = self.dirty_since.map(|since| Dirty {
+            since: since.time(),
+            ready_at: self.dirty_ready_at.unwrap_or(since).time(),
+            priority: self.dirty_priority.unwrap_or(self.priority),
+        });
+        Running {
+            priority: self.priority,
+            failures: u32::try_from(self.failures).unwrap_or(0),
+            enqueued_at: self.enqueued_at.time(),
+            dirty,
+            backoff: backoff_policy(
+                self.backoff_initial_ms,
+                self.backoff_factor,
+                self.backoff_max_ms,
+                self.backoff_jitter,
+            ),
+        }
+    }
+}
+
+/// A `drover_runs` row.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct RunRow<T> {
+    id: i64,
+    process: String,
+    key: String,
+    outcome: String,
+    attempt: Option<i32>,
+    session: Option<i64>,
+    token: Option<i64>,
+    pending_since: Option<T>,
+    started_at: Option<T>,
+    ended_at: T,
+    error: Option<String>,
+    actor: Option<String>,
+}
+
+/// `SELECT <this> FROM drover_runs` yields a [`RunRow`].
+macro_rules! run_columns {
+    () => {
+        "id, process, key, outcome, attempt, session, token, pending_since, started_at, \
+         ended_at, error, actor"
+    };
+}
+pub(crate) use run_columns;
+
+impl<T: Stamp> RunRow<T> {
+    /// The domain run.
+    pub(crate) fn into_run(self) -> Result<Run, StoreError> {
+        Ok(Run {
+            id: self.id,
+            outcome: run_outcome(&self.outcome)?,
+            process: self.process,
+            key: self.key,
+            attempt: self.attempt.and_then(|a| u32::try_from(a).ok()),
+            session: self.session.map(SessionId),
+            token: self.token.map(FencingToken),
+            pending_since: self.pending_since.map(Stamp::time),
+            started_at: self.started_at.map(Stamp::time),
+            ended_at: self.ended_at.time(),
+            error: self.error,
+            actor: self.actor,
+        })
+    }
+}
+
+/// Decodes every row, failing on the first that does not decode.
+pub(crate) fn runs<T: Stamp>(rows: Vec<RunRow<T>>) -> Result<Vec<Run>, StoreError> {
+    rows.into_iter().map(RunRow::into_run).collect()
+}

@@ -1,0 +1,278 @@
+//! The history on SQLite: one row per run, written when it ends, and one per
+//! operator action; reading it a page at a time; pruning it by each process's
+//! retention.
+
+use serde_json::Value;
+
+use super::engine::{SqliteStore, Tx};
+use super::error::Db as _;
+use super::inspect::check_process;
+use super::rows::{RunRow, run_columns};
+use crate::store::StoreError;
+use crate::store::params::{RetentionPrune, RunList};
+use crate::store::retention::{batch, runs_window};
+use crate::store::rows::runs;
+use crate::store::types::{PruneCursor, PruneReport, Run, RunOutcome};
+
+/// Ends the runs of the running rows whose ids are in `?3` (a JSON array) with
+/// outcome `?2` at `?1`, everything else read from the rows themselves: the
+/// lease, the attempt (nothing changes a running row's failures, so
+/// `failures + 1` is the lease's attempt), when the key became pending and
+/// when the run started. Must run before the rows change.
+const LOG_FROM_ROWS: &str = "
+INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
+    started_at, ended_at)
+SELECT process, key, ?2, failures + 1, lease_session, lease_token, enqueued_at, started_at, ?1
+FROM drover_items WHERE id IN (SELECT value FROM json_each(?3)) ORDER BY lease_token";
+
+/// Like [`LOG_FROM_ROWS`] for runs that carry an error: `?2` is a JSON array
+/// of `[id, outcome, error]`.
+const LOG_WITH_ERRORS: &str = "
+INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
+    started_at, ended_at, error)
+SELECT i.process, i.key, json_extract(j.value, '$[1]'), i.failures + 1, i.lease_session,
+    i.lease_token, i.enqueued_at, i.started_at, ?1, json_extract(j.value, '$[2]')
+FROM json_each(?2) AS j JOIN drover_items i ON i.id = json_extract(j.value, '$[0]')
+ORDER BY i.lease_token";
+
+/// Writes the history rows of running items (ids as a JSON array) whose runs
+/// end with `outcome` and no error.
+pub(super) async fn log_from_rows(
+    tx: &mut Tx,
+    now: i64,
+    outcome: RunOutcome,
+    ids: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(LOG_FROM_ROWS)
+        .bind(now)
+        .bind(outcome.as_str())
+        .bind(ids)
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    Ok(())
+}
+
+/// Writes the history rows of running items whose runs end with an error:
+/// `runs` holds `[id, outcome, error]` arrays.
+pub(super) async fn log_with_errors(
+    tx: &mut Tx,
+    now: i64,
+    runs: Vec<Value>,
+) -> Result<(), StoreError> {
+    if runs.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(LOG_WITH_ERRORS)
+        .bind(now)
+        .bind(Value::from(runs).to_string())
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    Ok(())
+}
+
+/// Records an operator's action on a key.
+pub(super) async fn log_action(
+    tx: &mut Tx,
+    now: i64,
+    (process, key): (&str, &str),
+    (action, actor): (RunOutcome, &str),
+    error: Option<&str>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO drover_runs (process, key, outcome, ended_at, error, actor)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )
+    .bind(process)
+    .bind(key)
+    .bind(action.as_str())
+    .bind(now)
+    .bind(error)
+    .bind(actor)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+/// A page of history, newest first. With a key, the `(process, key, id)` index
+/// gives the page directly; otherwise the primary key is walked backwards from
+/// the cursor.
+pub(super) async fn list(store: &SqliteStore, params: RunList) -> Result<Vec<Run>, StoreError> {
+    if let Some(process) = &params.process {
+        check_process(store, process).await?;
+    }
+    let rows: Vec<RunRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        run_columns!(),
+        " FROM drover_runs
+         WHERE (?1 IS NULL OR process = ?1) AND (?2 IS NULL OR key = ?2)
+             AND (?3 IS NULL OR outcome = ?3) AND id < COALESCE(?4, 9223372036854775807)
+         ORDER BY id DESC LIMIT ?5"
+    ))
+    .bind(&params.process)
+    .bind(&params.key)
+    .bind(params.outcome.map(RunOutcome::as_str))
+    .bind(params.before)
+    .bind(params.limit)
+    .fetch_all(&store.pool)
+    .await
+    .db()?;
+    runs(rows)
+}
+
+/// A process's retention, as stored.
+#[derive(Debug, sqlx::FromRow)]
+struct Rules {
+    keep_runs_ms: i64,
+    keep_runs_per_key: i64,
+    forget_idle_ms: Option<i64>,
+}
+
+/// One batch of retention: runs past the period, then one window of the
+/// per-key cap's walk and one of the idle keys' walk, each its own short
+/// write transaction so a claim never waits long behind it.
+pub(super) async fn prune(
+    store: &SqliteStore,
+    params: RetentionPrune,
+) -> Result<PruneReport, StoreError> {
+    check_process(store, &params.process).await?;
+    let rules: Rules = sqlx::query_as(
+        "SELECT keep_runs_ms, keep_runs_per_key, forget_idle_ms
+         FROM drover_processes WHERE process = ?1",
+    )
+    .bind(&params.process)
+    .fetch_one(&store.pool)
+    .await
+    .db()?;
+    let batch = batch(params.batch);
+    let process = params.process.as_str();
+    let aged = prune_old(store, process, rules.keep_runs_ms, batch).await?;
+    let keep = u32::try_from(rules.keep_runs_per_key.max(1)).unwrap_or(u32::MAX);
+    let (capped, runs_key) =
+        cap_window(store, process, params.cursor.runs_key, batch, keep).await?;
+    let (items, items_key) = match rules.forget_idle_ms {
+        Some(ms) => forget_window(store, process, params.cursor.items_key, batch, ms).await?,
+        None => (0, None),
+    };
+    Ok(PruneReport {
+        runs: aged + capped,
+        items,
+        done: aged < u64::from(batch) && runs_key.is_none() && items_key.is_none(),
+        cursor: PruneCursor {
+            runs_key,
+            items_key,
+        },
+    })
+}
+
+/// Deletes up to `batch` of the process's runs that ended before now − `keep_ms`.
+async fn prune_old(
+    store: &SqliteStore,
+    process: &str,
+    keep_ms: i64,
+    batch: u32,
+) -> Result<u64, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let deleted = sqlx::query(
+        "DELETE FROM drover_runs WHERE id IN (
+             SELECT id FROM drover_runs WHERE ended_at < ?2 AND process = ?1
+             ORDER BY ended_at LIMIT ?3)",
+    )
+    .bind(process)
+    .bind(now.saturating_sub(keep_ms.max(0)))
+    .bind(batch)
+    .execute(&mut *tx)
+    .await
+    .db()?
+    .rows_affected();
+    tx.commit().await.db()?;
+    Ok(deleted)
+}
+
+/// Caps the runs of the keys in one window of the walk after `after`; returns
+/// the runs deleted and where the next window starts.
+async fn cap_window(
+    store: &SqliteStore,
+    process: &str,
+    after: Option<String>,
+    batch: u32,
+    keep: u32,
+) -> Result<(u64, Option<String>), StoreError> {
+    let window: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key, count(*) FROM (
+             SELECT key FROM drover_runs WHERE process = ?1 AND key > ?2 ORDER BY key LIMIT ?3)
+         GROUP BY key ORDER BY key",
+    )
+    .bind(process)
+    .bind(after.as_deref().unwrap_or(""))
+    .bind(batch)
+    .fetch_all(&store.pool)
+    .await
+    .db()?;
+    let window = runs_window(window, batch, keep);
+    if window.cap.is_empty() {
+        return Ok((0, window.next));
+    }
+    let (mut tx, _) = store.write().await?;
+    let deleted = sqlx::query(
+        "DELETE FROM drover_runs WHERE id IN (
+             SELECT r.id FROM json_each(?2) AS k
+             JOIN drover_runs r ON r.process = ?1 AND r.key = k.value
+             WHERE r.id <= (SELECT o.id FROM drover_runs o WHERE o.process = ?1 AND o.key = k.value
+                            ORDER BY o.id DESC LIMIT 1 OFFSET ?3))",
+    )
+    .bind(process)
+    .bind(Value::from(window.cap).to_string())
+    .bind(keep)
+    .execute(&mut *tx)
+    .await
+    .db()?
+    .rows_affected();
+    tx.commit().await.db()?;
+    Ok((deleted, window.next))
+}
+
+/// Forgets the idle items untouched for `forget_ms` among one window of the
+/// process's keys after `after`; returns how many and where the next window
+/// starts.
+async fn forget_window(
+    store: &SqliteStore,
+    process: &str,
+    after: Option<String>,
+    batch: u32,
+    forget_ms: i64,
+) -> Result<(u64, Option<String>), StoreError> {
+    let after = after.unwrap_or_default();
+    let (entries, last): (i64, Option<String>) = sqlx::query_as(
+        "SELECT count(*), max(key) FROM (
+             SELECT key FROM drover_items WHERE process = ?1 AND key > ?2 ORDER BY key LIMIT ?3)",
+    )
+    .bind(process)
+    .bind(&after)
+    .bind(batch)
+    .fetch_one(&store.pool)
+    .await
+    .db()?;
+    let Some(last) = last else {
+        return Ok((0, None));
+    };
+    let (mut tx, now) = store.write().await?;
+    let forgotten = sqlx::query(
+        "DELETE FROM drover_items
+         WHERE process = ?1 AND key > ?2 AND key <= ?3 AND state = 'idle'
+             AND COALESCE(last_ended_at, enqueued_at) < ?4",
+    )
+    .bind(process)
+    .bind(&after)
+    .bind(&last)
+    .bind(now.saturating_sub(forget_ms.max(0)))
+    .execute(&mut *tx)
+    .await
+    .db()?
+    .rows_affected();
+    tx.commit().await.db()?;
+    let next = (entries >= i64::from(batch)).then_some(last);
+    Ok((forgotten, next))
+}
