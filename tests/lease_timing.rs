@@ -30,7 +30,7 @@ async fn lease_token(store: &Store, key: &str) -> Option<FencingToken> {
     let params = ItemGet {
         process: PROCESS.into(),
         key: key.into(),
-        history_limit: 1,
+        runs_limit: 1,
     };
     let detail = store.item_get(params).await.expect("item_get");
     detail.and_then(|d| d.item.lease_token)
@@ -40,7 +40,7 @@ async fn state(store: &Store, key: &str) -> Option<ItemState> {
     let params = ItemGet {
         process: PROCESS.into(),
         key: key.into(),
-        history_limit: 1,
+        runs_limit: 1,
     };
     let detail = store.item_get(params).await.expect("item_get");
     detail.map(|d| d.item.state)

@@ -12,7 +12,7 @@ use drover::runner::{
     Action, BoxError, Controller, ControllerBuilder, Reconciler, Source, Task, permanent,
 };
 use drover::store::{
-    EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
+    ItemEnqueue, ItemGet, ItemState, Run, RunList, RunOutcome, Store, StoreEngine as _,
 };
 use support::backend::TestBackend;
 use support::{TestDb, each_backend, each_engine};
@@ -82,25 +82,32 @@ async fn item(db: &TestDb, key: &str) -> Option<drover::store::ItemDetail> {
         .item_get(ItemGet {
             process: PROCESS.into(),
             key: key.into(),
-            history_limit: 100,
+            runs_limit: 100,
         })
         .await
         .expect("item_get")
 }
 
-async fn events(db: &TestDb, key: &str, kind: EventKind) -> Vec<drover::store::HistoryEvent> {
+/// `key`'s runs, oldest first.
+async fn runs_of(db: &TestDb, key: &str) -> Vec<Run> {
     let mut all = db
         .store
-        .history_list(HistoryList {
+        .run_list(RunList {
             process: Some(PROCESS.into()),
             key: Some(key.into()),
-            before_id: None,
             limit: 1000,
+            ..RunList::default()
         })
         .await
-        .expect("history_list");
-    all.retain(|e| e.event == kind);
+        .expect("run_list");
     all.reverse();
+    all
+}
+
+/// `key`'s runs that ended with `outcome`, oldest first.
+async fn events(db: &TestDb, key: &str, outcome: RunOutcome) -> Vec<Run> {
+    let mut all = runs_of(db, key).await;
+    all.retain(|r| r.outcome == outcome);
     all
 }
 
@@ -203,8 +210,11 @@ async fn a_burst_of_enqueues_during_a_run_gives_exactly_one_more_run() {
         gate.add_permits(1);
         running.stop().await;
         assert!(rx.try_recv().is_err(), "not one run per enqueue");
-        assert!(item(&db, "a").await.is_none(), "nothing left pending");
-        assert_eq!(events(&db, "a", EventKind::Started).await.len(), 2);
+        let a = item(&db, "a").await.expect("a stays known");
+        assert_eq!(a.item.state, ItemState::Idle, "nothing left pending");
+        assert_eq!(a.item.enqueue_count, 4, "every enqueue counted");
+        let outcomes: Vec<_> = runs_of(&db, "a").await.iter().map(|r| r.outcome).collect();
+        assert_eq!(outcomes, [RunOutcome::Done, RunOutcome::Done]);
     })
     .await;
 }
@@ -246,7 +256,10 @@ async fn a_permanent_error_parks_the_key_until_it_is_enqueued_again() {
             "an enqueue revives a parked key"
         );
         running.stop().await;
-        assert!(item(&db, "run-1").await.is_none());
+        assert_eq!(
+            item(&db, "run-1").await.map(|d| d.item.state),
+            Some(ItemState::Idle)
+        );
     })
     .await;
 }
@@ -269,10 +282,15 @@ async fn transient_failures_back_off_longer_each_time_up_to_the_cap() {
         }
         running.stop().await;
         assert_eq!(attempts, [1, 2, 3, 4, 5]);
-        let starts = events(&db, "k", EventKind::Started).await;
+        let starts: Vec<_> = runs_of(&db, "k")
+            .await
+            .iter()
+            .map(|r| r.started_at.expect("a run's start"))
+            .collect();
+        assert!(starts.len() >= 5, "{starts:?}");
         let gaps: Vec<_> = starts
             .windows(2)
-            .map(|w| (w[1].at - w[0].at).to_std().unwrap())
+            .map(|w| (w[1] - w[0]).to_std().unwrap())
             .collect();
         for (gap, least) in gaps.iter().zip([40, 80, 160, 160]) {
             assert!(
@@ -321,11 +339,10 @@ async fn a_restarted_worker_respects_the_stored_backoff() {
         enqueue(&restarted, &["k"]).await; // an enqueue does not shorten the backoff
         assert_eq!(recv(&mut rx).await, ("k".to_owned(), 2));
         running.stop().await;
-        let second = &events(&db, "k", EventKind::Started).await[1];
+        let second = runs_of(&db, "k").await[1].started_at.expect("a start");
         assert!(
-            second.at >= until,
-            "ran at {} before the backoff ended at {until}",
-            second.at
+            second >= until,
+            "ran at {second} before the backoff ended at {until}"
         );
     })
     .await;
@@ -348,8 +365,8 @@ async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() 
         assert_eq!(recv(&mut rx).await.1, 1);
         assert_eq!(recv(&mut rx).await.1, 2, "the worker survived and retried");
         running.stop().await;
-        let failed = &events(&db, "p", EventKind::Failed).await[0];
-        assert_eq!(failed.transient, Some(true));
+        let failed = &runs_of(&db, "p").await[0];
+        assert_eq!(failed.outcome, RunOutcome::Retry);
         assert!(
             failed
                 .error
@@ -377,7 +394,7 @@ async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
         running.stop().await;
         for key in ["a", "b", "c"] {
             assert_pending_unfailed(&db, key).await;
-            assert_eq!(events(&db, key, EventKind::Canceled).await.len(), 1);
+            assert_eq!(events(&db, key, RunOutcome::Canceled).await.len(), 1);
         }
 
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -428,7 +445,7 @@ async fn prefetched_keys_wait_leased_and_go_back_to_pending_at_shutdown() {
             }
             for key in &keys[1..=prefetch] {
                 assert_eq!(
-                    events(&db, key, EventKind::Canceled).await.len(),
+                    events(&db, key, RunOutcome::Canceled).await.len(),
                     1,
                     "{key} was released unstarted"
                 );
@@ -469,13 +486,16 @@ async fn a_lost_session_stops_the_run_and_discards_its_result() {
             "stopped, reclaimed and run again (not a failure)"
         );
         running.stop().await;
-        assert_eq!(events(&db, "m", EventKind::Expired).await.len(), 1);
+        assert_eq!(events(&db, "m", RunOutcome::Expired).await.len(), 1);
         assert_eq!(
-            events(&db, "m", EventKind::Finished).await.len(),
+            events(&db, "m", RunOutcome::Done).await.len(),
             1,
             "only the second run's result counts"
         );
-        assert!(item(&db, "m").await.is_none());
+        assert_eq!(
+            item(&db, "m").await.map(|d| d.item.state),
+            Some(ItemState::Idle)
+        );
     })
     .await;
 }
@@ -591,9 +611,13 @@ async fn a_query_source_locks_candidates_from_the_users_table_and_backs_off_fail
             "each machine once, the failed one retried once"
         );
         assert!(unstarted(db.store.clone(), 10).await.unwrap().is_empty());
-        let starts = events(&db, "m3", EventKind::Started).await;
+        let starts: Vec<_> = runs_of(&db, "m3")
+            .await
+            .iter()
+            .map(|r| r.started_at.expect("a start"))
+            .collect();
         assert!(
-            (starts[1].at - starts[0].at).to_std().unwrap() >= ms(200),
+            (starts[1] - starts[0]).to_std().unwrap() >= ms(200),
             "the retry waited out its backoff"
         );
     })
@@ -659,7 +683,7 @@ async fn a_claim_whose_commit_is_unknown_gives_its_session_up_and_loses_no_key()
     ran.sort_unstable();
     assert_eq!(ran, ["a", "b", "c"]);
     for key in ["a", "b", "c"] {
-        let started = events(&db, key, EventKind::Started).await;
+        let started = runs_of(&db, key).await;
         assert_eq!(
             started.len(),
             2,
@@ -667,7 +691,7 @@ async fn a_claim_whose_commit_is_unknown_gives_its_session_up_and_loses_no_key()
         );
         assert_ne!(started[0].session, started[1].session, "{key}");
         assert_eq!(
-            events(&db, key, EventKind::Canceled).await.len(),
+            events(&db, key, RunOutcome::Canceled).await.len(),
             1,
             "{key}"
         );

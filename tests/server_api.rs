@@ -86,15 +86,22 @@ async fn items_are_listed_by_state_a_page_at_a_time() {
 }
 
 #[tokio::test]
-async fn one_item_is_read_with_its_history_even_with_a_slash_in_its_key() {
+async fn one_item_is_read_with_its_runs_even_with_a_slash_in_its_key() {
     each_engine(|db| async move {
         let api = Api::new(&db.store);
+        api.enqueue(P, &["ns/name"]).await;
         api.enqueue(P, &["ns/name"]).await;
         let uri = format!("/v1/processes/{P}/items/{}", segment("ns/name"));
         let detail = api.get_ok(&uri).await;
         assert_eq!(detail["item"]["key"], "ns/name");
         assert_eq!(detail["item"]["state"], "pending");
-        assert_eq!(detail["history"][0]["event"], "enqueued");
+        assert_eq!(detail["item"]["enqueue_count"], 2);
+        assert!(detail["item"]["first_enqueued_at"].is_string());
+        assert_eq!(
+            detail["runs"],
+            json!([]),
+            "no run yet: nothing in the history"
+        );
         let missing = api
             .call(GET, &format!("/v1/processes/{P}/items/nope"), None)
             .await;
@@ -104,7 +111,7 @@ async fn one_item_is_read_with_its_history_even_with_a_slash_in_its_key() {
 }
 
 #[tokio::test]
-async fn a_worker_claims_completes_and_the_item_is_gone() {
+async fn a_worker_claims_completes_and_the_item_stays_known_and_idle() {
     each_engine(|db| async move {
         let api = Api::new(&db.store);
         api.enqueue(P, &["a"]).await;
@@ -120,10 +127,81 @@ async fn a_worker_claims_completes_and_the_item_is_gone() {
         api.post("/v1/leases/complete", body, StatusCode::NO_CONTENT)
             .await;
         let uri = format!("/v1/processes/{P}/items/a");
-        assert_eq!(
-            api.call(GET, &uri, None).await.status,
-            StatusCode::NOT_FOUND
+        let detail = api.get_ok(&uri).await;
+        assert_eq!(detail["item"]["state"], "idle");
+        assert_eq!(detail["item"]["last_outcome"], "done");
+        let run = &detail["runs"][0];
+        assert_eq!(run["outcome"], "done");
+        assert_eq!(run["attempt"], 1);
+        assert_eq!(run["failed"], false);
+        assert_eq!(run["token"], leases[0]["token"]);
+        assert!(
+            run["duration_ms"].is_u64() && run["queue_wait_ms"].is_u64(),
+            "{run}"
         );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_page_newest_first_by_key_and_outcome_without_offsets() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        let session = api.session(30_000).await;
+        for round in 0..3 {
+            api.enqueue(P, &["a", "b"]).await;
+            for lease in api.claim(session, P, 5).await {
+                let outcome = if lease["key"] == "b" && round == 1 {
+                    json!({ "type": "transient", "error": "flaky" })
+                } else {
+                    json!({ "type": "done" })
+                };
+                let body = complete_body(&lease, outcome);
+                api.post("/v1/leases/complete", body, StatusCode::NO_CONTENT)
+                    .await;
+            }
+            db.store.clock().advance(std::time::Duration::from_secs(10));
+        }
+        let runs = format!("/v1/processes/{P}/runs");
+        let first = api.get_ok(&format!("{runs}?limit=4")).await;
+        let ids: Vec<i64> = first["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| r["id"].as_i64().expect("id"))
+            .collect();
+        assert_eq!(ids.len(), 4);
+        assert!(ids.windows(2).all(|w| w[0] > w[1]), "newest first: {ids:?}");
+        let next = first["next_before"].as_i64().expect("a next page");
+        assert_eq!(next, ids[3]);
+        let second = api.get_ok(&format!("{runs}?limit=4&before={next}")).await;
+        assert_eq!(second["runs"].as_array().expect("runs").len(), 2);
+        assert_eq!(second["next_before"], json!(null), "the last page");
+        let b = api.get_ok(&format!("{runs}?key=b")).await;
+        let outcomes: Vec<&str> = b["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| r["outcome"].as_str().expect("outcome"))
+            .collect();
+        assert_eq!(outcomes, ["done", "retry", "done"]);
+        assert_eq!(b["runs"][0]["attempt"], 2, "the run after a failure");
+        let failed = api.get_ok(&format!("{runs}?outcome=retry")).await;
+        assert_eq!(failed["runs"][0]["key"], "b");
+        assert_eq!(failed["runs"][0]["error"], "flaky");
+        assert_eq!(failed["runs"][0]["failed"], true);
+        assert_eq!(failed["runs"].as_array().expect("runs").len(), 1);
+        for bad in ["outcome=exploded", "limit=0", "limit=1001", "before=x"] {
+            let reply = api.call(GET, &format!("{runs}?{bad}"), None).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::BAD_REQUEST,
+                "{bad}: {}",
+                reply.text
+            );
+        }
+        let unknown = api.call(GET, "/v1/processes/nope/runs", None).await;
+        assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     })
     .await;
 }
@@ -373,17 +451,26 @@ async fn admins_retry_park_and_delete_items() {
             api.call(GET, &item, None).await.status,
             StatusCode::NOT_FOUND
         );
-        let history = db
-            .store
-            .history_list(drover::store::HistoryList {
-                process: Some(P.into()),
-                key: Some("a".into()),
-                before_id: None,
-                limit: 10,
+        let history = api.get_ok(&format!("/v1/processes/{P}/runs?key=a")).await;
+        let rows: Vec<(&str, &str)> = history["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| {
+                let actor = r["actor"].as_str().unwrap_or("-");
+                (r["outcome"].as_str().expect("outcome"), actor)
             })
-            .await
-            .expect("history");
-        assert_eq!(history[0].event.as_str(), "deleted");
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("deleted", "admin"),
+                ("canceled", "-"),
+                ("retried", "admin"),
+                ("parked", "admin")
+            ],
+            "the forgotten key's runs and actions stay"
+        );
     })
     .await;
 }

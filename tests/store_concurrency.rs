@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover::store::{
-    EventKind, HistoryList, ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, SessionStart, Store,
-    StoreEngine as _,
+    ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, Outcome, RunList, SessionStart,
+    Store, StoreEngine as _,
 };
 use support::each_engine;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
@@ -148,20 +148,31 @@ async fn every_enqueue_during_concurrent_runs_is_followed_by_a_later_run() {
             claimer.await.expect("claimer");
         }
         for key in &keys {
-            let history = db
+            let item = db
                 .store
-                .history_list(HistoryList {
-                    process: Some(P.into()),
-                    key: Some(key.clone()),
-                    before_id: None,
-                    limit: 10_000,
+                .item_get(ItemGet {
+                    process: P.into(),
+                    key: key.clone(),
+                    runs_limit: 1,
                 })
                 .await
-                .expect("history");
-            let last = |kind| history.iter().find(|e| e.event == kind).map(|e| e.id);
-            let enqueued = last(EventKind::Enqueued).expect("enqueued");
-            let started = last(EventKind::Started).expect("started");
-            assert!(started > enqueued, "{key}: no run after its last enqueue");
+                .expect("item")
+                .expect("a known key");
+            assert_eq!(item.item.state, ItemState::Idle, "{key}");
+            let newest = db
+                .store
+                .run_list(RunList {
+                    process: Some(P.into()),
+                    key: Some(key.clone()),
+                    limit: 1,
+                    ..RunList::default()
+                })
+                .await
+                .expect("runs")
+                .remove(0);
+            let enqueued = item.item.last_enqueued_at.expect("enqueued");
+            let started = newest.started_at.expect("started");
+            assert!(started >= enqueued, "{key}: no run after its last enqueue");
         }
         let counts = db.store.process_counts().await.expect("counts");
         assert_eq!((counts[0].pending, counts[0].running), (0, 0));

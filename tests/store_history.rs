@@ -1,56 +1,354 @@
-//! The store's contract for history: every step is an event, prune drops old
-//! ones, activity counts recent runs; on every engine via `support::each_engine`.
+//! The store's contract for history and known keys: one row per run, written
+//! when it ends, and per operator action; retention by each process's stored
+//! rules; activity counts recent runs; on every engine via
+//! `support::each_engine`.
 //!
 //! No test sleeps: time passes by advancing the store's clock offset.
 
 mod support;
 
-use drover::store::{EventKind, HistoryActivity, HistoryPrune, ItemGet, Outcome, StoreEngine as _};
+use std::time::Duration;
+
+use drover::store::{
+    HistoryActivity, ItemDelete, ItemGet, ItemPark, ItemRetry, ItemState, Outcome,
+    ProcessConfigure, PruneCursor, Retention, RetentionPrune, RunList, RunOutcome, Store,
+    StoreEngine as _, StoreError,
+};
 use support::each_engine;
-use support::store::{P, claim, complete, enqueue, events, secs};
+use support::store::{P, claim, complete, enqueue, events, history, item, secs};
+
+/// Runs every batch of `P`'s retention until a pass is done; the runs and
+/// idle keys removed.
+async fn prune(store: &Store, batch: u32) -> (u64, u64) {
+    let (mut runs, mut items, mut cursor) = (0, 0, PruneCursor::default());
+    for _ in 0..10_000 {
+        let report = store
+            .retention_prune(RetentionPrune {
+                process: P.into(),
+                cursor,
+                batch,
+            })
+            .await
+            .expect("prune");
+        runs += report.runs;
+        items += report.items;
+        if report.done {
+            return (runs, items);
+        }
+        cursor = report.cursor;
+    }
+    panic!("retention never finished a pass");
+}
+
+/// Runs `key` once to the outcome given.
+async fn run(db: &support::TestDb, key: &str, outcome: Outcome) {
+    let s = db.session().await;
+    enqueue(&db.store, &[key]).await;
+    let lease = claim(&db.store, s.id, 1).await.remove(0);
+    assert_eq!(lease.key, key);
+    complete(&db.store, &lease, outcome)
+        .await
+        .expect("complete");
+}
 
 #[tokio::test]
-async fn history_records_every_step_and_prune_drops_old_events() {
+async fn history_has_one_row_per_run_written_when_it_ends() {
     each_engine(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
+        db.store.clock().advance(secs(1));
+        enqueue(&db.store, &["a"]).await;
         let lease = claim(&db.store, s.id, 1).await.remove(0);
+        assert!(
+            history(&db.store, "a", 10).await.is_empty(),
+            "no row for enqueues or a start"
+        );
+        let running = item(&db.store, "a").await.expect("a");
+        assert_eq!(
+            (running.state, running.lease_token, running.started_at),
+            (
+                ItemState::Running,
+                Some(lease.token),
+                Some(lease.started_at)
+            ),
+            "a running item shows its current run"
+        );
+        assert_eq!(running.enqueue_count, 2);
+        assert!(running.first_enqueued_at < running.last_enqueued_at);
+        db.store.clock().advance(secs(3));
         complete(&db.store, &lease, Outcome::Transient("flaky".into()))
             .await
             .expect("fail");
         db.store.clock().advance(secs(2));
-        let lease = claim(&db.store, s.id, 1).await.remove(0);
-        complete(&db.store, &lease, Outcome::Permanent("broken".into()))
+        let second = claim(&db.store, s.id, 1).await.remove(0);
+        complete(&db.store, &second, Outcome::Permanent("broken".into()))
             .await
             .expect("park");
-        use EventKind::*;
         assert_eq!(
             events(&db.store, "a").await,
-            [Enqueued, Started, Failed, Started, Failed, Parked]
+            [RunOutcome::Retry, RunOutcome::Parked]
         );
         let detail = db
             .store
             .item_get(ItemGet {
                 process: P.into(),
                 key: "a".into(),
-                history_limit: 3,
+                runs_limit: 1,
             })
             .await
             .expect("get")
             .expect("parked item");
-        assert_eq!(detail.history.len(), 3);
-        assert_eq!(detail.history[1].transient, Some(false));
-        assert_eq!(detail.history[1].error.as_deref(), Some("broken"));
-        db.store.clock().advance(secs(3600));
-        enqueue(&db.store, &["b"]).await;
-        let pruned = db
+        assert_eq!(detail.item.failures, 2, "both failed attempts count");
+        assert_eq!(detail.runs.len(), 1);
+        let last = &detail.runs[0];
+        assert_eq!(
+            (last.outcome, last.attempt, last.error.as_deref()),
+            (RunOutcome::Parked, Some(2), Some("broken"))
+        );
+        let first = history(&db.store, "a", 2).await.remove(1);
+        assert_eq!(first.attempt, Some(1));
+        assert_eq!(first.pending_since, Some(lease.enqueued_at));
+        assert_eq!(first.started_at, Some(lease.started_at));
+        assert!(first.duration().expect("duration") >= secs(3));
+        assert!(first.queue_wait().is_some());
+        assert!(first.failed() && last.failed());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn operator_actions_are_rows_with_their_actor_and_a_delete_forgets_only_the_key() {
+    each_engine(|db| async move {
+        run(&db, "a", Outcome::Done).await;
+        let idle = item(&db.store, "a").await.expect("known");
+        assert_eq!(idle.state, ItemState::Idle);
+        let park = ItemPark {
+            process: P.into(),
+            key: "a".into(),
+            reason: "provider down".into(),
+            actor: "admin".into(),
+        };
+        db.store.item_park(park).await.expect("park").expect("a");
+        let retry = ItemRetry {
+            process: P.into(),
+            key: "a".into(),
+            actor: "cli".into(),
+        };
+        let retried = db.store.item_retry(retry).await.expect("retry").expect("a");
+        assert_eq!(retried.state, ItemState::Pending);
+        let delete = ItemDelete {
+            process: P.into(),
+            key: "a".into(),
+            actor: "admin".into(),
+        };
+        assert!(db.store.item_delete(delete).await.expect("delete"));
+        assert_eq!(item(&db.store, "a").await, None, "forgotten");
+        let rows: Vec<_> = history(&db.store, "a", 10)
+            .await
+            .into_iter()
+            .map(|r| (r.outcome, r.actor, r.error))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (RunOutcome::Deleted, Some("admin".into()), None),
+                (RunOutcome::Retried, Some("cli".into()), None),
+                (
+                    RunOutcome::Parked,
+                    Some("admin".into()),
+                    Some("provider down".into())
+                ),
+                (RunOutcome::Done, None, None),
+            ],
+            "the runs stay after the key is forgotten"
+        );
+        enqueue(&db.store, &["a"]).await;
+        let fresh = item(&db.store, "a").await.expect("known again");
+        assert_eq!((fresh.enqueue_count, fresh.last_outcome), (1, None));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn run_list_pages_newest_first_by_id_and_filters_by_key_and_outcome() {
+    each_engine(|db| async move {
+        for (key, outcome) in [
+            ("a", Outcome::Done),
+            ("b", Outcome::Transient("x".into())),
+            ("c", Outcome::Done),
+            ("a", Outcome::RequeueAfter(secs(1))),
+        ] {
+            run(&db, key, outcome).await;
+        }
+        let page = |before: Option<i64>, limit: u32| RunList {
+            process: Some(P.into()),
+            before,
+            limit,
+            ..RunList::default()
+        };
+        let first = db.store.run_list(page(None, 3)).await.expect("page");
+        let keys: Vec<_> = first.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["a", "c", "b"]);
+        let rest = db
             .store
-            .history_prune(HistoryPrune {
-                retention: secs(60),
-            })
-            .await;
-        assert_eq!(pruned.expect("prune"), 6);
-        assert_eq!(events(&db.store, "b").await, [Enqueued]);
+            .run_list(page(Some(first[2].id), 3))
+            .await
+            .expect("page");
+        assert_eq!(rest.len(), 1);
+        assert_eq!(
+            (rest[0].key.as_str(), rest[0].outcome),
+            ("a", RunOutcome::Done)
+        );
+        let requeued = RunList {
+            outcome: Some(RunOutcome::Requeued),
+            ..page(None, 10)
+        };
+        let requeued = db.store.run_list(requeued).await.expect("filter");
+        assert_eq!(requeued.len(), 1);
+        let unknown = RunList {
+            process: Some("nope".into()),
+            ..page(None, 10)
+        };
+        assert!(matches!(
+            db.store.run_list(unknown).await,
+            Err(StoreError::UnknownProcess(_))
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn settings_are_stored_per_process_and_a_partial_change_keeps_the_rest() {
+    each_engine(|db| async move {
+        let configure = ProcessConfigure::new(P)
+            .keep_runs_for(Duration::from_secs(3600))
+            .keep_runs_per_key(5);
+        db.store.process_configure(configure).await.expect("set");
+        let forget = ProcessConfigure::new(P).forget_idle_after(Some(secs(60)));
+        db.store.process_configure(forget).await.expect("set");
+        let settings = db.store.process_list().await.expect("list");
+        assert_eq!(settings.len(), 1);
+        assert_eq!(
+            settings[0].retention,
+            Retention {
+                keep_runs_for: secs(3600),
+                keep_runs_per_key: 5,
+                forget_idle_after: Some(secs(60)),
+            }
+        );
+        let never = ProcessConfigure::new(P).forget_idle_after(None);
+        db.store.process_configure(never).await.expect("set");
+        let settings = db.store.process_list().await.expect("list");
+        assert_eq!(settings[0].retention.forget_idle_after, None);
+        assert_eq!(settings[0].retention.keep_runs_per_key, 5);
+        for bad in [
+            ProcessConfigure::new(P).keep_runs_per_key(0),
+            ProcessConfigure::new(P).keep_runs_for(Duration::ZERO),
+            ProcessConfigure::new("bad\0name").keep_runs_per_key(3),
+        ] {
+            let err = db.store.process_configure(bad).await.expect_err("refused");
+            assert!(
+                matches!(
+                    err,
+                    StoreError::InvalidArgument(_) | StoreError::InvalidProcess { .. }
+                ),
+                "{err}"
+            );
+        }
+        let fresh = db.store.process_list().await.expect("list");
+        assert_eq!(fresh[0].retention.keep_runs_per_key, 5, "nothing written");
+        enqueue(&db.store, &["x"]).await;
+        let other = ProcessConfigure::new("other");
+        db.store.process_configure(other).await.expect("create");
+        let settings = db.store.process_list().await.expect("list");
+        assert_eq!(settings[0].retention, Retention::default(), "{settings:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retention_drops_runs_older_than_the_period_on_the_database_clock() {
+    each_engine(|db| async move {
+        let keep = ProcessConfigure::new(P).keep_runs_for(Duration::from_secs(3600));
+        db.store.process_configure(keep).await.expect("set");
+        for key in ["a", "b", "c"] {
+            run(&db, key, Outcome::Done).await;
+        }
+        assert_eq!(prune(&db.store, 100).await, (0, 0), "nothing is old yet");
+        db.store.clock().advance(secs(3601));
+        run(&db, "a", Outcome::Done).await;
+        assert_eq!(prune(&db.store, 2).await, (3, 0), "in batches of 2");
+        assert_eq!(events(&db.store, "a").await, [RunOutcome::Done]);
+        assert!(history(&db.store, "b", 10).await.is_empty());
+        assert_eq!(
+            item(&db.store, "b").await.map(|b| b.state),
+            Some(ItemState::Idle),
+            "pruning runs never forgets a key"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retention_keeps_the_newest_runs_of_each_key_up_to_the_cap() {
+    each_engine(|db| async move {
+        let cap = ProcessConfigure::new(P).keep_runs_per_key(3);
+        db.store.process_configure(cap).await.expect("set");
+        for _ in 0..6 {
+            run(&db, "many", Outcome::Done).await;
+        }
+        for key in ["few", "many2"] {
+            run(&db, key, Outcome::Done).await;
+        }
+        for _ in 0..4 {
+            run(&db, "many2", Outcome::Done).await;
+        }
+        let newest: Vec<i64> = history(&db.store, "many", 3)
+            .await
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        // A batch smaller than one key's runs still moves on.
+        assert_eq!(prune(&db.store, 2).await, (5, 0));
+        let kept: Vec<i64> = history(&db.store, "many", 10)
+            .await
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(kept, newest, "the newest three stay");
+        assert_eq!(history(&db.store, "many2", 10).await.len(), 3);
+        assert_eq!(history(&db.store, "few", 10).await.len(), 1);
+        assert_eq!(prune(&db.store, 100).await, (0, 0), "idempotent");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retention_forgets_only_idle_keys_untouched_for_the_period() {
+    each_engine(|db| async move {
+        run(&db, "old-idle", Outcome::Done).await;
+        run(&db, "old-parked", Outcome::Permanent("x".into())).await;
+        let s = db.session().await;
+        enqueue(&db.store, &["old-running"]).await;
+        assert_eq!(claim(&db.store, s.id, 5).await.len(), 1);
+        // Pending, but not before the test ends (so `run` claims its own keys).
+        let later = drover::store::ItemEnqueue::new(P, ["old-pending"]).after(secs(864_000));
+        db.store.item_enqueue(later).await.expect("enqueue");
+        db.store.clock().advance(secs(3600));
+        assert_eq!(prune(&db.store, 100).await, (0, 0), "never, by default");
+        let forget = ProcessConfigure::new(P).forget_idle_after(Some(secs(600)));
+        db.store.process_configure(forget).await.expect("set");
+        run(&db, "young-idle", Outcome::Done).await;
+        assert_eq!(prune(&db.store, 2).await, (0, 1));
+        assert_eq!(item(&db.store, "old-idle").await, None);
+        for key in ["old-parked", "old-pending", "old-running", "young-idle"] {
+            assert!(item(&db.store, key).await.is_some(), "{key} kept");
+        }
+        assert_eq!(
+            events(&db.store, "old-idle").await,
+            [RunOutcome::Done],
+            "its runs stay until their own retention"
+        );
     })
     .await;
 }

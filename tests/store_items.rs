@@ -9,8 +9,8 @@ mod support;
 use std::time::Duration;
 
 use drover::store::{
-    EventKind, HistoryList, ItemDelete, ItemEnqueue, ItemList, ItemPark, ItemRetry, ItemState,
-    LeaseLock, Outcome, StoreEngine as _, StoreError,
+    ItemDelete, ItemEnqueue, ItemList, ItemPark, ItemRetry, ItemState, LeaseLock, Outcome,
+    StoreEngine as _, StoreError,
 };
 use support::each_engine;
 use support::store::{P, claim, complete, configure, enqueue, events, filler, item, keys, secs};
@@ -69,13 +69,19 @@ async fn dirty_key_runs_once_more_after_done() {
         complete(&db.store, &second[0], Outcome::Done)
             .await
             .expect("done");
-        assert_eq!(item(&db.store, "a").await, None, "exactly one more run");
+        let a = item(&db.store, "a").await.expect("a");
+        assert_eq!(
+            (a.state, a.dirty, a.enqueue_count),
+            (ItemState::Idle, false, 4),
+            "exactly one more run"
+        );
+        assert!(claim(&db.store, s.id, 10).await.is_empty());
     })
     .await;
 }
 
 #[tokio::test]
-async fn a_batch_of_new_keys_is_all_pending_with_one_enqueued_event_each() {
+async fn a_batch_of_new_keys_is_all_pending_with_one_enqueue_counted_each() {
     each_engine(|db| async move {
         // Small and bulk batches, each both for an idle process and with keys
         // past every existing key, so an engine's all-new path is taken if it
@@ -109,58 +115,69 @@ async fn a_batch_of_new_keys_is_all_pending_with_one_enqueued_event_each() {
             );
         }
         for key in ["k1", "k2", "m0001", "n0999"] {
-            assert_eq!(
-                events(&db.store, key).await,
-                [EventKind::Enqueued],
-                "{key}: once per batch"
-            );
+            let it = item(&db.store, key).await.expect(key);
+            assert_eq!(it.enqueue_count, 1, "{key}: once per batch");
+            assert_eq!(it.first_enqueued_at, it.last_enqueued_at, "{key}");
+            assert!(it.first_enqueued_at.is_some(), "{key}");
         }
     })
     .await;
 }
 
 #[tokio::test]
-async fn a_batch_mixing_new_pending_running_and_parked_keys_coalesces_each() {
+async fn a_batch_mixing_new_pending_running_parked_and_idle_keys_coalesces_each() {
     each_engine(|db| async move {
         let s = db.session().await;
-        enqueue(&db.store, &["parked", "running"]).await;
-        let mut leases = claim(&db.store, s.id, 2).await;
+        enqueue(&db.store, &["idle", "parked", "running"]).await;
+        let mut leases = claim(&db.store, s.id, 3).await;
         leases.sort_by(|a, b| a.key.cmp(&b.key));
-        complete(&db.store, &leases[0], Outcome::Permanent("bad".into()))
+        complete(&db.store, &leases[0], Outcome::Done)
+            .await
+            .expect("idle");
+        complete(&db.store, &leases[1], Outcome::Permanent("bad".into()))
             .await
             .expect("park");
         let later = ItemEnqueue::new(P, ["pending"]).after(secs(60)).priority(3);
         db.store.item_enqueue(later).await.expect("enqueue");
-        let batch = ["new", "pending", "running", "parked", "new"].map(String::from);
+        let batch = ["new", "pending", "running", "parked", "idle", "new"].map(String::from);
         // With fillers after it, the same batch again on the bulk path.
         let report = db
             .store
             .item_enqueue(ItemEnqueue::new(P, batch.clone()))
             .await
             .expect("enqueue");
-        assert_eq!((report.pending, report.dirty), (3, 1));
+        assert_eq!((report.pending, report.dirty), (4, 1));
         let bulk = [batch.to_vec(), filler("z", 1000)].concat();
         let report = db
             .store
             .item_enqueue(ItemEnqueue::new(P, bulk))
             .await
             .expect("bulk enqueue");
-        assert_eq!((report.pending, report.dirty), (1003, 1));
+        assert_eq!((report.pending, report.dirty), (1004, 1));
         let pending = item(&db.store, "pending").await.expect("pending");
         assert_eq!(pending.priority, 3, "the higher priority stays");
         assert!(item(&db.store, "running").await.expect("running").dirty);
-        for key in ["new", "parked"] {
-            assert_eq!(
-                item(&db.store, key).await.expect(key).state,
-                ItemState::Pending
+        for key in ["new", "parked", "idle"] {
+            let it = item(&db.store, key).await.expect(key);
+            assert_eq!(it.state, ItemState::Pending, "{key}");
+            assert!(
+                it.last_enqueued_at > it.first_enqueued_at || key == "new",
+                "{key}"
             );
         }
+        let idle = item(&db.store, "idle").await.expect("idle");
         assert_eq!(
-            events(&db.store, "new").await,
-            [EventKind::Enqueued, EventKind::Enqueued]
+            (idle.enqueue_count, idle.last_outcome),
+            (3, Some(drover::store::RunOutcome::Done)),
+            "an idle key made pending keeps its last outcome until it runs"
+        );
+        assert_eq!(
+            item(&db.store, "new").await.expect("new").enqueue_count,
+            2,
+            "a key twice in one batch counts once per batch"
         );
         let s2 = db.session().await;
-        let claimed = claim(&db.store, s2.id, 3).await;
+        let claimed = claim(&db.store, s2.id, 4).await;
         let mut ready = keys(&claimed);
         assert_eq!(
             ready[0], "pending",
@@ -169,8 +186,8 @@ async fn a_batch_mixing_new_pending_running_and_parked_keys_coalesces_each() {
         ready.sort_unstable();
         assert_eq!(
             ready,
-            ["new", "parked", "pending"],
-            "the parked key is revived (and the fillers, enqueued later, wait)"
+            ["idle", "new", "parked", "pending"],
+            "the parked and idle keys are pending again (and the fillers, enqueued later, wait)"
         );
     })
     .await;
@@ -308,12 +325,12 @@ async fn bad_keys_and_unknown_processes_are_rejected_and_nothing_is_written() {
             db.store.process_counts().await.expect("counts").is_empty(),
             "nothing written"
         );
-        let query = HistoryList {
+        let query = drover::store::RunList {
             process: Some("nope".into()),
             limit: 10,
-            ..HistoryList::default()
+            ..drover::store::RunList::default()
         };
-        let err = db.store.history_list(query).await.expect_err("unknown");
+        let err = db.store.run_list(query).await.expect_err("unknown");
         assert!(matches!(err, StoreError::UnknownProcess(_)), "{err}");
         let list = ItemList {
             process: "nope".into(),
@@ -343,6 +360,7 @@ async fn retrying_a_backing_off_item_makes_it_claimable_at_once_and_keeps_its_fa
         let retry = ItemRetry {
             process: P.into(),
             key: "a".into(),
+            actor: "test".into(),
         };
         let retried = db
             .store
@@ -355,7 +373,11 @@ async fn retrying_a_backing_off_item_makes_it_claimable_at_once_and_keeps_its_fa
         let again = claim(&db.store, s.id, 1).await;
         assert_eq!(keys(&again), ["a"]);
         assert_eq!(again[0].attempt, 2);
-        assert!(events(&db.store, "a").await.contains(&EventKind::Retried));
+        assert!(
+            events(&db.store, "a")
+                .await
+                .contains(&drover::store::RunOutcome::Retried)
+        );
     })
     .await;
 }
@@ -369,6 +391,7 @@ async fn parking_an_item_stops_it_until_a_retry_revives_it() {
             process: P.into(),
             key: "a".into(),
             reason: "by hand".into(),
+            actor: "test".into(),
         };
         let parked = db.store.item_park(park).await.expect("park").expect("item");
         assert_eq!(parked.state, ItemState::Parked);
@@ -377,6 +400,7 @@ async fn parking_an_item_stops_it_until_a_retry_revives_it() {
         let retry = ItemRetry {
             process: P.into(),
             key: "a".into(),
+            actor: "test".into(),
         };
         db.store.item_retry(retry).await.expect("retry");
         assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["a"]);
@@ -385,19 +409,20 @@ async fn parking_an_item_stops_it_until_a_retry_revives_it() {
 }
 
 #[tokio::test]
-async fn deleting_an_item_removes_it_and_keeps_its_history() {
+async fn deleting_an_item_forgets_the_key_and_keeps_its_history() {
     each_engine(|db| async move {
         enqueue(&db.store, &["a"]).await;
         let delete = ItemDelete {
             process: P.into(),
             key: "a".into(),
+            actor: "test".into(),
         };
         assert!(db.store.item_delete(delete.clone()).await.expect("delete"));
         assert_eq!(item(&db.store, "a").await, None);
         assert!(!db.store.item_delete(delete).await.expect("delete again"));
         assert_eq!(
             events(&db.store, "a").await,
-            [EventKind::Enqueued, EventKind::Deleted]
+            [drover::store::RunOutcome::Deleted]
         );
     })
     .await;
@@ -413,13 +438,19 @@ async fn operator_actions_on_a_running_item_are_refused_and_change_nothing() {
         let retry = ItemRetry {
             process: process.clone(),
             key: key.clone(),
+            actor: "test".into(),
         };
         let park = ItemPark {
             process: process.clone(),
             key: key.clone(),
             reason: "x".into(),
+            actor: "test".into(),
         };
-        let delete = ItemDelete { process, key };
+        let delete = ItemDelete {
+            process,
+            key,
+            actor: "test".into(),
+        };
         let refused = |r: Result<_, StoreError>| matches!(r, Err(StoreError::AlreadyLeased { .. }));
         assert!(refused(db.store.item_retry(retry).await.map(|_| ())));
         assert!(refused(db.store.item_park(park).await.map(|_| ())));
@@ -437,12 +468,14 @@ async fn operator_actions_on_unknown_items_report_nothing_to_do() {
         let retry = ItemRetry {
             process: P.into(),
             key: "nope".into(),
+            actor: "test".into(),
         };
         assert_eq!(db.store.item_retry(retry).await.expect("retry"), None);
         let park = ItemPark {
             process: P.into(),
             key: "".into(),
             reason: "x".into(),
+            actor: "test".into(),
         };
         assert!(matches!(
             db.store.item_park(park).await,

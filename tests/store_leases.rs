@@ -10,14 +10,15 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    EventKind, ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
-    MAX_TEXT_BYTES, Outcome, ProcessConfigure, SessionHeartbeat, StoreEngine as _, StoreError,
+    ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
+    MAX_TEXT_BYTES, Outcome, ProcessConfigure, RunOutcome, SessionHeartbeat, StoreEngine as _,
+    StoreError,
 };
 use support::each_engine;
 use support::store::{P, claim, complete, configure, enqueue, events, history, item, keys, secs};
 
 #[tokio::test]
-async fn enqueued_key_is_claimed_once_and_gone_after_done() {
+async fn enqueued_key_is_claimed_once_and_idle_after_done() {
     each_engine(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
@@ -31,8 +32,21 @@ async fn enqueued_key_is_claimed_once_and_gone_after_done() {
         complete(&db.store, &leases[0], Outcome::Done)
             .await
             .expect("done");
-        assert_eq!(item(&db.store, "a").await, None);
-        assert!(claim(&db.store, s.id, 10).await.is_empty());
+        let a = item(&db.store, "a")
+            .await
+            .expect("a known, converged key stays");
+        assert_eq!(
+            (a.state, a.last_outcome, a.lease_token, a.started_at),
+            (ItemState::Idle, Some(RunOutcome::Done), None, None)
+        );
+        assert!(a.last_ended_at.is_some());
+        assert!(
+            claim(&db.store, s.id, 10).await.is_empty(),
+            "an idle key is not claimed"
+        );
+        enqueue(&db.store, &["a"]).await;
+        let again = claim(&db.store, s.id, 10).await;
+        assert_eq!((keys(&again), again[0].attempt), (vec!["a"], 1));
     })
     .await;
 }
@@ -114,7 +128,12 @@ async fn transient_failures_back_off_exponentially_up_to_the_cap() {
         complete(&db.store, &leases[0], Outcome::Done)
             .await
             .expect("done");
-        assert_eq!(item(&db.store, "a").await, None, "done resets everything");
+        let a = item(&db.store, "a").await.expect("idle");
+        assert_eq!(
+            (a.state, a.failures, a.backoff_until, a.last_error),
+            (ItemState::Idle, 0, None, None),
+            "done resets everything"
+        );
     })
     .await;
 }
@@ -155,10 +174,7 @@ async fn a_jittered_backoff_stays_between_the_delay_and_its_spread() {
         let policy = Backoff::new(secs(10), 2.0, secs(100))
             .and_then(|b| b.with_jitter(0.5))
             .expect("valid policy");
-        let configure = ProcessConfigure {
-            process: P.into(),
-            backoff: policy,
-        };
+        let configure = ProcessConfigure::new(P).backoff(policy);
         db.store
             .process_configure(configure)
             .await
@@ -225,6 +241,11 @@ async fn permanent_failure_parks_the_key_until_an_enqueue_revives_it() {
         let it = item(&db.store, "a").await.expect("item");
         assert_eq!(it.state, ItemState::Parked);
         assert_eq!(it.last_error.as_deref(), Some("bad spec"));
+        assert_eq!(
+            (it.failures, it.last_outcome),
+            (1, Some(RunOutcome::Parked)),
+            "a permanent failure is a failed attempt too"
+        );
         db.store.clock().advance(secs(3600));
         let s = db.session().await;
         assert!(
@@ -232,7 +253,12 @@ async fn permanent_failure_parks_the_key_until_an_enqueue_revives_it() {
             "never runs on its own"
         );
         enqueue(&db.store, &["a"]).await;
-        assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["a"]);
+        let revived = claim(&db.store, s.id, 1).await;
+        assert_eq!(
+            (keys(&revived), revived[0].attempt),
+            (vec!["a"], 2),
+            "the revived run is the second consecutive attempt"
+        );
     })
     .await;
 }
@@ -264,9 +290,11 @@ async fn release_makes_the_key_pending_without_counting_a_failure() {
             .expect("release");
         let again = claim(&db.store, s.id, 1).await;
         assert_eq!((keys(&again), again[0].attempt), (vec!["a"], 1));
+        assert_eq!(events(&db.store, "a").await, [RunOutcome::Canceled]);
+        let canceled = history(&db.store, "a", 1).await.remove(0);
         assert_eq!(
-            events(&db.store, "a").await[..3],
-            [EventKind::Enqueued, EventKind::Started, EventKind::Canceled]
+            (canceled.attempt, canceled.token, canceled.failed()),
+            (Some(1), Some(lease.token), false)
         );
     })
     .await;
@@ -388,7 +416,10 @@ async fn a_batch_of_completions_commits_the_held_leases_and_rejects_only_the_los
             matches!(results[1], Err(StoreError::LeaseLost { .. })),
             "{results:?}"
         );
-        assert_eq!(item(&db.store, "a").await, None);
+        assert_eq!(
+            item(&db.store, "a").await.expect("a").state,
+            ItemState::Idle
+        );
         assert_eq!(
             item(&db.store, "b").await.expect("b").state,
             ItemState::Running
@@ -437,33 +468,41 @@ async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
         ];
         let results = db.store.lease_complete_batch(&batch).await.expect("batch");
         assert!(results.iter().all(Result::is_ok), "{results:?}");
-        use EventKind::*;
-        assert_eq!(events(&db.store, "a").await, [Enqueued, Started, Finished]);
-        assert_eq!(
-            events(&db.store, "b").await,
-            [Enqueued, Started, Failed, Started, Finished]
-        );
-        assert_eq!(
-            events(&db.store, "c").await,
-            [Enqueued, Started, Enqueued, Finished]
-        );
-        assert_eq!(
-            events(&db.store, "d").await,
-            [Enqueued, Started, Failed, Parked]
-        );
-        for (key, attempt) in [("a", 1), ("b", 2), ("c", 1), ("d", 1)] {
-            let event = history(&db.store, key, 1).await.remove(0);
+        // One row per run, written when it ends: no row for enqueues or starts.
+        use RunOutcome::*;
+        assert_eq!(events(&db.store, "a").await, [Done]);
+        assert_eq!(events(&db.store, "b").await, [Retry, Done]);
+        assert_eq!(events(&db.store, "c").await, [Requeued]);
+        assert_eq!(events(&db.store, "d").await, [Parked]);
+        for (key, lease) in [
+            ("a", &first[0]),
+            ("b", &retried),
+            ("c", &first[2]),
+            ("d", &first[3]),
+        ] {
+            let run = history(&db.store, key, 1).await.remove(0);
             assert_eq!(
-                (event.session, event.attempt),
-                (Some(s.id), Some(attempt)),
-                "{key}: {event:?}"
+                (run.session, run.token, run.attempt, run.started_at),
+                (
+                    Some(s.id),
+                    Some(lease.token),
+                    Some(lease.attempt),
+                    Some(lease.started_at)
+                ),
+                "{key}: {run:?}"
             );
+            assert_eq!(run.pending_since, Some(lease.enqueued_at), "{key}");
+            assert!(run.ended_at >= lease.started_at, "{key}: {run:?}");
+            assert_eq!(run.actor, None);
         }
-        let b = history(&db.store, "b", 1).await.remove(0);
-        assert_eq!((b.error, b.transient), (None, None));
-        let d = history(&db.store, "d", 2).await;
-        assert_eq!(d[1].error.as_deref(), Some("broken"));
-        assert_eq!(d[1].transient, Some(false));
+        let b = history(&db.store, "b", 2).await;
+        assert_eq!((b[0].error.as_deref(), b[0].failed()), (None, false));
+        assert_eq!(
+            (b[1].error.as_deref(), b[1].failed()),
+            (Some("flaky"), true)
+        );
+        let d = history(&db.store, "d", 1).await.remove(0);
+        assert_eq!((d.error.as_deref(), d.failed()), (Some("broken"), true));
     })
     .await;
 }
@@ -491,7 +530,10 @@ async fn error_text_with_nul_bytes_or_a_megabyte_is_stored_cleaned_with_the_rest
             .collect();
         let results = db.store.lease_complete_batch(&batch).await.expect("batch");
         assert!(results.iter().all(Result::is_ok), "{results:?}");
-        assert_eq!(item(&db.store, "a").await, None);
+        assert_eq!(
+            item(&db.store, "a").await.map(|a| a.state),
+            Some(ItemState::Idle)
+        );
         let b = item(&db.store, "b").await.expect("b");
         assert_eq!(b.state, ItemState::Backoff);
         assert_eq!(
@@ -503,12 +545,13 @@ async fn error_text_with_nul_bytes_or_a_megabyte_is_stored_cleaned_with_the_rest
         let error = c.last_error.expect("c's error");
         assert!(error.len() <= MAX_TEXT_BYTES, "{}", error.len());
         assert!(error.starts_with("xxxx") && error.ends_with(" bytes cut]"));
-        let logged = history(&db.store, "c", 2).await;
-        assert_eq!(logged[1].error.as_deref(), Some(error.as_str()));
+        let logged = history(&db.store, "c", 1).await.remove(0);
+        assert_eq!(logged.error.as_deref(), Some(error.as_str()));
         let park = ItemPark {
             process: P.into(),
             key: "b".into(),
             reason: "by\0hand".into(),
+            actor: "test".into(),
         };
         let parked = db.store.item_park(park).await.expect("park").expect("b");
         assert_eq!(parked.last_error.as_deref(), Some("by\u{FFFD}hand"));
@@ -520,10 +563,10 @@ async fn error_text_with_nul_bytes_or_a_megabyte_is_stored_cleaned_with_the_rest
 /// an outcome that no cleaning makes storable.
 async fn refuse_poison(db: &support::TestDb) {
     db.execute(if db.engine == "postgres" {
-        "ALTER TABLE drover_history ADD CONSTRAINT drover_test_poison
+        "ALTER TABLE drover_runs ADD CONSTRAINT drover_test_poison
              CHECK (error IS DISTINCT FROM 'poison')"
     } else {
-        "CREATE TRIGGER drover_test_poison BEFORE INSERT ON drover_history
+        "CREATE TRIGGER drover_test_poison BEFORE INSERT ON drover_runs
              WHEN NEW.error = 'poison' BEGIN SELECT RAISE(ABORT, 'poison refused'); END"
     })
     .await;
@@ -548,7 +591,8 @@ async fn an_outcome_the_database_refuses_fails_neither_its_batch_nor_its_key() {
         let results = db.store.lease_complete_batch(&batch).await.expect("batch");
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         for key in ["a", "d"] {
-            assert_eq!(item(&db.store, key).await, None, "{key} landed");
+            let it = item(&db.store, key).await.expect(key);
+            assert_eq!(it.state, ItemState::Idle, "{key} landed");
         }
         for key in ["b", "e"] {
             let it = item(&db.store, key).await.expect(key);

@@ -1,11 +1,14 @@
-//! The store's contract for migrations: idempotent, and a newer schema is
-//! refused; on every engine via `support::each_engine`.
+//! The store's contract for migrations: idempotent, a newer schema is
+//! refused, an old database is converted; on every engine via `support::each_engine`.
 
 mod support;
 
-use drover::store::{Store, StoreError};
+use drover::store::{
+    FencingToken, ItemState, Outcome, RunList, RunOutcome, SessionStart, Store, StoreEngine as _,
+    StoreError,
+};
 use support::each_engine;
-use support::store::{enqueue, item};
+use support::store::{P, claim, complete, enqueue, item};
 
 #[tokio::test]
 async fn migrating_again_is_a_no_op_and_a_newer_schema_is_refused() {
@@ -54,4 +57,159 @@ async fn sqlx_insert_future_migration(db: &support::TestDb) {
                 .expect("insert");
         }
     }
+}
+
+/// The tables of a database at schema version 2 (before known keys and runs).
+const DROP_ALL: [&str; 6] = [
+    "DROP TABLE drover_items",
+    "DROP TABLE drover_runs",
+    "DROP TABLE drover_processes",
+    "DROP TABLE drover_sessions",
+    "DROP TABLE drover_migrations",
+    "DROP TABLE IF EXISTS drover_counters",
+];
+
+/// An old database's rows, with `{tN}` standing for the Nth second of a day.
+const OLD_ROWS: &str = "
+INSERT INTO drover_processes (process, created_at) VALUES ('provision', {t0});
+INSERT INTO drover_items (process, key, state, ready_at, enqueued_at, failures, last_error)
+VALUES ('provision', 'p', 'pending', {t1}, {t1}, 0, NULL),
+       ('provision', 'b', 'parked', {t2}, {t2}, 0, 'by hand'),
+       ('provision', 'c', 'parked', {t5}, {t5}, 0, 'broken');
+INSERT INTO drover_history (at, process, key, event, session, token, attempt, error, transient)
+VALUES ({t1}, 'provision', 'a', 'enqueued', NULL, NULL, NULL, NULL, NULL),
+       ({t2}, 'provision', 'a', 'started', 7, 1, 1, NULL, NULL),
+       ({t3}, 'provision', 'a', 'failed', 7, 1, 1, 'flaky', {true}),
+       ({t4}, 'provision', 'a', 'started', 7, 2, 2, NULL, NULL),
+       ({t5}, 'provision', 'a', 'finished', 7, 2, 2, NULL, NULL),
+       ({t2}, 'provision', 'b', 'parked', NULL, NULL, NULL, 'by hand', NULL),
+       ({t3}, 'provision', 'c', 'started', 7, 3, 1, NULL, NULL),
+       ({t5}, 'provision', 'c', 'failed', 7, 3, 1, 'broken', {false}),
+       ({t5}, 'provision', 'c', 'parked', 7, 3, 1, 'broken', NULL),
+       ({t1}, 'provision', 'd', 'retried', NULL, NULL, NULL, NULL, NULL),
+       ({t2}, 'provision', 'd', 'deleted', NULL, NULL, NULL, NULL, NULL)";
+
+/// [`OLD_ROWS`] in `engine`'s SQL, one statement at a time.
+fn old_rows(engine: &str) -> Vec<String> {
+    let mut sql = OLD_ROWS.to_owned();
+    for n in 0..6 {
+        let at = if engine == "postgres" {
+            format!("'2026-01-01T00:00:0{n}Z'::timestamptz")
+        } else {
+            (1_767_225_600_000_i64 + n * 1000).to_string()
+        };
+        sql = sql.replace(&format!("{{t{n}}}"), &at);
+    }
+    let (yes, no) = if engine == "postgres" {
+        ("true", "false")
+    } else {
+        ("1", "0")
+    };
+    sql = sql.replace("{true}", yes).replace("{false}", no);
+    sql.split(';').map(str::to_owned).collect()
+}
+
+/// Rebuilds `db` at schema version 2 with [`OLD_ROWS`] in it.
+async fn old_database(db: &support::TestDb) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(db.engine);
+    for name in ["0001_store.sql", "0002_lease_lookup.sql"] {
+        std::fs::copy(source.join(name), dir.path().join(name)).expect("copy");
+    }
+    let mut old = sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("old migrations");
+    old.dangerous_set_table_name("drover_migrations");
+    match db.engine {
+        "postgres" => {
+            let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
+            let drop_sequence = ["DROP SEQUENCE drover_lease_tokens"];
+            for sql in DROP_ALL.into_iter().chain(drop_sequence) {
+                sqlx::query(sql).execute(&pool).await.expect(sql);
+            }
+            old.run(&pool).await.expect("migrate to 2");
+            for sql in old_rows(db.engine) {
+                let q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                q.execute(&pool).await.expect("old rows");
+            }
+        }
+        _ => {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");
+            for sql in DROP_ALL {
+                sqlx::query(sql).execute(&pool).await.expect(sql);
+            }
+            old.run(&pool).await.expect("migrate to 2");
+            for sql in old_rows(db.engine) {
+                let q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                q.execute(&pool).await.expect("old rows");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_old_database_is_converted_to_known_keys_and_one_row_per_run() {
+    each_engine(|db| async move {
+        old_database(&db).await;
+        let store = Store::connect(&db.url)
+            .await
+            .expect("migrates to the new shape");
+        let runs = |key: &'static str| {
+            let store = store.clone();
+            async move {
+                let list = RunList {
+                    process: Some(P.into()),
+                    key: Some(key.into()),
+                    limit: 10,
+                    ..RunList::default()
+                };
+                let mut runs = store.run_list(list).await.expect("runs");
+                runs.reverse();
+                runs
+            }
+        };
+        let a = runs("a").await;
+        let shape: Vec<_> = a.iter().map(|r| (r.outcome, r.attempt, r.token)).collect();
+        assert_eq!(
+            shape,
+            [
+                (RunOutcome::Retry, Some(1), Some(FencingToken(1))),
+                (RunOutcome::Done, Some(2), Some(FencingToken(2)))
+            ]
+        );
+        assert_eq!(a[0].error.as_deref(), Some("flaky"));
+        assert_eq!(a[0].duration(), Some(std::time::Duration::from_secs(1)));
+        let b = runs("b").await;
+        assert_eq!(b.len(), 1);
+        assert_eq!(
+            (b[0].outcome, b[0].actor.as_deref(), b[0].error.as_deref()),
+            (RunOutcome::Parked, Some("unknown"), Some("by hand"))
+        );
+        let c = runs("c").await;
+        assert_eq!(c.len(), 1, "a failure and its park are one run: {c:?}");
+        assert!(c[0].failed());
+        let d: Vec<_> = runs("d").await.iter().map(|r| r.outcome).collect();
+        assert_eq!(d, [RunOutcome::Retried, RunOutcome::Deleted]);
+        let p = item(&store, "p").await.expect("p kept");
+        assert_eq!((p.state, p.enqueue_count), (ItemState::Pending, 1));
+        assert_eq!(p.last_enqueued_at, Some(p.enqueued_at));
+        // And the converted database works: a run leaves its key idle.
+        let session = store
+            .session_start(SessionStart {
+                component: "test".into(),
+                ttl: std::time::Duration::from_secs(30),
+            })
+            .await
+            .expect("session");
+        let lease = claim(&store, session.id, 10).await.remove(0);
+        complete(&store, &lease, Outcome::Done).await.expect("done");
+        assert_eq!(
+            item(&store, "p").await.map(|p| p.state),
+            Some(ItemState::Idle)
+        );
+        store.close().await;
+    })
+    .await;
 }

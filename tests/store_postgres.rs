@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use drover::store::{HistoryList, ItemEnqueue, PostgresStore, StoreEngine as _};
+use drover::store::{ItemEnqueue, ItemList, PostgresStore, StoreEngine as _};
 
 #[tokio::test]
 async fn an_enqueue_notifies_the_process_channel_on_commit() {
@@ -37,7 +37,7 @@ async fn an_enqueue_notifies_the_process_channel_on_commit() {
 /// A key that another transaction inserts after the enqueue checked for
 /// existing keys (so it takes the plain insert) and commits while the insert
 /// waits on it: the enqueue starts over and coalesces instead of failing,
-/// and the keys get one `enqueued` event each.
+/// and each key counts exactly one enqueue.
 #[tokio::test]
 async fn an_all_new_batch_that_loses_a_race_for_a_key_coalesces_with_it() {
     let Some(base) = support::postgres_url() else {
@@ -87,20 +87,25 @@ async fn an_all_new_batch_that_loses_a_race_for_a_key_coalesces_with_it() {
     rival.commit().await.expect("rival commits");
     let report = enqueue.await.expect("joined").expect("enqueue");
     assert_eq!((report.pending, report.dirty), (1003, 0));
-    let list = HistoryList {
-        process: Some("provision".into()),
+    let list = ItemList {
+        process: "provision".into(),
+        state: None,
+        after_key: None,
         limit: 2000,
-        ..HistoryList::default()
     };
-    let events = db.store.history_list(list).await.expect("history");
-    assert_eq!(events.len(), 1003, "the lost attempt left no history");
-    let mut keys: Vec<_> = events
+    let items = db.store.item_list(list).await.expect("items");
+    assert_eq!(items.len(), 1003);
+    let counts: Vec<_> = items
         .iter()
-        .map(|e| e.key.as_str())
-        .filter(|k| k.starts_with('k'))
+        .filter(|i| i.key.starts_with('k'))
+        .map(|i| (i.key.as_str(), i.enqueue_count))
         .collect();
-    keys.sort_unstable();
-    assert_eq!(keys, ["k1", "k2", "k3"], "one event each");
+    assert_eq!(
+        counts,
+        [("k1", 1), ("k2", 1), ("k3", 1)],
+        "the lost attempt counted nothing"
+    );
+    assert!(items.iter().all(|i| i.enqueue_count == 1));
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

@@ -7,8 +7,8 @@
 mod support;
 
 use drover::store::{
-    EventKind, ItemState, Lease, LeaseClaim, LeaseRelease, Outcome, SessionClose, SessionHeartbeat,
-    StoreEngine as _, StoreError,
+    ItemState, Lease, LeaseClaim, LeaseRelease, Outcome, RunOutcome, SessionClose,
+    SessionHeartbeat, StoreEngine as _, StoreError,
 };
 use support::each_engine;
 use support::store::{P, claim, complete, enqueue, events, item, keys, secs};
@@ -116,9 +116,13 @@ async fn reclaim_makes_expired_leases_pending_with_an_expired_event() {
             item(&db.store, &b.key).await.expect("item").state,
             ItemState::Running
         );
+        assert_eq!(events(&db.store, &a.key).await, [RunOutcome::Expired]);
+        let expired = support::store::history(&db.store, &a.key, 1)
+            .await
+            .remove(0);
         assert_eq!(
-            events(&db.store, &a.key).await.last(),
-            Some(&EventKind::Expired)
+            (expired.session, expired.token, expired.started_at),
+            (Some(dead.id), Some(a.token), Some(a.started_at))
         );
         assert_eq!(keys(&claim(&db.store, live.id, 5).await), [a.key.as_str()]);
         let again = db.store.session_reclaim().await.expect("reclaim");

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use drover::store::{
-    EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
+    ItemEnqueue, ItemGet, ItemState, Run, RunList, RunOutcome, Store, StoreEngine as _,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -51,17 +51,17 @@ async fn counts(store: &Store) -> (u64, u64, u64) {
         .map_or((0, 0, 0), |c| (c.pending + c.backoff, c.running, c.parked))
 }
 
-async fn events(store: &Store, kind: EventKind) -> Vec<drover::store::HistoryEvent> {
+/// The process's runs that ended with `outcome`, newest first.
+async fn events(store: &Store, outcome: RunOutcome) -> Vec<Run> {
     let mut all = store
-        .history_list(HistoryList {
+        .run_list(RunList {
             process: Some(PROCESS.into()),
-            key: None,
-            before_id: None,
             limit: 10_000,
+            ..RunList::default()
         })
         .await
         .unwrap();
-    all.retain(|e| e.event == kind);
+    all.retain(|e| e.outcome == outcome);
     all
 }
 
@@ -100,17 +100,17 @@ async fn exit_codes_decide_done_retry_and_park() {
         .await;
         stop(child).await;
 
-        let failed = events(&db.store, EventKind::Failed).await;
+        let failed = events(&db.store, RunOutcome::Retry).await;
         let flaky: Vec<_> = failed.iter().filter(|e| e.key == "flaky").collect();
         assert_eq!(flaky.len(), 1);
-        assert_eq!(flaky[0].transient, Some(true));
+        assert!(flaky[0].failed());
         assert_eq!(flaky[0].error.as_deref(), Some("exit 75: try again"));
         let broken = db
             .store
             .item_get(ItemGet {
                 process: PROCESS.into(),
                 key: "broken".into(),
-                history_limit: 10,
+                runs_limit: 10,
             })
             .await
             .unwrap()
@@ -147,7 +147,7 @@ async fn a_command_writing_invalid_utf8_and_nul_to_stderr_is_parked_with_readabl
             .item_get(ItemGet {
                 process: PROCESS.into(),
                 key: "bad".into(),
-                history_limit: 10,
+                runs_limit: 10,
             })
             .await
             .unwrap()
@@ -157,7 +157,7 @@ async fn a_command_writing_invalid_utf8_and_nul_to_stderr_is_parked_with_readabl
             bad.item.last_error.as_deref(),
             Some("exit 1: before\u{FFFD}\u{FFFD}after | the rest is read too")
         );
-        let finished = events(&db.store, EventKind::Finished).await;
+        let finished = events(&db.store, RunOutcome::Done).await;
         assert_eq!(finished.len(), 7, "every batch-mate landed: {finished:?}");
     })
     .await;
@@ -212,9 +212,9 @@ async fn a_worker_killed_with_sigkill_takes_its_commands_down_and_its_keys_run_e
                 .iter()
                 .all(|l| !pids.contains(&l[2].parse().unwrap()))
         );
-        let expired = events(&db.store, EventKind::Expired).await;
+        let expired = events(&db.store, RunOutcome::Expired).await;
         assert_eq!(expired.len(), 3, "the dead session's leases were reclaimed");
-        assert_eq!(events(&db.store, EventKind::Finished).await.len(), 3);
+        assert_eq!(events(&db.store, RunOutcome::Done).await.len(), 3);
     })
     .await;
 }
@@ -277,7 +277,7 @@ async fn sigterm_mid_work_releases_the_running_keys_for_the_next_start() {
             (4, 0, 0),
             "nothing lost, nothing running"
         );
-        assert_eq!(events(&db.store, EventKind::Canceled).await.len(), 2);
+        assert_eq!(events(&db.store, RunOutcome::Canceled).await.len(), 2);
 
         let second = worker(&db, "true", &["--parallelism", "2"]);
         eventually("the released keys done", || async {
@@ -285,7 +285,7 @@ async fn sigterm_mid_work_releases_the_running_keys_for_the_next_start() {
         })
         .await;
         stop(second).await;
-        assert_eq!(events(&db.store, EventKind::Finished).await.len(), 4);
+        assert_eq!(events(&db.store, RunOutcome::Done).await.len(), 4);
     })
     .await;
 }

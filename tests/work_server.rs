@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use drover::store::{
-    EventKind, HistoryList, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _,
+    ItemEnqueue, ItemGet, ItemState, Run, RunList, RunOutcome, Store, StoreEngine as _,
 };
 use nix::sys::signal::Signal;
 use support::process::{eventually, signal, stop};
@@ -54,25 +54,31 @@ async fn counts(store: &Store) -> (u64, u64, u64) {
         .map_or((0, 0, 0), |c| (c.pending + c.backoff, c.running, c.parked))
 }
 
-async fn events(store: &Store, key: &str, kind: EventKind) -> Vec<drover::store::HistoryEvent> {
-    let list = HistoryList {
+/// `key`'s runs, newest first.
+async fn runs(store: &Store, key: &str) -> Vec<Run> {
+    let list = RunList {
         process: Some(PROCESS.into()),
         key: Some(key.into()),
-        before_id: None,
         limit: 100,
+        ..RunList::default()
     };
-    let mut all = store.history_list(list).await.unwrap();
-    all.retain(|e| e.event == kind);
+    store.run_list(list).await.unwrap()
+}
+
+/// `key`'s runs that ended with `outcome`, newest first.
+async fn events(store: &Store, key: &str, outcome: RunOutcome) -> Vec<Run> {
+    let mut all = runs(store, key).await;
+    all.retain(|e| e.outcome == outcome);
     all
 }
 
-/// Waits until `key` has run to completion; its newest `finished` event.
-async fn finished_run(store: &Store, key: &str) -> drover::store::HistoryEvent {
+/// Waits until `key` has run to completion; its newest `done` run.
+async fn finished_run(store: &Store, key: &str) -> Run {
     eventually(&format!("{key} to finish"), || async {
-        !events(store, key, EventKind::Finished).await.is_empty()
+        !events(store, key, RunOutcome::Done).await.is_empty()
     })
     .await;
-    events(store, key, EventKind::Finished).await.remove(0)
+    events(store, key, RunOutcome::Done).await.remove(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +108,7 @@ async fn a_worker_over_http_processes_keys_end_to_end() {
             .item_get(ItemGet {
                 process: PROCESS.into(),
                 key: "bad".into(),
-                history_limit: 10,
+                runs_limit: 10,
             })
             .await
             .unwrap()
@@ -114,7 +120,7 @@ async fn a_worker_over_http_processes_keys_end_to_end() {
         );
         for key in ["a", "b", "c", "d"] {
             assert_eq!(
-                events(&db.store, key, EventKind::Finished).await.len(),
+                events(&db.store, key, RunOutcome::Done).await.len(),
                 1,
                 "{key}"
             );
@@ -166,23 +172,27 @@ async fn an_http_worker_that_lost_its_lease_to_expiry_is_refused() {
             .spawn()
             .unwrap();
         eventually("the key reclaimed and run by the heir", || async {
-            !events(&db.store, "k", EventKind::Finished).await.is_empty()
+            !events(&db.store, "k", RunOutcome::Done).await.is_empty()
         })
         .await;
         signal(&stale, Signal::SIGCONT);
         stop(heir).await;
         stop(stale).await;
-        let finished = events(&db.store, "k", EventKind::Finished).await;
+        let finished = events(&db.store, "k", RunOutcome::Done).await;
         assert_eq!(
             finished.len(),
             1,
             "the stale worker's outcome was refused: {finished:?}"
         );
-        assert_eq!(events(&db.store, "k", EventKind::Expired).await.len(), 1);
-        let started = events(&db.store, "k", EventKind::Started).await;
-        assert_eq!(
-            finished[0].session, started[0].session,
-            "the heir's run (the newest start) counted"
+        let expired = events(&db.store, "k", RunOutcome::Expired).await;
+        assert_eq!(expired.len(), 1);
+        assert_ne!(
+            finished[0].session, expired[0].session,
+            "the heir's run counted, not the stale worker's"
+        );
+        assert!(
+            finished[0].token > expired[0].token,
+            "the heir's lease is the newer one"
         );
         drop(server);
     })
@@ -264,9 +274,9 @@ async fn an_outcome_reached_while_the_server_is_down_lands_after_its_restart() {
         let (restarted, _) = serve_on(&db, dir.path(), &listen).await;
         let finished = finished_run(&db.store, "k").await;
         assert_eq!(counts(&db.store).await, (0, 0, 0), "k is done, not stuck");
-        let started = events(&db.store, "k", EventKind::Started).await;
-        assert_eq!(started.len(), 1, "one run: its outcome landed late");
-        assert_eq!(finished.session, started[0].session);
+        let all = runs(&db.store, "k").await;
+        assert_eq!(all.len(), 1, "one run: its outcome landed late: {all:?}");
+        assert_eq!(all[0].id, finished.id);
         stop(worker).await;
         drop(restarted);
     })
@@ -294,16 +304,15 @@ async fn a_remote_worker_with_a_parallelism_over_one_claims_answer_drains_everyt
         )
         .await;
         stop(worker).await;
-        let list = HistoryList {
+        let list = RunList {
             process: Some(PROCESS.into()),
-            key: None,
-            before_id: None,
             limit: 10_000,
+            ..RunList::default()
         };
-        let history = db.store.history_list(list).await.unwrap();
+        let history = db.store.run_list(list).await.unwrap();
         let finished = history
             .iter()
-            .filter(|e| e.event == EventKind::Finished)
+            .filter(|e| e.outcome == RunOutcome::Done)
             .count();
         assert_eq!(finished, 1500, "every key ran once");
         drop(server);

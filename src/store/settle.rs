@@ -209,9 +209,9 @@ mod tests {
     fn done_leaves_a_clean_item_idle_with_a_reset_count() {
         let s = settle(at(100), &running(3, None), &Outcome::Done);
         assert_eq!(s.next.state, NextState::Idle);
+        assert!(!s.next.ready_by(at(100)), "an idle key is not woken for");
         assert_eq!((s.next.failures, s.next.last_error), (0, None));
         assert_eq!((s.outcome, s.error), (RunOutcome::Done, None));
-        assert!(!s.next.ready_by(at(100)), "an idle key is not woken for");
     }
 
     #[test]

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    EventKind, HistoryEvent, HistoryList, Item, ItemEnqueue, ItemGet, Lease, LeaseClaim,
-    LeaseComplete, Outcome, ProcessConfigure, SessionId, Store, StoreEngine as _, StoreError,
+    Item, ItemEnqueue, ItemGet, Lease, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure, Run,
+    RunList, RunOutcome, SessionId, Store, StoreEngine as _, StoreError,
 };
 
 /// The process every contract test works on.
@@ -62,32 +62,32 @@ pub(crate) async fn item(store: &Store, key: &str) -> Option<Item> {
         .item_get(ItemGet {
             process: P.into(),
             key: key.into(),
-            history_limit: 0,
+            runs_limit: 0,
         })
         .await
         .expect("item_get")
         .map(|d| d.item)
 }
 
-/// The newest `limit` events of `key`, newest first.
-pub(crate) async fn history(store: &Store, key: &str, limit: u32) -> Vec<HistoryEvent> {
+/// The newest `limit` runs (and actions) of `key`, newest first.
+pub(crate) async fn history(store: &Store, key: &str, limit: u32) -> Vec<Run> {
     store
-        .history_list(HistoryList {
+        .run_list(RunList {
             process: Some(P.into()),
             key: Some(key.into()),
-            before_id: None,
             limit,
+            ..RunList::default()
         })
         .await
         .expect("history")
 }
 
-/// Every event kind of `key`, oldest first.
-pub(crate) async fn events(store: &Store, key: &str) -> Vec<EventKind> {
+/// Every outcome in `key`'s history, oldest first.
+pub(crate) async fn events(store: &Store, key: &str) -> Vec<RunOutcome> {
     let mut events: Vec<_> = history(store, key, 100)
         .await
         .into_iter()
-        .map(|e| e.event)
+        .map(|e| e.outcome)
         .collect();
     events.reverse();
     events
@@ -96,10 +96,10 @@ pub(crate) async fn events(store: &Store, key: &str) -> Vec<EventKind> {
 /// Sets [`P`]'s backoff: `initial` seconds, ×2, at most `max` seconds.
 pub(crate) async fn configure(store: &Store, initial: u64, max: u64) {
     store
-        .process_configure(ProcessConfigure {
-            process: P.into(),
-            backoff: Backoff::new(secs(initial), 2.0, secs(max)).expect("valid backoff"),
-        })
+        .process_configure(
+            ProcessConfigure::new(P)
+                .backoff(Backoff::new(secs(initial), 2.0, secs(max)).expect("valid backoff")),
+        )
         .await
         .expect("configure");
 }

@@ -25,7 +25,7 @@ INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending
     started_at, ended_at, error)
 SELECT i.process, i.key, r.outcome, i.failures + 1, i.lease_session, i.lease_token,
     i.enqueued_at, i.started_at, $1, r.error
-FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS r(outcome, id)
+FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS r(outcome, id, error)
 JOIN drover_items i ON i.id = r.id
 ORDER BY i.lease_token";
 
