@@ -42,10 +42,11 @@ pub(crate) fn max_delay_ms() -> u64 {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// A stable, machine-readable code: `bad_request`, `unauthorized`,
-    /// `forbidden`, `not_found`, `method_not_allowed`, `lease_lost`, `session_expired`, `item_running`,
-    /// `payload_too_large`, `invalid_key`, `invalid_process`, `unavailable`,
-    /// `commit_unknown` (a 503 after which the request may have been applied),
-    /// `internal`.
+    /// `forbidden`, `cross_origin` (a browser's request for another site's
+    /// page), `not_found`, `method_not_allowed`, `lease_lost`,
+    /// `session_expired`, `item_running`, `payload_too_large`, `invalid_key`,
+    /// `invalid_process`, `unavailable`, `commit_unknown` (a 503 after which
+    /// the request may have been applied), `internal`.
     pub error: String,
     /// What went wrong, for people.
     pub message: String,

@@ -1,6 +1,8 @@
 //! The dashboard in a real browser: headless Chromium (Debian's `chromium`) loads
 //! it from a running server and must show a process's counts after work was
-//! enqueued, and a hostile key as text. Screenshots go to `target/artifacts/`.
+//! enqueued, and a hostile key as text; its Park button must work, and another
+//! site's page must not be able to make the browser enqueue or park.
+//! Screenshots go to `target/artifacts/`.
 //!
 //! Skips (saying why) when `/usr/bin/chromium` is missing, unless
 //! `DROVER_TEST_BROWSER=1` is set (as `.ci/run` does): then it fails.
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drover::server::{Server, ServerOptions};
-use drover::store::{ItemEnqueue, StoreEngine as _};
+use drover::store::{ItemEnqueue, ItemGet, ItemState, StoreEngine as _};
 use tokio_util::sync::CancellationToken;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -118,4 +120,122 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
     shutdown.cancel();
     serving.await.expect("server task").expect("served");
     eprintln!("screenshots in {}", artifacts().display());
+}
+
+/// A page on drover's own origin that clicks the item page's real Park button
+/// (in a frame, as a person would in the tab).
+const CLICK_PARK: &str = r#"<!DOCTYPE html><title>click</title>
+<iframe src="/ui/processes/provision/items/m1" onload="
+  const park = this.contentDocument.querySelector('form[action$=&quot;/park&quot;] button');
+  if (park) { this.onload = null; park.click(); }"></iframe>"#;
+
+/// Another site's page that makes the browser post to drover at `base` on load:
+/// a `text/plain` form whose body is the JSON of an enqueue, and the Park
+/// button's form.
+fn attack_page(base: &str) -> String {
+    format!(
+        r#"<!DOCTYPE html><title>attack</title>
+<iframe name="a"></iframe><iframe name="b"></iframe>
+<form target="a" method="post" enctype="text/plain" action="{base}/v1/processes/provision/items">
+  <input name='{{"keys":["evil","' value='"]}}'></form>
+<form target="b" method="post" action="{base}/ui/processes/provision/items/m1/park"></form>
+<script>for (const form of document.forms) form.submit();</script>"#
+    )
+}
+
+/// Serves `app` on a fresh loopback port until `shutdown`; returns the port.
+async fn serve(app: axum::Router, shutdown: &CancellationToken) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+            .expect("served");
+    });
+    port
+}
+
+/// How many `POST`s to `route` drover answered with `status`, from `/metrics`.
+async fn answered(base: &str, route: &str, status: u16) -> String {
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let series = format!(
+        r#"drover_http_requests_total{{method="POST",route="{route}",status="{status}"}} "#
+    );
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .unwrap_or("0")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_park_button_works_in_a_browser_and_another_sites_forms_are_refused() {
+    if !chromium_available() {
+        return;
+    }
+    let (db, _dir) = support::sqlite().await;
+    db.store
+        .item_enqueue(ItemEnqueue::new("provision", ["m1"]))
+        .await
+        .expect("enqueue");
+    let shutdown = CancellationToken::new();
+    let server = Server::new(db.store.clone(), ServerOptions::default());
+    let click = axum::routing::get(|| async { axum::response::Html(CLICK_PARK) });
+    let drover = serve(server.router().route("/test/click-park", click), &shutdown).await;
+    let base = format!("http://127.0.0.1:{drover}");
+    let page = attack_page(&base);
+    let evil = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || async move { axum::response::Html(page) }),
+    );
+    // `localhost` is another site than `127.0.0.1` for the browser.
+    let evil = format!("http://localhost:{}/", serve(evil, &shutdown).await);
+    let profile = tempfile::tempdir().expect("profile dir");
+    let wait = "--virtual-time-budget=10000".to_owned();
+
+    chromium(profile.path(), &[wait.clone(), "--dump-dom".into()], &evil).await;
+    let get = |key: &str| ItemGet {
+        process: "provision".into(),
+        key: key.into(),
+        history_limit: 0,
+    };
+    let evil_key = db.store.item_get(get("evil")).await.expect("get");
+    assert!(evil_key.is_none(), "nothing was enqueued");
+    let m1 = db
+        .store
+        .item_get(get("m1"))
+        .await
+        .expect("get")
+        .expect("m1");
+    assert_eq!(m1.item.state, ItemState::Pending, "nothing was parked");
+    // … because both posts were refused, not because none was sent.
+    let item = "/ui/processes/{process}/items/{key}/park";
+    assert_eq!(
+        answered(&base, "/v1/processes/{process}/items", 403).await,
+        "1"
+    );
+    assert_eq!(answered(&base, item, 403).await, "1");
+
+    let click = format!("{base}/test/click-park");
+    chromium(profile.path(), &[wait, "--dump-dom".into()], &click).await;
+    assert_eq!(answered(&base, item, 303).await, "1");
+    let m1 = db
+        .store
+        .item_get(get("m1"))
+        .await
+        .expect("get")
+        .expect("m1");
+    assert_eq!(m1.item.state, ItemState::Parked, "the button parked it");
+
+    shutdown.cancel();
+    server.stop();
 }

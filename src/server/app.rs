@@ -15,6 +15,7 @@ use tower_http::trace::TraceLayer;
 
 use super::dashboard;
 use super::options::ServerOptions;
+use super::origin;
 use super::routes;
 use super::state::AppState;
 use crate::metrics::ServerMetrics;
@@ -54,6 +55,8 @@ impl Server {
             .fallback(routes::health::not_found)
             .method_not_allowed_fallback(routes::health::method_not_allowed)
             .layer(DefaultBodyLimit::max(state.options.body_limit))
+            // Inside `record`, so refusals are counted like any response.
+            .layer(middleware::from_fn(origin::guard))
             .layer(middleware::from_fn_with_state(state.clone(), record))
             .layer(TraceLayer::new_for_http())
             .with_state(state)

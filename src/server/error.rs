@@ -11,6 +11,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::auth::Role;
+use super::origin::CrossOrigin;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +36,13 @@ pub enum ApiError {
         /// The caller's role.
         has: Role,
     },
-    /// 403: a dashboard form post that another site's page made.
-    #[error("cross-site form posts are refused")]
-    CrossSite,
+    /// 403 `cross_origin`: a browser made a state-changing request for another
+    /// site's page (see [`CrossOrigin`]); decided before authentication.
+    #[error(
+        "cross-origin request refused: {0}; send it from the dashboard's own origin \
+         or without a browser"
+    )]
+    CrossOrigin(CrossOrigin),
     /// 404: no such route, process, item or session.
     #[error("{0}")]
     NotFound(String),
@@ -98,7 +103,7 @@ impl ApiError {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } | Self::CrossSite => StatusCode::FORBIDDEN,
+            Self::Forbidden { .. } | Self::CrossOrigin(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -115,7 +120,8 @@ impl ApiError {
         let (code, field) = match self {
             Self::BadRequest { field, .. } => ("bad_request", field.clone()),
             Self::Unauthorized => ("unauthorized", None),
-            Self::Forbidden { .. } | Self::CrossSite => ("forbidden", None),
+            Self::Forbidden { .. } => ("forbidden", None),
+            Self::CrossOrigin(_) => ("cross_origin", None),
             Self::NotFound(_) => ("not_found", None),
             Self::MethodNotAllowed => ("method_not_allowed", None),
             Self::Conflict { code, .. } => (*code, None),

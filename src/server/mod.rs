@@ -9,6 +9,9 @@
 //! - [`ApiError`]: every failure as one status and one JSON [`ErrorBody`]. A
 //!   client error (4xx) is decided before anything is written, so it never
 //!   changes state.
+//! - [`CrossOrigin`]: why a browser's state-changing request for another
+//!   site's page was refused (403 `cross_origin`, on every route, before
+//!   authentication), so the credentials a browser keeps cannot be borrowed.
 //!
 //! A worker over HTTP runs the same loop as one on the database: `POST
 //! /v1/sessions` (with a TTL), `POST /v1/sessions/{id}/claim` with `wait_ms` to
@@ -36,6 +39,7 @@ mod error;
 mod extract;
 mod openapi;
 mod options;
+mod origin;
 mod routes;
 mod state;
 
@@ -53,3 +57,4 @@ pub use model::{
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;
+pub use origin::CrossOrigin;

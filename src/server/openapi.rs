@@ -22,7 +22,12 @@ use super::routes::{health, items, leases, processes, runs, sessions};
         description = "Keyed work with coalescing, durable per-key backoff and fenced leases. \
             Send `Authorization: Bearer TOKEN` when the server has tokens (roles: viewer reads, \
             worker also enqueues and works, admin also retries, parks and deletes). \
-            Keys in paths are percent-encoded."
+            Keys in paths are percent-encoded. \
+            Every request but GET, HEAD and OPTIONS that a browser marks as another \
+            site's (`Sec-Fetch-Site` other than `same-origin` or `none`; without it, an \
+            `Origin` whose host is not the request's `Host`) is refused with 403 \
+            `cross_origin` before authentication; programs that send neither header \
+            are not affected."
     ),
     paths(
         processes::list,
