@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use drover::bench::{self, Figure, StoreBench};
+use drover::store::StoreEngine as _;
 use indicatif::ProgressBar;
 use support::backend::TestBackend;
 use support::{TestDb, each_engine};
@@ -19,6 +20,7 @@ fn small(db: &TestDb, keys: u64, workers: usize) -> StoreBench {
         workers,
         progress: ProgressBar::hidden(),
         server: None,
+        idle: 0,
     }
 }
 
@@ -90,7 +92,11 @@ async fn latency_reports_percentiles_of_single_enqueues() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backlog_compares_a_large_backlog_with_a_small_one() {
     each_engine(|db| async move {
-        let figure = bench::backlog(&small(&db, 300, 4)).await.expect("backlog");
+        let b = StoreBench {
+            idle: 500,
+            ..small(&db, 300, 4)
+        };
+        let figure = bench::backlog(&b).await.expect("backlog");
         assert_figure(
             &figure,
             "backlog",
@@ -98,6 +104,9 @@ async fn backlog_compares_a_large_backlog_with_a_small_one() {
             &["ratio", "small_keys_per_s"],
         );
         assert_eq!(figure.get("front"), Some("300"));
+        assert_eq!(figure.get("idle"), Some("500"));
+        let counts = db.store.process_counts().await.expect("counts");
+        assert!(counts.is_empty(), "cleaned up: {counts:?}");
     })
     .await;
 }

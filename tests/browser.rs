@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drover::server::{Server, ServerOptions};
-use drover::store::{ItemEnqueue, ItemGet, ItemState, StoreEngine as _};
+use drover::store::{
+    ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, Outcome, StoreEngine as _,
+};
 use tokio_util::sync::CancellationToken;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -80,6 +82,19 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
         .item_enqueue(ItemEnqueue::new("provision", ["m1", "m2", HOSTILE]))
         .await
         .expect("enqueue");
+    // m1 converges (and stays known, idle), m2 fails for good, the third waits.
+    let session = db.session().await;
+    let claim = LeaseClaim {
+        session: session.id,
+        process: "provision".into(),
+        max: 2,
+    };
+    let leases = db.store.lease_claim(claim).await.expect("claim");
+    let outcomes = [Outcome::Done, Outcome::Permanent("bad manifest".into())];
+    for (lease, outcome) in leases.iter().zip(&outcomes) {
+        let done = LeaseComplete { lease, outcome };
+        db.store.lease_complete(done).await.expect("complete");
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -95,7 +110,7 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
         "{overview}"
     );
     assert!(
-        overview.contains(r#"<td class="n pending">3</td>"#),
+        overview.contains(r#"<td class="n pending">1</td>"#),
         "{overview}"
     );
     let shot = artifacts().join("dashboard.png");
@@ -116,6 +131,23 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
     let shot = artifacts().join("dashboard-item.png");
     let arg = format!("--screenshot={}", shot.display());
     chromium(profile.path(), &[arg], &item).await;
+
+    // A converged key's page: known, idle, with its run.
+    let idle = format!("{base}/ui/processes/provision/items/m1");
+    let page = chromium(profile.path(), &["--dump-dom".into()], &idle).await;
+    assert!(page.contains(r#"<td class="state">idle</td>"#), "{page}");
+    assert!(page.contains(r#"<td class="outcome">done</td>"#), "{page}");
+    let parked = format!("{base}/ui/processes/provision/items/m2");
+    let page = chromium(profile.path(), &["--dump-dom".into()], &parked).await;
+    assert!(page.contains(r#"<td class="failures">1</td>"#), "{page}");
+    assert!(
+        page.contains(r#"<td class="outcome">parked</td>"#),
+        "{page}"
+    );
+    assert!(page.contains("bad manifest"), "{page}");
+    let shot = artifacts().join("dashboard-runs.png");
+    let arg = format!("--screenshot={}", shot.display());
+    chromium(profile.path(), &[arg], &parked).await;
 
     shutdown.cancel();
     serving.await.expect("server task").expect("served");
@@ -206,7 +238,7 @@ async fn the_park_button_works_in_a_browser_and_another_sites_forms_are_refused(
     let get = |key: &str| ItemGet {
         process: "provision".into(),
         key: key.into(),
-        history_limit: 0,
+        runs_limit: 0,
     };
     let evil_key = db.store.item_get(get("evil")).await.expect("get");
     assert!(evil_key.is_none(), "nothing was enqueued");

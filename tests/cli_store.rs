@@ -7,6 +7,7 @@ use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use drover::store::{LeaseClaim, LeaseComplete, Outcome, StoreEngine as _};
 use serde_json::Value;
 use support::each_engine;
 
@@ -95,12 +96,30 @@ async fn enqueue_status_and_history_work_end_to_end() {
         let table = ok(&drover(url, None, &["status"], ""));
         assert!(table.lines().any(|l| l.starts_with("provision")), "{table}");
         let args = ["history", "--process", "persist", "--key", "ns/a", "--json"];
-        let events = json(&drover(url, None, &args, ""));
-        let events = events.as_array().expect("array");
-        assert_eq!(events.len(), 1, "one enqueue of the deduplicated key");
-        assert_eq!(events[0]["event"], "enqueued");
+        let runs = json(&drover(url, None, &args, ""));
+        assert_eq!(runs, serde_json::json!([]), "no run yet, no history");
+        // Both persist keys run once (the deduplicated ns/a counted two enqueues).
+        let session = db.session().await;
+        let claim = LeaseClaim {
+            session: session.id,
+            process: "persist".into(),
+            max: 5,
+        };
+        for lease in db.store.lease_claim(claim).await.expect("claim") {
+            let done = LeaseComplete {
+                lease: &lease,
+                outcome: &Outcome::Done,
+            };
+            db.store.lease_complete(done).await.expect("done");
+        }
+        let runs = json(&drover(url, None, &args, ""));
+        let runs = runs.as_array().expect("array");
+        assert_eq!(runs.len(), 1, "one run: {runs:?}");
+        assert_eq!(runs[0]["outcome"], "done");
+        assert_eq!(runs[0]["attempt"], 1);
         let lines = ok(&drover(url, None, &["history", "--limit", "2"], ""));
         assert_eq!(lines.lines().count(), 2, "{lines}");
+        assert!(lines.lines().all(|l| l.contains("  done  ")), "{lines}");
     })
     .await;
 }

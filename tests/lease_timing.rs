@@ -264,7 +264,7 @@ async fn an_outcome_the_database_cannot_store_is_dropped_after_a_ttl_and_its_key
             assert_eq!(run, expected);
         }
         eventually("the second run's outcome written", || async {
-            state(&db.store, "k").await.is_none()
+            state(&db.store, "k").await == Some(ItemState::Idle)
         })
         .await;
         shutdown.cancel();

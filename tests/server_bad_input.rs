@@ -79,8 +79,8 @@ async fn bad_query_and_path_parameters_are_400_naming_them() {
             (format!("/v1/processes/{P}/items?limit=many"), "limit"),
             (format!("/v1/processes/{P}/items?state=sleeping"), "state"),
             (
-                format!("/v1/processes/{P}/items/a?history_limit=5000"),
-                "history_limit",
+                format!("/v1/processes/{P}/items/a?runs_limit=5000"),
+                "runs_limit",
             ),
         ];
         for (uri, field) in cases {

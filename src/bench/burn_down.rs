@@ -2,8 +2,8 @@
 //! reconcile → complete path.
 
 use super::Figure;
-use super::store::{BenchError, StoreBench, cleanup, drain, fill, fresh_process, per_s};
-use crate::store::{ItemList, StoreEngine as _};
+use super::store::{BenchError, StoreBench, cleanup, drain, fill, fresh_process, idle_keys, per_s};
+use crate::store::StoreEngine as _;
 
 /// How many keys `backlog` drains from the front of each backlog.
 pub const BACKLOG_FRONT: u64 = 10_000;
@@ -16,18 +16,15 @@ pub async fn burn_down(b: &StoreBench) -> Result<Figure, BenchError> {
     let elapsed = drain(b, &process, b.keys).await?;
     let left = b
         .store
-        .item_list(ItemList {
-            process: process.clone(),
-            state: None,
-            after_key: None,
-            limit: 1,
-        })
+        .process_counts()
         .await?
-        .len();
+        .into_iter()
+        .find(|c| c.process == process)
+        .map_or(0, |c| c.pending + c.backoff + c.running + c.parked);
     cleanup(&b.store, &process).await?;
     if left > 0 {
         return Err(BenchError::Timeout(format!(
-            "{process} still has items after its burn-down"
+            "{process} still has {left} keys to run after its burn-down"
         )));
     }
     Ok(b.figure("burn_down", b.keys)
@@ -36,13 +33,15 @@ pub async fn burn_down(b: &StoreBench) -> Result<Figure, BenchError> {
 }
 
 /// Drains the first [`BACKLOG_FRONT`] keys (at most `keys`) of a backlog of
-/// `keys` pending keys, and of a backlog of just those keys; the ratio of the
-/// two rates shows whether claims stay index-bound as the backlog grows.
+/// `keys` pending keys (with `idle` idle keys beside them), and of a backlog of
+/// just those keys; the ratio of the two rates shows whether claims stay
+/// index-bound as the backlog, and the set of known keys, grow.
 pub async fn backlog(b: &StoreBench) -> Result<Figure, BenchError> {
     let front = BACKLOG_FRONT.min(b.keys);
-    let small = rate(b, front, front).await?;
-    let large = rate(b, b.keys, front).await?;
+    let small = rate(b, front, front, 0).await?;
+    let large = rate(b, b.keys, front, b.idle).await?;
     Ok(b.figure("backlog", b.keys)
+        .with("idle", b.idle)
         .with("prefetch", b.workers)
         .with("front", front)
         .with("small_keys_per_s", small)
@@ -50,10 +49,15 @@ pub async fn backlog(b: &StoreBench) -> Result<Figure, BenchError> {
         .with("ratio", format!("{:.2}", large / small.max(1.0))))
 }
 
-/// Keys per second draining `front` keys from a backlog of `size`.
-async fn rate(b: &StoreBench, size: u64, front: u64) -> Result<f64, BenchError> {
+/// Keys per second draining `front` keys from a backlog of `size`, beside
+/// `idle` idle keys.
+async fn rate(b: &StoreBench, size: u64, front: u64, idle: u64) -> Result<f64, BenchError> {
     let process = fresh_process("backlog");
     fill(b, &process, size).await?;
+    if idle > 0 {
+        b.phase("making keys idle", 1);
+        idle_keys(&b.store, &process, idle).await?;
+    }
     let elapsed = drain(b, &process, front).await;
     cleanup(&b.store, &process).await?;
     Ok(per_s(front, elapsed?))

@@ -35,6 +35,10 @@ pub struct StoreBench {
     /// Drain through this drover server (serving the same database) instead
     /// of on the database: the same controller over HTTP.
     pub server: Option<Client>,
+    /// `backlog`: this many idle (known, converged) keys beside the large
+    /// backlog, interleaved with its keys: claims and counts must not slow
+    /// down for them.
+    pub idle: u64,
 }
 
 /// Why a scenario could not produce its figure.
@@ -117,11 +121,45 @@ pub(crate) async fn fill(b: &StoreBench, process: &str, n: u64) -> Result<(), Be
     Ok(())
 }
 
-/// Deletes everything a scenario left under `process`: items, history, policy.
+/// Makes `n` keys of `process` idle, as if each had run once and converged,
+/// named to interleave with [`key`]'s (`key-00000007-idle` sorts between
+/// `key-00000007` and `key-00000008`): set-up in one statement, not timed.
+pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<(), BenchError> {
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    if let Some(pool) = store.postgres_pool() {
+        sqlx::query(
+            "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at,
+                 first_enqueued_at, last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
+             SELECT $1, 'key-' || lpad(g::text, 8, '0') || '-idle', 'idle', now(), now(), now(),
+                 now(), 1, 'done', now()
+             FROM generate_series(0, $2 - 1) g",
+        )
+        .bind(process)
+        .bind(n)
+        .execute(pool)
+        .await?;
+        sqlx::query("ANALYZE drover_items").execute(pool).await?;
+    } else if let Some(pool) = store.sqlite_pool() {
+        sqlx::query(
+            "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < ?2)
+             INSERT INTO drover_items (process, key, state, ready_at, enqueued_at,
+                 first_enqueued_at, last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
+             SELECT ?1, printf('key-%08d-idle', i), 'idle', t, t, t, t, 1, 'done', t
+             FROM g, (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS t)",
+        )
+        .bind(process)
+        .bind(n)
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes everything a scenario left under `process`: items, runs, settings.
 /// On PostgreSQL it then vacuums the two big tables, so the dead rows of one
 /// scenario do not slow down the next (autovacuum would, only later).
 pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchError> {
-    const TABLES: [&str; 3] = ["drover_items", "drover_history", "drover_processes"];
+    const TABLES: [&str; 3] = ["drover_items", "drover_runs", "drover_processes"];
     for table in TABLES {
         if let Some(pool) = store.postgres_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = $1");
@@ -138,7 +176,7 @@ pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchErr
         }
     }
     if let Some(pool) = store.postgres_pool() {
-        sqlx::query("VACUUM ANALYZE drover_items, drover_history")
+        sqlx::query("VACUUM ANALYZE drover_items, drover_runs")
             .execute(pool)
             .await?;
     }

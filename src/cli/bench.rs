@@ -48,6 +48,10 @@ pub(crate) struct Args {
     /// Printed as `synchronous=` on SQLite figures; ignored on PostgreSQL.
     #[arg(long, value_enum, default_value_t = Synchronous::Full)]
     synchronous: Synchronous,
+    /// backlog: this many idle (known, converged) keys beside the large
+    /// backlog, to show that claims do not slow down for them.
+    #[arg(long, default_value_t = 0)]
+    idle: u64,
     /// Print one JSON object per figure instead of `BENCH …` lines.
     #[arg(long)]
     json: bool,
@@ -194,6 +198,7 @@ async fn store_figure(
         workers,
         progress: progress_bar(),
         server: server.cloned(),
+        idle: args.idle,
     };
     let figure = match args.scenario {
         Scenario::Enqueue => bench::enqueue(&b).await,

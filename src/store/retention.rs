@@ -1,6 +1,102 @@
-//! Retention's walks, decided once for both engines: each engine reads a
-//! window of keys with its own SQL and hands it here to learn which keys to
-//! cap and where the next window starts.
+//! Retention, decided once for both engines: each engine does the steps with
+//! its own SQL ([`PruneSteps`]); [`prune`] strings them into one batch and
+//! keeps the pass's cursor, and [`runs_window`] reads a window of keys.
+
+use std::future::Future;
+
+use super::StoreError;
+use super::params::RetentionPrune;
+use super::types::{PruneCursor, PruneReport};
+
+/// A process's retention, as both engines store it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct Rules {
+    pub(crate) keep_runs_ms: i64,
+    pub(crate) keep_runs_per_key: i32,
+    pub(crate) forget_idle_ms: Option<i64>,
+}
+
+/// The steps of one retention batch, each its own short transaction, so a
+/// claim never waits long behind pruning.
+pub(crate) trait PruneSteps: Sync {
+    /// The process's rules; `UnknownProcess` if it is not known.
+    fn rules(&self, process: &str) -> impl Future<Output = Result<Rules, StoreError>> + Send;
+
+    /// Deletes up to `batch` of the process's runs that ended before now −
+    /// `keep_ms`; how many.
+    fn prune_old(
+        &self,
+        process: &str,
+        keep_ms: i64,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Caps the runs of the keys in one window (see [`runs_window`]) after
+    /// `after`; the runs deleted and where the next window starts (`None`: the
+    /// walk reached the end).
+    fn cap_window(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        batch: u32,
+        keep: u32,
+    ) -> impl Future<Output = Result<(u64, Option<String>), StoreError>> + Send;
+
+    /// Forgets the idle items untouched for `forget_ms` among one window of
+    /// `batch` keys after `after`; how many, and where the next window starts.
+    fn forget_window(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        batch: u32,
+        forget_ms: i64,
+    ) -> impl Future<Output = Result<(u64, Option<String>), StoreError>> + Send;
+}
+
+/// One batch of a process's retention: runs past the period, then one window
+/// of each walk that has not reached its end in this pass. The pass is done
+/// when no old run is left and both walks have reached their end; the cursor
+/// then starts over.
+pub(crate) async fn prune<S: PruneSteps>(
+    store: &S,
+    params: RetentionPrune,
+) -> Result<PruneReport, StoreError> {
+    let process = params.process.as_str();
+    let rules = store.rules(process).await?;
+    let batch = batch(params.batch);
+    let mut cursor = params.cursor;
+    let aged = store.prune_old(process, rules.keep_runs_ms, batch).await?;
+    let mut capped = 0;
+    if !cursor.runs_finished {
+        let keep = u32::try_from(rules.keep_runs_per_key.max(1)).unwrap_or(1);
+        let (n, next) = store
+            .cap_window(process, cursor.runs_key.as_deref(), batch, keep)
+            .await?;
+        capped = n;
+        cursor.runs_finished = next.is_none();
+        cursor.runs_key = next;
+    }
+    let mut items = 0;
+    match rules.forget_idle_ms {
+        Some(ms) if !cursor.items_finished => {
+            let (n, next) = store
+                .forget_window(process, cursor.items_key.as_deref(), batch, ms)
+                .await?;
+            items = n;
+            cursor.items_finished = next.is_none();
+            cursor.items_key = next;
+        }
+        Some(_) => {}
+        None => cursor.items_finished = true,
+    }
+    let done = aged < u64::from(batch) && cursor.runs_finished && cursor.items_finished;
+    Ok(PruneReport {
+        runs: aged + capped,
+        items,
+        cursor: if done { PruneCursor::default() } else { cursor },
+        done,
+    })
+}
 
 /// What a window of the runs' `(process, key)` index says: the keys whose runs
 /// may exceed the per-key cap, and where to go on from.
@@ -35,7 +131,7 @@ pub(crate) fn runs_window(window: Vec<(String, i64)>, batch: u32, keep: u32) -> 
 }
 
 /// The smallest batch a prune uses, so a step always moves forward.
-pub(crate) fn batch(asked: u32) -> u32 {
+fn batch(asked: u32) -> u32 {
     asked.max(2)
 }
 

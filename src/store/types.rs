@@ -388,16 +388,21 @@ pub struct ProcessSettings {
     pub retention: Retention,
 }
 
-/// Where a retention walk over one process stands: the last key whose runs
-/// were capped and the last idle item looked at. Pass the cursor a
-/// [`PruneReport`] returns to the next prune to go on from there;
-/// [`PruneCursor::default`] starts from the first key.
+/// Where a retention pass over one process stands: how far each of its two
+/// walks (the runs' keys, for the per-key cap; the items, for idle keys to
+/// forget) has come. Pass the cursor a [`PruneReport`] returns to the next
+/// prune to go on from there; [`PruneCursor::default`] starts a pass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PruneCursor {
     /// The walk over the runs' keys (per-key cap) is past this key.
     pub runs_key: Option<String>,
+    /// The walk over the runs' keys reached the end in this pass.
+    pub runs_finished: bool,
     /// The walk over the items (idle keys to forget) is past this key.
     pub items_key: Option<String>,
+    /// The walk over the items reached the end in this pass (or there is
+    /// nothing to forget).
+    pub items_finished: bool,
 }
 
 /// What one retention batch did.
@@ -407,10 +412,10 @@ pub struct PruneReport {
     pub runs: u64,
     /// Idle keys forgotten.
     pub items: u64,
-    /// Where to go on from.
+    /// Where to go on from (a fresh cursor once a pass is done).
     pub cursor: PruneCursor,
     /// Whether a pass over the process is complete: no run left older than
-    /// the period, and both key walks reached the end (the cursor restarts).
+    /// the period, and both walks reached the end.
     pub done: bool,
 }
 

@@ -17,6 +17,7 @@ use crate::store::params::{
     SessionClose, SessionHeartbeat, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
+use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts, ProcessSettings,
     PruneReport, ReclaimReport, Run, Session,
@@ -234,7 +235,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
-        retry(|| runs::prune(self, params.clone())).await
+        retry(|| retention::prune(self, params.clone())).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

@@ -2,6 +2,8 @@
 //! per operator action; reading it a page at a time; pruning it by each
 //! process's retention.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
@@ -9,11 +11,11 @@ use super::error::{Db as _, commit};
 use super::inspect::check_process;
 use super::rows::{RunRow, run_columns};
 use crate::store::StoreError;
-use crate::store::params::{RetentionPrune, RunList};
-use crate::store::retention::{batch, runs_window};
+use crate::store::params::RunList;
+use crate::store::retention::{PruneSteps, Rules, runs_window};
 use crate::store::rows::runs;
 use crate::store::settle::earlier;
-use crate::store::types::{PruneCursor, PruneReport, Run, RunOutcome};
+use crate::store::types::{Run, RunOutcome};
 
 /// Ends the runs of the running rows whose ids are in `$3`, with the outcome
 /// and error of the same position in `$2` and `$4`, at `$1`; everything else is
@@ -125,162 +127,119 @@ pub(super) async fn list(store: &PostgresStore, params: &RunList) -> Result<Vec<
     runs(rows)
 }
 
-/// A process's retention, as stored.
-#[derive(Debug, sqlx::FromRow)]
-struct Rules {
-    keep_runs_ms: i64,
-    keep_runs_per_key: i32,
-    forget_idle_ms: Option<i64>,
-}
-
-/// One batch of retention: runs past the period, then one window of the
-/// per-key cap's walk and one of the idle keys' walk, each its own short
-/// statement so a claim never waits long behind it.
-pub(super) async fn prune(
-    store: &PostgresStore,
-    params: RetentionPrune,
-) -> Result<PruneReport, StoreError> {
-    check_process(store, &params.process).await?;
-    let rules: Rules = sqlx::query_as(
-        "SELECT keep_runs_ms, keep_runs_per_key, forget_idle_ms
-         FROM drover_processes WHERE process = $1",
-    )
-    .bind(&params.process)
-    .fetch_one(&store.pool)
-    .await
-    .db()?;
-    let batch = batch(params.batch);
-    let process = params.process.as_str();
-    let aged = prune_old(store, process, rules.keep_runs_ms, batch).await?;
-    let keep = u32::try_from(rules.keep_runs_per_key.max(1)).unwrap_or(1);
-    let (capped, runs_key) =
-        cap_window(store, process, params.cursor.runs_key, batch, keep).await?;
-    let (items, items_key) = match rules.forget_idle_ms {
-        Some(ms) => forget_window(store, process, params.cursor.items_key, batch, ms).await?,
-        None => (0, None),
-    };
-    Ok(PruneReport {
-        runs: aged + capped,
-        items,
-        done: aged < u64::from(batch) && runs_key.is_none() && items_key.is_none(),
-        cursor: PruneCursor {
-            runs_key,
-            items_key,
-        },
-    })
-}
-
 /// Milliseconds before `now`.
 fn before(now: DateTime<Utc>, ms: i64) -> DateTime<Utc> {
-    earlier(
-        now,
-        std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
-    )
+    earlier(now, Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
-/// Deletes up to `batch` of the process's runs that ended before now − `keep_ms`.
-async fn prune_old(
-    store: &PostgresStore,
-    process: &str,
-    keep_ms: i64,
-    batch: u32,
-) -> Result<u64, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    let deleted = sqlx::query(
-        "DELETE FROM drover_runs WHERE id = ANY(ARRAY(
-             SELECT id FROM drover_runs WHERE ended_at < $2 AND process = $1 LIMIT $3))",
-    )
-    .bind(process)
-    .bind(before(now, keep_ms))
-    .bind(i64::from(batch))
-    .execute(&mut *tx)
-    .await
-    .db()?
-    .rows_affected();
-    commit(tx).await?;
-    Ok(deleted)
-}
-
-/// Caps the runs of the keys in one window of the walk after `after`; returns
-/// the runs deleted and where the next window starts.
-async fn cap_window(
-    store: &PostgresStore,
-    process: &str,
-    after: Option<String>,
-    batch: u32,
-    keep: u32,
-) -> Result<(u64, Option<String>), StoreError> {
-    let window: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT key, count(*) FROM (
-             SELECT key FROM drover_runs WHERE process = $1 AND key > $2 ORDER BY key LIMIT $3) w
-         GROUP BY key ORDER BY key",
-    )
-    .bind(process)
-    .bind(after.as_deref().unwrap_or(""))
-    .bind(i64::from(batch))
-    .fetch_all(&store.pool)
-    .await
-    .db()?;
-    let window = runs_window(window, batch, keep);
-    if window.cap.is_empty() {
-        return Ok((0, window.next));
+impl PruneSteps for PostgresStore {
+    async fn rules(&self, process: &str) -> Result<Rules, StoreError> {
+        check_process(self, process).await?;
+        sqlx::query_as(
+            "SELECT keep_runs_ms, keep_runs_per_key, forget_idle_ms
+             FROM drover_processes WHERE process = $1",
+        )
+        .bind(process)
+        .fetch_one(&self.pool)
+        .await
+        .db()
     }
-    let deleted = sqlx::query(
-        "DELETE FROM drover_runs r USING (
-             SELECT k.key, (SELECT o.id FROM drover_runs o WHERE o.process = $1 AND o.key = k.key
-                            ORDER BY o.id DESC OFFSET $3 LIMIT 1) AS id
-             FROM UNNEST($2::text[]) AS k(key)) cut
-         WHERE r.process = $1 AND r.key = cut.key AND r.id <= cut.id",
-    )
-    .bind(process)
-    .bind(&window.cap)
-    .bind(i64::from(keep))
-    .execute(&store.pool)
-    .await
-    .db()?
-    .rows_affected();
-    Ok((deleted, window.next))
-}
 
-/// Forgets the idle items untouched for `forget_ms` among one window of the
-/// process's keys after `after`; returns how many and where the next window
-/// starts.
-async fn forget_window(
-    store: &PostgresStore,
-    process: &str,
-    after: Option<String>,
-    batch: u32,
-    forget_ms: i64,
-) -> Result<(u64, Option<String>), StoreError> {
-    let after = after.unwrap_or_default();
-    let (entries, last): (i64, Option<String>) = sqlx::query_as(
-        "SELECT count(*), max(key) FROM (
-             SELECT key FROM drover_items WHERE process = $1 AND key > $2 ORDER BY key LIMIT $3) w",
-    )
-    .bind(process)
-    .bind(&after)
-    .bind(i64::from(batch))
-    .fetch_one(&store.pool)
-    .await
-    .db()?;
-    let Some(last) = last else {
-        return Ok((0, None));
-    };
-    let (mut tx, now) = store.write().await?;
-    let forgotten = sqlx::query(
-        "DELETE FROM drover_items
-         WHERE process = $1 AND key > $2 AND key <= $3 AND state = 'idle'
-             AND COALESCE(last_ended_at, enqueued_at) < $4",
-    )
-    .bind(process)
-    .bind(&after)
-    .bind(&last)
-    .bind(before(now, forget_ms))
-    .execute(&mut *tx)
-    .await
-    .db()?
-    .rows_affected();
-    commit(tx).await?;
-    let next = (entries >= i64::from(batch)).then_some(last);
-    Ok((forgotten, next))
+    async fn prune_old(&self, process: &str, keep_ms: i64, batch: u32) -> Result<u64, StoreError> {
+        let (mut tx, now) = self.write().await?;
+        let deleted = sqlx::query(
+            "DELETE FROM drover_runs WHERE id = ANY(ARRAY(
+                 SELECT id FROM drover_runs WHERE ended_at < $2 AND process = $1 LIMIT $3))",
+        )
+        .bind(process)
+        .bind(before(now, keep_ms))
+        .bind(i64::from(batch))
+        .execute(&mut *tx)
+        .await
+        .db()?
+        .rows_affected();
+        commit(tx).await?;
+        Ok(deleted)
+    }
+
+    async fn cap_window(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        batch: u32,
+        keep: u32,
+    ) -> Result<(u64, Option<String>), StoreError> {
+        let window: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT key, count(*) FROM (
+                 SELECT key FROM drover_runs WHERE process = $1 AND key > $2
+                 ORDER BY key LIMIT $3) w
+             GROUP BY key ORDER BY key",
+        )
+        .bind(process)
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(batch))
+        .fetch_all(&self.pool)
+        .await
+        .db()?;
+        let window = runs_window(window, batch, keep);
+        if window.cap.is_empty() {
+            return Ok((0, window.next));
+        }
+        let deleted = sqlx::query(
+            "DELETE FROM drover_runs r USING (
+                 SELECT k.key, (SELECT o.id FROM drover_runs o
+                                WHERE o.process = $1 AND o.key = k.key
+                                ORDER BY o.id DESC OFFSET $3 LIMIT 1) AS id
+                 FROM UNNEST($2::text[]) AS k(key)) cut
+             WHERE r.process = $1 AND r.key = cut.key AND r.id <= cut.id",
+        )
+        .bind(process)
+        .bind(&window.cap)
+        .bind(i64::from(keep))
+        .execute(&self.pool)
+        .await
+        .db()?
+        .rows_affected();
+        Ok((deleted, window.next))
+    }
+
+    async fn forget_window(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        batch: u32,
+        forget_ms: i64,
+    ) -> Result<(u64, Option<String>), StoreError> {
+        let after = after.unwrap_or("");
+        let (entries, last): (i64, Option<String>) = sqlx::query_as(
+            "SELECT count(*), max(key) FROM (
+                 SELECT key FROM drover_items WHERE process = $1 AND key > $2
+                 ORDER BY key LIMIT $3) w",
+        )
+        .bind(process)
+        .bind(after)
+        .bind(i64::from(batch))
+        .fetch_one(&self.pool)
+        .await
+        .db()?;
+        let Some(last) = last else {
+            return Ok((0, None));
+        };
+        let (mut tx, now) = self.write().await?;
+        let forgotten = sqlx::query(
+            "DELETE FROM drover_items
+             WHERE process = $1 AND key > $2 AND key <= $3 AND state = 'idle'
+                 AND COALESCE(last_ended_at, enqueued_at) < $4",
+        )
+        .bind(process)
+        .bind(after)
+        .bind(&last)
+        .bind(before(now, forget_ms))
+        .execute(&mut *tx)
+        .await
+        .db()?
+        .rows_affected();
+        commit(tx).await?;
+        Ok((forgotten, (entries >= i64::from(batch)).then_some(last)))
+    }
 }

@@ -14,6 +14,7 @@ use crate::store::params::{
     SessionClose, SessionHeartbeat, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
+use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts, ProcessSettings,
     PruneReport, ReclaimReport, Run, Session,
@@ -187,7 +188,7 @@ impl StoreEngine for SqliteStore {
     }
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
-        runs::prune(self, params).await
+        retention::prune(self, params).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

@@ -9,10 +9,10 @@ use super::error::Db as _;
 use super::inspect::check_process;
 use super::rows::{RunRow, run_columns};
 use crate::store::StoreError;
-use crate::store::params::{RetentionPrune, RunList};
-use crate::store::retention::{batch, runs_window};
+use crate::store::params::RunList;
+use crate::store::retention::{PruneSteps, Rules, runs_window};
 use crate::store::rows::runs;
-use crate::store::types::{PruneCursor, PruneReport, Run, RunOutcome};
+use crate::store::types::{Run, RunOutcome};
 
 /// Ends the runs of the running rows whose ids are in `?3` (a JSON array) with
 /// outcome `?2` at `?1`, everything else read from the rows themselves: the
@@ -122,157 +122,117 @@ pub(super) async fn list(store: &SqliteStore, params: RunList) -> Result<Vec<Run
     runs(rows)
 }
 
-/// A process's retention, as stored.
-#[derive(Debug, sqlx::FromRow)]
-struct Rules {
-    keep_runs_ms: i64,
-    keep_runs_per_key: i64,
-    forget_idle_ms: Option<i64>,
-}
-
-/// One batch of retention: runs past the period, then one window of the
-/// per-key cap's walk and one of the idle keys' walk, each its own short
-/// write transaction so a claim never waits long behind it.
-pub(super) async fn prune(
-    store: &SqliteStore,
-    params: RetentionPrune,
-) -> Result<PruneReport, StoreError> {
-    check_process(store, &params.process).await?;
-    let rules: Rules = sqlx::query_as(
-        "SELECT keep_runs_ms, keep_runs_per_key, forget_idle_ms
-         FROM drover_processes WHERE process = ?1",
-    )
-    .bind(&params.process)
-    .fetch_one(&store.pool)
-    .await
-    .db()?;
-    let batch = batch(params.batch);
-    let process = params.process.as_str();
-    let aged = prune_old(store, process, rules.keep_runs_ms, batch).await?;
-    let keep = u32::try_from(rules.keep_runs_per_key.max(1)).unwrap_or(u32::MAX);
-    let (capped, runs_key) =
-        cap_window(store, process, params.cursor.runs_key, batch, keep).await?;
-    let (items, items_key) = match rules.forget_idle_ms {
-        Some(ms) => forget_window(store, process, params.cursor.items_key, batch, ms).await?,
-        None => (0, None),
-    };
-    Ok(PruneReport {
-        runs: aged + capped,
-        items,
-        done: aged < u64::from(batch) && runs_key.is_none() && items_key.is_none(),
-        cursor: PruneCursor {
-            runs_key,
-            items_key,
-        },
-    })
-}
-
-/// Deletes up to `batch` of the process's runs that ended before now − `keep_ms`.
-async fn prune_old(
-    store: &SqliteStore,
-    process: &str,
-    keep_ms: i64,
-    batch: u32,
-) -> Result<u64, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    let deleted = sqlx::query(
-        "DELETE FROM drover_runs WHERE id IN (
-             SELECT id FROM drover_runs WHERE ended_at < ?2 AND process = ?1
-             ORDER BY ended_at LIMIT ?3)",
-    )
-    .bind(process)
-    .bind(now.saturating_sub(keep_ms.max(0)))
-    .bind(batch)
-    .execute(&mut *tx)
-    .await
-    .db()?
-    .rows_affected();
-    tx.commit().await.db()?;
-    Ok(deleted)
-}
-
-/// Caps the runs of the keys in one window of the walk after `after`; returns
-/// the runs deleted and where the next window starts.
-async fn cap_window(
-    store: &SqliteStore,
-    process: &str,
-    after: Option<String>,
-    batch: u32,
-    keep: u32,
-) -> Result<(u64, Option<String>), StoreError> {
-    let window: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT key, count(*) FROM (
-             SELECT key FROM drover_runs WHERE process = ?1 AND key > ?2 ORDER BY key LIMIT ?3)
-         GROUP BY key ORDER BY key",
-    )
-    .bind(process)
-    .bind(after.as_deref().unwrap_or(""))
-    .bind(batch)
-    .fetch_all(&store.pool)
-    .await
-    .db()?;
-    let window = runs_window(window, batch, keep);
-    if window.cap.is_empty() {
-        return Ok((0, window.next));
+impl PruneSteps for SqliteStore {
+    async fn rules(&self, process: &str) -> Result<Rules, StoreError> {
+        check_process(self, process).await?;
+        sqlx::query_as(
+            "SELECT keep_runs_ms, keep_runs_per_key, forget_idle_ms
+             FROM drover_processes WHERE process = ?1",
+        )
+        .bind(process)
+        .fetch_one(&self.pool)
+        .await
+        .db()
     }
-    let (mut tx, _) = store.write().await?;
-    let deleted = sqlx::query(
-        "DELETE FROM drover_runs WHERE id IN (
-             SELECT r.id FROM json_each(?2) AS k
-             JOIN drover_runs r ON r.process = ?1 AND r.key = k.value
-             WHERE r.id <= (SELECT o.id FROM drover_runs o WHERE o.process = ?1 AND o.key = k.value
-                            ORDER BY o.id DESC LIMIT 1 OFFSET ?3))",
-    )
-    .bind(process)
-    .bind(Value::from(window.cap).to_string())
-    .bind(keep)
-    .execute(&mut *tx)
-    .await
-    .db()?
-    .rows_affected();
-    tx.commit().await.db()?;
-    Ok((deleted, window.next))
-}
 
-/// Forgets the idle items untouched for `forget_ms` among one window of the
-/// process's keys after `after`; returns how many and where the next window
-/// starts.
-async fn forget_window(
-    store: &SqliteStore,
-    process: &str,
-    after: Option<String>,
-    batch: u32,
-    forget_ms: i64,
-) -> Result<(u64, Option<String>), StoreError> {
-    let after = after.unwrap_or_default();
-    let (entries, last): (i64, Option<String>) = sqlx::query_as(
-        "SELECT count(*), max(key) FROM (
-             SELECT key FROM drover_items WHERE process = ?1 AND key > ?2 ORDER BY key LIMIT ?3)",
-    )
-    .bind(process)
-    .bind(&after)
-    .bind(batch)
-    .fetch_one(&store.pool)
-    .await
-    .db()?;
-    let Some(last) = last else {
-        return Ok((0, None));
-    };
-    let (mut tx, now) = store.write().await?;
-    let forgotten = sqlx::query(
-        "DELETE FROM drover_items
-         WHERE process = ?1 AND key > ?2 AND key <= ?3 AND state = 'idle'
-             AND COALESCE(last_ended_at, enqueued_at) < ?4",
-    )
-    .bind(process)
-    .bind(&after)
-    .bind(&last)
-    .bind(now.saturating_sub(forget_ms.max(0)))
-    .execute(&mut *tx)
-    .await
-    .db()?
-    .rows_affected();
-    tx.commit().await.db()?;
-    let next = (entries >= i64::from(batch)).then_some(last);
-    Ok((forgotten, next))
+    async fn prune_old(&self, process: &str, keep_ms: i64, batch: u32) -> Result<u64, StoreError> {
+        let (mut tx, now) = self.write().await?;
+        let deleted = sqlx::query(
+            "DELETE FROM drover_runs WHERE id IN (
+                 SELECT id FROM drover_runs WHERE ended_at < ?2 AND process = ?1
+                 ORDER BY ended_at LIMIT ?3)",
+        )
+        .bind(process)
+        .bind(now.saturating_sub(keep_ms.max(0)))
+        .bind(batch)
+        .execute(&mut *tx)
+        .await
+        .db()?
+        .rows_affected();
+        tx.commit().await.db()?;
+        Ok(deleted)
+    }
+
+    async fn cap_window(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        batch: u32,
+        keep: u32,
+    ) -> Result<(u64, Option<String>), StoreError> {
+        let window: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT key, count(*) FROM (
+                 SELECT key FROM drover_runs WHERE process = ?1 AND key > ?2
+                 ORDER BY key LIMIT ?3)
+             GROUP BY key ORDER BY key",
+        )
+        .bind(process)
+        .bind(after.unwrap_or(""))
+        .bind(batch)
+        .fetch_all(&self.pool)
+        .await
+        .db()?;
+        let window = runs_window(window, batch, keep);
+        if window.cap.is_empty() {
+            return Ok((0, window.next));
+        }
+        let (mut tx, _) = self.write().await?;
+        let deleted = sqlx::query(
+            "DELETE FROM drover_runs WHERE id IN (
+                 SELECT r.id FROM json_each(?2) AS k
+                 JOIN drover_runs r ON r.process = ?1 AND r.key = k.value
+                 WHERE r.id <= (SELECT o.id FROM drover_runs o
+                                WHERE o.process = ?1 AND o.key = k.value
+                                ORDER BY o.id DESC LIMIT 1 OFFSET ?3))",
+        )
+        .bind(process)
+        .bind(Value::from(window.cap).to_string())
+        .bind(keep)
+        .execute(&mut *tx)
+        .await
+        .db()?
+        .rows_affected();
+        tx.commit().await.db()?;
+        Ok((deleted, window.next))
+    }
+
+    async fn forget_window(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        batch: u32,
+        forget_ms: i64,
+    ) -> Result<(u64, Option<String>), StoreError> {
+        let after = after.unwrap_or("");
+        let (entries, last): (i64, Option<String>) = sqlx::query_as(
+            "SELECT count(*), max(key) FROM (
+                 SELECT key FROM drover_items WHERE process = ?1 AND key > ?2
+                 ORDER BY key LIMIT ?3)",
+        )
+        .bind(process)
+        .bind(after)
+        .bind(batch)
+        .fetch_one(&self.pool)
+        .await
+        .db()?;
+        let Some(last) = last else {
+            return Ok((0, None));
+        };
+        let (mut tx, now) = self.write().await?;
+        let forgotten = sqlx::query(
+            "DELETE FROM drover_items
+             WHERE process = ?1 AND key > ?2 AND key <= ?3 AND state = 'idle'
+                 AND COALESCE(last_ended_at, enqueued_at) < ?4",
+        )
+        .bind(process)
+        .bind(after)
+        .bind(&last)
+        .bind(now.saturating_sub(forget_ms.max(0)))
+        .execute(&mut *tx)
+        .await
+        .db()?
+        .rows_affected();
+        tx.commit().await.db()?;
+        Ok((forgotten, (entries >= i64::from(batch)).then_some(last)))
+    }
 }
