@@ -1,5 +1,6 @@
-//! The store commands (`migrate`, `enqueue`, `status`, `history`) run as a user
-//! would run them: the built `drover` binary against each engine.
+//! The store commands (`migrate`, `enqueue`, `status`, `history`, `process`,
+//! `retry`, `park`, `delete`) run as a user would run them: the built `drover`
+//! binary against each engine (the newer commands on SQLite).
 
 mod support;
 
@@ -120,6 +121,18 @@ async fn enqueue_status_and_history_work_end_to_end() {
         let lines = ok(&drover(url, None, &["history", "--limit", "2"], ""));
         assert_eq!(lines.lines().count(), 2, "{lines}");
         assert!(lines.lines().all(|l| l.contains("  done  ")), "{lines}");
+        ok(&drover(url, None, &["retry", "persist", "ns/a"], ""));
+        ok(&drover(url, None, &["park", "persist", "ns/b"], ""));
+        let runs = json(&drover(url, None, &["history", "--json"], ""));
+        let runs = runs.as_array().expect("array");
+        assert_eq!(
+            runs.len(),
+            4,
+            "one row per run and operator action: {runs:?}"
+        );
+        assert_eq!(runs[0]["outcome"], "parked");
+        assert_eq!(runs[0]["actor"], "cli");
+        assert_eq!(runs[1]["outcome"], "retried");
     })
     .await;
 }
@@ -198,4 +211,306 @@ fn a_rejected_enqueue_does_not_create_the_default_database() {
         dir.path().join("drover.db").exists(),
         "the default is sqlite://drover.db"
     );
+}
+
+/// `drover process list --json`'s object for `process`.
+fn settings(url: &str, process: &str) -> Value {
+    let all = json(&drover(Some(url), None, &["process", "list", "--json"], ""));
+    let all = all.as_array().expect("array");
+    let found = all.iter().find(|p| p["process"] == process);
+    found.cloned().expect("the process is listed")
+}
+
+#[tokio::test]
+async fn process_configure_changes_only_the_settings_given() {
+    let (db, _dir) = support::sqlite().await;
+    let url = Some(db.url.as_str());
+    let first = [
+        "process",
+        "configure",
+        "provision",
+        "--keep-runs-for",
+        "3d",
+        "--keep-runs-per-key",
+        "5",
+        "--forget-idle-after",
+        "30d",
+        "--backoff-initial",
+        "2s",
+        "--backoff-max",
+        "1m",
+    ];
+    let out = ok(&drover(url, None, &first, ""));
+    let row = out.lines().find(|l| l.starts_with("provision"));
+    assert!(
+        row.is_some_and(|l| l.contains("3days")
+            && l.contains("30days")
+            && l.contains("2s ×2 up to 1m")),
+        "prints the resulting settings: {out}"
+    );
+    let partial = ["process", "configure", "provision", "--backoff-max", "10m"];
+    ok(&drover(url, None, &partial, ""));
+    let s = settings(&db.url, "provision");
+    assert_eq!(s["keep_runs_for_seconds"], 259_200.0);
+    assert_eq!(s["keep_runs_per_key"], 5);
+    assert_eq!(s["forget_idle_after_seconds"], 2_592_000.0);
+    assert_eq!(
+        s["backoff"]["initial_seconds"], 2.0,
+        "the stored initial stays"
+    );
+    assert_eq!(s["backoff"]["max_seconds"], 600.0);
+    assert_eq!(s["backoff"]["factor"], 2.0);
+    let never = [
+        "process",
+        "configure",
+        "provision",
+        "--forget-idle-after",
+        "never",
+        "--backoff-jitter",
+        "0.5",
+    ];
+    ok(&drover(url, None, &never, ""));
+    let s = settings(&db.url, "provision");
+    assert_eq!(s["forget_idle_after_seconds"], Value::Null);
+    assert_eq!(s["keep_runs_per_key"], 5);
+    assert_eq!(s["backoff"]["jitter"], 0.5);
+    assert_eq!(s["backoff"]["max_seconds"], 600.0);
+
+    ok(&drover(url, None, &["enqueue", "persist", "a"], ""));
+    let s = settings(&db.url, "persist");
+    assert_eq!(s["keep_runs_for_seconds"], 604_800.0, "7 days by default");
+    assert_eq!(s["keep_runs_per_key"], 100);
+    assert_eq!(
+        s["forget_idle_after_seconds"],
+        Value::Null,
+        "never by default"
+    );
+    let table = ok(&drover(url, None, &["process", "list"], ""));
+    let names: Vec<_> = table.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert_eq!(names, ["PROCESS", "persist", "provision"], "{table}");
+}
+
+#[tokio::test]
+async fn process_configure_refuses_bad_input_with_one_line_and_writes_nothing() {
+    let (db, _dir) = support::sqlite().await;
+    let url = Some(db.url.as_str());
+    let configure = |rest: &[&str]| {
+        let args: Vec<&str> = ["process", "configure"]
+            .iter()
+            .chain(rest)
+            .copied()
+            .collect();
+        drover(url, None, &args, "")
+    };
+    let cases: [(&[&str], &str); 8] = [
+        (&["p", "--keep-runs-per-key", "0"], "--keep-runs-per-key"),
+        (&["p", "--keep-runs-for", "a week"], "not a duration"),
+        (&["p", "--keep-runs-for", "0s"], "is zero"),
+        (&["p", "--forget-idle-after", "sometimes"], "not a duration"),
+        (&["", "--keep-runs-per-key", "3"], "invalid process name"),
+        (&["p", "--backoff-factor", "0.5"], "factor must be"),
+        (&["p", "--backoff-jitter", "2"], "jitter must be"),
+        (
+            &["p", "--backoff-initial", "5m", "--backoff-max", "1m"],
+            "at least the initial delay",
+        ),
+    ];
+    for (args, needle) in cases {
+        fails_with(&configure(args), needle);
+    }
+    let all = json(&drover(url, None, &["process", "list", "--json"], ""));
+    assert_eq!(all, Value::Array(vec![]), "nothing was written");
+
+    ok(&configure(&["p", "--keep-runs-per-key", "3"]));
+    let before = settings(&db.url, "p");
+    let over_the_stored_max = ["p", "--backoff-initial", "10m", "--keep-runs-per-key", "7"];
+    fails_with(
+        &configure(&over_the_stored_max),
+        "at least the initial delay",
+    );
+    assert_eq!(settings(&db.url, "p"), before, "nothing was written");
+}
+
+/// Claims one ready key of `process` on `store` and ends its run `done`.
+async fn run_one(store: &drover::Store, process: &str) -> String {
+    use drover::store::{LeaseClaim, LeaseComplete, Outcome, SessionStart, StoreEngine as _};
+    let session = store
+        .session_start(SessionStart {
+            component: "test".into(),
+            ttl: Duration::from_secs(30),
+        })
+        .await
+        .expect("session_start");
+    let claim = LeaseClaim {
+        session: session.id,
+        process: process.into(),
+        max: 1,
+    };
+    let lease = store.lease_claim(claim).await.expect("claim").pop();
+    let lease = lease.expect("a ready key");
+    let outcome = Outcome::Done;
+    let complete = LeaseComplete {
+        lease: &lease,
+        outcome: &outcome,
+    };
+    store.lease_complete(complete).await.expect("complete");
+    lease.key
+}
+
+#[tokio::test]
+async fn history_prune_applies_each_process_retention_now() {
+    let (db, _dir) = support::sqlite().await;
+    let url = Some(db.url.as_str());
+    // Operator actions are history rows: three on a, two on b.
+    ok(&drover(url, None, &["enqueue", "provision", "a", "b"], ""));
+    for _ in 0..3 {
+        ok(&drover(url, None, &["retry", "provision", "a"], ""));
+    }
+    for _ in 0..2 {
+        ok(&drover(url, None, &["park", "provision", "b"], ""));
+    }
+    ok(&drover(url, None, &["enqueue", "persist", "x", "y"], ""));
+    let cap = [
+        "process",
+        "configure",
+        "provision",
+        "--keep-runs-per-key",
+        "1",
+    ];
+    ok(&drover(url, None, &cap, ""));
+    let out = ok(&drover(url, None, &["history", "prune"], ""));
+    assert_eq!(
+        out,
+        "persist: removed 0 run(s) and 0 idle key(s)\n\
+         provision: removed 3 run(s) and 0 idle key(s)\n"
+    );
+    let args = ["history", "--process", "provision", "--json"];
+    let runs = json(&drover(url, None, &args, ""));
+    let kept: Vec<_> = runs
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|r| {
+            (
+                r["key"].as_str().unwrap_or_default(),
+                r["outcome"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [("b", "parked"), ("a", "retried")],
+        "the newest per key"
+    );
+
+    // x converges and goes untouched for two days (its times moved back by
+    // hand: the CLI reads the database's own clock); y stays pending.
+    assert_eq!(run_one(&db.store, "persist").await, "x");
+    db.execute("UPDATE drover_items SET last_ended_at = last_ended_at - 172800000 WHERE key = 'x'")
+        .await;
+    let forget = [
+        "process",
+        "configure",
+        "persist",
+        "--forget-idle-after",
+        "1d",
+    ];
+    ok(&drover(url, None, &forget, ""));
+    let args = ["history", "prune", "--process", "persist"];
+    let out = ok(&drover(url, None, &args, ""));
+    assert_eq!(out, "persist: removed 0 run(s) and 1 idle key(s)\n");
+    let status = json(&drover(url, None, &["status", "--json"], ""));
+    assert_eq!(status[0]["process"], "persist");
+    assert_eq!(status[0]["pending"], 1, "y stays");
+    let args = ["history", "prune", "--process", "nope"];
+    fails_with(&drover(url, None, &args, ""), "unknown process \"nope\"");
+    let args = ["history", "--process", "provision", "prune"];
+    let out = drover(url, None, &args, "");
+    assert!(!out.status.success(), "a listing flag is not a prune flag");
+}
+
+#[tokio::test]
+async fn retry_park_and_delete_act_on_each_key_and_refuse_running_ones() {
+    let (db, _dir) = support::sqlite().await;
+    let url = Some(db.url.as_str());
+    ok(&drover(url, None, &["enqueue", "p", "a", "b", "c"], ""));
+    let running = {
+        use drover::store::{LeaseClaim, SessionStart, StoreEngine as _};
+        let start = SessionStart {
+            component: "test".into(),
+            ttl: Duration::from_secs(30),
+        };
+        let session = db.store.session_start(start).await.expect("session");
+        let claim = LeaseClaim {
+            session: session.id,
+            process: "p".into(),
+            max: 1,
+        };
+        let lease = db.store.lease_claim(claim).await.expect("claim").pop();
+        lease.expect("a lease").key
+    };
+    assert_eq!(running, "a");
+
+    let park = ["park", "p", "b", "c", "--reason", "disk gone"];
+    assert_eq!(
+        ok(&drover(url, None, &park, "")),
+        "p/b: parked\np/c: parked\n"
+    );
+    let out = ok(&drover(url, None, &["retry", "p", "b"], ""));
+    assert_eq!(out, "p/b: retried, now pending\n");
+    assert_eq!(
+        ok(&drover(url, None, &["delete", "p", "c"], "")),
+        "p/c: deleted\n"
+    );
+
+    for action in ["retry", "park", "delete"] {
+        let out = drover(url, None, &[action, "p", "a"], "");
+        fails_with(&out, "p/a is leased by another worker");
+    }
+    let out = drover(url, None, &["retry", "p", "b", "nope"], "");
+    fails_with(&out, "p/nope is not a known key");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "p/b: retried, now pending\n"
+    );
+    fails_with(&drover(url, None, &["park", "p", ""], ""), "invalid key");
+
+    let runs = json(&drover(url, None, &["history", "--json"], ""));
+    let rows: Vec<_> = runs
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|r| {
+            let field = |name: &str| r[name].as_str().unwrap_or_default().to_owned();
+            (
+                field("key"),
+                field("outcome"),
+                field("actor"),
+                field("error"),
+            )
+        })
+        .collect();
+    let row = |key: &str, outcome: &str, error: &str| {
+        (
+            key.to_owned(),
+            outcome.to_owned(),
+            "cli".to_owned(),
+            error.to_owned(),
+        )
+    };
+    assert_eq!(
+        rows,
+        [
+            row("b", "retried", ""),
+            row("c", "deleted", ""),
+            row("b", "retried", ""),
+            row("c", "parked", "disk gone"),
+            row("b", "parked", "disk gone"),
+        ],
+        "one row per action, by cli; nothing for the refused ones"
+    );
+    let status = json(&drover(url, None, &["status", "--json"], ""));
+    assert_eq!(status[0]["running"], 1, "a still runs");
+    assert_eq!(status[0]["pending"], 1, "b");
+    assert_eq!(status[0]["parked"], 0, "c was deleted");
 }

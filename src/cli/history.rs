@@ -1,14 +1,43 @@
 //! `drover history`: what happened to keys, newest first — one line per run
-//! (written when it ended) or operator action.
+//! (written when it ended) or operator action; `drover history prune` applies
+//! retention by hand.
 
-use clap::Args as ClapArgs;
-use drover::store::{Run, RunList, RunOutcome, StoreEngine as _};
+use clap::{Args as ClapArgs, Subcommand};
+use drover::store::{Pruner, Run, RunList, RunOutcome, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
 
-/// Arguments of `drover history`.
+/// Arguments of `drover history`: a listing, or a subcommand.
 #[derive(Debug, ClapArgs)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    list: ListArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply retention now (what every `drover serve` and worker does on a
+    /// timer): delete runs past each process's limits and forget its idle keys
+    /// untouched for its period (`drover process configure`).
+    Prune(PruneArgs),
+}
+
+/// Arguments of `drover history prune`.
+#[derive(Debug, ClapArgs)]
+struct PruneArgs {
+    /// Only this process (default: every process).
+    #[arg(long)]
+    process: Option<String>,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+/// Arguments of the listing.
+#[derive(Debug, ClapArgs)]
+struct ListArgs {
     /// Only this process.
     #[arg(long)]
     process: Option<String>,
@@ -40,9 +69,52 @@ fn parse_outcome(s: &str) -> Result<RunOutcome, String> {
     })
 }
 
+/// Runs `drover history` or its subcommand.
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Some(Command::Prune(prune_args)) => prune(prune_args).await,
+        None => list(args.list).await,
+    }
+}
+
+/// Prunes each process (or the one asked for) completely, printing what was
+/// removed from each. An unknown process is an error.
+async fn prune(args: PruneArgs) -> anyhow::Result<()> {
+    if let Some(process) = &args.process {
+        validate_process(process)?;
+    }
+    let store = args.db.open().await?;
+    let pruned = async {
+        let processes = match args.process {
+            Some(process) => vec![process],
+            None => store
+                .process_list()
+                .await?
+                .into_iter()
+                .map(|s| s.process)
+                .collect(),
+        };
+        if processes.is_empty() {
+            println!("nothing to prune: no processes yet");
+        }
+        let pruner = Pruner::new(store.clone());
+        for process in processes {
+            let pruned = pruner.prune_process(&process).await?;
+            println!(
+                "{process}: removed {} run(s) and {} idle key(s)",
+                pruned.runs, pruned.idle_keys
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    store.close().await;
+    pruned
+}
+
 /// Prints the newest runs, optionally for one process, key and outcome. An
 /// unknown process is an error (a typo should not look like an empty history).
-pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+async fn list(args: ListArgs) -> anyhow::Result<()> {
     let store = args.db.open().await?;
     let runs = store
         .run_list(RunList {

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod admin;
 mod bench;
 mod db;
 mod enqueue;
@@ -11,6 +12,7 @@ mod exec;
 mod history;
 mod metrics_listen;
 mod migrate;
+mod process;
 mod serve;
 mod signal;
 mod status;
@@ -35,13 +37,35 @@ enum Command {
     Enqueue(enqueue::Args),
     /// Show items per process and state, and the oldest pending item's age.
     Status(status::Args),
-    /// Show what happened to keys, newest first.
+    /// Show what happened to keys, newest first (`history prune`: apply
+    /// retention now).
     History(history::Args),
+    /// Retry keys now: cut their backoff or park short.
+    Retry(admin::KeysArgs),
+    /// Park keys: they do not run until their next enqueue or retry.
+    Park(admin::ParkArgs),
+    /// Forget keys (their runs stay until retention removes them).
+    Delete(admin::KeysArgs),
+    /// Configure processes (retention, backoff) and list their settings.
+    Process(process::Args),
     /// Run a command for each key of a process: a control loop from the shell.
     Work(work::Args),
     /// Serve the HTTP API, /metrics and the dashboard (default http://127.0.0.1:7420/).
     Serve(serve::Args),
 }
+
+/// A failure already reported on stderr, one line per cause: `main` exits
+/// non-zero without another line.
+#[derive(Debug)]
+pub(crate) struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failed (see above)")
+    }
+}
+
+impl std::error::Error for Reported {}
 
 /// Parses the command line, runs the subcommand and turns any error into one
 /// line on stderr and a non-zero exit code.
@@ -71,12 +95,17 @@ pub(crate) fn main() -> ExitCode {
             Command::Enqueue(args) => enqueue::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::History(args) => history::run(args).await,
+            Command::Retry(args) => admin::retry(args).await,
+            Command::Park(args) => admin::park(args).await,
+            Command::Delete(args) => admin::delete(args).await,
+            Command::Process(args) => process::run(args).await,
             Command::Work(args) => work::run(args).await,
             Command::Serve(args) => serve::run(args).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Reported>() => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

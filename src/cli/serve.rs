@@ -33,6 +33,10 @@ pub(crate) struct Args {
     /// The longest a claim may wait for work.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     max_wait: Duration,
+    /// How often to apply every process's retention (`drover process configure`),
+    /// jittered ±10 %.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    prune_every: Duration,
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
     max_body: usize,
@@ -98,7 +102,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let options = ServerOptions::default()
         .tokens(tokens)
         .max_wait(args.max_wait)
-        .body_limit(args.max_body);
+        .body_limit(args.max_body)
+        .prune_interval(args.prune_every);
     let served = Server::new(store.clone(), options)
         .serve(listener, shutdown)
         .await;

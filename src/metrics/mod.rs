@@ -8,7 +8,8 @@
 //!   `drover_leases_reclaimed_total` ([`RunnerFamilies`]);
 //! - server: `drover_http_requests_total` and `drover_http_request_duration_seconds`;
 //! - store: `drover_items{process,state}`, `drover_oldest_pending_age_seconds`
-//!   and the connection pool's gauges, read from the database at scrape time.
+//!   and the connection pool's gauges, read from the database at scrape time;
+//!   `drover_history_pruned_total{what}` ([`PruneMetrics`]).
 //!
 //! The queue, the runner and the server import their families from here; this
 //! module imports nothing from them, so metrics never form a cycle between
@@ -26,7 +27,7 @@ mod queue;
 mod runner;
 #[cfg(feature = "server")]
 mod server;
-#[cfg(feature = "server")]
+#[cfg(feature = "_store")]
 mod store;
 
 pub use queue::QueueMetrics;
@@ -37,12 +38,16 @@ pub use runner::RunnerFamilies;
 pub(crate) use runner::RunnerMetrics;
 #[cfg(feature = "server")]
 pub(crate) use server::ServerMetrics;
+#[cfg(feature = "_store")]
+pub use store::PruneMetrics;
 
 struct Global {
     registry: Registry,
     queue: QueueMetrics,
     #[cfg(feature = "_store")]
     runner: RunnerFamilies,
+    #[cfg(feature = "_store")]
+    pruned: PruneMetrics,
 }
 
 fn global() -> &'static Global {
@@ -53,6 +58,8 @@ fn global() -> &'static Global {
         Global {
             #[cfg(feature = "_store")]
             runner: RunnerFamilies::new(&mut registry),
+            #[cfg(feature = "_store")]
+            pruned: PruneMetrics::new(&mut registry),
             queue,
             registry,
         }
@@ -82,4 +89,9 @@ pub(crate) fn queue() -> &'static QueueMetrics {
 #[cfg(feature = "_store")]
 pub(crate) fn runner() -> &'static RunnerFamilies {
     &global().runner
+}
+
+#[cfg(feature = "_store")]
+pub(crate) fn pruned() -> &'static PruneMetrics {
+    &global().pruned
 }

@@ -1,21 +1,71 @@
 //! The store's families: what the database holds, read from it at scrape time
-//! (so every node reports the shared truth), and the connection pool's gauges.
-//! A server registers them in its own registry.
+//! (so every node reports the shared truth), and the connection pool's gauges,
+//! which a server registers in its own registry; and what this process's
+//! retention removed ([`PruneMetrics`]), in the process-wide registry.
 
+#[cfg(feature = "server")]
 use std::sync::atomic::AtomicU64;
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+#[cfg(feature = "server")]
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+#[cfg(feature = "server")]
 use super::QueueMetrics;
+#[cfg(feature = "server")]
 use crate::store::{PoolStats, ProcessCounts, Store, StoreEngine as _};
 
+#[cfg(feature = "server")]
 type TwoLabels = [(&'static str, String); 2];
 type OneLabel = [(&'static str, String); 1];
 
+/// `drover_history_pruned_total{what}`: the history runs (`what="runs"`) and
+/// idle keys (`what="idle_keys"`) that retention in this process removed, by
+/// a [`Pruner`](crate::store::Pruner) or `drover history prune`.
+///
+/// Every node prunes the same database, so each counts only its own share;
+/// sum over nodes for the total. Register once per registry; clones share the
+/// counters. Pruners report to [`registry`](super::registry) unless given other
+/// metrics.
+#[derive(Debug, Clone)]
+pub struct PruneMetrics {
+    pruned: Family<OneLabel, Counter>,
+}
+
+impl PruneMetrics {
+    /// Registers the family in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let pruned = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "drover_history_pruned",
+            "History runs and idle keys removed by retention in this process, by what (runs, idle_keys)",
+            pruned.clone(),
+        );
+        Self { pruned }
+    }
+
+    /// The process-wide family, in [`registry`](super::registry).
+    #[must_use]
+    pub fn global() -> Self {
+        super::pruned().clone()
+    }
+
+    /// Counts what one retention batch removed.
+    pub(crate) fn count(&self, runs: u64, idle_keys: u64) {
+        for (what, n) in [("runs", runs), ("idle_keys", idle_keys)] {
+            // Created even at 0, so the series exists from the first prune.
+            self.pruned
+                .get_or_create(&[("what", what.to_owned())])
+                .inc_by(n);
+        }
+    }
+}
+
 /// Item counts per process and state, the oldest ready item's age, and the
 /// pool's connections.
+#[cfg(feature = "server")]
 #[derive(Debug)]
 pub(crate) struct StoreFamilies {
     pool: Family<OneLabel, Gauge>,
@@ -24,6 +74,7 @@ pub(crate) struct StoreFamilies {
     oldest: Family<OneLabel, Gauge<f64, AtomicU64>>,
 }
 
+#[cfg(feature = "server")]
 impl StoreFamilies {
     /// Registers the families in `registry`.
     pub(crate) fn new(registry: &mut Registry) -> Self {

@@ -8,7 +8,7 @@ use super::reconciler::Reconciler;
 use super::source::Source;
 use crate::backoff::Backoff;
 use crate::queue::rate_limit::{Bucket, RateLimitError};
-use crate::store::{Store, StoreError, WorkerBackend, validate_process};
+use crate::store::{Pruner, Store, StoreError, WorkerBackend, validate_process};
 
 /// Why a [`ControllerBuilder`] refused its settings.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,8 @@ pub(crate) struct Settings {
     pub(crate) shutdown_deadline: Duration,
     pub(crate) idle_poll: Duration,
     pub(crate) backoff: Option<Backoff>,
+    /// How often a controller on a database applies retention.
+    pub(crate) prune_every: Duration,
 }
 
 impl Settings {
@@ -104,6 +106,7 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
                 shutdown_deadline: Duration::from_secs(30),
                 idle_poll: Duration::from_secs(1),
                 backoff: None,
+                prune_every: Pruner::<Store>::EVERY,
             },
             poll: (Duration::from_millis(250), 8),
         }
@@ -199,6 +202,16 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
         self
     }
 
+    /// How often a controller on a database (a [`Store`] backend) applies every
+    /// process's retention with a [`Pruner`]. Default 60 s (jittered ±10 %).
+    /// Shorter keeps the history closer to its limits at the cost of more
+    /// small transactions; every node prunes, so a fleet shares the work. A
+    /// controller over HTTP never prunes: its server does.
+    pub fn prune_every(mut self, every: Duration) -> Self {
+        self.settings.prune_every = every;
+        self
+    }
+
     /// Checks the settings and builds the controller.
     pub fn build(self) -> Result<Controller<R, B>, ConfigError> {
         let s = &self.settings;
@@ -220,6 +233,9 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
         }
         if s.idle_poll.is_zero() {
             return Err(ConfigError::Zero("idle poll"));
+        }
+        if s.prune_every.is_zero() {
+            return Err(ConfigError::Zero("prune interval"));
         }
         let (every, burst) = self.poll;
         if every.is_zero() {

@@ -20,8 +20,8 @@ use super::source::Source;
 use crate::metrics::RunnerMetrics;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, SessionId, SessionStart, Store,
-    StoreEngine, StoreError, WorkerBackend,
+    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, SessionId, SessionStart,
+    Store, StoreEngine, StoreError, WorkerBackend,
 };
 
 /// A control loop: workers that claim keys of one process from a backend and run
@@ -40,6 +40,10 @@ use crate::store::{
 /// - an enqueue during a run leads to exactly one more run after it;
 /// - a shutdown loses nothing: runs still going at the deadline are cancelled and
 ///   their keys released, pending for the next worker.
+///
+/// On a [`Store`] it also applies every process's retention in the
+/// background ([`Pruner`], see
+/// [`prune_every`](ControllerBuilder::prune_every)).
 ///
 /// ```no_run
 /// use drover::runner::{Action, Controller, Task};
@@ -169,6 +173,10 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             }
             .run(services_stop.clone()),
         );
+        if let Some(store) = self.backend.local_store() {
+            let pruner = Pruner::new(store.clone()).every(self.settings.prune_every);
+            services.spawn(pruner.run(services_stop.clone()));
+        }
         if B::RECLAIMS {
             services.spawn(reclaim(
                 self.backend.clone(),

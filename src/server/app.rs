@@ -19,7 +19,7 @@ use super::origin;
 use super::routes;
 use super::state::AppState;
 use crate::metrics::ServerMetrics;
-use crate::store::{Store, StoreEngine as _};
+use crate::store::{Pruner, Store, StoreEngine as _};
 
 /// drover's HTTP server over one store: the JSON API under `/v1`, `/openapi.json`,
 /// `/metrics`, `/healthz`, `/readyz` and the dashboard at `/`.
@@ -70,7 +70,8 @@ impl Server {
 
     /// Serves on `listener` until `shutdown` fires, then stops accepting,
     /// answers waiting claims with no leases, lets in-flight requests finish and
-    /// returns. Reclaims expired sessions' leases in the background meanwhile.
+    /// returns. Reclaims expired sessions' leases and applies every process's
+    /// retention ([`Pruner`]) in the background meanwhile.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -79,6 +80,10 @@ impl Server {
         let app = self.router();
         let stop = self.state.shutdown.clone();
         let reclaim = tokio::spawn(reclaim_loop(self.state.clone()));
+        let pruner = Pruner::new(self.state.store.clone())
+            .every(self.state.options.prune_interval)
+            .run(stop.clone());
+        let pruner = tokio::spawn(pruner);
         let relay = {
             let stop = stop.clone();
             async move {
@@ -91,6 +96,7 @@ impl Server {
             .await;
         stop.cancel();
         reclaim.await.ok();
+        pruner.await.ok();
         result
     }
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::auth::Tokens;
+use crate::store::{Pruner, Store};
 
 /// How the server behaves.
 #[derive(Debug, Clone)]
@@ -13,6 +14,7 @@ pub struct ServerOptions {
     pub(crate) max_wait: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) reclaim_interval: Duration,
+    pub(crate) prune_interval: Duration,
 }
 
 impl Default for ServerOptions {
@@ -23,6 +25,7 @@ impl Default for ServerOptions {
             max_wait: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             reclaim_interval: Duration::from_secs(5),
+            prune_interval: Pruner::<Store>::EVERY,
         }
     }
 }
@@ -73,6 +76,17 @@ impl ServerOptions {
     pub fn reclaim_interval(self, reclaim_interval: Duration) -> Self {
         Self {
             reclaim_interval: reclaim_interval.max(Duration::from_millis(100)),
+            ..self
+        }
+    }
+
+    /// How often the server applies every process's retention (default 60 s,
+    /// jittered ±10 %, at least 10 ms; see [`Pruner`]). Shorter keeps the
+    /// history closer to its limits at the cost of more small transactions.
+    #[must_use]
+    pub fn prune_interval(self, prune_interval: Duration) -> Self {
+        Self {
+            prune_interval: prune_interval.max(Duration::from_millis(10)),
             ..self
         }
     }

@@ -29,7 +29,7 @@
 //! - **known keys and runs**: a converged key stays as an idle item until a
 //!   delete forgets it; the history has one row per run ([`Run`]), written
 //!   when the run ends, and per operator action, kept per process's
-//!   [`Retention`].
+//!   [`Retention`], which a [`Pruner`] applies in the background.
 //!
 //! ```
 //! use std::time::Duration;
@@ -70,6 +70,7 @@ mod error;
 mod key;
 mod options;
 mod params;
+mod pruner;
 mod refusal;
 mod text;
 mod types;
@@ -122,6 +123,7 @@ pub use params::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
+pub use pruner::{Pruned, Pruner};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
