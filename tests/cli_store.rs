@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use drover::store::{LeaseClaim, LeaseComplete, Outcome, StoreEngine as _};
+use drover::store::Outcome;
 use serde_json::Value;
 use support::each_engine;
 
@@ -100,19 +100,7 @@ async fn enqueue_status_and_history_work_end_to_end() {
         let runs = json(&drover(url, None, &args, ""));
         assert_eq!(runs, serde_json::json!([]), "no run yet, no history");
         // Both persist keys run once (the deduplicated ns/a counted two enqueues).
-        let session = db.session().await;
-        let claim = LeaseClaim {
-            session: session.id,
-            process: "persist".into(),
-            max: 5,
-        };
-        for lease in db.store.lease_claim(claim).await.expect("claim") {
-            let done = LeaseComplete {
-                lease: &lease,
-                outcome: &Outcome::Done,
-            };
-            db.store.lease_complete(done).await.expect("done");
-        }
+        support::store::run_ready(&db.store, "persist", 5, &Outcome::Done).await;
         let runs = json(&drover(url, None, &args, ""));
         let runs = runs.as_array().expect("array");
         assert_eq!(runs.len(), 1, "one run: {runs:?}");
@@ -333,28 +321,8 @@ async fn process_configure_refuses_bad_input_with_one_line_and_writes_nothing() 
 
 /// Claims one ready key of `process` on `store` and ends its run `done`.
 async fn run_one(store: &drover::Store, process: &str) -> String {
-    use drover::store::{LeaseClaim, LeaseComplete, Outcome, SessionStart, StoreEngine as _};
-    let session = store
-        .session_start(SessionStart {
-            component: "test".into(),
-            ttl: Duration::from_secs(30),
-        })
-        .await
-        .expect("session_start");
-    let claim = LeaseClaim {
-        session: session.id,
-        process: process.into(),
-        max: 1,
-    };
-    let lease = store.lease_claim(claim).await.expect("claim").pop();
-    let lease = lease.expect("a ready key");
-    let outcome = Outcome::Done;
-    let complete = LeaseComplete {
-        lease: &lease,
-        outcome: &outcome,
-    };
-    store.lease_complete(complete).await.expect("complete");
-    lease.key
+    let ran = support::store::run_ready(store, process, 1, &Outcome::Done).await;
+    ran.into_iter().next().expect("a ready key")
 }
 
 #[tokio::test]

@@ -50,9 +50,9 @@ async fn complete(store: &Store, leases: &[Lease], outcome: &Outcome) {
 async fn run_once(store: &Store, keys: &[&str]) {
     let enqueue = ItemEnqueue::new(P, keys.iter().copied()).priority(10);
     store.item_enqueue(enqueue).await.expect("enqueue");
-    let leases = claim(store, u32::try_from(keys.len()).expect("few keys")).await;
-    assert_eq!(leases.len(), keys.len(), "every key was claimed");
-    complete(store, &leases, &Outcome::Done).await;
+    let max = u32::try_from(keys.len()).expect("few keys");
+    let ran = support::store::run_ready(store, P, max, &Outcome::Done).await;
+    assert_eq!(ran.len(), keys.len(), "every key was claimed");
 }
 
 async fn item(store: &Store, key: &str) -> Option<Item> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use drover::backoff::Backoff;
 use drover::store::{
     Item, ItemEnqueue, ItemGet, Lease, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure, Run,
-    RunList, RunOutcome, SessionId, Store, StoreEngine as _, StoreError,
+    RunList, RunOutcome, SessionId, SessionStart, Store, StoreEngine as _, StoreError,
 };
 
 /// The process every contract test works on.
@@ -35,6 +35,36 @@ pub(crate) async fn claim(store: &Store, session: SessionId, max: u32) -> Vec<Le
         })
         .await
         .expect("claim")
+}
+
+/// Claims up to `max` ready keys of `process` under a fresh session and ends
+/// each run with `outcome`; the keys, in claim order.
+pub(crate) async fn run_ready(
+    store: &Store,
+    process: &str,
+    max: u32,
+    outcome: &Outcome,
+) -> Vec<String> {
+    let session = store
+        .session_start(SessionStart {
+            component: "test".into(),
+            ttl: Duration::from_secs(30),
+        })
+        .await
+        .expect("session_start");
+    let claim = LeaseClaim {
+        session: session.id,
+        process: process.into(),
+        max,
+    };
+    let leases = store.lease_claim(claim).await.expect("claim");
+    let batch: Vec<_> = leases
+        .iter()
+        .map(|lease| LeaseComplete { lease, outcome })
+        .collect();
+    let results = store.lease_complete_batch(&batch).await.expect("complete");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    leases.into_iter().map(|l| l.key).collect()
 }
 
 /// The leases' keys, in order.
