@@ -185,9 +185,16 @@ mod engine {
     }
 
     /// The filter with empty conditions dropped; refused when no condition is
-    /// left, or when it asks for running keys.
+    /// left, when it asks for running keys, or when a text holds a NUL (no
+    /// stored key or error does).
     fn checked(mut filter: ItemFilter) -> Result<ItemFilter, StoreError> {
         validate_process(&filter.process)?;
+        let texts = [&filter.error_signature, &filter.key_prefix];
+        if texts.into_iter().flatten().any(|t| t.contains('\0')) {
+            return Err(StoreError::InvalidArgument(
+                "an error signature or key prefix cannot hold a NUL".into(),
+            ));
+        }
         filter.error_signature = filter.error_signature.filter(|s| !s.is_empty());
         filter.key_prefix = filter.key_prefix.filter(|s| !s.is_empty());
         if filter.state == Some(ItemState::Running) {
