@@ -18,8 +18,6 @@
 //! the whole filter matches, and the engine changes them and writes their
 //! history rows in one statement per batch, never touching a running key.
 
-use super::types::ItemState;
-
 /// What replaces the key in a signature.
 pub(crate) const KEY_MARK: &str = "<key>";
 /// What replaces each run of ASCII digits in a signature.
@@ -59,18 +57,6 @@ pub(crate) fn numbers(text: &str) -> String {
     out
 }
 
-/// The states an item's stored state and backoff show as, in the order groups
-/// list them.
-fn state_rank(state: ItemState) -> u8 {
-    match state {
-        ItemState::Parked => 0,
-        ItemState::Backoff => 1,
-        ItemState::Pending => 2,
-        ItemState::Running => 3,
-        ItemState::Idle => 4,
-    }
-}
-
 #[cfg(feature = "_engine")]
 pub(crate) use engine::*;
 
@@ -79,7 +65,7 @@ mod engine {
     use std::collections::HashMap;
     use std::future::Future;
 
-    use super::{numbers, state_rank};
+    use super::numbers;
     use crate::store::StoreError;
     use crate::store::decode::item_state;
     use crate::store::error_signature;
@@ -88,6 +74,18 @@ mod engine {
     use crate::store::rows::Stamp;
     use crate::store::text::clean_text;
     use crate::store::types::{ErrorGroup, ItemState, RunOutcome};
+
+    /// The states an item's stored state and backoff show as, in the order groups
+    /// list them.
+    fn state_rank(state: ItemState) -> u8 {
+        match state {
+            ItemState::Parked => 0,
+            ItemState::Backoff => 1,
+            ItemState::Pending => 2,
+            ItemState::Running => 3,
+            ItemState::Idle => 4,
+        }
+    }
 
     /// The most distinct key-free error texts an engine reads for
     /// [`error_groups`](crate::store::StoreEngine::error_groups).
