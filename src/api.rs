@@ -765,15 +765,42 @@ pub struct ErrorGroupList {
     pub groups: Vec<ErrorGroupBody>,
 }
 
-/// Body of `POST /v1/processes/{process}/items:retry` (`:park`, `:delete`):
+/// A state a bulk action may select keys by (never `running`: only a key's
+/// worker may end its run).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BulkState {
+    /// Waiting to run.
+    Pending,
+    /// Waiting for its backoff to end.
+    Backoff,
+    /// Stopped after a permanent error until the next enqueue.
+    Parked,
+    /// Converged.
+    Idle,
+}
+
+impl From<BulkState> for ItemState {
+    fn from(s: BulkState) -> Self {
+        match s {
+            BulkState::Pending => Self::Pending,
+            BulkState::Backoff => Self::Backoff,
+            BulkState::Parked => Self::Parked,
+            BulkState::Idle => Self::Idle,
+        }
+    }
+}
+
+/// Body of `POST /v1/processes/{process}/items:retry` and `…/items:delete`:
 /// which keys. Every condition given must hold; at least one is required, so
 /// nobody acts on a whole process by accident. Running keys are never touched.
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(min_properties = 1)]
 pub struct BulkRequest {
-    /// Only keys in this state (never `running`).
+    /// Only keys in this state.
     #[serde(default)]
-    pub state: Option<StateName>,
+    pub state: Option<BulkState>,
     /// Only keys whose last error has this signature (an error group's
     /// `signature`); without `state`, only parked and backing-off keys.
     #[serde(default)]
@@ -781,8 +808,24 @@ pub struct BulkRequest {
     /// Only keys starting with this.
     #[serde(default)]
     pub key_prefix: Option<String>,
-    /// For `:park`: the keys' new last error (default "parked by an
-    /// operator"); refused by the other actions.
+}
+
+/// Body of `POST /v1/processes/{process}/items:park`: which keys, as for
+/// [`BulkRequest`], and why.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(min_properties = 1)]
+pub struct BulkParkRequest {
+    /// Only keys in this state.
+    #[serde(default)]
+    pub state: Option<BulkState>,
+    /// Only keys whose last error has this signature.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Only keys starting with this.
+    #[serde(default)]
+    pub key_prefix: Option<String>,
+    /// The keys' new last error (default "parked by an operator").
     #[serde(default)]
     pub reason: Option<String>,
 }

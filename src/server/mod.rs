@@ -49,11 +49,12 @@ pub use app::Server;
 pub use auth::{Role, Tokens, TokensError};
 pub use error::{ApiError, ErrorBody};
 pub use model::{
-    BulkRequest, BulkResponse, ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest,
-    CompleteBatchResponse, CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse,
-    ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage,
-    LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS, OutcomeBody, OutcomeName, ProcessList,
-    ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
+    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
+    CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
+    EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
+    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
+    OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage,
+    SessionBody, SessionRequest, StateName,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

@@ -7,11 +7,11 @@ use utoipa::{Modify, OpenApi};
 use super::auth::Role;
 use super::error::ErrorBody;
 use super::model::{
-    BulkRequest, BulkResponse, ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest,
-    CompleteBatchResponse, CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse,
-    ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse, ItemBody, ItemDetailBody, ItemPage,
-    LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest,
-    RunBody, RunPage, SessionBody, SessionRequest, StateName,
+    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
+    CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
+    EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
+    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList,
+    ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
 };
 use super::routes::{groups, health, items, leases, processes, runs, sessions};
 
@@ -45,7 +45,7 @@ use super::routes::{groups, health, items, leases, processes, runs, sessions};
         HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
         CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,
-        BulkResponse,
+        BulkParkRequest, BulkState, BulkResponse,
     )),
     modifiers(&BearerAuth),
     tags(

@@ -8,7 +8,10 @@ use axum::extract::State;
 use crate::server::auth::{Authorized, Manage, Read, Role};
 use crate::server::error::{ApiError, ErrorBody};
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
-use crate::server::model::{BulkRequest, BulkResponse, ErrorGroupList, ErrorGroupsQuery, MAX_PAGE};
+use crate::server::model::{
+    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ErrorGroupList, ErrorGroupsQuery,
+    MAX_PAGE,
+};
 use crate::server::state::AppState;
 use crate::store::{
     ErrorGroups, ItemFilter, ItemsDelete, ItemsPark, ItemsRetry, StoreEngine as _, validate_process,
@@ -51,25 +54,21 @@ pub(crate) async fn list(
     }))
 }
 
-/// The store's filter for a request; the store refuses (400) a filter with
-/// no condition, one for running keys or one holding a NUL before it reads
-/// anything.
-pub(crate) fn filter(process: String, body: &BulkRequest) -> Result<ItemFilter, ApiError> {
+/// The store's filter for a request's conditions; the store refuses (400) a
+/// filter with no condition or one holding a NUL before it reads anything.
+fn filter(
+    process: String,
+    state: Option<BulkState>,
+    error: Option<String>,
+    key_prefix: Option<String>,
+) -> Result<ItemFilter, ApiError> {
     validate_process(&process)?;
     Ok(ItemFilter {
         process,
-        state: body.state.map(Into::into),
-        error_signature: body.error.clone(),
-        key_prefix: body.key_prefix.clone(),
+        state: state.map(Into::into),
+        error_signature: error,
+        key_prefix,
     })
-}
-
-/// The filter of a retry or delete, which take no reason.
-fn without_reason(process: String, body: &BulkRequest) -> Result<ItemFilter, ApiError> {
-    if body.reason.is_some() {
-        return Err(ApiError::field("reason", "only :park takes a reason"));
-    }
-    filter(process, body)
 }
 
 /// Makes every matching key that is not running pending at once (as the
@@ -96,7 +95,7 @@ pub(crate) async fn retry(
     PathParams(process): PathParams<String>,
     JsonBody(body): JsonBody<BulkRequest>,
 ) -> Result<Json<BulkResponse>, ApiError> {
-    let filter = without_reason(process, &body)?;
+    let filter = filter(process, body.state, body.error, body.key_prefix)?;
     let params = ItemsRetry::new(filter, Role::Admin.to_string());
     let changed = state.store.items_retry_where(params).await?;
     Ok(Json(BulkResponse { changed }))
@@ -124,9 +123,9 @@ pub(crate) async fn park(
     _: Authorized<Manage>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
-    JsonBody(body): JsonBody<BulkRequest>,
+    JsonBody(body): JsonBody<BulkParkRequest>,
 ) -> Result<Json<BulkResponse>, ApiError> {
-    let filter = filter(process, &body)?;
+    let filter = filter(process, body.state, body.error, body.key_prefix)?;
     let reason = body.reason.unwrap_or_else(|| PARK_REASON.to_owned());
     let params = ItemsPark::new(filter, Role::Admin.to_string(), reason);
     let changed = state.store.items_park_where(params).await?;
@@ -156,7 +155,7 @@ pub(crate) async fn delete(
     PathParams(process): PathParams<String>,
     JsonBody(body): JsonBody<BulkRequest>,
 ) -> Result<Json<BulkResponse>, ApiError> {
-    let filter = without_reason(process, &body)?;
+    let filter = filter(process, body.state, body.error, body.key_prefix)?;
     let params = ItemsDelete::new(filter, Role::Admin.to_string());
     let changed = state.store.items_delete_where(params).await?;
     Ok(Json(BulkResponse { changed }))
