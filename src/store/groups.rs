@@ -16,7 +16,10 @@
 //! transaction ([`BulkSteps`]): each engine reads a window of candidate rows
 //! (narrowed in SQL by stored state and key prefix), [`window`] picks the rows
 //! the whole filter matches, and the engine changes them and writes their
-//! history rows in one statement per batch, never touching a running key.
+//! history rows in one statement per batch, never touching a running key. The
+//! walk reads each key in the filter's stored states once (a filter by error
+//! alone reads the parked and pending keys; by `parked`, only those), so its
+//! cost grows with those keys, but no transaction holds more than one batch.
 
 /// What replaces the key in a signature.
 pub(crate) const KEY_MARK: &str = "<key>";

@@ -299,8 +299,9 @@ pub struct ErrorGroups {
 
 /// Which keys of a process a bulk action applies to: every condition given
 /// must hold. Running keys never match (only their lease holder may end a
-/// run). At least one condition is required, so an empty filter can never
-/// retry, park or delete a whole process by accident.
+/// run). At least one condition is required (an empty text counts as none),
+/// so an empty filter can never retry, park or delete a whole process by
+/// accident; a text holding a NUL is refused.
 #[derive(Debug, Clone, Default)]
 pub struct ItemFilter {
     /// The process (it must be known).
