@@ -293,3 +293,22 @@ async fn bulk_actions_walk_every_batch_of_a_process() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_bulk_retry_wakes_the_process_workers() {
+    each_engine(|db| async move {
+        enqueue(&db.store, &["a1", "a2"]).await;
+        let park = ItemsPark::new(ItemFilter::new(P).key_prefix("a"), "admin", "held");
+        assert_eq!(db.store.items_park_where(park).await.expect("park"), 2);
+        let wakeup = db.store.subscribe(P);
+        let woken = wakeup.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let retry = ItemsRetry::new(ItemFilter::new(P).state(ItemState::Parked), "admin");
+        assert_eq!(db.store.items_retry_where(retry).await.expect("retry"), 2);
+        tokio::time::timeout(secs(5), woken)
+            .await
+            .expect("a worker waiting on the process is woken");
+    })
+    .await;
+}
