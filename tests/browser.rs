@@ -1,7 +1,9 @@
 //! The dashboard in a real browser: headless Chromium (Debian's `chromium`) loads
 //! it from a running server and must show a process's counts after work was
 //! enqueued, and a hostile key as text; its Park button must work, and another
-//! site's page must not be able to make the browser enqueue or park.
+//! site's page must not be able to make the browser enqueue or park. A
+//! process page shows its error groups, and a group's "retry all" button
+//! retries exactly its keys.
 //! Screenshots go to `target/artifacts/`.
 //!
 //! Skips (saying why) when `/usr/bin/chromium` is missing, unless
@@ -12,9 +14,11 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use drover::backoff::Backoff;
 use drover::server::{Server, ServerOptions};
 use drover::store::{
-    ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, Outcome, StoreEngine as _,
+    ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure,
+    StoreEngine as _,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -267,6 +271,149 @@ async fn the_park_button_works_in_a_browser_and_another_sites_forms_are_refused(
         .expect("get")
         .expect("m1");
     assert_eq!(m1.item.state, ItemState::Parked, "the button parked it");
+
+    shutdown.cancel();
+    server.stop();
+}
+
+/// A page on drover's own origin that clicks the first error group's real
+/// "retry all" button on the process page (in a frame, as a person would).
+const CLICK_RETRY_ALL: &str = r#"<!DOCTYPE html><title>click</title>
+<iframe src="/ui/processes/provision" onload="
+  const retry = this.contentDocument.querySelector('form[action$=&quot;/errors/retry&quot;] button');
+  if (retry) { this.onload = null; retry.click(); }"></iframe>"#;
+
+/// The error each key of the realistic data set fails with, and whether for
+/// good (parked) or transiently (backing off); `None`: it converges.
+fn failure(key: &str) -> Option<Outcome> {
+    let n: usize = key.rsplit('-').next()?.parse().ok()?;
+    match key.split('-').next()? {
+        "vm" => Some(Outcome::Permanent(format!(
+            "{key}: provisioning timed out after {}s (attempt {})",
+            30 + n,
+            n % 3 + 1
+        ))),
+        "db" => Some(Outcome::Transient(format!(
+            "connection to 10.0.0.{n}:5432 refused"
+        ))),
+        "disk" => Some(Outcome::Permanent(format!(
+            "<img src=x onerror=alert(1)> disk {n} full"
+        ))),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() {
+    if !chromium_available() {
+        return;
+    }
+    let (db, _dir) = support::sqlite().await;
+    let backoff = Backoff::new(Duration::from_secs(600), 2.0, Duration::from_secs(3600))
+        .expect("valid backoff");
+    let configure = ProcessConfigure::new("provision").backoff(backoff);
+    db.store
+        .process_configure(configure)
+        .await
+        .expect("configure");
+    let mut keys: Vec<String> = (1..=12).map(|i| format!("vm-{i}")).collect();
+    keys.extend((1..=6).map(|i| format!("db-{i}")));
+    keys.extend((1..=3).map(|i| format!("disk-{i}")));
+    keys.extend((1..=9).map(|i| format!("web-{i}")));
+    db.store
+        .item_enqueue(ItemEnqueue::new("provision", keys.clone()))
+        .await
+        .expect("enqueue");
+    let session = db.session().await;
+    let claim = LeaseClaim {
+        session: session.id,
+        process: "provision".into(),
+        max: 100,
+    };
+    let leases = db.store.lease_claim(claim).await.expect("claim");
+    assert_eq!(leases.len(), keys.len());
+    for lease in &leases {
+        let outcome = failure(&lease.key).unwrap_or(Outcome::Done);
+        let done = LeaseComplete {
+            lease,
+            outcome: &outcome,
+        };
+        db.store.lease_complete(done).await.expect("complete");
+    }
+    let shutdown = CancellationToken::new();
+    let server = Server::new(db.store.clone(), ServerOptions::default());
+    let click = axum::routing::get(|| async { axum::response::Html(CLICK_RETRY_ALL) });
+    let port = serve(
+        server.router().route("/test/click-retry-all", click),
+        &shutdown,
+    )
+    .await;
+    let base = format!("http://127.0.0.1:{port}");
+    let profile = tempfile::tempdir().expect("profile dir");
+
+    let process = format!("{base}/ui/processes/provision");
+    let page = chromium(profile.path(), &["--dump-dom".into()], &process).await;
+    let groups: Vec<&str> = page.split(r#"<tr class="group">"#).skip(1).collect();
+    assert_eq!(groups.len(), 3, "{page}");
+    assert!(
+        groups[0].contains(r#"<td class="n count">12</td>"#),
+        "{}",
+        groups[0]
+    );
+    assert!(
+        groups[0]
+            .contains("&lt;key&gt;: provisioning timed out after &lt;n&gt;s (attempt &lt;n&gt;)"),
+        "{}",
+        groups[0]
+    );
+    assert!(
+        groups[1].contains(r#"<td class="states">backoff</td>"#),
+        "{}",
+        groups[1]
+    );
+    assert!(
+        groups[1]
+            .contains("connection to &lt;n&gt;.&lt;n&gt;.&lt;n&gt;.&lt;n&gt;:&lt;n&gt; refused")
+    );
+    assert!(
+        groups[2].contains("&lt;img src=x onerror=alert(1)&gt; disk"),
+        "the error is text: {}",
+        groups[2]
+    );
+    assert!(!page.contains("<img src=x"), "no element was injected");
+    for button in ["retry all", "park all", "delete all"] {
+        assert_eq!(page.matches(button).count(), 3, "{button}");
+    }
+    let shot = artifacts().join("dashboard-errors.png");
+    let arg = format!("--screenshot={}", shot.display());
+    chromium(profile.path(), &[arg], &process).await;
+    assert!(std::fs::metadata(&shot).expect("screenshot written").len() > 1000);
+
+    let wait = "--virtual-time-budget=10000".to_owned();
+    let click = format!("{base}/test/click-retry-all");
+    chromium(profile.path(), &[wait, "--dump-dom".into()], &click).await;
+    for key in &keys {
+        let detail = db
+            .store
+            .item_get(ItemGet {
+                process: "provision".into(),
+                key: key.clone(),
+                runs_limit: 1,
+            })
+            .await
+            .expect("get")
+            .expect("known");
+        let expected = match key.split('-').next() {
+            Some("vm") => ItemState::Pending,
+            Some("db") => ItemState::Backoff,
+            Some("disk") => ItemState::Parked,
+            _ => ItemState::Idle,
+        };
+        assert_eq!(detail.item.state, expected, "{key}");
+        if expected == ItemState::Pending {
+            assert_eq!(detail.runs[0].actor.as_deref(), Some("admin"), "{key}");
+        }
+    }
 
     shutdown.cancel();
     server.stop();

@@ -482,3 +482,90 @@ async fn retry_park_and_delete_act_on_each_key_and_refuse_running_ones() {
     assert_eq!(status[0]["pending"], 1, "b");
     assert_eq!(status[0]["parked"], 0, "c was deleted");
 }
+
+#[tokio::test]
+async fn errors_lists_the_groups_and_a_filter_acts_on_every_matching_key() {
+    each_engine(|db| async move {
+        let url = Some(db.url.as_str());
+        ok(&drover(
+            url,
+            None,
+            &["enqueue", "provision", "vm-1", "vm-22"],
+            "",
+        ));
+        let failed = Outcome::Permanent("timeout after 30s".into());
+        support::store::run_ready(&db.store, "provision", 2, &failed).await;
+        ok(&drover(url, None, &["enqueue", "provision", "ns/a"], ""));
+        let out = ok(&drover(url, None, &["errors", "provision"], ""));
+        assert!(out.contains("timeout after <n>s"), "{out}");
+        assert!(out.contains("      2  parked"), "{out}");
+        assert!(out.contains("e.g. timeout after 30s"), "{out}");
+        let groups = json(&drover(url, None, &["errors", "provision", "--json"], ""));
+        assert_eq!(groups[0]["count"], 2, "{groups}");
+
+        let out = ok(&drover(
+            url,
+            None,
+            &["retry", "provision", "--error", "timeout after <n>s"],
+            "",
+        ));
+        assert_eq!(out.trim(), "provision: retried 2 key(s)");
+        let history = json(&drover(
+            url,
+            None,
+            &[
+                "history",
+                "--process",
+                "provision",
+                "--outcome",
+                "retried",
+                "--json",
+            ],
+            "",
+        ));
+        assert_eq!(history.as_array().expect("runs").len(), 2, "{history}");
+        assert_eq!(history[0]["actor"], "cli");
+
+        let out = ok(&drover(
+            url,
+            None,
+            &["park", "provision", "--prefix", "vm-", "--reason", "hold"],
+            "",
+        ));
+        assert_eq!(out.trim(), "provision: parked 2 key(s)");
+        let out = ok(&drover(
+            url,
+            None,
+            &["delete", "provision", "--state", "parked"],
+            "",
+        ));
+        assert_eq!(out.trim(), "provision: deleted 2 key(s)");
+        let out = ok(&drover(url, None, &["errors", "provision"], ""));
+        assert!(out.contains("no parked or backing-off keys"), "{out}");
+        let status = json(&drover(url, None, &["status", "--json"], ""));
+        assert_eq!(status[0]["pending"], 1, "ns/a untouched: {status}");
+    })
+    .await;
+}
+
+#[test]
+fn a_bulk_action_takes_keys_or_a_filter_never_both_nor_neither() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("d.db").display());
+    let url = Some(url.as_str());
+    ok(&drover(url, None, &["enqueue", "p", "a"], ""));
+    for args in [
+        &["retry", "p"][..],
+        &["delete", "p", "a", "--prefix", "a"],
+        &["park", "p", "--state", "running"],
+    ] {
+        let out = drover(url, None, args, "");
+        assert!(!out.status.success(), "{args:?} must fail");
+    }
+    fails_with(
+        &drover(url, None, &["delete", "nope", "--prefix", "a"], ""),
+        "nope",
+    );
+    let out = ok(&drover(url, None, &["errors", "p"], ""));
+    assert!(out.contains("no parked"), "{out}");
+}

@@ -665,3 +665,184 @@ async fn outcomes_with_a_nul_byte_or_a_megabyte_of_error_are_stored_cleaned_neve
     })
     .await;
 }
+
+/// Runs every ready key of `P` once over the API, failing it permanently with
+/// the error `error` gives for its key.
+async fn fail_all(api: &Api, error: impl Fn(&str) -> String) {
+    let session = api.session(30_000).await;
+    for lease in api.claim(session, P, 100).await {
+        let key = lease["key"].as_str().expect("key").to_owned();
+        let outcome = json!({ "type": "permanent", "error": error(&key) });
+        let body = complete_body(&lease, outcome);
+        api.post("/v1/leases/complete", body, StatusCode::NO_CONTENT)
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn error_groups_are_listed_and_acted_on_by_filter() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["vm-1", "vm-22"]).await;
+        fail_all(&api, |k| format!("{k}: timeout after {}s", k.len())).await;
+        api.enqueue(P, &["db-1"]).await;
+        fail_all(&api, |_| "connection refused".into()).await;
+        let groups = api.get_ok(&format!("/v1/processes/{P}/error-groups")).await;
+        let first = &groups["groups"][0];
+        assert_eq!(first["signature"], "<key>: timeout after <n>s", "{groups}");
+        assert_eq!(
+            (&first["count"], &first["states"]),
+            (&json!(2), &json!(["parked"]))
+        );
+        assert_eq!(groups["groups"][1]["sample"], "connection refused");
+        let one = api
+            .get_ok(&format!("/v1/processes/{P}/error-groups?limit=1"))
+            .await;
+        assert_eq!(one["groups"].as_array().expect("groups").len(), 1);
+
+        let retry = json!({ "error": first["signature"] });
+        let done = api
+            .post(
+                &format!("/v1/processes/{P}/items:retry"),
+                retry,
+                StatusCode::OK,
+            )
+            .await;
+        assert_eq!(done, json!({ "changed": 2 }));
+        let detail = api.get_ok(&format!("/v1/processes/{P}/items/vm-1")).await;
+        assert_eq!(detail["item"]["state"], "pending");
+        assert_eq!(
+            (&detail["runs"][0]["outcome"], &detail["runs"][0]["actor"]),
+            (&json!("retried"), &json!("admin"))
+        );
+        let db_item = api.get_ok(&format!("/v1/processes/{P}/items/db-1")).await;
+        assert_eq!(
+            db_item["item"]["state"], "parked",
+            "another group is untouched"
+        );
+
+        let park = json!({ "key_prefix": "vm-", "reason": "maintenance" });
+        let parked = api
+            .post(
+                &format!("/v1/processes/{P}/items:park"),
+                park,
+                StatusCode::OK,
+            )
+            .await;
+        assert_eq!(parked["changed"], 2);
+        let deleted = api
+            .post(
+                &format!("/v1/processes/{P}/items:delete"),
+                json!({ "state": "parked" }),
+                StatusCode::OK,
+            )
+            .await;
+        assert_eq!(deleted["changed"], 3);
+        assert_eq!(api.counts(P).await.expect("counts")["parked"], 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bulk_actions_refuse_filters_that_could_act_on_everything_or_on_running_keys() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let uri = |action: &str| format!("/v1/processes/{P}/items:{action}");
+        for (action, body) in [
+            ("delete", json!({})),
+            ("retry", json!({ "key_prefix": "", "error": "" })),
+            ("park", json!({ "state": "running" })),
+            (
+                "retry",
+                json!({ "state": "parked", "reason": "only for park" }),
+            ),
+            ("delete", json!({ "key_prefix": "a\u{0}" })),
+            ("delete", json!({ "everything": true })),
+        ] {
+            let refused = api
+                .post(&uri(action), body.clone(), StatusCode::BAD_REQUEST)
+                .await;
+            assert_eq!(
+                refused["error"], "bad_request",
+                "{action} {body}: {refused}"
+            );
+        }
+        assert_eq!(api.counts(P).await.expect("counts")["pending"], 1);
+        let unknown = api
+            .call(
+                POST,
+                "/v1/processes/nope/items:retry",
+                Some(json!({ "state": "parked" })),
+            )
+            .await;
+        assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+        let missing = api.call(GET, "/v1/processes/nope/error-groups", None).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+        let bad = api
+            .call(
+                GET,
+                &format!("/v1/processes/{P}/error-groups?limit=0"),
+                None,
+            )
+            .await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dashboard_lists_error_groups_and_its_buttons_act_on_a_whole_group() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["<b>x1</b>", "y-2", "z"]).await;
+        fail_all(&api, |k| {
+            if k == "z" {
+                "other".into()
+            } else {
+                format!("{k} broke <i>7</i> times")
+            }
+        })
+        .await;
+        let page = api.call(GET, &format!("/ui/processes/{P}"), None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(page.text.contains("id=\"errors\""), "{}", page.text);
+        assert!(
+            page.text
+                .contains("&lt;key&gt; broke &lt;i&gt;&lt;n&gt;&lt;/i&gt; times")
+        );
+        assert!(!page.text.contains("<i>7</i>"), "every value is escaped");
+        assert!(page.text.contains("retry all") && page.text.contains("delete all"));
+
+        let form = |signature: &str| {
+            axum::http::Request::post(format!("/ui/processes/{P}/errors/retry"))
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(axum::body::Body::from(format!(
+                    "signature={}",
+                    segment(signature)
+                )))
+                .expect("request")
+        };
+        let retried = api.request(form("<key> broke <i><n></i> times")).await;
+        assert_eq!(retried.status, StatusCode::SEE_OTHER, "{}", retried.text);
+        assert_eq!(
+            retried.headers["location"],
+            format!("/ui/processes/{P}").as_str()
+        );
+        let counts = api.counts(P).await.expect("counts");
+        assert_eq!(
+            (&counts["pending"], &counts["parked"]),
+            (&json!(2), &json!(1))
+        );
+        let delete = axum::http::Request::post(format!("/ui/processes/{P}/errors/delete"))
+            .body(axum::body::Body::from("signature=other"))
+            .expect("request");
+        assert_eq!(api.request(delete).await.status, StatusCode::SEE_OTHER);
+        assert_eq!(api.counts(P).await.expect("counts")["parked"], 0);
+        let gone = api
+            .call(GET, &format!("/v1/processes/{P}/items/z"), None)
+            .await;
+        assert_eq!(gone.status, StatusCode::NOT_FOUND, "deleted");
+    })
+    .await;
+}

@@ -93,6 +93,36 @@ fn routes() -> Vec<(Method, String, Option<String>, Option<Role>)> {
             Some(Role::Admin),
         ),
         (DELETE, item, None, Some(Role::Admin)),
+        (
+            GET,
+            format!("/v1/processes/{P}/error-groups"),
+            None,
+            Some(Role::Viewer),
+        ),
+        (
+            POST,
+            format!("/v1/processes/{P}/items:retry"),
+            body(json!({ "key_prefix": "a" })),
+            Some(Role::Admin),
+        ),
+        (
+            POST,
+            format!("/v1/processes/{P}/items:park"),
+            body(json!({ "key_prefix": "a" })),
+            Some(Role::Admin),
+        ),
+        (
+            POST,
+            format!("/v1/processes/{P}/items:delete"),
+            body(json!({ "key_prefix": "a" })),
+            Some(Role::Admin),
+        ),
+        (
+            POST,
+            format!("/ui/processes/{P}/errors/retry"),
+            Some("signature=x".to_owned()),
+            Some(Role::Admin),
+        ),
     ]
 }
 

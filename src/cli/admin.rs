@@ -1,11 +1,13 @@
 //! `drover delete|retry|park PROCESS KEY…`: an operator's actions on keys,
-//! recorded in the history with the actor `cli`.
+//! recorded in the history with the actor `cli`; with `--error`, `--state` or
+//! `--prefix` instead of keys, on every key that filter matches (in batches,
+//! never a running key).
 
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::store::{
-    ItemDelete, ItemPark, ItemRetry, Store, StoreEngine as _, StoreError, validate_key,
-    validate_process,
+    ItemDelete, ItemFilter, ItemPark, ItemRetry, ItemState, ItemsDelete, ItemsPark, ItemsRetry,
+    Store, StoreEngine as _, StoreError, validate_key, validate_process,
 };
 
 use super::Reported;
@@ -14,16 +16,46 @@ use super::db::DbArgs;
 /// Who the history says took the action.
 const ACTOR: &str = "cli";
 
-/// The keys an action applies to.
+/// The keys an action applies to: named, or every key a filter matches.
 #[derive(Debug, ClapArgs)]
 pub(crate) struct KeysArgs {
     /// The process the keys belong to.
     process: String,
-    /// The keys.
-    #[arg(required = true)]
+    /// The keys (or, instead, a filter: --error, --state, --prefix).
+    #[arg(
+        required_unless_present_any = ["error", "state", "prefix"],
+        conflicts_with_all = ["error", "state", "prefix"]
+    )]
     keys: Vec<String>,
     #[command(flatten)]
+    filter: FilterArgs,
+    #[command(flatten)]
     db: DbArgs,
+}
+
+/// A filter instead of keys: every key matching all the options given that
+/// is not running.
+#[derive(Debug, ClapArgs)]
+struct FilterArgs {
+    /// Every failing (parked or backing-off) key whose last error has this
+    /// signature, as `drover errors PROCESS` lists them.
+    #[arg(long, value_name = "SIGNATURE")]
+    error: Option<String>,
+    /// Every key in this state: pending, backoff, parked or idle.
+    #[arg(long, value_name = "STATE", value_parser = parse_state)]
+    state: Option<ItemState>,
+    /// Every key starting with this.
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+}
+
+/// Parses a state a filter may name (never `running`).
+fn parse_state(s: &str) -> Result<ItemState, String> {
+    ItemState::parse(s)
+        .filter(|s| *s != ItemState::Running)
+        .ok_or_else(|| {
+            format!("{s:?} is not a state to act on; use pending, backoff, parked or idle")
+        })
 }
 
 /// Arguments of `drover park`.
@@ -66,6 +98,9 @@ pub(crate) async fn park(args: ParkArgs) -> anyhow::Result<()> {
 /// connecting, so bad input writes nothing.
 async fn act(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     validate_process(&args.process)?;
+    if args.keys.is_empty() {
+        return act_where(args, action).await;
+    }
     for key in &args.keys {
         validate_key(key)?;
     }
@@ -98,7 +133,49 @@ async fn act(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Applies `action` to every key the filter matches, printing how many
+/// changed.
+async fn act_where(args: KeysArgs, action: Action) -> anyhow::Result<()> {
+    let filter = ItemFilter {
+        process: args.process.clone(),
+        state: args.filter.state,
+        error_signature: args.filter.error,
+        key_prefix: args.filter.prefix,
+    };
+    let store = args.db.open().await?;
+    let actor = ACTOR.to_owned();
+    let changed = match &action {
+        Action::Delete => {
+            store
+                .items_delete_where(ItemsDelete::new(filter, actor))
+                .await
+        }
+        Action::Retry => {
+            store
+                .items_retry_where(ItemsRetry::new(filter, actor))
+                .await
+        }
+        Action::Park { reason } => {
+            let params = ItemsPark::new(filter, actor, reason.clone());
+            store.items_park_where(params).await
+        }
+    };
+    store.close().await;
+    let changed =
+        changed.with_context(|| format!("cannot {} in {}", action.verb(), args.process))?;
+    println!("{}: {} {changed} key(s)", args.process, action.done());
+    Ok(())
+}
+
 impl Action {
+    fn done(&self) -> &'static str {
+        match self {
+            Self::Delete => "deleted",
+            Self::Retry => "retried",
+            Self::Park { .. } => "parked",
+        }
+    }
+
     fn verb(&self) -> &'static str {
         match self {
             Self::Delete => "delete",

@@ -8,6 +8,7 @@ mod admin;
 mod bench;
 mod db;
 mod enqueue;
+mod errors;
 mod exec;
 mod history;
 mod metrics_listen;
@@ -40,6 +41,9 @@ enum Command {
     /// Show what happened to keys, newest first (`history prune`: apply
     /// retention now).
     History(history::Args),
+    /// Show what the failing keys of a process failed with, grouped by error
+    /// (`--error SIGNATURE` of retry, park and delete acts on a group).
+    Errors(errors::Args),
     /// Retry keys now: cut their backoff or park short.
     Retry(admin::KeysArgs),
     /// Park keys: they do not run until their next enqueue or retry.
@@ -95,6 +99,7 @@ pub(crate) fn main() -> ExitCode {
             Command::Enqueue(args) => enqueue::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::History(args) => history::run(args).await,
+            Command::Errors(args) => errors::run(args).await,
             Command::Retry(args) => admin::retry(args).await,
             Command::Park(args) => admin::park(args).await,
             Command::Delete(args) => admin::delete(args).await,

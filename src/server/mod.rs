@@ -49,8 +49,9 @@ pub use app::Server;
 pub use auth::{Role, Tokens, TokensError};
 pub use error::{ApiError, ErrorBody};
 pub use model::{
-    ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
-    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, Health, HeartbeatResponse,
+    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
+    CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
+    EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
     ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
     OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage,
     SessionBody, SessionRequest, StateName,

@@ -7,12 +7,13 @@ use utoipa::{Modify, OpenApi};
 use super::auth::Role;
 use super::error::ErrorBody;
 use super::model::{
-    ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
-    CompleteRequest, CompletionResult, EnqueueRequest, EnqueueResponse, Health, HeartbeatResponse,
+    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
+    CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
+    EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
     ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList,
     ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
 };
-use super::routes::{health, items, leases, processes, runs, sessions};
+use super::routes::{groups, health, items, leases, processes, runs, sessions};
 
 /// The API description served at `/openapi.json`.
 #[derive(Debug, OpenApi)]
@@ -33,6 +34,7 @@ use super::routes::{health, items, leases, processes, runs, sessions};
         processes::list,
         items::enqueue, items::list, items::get, items::retry, items::park, items::delete,
         runs::list,
+        groups::list, groups::retry, groups::park, groups::delete,
         sessions::start, sessions::heartbeat, sessions::close,
         leases::claim, leases::complete, leases::complete_batch, leases::release,
         health::healthz, health::readyz, health::metrics, health::openapi,
@@ -42,13 +44,14 @@ use super::routes::{health, items, leases, processes, runs, sessions};
         StateName, ItemBody, ItemPage, RunBody, RunPage, OutcomeName, ItemDetailBody, SessionRequest, SessionBody,
         HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
-        CompletionResult, ReleaseRequest, Health,
+        CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,
+        BulkParkRequest, BulkState, BulkResponse,
     )),
     modifiers(&BearerAuth),
     tags(
         (name = "work", description = "Producers and workers: enqueue, sessions, leases"),
         (name = "read", description = "Processes and items"),
-        (name = "admin", description = "Operators' actions on items"),
+        (name = "admin", description = "Operators' actions on items, one key or every key a filter matches"),
         (name = "ops", description = "Health, readiness, metrics, this document"),
     )
 )]

@@ -19,12 +19,12 @@ use super::PostgresStore;
 use super::SqliteStore;
 use super::error::ENGINE_URLS;
 use super::params::{
-    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
-    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionStart,
+    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
+    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
+    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{
-    EnqueueReport, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
+    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
     ProcessSettings, PruneReport, ReclaimReport, Run, Session,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions};
@@ -249,6 +249,27 @@ impl StoreEngine for Store {
 
     async fn item_delete(&self, params: ItemDelete) -> Result<bool, StoreError> {
         dispatch!(self, s => s.item_delete(params).await)
+    }
+
+    async fn error_groups(&self, params: ErrorGroups) -> Result<Vec<ErrorGroup>, StoreError> {
+        dispatch!(self, s => s.error_groups(params).await)
+    }
+
+    async fn items_retry_where(&self, params: ItemsRetry) -> Result<u64, StoreError> {
+        let process = params.filter.process.clone();
+        let changed: u64 = dispatch!(self, s => s.items_retry_where(params).await?);
+        if changed > 0 {
+            super::wakeup::notify(&process);
+        }
+        Ok(changed)
+    }
+
+    async fn items_park_where(&self, params: ItemsPark) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.items_park_where(params).await)
+    }
+
+    async fn items_delete_where(&self, params: ItemsDelete) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.items_delete_where(params).await)
     }
 
     async fn history_activity(

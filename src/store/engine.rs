@@ -7,13 +7,13 @@ use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
 use super::params::{
-    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
-    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionStart,
+    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
+    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
+    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{
-    EnqueueReport, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts, ProcessSettings,
-    PruneReport, ReclaimReport, Run, Session,
+    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -150,6 +150,45 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: ItemDelete,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The distinct last errors of the process's failing keys (parked, or
+    /// pending and still backing off), grouped by their
+    /// [`error_signature`](super::error_signature), most keys first: what
+    /// keeps failing, and how often. Each group's signature, passed to an
+    /// [`ItemFilter`](super::ItemFilter), acts on exactly its keys.
+    fn error_groups(
+        &self,
+        params: ErrorGroups,
+    ) -> impl Future<Output = Result<Vec<ErrorGroup>, StoreError>> + Send;
+
+    /// [`item_retry`](Self::item_retry) for every key the filter matches that
+    /// is not running: in batches of `params.batch` keys in key order, each
+    /// batch one transaction whose keys change in one statement, each changed
+    /// key with a `retried` row by `params.actor`; wakes the process's
+    /// workers. How many keys changed. Refused with
+    /// [`StoreError::InvalidArgument`] for a filter with no condition or for
+    /// running keys; batches done before an error stay done.
+    fn items_retry_where(
+        &self,
+        params: ItemsRetry,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// [`item_park`](Self::item_park) for every key the filter matches that is
+    /// not running, in batches as [`items_retry_where`](Self::items_retry_where)
+    /// does, each changed key with a `parked` row carrying the reason.
+    fn items_park_where(
+        &self,
+        params: ItemsPark,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// [`item_delete`](Self::item_delete) for every key the filter matches
+    /// that is not running, in batches as
+    /// [`items_retry_where`](Self::items_retry_where) does, each deleted key
+    /// with a `deleted` row.
+    fn items_delete_where(
+        &self,
+        params: ItemsDelete,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Per known process, how many runs ended (converged / failed) within the
     /// window: recent throughput and failure rate, from the history.

@@ -67,6 +67,7 @@ mod backend;
 mod clock;
 mod engine;
 mod error;
+mod groups;
 mod key;
 mod options;
 mod params;
@@ -114,12 +115,14 @@ pub use engine::StoreEngine;
 pub use error::DriverError;
 pub(crate) use error::error_chain;
 pub use error::{RemoteError, StoreError};
+pub use groups::error_signature;
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
-    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
-    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionStart,
+    BULK_BATCH, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter, ItemGet,
+    ItemList, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose,
+    SessionHeartbeat, SessionStart,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -128,8 +131,8 @@ pub use pruner::{Pruned, Pruner};
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
-    EnqueueReport, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome, PoolStats,
-    ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport, ReclaimReport,
-    Retention, Run, RunOutcome, Session, SessionId,
+    EnqueueReport, ErrorGroup, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome,
+    PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
+    ReclaimReport, Retention, Run, RunOutcome, Session, SessionId,
 };
 pub use url::redact_url;

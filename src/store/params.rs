@@ -287,3 +287,166 @@ pub struct HistoryActivity {
     /// Count the runs that ended within this long before now.
     pub window: Duration,
 }
+
+/// Parameters of [`error_groups`](super::StoreEngine::error_groups).
+#[derive(Debug, Clone)]
+pub struct ErrorGroups {
+    /// The process (it must be known).
+    pub process: String,
+    /// At most this many groups, most keys first.
+    pub limit: u32,
+}
+
+/// Which keys of a process a bulk action applies to: every condition given
+/// must hold. Running keys never match (only their lease holder may end a
+/// run). At least one condition is required (an empty text counts as none),
+/// so an empty filter can never retry, park or delete a whole process by
+/// accident; a text holding a NUL is refused.
+#[derive(Debug, Clone, Default)]
+pub struct ItemFilter {
+    /// The process (it must be known).
+    pub process: String,
+    /// Only keys in this state as seen now (`backoff` = pending and still
+    /// backing off); never `running`.
+    pub state: Option<ItemState>,
+    /// Only keys whose last error has this signature
+    /// ([`error_signature`](super::error_signature)); without a `state`, only
+    /// failing keys (parked or backing off) match, exactly the keys of that
+    /// [`ErrorGroup`](super::ErrorGroup).
+    pub error_signature: Option<String>,
+    /// Only keys starting with this (byte-wise).
+    pub key_prefix: Option<String>,
+}
+
+impl ItemFilter {
+    /// No condition yet (a bulk action refuses it until one is set).
+    #[must_use]
+    pub fn new(process: impl Into<String>) -> Self {
+        Self {
+            process: process.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Only keys in `state`.
+    #[must_use]
+    pub fn state(self, state: ItemState) -> Self {
+        Self {
+            state: Some(state),
+            ..self
+        }
+    }
+
+    /// Only keys whose last error has `signature`.
+    #[must_use]
+    pub fn error_signature(self, signature: impl Into<String>) -> Self {
+        Self {
+            error_signature: Some(signature.into()),
+            ..self
+        }
+    }
+
+    /// Only keys starting with `prefix`.
+    #[must_use]
+    pub fn key_prefix(self, prefix: impl Into<String>) -> Self {
+        Self {
+            key_prefix: Some(prefix.into()),
+            ..self
+        }
+    }
+}
+
+/// The keys a bulk action changes per batch by default: each batch is one
+/// short transaction, so claims never wait long behind an operator.
+pub const BULK_BATCH: u32 = 1000;
+
+/// Parameters of [`items_retry_where`](super::StoreEngine::items_retry_where).
+#[derive(Debug, Clone)]
+pub struct ItemsRetry {
+    /// Which keys.
+    pub filter: ItemFilter,
+    /// Who did it, recorded in each key's history.
+    pub actor: String,
+    /// Keys looked at per batch (default [`BULK_BATCH`]; at least 1).
+    pub batch: u32,
+}
+
+/// Parameters of [`items_park_where`](super::StoreEngine::items_park_where).
+#[derive(Debug, Clone)]
+pub struct ItemsPark {
+    /// Which keys.
+    pub filter: ItemFilter,
+    /// Who did it, recorded in each key's history.
+    pub actor: String,
+    /// Why: each key's last error from now on (stored as
+    /// [`clean_text`](super::clean_text) makes it).
+    pub reason: String,
+    /// Keys looked at per batch (default [`BULK_BATCH`]; at least 1).
+    pub batch: u32,
+}
+
+/// Parameters of [`items_delete_where`](super::StoreEngine::items_delete_where).
+#[derive(Debug, Clone)]
+pub struct ItemsDelete {
+    /// Which keys.
+    pub filter: ItemFilter,
+    /// Who did it, recorded in each key's history.
+    pub actor: String,
+    /// Keys looked at per batch (default [`BULK_BATCH`]; at least 1).
+    pub batch: u32,
+}
+
+impl ItemsRetry {
+    /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
+    #[must_use]
+    pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
+        Self {
+            filter,
+            actor: actor.into(),
+            batch: BULK_BATCH,
+        }
+    }
+
+    /// Looks at `batch` keys per batch (at least 1).
+    #[must_use]
+    pub fn batch(self, batch: u32) -> Self {
+        Self { batch, ..self }
+    }
+}
+
+impl ItemsDelete {
+    /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
+    #[must_use]
+    pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
+        Self {
+            filter,
+            actor: actor.into(),
+            batch: BULK_BATCH,
+        }
+    }
+
+    /// Looks at `batch` keys per batch (at least 1).
+    #[must_use]
+    pub fn batch(self, batch: u32) -> Self {
+        Self { batch, ..self }
+    }
+}
+
+impl ItemsPark {
+    /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
+    #[must_use]
+    pub fn new(filter: ItemFilter, actor: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            filter,
+            actor: actor.into(),
+            reason: reason.into(),
+            batch: BULK_BATCH,
+        }
+    }
+
+    /// Looks at `batch` keys per batch (at least 1).
+    #[must_use]
+    pub fn batch(self, batch: u32) -> Self {
+        Self { batch, ..self }
+    }
+}

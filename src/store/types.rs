@@ -478,3 +478,18 @@ pub struct PoolStats {
     /// The most connections the pool opens.
     pub max: u32,
 }
+
+/// The failing keys (parked or backing off) of one process whose last errors
+/// differ only by the key or by numbers: "30 keys failed for this reason".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ErrorGroup {
+    /// The normalised error ([`error_signature`](super::error_signature)):
+    /// pass it to an [`ItemFilter`](super::ItemFilter) to act on the group.
+    pub signature: String,
+    /// One of the group's errors as stored.
+    pub sample: String,
+    /// How many keys have it.
+    pub count: u64,
+    /// The states those keys are in: `parked`, `backoff` or both.
+    pub states: Vec<ItemState>,
+}

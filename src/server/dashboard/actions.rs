@@ -1,20 +1,26 @@
-//! The admin buttons: retry and park from the item page, then back to it.
+//! The admin buttons: retry and park from the item page, then back to it;
+//! retry, park or delete every key of an error group from the process page,
+//! then back to that.
 //!
 //! Browsers send Basic credentials with any form post to this origin, so a post
 //! that another site's page makes must not act: the server's
 //! [origin guard](crate::server::origin), a layer around every route, refuses
 //! it with 403 before these handlers run.
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Redirect;
+use serde::Deserialize;
 
-use super::item_path;
 use super::pages::HtmlError;
+use super::{item_path, segment};
 use crate::server::auth::{Authorized, Manage, Role};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
 use crate::server::state::AppState;
-use crate::store::{ItemPark, ItemRetry, StoreEngine as _};
+use crate::store::{
+    ItemFilter, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, StoreEngine as _,
+};
 
 /// `POST …/retry`: the item is pending at once.
 pub(super) async fn retry(
@@ -57,5 +63,50 @@ pub(super) async fn park(
         .await
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
+    Ok(Redirect::to(&back))
+}
+
+/// The form of an error group's buttons.
+#[derive(Debug, Deserialize)]
+struct GroupForm {
+    signature: String,
+}
+
+/// `POST /ui/processes/{process}/errors/{retry|park|delete}`: every failing
+/// key of the error group named by the form's `signature`, as the API's bulk
+/// actions do it.
+pub(super) async fn group(
+    auth: Result<Authorized<Manage>, ApiError>,
+    State(state): State<AppState>,
+    PathParams((process, action)): PathParams<(String, String)>,
+    body: Bytes,
+) -> Result<Redirect, HtmlError> {
+    auth?;
+    let form: GroupForm = serde_urlencoded::from_bytes(&body)
+        .map_err(|e| ApiError::field("signature", format!("a form with a signature: {e}")))?;
+    let back = format!("/ui/processes/{}", segment(&process));
+    let filter = ItemFilter::new(process).error_signature(form.signature);
+    let actor = Role::Admin.to_string();
+    let store = &state.store;
+    match action.as_str() {
+        "retry" => {
+            store
+                .items_retry_where(ItemsRetry::new(filter, actor))
+                .await
+        }
+        "park" => {
+            let reason = "parked by an operator from the dashboard";
+            store
+                .items_park_where(ItemsPark::new(filter, actor, reason))
+                .await
+        }
+        "delete" => {
+            store
+                .items_delete_where(ItemsDelete::new(filter, actor))
+                .await
+        }
+        _ => return Err(ApiError::NotFound("no such action".into()).into()),
+    }
+    .map_err(ApiError::from)?;
     Ok(Redirect::to(&back))
 }

@@ -4,7 +4,9 @@
 //!
 //! - `/`: per process — pending, backoff, running, parked, oldest pending age,
 //!   runs finished and failed in the last five minutes — and a key search;
-//! - `/ui/processes/{process}`: its items, by state, paged;
+//! - `/ui/processes/{process}`: its error groups (what its parked and
+//!   backing-off keys failed with, with "retry all", "park all" and "delete
+//!   all" buttons for admins) and its items, by state, paged;
 //! - `/ui/processes/{process}/items/{key}`: one item, its last error and
 //!   history, with retry and park buttons for admins.
 //!
@@ -34,6 +36,10 @@ pub(crate) fn routes() -> Router<AppState> {
         .route(
             "/ui/processes/{process}/items/{key}/park",
             post(actions::park),
+        )
+        .route(
+            "/ui/processes/{process}/errors/{action}",
+            post(actions::group),
         )
 }
 

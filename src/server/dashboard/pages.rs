@@ -12,12 +12,14 @@ use crate::server::extract::{PathParams, QueryParams};
 use crate::server::model::{ItemListQuery, MAX_PAGE};
 use crate::server::routes::processes::summaries;
 use crate::server::state::AppState;
-use crate::store::{ItemGet, ItemList, StoreEngine as _};
+use crate::store::{ErrorGroups, ItemGet, ItemList, StoreEngine as _};
 
 /// Items per process page.
 const PAGE: u32 = 100;
 /// Runs on an item page.
 const RUNS: u32 = 50;
+/// Error groups on a process page.
+const GROUPS: u32 = 20;
 
 /// An [`ApiError`] shown as an HTML page (with the Basic-auth challenge on 401,
 /// so a browser asks for the token).
@@ -80,14 +82,14 @@ pub(super) async fn search(
     Ok(Redirect::to(&item_path(&search.process, key)))
 }
 
-/// `/ui/processes/{process}`: its items.
+/// `/ui/processes/{process}`: its error groups and its items.
 pub(super) async fn process(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
     QueryParams(query): QueryParams<ItemListQuery>,
 ) -> Result<Html<String>, HtmlError> {
-    auth?;
+    let admin = auth?.role >= Role::Admin;
     let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
     let filter = query.state.map(Into::into);
     let items = state
@@ -103,7 +105,20 @@ pub(super) async fn process(
     let next = (items.len() == limit as usize)
         .then(|| items.last().map(|i| i.key.clone()))
         .flatten();
-    let page = view::process(&process, filter, &items, next.as_deref());
+    let groups = state
+        .store
+        .error_groups(ErrorGroups {
+            process: process.clone(),
+            limit: GROUPS,
+        })
+        .await
+        .map_err(ApiError::from)?;
+    let listing = view::Listing {
+        state: filter,
+        items: &items,
+        next: next.as_deref(),
+    };
+    let page = view::process(&process, &groups, admin, &listing);
     Ok(Html(page.into_string()))
 }
 

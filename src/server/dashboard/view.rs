@@ -8,7 +8,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::{item_path, segment};
 use crate::server::model::ProcessSummary;
-use crate::store::{Item, ItemState, Run};
+use crate::store::{ErrorGroup, Item, ItemState, Run};
 
 /// How often pages reload themselves, in seconds.
 const REFRESH_SECONDS: u32 = 5;
@@ -93,29 +93,74 @@ fn search_form(processes: &[ProcessSummary]) -> Markup {
     }
 }
 
-/// A process's items, a page at a time.
+/// One page of a process's items.
+#[derive(Debug)]
+pub(super) struct Listing<'a> {
+    /// The state shown (all when `None`).
+    pub(super) state: Option<ItemState>,
+    /// The items, in key order.
+    pub(super) items: &'a [Item],
+    /// The next page's cursor, if any.
+    pub(super) next: Option<&'a str>,
+}
+
+/// A process's error groups (with the bulk buttons for admins) and its
+/// items, a page at a time.
 pub(super) fn process(
     process: &str,
-    state: Option<ItemState>,
-    items: &[Item],
-    next: Option<&str>,
+    groups: &[ErrorGroup],
+    admin: bool,
+    listing: &Listing<'_>,
 ) -> Markup {
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
+        (errors(&base, groups, admin))
+        h2 { "Items" }
         p { "Show: " a href=(base) { "all" }
             @for s in ["pending", "backoff", "running", "parked", "idle"] { " " a href=(format!("{base}?state={s}")) { (s) } } }
         table id="items" {
             tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "last error" } }
-            @for i in items {
+            @for i in listing.items {
                 tr { td { a href=(item_path(process, &i.key)) { (i.key) } } td { (i.state) } td.n { (i.priority) }
                      td.n { (i.failures) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
             }
         }
-        @if let Some(next) = next {
-            a href=(next_page(&base, state, next)) { "next page" }
+        @if let Some(next) = listing.next {
+            a href=(next_page(&base, listing.state, next)) { "next page" }
         }
     };
     page(process, true, body)
+}
+
+/// The "Errors" section: what the parked and backing-off keys failed with,
+/// grouped by signature; admins get a retry, park and delete button for every
+/// key of a group (running keys are never touched).
+fn errors(base: &str, groups: &[ErrorGroup], admin: bool) -> Markup {
+    html! {
+        h2 { "Errors" }
+        @if groups.is_empty() {
+            p id="errors" { "No parked or backing-off keys." }
+        } @else {
+            table id="errors" {
+                tr { th { "keys" } th { "state" } th { "error (key as <key>, numbers as <n>)" } th { "sample" }
+                     @if admin { th { "all of these" } } }
+                @for g in groups {
+                    tr.group {
+                        td.n.count { (g.count) }
+                        td.states { (g.states.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")) }
+                        td.signature { code { (g.signature) } }
+                        td.err.sample { (g.sample) }
+                        @if admin { td { @for (action, label) in [("retry", "retry all"), ("park", "park all"), ("delete", "delete all")] {
+                            form.inline method="post" action=(format!("{base}/errors/{action}")) {
+                                input type="hidden" name="signature" value=(g.signature);
+                                button type="submit" { (label) }
+                            } " "
+                        } } }
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn next_page(base: &str, state: Option<ItemState>, after: &str) -> String {

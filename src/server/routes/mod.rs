@@ -3,10 +3,11 @@
 //! | class | routes | least role |
 //! | --- | --- | --- |
 //! | open | `/healthz`, `/readyz`, `/openapi.json` | none |
-//! | read | `GET /v1/processes…` (items, runs), `/metrics`, the dashboard | viewer |
+//! | read | `GET /v1/processes…` (items, runs, error groups), `/metrics`, the dashboard | viewer |
 //! | work | enqueue, `/v1/sessions…`, `/v1/leases/…` | worker |
-//! | admin | retry, park, delete (API and dashboard buttons) | admin |
+//! | admin | retry, park, delete, of one key or by filter (API and dashboard buttons) | admin |
 
+pub(crate) mod groups;
 pub(crate) mod health;
 pub(crate) mod items;
 pub(crate) mod leases;
@@ -32,6 +33,10 @@ pub(crate) fn api() -> Router<AppState> {
             get(items::get).delete(items::delete),
         )
         .route("/v1/processes/{process}/runs", get(runs::list))
+        .route("/v1/processes/{process}/error-groups", get(groups::list))
+        .route("/v1/processes/{process}/items:retry", post(groups::retry))
+        .route("/v1/processes/{process}/items:park", post(groups::park))
+        .route("/v1/processes/{process}/items:delete", post(groups::delete))
         .route(
             "/v1/processes/{process}/items/{key}/retry",
             post(items::retry),

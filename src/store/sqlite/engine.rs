@@ -7,17 +7,18 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, inspect, items, leases, processes, runs, sessions};
+use super::{admin, groups, inspect, items, leases, processes, runs, sessions};
+use crate::store::groups::act_where;
 use crate::store::params::{
-    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, LeaseClaim,
-    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionStart,
+    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
+    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
+    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::retention;
 use crate::store::types::{
-    EnqueueReport, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts, ProcessSettings,
-    PruneReport, ReclaimReport, Run, Session,
+    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -174,6 +175,22 @@ impl StoreEngine for SqliteStore {
 
     async fn item_delete(&self, params: ItemDelete) -> Result<bool, StoreError> {
         admin::delete(self, params).await
+    }
+
+    async fn error_groups(&self, params: ErrorGroups) -> Result<Vec<ErrorGroup>, StoreError> {
+        groups::error_groups(self, params).await
+    }
+
+    async fn items_retry_where(&self, params: ItemsRetry) -> Result<u64, StoreError> {
+        act_where(self, params.into()).await
+    }
+
+    async fn items_park_where(&self, params: ItemsPark) -> Result<u64, StoreError> {
+        act_where(self, params.into()).await
+    }
+
+    async fn items_delete_where(&self, params: ItemsDelete) -> Result<u64, StoreError> {
+        act_where(self, params.into()).await
     }
 
     async fn history_activity(

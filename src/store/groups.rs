@@ -1,0 +1,353 @@
+//! Error groups and bulk actions, decided once for both engines.
+//!
+//! An error's **signature** is the error with the key replaced by `<key>` and
+//! every run of ASCII digits by `<n>` ([`error_signature`]), so "machine-7:
+//! timeout after 30s" and "machine-9: timeout after 31s" group together. It is
+//! computed in Rust, one function for both engines and for the filters of the
+//! bulk actions, so a group and the keys an action by its signature changes
+//! can never disagree. Each engine does the part SQL does well first: it
+//! groups the failing keys by their error with the key replaced (one `GROUP
+//! BY`, on the database, no row per key sent over), and [`merge`] folds those
+//! texts by their numbers. That read is bounded ([`MAX_TEXTS`] distinct texts,
+//! most keys first), so the groups stay fast with many failing keys; only when
+//! more distinct texts than that fail at once are the smallest left out.
+//!
+//! A bulk action walks the process's keys in key order, one batch per short
+//! transaction ([`BulkSteps`]): each engine reads a window of candidate rows
+//! (narrowed in SQL by stored state and key prefix), [`window`] picks the rows
+//! the whole filter matches, and the engine changes them and writes their
+//! history rows in one statement per batch, never touching a running key. The
+//! walk reads each key in the filter's stored states once (a filter by error
+//! alone reads the parked and pending keys; by `parked`, only those), so its
+//! cost grows with those keys, but no transaction holds more than one batch.
+
+/// What replaces the key in a signature.
+pub(crate) const KEY_MARK: &str = "<key>";
+/// What replaces each run of ASCII digits in a signature.
+const NUMBER_MARK: &str = "<n>";
+
+/// The signature of `key`'s error `error`: the key (wherever it occurs)
+/// replaced by `<key>`, then every run of ASCII digits by `<n>`. Errors that
+/// differ only by their key or their numbers have the same signature.
+///
+/// ```
+/// use drover::store::error_signature;
+/// assert_eq!(
+///     error_signature("vm-12", "vm-12: timeout after 30s (attempt 4)"),
+///     "<key>: timeout after <n>s (attempt <n>)"
+/// );
+/// ```
+#[must_use]
+pub fn error_signature(key: &str, error: &str) -> String {
+    numbers(&error.replace(key, KEY_MARK))
+}
+
+/// `text` with every run of ASCII digits replaced by `<n>`.
+pub(crate) fn numbers(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                out.push_str(NUMBER_MARK);
+            }
+            in_number = true;
+        } else {
+            out.push(c);
+            in_number = false;
+        }
+    }
+    out
+}
+
+#[cfg(feature = "_engine")]
+pub(crate) use engine::*;
+
+#[cfg(feature = "_engine")]
+mod engine {
+    use std::collections::HashMap;
+    use std::future::Future;
+
+    use super::numbers;
+    use crate::store::StoreError;
+    use crate::store::decode::item_state;
+    use crate::store::error_signature;
+    use crate::store::key::validate_process;
+    use crate::store::params::{ItemFilter, ItemsDelete, ItemsPark, ItemsRetry};
+    use crate::store::rows::Stamp;
+    use crate::store::text::clean_text;
+    use crate::store::types::{ErrorGroup, ItemState, RunOutcome};
+
+    /// The states an item's stored state and backoff show as, in the order groups
+    /// list them.
+    fn state_rank(state: ItemState) -> u8 {
+        match state {
+            ItemState::Parked => 0,
+            ItemState::Backoff => 1,
+            ItemState::Pending => 2,
+            ItemState::Running => 3,
+            ItemState::Idle => 4,
+        }
+    }
+
+    /// The most distinct key-free error texts an engine reads for
+    /// [`error_groups`](crate::store::StoreEngine::error_groups).
+    pub(crate) const MAX_TEXTS: u32 = 10_000;
+
+    /// One row of an engine's grouping: the failing keys (`state` is `parked`
+    /// or `backoff`) whose error, with the key replaced by `<key>`, is `text`.
+    #[derive(Debug, sqlx::FromRow)]
+    pub(crate) struct TextCount {
+        pub(crate) text: String,
+        pub(crate) state: String,
+        pub(crate) count: i64,
+        pub(crate) sample: String,
+    }
+
+    /// Folds the engine's texts by their numbers into groups, most keys first
+    /// (then by signature), at most `limit`.
+    pub(crate) fn merge(rows: Vec<TextCount>, limit: u32) -> Vec<ErrorGroup> {
+        let mut groups: HashMap<String, ErrorGroup> = HashMap::new();
+        for row in rows {
+            let state = match row.state.as_str() {
+                "parked" => ItemState::Parked,
+                _ => ItemState::Backoff,
+            };
+            let signature = numbers(&row.text);
+            let group = groups
+                .entry(signature.clone())
+                .or_insert_with(|| ErrorGroup {
+                    signature,
+                    sample: row.sample,
+                    count: 0,
+                    states: Vec::new(),
+                });
+            group.count += u64::try_from(row.count).unwrap_or(0);
+            if !group.states.contains(&state) {
+                group.states.push(state);
+                group.states.sort_by_key(|s| state_rank(*s));
+            }
+        }
+        let mut groups: Vec<_> = groups.into_values().collect();
+        groups.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.signature.cmp(&b.signature))
+        });
+        groups.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        groups
+    }
+
+    /// An operator's action on every key a filter matches.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Bulk {
+        pub(crate) filter: ItemFilter,
+        pub(crate) outcome: RunOutcome,
+        /// The park reason (the keys' new last error).
+        pub(crate) reason: Option<String>,
+        pub(crate) actor: String,
+        pub(crate) batch: u32,
+    }
+
+    impl From<ItemsRetry> for Bulk {
+        fn from(p: ItemsRetry) -> Self {
+            Self {
+                filter: p.filter,
+                outcome: RunOutcome::Retried,
+                reason: None,
+                actor: p.actor,
+                batch: p.batch,
+            }
+        }
+    }
+
+    impl From<ItemsPark> for Bulk {
+        fn from(p: ItemsPark) -> Self {
+            Self {
+                filter: p.filter,
+                outcome: RunOutcome::Parked,
+                reason: Some(clean_text(&p.reason).into_owned()),
+                actor: p.actor,
+                batch: p.batch,
+            }
+        }
+    }
+
+    impl From<ItemsDelete> for Bulk {
+        fn from(p: ItemsDelete) -> Self {
+            Self {
+                filter: p.filter,
+                outcome: RunOutcome::Deleted,
+                reason: None,
+                actor: p.actor,
+                batch: p.batch,
+            }
+        }
+    }
+
+    /// The filter with empty conditions dropped; refused when no condition is
+    /// left, when it asks for running keys, or when a text holds a NUL (no
+    /// stored key or error does).
+    fn checked(mut filter: ItemFilter) -> Result<ItemFilter, StoreError> {
+        validate_process(&filter.process)?;
+        let texts = [&filter.error_signature, &filter.key_prefix];
+        if texts.into_iter().flatten().any(|t| t.contains('\0')) {
+            return Err(StoreError::InvalidArgument(
+                "an error signature or key prefix cannot hold a NUL".into(),
+            ));
+        }
+        filter.error_signature = filter.error_signature.filter(|s| !s.is_empty());
+        filter.key_prefix = filter.key_prefix.filter(|s| !s.is_empty());
+        if filter.state == Some(ItemState::Running) {
+            return Err(StoreError::InvalidArgument(
+                "running keys cannot be acted on: only their lease holder may end the run".into(),
+            ));
+        }
+        if filter.state.is_none() && filter.error_signature.is_none() && filter.key_prefix.is_none()
+        {
+            return Err(StoreError::InvalidArgument(
+                "give a state, an error signature or a key prefix: an action on every key \
+                 of a process is refused"
+                    .into(),
+            ));
+        }
+        Ok(filter)
+    }
+
+    /// The stored states the filter's keys can be in (`backoff` is stored as
+    /// `pending`), for the engine's window query.
+    pub(crate) fn stored_states(filter: &ItemFilter) -> Vec<&'static str> {
+        match (filter.state, &filter.error_signature) {
+            (Some(ItemState::Parked), _) => vec!["parked"],
+            (Some(ItemState::Pending | ItemState::Backoff), _) => vec!["pending"],
+            (Some(ItemState::Idle), _) => vec!["idle"],
+            (Some(ItemState::Running), _) => vec![],
+            (None, Some(_)) => vec!["parked", "pending"],
+            (None, None) => vec!["pending", "parked", "idle"],
+        }
+    }
+
+    /// A candidate row of a bulk action's window.
+    #[derive(Debug, sqlx::FromRow)]
+    pub(crate) struct CandidateRow<T> {
+        id: i64,
+        key: String,
+        last_error: Option<String>,
+        state: String,
+        backoff_until: Option<T>,
+    }
+
+    /// What one window of the walk gave.
+    #[derive(Debug)]
+    pub(crate) struct Window {
+        /// The rows the whole filter matches.
+        pub(crate) ids: Vec<i64>,
+        /// Where the next window starts; `None` when the walk is over.
+        pub(crate) next: Option<String>,
+    }
+
+    /// Whether `row`, seen at `now`, matches the whole filter.
+    fn matches<T: Stamp>(filter: &ItemFilter, row: &CandidateRow<T>, now: T) -> bool {
+        let backing_off = row.backoff_until.is_some_and(|b| b > now);
+        let Ok(seen) = item_state(&row.state, backing_off) else {
+            return false;
+        };
+        let failing = matches!(seen, ItemState::Parked | ItemState::Backoff);
+        seen != ItemState::Running
+            && filter.state.is_none_or(|s| s == seen)
+            && filter
+                .key_prefix
+                .as_deref()
+                .is_none_or(|p| row.key.starts_with(p))
+            && filter.error_signature.as_deref().is_none_or(|sig| {
+                (filter.state.is_some() || failing)
+                    && error_signature(&row.key, row.last_error.as_deref().unwrap_or("")) == sig
+            })
+    }
+
+    /// Picks the rows of one window (read in key order, at most `batch`) the
+    /// filter matches, and where the walk goes on: after the window's last
+    /// key, unless the window was short or ran past the key prefix.
+    pub(crate) fn window<T: Stamp>(bulk: &Bulk, rows: &[CandidateRow<T>], now: T) -> Window {
+        let ids = rows
+            .iter()
+            .filter(|r| matches(&bulk.filter, r, now))
+            .map(|r| r.id)
+            .collect();
+        let full = rows.len() >= usize::try_from(bulk.batch).unwrap_or(usize::MAX);
+        let next = rows
+            .last()
+            .filter(|last| {
+                full && bulk
+                    .filter
+                    .key_prefix
+                    .as_deref()
+                    .is_none_or(|p| last.key.starts_with(p))
+            })
+            .map(|last| last.key.clone());
+        Window { ids, next }
+    }
+
+    /// One batch of a bulk action, each engine with its own SQL.
+    pub(crate) trait BulkSteps: Sync {
+        /// `UnknownProcess` unless the process is known.
+        fn known(&self, process: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+        /// In one transaction: reads the window of up to `bulk.batch` rows
+        /// after `after` (key order, from the key prefix on, in the filter's
+        /// [`stored_states`], never running), picks the matching ones with
+        /// [`window`], applies the action to them and writes a history row
+        /// for each changed key. The keys changed and where the walk goes on.
+        fn bulk_batch(
+            &self,
+            bulk: &Bulk,
+            after: Option<&str>,
+        ) -> impl Future<Output = Result<(u64, Option<String>), StoreError>> + Send;
+    }
+
+    /// Applies `bulk` to every matching key, a batch at a time; how many keys
+    /// changed. Batches committed before an error stay committed.
+    pub(crate) async fn act_where<S: BulkSteps>(store: &S, bulk: Bulk) -> Result<u64, StoreError> {
+        let bulk = Bulk {
+            filter: checked(bulk.filter)?,
+            batch: bulk.batch.max(1),
+            ..bulk
+        };
+        store.known(&bulk.filter.process).await?;
+        let mut changed = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let (n, next) = store.bulk_batch(&bulk, after.as_deref()).await?;
+            changed += n;
+            match next {
+                Some(next) => after = Some(next),
+                None => return Ok(changed),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_and_every_run_of_digits_are_replaced() {
+        assert_eq!(
+            error_signature("ns/a1", "ns/a1 failed: 503 after 12.5s"),
+            "<key> failed: <n> after <n>.<n>s"
+        );
+        assert_eq!(error_signature("k", "no digits here"), "no digits here");
+        assert_eq!(error_signature("x", ""), "");
+        assert_eq!(numbers("a123b4"), "a<n>b<n>");
+        assert_eq!(numbers("٣ is not ASCII"), "٣ is not ASCII");
+    }
+
+    #[test]
+    fn a_key_with_digits_is_replaced_before_the_numbers() {
+        assert_eq!(
+            error_signature("vm-42", "vm-42 down, vm-43 up"),
+            "<key> down, vm-<n> up"
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! The store's contract for error groups and bulk actions: failing keys grouped
+//! by their error with the key and numbers replaced, and retry, park and delete
+//! of every key a filter matches, in batches, audited, never touching a running
+//! key; on every engine via `support::each_engine`.
+//!
+//! No test sleeps: backoffs end by advancing the store's clock offset.
+
+mod support;
+
+use drover::store::{
+    ErrorGroup, ErrorGroups, ItemFilter, ItemState, ItemsDelete, ItemsPark, ItemsRetry, Outcome,
+    RunOutcome, Store, StoreEngine as _, StoreError,
+};
+use support::store::{P, claim, complete, configure, enqueue, events, history, item, secs};
+use support::{TestDb, each_engine};
+
+/// Enqueues `keys`, runs each once and ends it with the outcome `outcome`
+/// gives for its key. Nothing else of `P` may be ready.
+async fn fail(db: &TestDb, keys: &[&str], outcome: impl Fn(&str) -> Outcome) {
+    enqueue(&db.store, keys).await;
+    let s = db.session().await;
+    let leases = claim(&db.store, s.id, 1000).await;
+    assert_eq!(leases.len(), keys.len(), "only these keys were ready");
+    for lease in &leases {
+        complete(&db.store, lease, outcome(&lease.key))
+            .await
+            .expect("complete");
+    }
+}
+
+/// A timeout naming the key, with numbers that differ per key.
+fn timeout(key: &str) -> Outcome {
+    Outcome::Permanent(format!("{key}: timeout after {}s", key.len() * 7))
+}
+
+async fn groups(store: &Store, limit: u32) -> Vec<ErrorGroup> {
+    store
+        .error_groups(ErrorGroups {
+            process: P.into(),
+            limit,
+        })
+        .await
+        .expect("error_groups")
+}
+
+async fn state(store: &Store, key: &str) -> Option<ItemState> {
+    item(store, key).await.map(|i| i.state)
+}
+
+#[tokio::test]
+async fn failing_keys_group_by_their_error_with_the_key_and_numbers_replaced() {
+    each_engine(|db| async move {
+        configure(&db.store, 60, 600).await;
+        fail(&db, &["vm-1", "vm-22", "vm-333"], timeout).await;
+        fail(&db, &["db-1", "db-2"], |_| {
+            Outcome::Transient("connection refused".into())
+        })
+        .await;
+        fail(&db, &["disk-a"], |_| {
+            Outcome::Permanent("disk 7 full".into())
+        })
+        .await;
+        fail(&db, &["disk-b"], |_| {
+            Outcome::Transient("disk 9 full".into())
+        })
+        .await;
+        fail(&db, &["ok"], |_| Outcome::Done).await;
+        enqueue(&db.store, &["waiting"]).await;
+        let all = groups(&db.store, 10).await;
+        let summary: Vec<_> = all
+            .iter()
+            .map(|g| (g.signature.as_str(), g.count, g.states.clone()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("<key>: timeout after <n>s", 3, vec![ItemState::Parked]),
+                ("connection refused", 2, vec![ItemState::Backoff]),
+                (
+                    "disk <n> full",
+                    2,
+                    vec![ItemState::Parked, ItemState::Backoff]
+                ),
+            ],
+            "most keys first, then by signature; idle and pending keys are not failing"
+        );
+        assert!(
+            all[0].sample.ends_with(": timeout after 35s")
+                || all[0].sample.ends_with(": timeout after 42s")
+                || all[0].sample.ends_with(": timeout after 28s"),
+            "a sample is a stored error: {}",
+            all[0].sample
+        );
+        assert_eq!(
+            groups(&db.store, 1).await,
+            all[..1],
+            "at most `limit` groups"
+        );
+        db.store.clock().advance(secs(3600));
+        let later = groups(&db.store, 10).await;
+        assert_eq!(
+            later.iter().map(|g| g.count).collect::<Vec<_>>(),
+            [3, 1],
+            "a key whose backoff ended is no longer failing"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bulk_retry_by_error_group_retries_exactly_the_keys_of_that_group() {
+    each_engine(|db| async move {
+        configure(&db.store, 1, 1).await;
+        fail(&db, &["vm-1", "vm-22", "vm-333"], timeout).await;
+        fail(&db, &["db-1", "db-2"], |_| {
+            Outcome::Permanent("connection refused".into())
+        })
+        .await;
+        // Two keys with the same error that are not failing any more: one
+        // pending again after its backoff, one running.
+        fail(&db, &["vm-8", "vm-9"], |k| {
+            Outcome::Transient(format!("{k}: timeout after 5s"))
+        })
+        .await;
+        db.store.clock().advance(secs(10));
+        let s = db.session().await;
+        let running = claim(&db.store, s.id, 1).await.remove(0).key;
+        let pending = if running == "vm-8" { "vm-9" } else { "vm-8" };
+        let group = groups(&db.store, 10).await.remove(0);
+        assert_eq!(
+            (group.signature.as_str(), group.count),
+            ("<key>: timeout after <n>s", 3)
+        );
+
+        let filter = ItemFilter::new(P).error_signature(&group.signature);
+        let changed = db
+            .store
+            .items_retry_where(ItemsRetry::new(filter, "admin"))
+            .await
+            .expect("retry");
+        assert_eq!(changed, 3);
+        for key in ["vm-1", "vm-22", "vm-333"] {
+            assert_eq!(
+                state(&db.store, key).await,
+                Some(ItemState::Pending),
+                "{key}"
+            );
+            let last = history(&db.store, key, 1).await.remove(0);
+            assert_eq!(
+                (last.outcome, last.actor.as_deref()),
+                (RunOutcome::Retried, Some("admin")),
+                "{key}"
+            );
+        }
+        for key in ["db-1", "db-2"] {
+            assert_eq!(
+                state(&db.store, key).await,
+                Some(ItemState::Parked),
+                "{key}"
+            );
+            assert_eq!(events(&db.store, key).await, [RunOutcome::Parked], "{key}");
+        }
+        assert_eq!(state(&db.store, &running).await, Some(ItemState::Running));
+        assert_eq!(events(&db.store, &running).await, [RunOutcome::Retry]);
+        assert_eq!(events(&db.store, pending).await, [RunOutcome::Retry]);
+        let left: Vec<_> = groups(&db.store, 10)
+            .await
+            .into_iter()
+            .map(|g| g.signature)
+            .collect();
+        assert_eq!(left, ["connection refused"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bulk_park_and_delete_act_on_the_keys_a_filter_matches() {
+    each_engine(|db| async move {
+        enqueue(&db.store, &["ns1/a", "ns1/b", "ns1/c", "ns2/a", "ns10/a"]).await;
+        let s = db.session().await;
+        let lease = claim(&db.store, s.id, 1).await.remove(0);
+        assert_eq!(lease.key, "ns1/a");
+        let park = ItemsPark::new(
+            ItemFilter::new(P).key_prefix("ns1/"),
+            "cli",
+            "provider down",
+        );
+        let parked = db.store.items_park_where(park).await.expect("park");
+        assert_eq!(parked, 2, "the running key is not touched");
+        let b = item(&db.store, "ns1/b").await.expect("ns1/b");
+        assert_eq!(
+            (b.state, b.last_error.as_deref()),
+            (ItemState::Parked, Some("provider down"))
+        );
+        let row = history(&db.store, "ns1/c", 1).await.remove(0);
+        assert_eq!(
+            (row.outcome, row.actor.as_deref(), row.error.as_deref()),
+            (RunOutcome::Parked, Some("cli"), Some("provider down"))
+        );
+        assert_eq!(state(&db.store, "ns1/a").await, Some(ItemState::Running));
+        assert_eq!(state(&db.store, "ns10/a").await, Some(ItemState::Pending));
+
+        let delete = ItemsDelete::new(ItemFilter::new(P).state(ItemState::Parked), "cli");
+        assert_eq!(
+            db.store.items_delete_where(delete).await.expect("delete"),
+            2
+        );
+        assert_eq!(state(&db.store, "ns1/b").await, None);
+        assert_eq!(
+            events(&db.store, "ns1/b").await,
+            [RunOutcome::Parked, RunOutcome::Deleted]
+        );
+        assert_eq!(state(&db.store, "ns2/a").await, Some(ItemState::Pending));
+        assert_eq!(state(&db.store, "ns1/a").await, Some(ItemState::Running));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_filter_matching_nothing_changes_nothing_and_an_empty_one_is_refused() {
+    each_engine(|db| async move {
+        enqueue(&db.store, &["a1", "a2"]).await;
+        let none = ItemFilter::new(P).key_prefix("zz");
+        let retry = ItemsRetry::new(none.clone(), "admin");
+        assert_eq!(db.store.items_retry_where(retry).await.expect("retry"), 0);
+        let signature = ItemFilter::new(P).error_signature("no such error");
+        let delete = ItemsDelete::new(signature, "admin");
+        assert_eq!(
+            db.store.items_delete_where(delete).await.expect("delete"),
+            0
+        );
+        for key in ["a1", "a2"] {
+            assert_eq!(state(&db.store, key).await, Some(ItemState::Pending));
+            assert!(history(&db.store, key, 10).await.is_empty(), "no row");
+        }
+        for filter in [
+            ItemFilter::new(P),
+            ItemFilter::new(P).key_prefix("").error_signature(""),
+            ItemFilter::new(P).state(ItemState::Running),
+        ] {
+            let delete = ItemsDelete::new(filter.clone(), "admin");
+            let refused = db.store.items_delete_where(delete).await;
+            assert!(
+                matches!(refused, Err(StoreError::InvalidArgument(_))),
+                "{filter:?}: {refused:?}"
+            );
+        }
+        assert_eq!(state(&db.store, "a1").await, Some(ItemState::Pending));
+        let unknown = ItemsRetry::new(ItemFilter::new("nope").key_prefix("a"), "admin");
+        assert!(matches!(
+            db.store.items_retry_where(unknown).await,
+            Err(StoreError::UnknownProcess(_))
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bulk_actions_walk_every_batch_of_a_process() {
+    each_engine(|db| async move {
+        // Half the keys parked; the retry by their error walks windows that
+        // also hold the pending half, which does not match.
+        let keys: Vec<String> = (0..20).map(|i| format!("k{i:02}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        enqueue(&db.store, &refs).await;
+        let first = ItemFilter::new(P).key_prefix("k0");
+        let park = ItemsPark::new(first, "admin", "first ten").batch(3);
+        assert_eq!(db.store.items_park_where(park).await.expect("park"), 10);
+        let group = ItemFilter::new(P).error_signature("first ten");
+        let retry = ItemsRetry::new(group, "admin").batch(3);
+        assert_eq!(db.store.items_retry_where(retry).await.expect("retry"), 10);
+        for key in &refs[..10] {
+            assert_eq!(
+                events(&db.store, key).await,
+                [RunOutcome::Parked, RunOutcome::Retried],
+                "{key}"
+            );
+        }
+
+        // More keys than one default batch.
+        let many: Vec<String> = (0..2_345).map(|i| format!("m{i:05}")).collect();
+        let process = drover::store::ItemEnqueue::new(P, many.iter().cloned());
+        db.store.item_enqueue(process).await.expect("enqueue");
+        let park = ItemsPark::new(ItemFilter::new(P).key_prefix("m"), "admin", "all of them");
+        assert_eq!(db.store.items_park_where(park).await.expect("park"), 2_345);
+        let delete = ItemsDelete::new(ItemFilter::new(P).error_signature("all of them"), "admin");
+        assert_eq!(
+            db.store.items_delete_where(delete).await.expect("delete"),
+            2_345
+        );
+        assert_eq!(state(&db.store, "m02344").await, None);
+        assert_eq!(state(&db.store, "k10").await, Some(ItemState::Pending));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_bulk_retry_wakes_the_process_workers() {
+    each_engine(|db| async move {
+        enqueue(&db.store, &["a1", "a2"]).await;
+        let park = ItemsPark::new(ItemFilter::new(P).key_prefix("a"), "admin", "held");
+        assert_eq!(db.store.items_park_where(park).await.expect("park"), 2);
+        let wakeup = db.store.subscribe(P);
+        let woken = wakeup.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let retry = ItemsRetry::new(ItemFilter::new(P).state(ItemState::Parked), "admin");
+        assert_eq!(db.store.items_retry_where(retry).await.expect("retry"), 2);
+        tokio::time::timeout(secs(5), woken)
+            .await
+            .expect("a worker waiting on the process is woken");
+    })
+    .await;
+}
