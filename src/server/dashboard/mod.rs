@@ -7,8 +7,9 @@
 //! - `/ui/processes/{process}`: its error groups (what its parked and
 //!   backing-off keys failed with, with "retry all", "park all" and "delete
 //!   all" buttons for admins) and its items, by state, paged;
-//! - `/ui/processes/{process}/items/{key}`: one item, its last error and
-//!   history, with retry and park buttons for admins.
+//! - `/ui/processes/{process}/items/{key}`: any known key (converged ones
+//!   included), its current run, its runs and last error, with retry and park
+//!   buttons for admins.
 //!
 //! It uses the API's route classes: viewers see it, admins get the buttons. In a
 //! browser the token is the password of HTTP Basic auth (any user name).
