@@ -139,6 +139,8 @@ async fn a_batch_mixing_new_pending_running_parked_and_idle_keys_coalesces_each(
             .expect("park");
         let later = ItemEnqueue::new(P, ["pending"]).after(secs(60)).priority(3);
         db.store.item_enqueue(later).await.expect("enqueue");
+        // Later than the keys' first enqueue, so their last enqueue is too.
+        db.store.clock().advance(Duration::from_millis(10));
         let batch = ["new", "pending", "running", "parked", "idle", "new"].map(String::from);
         // With fillers after it, the same batch again on the bulk path.
         let report = db

@@ -114,7 +114,7 @@ struct Writes {
     /// Items left idle (a clean `done`, the common run): one statement for all.
     idle: Vec<i64>,
     /// Every other item's next row.
-    updated: Vec<(i64, RunOutcome, NextRow)>,
+    updated: NextRows,
 }
 
 impl Writes {
@@ -123,7 +123,7 @@ impl Writes {
         if settled.next.state == NextState::Idle {
             self.idle.push(id);
         } else {
-            self.updated.push((id, settled.outcome, settled.next));
+            self.updated.push(id, settled.outcome, &settled.next);
         }
     }
 
@@ -132,10 +132,7 @@ impl Writes {
         if !self.idle.is_empty() {
             idle(tx, now, &self.idle).await?;
         }
-        for (id, outcome, next) in &self.updated {
-            update(tx, now, *id, *outcome, next).await?;
-        }
-        Ok(())
+        self.updated.write(tx, now).await
     }
 }
 
@@ -158,37 +155,73 @@ async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreE
     Ok(())
 }
 
-/// Writes an item's next row (pending again, or parked).
-async fn update(
-    tx: &mut Tx,
-    now: DateTime<Utc>,
-    id: i64,
-    outcome: RunOutcome,
-    next: &NextRow,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE drover_items SET state = $2, priority = $3, ready_at = $4, enqueued_at = $5,
-             failures = $6, backoff_until = $7, backoff_ms = $8, last_error = $9,
-             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = $10, last_ended_at = $11
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(next.state.as_str())
-    .bind(next.priority)
-    .bind(next.ready_at)
-    .bind(next.enqueued_at)
-    .bind(i32::try_from(next.failures).unwrap_or(i32::MAX))
-    .bind(next.backoff_until)
-    .bind(next.backoff.map(duration_ms))
-    .bind(&next.last_error)
-    .bind(outcome.as_str())
-    .bind(now)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
+/// Writes the next rows of the items that stay pending or parked, one
+/// statement for the whole batch (the rows are already locked by [`HELD`]);
+/// `$1` is the time their runs ended, the arrays are [`NextRows`]' columns.
+const NEXT: &str = "
+UPDATE drover_items AS i SET state = n.state, priority = n.priority, ready_at = n.ready_at,
+    enqueued_at = n.enqueued_at, failures = n.failures, backoff_until = n.backoff_until,
+    backoff_ms = n.backoff_ms, last_error = n.last_error,
+    dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+    lease_session = NULL, lease_token = NULL, started_at = NULL,
+    last_outcome = n.outcome, last_ended_at = $1
+FROM UNNEST($2::bigint[], $3::text[], $4::text[], $5::int[], $6::timestamptz[],
+            $7::timestamptz[], $8::int[], $9::timestamptz[], $10::bigint[], $11::text[])
+    AS n(id, outcome, state, priority, ready_at, enqueued_at, failures, backoff_until,
+         backoff_ms, last_error)
+WHERE i.id = n.id";
+
+/// The next rows of a batch's items that stay pending or parked, by column.
+#[derive(Debug, Default)]
+struct NextRows {
+    id: Vec<i64>,
+    outcome: Vec<&'static str>,
+    state: Vec<&'static str>,
+    priority: Vec<i32>,
+    ready_at: Vec<DateTime<Utc>>,
+    enqueued_at: Vec<DateTime<Utc>>,
+    failures: Vec<i32>,
+    backoff_until: Vec<Option<DateTime<Utc>>>,
+    backoff_ms: Vec<Option<i64>>,
+    last_error: Vec<Option<String>>,
+}
+
+impl NextRows {
+    fn push(&mut self, id: i64, outcome: RunOutcome, next: &NextRow) {
+        self.id.push(id);
+        self.outcome.push(outcome.as_str());
+        self.state.push(next.state.as_str());
+        self.priority.push(next.priority);
+        self.ready_at.push(next.ready_at);
+        self.enqueued_at.push(next.enqueued_at);
+        self.failures
+            .push(i32::try_from(next.failures).unwrap_or(i32::MAX));
+        self.backoff_until.push(next.backoff_until);
+        self.backoff_ms.push(next.backoff.map(duration_ms));
+        self.last_error.push(next.last_error.clone());
+    }
+
+    async fn write(self, tx: &mut Tx, now: DateTime<Utc>) -> Result<(), StoreError> {
+        if self.id.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(NEXT)
+            .bind(now)
+            .bind(&self.id)
+            .bind(&self.outcome)
+            .bind(&self.state)
+            .bind(&self.priority)
+            .bind(&self.ready_at)
+            .bind(&self.enqueued_at)
+            .bind(&self.failures)
+            .bind(&self.backoff_until)
+            .bind(&self.backoff_ms)
+            .bind(&self.last_error)
+            .execute(&mut **tx)
+            .await
+            .db()?;
+        Ok(())
+    }
 }
 
 /// SQLSTATE classes of errors a value can cause: data exception (22: NUL in

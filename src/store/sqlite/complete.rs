@@ -101,8 +101,10 @@ struct Writes {
     failed: Vec<Value>,
     /// Items left idle (a clean `done`, the common run): one statement for all.
     idle: Vec<i64>,
-    /// Every other item's next row.
-    updated: Vec<(i64, RunOutcome, NextRow)>,
+    /// Every other item's next row, as `[id, outcome, state, priority,
+    /// ready_at, enqueued_at, failures, backoff_until, backoff_ms, last_error]`
+    /// for [`NEXT`].
+    updated: Vec<Value>,
 }
 
 impl Writes {
@@ -116,7 +118,8 @@ impl Writes {
         if settled.next.state == NextState::Idle {
             self.idle.push(id);
         } else {
-            self.updated.push((id, settled.outcome, settled.next));
+            self.updated
+                .push(next_row(id, settled.outcome, &settled.next));
         }
     }
 
@@ -128,8 +131,13 @@ impl Writes {
         if !self.idle.is_empty() {
             idle(tx, now, &Value::from(self.idle).to_string()).await?;
         }
-        for (id, outcome, next) in &self.updated {
-            update(tx, now, *id, *outcome, next).await?;
+        if !self.updated.is_empty() {
+            sqlx::query(NEXT)
+                .bind(now)
+                .bind(Value::from(self.updated).to_string())
+                .execute(&mut **tx)
+                .await
+                .db()?;
         }
         Ok(())
     }
@@ -154,37 +162,38 @@ async fn idle(tx: &mut Tx, now: i64, ids: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Writes an item's next row (pending again, or parked).
-async fn update(
-    tx: &mut Tx,
-    now: i64,
-    id: i64,
-    outcome: RunOutcome,
-    next: &NextRow,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE drover_items SET state = ?2, priority = ?3, ready_at = ?4, enqueued_at = ?5,
-             failures = ?6, backoff_until = ?7, backoff_ms = ?8, last_error = ?9,
-             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = ?10, last_ended_at = ?11
-         WHERE id = ?1",
-    )
-    .bind(id)
-    .bind(next.state.as_str())
-    .bind(next.priority)
-    .bind(to_ms(next.ready_at))
-    .bind(to_ms(next.enqueued_at))
-    .bind(next.failures)
-    .bind(next.backoff_until.map(to_ms))
-    .bind(next.backoff.map(duration_ms))
-    .bind(&next.last_error)
-    .bind(outcome.as_str())
-    .bind(now)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
+/// Writes the next rows of the items that stay pending or parked, one
+/// statement for the whole batch: `?2` is a JSON array of [`next_row`]s, `?1`
+/// the time their runs ended.
+pub(super) const NEXT: &str = "
+UPDATE drover_items AS i SET state = n.state, priority = n.priority, ready_at = n.ready_at,
+    enqueued_at = n.enqueued_at, failures = n.failures, backoff_until = n.backoff_until,
+    backoff_ms = n.backoff_ms, last_error = n.last_error,
+    dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+    lease_session = NULL, lease_token = NULL, started_at = NULL,
+    last_outcome = n.outcome, last_ended_at = ?1
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS outcome,
+          json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS priority,
+          json_extract(value, '$[4]') AS ready_at, json_extract(value, '$[5]') AS enqueued_at,
+          json_extract(value, '$[6]') AS failures, json_extract(value, '$[7]') AS backoff_until,
+          json_extract(value, '$[8]') AS backoff_ms, json_extract(value, '$[9]') AS last_error
+      FROM json_each(?2)) AS n
+WHERE i.id = n.id";
+
+/// An item's next row (pending again, or parked) as [`NEXT`] reads it.
+fn next_row(id: i64, outcome: RunOutcome, next: &NextRow) -> Value {
+    json!([
+        id,
+        outcome.as_str(),
+        next.state.as_str(),
+        next.priority,
+        to_ms(next.ready_at),
+        to_ms(next.enqueued_at),
+        next.failures,
+        next.backoff_until.map(to_ms),
+        next.backoff.map(duration_ms),
+        next.last_error,
+    ])
 }
 
 /// SQLite's primary result codes for errors a value can cause: a string or

@@ -38,3 +38,9 @@ async fn the_completion_probes_the_lease_index_per_token() {
     let step = "USING INDEX drover_items_leases (lease_session=? AND lease_token=?)";
     assert_plan(super::complete::HELD, step).await;
 }
+
+#[tokio::test]
+async fn a_batch_of_next_rows_finds_each_item_by_its_id() {
+    let step = "SEARCH i USING INTEGER PRIMARY KEY (rowid=?)";
+    assert_plan(super::complete::NEXT, step).await;
+}
