@@ -39,6 +39,8 @@ struct ConfigureArgs {
     #[command(flatten)]
     backoff: BackoffFlags,
     #[command(flatten)]
+    resync: ResyncFlags,
+    #[command(flatten)]
     db: DbArgs,
 }
 
@@ -78,6 +80,39 @@ impl RetentionFlags {
         }
         if let Some(IdleLimit(period)) = self.forget_idle_after {
             params = params.forget_idle_after(period);
+        }
+        params
+    }
+}
+
+/// How often idle keys are looked at again.
+#[derive(Debug, ClapArgs)]
+struct ResyncFlags {
+    /// Make every idle (converged) key pending again this long after its last
+    /// run ended, e.g. 1h, or `never` (the default); parked, backing-off and
+    /// running keys are never touched.
+    #[arg(long, value_name = "DURATION|never", value_parser = idle_limit)]
+    resync: Option<IdleLimit>,
+    /// Spread keys over this fraction of the interval, 0 to 1 (default 0.1):
+    /// each comes back between DURATION and DURATION × (1 + FRACTION).
+    #[arg(long, value_name = "FRACTION")]
+    resync_jitter: Option<f64>,
+    /// The priority resynced keys wait at (default -100, below enqueues' 0).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    resync_priority: Option<i32>,
+}
+
+impl ResyncFlags {
+    fn apply(&self, params: ProcessConfigure) -> ProcessConfigure {
+        let mut params = params;
+        if let Some(IdleLimit(every)) = self.resync {
+            params = params.resync_every(every);
+        }
+        if let Some(jitter) = self.resync_jitter {
+            params = params.resync_jitter(jitter);
+        }
+        if let Some(priority) = self.resync_priority {
+            params = params.resync_priority(priority);
         }
         params
     }
@@ -143,7 +178,7 @@ impl BackoffFlags {
     }
 }
 
-/// `--forget-idle-after`: a period, or never.
+/// `--forget-idle-after`, `--resync`: a period, or never.
 #[derive(Debug, Clone, Copy)]
 struct IdleLimit(Option<Duration>);
 
@@ -184,6 +219,7 @@ async fn configure(args: ConfigureArgs) -> anyhow::Result<()> {
         let params = ProcessConfigure::new(args.process.clone());
         let params = args.retention.apply(params);
         let params = args.backoff.apply(params, stored_backoff)?;
+        let params = args.resync.apply(params);
         store.process_configure(params).await?;
         settings_of(&store, &args.process)
             .await?
@@ -240,10 +276,25 @@ fn describe_backoff(b: &Backoff) -> String {
     text
 }
 
+/// A resync as `1h ±10% prio -100`, or `never`.
+fn describe_resync(s: &ProcessSettings) -> String {
+    s.resync.map_or_else(
+        || "never".to_owned(),
+        |r| {
+            format!(
+                "{} +{}% prio {}",
+                human(r.every),
+                (r.jitter * 100.0).round(),
+                r.priority
+            )
+        },
+    )
+}
+
 fn print_table(processes: &[ProcessSettings]) {
     println!(
-        "{:<24} {:>15} {:>13} {:>18}  BACKOFF",
-        "PROCESS", "KEEP RUNS FOR", "RUNS PER KEY", "FORGET IDLE AFTER"
+        "{:<24} {:>15} {:>13} {:>18} {:>22}  BACKOFF",
+        "PROCESS", "KEEP RUNS FOR", "RUNS PER KEY", "FORGET IDLE AFTER", "RESYNC"
     );
     for s in processes {
         let r = &s.retention;
@@ -251,11 +302,12 @@ fn print_table(processes: &[ProcessSettings]) {
             .forget_idle_after
             .map_or_else(|| "never".to_owned(), human);
         println!(
-            "{:<24} {:>15} {:>13} {:>18}  {}",
+            "{:<24} {:>15} {:>13} {:>18} {:>22}  {}",
             s.process,
             human(r.keep_runs_for),
             r.keep_runs_per_key,
             forget,
+            describe_resync(s),
             describe_backoff(&s.backoff)
         );
     }
@@ -269,6 +321,12 @@ fn to_json(s: &ProcessSettings) -> serde_json::Value {
         "keep_runs_for_seconds": r.keep_runs_for.as_secs_f64(),
         "keep_runs_per_key": r.keep_runs_per_key,
         "forget_idle_after_seconds": r.forget_idle_after.map(|d| d.as_secs_f64()),
+        "resync": s.resync.map(|r| json!({
+            "every_seconds": r.every.as_secs_f64(),
+            "jitter": r.jitter,
+            "priority": r.priority,
+        })),
+        "next_resync": s.next_resync,
         "backoff": {
             "initial_seconds": b.initial().as_secs_f64(),
             "factor": b.factor(),

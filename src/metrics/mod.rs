@@ -9,7 +9,8 @@
 //! - server: `drover_http_requests_total` and `drover_http_request_duration_seconds`;
 //! - store: `drover_items{process,state}`, `drover_oldest_pending_age_seconds`
 //!   and the connection pool's gauges, read from the database at scrape time;
-//!   `drover_history_pruned_total{what}` ([`PruneMetrics`]).
+//!   `drover_history_pruned_total{what}` ([`PruneMetrics`]),
+//!   `drover_resync_enqueued_total{process}` ([`ResyncMetrics`]).
 //!
 //! The queue, the runner and the server import their families from here; this
 //! module imports nothing from them, so metrics never form a cycle between
@@ -39,7 +40,7 @@ pub(crate) use runner::RunnerMetrics;
 #[cfg(feature = "server")]
 pub(crate) use server::ServerMetrics;
 #[cfg(feature = "_store")]
-pub use store::PruneMetrics;
+pub use store::{PruneMetrics, ResyncMetrics};
 
 struct Global {
     registry: Registry,
@@ -48,6 +49,8 @@ struct Global {
     runner: RunnerFamilies,
     #[cfg(feature = "_store")]
     pruned: PruneMetrics,
+    #[cfg(feature = "_store")]
+    resynced: ResyncMetrics,
 }
 
 fn global() -> &'static Global {
@@ -60,6 +63,8 @@ fn global() -> &'static Global {
             runner: RunnerFamilies::new(&mut registry),
             #[cfg(feature = "_store")]
             pruned: PruneMetrics::new(&mut registry),
+            #[cfg(feature = "_store")]
+            resynced: ResyncMetrics::new(&mut registry),
             queue,
             registry,
         }
@@ -94,4 +99,9 @@ pub(crate) fn runner() -> &'static RunnerFamilies {
 #[cfg(feature = "_store")]
 pub(crate) fn pruned() -> &'static PruneMetrics {
     &global().pruned
+}
+
+#[cfg(feature = "_store")]
+pub(crate) fn resynced() -> &'static ResyncMetrics {
+    &global().resynced
 }

@@ -63,6 +63,41 @@ impl PruneMetrics {
     }
 }
 
+/// `drover_resync_enqueued_total{process}`: the idle keys this process's
+/// [`Resyncer`](crate::store::Resyncer) made pending again. Every node walks
+/// its share of the shared resync walk, so sum over nodes for the total.
+/// Register once per registry; clones share the counters.
+#[derive(Debug, Clone)]
+pub struct ResyncMetrics {
+    enqueued: Family<OneLabel, Counter>,
+}
+
+impl ResyncMetrics {
+    /// Registers the family in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let enqueued = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "drover_resync_enqueued",
+            "Idle keys made pending again by resync in this process, by process",
+            enqueued.clone(),
+        );
+        Self { enqueued }
+    }
+
+    /// The process-wide family, in [`registry`](super::registry).
+    #[must_use]
+    pub fn global() -> Self {
+        super::resynced().clone()
+    }
+
+    /// Counts the keys one resync batch made pending.
+    pub(crate) fn count(&self, process: &str, keys: u64) {
+        self.enqueued
+            .get_or_create(&[("process", process.to_owned())])
+            .inc_by(keys);
+    }
+}
+
 /// Item counts per process and state, the oldest ready item's age, and the
 /// pool's connections.
 #[cfg(feature = "server")]

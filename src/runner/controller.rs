@@ -20,8 +20,8 @@ use super::source::Source;
 use crate::metrics::RunnerMetrics;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, SessionId, SessionStart,
-    Store, StoreEngine, StoreError, WorkerBackend,
+    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, Resyncer, SessionId,
+    SessionStart, Store, StoreEngine, StoreError, WorkerBackend,
 };
 
 /// A control loop: workers that claim keys of one process from a backend and run
@@ -43,7 +43,8 @@ use crate::store::{
 ///
 /// On a [`Store`] it also applies every process's retention in the
 /// background ([`Pruner`], see
-/// [`prune_every`](ControllerBuilder::prune_every)).
+/// [`prune_every`](ControllerBuilder::prune_every)) and resyncs the
+/// processes that ask for it ([`Resyncer`]).
 ///
 /// ```no_run
 /// use drover::runner::{Action, Controller, Task};
@@ -176,6 +177,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         if let Some(store) = self.backend.local_store() {
             let pruner = Pruner::new(store.clone()).every(self.settings.prune_every);
             services.spawn(pruner.run(services_stop.clone()));
+            services.spawn(Resyncer::new(store.clone()).run(services_stop.clone()));
         }
         if B::RECLAIMS {
             services.spawn(reclaim(

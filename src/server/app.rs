@@ -19,7 +19,7 @@ use super::origin;
 use super::routes;
 use super::state::AppState;
 use crate::metrics::ServerMetrics;
-use crate::store::{Pruner, Store, StoreEngine as _};
+use crate::store::{Pruner, Resyncer, Store, StoreEngine as _};
 
 /// drover's HTTP server over one store: the JSON API under `/v1`, `/openapi.json`,
 /// `/metrics`, `/healthz`, `/readyz` and the dashboard at `/`.
@@ -71,7 +71,8 @@ impl Server {
     /// Serves on `listener` until `shutdown` fires, then stops accepting,
     /// answers waiting claims with no leases, lets in-flight requests finish and
     /// returns. Reclaims expired sessions' leases and applies every process's
-    /// retention ([`Pruner`]) in the background meanwhile.
+    /// retention ([`Pruner`]) and resync ([`Resyncer`]) in the background
+    /// meanwhile.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -84,6 +85,7 @@ impl Server {
             .every(self.state.options.prune_interval)
             .run(stop.clone());
         let pruner = tokio::spawn(pruner);
+        let resyncer = tokio::spawn(Resyncer::new(self.state.store.clone()).run(stop.clone()));
         let relay = {
             let stop = stop.clone();
             async move {
@@ -97,6 +99,7 @@ impl Server {
         stop.cancel();
         reclaim.await.ok();
         pruner.await.ok();
+        resyncer.await.ok();
         result
     }
 }

@@ -21,11 +21,12 @@ use super::error::ENGINE_URLS;
 use super::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
     ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions};
 
@@ -285,6 +286,15 @@ impl StoreEngine for Store {
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
         dispatch!(self, s => s.retention_prune(params).await)
+    }
+
+    async fn resync_batch(&self, params: ResyncBatch) -> Result<ResyncReport, StoreError> {
+        let process = params.process.clone();
+        let report: ResyncReport = dispatch!(self, s => s.resync_batch(params).await?);
+        if report.resynced > 0 {
+            super::wakeup::notify(&process);
+        }
+        Ok(report)
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

@@ -9,11 +9,12 @@ use super::error::StoreError;
 use super::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
     ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -211,6 +212,19 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: RetentionPrune,
     ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
+
+    /// One small batch of a process's resync ([`Resync`](super::Resync)): if
+    /// a pass is under way or due (or `params.start`), reads the next window
+    /// of idle keys along a walk shared by every node, makes the due ones
+    /// pending at the resync priority, and moves the walk on; one short
+    /// transaction. Only idle keys change: a pending key keeps its ready time
+    /// and priority, and running, parked and backing-off keys are left alone,
+    /// so a resync never runs a key twice at once and is never a retry. Wakes
+    /// the process's workers when it resynced a key.
+    fn resync_batch(
+        &self,
+        params: ResyncBatch,
+    ) -> impl Future<Output = Result<ResyncReport, StoreError>> + Send;
 
     /// Counts per known process and state, with the oldest ready item's age.
     /// Idle keys are not counted: counting them would read every known key.

@@ -73,6 +73,7 @@ mod options;
 mod params;
 mod pruner;
 mod refusal;
+mod resyncer;
 mod text;
 mod types;
 mod url;
@@ -94,6 +95,8 @@ mod migrate;
 mod parts;
 #[cfg(feature = "_engine")]
 mod processes;
+#[cfg(feature = "_engine")]
+mod resync;
 #[cfg(feature = "_engine")]
 mod retention;
 #[cfg(feature = "_engine")]
@@ -121,18 +124,19 @@ pub use options::StoreOptions;
 pub use params::{
     BULK_BATCH, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter, ItemGet,
     ItemList, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose,
+    LeaseLock, LeaseRelease, ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose,
     SessionHeartbeat, SessionStart,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use pruner::{Pruned, Pruner};
+pub use resyncer::Resyncer;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
     EnqueueReport, ErrorGroup, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome,
     PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
-    ReclaimReport, Retention, Run, RunOutcome, Session, SessionId,
+    ReclaimReport, Resync, ResyncReport, Retention, Run, RunOutcome, Session, SessionId,
 };
 pub use url::redact_url;

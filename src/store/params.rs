@@ -193,6 +193,15 @@ pub struct ProcessConfigure {
     pub keep_runs_per_key: Option<u32>,
     /// Forget idle keys untouched this long: `Some(None)` = never (the default).
     pub forget_idle_after: Option<Option<Duration>>,
+    /// Resync every idle key this long after its last run ended: `Some(None)`
+    /// = never (the default). At least one second.
+    pub resync_every: Option<Option<Duration>>,
+    /// The resync's jitter, a fraction in `[0, 1]` (default 0.1): each key
+    /// comes back between `every` and `every × (1 + jitter)`.
+    pub resync_jitter: Option<f64>,
+    /// The priority resynced keys are pending at (default −100, below
+    /// every enqueue's default 0).
+    pub resync_priority: Option<i32>,
 }
 
 impl ProcessConfigure {
@@ -240,6 +249,47 @@ impl ProcessConfigure {
             ..self
         }
     }
+
+    /// Sets how long after its last run an idle key is resynced (`None`:
+    /// never).
+    #[must_use]
+    pub fn resync_every(self, every: Option<Duration>) -> Self {
+        Self {
+            resync_every: Some(every),
+            ..self
+        }
+    }
+
+    /// Sets the resync's jitter (a fraction in `[0, 1]`).
+    #[must_use]
+    pub fn resync_jitter(self, jitter: f64) -> Self {
+        Self {
+            resync_jitter: Some(jitter),
+            ..self
+        }
+    }
+
+    /// Sets the priority resynced keys are pending at.
+    #[must_use]
+    pub fn resync_priority(self, priority: i32) -> Self {
+        Self {
+            resync_priority: Some(priority),
+            ..self
+        }
+    }
+}
+
+/// Parameters of [`resync_batch`](super::StoreEngine::resync_batch): one
+/// small batch of a process's resync walk.
+#[derive(Debug, Clone)]
+pub struct ResyncBatch {
+    /// The process whose idle keys to walk.
+    pub process: String,
+    /// At most this many idle keys are read (at least 1).
+    pub batch: u32,
+    /// Start a pass now even if none is due yet (a pass under way goes on
+    /// either way).
+    pub start: bool,
 }
 
 /// Parameters of [`item_retry`](super::StoreEngine::item_retry).

@@ -6,11 +6,14 @@ use super::StoreError;
 use super::decode::backoff_policy;
 use super::key::validate_process;
 use super::params::ProcessConfigure;
-use super::types::{ProcessSettings, Retention};
+use super::resync::{Rules, next_pass};
+use super::rows::Stamp;
+use super::types::{ProcessSettings, Resync, Retention};
 
-/// `drover_processes` as both engines store it (durations in milliseconds).
+/// `drover_processes` as both engines store it (durations in milliseconds),
+/// with the next resync from `drover_resync` (times as the engine keeps them).
 #[derive(Debug, sqlx::FromRow)]
-pub(crate) struct SettingsRow {
+pub(crate) struct SettingsRow<T> {
     process: String,
     backoff_initial_ms: i64,
     backoff_factor: f64,
@@ -19,16 +22,37 @@ pub(crate) struct SettingsRow {
     keep_runs_ms: i64,
     keep_runs_per_key: i32,
     forget_idle_ms: Option<i64>,
+    #[sqlx(flatten)]
+    resync: Rules,
+    pass_started_at: Option<T>,
+    next_due_at: Option<T>,
 }
+
+/// The columns of a [`SettingsRow`], from `drover_processes p LEFT JOIN
+/// drover_resync r ON r.process = p.process`.
+macro_rules! settings_columns {
+    () => {
+        "p.process, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, \
+         p.backoff_jitter, p.keep_runs_ms, p.keep_runs_per_key, p.forget_idle_ms, \
+         p.resync_every_ms, p.resync_jitter, p.resync_priority, \
+         r.pass_started_at, r.next_due_at"
+    };
+}
+pub(crate) use settings_columns;
 
 /// Milliseconds as a duration (negative ones as zero).
 fn ms(v: i64) -> Duration {
     Duration::from_millis(u64::try_from(v).unwrap_or(0))
 }
 
-impl SettingsRow {
+impl<T: Stamp> SettingsRow<T> {
     /// The domain settings.
     pub(crate) fn into_settings(self) -> ProcessSettings {
+        let resync = self.resync.every().map(|every| Resync {
+            every,
+            jitter: self.resync.resync_jitter,
+            priority: self.resync.resync_priority,
+        });
         ProcessSettings {
             backoff: backoff_policy(
                 Some(self.backoff_initial_ms),
@@ -41,6 +65,14 @@ impl SettingsRow {
                 keep_runs_per_key: u32::try_from(self.keep_runs_per_key.max(1)).unwrap_or(1),
                 forget_idle_after: self.forget_idle_ms.map(ms),
             },
+            next_resync: resync.and_then(|r| {
+                next_pass(
+                    self.pass_started_at.map(Stamp::time),
+                    self.next_due_at.map(Stamp::time),
+                    r.every,
+                )
+            }),
+            resync,
             process: self.process,
         }
     }
@@ -62,6 +94,24 @@ pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
     if params.forget_idle_after == Some(Some(Duration::ZERO)) {
         return Err(StoreError::InvalidArgument(
             "forget idle keys after longer than 0, or never".into(),
+        ));
+    }
+    if params
+        .resync_every
+        .flatten()
+        .is_some_and(|d| d < Duration::from_secs(1))
+    {
+        return Err(StoreError::InvalidArgument(
+            "resync every 1s or longer, or never".into(),
+        ));
+    }
+    if params
+        .resync_jitter
+        .is_some_and(|j| !(0.0..=1.0).contains(&j))
+    {
+        return Err(StoreError::InvalidArgument(
+            "give a resync jitter between 0 and 1 (0.1 spreads keys over a tenth of the interval)"
+                .into(),
         ));
     }
     Ok(())

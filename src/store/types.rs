@@ -386,6 +386,36 @@ pub struct ProcessSettings {
     pub backoff: Backoff,
     /// How long its history and idle keys are kept.
     pub retention: Retention,
+    /// How its idle keys are looked at again; `None`: never.
+    pub resync: Option<Resync>,
+    /// When the next resync pass is due (the earliest time an idle key it
+    /// knows of comes back); `None` without resync or before the first pass.
+    pub next_resync: Option<DateTime<Utc>>,
+}
+
+/// A process's resync: every idle (converged) key becomes pending again, at a
+/// low priority, between `every` and `every × (1 + jitter)` after its last
+/// run ended, as an informer's resync re-adds every known object. Parked,
+/// backing-off, pending and running keys are never touched.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Resync {
+    /// How long after its last run an idle key is looked at again.
+    pub every: Duration,
+    /// The fraction of `every` over which keys spread (by a hash of the key).
+    pub jitter: f64,
+    /// The priority resynced keys are pending at.
+    pub priority: i32,
+}
+
+/// What one resync batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResyncReport {
+    /// Idle keys made pending.
+    pub resynced: u64,
+    /// Whether there is nothing more to do now: the pass ended with this
+    /// batch, no pass is due, the process does not resync, or another node
+    /// holds the walk.
+    pub done: bool,
 }
 
 /// Where a retention pass over one process stands: how far each of its two

@@ -55,7 +55,13 @@ pub(super) async fn overview(
 ) -> Result<Html<String>, HtmlError> {
     auth?;
     let processes = summaries(&state).await?;
-    Ok(Html(view::overview(&processes).into_string()))
+    let settings = state.store.process_list().await.map_err(ApiError::from)?;
+    let now = state.store.clock_now().await.map_err(ApiError::from)?;
+    let resyncs = view::Resyncs {
+        settings: &settings,
+        now,
+    };
+    Ok(Html(view::overview(&processes, &resyncs).into_string()))
 }
 
 /// The key search form's parameters.
@@ -118,7 +124,13 @@ pub(super) async fn process(
         items: &items,
         next: next.as_deref(),
     };
-    let page = view::process(&process, &groups, admin, &listing);
+    let settings = state.store.process_list().await.map_err(ApiError::from)?;
+    let now = state.store.clock_now().await.map_err(ApiError::from)?;
+    let resyncs = view::Resyncs {
+        settings: &settings,
+        now,
+    };
+    let page = view::process(&process, &groups, admin, &listing, &resyncs);
     Ok(Html(page.into_string()))
 }
 

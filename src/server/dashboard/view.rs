@@ -8,7 +8,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::{item_path, segment};
 use crate::server::model::ProcessSummary;
-use crate::store::{ErrorGroup, Item, ItemState, Run};
+use crate::store::{ErrorGroup, Item, ItemState, ProcessSettings, Run};
 
 /// How often pages reload themselves, in seconds.
 const REFRESH_SECONDS: u32 = 5;
@@ -43,8 +43,43 @@ fn age(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
+/// Every process's resync, and the database clock to show it against.
+#[derive(Debug)]
+pub(super) struct Resyncs<'a> {
+    /// Every process's stored settings.
+    pub(super) settings: &'a [ProcessSettings],
+    /// The database clock when the page was read.
+    pub(super) now: DateTime<Utc>,
+}
+
+impl Resyncs<'_> {
+    /// A process's resync in a few words: `every 1h +10%, next in 12m`,
+    /// `every 1h +10%, next now` (a pass is due or under way), or `never`.
+    fn describe(&self, process: &str) -> String {
+        let Some(s) = self.settings.iter().find(|s| s.process == process) else {
+            return "never".to_owned();
+        };
+        let Some(r) = s.resync else {
+            return "never".to_owned();
+        };
+        let every = age(r.every);
+        let jitter = (r.jitter * 100.0).round();
+        let next = match s.next_resync {
+            Some(at) if at > self.now => {
+                format!(
+                    "next in {}",
+                    age((at - self.now).to_std().unwrap_or_default())
+                )
+            }
+            Some(_) => "next now".to_owned(),
+            None => "first pass pending".to_owned(),
+        };
+        format!("every {every} +{jitter}%, priority {}, {next}", r.priority)
+    }
+}
+
 /// The overview: one row per process, and the key search.
-pub(super) fn overview(processes: &[ProcessSummary]) -> Markup {
+pub(super) fn overview(processes: &[ProcessSummary], resyncs: &Resyncs<'_>) -> Markup {
     let body = html! {
         (search_form(processes))
         @if processes.is_empty() {
@@ -53,15 +88,16 @@ pub(super) fn overview(processes: &[ProcessSummary]) -> Markup {
         } @else {
             table id="processes" {
                 tr { th { "process" } th { "pending" } th { "backoff" } th { "running" } th { "parked" }
-                     th { "oldest pending" } th { "finished (5 min)" } th { "failed (5 min)" } th { "failure rate" } }
-                @for p in processes { (process_row(p)) }
+                     th { "oldest pending" } th { "finished (5 min)" } th { "failed (5 min)" } th { "failure rate" }
+                     th { "resync" } }
+                @for p in processes { (process_row(p, resyncs)) }
             }
         }
     };
     page("Processes", true, body)
 }
 
-fn process_row(p: &ProcessSummary) -> Markup {
+fn process_row(p: &ProcessSummary, resyncs: &Resyncs<'_>) -> Markup {
     let ended = p.recent_finished + p.recent_failed;
     let rate = if ended == 0 {
         "-".to_owned()
@@ -76,7 +112,7 @@ fn process_row(p: &ProcessSummary) -> Markup {
             td { a href=(format!("/ui/processes/{}", segment(&p.process))) { (p.process) } }
             td.n.pending { (p.pending) } td.n.backoff { (p.backoff) } td.n.running { (p.running) }
             td.n.parked { (p.parked) } td.n { (oldest) } td.n { (p.recent_finished) }
-            td.n { (p.recent_failed) } td.n { (rate) }
+            td.n { (p.recent_failed) } td.n { (rate) } td.resync { (resyncs.describe(&p.process)) }
         }
     }
 }
@@ -111,9 +147,11 @@ pub(super) fn process(
     groups: &[ErrorGroup],
     admin: bool,
     listing: &Listing<'_>,
+    resyncs: &Resyncs<'_>,
 ) -> Markup {
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
+        p id="resync" { "Resync: " (resyncs.describe(process)) }
         (errors(&base, groups, admin))
         h2 { "Items" }
         p { "Show: " a href=(base) { "all" }

@@ -10,18 +10,19 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, enqueue, groups, inspect, leases, processes, runs, sessions};
+use super::{admin, enqueue, groups, inspect, leases, processes, resync, runs, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
     ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -253,6 +254,10 @@ impl StoreEngine for PostgresStore {
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
         retry(|| retention::prune(self, params.clone())).await
+    }
+
+    async fn resync_batch(&self, params: ResyncBatch) -> Result<ResyncReport, StoreError> {
+        retry(|| resync::batch(self, &params)).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

@@ -17,6 +17,7 @@ mod items;
 mod leases;
 mod listen;
 mod processes;
+mod resync;
 mod retry;
 mod rows;
 mod runs;

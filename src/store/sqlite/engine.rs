@@ -7,18 +7,19 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, groups, inspect, items, leases, processes, runs, sessions};
+use super::{admin, groups, inspect, items, leases, processes, resync, runs, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
     ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -206,6 +207,10 @@ impl StoreEngine for SqliteStore {
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
         retention::prune(self, params).await
+    }
+
+    async fn resync_batch(&self, params: ResyncBatch) -> Result<ResyncReport, StoreError> {
+        resync::batch(self, &params).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

@@ -16,6 +16,7 @@ mod leases;
 #[cfg(test)]
 mod plans;
 mod processes;
+mod resync;
 mod rows;
 mod runs;
 mod sessions;

@@ -7,7 +7,7 @@ use super::items::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
-use crate::store::processes::{SettingsRow, checked};
+use crate::store::processes::{SettingsRow, checked, settings_columns};
 use crate::store::types::ProcessSettings;
 
 /// Writes the settings given, leaving the others as stored.
@@ -27,7 +27,10 @@ pub(super) async fn configure(
              backoff_jitter = COALESCE(?5, backoff_jitter),
              keep_runs_ms = COALESCE(?6, keep_runs_ms),
              keep_runs_per_key = COALESCE(?7, keep_runs_per_key),
-             forget_idle_ms = CASE WHEN ?8 THEN ?9 ELSE forget_idle_ms END
+             forget_idle_ms = CASE WHEN ?8 THEN ?9 ELSE forget_idle_ms END,
+             resync_every_ms = CASE WHEN ?10 THEN ?11 ELSE resync_every_ms END,
+             resync_jitter = COALESCE(?12, resync_jitter),
+             resync_priority = COALESCE(?13, resync_priority)
          WHERE process = ?1",
     )
     .bind(&params.process)
@@ -39,6 +42,10 @@ pub(super) async fn configure(
     .bind(params.keep_runs_per_key)
     .bind(params.forget_idle_after.is_some())
     .bind(params.forget_idle_after.flatten().map(duration_ms))
+    .bind(params.resync_every.is_some())
+    .bind(params.resync_every.flatten().map(duration_ms))
+    .bind(params.resync_jitter)
+    .bind(params.resync_priority)
     .execute(&mut *tx)
     .await
     .db()?;
@@ -48,11 +55,12 @@ pub(super) async fn configure(
 
 /// Every known process with its settings.
 pub(super) async fn list(store: &SqliteStore) -> Result<Vec<ProcessSettings>, StoreError> {
-    let rows: Vec<SettingsRow> = sqlx::query_as(
-        "SELECT process, backoff_initial_ms, backoff_factor, backoff_max_ms, backoff_jitter,
-             keep_runs_ms, keep_runs_per_key, forget_idle_ms
-         FROM drover_processes ORDER BY process",
-    )
+    let rows: Vec<SettingsRow<i64>> = sqlx::query_as(concat!(
+        "SELECT ",
+        settings_columns!(),
+        " FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process
+         ORDER BY p.process"
+    ))
     .fetch_all(&store.pool)
     .await
     .db()?;

@@ -1,0 +1,198 @@
+//! [`Resyncer`]: resync that runs. On a timer it gives every process with a
+//! [`Resync`](super::Resync) a few batches of its walk, so each idle key is
+//! looked at again about once per interval without any transaction holding
+//! more than one small window of keys.
+
+use std::time::Duration;
+
+use rand::RngExt as _;
+use tokio_util::sync::CancellationToken;
+
+use super::any::Store;
+use super::engine::StoreEngine;
+use super::error::StoreError;
+use super::params::ResyncBatch;
+use crate::metrics::ResyncMetrics;
+
+/// The pause between two batches, so claims and completions waiting for the
+/// database go first.
+const BETWEEN_BATCHES: Duration = Duration::from_millis(5);
+
+/// Resyncs every process that asks for it, in the background: every tick
+/// (default 10 s, jittered ±10 %) it lists the processes and, for each with a
+/// resync interval, runs [`resync_batch`](StoreEngine::resync_batch) batches
+/// while a pass is under way or due, up to a budget per process per tick; a
+/// longer walk goes on at the next tick. Passes are decided in the database,
+/// on its clock: the walk is shared by every node (each batch takes the
+/// walk's row, or skips the process when another node holds it), and a new
+/// pass starts only when the earliest idle key it knows of is due. So any
+/// number of resyncers may share a database: they share one walk.
+///
+/// Each key made pending is counted in [`ResyncMetrics`]. Errors are logged
+/// and tried again at the next tick; only the [`CancellationToken`] stops it.
+///
+/// ```no_run
+/// use drover::store::{Resyncer, Store};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn run() -> Result<(), drover::store::StoreError> {
+/// let store = Store::connect("sqlite://drover.db").await?;
+/// let stop = CancellationToken::new();
+/// let resyncer = tokio::spawn(Resyncer::new(store).run(stop.clone()));
+/// // … until shutdown:
+/// stop.cancel();
+/// resyncer.await.ok();
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Resyncer<S = Store> {
+    store: S,
+    every: Duration,
+    batch: u32,
+    budget: u32,
+    metrics: ResyncMetrics,
+}
+
+impl<S: StoreEngine> Resyncer<S> {
+    /// The default interval between ticks: 10 s.
+    pub const EVERY: Duration = Duration::from_secs(10);
+    /// The default batch: 1,000 keys read per transaction.
+    pub const BATCH: u32 = 1_000;
+    /// The default budget: 100 batches per process per tick.
+    pub const BUDGET: u32 = 100;
+
+    /// A resyncer over `store` with the defaults: every 10 s, batches of
+    /// 1,000 keys, at most 100 batches per process per tick, counted in the
+    /// process-wide [`ResyncMetrics`].
+    #[must_use]
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            every: Self::EVERY,
+            batch: Self::BATCH,
+            budget: Self::BUDGET,
+            metrics: ResyncMetrics::global(),
+        }
+    }
+
+    /// The interval between ticks (default 10 s, at least 10 ms): how late
+    /// after it is due a pass may start, at worst. Shorter costs one small
+    /// transaction per resyncing process per tick.
+    #[must_use]
+    pub fn every(self, every: Duration) -> Self {
+        Self {
+            every: every.max(Duration::from_millis(10)),
+            ..self
+        }
+    }
+
+    /// How many keys one batch reads (default 1,000, at least 1). Larger
+    /// batches walk faster and hold each transaction longer.
+    #[must_use]
+    pub fn batch(self, batch: u32) -> Self {
+        Self {
+            batch: batch.max(1),
+            ..self
+        }
+    }
+
+    /// The most batches one process gets per tick (default 100, at least 1).
+    #[must_use]
+    pub fn budget(self, budget: u32) -> Self {
+        Self {
+            budget: budget.max(1),
+            ..self
+        }
+    }
+
+    /// Where resynced keys are counted (default: the process-wide
+    /// [`registry`](crate::metrics::registry)).
+    #[must_use]
+    pub fn metrics(self, metrics: ResyncMetrics) -> Self {
+        Self { metrics, ..self }
+    }
+
+    /// Resyncs on a timer until `stop` fires. The first tick comes after a
+    /// random part of the interval.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut wait = self.every.mul_f64(rand::rng().random_range(0.0..1.0));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            self.tick(&stop).await;
+            wait = self.every.mul_f64(rand::rng().random_range(0.9..1.1));
+        }
+    }
+
+    /// Runs one complete pass over `process` now, due or not (a pass under
+    /// way is finished instead), and returns how many keys it resynced.
+    pub async fn resync_process(&self, process: &str) -> Result<u64, StoreError> {
+        let mut total = 0;
+        let mut start = true;
+        loop {
+            let report = self.batch_of(process, start).await?;
+            total += report.resynced;
+            if report.done {
+                return Ok(total);
+            }
+            start = false;
+            tokio::time::sleep(BETWEEN_BATCHES).await;
+        }
+    }
+
+    /// One tick: each resyncing process's walk goes on for up to the budget.
+    async fn tick(&self, stop: &CancellationToken) {
+        let processes = match self.store.process_list().await {
+            Ok(processes) => processes,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list processes to resync; trying again next tick");
+                return;
+            }
+        };
+        for settings in processes.into_iter().filter(|s| s.resync.is_some()) {
+            let process = settings.process;
+            let mut total = 0;
+            for _ in 0..self.budget {
+                if stop.is_cancelled() {
+                    return;
+                }
+                match self.batch_of(&process, false).await {
+                    Ok(report) => {
+                        total += report.resynced;
+                        if report.done {
+                            break;
+                        }
+                        tokio::time::sleep(BETWEEN_BATCHES).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%process, error = %e, "resync failed; trying again next tick");
+                        break;
+                    }
+                }
+            }
+            if total > 0 {
+                tracing::info!(%process, keys = total, "resynced idle keys");
+            }
+        }
+    }
+
+    /// Runs one batch of `process`'s walk, counting what it resynced.
+    async fn batch_of(
+        &self,
+        process: &str,
+        start: bool,
+    ) -> Result<super::types::ResyncReport, StoreError> {
+        let report = self
+            .store
+            .resync_batch(ResyncBatch {
+                process: process.to_owned(),
+                batch: self.batch,
+                start,
+            })
+            .await?;
+        self.metrics.count(process, report.resynced);
+        Ok(report)
+    }
+}

@@ -1,0 +1,233 @@
+//! Resync on both engines, with the database clock moved instead of waiting:
+//! only idle keys come back, at the resync priority, once per interval
+//! measured from their last run's end; parked, backing-off, delayed and
+//! running keys are left as they are; the walk goes in batches.
+
+mod support;
+
+use std::time::Duration;
+
+use drover::backoff::Backoff;
+use drover::store::{
+    ItemEnqueue, ItemState, Outcome, ProcessConfigure, ResyncBatch, Resyncer, SessionStart,
+    StoreEngine as _,
+};
+use support::store::{P, claim, complete, enqueue, item, keys, run_ready, secs};
+use support::{TestDb, each_engine};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Resyncs [`P`] every hour, without jitter (each key exactly one hour after
+/// its last run), at priority −5; backoff 10 h, so a failed key is still
+/// backing off when idle keys come back.
+async fn hourly(db: &TestDb) {
+    let backoff = Backoff::new(secs(36_000), 2.0, secs(36_000)).expect("valid backoff");
+    db.store
+        .process_configure(
+            ProcessConfigure::new(P)
+                .backoff(backoff)
+                .resync_every(Some(HOUR))
+                .resync_jitter(0.0)
+                .resync_priority(-5),
+        )
+        .await
+        .expect("configure");
+}
+
+/// One complete pass now.
+async fn pass(db: &TestDb) -> u64 {
+    Resyncer::new(db.store.clone())
+        .resync_process(P)
+        .await
+        .expect("resync")
+}
+
+async fn state(db: &TestDb, key: &str) -> ItemState {
+    item(&db.store, key).await.expect("a known key").state
+}
+
+#[tokio::test]
+async fn only_idle_keys_come_back_at_low_priority_once_per_interval() {
+    each_engine(|db| async move {
+        hourly(&db).await;
+        enqueue(
+            &db.store,
+            &["idle-a", "idle-b", "parked", "failing", "running"],
+        )
+        .await;
+        // A session that outlives the moved clock.
+        let session = db
+            .store
+            .session_start(SessionStart {
+                component: "test".into(),
+                ttl: 10 * HOUR,
+            })
+            .await
+            .expect("session");
+        let leases = claim(&db.store, session.id, 10).await;
+        for lease in &leases {
+            let outcome = match lease.key.as_str() {
+                "parked" => Outcome::Permanent("gone".into()),
+                "failing" => Outcome::Transient("flaky".into()),
+                "running" => continue,
+                _ => Outcome::Done,
+            };
+            complete(&db.store, lease, outcome).await.expect("complete");
+        }
+        let running = leases.iter().find(|l| l.key == "running").expect("claimed");
+        db.store
+            .item_enqueue(ItemEnqueue::new(P, ["delayed"]).after(5 * HOUR).priority(3))
+            .await
+            .expect("enqueue a delayed key");
+        let delayed = item(&db.store, "delayed").await.expect("known");
+        let backoff = item(&db.store, "failing")
+            .await
+            .expect("known")
+            .backoff_until;
+
+        db.store.clock().advance(59 * MINUTE);
+        assert_eq!(pass(&db).await, 0, "nothing is due before the interval");
+        db.store.clock().advance(2 * MINUTE);
+        assert_eq!(pass(&db).await, 2, "the two idle keys come back");
+
+        for key in ["idle-a", "idle-b"] {
+            let it = item(&db.store, key).await.expect("known");
+            assert_eq!((it.state, it.priority), (ItemState::Pending, -5), "{key}");
+        }
+        assert_eq!(
+            state(&db, "parked").await,
+            ItemState::Parked,
+            "resync is no retry"
+        );
+        let failing = item(&db.store, "failing").await.expect("known");
+        assert_eq!(failing.state, ItemState::Backoff);
+        assert_eq!(failing.backoff_until, backoff, "the backoff is untouched");
+        assert_eq!(
+            item(&db.store, "delayed").await,
+            Some(delayed),
+            "a pending key keeps its time"
+        );
+        let held = item(&db.store, "running").await.expect("known");
+        assert_eq!(held.state, ItemState::Running);
+        assert!(!held.dirty, "a running key is not marked for another run");
+
+        // The running key's run ends: it converges, and is not run again.
+        complete(&db.store, running, Outcome::Done)
+            .await
+            .expect("complete");
+        assert_eq!(state(&db, "running").await, ItemState::Idle);
+
+        // Resynced keys wait behind enqueued ones.
+        enqueue(&db.store, &["fresh"]).await;
+        let first = claim(&db.store, session.id, 1).await;
+        assert_eq!(keys(&first), ["fresh"]);
+        complete(&db.store, &first[0], Outcome::Done)
+            .await
+            .expect("complete");
+        let mut ran = run_ready(&db.store, P, 10, &Outcome::Done).await;
+        ran.sort();
+        assert_eq!(ran, ["idle-a", "idle-b"]);
+
+        // Once per interval, from each key's last run: not again at once,
+        // nor half an hour later; an hour after those runs, again.
+        assert_eq!(pass(&db).await, 0);
+        db.store.clock().advance(30 * MINUTE);
+        assert_eq!(pass(&db).await, 0);
+        db.store.clock().advance(31 * MINUTE);
+        // idle-a and idle-b (resynced runs), running and fresh (their own runs).
+        assert_eq!(pass(&db).await, 4);
+        assert_eq!(state(&db, "parked").await, ItemState::Parked);
+        assert_eq!(state(&db, "failing").await, ItemState::Backoff);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_walk_goes_in_batches_and_resumes_where_it_stopped() {
+    each_engine(|db| async move {
+        hourly(&db).await;
+        let names: Vec<String> = (0..25).map(|i| format!("k{i:02}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(P, names.iter().cloned()))
+            .await
+            .expect("enqueue");
+        assert_eq!(run_ready(&db.store, P, 100, &Outcome::Done).await.len(), 25);
+        db.store.clock().advance(HOUR + MINUTE);
+        let batch = |start| ResyncBatch {
+            process: P.into(),
+            batch: 4,
+            start,
+        };
+        let mut reports = vec![db.store.resync_batch(batch(true)).await.expect("batch")];
+        while !reports.last().expect("one").done {
+            reports.push(db.store.resync_batch(batch(false)).await.expect("batch"));
+        }
+        let counts: Vec<u64> = reports.iter().map(|r| r.resynced).collect();
+        assert_eq!(
+            counts,
+            [4, 4, 4, 4, 4, 4, 1],
+            "seven windows of at most 4 keys"
+        );
+        // The pass is over and none is due: a batch walks nothing.
+        let idle = db.store.resync_batch(batch(false)).await.expect("batch");
+        assert_eq!((idle.resynced, idle.done), (0, true));
+        let settings = db.store.process_list().await.expect("list");
+        let settings = settings.iter().find(|s| s.process == P).expect("known");
+        assert!(settings.next_resync.is_some(), "{settings:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn jitter_spreads_keys_over_the_span_and_each_comes_back_once() {
+    each_engine(|db| async move {
+        db.store
+            .process_configure(
+                ProcessConfigure::new(P)
+                    .resync_every(Some(HOUR))
+                    .resync_jitter(1.0),
+            )
+            .await
+            .expect("configure");
+        let names: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(P, names.iter().cloned()))
+            .await
+            .expect("enqueue");
+        assert_eq!(run_ready(&db.store, P, 100, &Outcome::Done).await.len(), 40);
+        // Half-way through the span some keys are due, not all.
+        db.store.clock().advance(HOUR + 30 * MINUTE);
+        let early = pass(&db).await;
+        assert!(early > 0 && early < 40, "{early} of 40 keys due half-way");
+        // At the span's end the others, and the early ones only once.
+        db.store.clock().advance(31 * MINUTE);
+        assert_eq!(pass(&db).await, 40 - early);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_resync_settings_are_refused_and_never_turns_it_off() {
+    each_engine(|db| async move {
+        for bad in [
+            ProcessConfigure::new(P).resync_jitter(1.5),
+            ProcessConfigure::new(P).resync_every(Some(Duration::from_millis(10))),
+        ] {
+            let err = db.store.process_configure(bad).await.expect_err("refused");
+            assert!(err.to_string().contains("resync"), "{err}");
+        }
+        hourly(&db).await;
+        enqueue(&db.store, &["a"]).await;
+        run_ready(&db.store, P, 1, &Outcome::Done).await;
+        db.store
+            .process_configure(ProcessConfigure::new(P).resync_every(None))
+            .await
+            .expect("configure");
+        db.store.clock().advance(2 * HOUR);
+        assert_eq!(pass(&db).await, 0);
+        let settings = db.store.process_list().await.expect("list");
+        assert_eq!(settings[0].resync, None);
+    })
+    .await;
+}
