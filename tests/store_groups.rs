@@ -12,7 +12,7 @@ use drover::store::{
     RunOutcome, Store, StoreEngine as _, StoreError,
 };
 use support::store::{P, claim, complete, configure, enqueue, events, history, item, secs};
-use support::{TestDb, each_engine};
+use support::{TestDb, each_engine_and_pooler};
 
 /// Enqueues `keys`, runs each once and ends it with the outcome `outcome`
 /// gives for its key. Nothing else of `P` may be ready.
@@ -49,7 +49,7 @@ async fn state(store: &Store, key: &str) -> Option<ItemState> {
 
 #[tokio::test]
 async fn failing_keys_group_by_their_error_with_the_key_and_numbers_replaced() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         configure(&db.store, 60, 600).await;
         fail(&db, &["vm-1", "vm-22", "vm-333"], timeout).await;
         fail(&db, &["db-1", "db-2"], |_| {
@@ -109,7 +109,7 @@ async fn failing_keys_group_by_their_error_with_the_key_and_numbers_replaced() {
 
 #[tokio::test]
 async fn bulk_retry_by_error_group_retries_exactly_the_keys_of_that_group() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         configure(&db.store, 1, 1).await;
         fail(&db, &["vm-1", "vm-22", "vm-333"], timeout).await;
         fail(&db, &["db-1", "db-2"], |_| {
@@ -175,7 +175,7 @@ async fn bulk_retry_by_error_group_retries_exactly_the_keys_of_that_group() {
 
 #[tokio::test]
 async fn bulk_park_and_delete_act_on_the_keys_a_filter_matches() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         enqueue(&db.store, &["ns1/a", "ns1/b", "ns1/c", "ns2/a", "ns10/a"]).await;
         let s = db.session().await;
         let lease = claim(&db.store, s.id, 1).await.remove(0);
@@ -218,7 +218,7 @@ async fn bulk_park_and_delete_act_on_the_keys_a_filter_matches() {
 
 #[tokio::test]
 async fn a_filter_matching_nothing_changes_nothing_and_an_empty_one_is_refused() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         enqueue(&db.store, &["a1", "a2"]).await;
         let none = ItemFilter::new(P).key_prefix("zz");
         let retry = ItemsRetry::new(none.clone(), "admin");
@@ -257,7 +257,7 @@ async fn a_filter_matching_nothing_changes_nothing_and_an_empty_one_is_refused()
 
 #[tokio::test]
 async fn bulk_actions_walk_every_batch_of_a_process() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         // Half the keys parked; the retry by their error walks windows that
         // also hold the pending half, which does not match.
         let keys: Vec<String> = (0..20).map(|i| format!("k{i:02}")).collect();
@@ -296,7 +296,7 @@ async fn bulk_actions_walk_every_batch_of_a_process() {
 
 #[tokio::test]
 async fn a_bulk_retry_wakes_the_process_workers() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         enqueue(&db.store, &["a1", "a2"]).await;
         let park = ItemsPark::new(ItemFilter::new(P).key_prefix("a"), "admin", "held");
         assert_eq!(db.store.items_park_where(park).await.expect("park"), 2);

@@ -14,7 +14,7 @@ use drover::store::{
     ProcessConfigure, PruneCursor, Retention, RetentionPrune, RunList, RunOutcome, Store,
     StoreEngine as _, StoreError,
 };
-use support::each_engine;
+use support::each_engine_and_pooler;
 use support::store::{P, claim, complete, enqueue, events, history, item, secs};
 
 /// Runs every batch of `P`'s retention until a pass is done; the runs and
@@ -64,7 +64,7 @@ async fn run(db: &support::TestDb, key: &str, outcome: Outcome) {
 
 #[tokio::test]
 async fn history_has_one_row_per_run_written_when_it_ends() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         db.store.clock().advance(secs(1));
@@ -129,7 +129,7 @@ async fn history_has_one_row_per_run_written_when_it_ends() {
 
 #[tokio::test]
 async fn operator_actions_are_rows_with_their_actor_and_a_delete_forgets_only_the_key() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         run(&db, "a", Outcome::Done).await;
         let idle = item(&db.store, "a").await.expect("known");
         assert_eq!(idle.state, ItemState::Idle);
@@ -182,7 +182,7 @@ async fn operator_actions_are_rows_with_their_actor_and_a_delete_forgets_only_th
 
 #[tokio::test]
 async fn run_list_pages_newest_first_by_id_and_filters_by_key_and_outcome() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         for (key, outcome) in [
             ("a", Outcome::Done),
             ("b", Outcome::Transient("x".into())),
@@ -230,7 +230,7 @@ async fn run_list_pages_newest_first_by_id_and_filters_by_key_and_outcome() {
 
 #[tokio::test]
 async fn settings_are_stored_per_process_and_a_partial_change_keeps_the_rest() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let configure = ProcessConfigure::new(P)
             .keep_runs_for(Duration::from_secs(3600))
             .keep_runs_per_key(5);
@@ -279,7 +279,7 @@ async fn settings_are_stored_per_process_and_a_partial_change_keeps_the_rest() {
 
 #[tokio::test]
 async fn retention_drops_runs_older_than_the_period_on_the_database_clock() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let keep = ProcessConfigure::new(P).keep_runs_for(Duration::from_secs(3600));
         db.store.process_configure(keep).await.expect("set");
         for key in ["a", "b", "c"] {
@@ -302,7 +302,7 @@ async fn retention_drops_runs_older_than_the_period_on_the_database_clock() {
 
 #[tokio::test]
 async fn retention_keeps_the_newest_runs_of_each_key_up_to_the_cap() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let cap = ProcessConfigure::new(P).keep_runs_per_key(3);
         db.store.process_configure(cap).await.expect("set");
         for _ in 0..6 {
@@ -336,7 +336,7 @@ async fn retention_keeps_the_newest_runs_of_each_key_up_to_the_cap() {
 
 #[tokio::test]
 async fn retention_forgets_only_idle_keys_untouched_for_the_period() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         run(&db, "old-idle", Outcome::Done).await;
         run(&db, "old-parked", Outcome::Permanent("x".into())).await;
         let s = db.session().await;
@@ -368,7 +368,7 @@ async fn retention_forgets_only_idle_keys_untouched_for_the_period() {
 
 #[tokio::test]
 async fn activity_counts_the_runs_that_ended_within_the_window() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a", "b", "c"]).await;
         let leases = claim(&db.store, s.id, 3).await;

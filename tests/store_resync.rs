@@ -13,7 +13,7 @@ use drover::store::{
     StoreEngine as _,
 };
 use support::store::{P, claim, complete, enqueue, item, keys, run_ready, secs};
-use support::{TestDb, each_engine};
+use support::{TestDb, each_engine_and_pooler};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const MINUTE: Duration = Duration::from_secs(60);
@@ -49,7 +49,7 @@ async fn state(db: &TestDb, key: &str) -> ItemState {
 
 #[tokio::test]
 async fn only_idle_keys_come_back_at_low_priority_once_per_interval() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         hourly(&db).await;
         enqueue(
             &db.store,
@@ -145,7 +145,7 @@ async fn only_idle_keys_come_back_at_low_priority_once_per_interval() {
 
 #[tokio::test]
 async fn the_walk_goes_in_batches_and_resumes_where_it_stopped() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         hourly(&db).await;
         let names: Vec<String> = (0..25).map(|i| format!("k{i:02}")).collect();
         db.store
@@ -181,7 +181,7 @@ async fn the_walk_goes_in_batches_and_resumes_where_it_stopped() {
 
 #[tokio::test]
 async fn jitter_spreads_keys_over_the_span_and_each_comes_back_once() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         db.store
             .process_configure(
                 ProcessConfigure::new(P)
@@ -209,7 +209,7 @@ async fn jitter_spreads_keys_over_the_span_and_each_comes_back_once() {
 
 #[tokio::test]
 async fn bad_resync_settings_are_refused_and_never_turns_it_off() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         for bad in [
             ProcessConfigure::new(P).resync_jitter(1.5),
             ProcessConfigure::new(P).resync_every(Some(Duration::from_millis(10))),

@@ -10,12 +10,12 @@ use drover::store::{
     ItemState, Lease, LeaseClaim, LeaseRelease, Outcome, RunOutcome, SessionClose,
     SessionHeartbeat, StoreEngine as _, StoreError,
 };
-use support::each_engine;
+use support::each_engine_and_pooler;
 use support::store::{P, claim, complete, enqueue, events, item, keys, secs};
 
 #[tokio::test]
 async fn stale_leases_are_rejected_after_expiry_and_reclaim_and_change_nothing() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let old = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let stale = claim(&db.store, old.id, 1).await.remove(0);
@@ -60,7 +60,7 @@ async fn stale_leases_are_rejected_after_expiry_and_reclaim_and_change_nothing()
 
 #[tokio::test]
 async fn an_expired_session_cannot_heartbeat_or_claim_and_a_heartbeat_extends_a_live_one() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         db.store.clock().advance(secs(20));
@@ -96,7 +96,7 @@ async fn an_expired_session_cannot_heartbeat_or_claim_and_a_heartbeat_extends_a_
 
 #[tokio::test]
 async fn reclaim_makes_expired_leases_pending_with_an_expired_event() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let dead = db.session().await;
         db.store.clock().advance(secs(20));
         let live = db.session().await;
@@ -133,7 +133,7 @@ async fn reclaim_makes_expired_leases_pending_with_an_expired_event() {
 
 #[tokio::test]
 async fn closing_a_session_releases_its_leases() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a", "b"]).await;
         assert_eq!(claim(&db.store, s.id, 5).await.len(), 2);
@@ -158,7 +158,7 @@ async fn closing_a_session_releases_its_leases() {
 
 #[tokio::test]
 async fn a_heartbeat_past_the_deadline_is_refused_before_any_reclaim_and_revives_nothing() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let lease = claim(&db.store, s.id, 1).await.remove(0);

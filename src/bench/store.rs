@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use indicatif::ProgressBar;
+use sqlx::Executor as _;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -127,6 +128,10 @@ pub(crate) async fn fill(b: &StoreBench, process: &str, n: u64) -> Result<(), Be
 pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<(), BenchError> {
     let n = i64::try_from(n).unwrap_or(i64::MAX);
     if let Some(pool) = store.postgres_pool() {
+        // In a transaction, unnamed, VACUUM as a simple query: what a
+        // transaction-pooling PgBouncer lets through (see `bench … --db
+        // postgres://…?pool_mode=transaction`).
+        let mut tx = pool.begin().await?;
         sqlx::query(
             "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at,
                  first_enqueued_at, last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
@@ -136,12 +141,12 @@ pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<()
         )
         .bind(process)
         .bind(n)
-        .execute(pool)
+        .persistent(false)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         // Settled before the timing starts: hint bits set, statistics fresh.
-        sqlx::query("VACUUM ANALYZE drover_items")
-            .execute(pool)
-            .await?;
+        pool.execute("VACUUM ANALYZE drover_items").await?;
     } else if let Some(pool) = store.sqlite_pool() {
         sqlx::query(
             "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < ?2)
@@ -175,10 +180,13 @@ pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchErr
     for table in TABLES {
         if let Some(pool) = store.postgres_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = $1");
+            let mut tx = pool.begin().await?;
             sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(process)
-                .execute(pool)
+                .persistent(false)
+                .execute(&mut *tx)
                 .await?;
+            tx.commit().await?;
         } else if let Some(pool) = store.sqlite_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = ?1");
             sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -188,8 +196,7 @@ pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchErr
         }
     }
     if let Some(pool) = store.postgres_pool() {
-        sqlx::query("VACUUM ANALYZE drover_items, drover_runs")
-            .execute(pool)
+        pool.execute("VACUUM ANALYZE drover_items, drover_runs")
             .await?;
     }
     Ok(())

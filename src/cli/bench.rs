@@ -215,6 +215,8 @@ async fn store_figure(
     let figure = figure?;
     Ok(if store.engine_name() == "sqlite" {
         figure.with("synchronous", args.synchronous.name())
+    } else if store.transaction_pooled() {
+        figure.with("pool_mode", "transaction")
     } else {
         figure
     })

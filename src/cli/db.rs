@@ -4,19 +4,29 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
-use drover::store::Store;
+use drover::store::{Store, StoreOptions};
 
 /// Where the store lives.
 #[derive(Debug, Clone, ClapArgs)]
 pub(crate) struct DbArgs {
     /// The database: sqlite://PATH (created if missing), sqlite::memory: or
-    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DB.
+    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DB; add ?pool_mode=transaction
+    /// when it is a PgBouncer in transaction pooling mode.
     #[arg(
         long = "db",
         env = "DROVER_DATABASE_URL",
         default_value = "sqlite://drover.db"
     )]
     url: String,
+    /// With --db through a transaction-pooling PgBouncer: a direct
+    /// PostgreSQL URL used only to LISTEN for wake-ups (without it, idle
+    /// workers poll about once a second).
+    #[arg(
+        long = "listen-db",
+        env = "DROVER_LISTEN_DATABASE_URL",
+        value_name = "URL"
+    )]
+    listen_url: Option<String>,
 }
 
 impl DbArgs {
@@ -27,9 +37,14 @@ impl DbArgs {
 
     /// Connects, applying any migrations the database lacks.
     pub(crate) async fn open(&self) -> anyhow::Result<Store> {
-        Store::connect(&self.url)
+        Store::connect_with(&self.url, &self.options())
             .await
             .context("cannot open the store")
+    }
+
+    /// The connect options these flags ask for.
+    pub(crate) fn options(&self) -> StoreOptions {
+        StoreOptions::default().listen_url(self.listen_url.clone())
     }
 }
 

@@ -152,6 +152,17 @@ impl Store {
         dispatch!(self, s => pool_stats(s.pool()))
     }
 
+    /// Whether the store reaches PostgreSQL through a pooler in transaction
+    /// mode (`?pool_mode=transaction`; see [`PostgresStore::subscribe`]).
+    #[must_use]
+    pub fn transaction_pooled(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if let Some(postgres) = self.postgres() {
+            return postgres.pooled;
+        }
+        false
+    }
+
     /// The engine's name: `sqlite` or `postgres`.
     #[must_use]
     pub fn engine_name(&self) -> &'static str {

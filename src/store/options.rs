@@ -14,6 +14,9 @@ pub struct StoreOptions {
     // Read by the SQLite engine only.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) durable: bool,
+    // Read by the PostgreSQL engine only.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) listen_url: Option<String>,
 }
 
 impl Default for StoreOptions {
@@ -23,6 +26,7 @@ impl Default for StoreOptions {
             connect_timeout: Duration::from_secs(5),
             max_connections: 8,
             durable: true,
+            listen_url: None,
         }
     }
 }
@@ -68,5 +72,19 @@ impl StoreOptions {
     #[must_use]
     pub fn durable(self, durable: bool) -> Self {
         Self { durable, ..self }
+    }
+
+    /// A direct PostgreSQL connection used only to `LISTEN` for wake-ups,
+    /// when the database URL goes through a pooler in transaction mode
+    /// (`?pool_mode=transaction`), which cannot keep a `LISTEN` (default
+    /// none: idle workers then poll, about once a second, instead of waking
+    /// at once). Ignored otherwise, and by SQLite: a direct URL listens on
+    /// its own pool.
+    #[must_use]
+    pub fn listen_url(self, url: Option<String>) -> Self {
+        Self {
+            listen_url: url,
+            ..self
+        }
     }
 }

@@ -1,4 +1,60 @@
-//! Showing database URLs in messages without their passwords.
+//! Database URLs: shown in messages without their passwords, and drover's
+//! own PostgreSQL parameter, `pool_mode`, read (and taken out) before the
+//! driver sees the URL.
+
+/// How a PostgreSQL URL reaches the server, from its `pool_mode` parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum PoolMode {
+    /// `session` (the default): a direct connection, or a pooler that gives
+    /// each client one server for its whole connection. Everything works.
+    #[default]
+    Session,
+    /// `transaction`: a pooler (PgBouncer's `pool_mode = transaction`) that
+    /// may give each transaction another server: no named prepared
+    /// statements, no statement outside a transaction, no session state, no
+    /// `LISTEN`.
+    Transaction,
+}
+
+/// Takes `pool_mode=…` out of `url`'s query: the URL without it (for the
+/// driver, which would ignore it with a warning) and the mode. An unknown
+/// mode is refused with the reason, never ignored.
+pub(crate) fn pool_mode(url: &str) -> Result<(String, PoolMode), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), PoolMode::default()));
+    };
+    let mut mode = PoolMode::default();
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("pool_mode", value)) => {
+                mode = match value {
+                    "session" => PoolMode::Session,
+                    "transaction" => PoolMode::Transaction,
+                    "statement" => {
+                        return Err("pool_mode=statement cannot run drover's transactions; \
+                                    use a pool in transaction (or session) mode"
+                            .into());
+                    }
+                    other => {
+                        return Err(format!(
+                            "pool_mode must be `session` (the default: direct, or a pooler \
+                             in session mode) or `transaction` (PgBouncer's transaction \
+                             pooling), not {other:?}"
+                        ));
+                    }
+                };
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, mode))
+}
 
 /// The URL with any password replaced by `***`, so errors, logs and startup
 /// banners never leak it.
@@ -19,6 +75,27 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::redact_url as redact;
+    use super::{PoolMode, pool_mode};
+
+    #[test]
+    fn pool_mode_is_taken_out_and_unknown_modes_are_refused() {
+        let url = "postgres://u@h:6432/db";
+        assert_eq!(pool_mode(url), Ok((url.to_owned(), PoolMode::Session)));
+        assert_eq!(
+            pool_mode("postgres://u@h/db?sslmode=disable&pool_mode=transaction&x=1"),
+            Ok((
+                "postgres://u@h/db?sslmode=disable&x=1".to_owned(),
+                PoolMode::Transaction
+            ))
+        );
+        assert_eq!(
+            pool_mode("postgres://u@h/db?pool_mode=session"),
+            Ok(("postgres://u@h/db".to_owned(), PoolMode::Session))
+        );
+        let err = pool_mode("postgres://u@h/db?pool_mode=transactions").expect_err("refused");
+        assert!(err.contains("`transaction`"), "{err}");
+        assert!(pool_mode("postgres://u@h/db?pool_mode=statement").is_err());
+    }
 
     #[test]
     fn passwords_are_hidden_and_everything_else_kept() {

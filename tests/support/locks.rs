@@ -78,7 +78,9 @@ impl Blocker {
     /// Takes the lock: on PostgreSQL `pg_lock` with `id` bound as `$1`.
     pub(crate) async fn hold(db: &super::TestDb, pg_lock: &'static str, id: i64) -> Self {
         if db.engine == "postgres" {
-            let pool = db.store.postgres_pool().expect("postgres").clone();
+            // A pool of the test's own, straight to the server (the
+            // store's may go through a transaction-pooling PgBouncer).
+            let pool = PgPool::connect(&db.sql_url).await.expect("connect");
             Self::Postgres(Holder::lock(&pool, pg_lock, id).await, pool)
         } else {
             let pool = sqlx::SqlitePool::connect(&db.url).await.expect("connect");

@@ -4,6 +4,9 @@
 //! temporary directory) always, PostgreSQL (a fresh schema, dropped afterwards)
 //! when `DROVER_TEST_POSTGRES_URL` is set. When it is set the PostgreSQL run is
 //! required: an unreachable database fails the test loudly.
+//! [`each_engine_and_pooler`] adds a third run through a PgBouncer in
+//! transaction pooling mode when `DROVER_TEST_PGBOUNCER_URL` is set (a fresh
+//! database each, reached with `?pool_mode=transaction`).
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
@@ -27,6 +30,11 @@ use backend::TestBackend;
 /// The variable naming the PostgreSQL server for tests.
 pub(crate) const POSTGRES_ENV: &str = "DROVER_TEST_POSTGRES_URL";
 
+/// The variable naming a PgBouncer in transaction pooling mode in front of
+/// that server (`postgres://USER@HOST:PORT/ANY`; the database name is
+/// replaced by each test's own).
+pub(crate) const PGBOUNCER_ENV: &str = "DROVER_TEST_PGBOUNCER_URL";
+
 /// One fresh, isolated database.
 #[derive(Debug)]
 pub(crate) struct TestDb {
@@ -34,6 +42,10 @@ pub(crate) struct TestDb {
     pub(crate) store: Store,
     /// The URL that reaches this database (and only it): pass it to the CLI.
     pub(crate) url: String,
+    /// A URL for the test's own SQL through sqlx (its named statements, its
+    /// session): [`url`](Self::url), or the server directly when `url` goes
+    /// through a transaction-pooling PgBouncer.
+    pub(crate) sql_url: String,
     /// `sqlite` or `postgres`.
     pub(crate) engine: &'static str,
     /// Where controllers under test work: [`store`](Self::store) itself, or a
@@ -47,6 +59,7 @@ impl TestDb {
         Self {
             worker: TestBackend::Store(store.clone()),
             store,
+            sql_url: url.clone(),
             url,
             engine,
         }
@@ -69,11 +82,13 @@ impl TestDb {
     pub(crate) async fn execute(&self, sql: &str) {
         let sql = sqlx::AssertSqlSafe(sql.to_owned());
         if self.engine == "postgres" {
-            let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+            let pool = sqlx::PgPool::connect(&self.sql_url).await.expect("connect");
             sqlx::query(sql).execute(&pool).await.expect("execute");
             pool.close().await;
         } else {
-            let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+            let pool = sqlx::SqlitePool::connect(&self.sql_url)
+                .await
+                .expect("connect");
             sqlx::query(sql).execute(&pool).await.expect("execute");
             pool.close().await;
         }
@@ -203,6 +218,91 @@ where
     drop_schema(&base, &schema).await;
     if let Err(e) = outcome {
         panic!("on postgres: {e}");
+    }
+}
+
+/// The PgBouncer URL, or `None` (with a printed reason) when unset.
+pub(crate) fn pgbouncer_url() -> Option<String> {
+    match std::env::var(PGBOUNCER_ENV) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!("skipping the PgBouncer run: {PGBOUNCER_ENV} is not set");
+            None
+        }
+    }
+}
+
+/// `url` with its database (and query) replaced by `db`.
+pub(crate) fn with_database(url: &str, db: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    format!("{scheme}://{authority}/{db}")
+}
+
+/// A fresh database on the PostgreSQL server at `direct`, reached through the
+/// PgBouncer at `pooler` in transaction mode; panics if either is unreachable.
+pub(crate) async fn pgbouncer(direct: &str, pooler: &str) -> (TestDb, String) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "drover_pgb_{}_{}_{:08x}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst),
+        rand::random::<u32>()
+    );
+    let admin = sqlx::PgPool::connect(direct)
+        .await
+        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={direct} is set but unreachable: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .expect("create database");
+    admin.close().await;
+    let url = format!("{}?pool_mode=transaction", with_database(pooler, &name));
+    let store = Store::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{PGBOUNCER_ENV}={pooler} is set but unusable: {e}"));
+    let mut db = TestDb::new(store, url, "postgres");
+    db.sql_url = with_database(direct, &name);
+    (db, name)
+}
+
+/// Drops a database made by [`pgbouncer`], closing the pooler's connections.
+pub(crate) async fn drop_database(direct: &str, name: &str) {
+    let admin = sqlx::PgPool::connect(direct)
+        .await
+        .expect("reconnect to drop the database");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop database");
+    admin.close().await;
+}
+
+/// Runs `test` as [`each_engine`] does, then once more through a PgBouncer
+/// in transaction pooling mode when [`PGBOUNCER_ENV`] is set (which then
+/// requires [`POSTGRES_ENV`] too, to make the database behind it). For the
+/// tests of what the store does, which must hold whatever sits in front of
+/// the database.
+pub(crate) async fn each_engine_and_pooler<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    each_engine(&test).await;
+    let Some(pooler) = pgbouncer_url() else {
+        return;
+    };
+    let direct = std::env::var(POSTGRES_ENV)
+        .unwrap_or_else(|_| panic!("{PGBOUNCER_ENV} is set: set {POSTGRES_ENV} too"));
+    let (db, name) = pgbouncer(&direct, &pooler).await;
+    let store = db.store.clone();
+    let outcome = tokio::spawn(test(db)).await;
+    store.close().await;
+    drop_database(&direct, &name).await;
+    if let Err(e) = outcome {
+        panic!("through pgbouncer: {e}");
     }
 }
 

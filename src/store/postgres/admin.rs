@@ -31,10 +31,10 @@ async fn begin(
     )
     .bind(process)
     .bind(key)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut tx)
     .await
     .db()?;
-    let now = store.now(&mut *tx).await?; // after the row lock's wait
+    let now = store.now(&mut tx).await?; // after the row lock's wait
     Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
 }
 
@@ -55,7 +55,7 @@ pub(super) async fn retry(
     .bind(&params.process)
     .bind(&params.key)
     .bind(now)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut tx)
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
@@ -82,7 +82,7 @@ pub(super) async fn park(
     .bind(&params.process)
     .bind(&params.key)
     .bind(&reason)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut tx)
     .await
     .db()?;
     let names = (params.process.as_str(), params.key.as_str());
@@ -99,7 +99,7 @@ pub(super) async fn delete(store: &PostgresStore, params: &ItemDelete) -> Result
     sqlx::query("DELETE FROM drover_items WHERE process = $1 AND key = $2")
         .bind(&params.process)
         .bind(&params.key)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?;
     let names = (params.process.as_str(), params.key.as_str());
@@ -113,7 +113,8 @@ pub(super) async fn activity(
     store: &PostgresStore,
     params: HistoryActivity,
 ) -> Result<Vec<ProcessActivity>, StoreError> {
-    let now = store.now(&store.pool).await?;
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT p.process, COUNT(r.id) FILTER (WHERE r.outcome IN ('done', 'requeued')),
              COUNT(r.id) FILTER (WHERE r.outcome IN ('retry', 'parked'))
@@ -122,9 +123,10 @@ pub(super) async fn activity(
          GROUP BY p.process ORDER BY p.process",
     )
     .bind(earlier(now, params.window))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut tx)
     .await
     .db()?;
+    tx.commit().await.db()?;
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()

@@ -58,7 +58,7 @@ pub(super) async fn complete_batch(
     let rows = held(&mut tx, &live, batch).await?;
     // Read after the row locks' wait: the next ready time and any backoff are
     // measured from when they are written.
-    let now = store.now(&mut *tx).await?;
+    let now = store.now(&mut tx).await?;
     let mut writes = Writes::default();
     let settling = settle_batch(now, batch, rows, &expired, |row, s| {
         writes.add(row.id, s);
@@ -82,7 +82,7 @@ async fn held(
     let found: Vec<Found<RunningRow>> = sqlx::query_as(HELD)
         .bind(leases().map(|l| l.process.as_str()).collect::<Vec<_>>())
         .bind(leases().map(|l| l.key.as_str()).collect::<Vec<_>>())
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *tx)
         .await
         .db()?;
     Ok(match_leases(batch, live, found))
@@ -100,7 +100,7 @@ async fn sessions(
         sqlx::query_scalar("SELECT id FROM drover_sessions WHERE id = ANY($1) AND deadline > $2")
             .bind(&asked)
             .bind(now)
-            .fetch_all(&mut **tx)
+            .fetch_all(&mut *tx)
             .await
             .db()?;
     let expired = expired_sessions(asked, &live);
@@ -149,7 +149,7 @@ async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreE
     )
     .bind(now)
     .bind(ids)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await
     .db()?;
     Ok(())
@@ -217,7 +217,7 @@ impl NextRows {
             .bind(&self.backoff_until)
             .bind(&self.backoff_ms)
             .bind(&self.last_error)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await
             .db()?;
         Ok(())

@@ -4,7 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 
 use super::error::Db as _;
 use super::listen::Listener;
@@ -26,8 +26,7 @@ use crate::store::types::{
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
-/// A READ COMMITTED transaction.
-pub(super) type Tx = Transaction<'static, Postgres>;
+pub(super) use super::tx::Tx;
 
 /// The database clock, shifted by the test offset bound as the parameter `$1`.
 ///
@@ -46,6 +45,15 @@ pub struct PostgresStore {
     pub(super) statistics: Arc<Statistics>,
     /// The `LISTEN` task, started by the first [`subscribe`](Self::subscribe).
     pub(super) listener: Arc<OnceLock<Listener>>,
+    /// Whether the server is reached through a pooler in transaction mode
+    /// (see [`Tx`]).
+    pub(crate) pooled: bool,
+    /// Where `LISTEN` connects: the store's own pool directly connected; a
+    /// direct connection's pool (`StoreOptions::listen_url`) through a
+    /// pooler, or none (waiters then poll).
+    pub(super) listen: Option<PgPool>,
+    /// How the pool connects, for what needs a connection of its own.
+    pub(super) connect: sqlx::postgres::PgConnectOptions,
 }
 
 impl PostgresStore {
@@ -73,11 +81,16 @@ impl PostgresStore {
 
     /// Makes notifications of `process` from every node (enqueues, retries,
     /// dirty completions) fire this process's wake-up signal, through one
-    /// `LISTEN` connection per store started on first use. Must be called
-    /// inside a Tokio runtime.
+    /// `LISTEN` connection per store started on first use. Through a pooler
+    /// in transaction mode, which cannot keep a `LISTEN` (the server behind
+    /// the connection changes), it listens on the direct connection given as
+    /// [`StoreOptions::listen_url`](crate::store::StoreOptions::listen_url),
+    /// and without one does nothing: waiters poll. Must be called inside a
+    /// Tokio runtime.
     pub fn subscribe(&self, process: &str) {
+        let Some(listen) = &self.listen else { return };
         self.listener
-            .get_or_init(|| Listener::start(self.pool.clone()))
+            .get_or_init(|| Listener::start(listen.clone()))
             .subscribe(process);
     }
 
@@ -107,7 +120,7 @@ impl PostgresStore {
     pub(super) async fn notify_ready(tx: &mut Tx, process: &str) -> Result<(), StoreError> {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(Self::notify_channel(process))
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await
             .db()?;
         Ok(())
@@ -151,9 +164,23 @@ impl PostgresStore {
 
     /// Starts a transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
-        let mut tx = self.pool.begin().await.db()?;
-        let now = self.now(&mut *tx).await?;
+        let mut tx = Tx::begin(&self.pool, self.pooled).await.db()?;
+        let now = self.now(&mut tx).await?;
         Ok((tx, now))
+    }
+
+    /// A connection for reads (a transaction through a pooler, see [`Tx`]);
+    /// end it with `commit`.
+    pub(super) async fn read(&self) -> Result<Tx, StoreError> {
+        Tx::read(&self.pool, self.pooled).await.db()
+    }
+
+    /// The database clock, read on its own.
+    pub(super) async fn clock_read(&self) -> Result<DateTime<Utc>, StoreError> {
+        let mut tx = self.read().await?;
+        let now = self.now(&mut tx).await?;
+        tx.commit().await.db()?;
+        Ok(now)
     }
 }
 
@@ -273,6 +300,6 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
-        self.now(&self.pool).await
+        self.clock_read().await
     }
 }

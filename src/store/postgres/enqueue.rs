@@ -173,7 +173,7 @@ async fn overlaps(tx: &mut Tx, process: &str, keys: &[&str]) -> Result<bool, Sto
         .bind(process)
         .bind(least)
         .bind(greatest)
-        .fetch_one(&mut **tx)
+        .fetch_one(&mut *tx)
         .await
         .db()
 }
@@ -197,7 +197,7 @@ async fn upsert(
         .bind(params.bypass_backoff)
         .bind(offset)
         .bind(offset.saturating_add(duration_ms(params.after)))
-        .fetch_one(&mut **tx)
+        .fetch_one(&mut *tx)
         .await
         .db()?;
     // Counts of rows are never negative.
@@ -209,7 +209,7 @@ async fn upsert(
 
 /// Sends `rows` through `statement` (a `COPY … FROM STDIN`); the rows copied.
 async fn copy_in(tx: &mut Tx, statement: &str, rows: Vec<u8>) -> Result<u64, sqlx::Error> {
-    let mut copy = tx.copy_in_raw(statement).await?;
+    let mut copy = tx.conn().copy_in_raw(statement).await?;
     copy.send(rows).await?;
     copy.finish().await
 }

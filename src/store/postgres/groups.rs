@@ -74,15 +74,17 @@ pub(super) async fn error_groups(
     params: &ErrorGroups,
 ) -> Result<Vec<ErrorGroup>, StoreError> {
     check_process(store, &params.process).await?;
-    let now = store.now(&store.pool).await?;
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
     let rows: Vec<TextCount> = sqlx::query_as(TEXTS)
         .bind(&params.process)
         .bind(now)
         .bind(i64::from(MAX_TEXTS))
         .bind(KEY_MARK)
-        .fetch_all(&store.pool)
+        .fetch_all(&mut tx)
         .await
         .db()?;
+    tx.commit().await.db()?;
     Ok(merge(rows, params.limit))
 }
 
@@ -100,10 +102,10 @@ async fn batch(
         .bind(filter.key_prefix.as_deref().unwrap_or(""))
         .bind(stored_states(filter))
         .bind(i64::from(bulk.batch))
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut tx)
         .await
         .db()?;
-    let now = store.now(&mut *tx).await?; // after the row locks' wait
+    let now = store.now(&mut tx).await?; // after the row locks' wait
     let window = window(bulk, &rows, now);
     if window.ids.is_empty() {
         return Ok((0, window.next));
@@ -119,7 +121,7 @@ async fn batch(
         .bind(bulk.outcome.as_str())
         .bind(bulk.reason.as_deref())
         .bind(&bulk.actor)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?
         .rows_affected();

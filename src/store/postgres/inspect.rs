@@ -16,12 +16,14 @@ use crate::store::types::{Item, ItemDetail, ItemState, ProcessCounts};
 /// configured.
 pub(super) async fn check_process(store: &PostgresStore, process: &str) -> Result<(), StoreError> {
     validate_process(process)?;
+    let mut tx = store.read().await?;
     let known: Option<i32> =
         sqlx::query_scalar("SELECT 1 FROM drover_processes WHERE process = $1")
             .bind(process)
-            .fetch_optional(&store.pool)
+            .fetch_optional(&mut tx)
             .await
             .db()?;
+    tx.commit().await.db()?;
     known
         .map(|_| ())
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))
@@ -36,7 +38,8 @@ pub(super) async fn item_list(
     params: &ItemList,
 ) -> Result<Vec<Item>, StoreError> {
     check_process(store, &params.process).await?;
-    let now = store.now(&store.pool).await?;
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
     let after = params.after_key.as_deref().unwrap_or("");
     let limit = i64::from(params.limit);
     let query = match params.state {
@@ -72,7 +75,8 @@ pub(super) async fn item_list(
         .bind(backing_off(state))
         .bind(now),
     };
-    let rows: Vec<ItemRow> = query.fetch_all(&store.pool).await.db()?;
+    let rows: Vec<ItemRow> = query.fetch_all(&mut tx).await.db()?;
+    tx.commit().await.db()?;
     rows.into_iter().map(|r| r.into_item(now)).collect()
 }
 
@@ -82,7 +86,8 @@ pub(super) async fn item_get(
 ) -> Result<Option<ItemDetail>, StoreError> {
     validate_process(&params.process)?;
     validate_key(&params.key)?;
-    let now = store.now(&store.pool).await?;
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
     let row: Option<ItemRow> = sqlx::query_as(concat!(
         "SELECT ",
         item_columns!(),
@@ -90,9 +95,10 @@ pub(super) async fn item_get(
     ))
     .bind(&params.process)
     .bind(&params.key)
-    .fetch_optional(&store.pool)
+    .fetch_optional(&mut tx)
     .await
     .db()?;
+    tx.commit().await.db()?;
     let Some(row) = row else { return Ok(None) };
     let runs = runs::list(
         store,
@@ -115,7 +121,8 @@ pub(super) async fn item_get(
 pub(super) async fn process_counts(
     store: &PostgresStore,
 ) -> Result<Vec<ProcessCounts>, StoreError> {
-    let now = store.now(&store.pool).await?;
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
     let rows: Vec<(String, i64, i64, i64, i64, Option<f64>)> = sqlx::query_as(
         "SELECT p.process, COALESCE(q.ready, 0), COALESCE(q.backoff, 0),
              COALESCE(s.running, 0), COALESCE(s.parked, 0),
@@ -136,9 +143,10 @@ pub(super) async fn process_counts(
          ORDER BY p.process",
     )
     .bind(now)
-    .fetch_all(&store.pool)
+    .fetch_all(&mut tx)
     .await
     .db()?;
+    tx.commit().await.db()?;
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()

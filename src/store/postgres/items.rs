@@ -19,7 +19,7 @@ pub(super) async fn ensure_process(
     )
     .bind(process)
     .bind(now)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await
     .db()?;
     Ok(())

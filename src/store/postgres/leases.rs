@@ -96,14 +96,19 @@ pub(super) async fn claim(
     params: &LeaseClaim,
 ) -> Result<Vec<Lease>, StoreError> {
     validate_process(&params.process)?;
+    // Directly connected the statement is its own transaction; through a
+    // pooler it needs one around it (see `Tx`), and then the commit is where
+    // the outcome may become unknown.
+    let mut tx = store.read().await?;
     let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
         .bind(params.session.0)
         .bind(&params.process)
         .bind(i64::from(params.max))
         .bind(store.clock.offset_ms())
-        .fetch_all(&store.pool)
+        .fetch_all(&mut tx)
         .await
         .map_err(map_commit)?;
+    commit(tx).await?;
     if rows.first().is_none_or(|r| r.live == 0) {
         return Err(StoreError::SessionExpired {
             session: params.session,
@@ -126,7 +131,7 @@ async fn check_session(
         sqlx::query_scalar("SELECT 1 FROM drover_sessions WHERE id = $1 AND deadline > $2")
             .bind(session.0)
             .bind(now)
-            .fetch_optional(&mut **tx)
+            .fetch_optional(&mut *tx)
             .await
             .db()?;
     alive
@@ -150,7 +155,7 @@ async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<RunningR
     .bind(&lease.key)
     .bind(lease.token.0)
     .bind(lease.session.0)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await
     .db()?;
     row.ok_or_else(|| StoreError::lease_lost(lease))
@@ -162,7 +167,7 @@ pub(super) async fn release(
 ) -> Result<(), StoreError> {
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
-    let now = store.now(&mut *tx).await?; // after the row lock's wait
+    let now = store.now(&mut tx).await?; // after the row lock's wait
     requeue(&mut tx, now, &[row.id], RunOutcome::Canceled).await?;
     commit(tx).await
 }
@@ -204,7 +209,7 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     .bind(now)
     .bind(params.session.0)
     .bind(store.clock.offset_ms())
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut tx)
     .await
     .db()?;
     let Some(Locked {
@@ -238,7 +243,7 @@ async fn refusal(tx: &mut Tx, now: DateTime<Utc>, params: &LeaseLock) -> StoreEr
     )
     .bind(&params.process)
     .bind(&params.key)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await
     {
         Ok(row) => row,

@@ -23,5 +23,6 @@ mod rows;
 mod runs;
 mod sessions;
 mod statistics;
+mod tx;
 
 pub use engine::PostgresStore;

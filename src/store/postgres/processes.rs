@@ -50,7 +50,7 @@ pub(super) async fn configure(
     .bind(params.resync_every.flatten().map(duration_ms))
     .bind(params.resync_jitter)
     .bind(params.resync_priority)
-    .execute(&mut *tx)
+    .execute(&mut tx)
     .await
     .db()?;
     commit(tx).await
@@ -58,14 +58,16 @@ pub(super) async fn configure(
 
 /// Every known process with its settings.
 pub(super) async fn list(store: &PostgresStore) -> Result<Vec<ProcessSettings>, StoreError> {
+    let mut tx = store.read().await?;
     let rows: Vec<SettingsRow<chrono::DateTime<chrono::Utc>>> = sqlx::query_as(concat!(
         "SELECT ",
         settings_columns!(),
         " FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process
          ORDER BY p.process"
     ))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut tx)
     .await
     .db()?;
+    tx.commit().await.db()?;
     Ok(rows.into_iter().map(SettingsRow::into_settings).collect())
 }

@@ -67,7 +67,7 @@ pub(super) async fn batch(
          FROM drover_processes WHERE process = $1",
     )
     .bind(process)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut tx)
     .await
     .db()?;
     let rules = rules.ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))?;
@@ -80,7 +80,7 @@ pub(super) async fn batch(
     };
     sqlx::query("INSERT INTO drover_resync (process) VALUES ($1) ON CONFLICT DO NOTHING")
         .bind(process)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?;
     let row: Option<WalkRow> = sqlx::query_as(
@@ -88,7 +88,7 @@ pub(super) async fn batch(
          FROM drover_resync WHERE process = $1 FOR UPDATE SKIP LOCKED",
     )
     .bind(process)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut tx)
     .await
     .db()?;
     // Locked: another node is walking this process right now.
@@ -109,7 +109,7 @@ pub(super) async fn batch(
         .bind(process)
         .bind(walk.walk_key.as_deref().unwrap_or(""))
         .bind(i64::from(batch))
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut tx)
         .await
         .db()?;
     let rows: Vec<Seen> = rows
@@ -130,7 +130,7 @@ pub(super) async fn batch(
             .bind(rules.resync_priority)
             .bind(now)
             .bind(earlier(now, every))
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .db()?
             .rows_affected()
@@ -146,7 +146,7 @@ pub(super) async fn batch(
         .bind(finished)
         .bind(total)
         .bind(now)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?;
     if resynced > 0 {

@@ -71,7 +71,7 @@ pub(super) async fn log_runs(
         .bind(&ending.outcome)
         .bind(&ending.id)
         .bind(&ending.error)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await
         .db()?;
     Ok(())
@@ -95,7 +95,7 @@ pub(super) async fn log_action(
     .bind(now)
     .bind(error)
     .bind(actor)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await
     .db()?;
     Ok(())
@@ -108,6 +108,7 @@ pub(super) async fn list(store: &PostgresStore, params: &RunList) -> Result<Vec<
     if let Some(process) = &params.process {
         check_process(store, process).await?;
     }
+    let mut tx = store.read().await?;
     let rows: Vec<RunRow> = sqlx::query_as(concat!(
         "SELECT ",
         run_columns!(),
@@ -121,9 +122,10 @@ pub(super) async fn list(store: &PostgresStore, params: &RunList) -> Result<Vec<
     .bind(params.outcome.map(RunOutcome::as_str))
     .bind(params.before)
     .bind(i64::from(params.limit))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut tx)
     .await
     .db()?;
+    tx.commit().await.db()?;
     runs(rows)
 }
 
@@ -135,14 +137,17 @@ fn before(now: DateTime<Utc>, ms: i64) -> DateTime<Utc> {
 impl PruneSteps for PostgresStore {
     async fn rules(&self, process: &str) -> Result<Rules, StoreError> {
         check_process(self, process).await?;
-        sqlx::query_as(
+        let mut tx = self.read().await?;
+        let rules = sqlx::query_as(
             "SELECT keep_runs_ms, keep_runs_per_key, forget_idle_ms
              FROM drover_processes WHERE process = $1",
         )
         .bind(process)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut tx)
         .await
-        .db()
+        .db()?;
+        tx.commit().await.db()?;
+        Ok(rules)
     }
 
     async fn prune_old(&self, process: &str, keep_ms: i64, batch: u32) -> Result<u64, StoreError> {
@@ -154,7 +159,7 @@ impl PruneSteps for PostgresStore {
         .bind(process)
         .bind(before(now, keep_ms))
         .bind(i64::from(batch))
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?
         .rows_affected();
@@ -169,6 +174,7 @@ impl PruneSteps for PostgresStore {
         batch: u32,
         keep: u32,
     ) -> Result<(u64, Option<String>), StoreError> {
+        let mut tx = self.read().await?;
         let window: Vec<(String, i64)> = sqlx::query_as(
             "SELECT key, count(*) FROM (
                  SELECT key FROM drover_runs WHERE process = $1 AND key > $2
@@ -178,11 +184,12 @@ impl PruneSteps for PostgresStore {
         .bind(process)
         .bind(after.unwrap_or(""))
         .bind(i64::from(batch))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut tx)
         .await
         .db()?;
         let window = runs_window(window, batch, keep);
         if window.cap.is_empty() {
+            tx.commit().await.db()?;
             return Ok((0, window.next));
         }
         let deleted = sqlx::query(
@@ -196,10 +203,11 @@ impl PruneSteps for PostgresStore {
         .bind(process)
         .bind(&window.cap)
         .bind(i64::from(keep))
-        .execute(&self.pool)
+        .execute(&mut tx)
         .await
         .db()?
         .rows_affected();
+        commit(tx).await?;
         Ok((deleted, window.next))
     }
 
@@ -211,6 +219,7 @@ impl PruneSteps for PostgresStore {
         forget_ms: i64,
     ) -> Result<(u64, Option<String>), StoreError> {
         let after = after.unwrap_or("");
+        let mut tx = self.read().await?;
         let (entries, last): (i64, Option<String>) = sqlx::query_as(
             "SELECT count(*), max(key) FROM (
                  SELECT key FROM drover_items WHERE process = $1 AND key > $2
@@ -219,9 +228,10 @@ impl PruneSteps for PostgresStore {
         .bind(process)
         .bind(after)
         .bind(i64::from(batch))
-        .fetch_one(&self.pool)
+        .fetch_one(&mut tx)
         .await
         .db()?;
+        tx.commit().await.db()?;
         let Some(last) = last else {
             return Ok((0, None));
         };
@@ -235,7 +245,7 @@ impl PruneSteps for PostgresStore {
         .bind(after)
         .bind(&last)
         .bind(before(now, forget_ms))
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?
         .rows_affected();

@@ -31,7 +31,7 @@ pub(super) async fn start(
     .bind(&component)
     .bind(ttl_ms)
     .bind(now)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut tx)
     .await
     .db()?;
     commit(tx).await?;
@@ -51,13 +51,13 @@ pub(super) async fn heartbeat(
     // waited for a reclaim's lock renews from when it writes, and is judged
     // by the time it got the row. (An `UPDATE` computes its new values before
     // it waits for a row that another transaction only locked.)
-    let mut tx = store.pool.begin().await.db()?;
+    let mut tx = Tx::begin(&store.pool, store.pooled).await.db()?;
     sqlx::query("SELECT 1 FROM drover_sessions WHERE id = $1 FOR NO KEY UPDATE")
         .bind(session.0)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?;
-    let now = store.now(&mut *tx).await?;
+    let now = store.now(&mut tx).await?;
     let deadline: Option<DateTime<Utc>> = sqlx::query_scalar(
         "UPDATE drover_sessions SET heartbeat_at = $2,
              deadline = $2 + ttl_ms::float8 * interval '1 millisecond'
@@ -65,7 +65,7 @@ pub(super) async fn heartbeat(
     )
     .bind(session.0)
     .bind(now)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut tx)
     .await
     .db()?;
     let deadline = deadline.ok_or(StoreError::SessionExpired { session })?;
@@ -79,12 +79,12 @@ pub(super) async fn close(store: &PostgresStore, session: SessionId) -> Result<u
     let (mut tx, _) = store.write().await?;
     sqlx::query("DELETE FROM drover_sessions WHERE id = $1")
         .bind(session.0)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .db()?;
     let ids = lock_leases(&mut tx, &[session.0]).await?;
     // Read after the locks: the requeue's time is when it is written.
-    let now = store.now(&mut *tx).await?;
+    let now = store.now(&mut tx).await?;
     requeue(&mut tx, now, &ids, RunOutcome::Canceled).await?;
     commit(tx).await?;
     Ok(ids.len() as u64)
@@ -101,13 +101,13 @@ pub(super) async fn reclaim(store: &PostgresStore) -> Result<ReclaimReport, Stor
     let expired: Vec<i64> =
         sqlx::query_scalar("DELETE FROM drover_sessions WHERE deadline <= $1 RETURNING id")
             .bind(now)
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut tx)
             .await
             .db()?;
     let mut ids = lock_leases(&mut tx, &expired).await?;
     ids.extend(orphans(&mut tx, &ids).await?);
     // Read after the locks: the requeue's time is when it is written.
-    let now = store.now(&mut *tx).await?;
+    let now = store.now(&mut tx).await?;
     requeue(&mut tx, now, &ids, RunOutcome::Expired).await?;
     commit(tx).await?;
     Ok(ReclaimReport {
@@ -129,7 +129,7 @@ async fn lock_leases(tx: &mut Tx, sessions: &[i64]) -> Result<Vec<i64>, StoreErr
          ORDER BY process, key FOR UPDATE",
     )
     .bind(sessions)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *tx)
     .await
     .db()
 }
@@ -149,7 +149,7 @@ async fn orphans(tx: &mut Tx, taken: &[i64]) -> Result<Vec<i64>, StoreError> {
          FOR UPDATE OF i SKIP LOCKED",
     )
     .bind(taken)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *tx)
     .await
     .db()?;
     if candidates.is_empty() {
@@ -160,7 +160,7 @@ async fn orphans(tx: &mut Tx, taken: &[i64]) -> Result<Vec<i64>, StoreError> {
              AND NOT EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session)",
     )
     .bind(&candidates)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *tx)
     .await
     .db()
 }
@@ -189,7 +189,7 @@ pub(super) async fn requeue(
     .bind(now)
     .bind(ids)
     .bind(outcome.as_str())
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await
     .db()?;
     Ok(())

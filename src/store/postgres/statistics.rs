@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use sqlx::PgPool;
+use sqlx::{Executor as _, PgPool};
 
 /// Rows enqueued since the last analysis that trigger the next.
 const THRESHOLD: u64 = 50_000;
@@ -37,7 +37,9 @@ impl Statistics {
         self.inserted.store(0, Relaxed);
         let (this, pool) = (Arc::clone(self), pool.clone());
         tokio::spawn(async move {
-            if let Err(e) = sqlx::query("ANALYZE drover_items").execute(&pool).await {
+            // A simple query (no prepared statement), so it runs as it is
+            // through a transaction-pooling PgBouncer too.
+            if let Err(e) = pool.execute("ANALYZE drover_items").await {
                 tracing::debug!(error = %e, "ANALYZE after a bulk enqueue failed; autovacuum will do it");
             }
             this.running.store(false, Relaxed);

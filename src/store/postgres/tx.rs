@@ -1,0 +1,169 @@
+//! [`Tx`]: the one way the engine's statements reach the server, so that what
+//! a transaction-pooling PgBouncer breaks can never be used by accident.
+//!
+//! Directly connected, statements are named prepared statements cached per
+//! connection (parsed and planned once), and a read runs on a pooled
+//! connection without a transaction. Through a pooler in transaction mode
+//! (`?pool_mode=transaction`) the server behind a client connection changes
+//! between transactions, so:
+//!
+//! - no statement is named: a named statement prepared on one server is
+//!   missing (or, worse, another client's statement of the same name) on the
+//!   next; every statement is unnamed and parsed anew;
+//! - every statement runs inside an explicit transaction, reads too: sqlx
+//!   sends an unnamed statement's `Parse` and its `Bind` in two round trips
+//!   with a `Sync` between them, and outside a transaction the pooler may
+//!   hand the `Bind` to another server, which would bind the parameters to
+//!   whatever that server parsed last;
+//! - no session state: the idle-in-transaction timeout a direct connection
+//!   sets at startup is set with `SET LOCAL` in each transaction's `BEGIN`.
+//!
+//! `&mut Tx` is a sqlx executor that passes every query on, unnamed when
+//! pooled, so the engine's SQL is written once for both ways.
+
+use futures_core::future::BoxFuture;
+use futures_core::stream::BoxStream;
+use sqlx::error::BoxDynError;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Either, Execute, Executor, PgConnection, PgPool, Postgres, SqlStr, Transaction};
+
+/// What a transaction through a pooler starts with: the server's
+/// idle-in-transaction timeout for this transaction only (see
+/// [`IDLE_IN_TRANSACTION`](super::connect::IDLE_IN_TRANSACTION)), sent with
+/// `BEGIN` in one round trip.
+const POOLED_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '5s'";
+
+/// A transaction, or (directly connected) a plain connection for reads.
+#[derive(Debug)]
+pub(super) struct Tx {
+    inner: Inner,
+    /// Whether statements may be named (cached) prepared statements.
+    named: bool,
+}
+
+#[derive(Debug)]
+enum Inner {
+    Tx(Transaction<'static, Postgres>),
+    Conn(PoolConnection<Postgres>),
+}
+
+impl Tx {
+    /// Starts a READ COMMITTED transaction.
+    pub(super) async fn begin(pool: &PgPool, pooled: bool) -> Result<Self, sqlx::Error> {
+        let tx = if pooled {
+            pool.begin_with(POOLED_BEGIN).await?
+        } else {
+            pool.begin().await?
+        };
+        Ok(Self {
+            inner: Inner::Tx(tx),
+            named: !pooled,
+        })
+    }
+
+    /// A connection for reads: a transaction when pooled (see the module
+    /// doc), a plain pooled connection otherwise. End it with
+    /// [`commit`](Self::commit).
+    pub(super) async fn read(pool: &PgPool, pooled: bool) -> Result<Self, sqlx::Error> {
+        if pooled {
+            return Self::begin(pool, true).await;
+        }
+        Ok(Self {
+            inner: Inner::Conn(pool.acquire().await?),
+            named: true,
+        })
+    }
+
+    /// Commits the transaction (a plain connection goes back to the pool).
+    pub(super) async fn commit(self) -> Result<(), sqlx::Error> {
+        match self.inner {
+            Inner::Tx(tx) => tx.commit().await,
+            Inner::Conn(_) => Ok(()),
+        }
+    }
+
+    /// The connection, for what is not a query (`COPY`).
+    pub(super) fn conn(&mut self) -> &mut PgConnection {
+        match &mut self.inner {
+            Inner::Tx(tx) => tx,
+            Inner::Conn(conn) => conn,
+        }
+    }
+}
+
+/// A query passed on through a [`Tx`]: prepared as a named (cached)
+/// statement only when the `Tx` allows it.
+struct Statement<E> {
+    query: E,
+    named: bool,
+}
+
+impl<'q, E: Execute<'q, Postgres>> Execute<'q, Postgres> for Statement<E> {
+    fn sql(self) -> SqlStr {
+        self.query.sql()
+    }
+
+    fn statement(&self) -> Option<&PgStatement> {
+        self.query.statement()
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, BoxDynError> {
+        self.query.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        self.named && self.query.persistent()
+    }
+}
+
+impl<'c> Executor<'c> for &'c mut Tx {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let named = self.named;
+        self.conn().fetch_many(Statement { query, named })
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let named = self.named;
+        self.conn().fetch_optional(Statement { query, named })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.conn().prepare_with(sql, parameters)
+    }
+
+    // Required by sqlx's `offline` feature (on with its macros, which
+    // drover's sqlx dependency always enables).
+    fn describe<'e>(
+        self,
+        sql: SqlStr,
+    ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.conn().describe(sql)
+    }
+}
