@@ -1,0 +1,276 @@
+//! PostgreSQL through PgBouncer in transaction pooling mode (Debian's 1.18,
+//! started by `.ci/run`; `DROVER_TEST_PGBOUNCER_URL` makes these tests
+//! required). First, why `?pool_mode=transaction` avoids what it avoids: each
+//! feature is shown breaking through the pooler, so the mode cannot quietly
+//! stop being needed or stop working. Then a control loop through it. (The
+//! store contract suite runs through it too: `each_engine_and_pooler`.)
+
+mod support;
+
+use std::collections::HashMap;
+use std::str::FromStr as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover::runner::{Action, Controller, Task};
+use drover::store::{
+    ItemEnqueue, LeaseClaim, PostgresStore, SessionStart, Store, StoreEngine as _, StoreOptions,
+};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
+use support::{TestDb, drop_database, pgbouncer, pgbouncer_url, with_database};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// A fresh database behind the pooler, the direct server URL and the
+/// database's name; `None` (the test skips, saying why) when
+/// `DROVER_TEST_PGBOUNCER_URL` is unset.
+async fn setup() -> Option<(TestDb, String, String)> {
+    let pooler = pgbouncer_url()?;
+    let direct = std::env::var(support::POSTGRES_ENV).unwrap_or_else(|_| {
+        panic!(
+            "{} is set: set {} too",
+            support::PGBOUNCER_ENV,
+            support::POSTGRES_ENV
+        )
+    });
+    let (db, name) = pgbouncer(&direct, &pooler).await;
+    Some((db, direct, name))
+}
+
+/// A plain sqlx connection through the pooler (as any client would open
+/// one, minus the startup parameter PgBouncer refuses).
+async fn pooled_client(name: &str) -> PgConnection {
+    let pooler = pgbouncer_url().expect("set");
+    let options = PgConnectOptions::from_str(&with_database(&pooler, name))
+        .expect("a valid URL")
+        .extra_float_digits(None);
+    PgConnection::connect_with(&options)
+        .await
+        .expect("connect through the pooler")
+}
+
+/// Holds the pooler's only server connection to the database in an open
+/// transaction, so the next transaction of any other client gets a new one.
+async fn hold_the_server(name: &str) -> PgConnection {
+    let mut holder = pooled_client(name).await;
+    holder.execute("BEGIN").await.expect("begin");
+    holder.execute("SELECT 1").await.expect("hold a server");
+    holder
+}
+
+#[tokio::test]
+async fn a_named_statement_is_gone_when_the_pooler_switches_servers() {
+    let Some((db, direct, name)) = setup().await else {
+        return;
+    };
+    let mut client = pooled_client(&name).await;
+    let add = "SELECT 1 + $1::int4";
+    // sqlx prepares `sqlx_s_1` on the pooler's first server and caches it.
+    let two: i32 = sqlx::query_scalar(add)
+        .bind(1)
+        .fetch_one(&mut client)
+        .await
+        .expect("first use");
+    assert_eq!(two, 2);
+    let mut holder = hold_the_server(&name).await;
+    let err = sqlx::query_scalar::<_, i32>(add)
+        .bind(1)
+        .fetch_one(&mut client)
+        .await
+        .expect_err("the statement lives on the other server");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    // The store names nothing, so it works on whichever server it gets.
+    let report = db
+        .store
+        .item_enqueue(ItemEnqueue::new("p", ["k"]))
+        .await
+        .expect("enqueue through the pooler");
+    assert_eq!(report.pending, 1);
+    holder.execute("COMMIT").await.expect("commit");
+    db.store.close().await;
+    drop_database(&direct, &name).await;
+}
+
+#[tokio::test]
+async fn session_state_does_not_survive_a_transaction_and_startup_options_are_refused() {
+    let Some((db, direct, name)) = setup().await else {
+        return;
+    };
+    let mut client = pooled_client(&name).await;
+    client
+        .execute("SET statement_timeout = '4321ms'")
+        .await
+        .expect("set");
+    let mut holder = hold_the_server(&name).await;
+    let shown: String = sqlx::query_scalar("SHOW statement_timeout")
+        .persistent(false)
+        .fetch_one(&mut client)
+        .await
+        .expect("show");
+    assert_ne!(shown, "4321ms", "the SET stayed on the other server");
+    holder.execute("COMMIT").await.expect("commit");
+    // What a direct connection sets at startup, PgBouncer refuses.
+    let with_options = format!(
+        "{}?options=-c%20idle_in_transaction_session_timeout%3D5s",
+        with_database(&pgbouncer_url().expect("set"), &name)
+    );
+    let options = PgConnectOptions::from_str(&with_options)
+        .expect("a valid URL")
+        .extra_float_digits(None);
+    let err = PgConnection::connect_with(&options)
+        .await
+        .expect_err("PgBouncer refuses the options parameter");
+    assert!(
+        err.to_string().contains("unsupported startup parameter"),
+        "{err}"
+    );
+    db.store.close().await;
+    drop_database(&direct, &name).await;
+}
+
+#[tokio::test]
+async fn listen_through_the_pooler_hears_nothing_and_the_direct_listen_url_does() {
+    let Some((db, direct, name)) = setup().await else {
+        return;
+    };
+    let pooler = pgbouncer_url().expect("set");
+    let options = PgConnectOptions::from_str(&with_database(&pooler, &name))
+        .expect("a valid URL")
+        .extra_float_digits(None);
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("pool");
+    let mut pooled = PgListener::connect_with(&pool).await.expect("listener");
+    pooled.listen("drover_probe").await.expect("listen");
+    let mut straight = PgListener::connect(&db.sql_url).await.expect("listener");
+    straight.listen("drover_probe").await.expect("listen");
+    let admin = PgPool::connect(&db.sql_url).await.expect("connect");
+    sqlx::query("SELECT pg_notify('drover_probe', 'hello')")
+        .execute(&admin)
+        .await
+        .expect("notify");
+    let heard = tokio::time::timeout(Duration::from_secs(10), straight.recv())
+        .await
+        .expect("the direct listener hears the notification")
+        .expect("recv");
+    assert_eq!(heard.payload(), "hello");
+    // The pooled LISTEN was left on a server the pooler took back: by the
+    // time the direct one heard it, and well after, nothing arrives.
+    let pooled_heard = tokio::time::timeout(Duration::from_secs(1), pooled.try_recv()).await;
+    assert!(
+        !matches!(pooled_heard, Ok(Ok(Some(_)))),
+        "a notification came through the pooler: {pooled_heard:?}"
+    );
+
+    // The store listens on the direct URL it is given.
+    let options = StoreOptions::default().listen_url(Some(db.sql_url.clone()));
+    let store = Store::connect_with(&db.url, &options)
+        .await
+        .expect("connect");
+    let process = format!("listen_{}", rand::random::<u32>());
+    let wake = store.wakeup(&process);
+    let listening = wake.notified();
+    tokio::pin!(listening);
+    listening.as_mut().enable();
+    let _ = store.subscribe(&process);
+    tokio::time::timeout(Duration::from_secs(10), listening)
+        .await
+        .expect("woken once the LISTEN took effect");
+    let woken = wake.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(PostgresStore::notify_channel(&process))
+        .execute(&admin)
+        .await
+        .expect("notify");
+    tokio::time::timeout(Duration::from_secs(10), woken)
+        .await
+        .expect("another node's notification wakes the store's waiters");
+    store.close().await;
+    admin.close().await;
+    db.store.close().await;
+    drop_database(&direct, &name).await;
+}
+
+#[tokio::test]
+async fn two_controllers_through_the_pooler_run_every_key_once_and_never_two_at_once() {
+    let Some((db, direct, name)) = setup().await else {
+        return;
+    };
+    const KEYS: usize = 200;
+    // What the work itself saw: per key, runs started and whether one was
+    // going on when another started.
+    let log: Arc<Mutex<HashMap<String, (u32, bool)>>> = Arc::default();
+    let overlaps = Arc::new(Mutex::new(0_u32));
+    let done = Arc::new(Notify::new());
+    let stop = CancellationToken::new();
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        let store = Store::connect(&db.url).await.expect("connect");
+        let (log, overlaps, done) = (log.clone(), overlaps.clone(), done.clone());
+        let reconcile = move |task: Task| {
+            let (log, overlaps, done) = (log.clone(), overlaps.clone(), done.clone());
+            async move {
+                let key = task.key().to_owned();
+                {
+                    let mut log = log.lock().expect("log");
+                    let entry = log.entry(key.clone()).or_insert((0, false));
+                    if entry.1 {
+                        *overlaps.lock().expect("overlaps") += 1;
+                    }
+                    *entry = (entry.0 + 1, true);
+                }
+                tokio::task::yield_now().await;
+                let mut log = log.lock().expect("log");
+                log.get_mut(&key).expect("logged").1 = false;
+                if log.len() == KEYS && log.values().all(|(runs, going)| *runs >= 1 && !going) {
+                    done.notify_one();
+                }
+                Ok::<_, std::io::Error>(Action::Done)
+            }
+        };
+        let controller = Controller::builder(store, "loop", reconcile)
+            .parallelism(8)
+            .idle_poll(Duration::from_millis(50))
+            .build()
+            .expect("a valid controller");
+        handles.push(tokio::spawn(controller.run(stop.clone())));
+    }
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("k{i:03}")).collect();
+    db.store
+        .item_enqueue(ItemEnqueue::new("loop", keys.iter().cloned()))
+        .await
+        .expect("enqueue");
+    tokio::time::timeout(Duration::from_secs(60), done.notified())
+        .await
+        .expect("every key ran");
+    stop.cancel();
+    for handle in handles {
+        handle.await.expect("join").expect("a clean shutdown");
+    }
+    let log = log.lock().expect("log");
+    assert_eq!(log.len(), KEYS);
+    assert!(log.values().all(|(runs, _)| *runs == 1), "a key ran twice");
+    assert_eq!(*overlaps.lock().expect("overlaps"), 0);
+    // Nothing left behind: no pending or running key, no session.
+    let session = db
+        .store
+        .session_start(SessionStart {
+            component: "check".into(),
+            ttl: Duration::from_secs(30),
+        })
+        .await
+        .expect("session");
+    let claim = LeaseClaim {
+        session: session.id,
+        process: "loop".into(),
+        max: 10,
+    };
+    assert!(db.store.lease_claim(claim).await.expect("claim").is_empty());
+    db.store.close().await;
+    drop_database(&direct, &name).await;
+}
