@@ -75,6 +75,7 @@ mod pruner;
 mod refusal;
 mod resyncer;
 mod text;
+mod ticks;
 mod types;
 mod url;
 pub(crate) mod wakeup;

@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rand::RngExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::any::Store;
 use super::engine::StoreEngine;
 use super::error::StoreError;
 use super::params::RetentionPrune;
+use super::ticks::Ticks;
 use super::types::{PruneCursor, PruneReport};
 use crate::metrics::PruneMetrics;
 
@@ -138,14 +138,9 @@ impl<S: StoreEngine> Pruner<S> {
     /// after a random part of the interval.
     pub async fn run(self, stop: CancellationToken) {
         let mut passes = HashMap::new();
-        let mut wait = self.every.mul_f64(rand::rng().random_range(0.0..1.0));
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
+        let mut ticks = Ticks::new(self.every);
+        while ticks.next(&stop).await {
             self.tick(&mut passes, &stop).await;
-            wait = self.every.mul_f64(rand::rng().random_range(0.9..1.1));
         }
     }
 

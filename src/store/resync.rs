@@ -11,11 +11,16 @@
 //! converged together do not come back together), and a key that ran for an
 //! event meanwhile is not resynced on top of it.
 
+use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::StoreError;
+use super::key::validate_process;
+use super::params::ResyncBatch;
 use super::settle::later;
+use super::types::ResyncReport;
 
 /// The shortest gap between two passes, as a fraction of the interval: a key
 /// is resynced at most this late after it is due (plus the walk's own time),
@@ -184,9 +189,120 @@ pub(crate) fn advance(
     (next, finished, count)
 }
 
-/// The smallest batch a resync reads, so a walk always moves forward.
-pub(crate) fn batch(asked: u32) -> u32 {
-    asked.max(1)
+/// The steps of one resync batch, each engine with its own SQL, all in one
+/// transaction (`Tx`) that [`batch`] strings together.
+pub(crate) trait ResyncSteps: Sync {
+    /// The engine's transaction.
+    type Tx: Send;
+
+    /// Starts the batch's transaction and reads the clock in it.
+    fn begin(&self) -> impl Future<Output = Result<(Self::Tx, DateTime<Utc>), StoreError>> + Send;
+
+    /// The process's resync; `None` if the process is not known.
+    fn rules(
+        &self,
+        tx: &mut Self::Tx,
+        process: &str,
+    ) -> impl Future<Output = Result<Option<Rules>, StoreError>> + Send;
+
+    /// The process's walk, its row created if missing and locked for the
+    /// transaction; `None` when another node holds it (it is walking now).
+    fn walk(
+        &self,
+        tx: &mut Self::Tx,
+        process: &str,
+    ) -> impl Future<Output = Result<Option<Walk>, StoreError>> + Send;
+
+    /// The next `batch` items of the process after `after`, in key order,
+    /// whatever their state, unlocked.
+    fn window(
+        &self,
+        tx: &mut Self::Tx,
+        process: &str,
+        after: &str,
+        batch: u32,
+    ) -> impl Future<Output = Result<Vec<Seen>, StoreError>> + Send;
+
+    /// Makes the `keys` that are still idle, and did not run since `since`,
+    /// pending at `priority`, pending since `now` (`change` is `(priority,
+    /// now, since)`); how many.
+    fn resync(
+        &self,
+        tx: &mut Self::Tx,
+        process: &str,
+        keys: &[String],
+        change: (i32, DateTime<Utc>, DateTime<Utc>),
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Stores the walk; when the pass `finished`, also when it ended (`now`)
+    /// and how many keys it resynced (`total`); `end` is `(finished, total,
+    /// now)`.
+    fn save(
+        &self,
+        tx: &mut Self::Tx,
+        process: &str,
+        walk: &Walk,
+        end: (bool, i64, DateTime<Utc>),
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Commits; `wake` asks to wake the process's workers on every node.
+    fn commit(
+        &self,
+        tx: Self::Tx,
+        process: &str,
+        wake: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// One batch of a process's resync
+/// ([`resync_batch`](super::StoreEngine::resync_batch)) in one transaction.
+pub(crate) async fn batch<S: ResyncSteps>(
+    store: &S,
+    params: &ResyncBatch,
+) -> Result<ResyncReport, StoreError> {
+    validate_process(&params.process)?;
+    let process = params.process.as_str();
+    let done = ResyncReport {
+        resynced: 0,
+        done: true,
+    };
+    let (mut tx, now) = store.begin().await?;
+    let rules = store
+        .rules(&mut tx, process)
+        .await?
+        .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))?;
+    let Some(every) = rules.every() else {
+        return Ok(done);
+    };
+    let Some(walk) = store.walk(&mut tx, process).await? else {
+        return Ok(done);
+    };
+    if !walks(&walk, every, now, params.start) {
+        store.commit(tx, process, false).await?;
+        return Ok(done);
+    }
+    let size = params.batch.max(1);
+    let after = walk.walk_key.as_deref().unwrap_or("");
+    let rows = store.window(&mut tx, process, after, size).await?;
+    let window = window(&rows, &rules, now, size);
+    let resynced = if window.due.is_empty() {
+        0
+    } else {
+        let since = now
+            .checked_sub_signed(chrono::Duration::from_std(every).unwrap_or(chrono::Duration::MAX))
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let change = (rules.resync_priority, now, since);
+        store.resync(&mut tx, process, &window.due, change).await?
+    };
+    let (next, finished, total) = advance(&walk, &window, resynced, now);
+    store
+        .save(&mut tx, process, &next, (finished, total, now))
+        .await?;
+    store.commit(tx, process, resynced > 0).await?;
+    Ok(ResyncReport {
+        resynced,
+        done: finished,
+    })
 }
 
 #[cfg(test)]

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use rand::RngExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::any::Store;
 use super::engine::StoreEngine;
 use super::error::StoreError;
 use super::params::ResyncBatch;
+use super::ticks::Ticks;
 use crate::metrics::ResyncMetrics;
 
 /// The pause between two batches, so claims and completions waiting for the
@@ -115,14 +115,9 @@ impl<S: StoreEngine> Resyncer<S> {
     /// Resyncs on a timer until `stop` fires. The first tick comes after a
     /// random part of the interval.
     pub async fn run(self, stop: CancellationToken) {
-        let mut wait = self.every.mul_f64(rand::rng().random_range(0.0..1.0));
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
+        let mut ticks = Ticks::new(self.every);
+        while ticks.next(&stop).await {
             self.tick(&stop).await;
-            wait = self.every.mul_f64(rand::rng().random_range(0.9..1.1));
         }
     }
 

@@ -10,7 +10,7 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, enqueue, groups, inspect, leases, processes, resync, runs, sessions};
+use super::{admin, enqueue, groups, inspect, leases, processes, runs, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
@@ -19,14 +19,14 @@ use crate::store::params::{
     SessionStart,
 };
 use crate::store::parts::complete_in_parts;
-use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
     ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
+use crate::store::{resync, retention};
 
-pub(super) use super::tx::Tx;
+pub(crate) use super::tx::Tx;
 
 /// The database clock, shifted by the test offset bound as the parameter `$1`.
 ///

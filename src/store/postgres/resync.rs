@@ -1,19 +1,15 @@
-//! Resync on PostgreSQL: one batch of the shared walk per transaction. The
-//! walk's row is taken `FOR UPDATE SKIP LOCKED`, so two nodes never walk the
-//! same process at once and neither waits for the other; the window is read
-//! without locks (claims and completions never wait for it), and only the
-//! due keys are locked, by the update, in key order as enqueues lock them.
+//! Resync's steps on PostgreSQL (see [`ResyncSteps`]). The walk's row is
+//! taken `FOR UPDATE SKIP LOCKED`, so two nodes never walk the same process
+//! at once and neither waits for the other; the window is read without locks
+//! (claims and completions never wait for it), and only the due keys are
+//! locked, by the update, in key order as enqueues lock them.
 
 use chrono::{DateTime, Utc};
 
-use super::engine::PostgresStore;
+use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use crate::store::StoreError;
-use crate::store::key::validate_process;
-use crate::store::params::ResyncBatch;
-use crate::store::resync::{self, Rules, Seen, Walk};
-use crate::store::settle::earlier;
-use crate::store::types::ResyncReport;
+use crate::store::resync::{ResyncSteps, Rules, Seen, Walk};
 
 /// The walk's row, as stored.
 #[derive(Debug, sqlx::FromRow)]
@@ -55,106 +51,117 @@ UPDATE drover_resync SET walk_key = $2, pass_started_at = $3, pass_next_due = $4
     last_pass_resynced = CASE WHEN $7 THEN $8 ELSE last_pass_resynced END
 WHERE process = $1";
 
-pub(super) async fn batch(
-    store: &PostgresStore,
-    params: &ResyncBatch,
-) -> Result<ResyncReport, StoreError> {
-    validate_process(&params.process)?;
-    let process = params.process.as_str();
-    let (mut tx, now) = store.write().await?;
-    let rules: Option<Rules> = sqlx::query_as(
-        "SELECT resync_every_ms, resync_jitter, resync_priority
-         FROM drover_processes WHERE process = $1",
-    )
-    .bind(process)
-    .fetch_optional(&mut tx)
-    .await
-    .db()?;
-    let rules = rules.ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))?;
-    let done = ResyncReport {
-        resynced: 0,
-        done: true,
-    };
-    let Some(every) = rules.every() else {
-        return Ok(done);
-    };
-    sqlx::query("INSERT INTO drover_resync (process) VALUES ($1) ON CONFLICT DO NOTHING")
-        .bind(process)
-        .execute(&mut tx)
-        .await
-        .db()?;
-    let row: Option<WalkRow> = sqlx::query_as(
-        "SELECT walk_key, pass_started_at, pass_next_due, pass_resynced, next_due_at
-         FROM drover_resync WHERE process = $1 FOR UPDATE SKIP LOCKED",
-    )
-    .bind(process)
-    .fetch_optional(&mut tx)
-    .await
-    .db()?;
-    // Locked: another node is walking this process right now.
-    let Some(row) = row else { return Ok(done) };
-    let walk = Walk {
-        walk_key: row.walk_key,
-        pass_started_at: row.pass_started_at,
-        pass_next_due: row.pass_next_due,
-        pass_resynced: row.pass_resynced,
-        next_due_at: row.next_due_at,
-    };
-    if !resync::walks(&walk, every, now, params.start) {
-        commit(tx).await?;
-        return Ok(done);
+impl ResyncSteps for PostgresStore {
+    type Tx = Tx;
+
+    async fn begin(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
+        self.write().await
     }
-    let batch = resync::batch(params.batch);
-    let rows: Vec<SeenRow> = sqlx::query_as(WINDOW)
+
+    async fn rules(&self, tx: &mut Tx, process: &str) -> Result<Option<Rules>, StoreError> {
+        sqlx::query_as(
+            "SELECT resync_every_ms, resync_jitter, resync_priority
+             FROM drover_processes WHERE process = $1",
+        )
         .bind(process)
-        .bind(walk.walk_key.as_deref().unwrap_or(""))
-        .bind(i64::from(batch))
-        .fetch_all(&mut tx)
+        .fetch_optional(tx)
+        .await
+        .db()
+    }
+
+    async fn walk(&self, tx: &mut Tx, process: &str) -> Result<Option<Walk>, StoreError> {
+        sqlx::query("INSERT INTO drover_resync (process) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(process)
+            .execute(&mut *tx)
+            .await
+            .db()?;
+        let row: Option<WalkRow> = sqlx::query_as(
+            "SELECT walk_key, pass_started_at, pass_next_due, pass_resynced, next_due_at
+             FROM drover_resync WHERE process = $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(process)
+        .fetch_optional(tx)
         .await
         .db()?;
-    let rows: Vec<Seen> = rows
-        .into_iter()
-        .map(|r| Seen {
-            key: r.key,
-            idle: r.idle,
-            base: r.base,
-        })
-        .collect();
-    let window = resync::window(&rows, &rules, now, batch);
-    let resynced = if window.due.is_empty() {
-        0
-    } else {
-        sqlx::query(RESYNC)
+        Ok(row.map(|r| Walk {
+            walk_key: r.walk_key,
+            pass_started_at: r.pass_started_at,
+            pass_next_due: r.pass_next_due,
+            pass_resynced: r.pass_resynced,
+            next_due_at: r.next_due_at,
+        }))
+    }
+
+    async fn window(
+        &self,
+        tx: &mut Tx,
+        process: &str,
+        after: &str,
+        batch: u32,
+    ) -> Result<Vec<Seen>, StoreError> {
+        let rows: Vec<SeenRow> = sqlx::query_as(WINDOW)
             .bind(process)
-            .bind(&window.due)
-            .bind(rules.resync_priority)
+            .bind(after)
+            .bind(i64::from(batch))
+            .fetch_all(tx)
+            .await
+            .db()?;
+        Ok(rows
+            .into_iter()
+            .map(|r| Seen {
+                key: r.key,
+                idle: r.idle,
+                base: r.base,
+            })
+            .collect())
+    }
+
+    async fn resync(
+        &self,
+        tx: &mut Tx,
+        process: &str,
+        keys: &[String],
+        (priority, now, since): (i32, DateTime<Utc>, DateTime<Utc>),
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(RESYNC)
+            .bind(process)
+            .bind(keys)
+            .bind(priority)
             .bind(now)
-            .bind(earlier(now, every))
-            .execute(&mut tx)
+            .bind(since)
+            .execute(tx)
             .await
             .db()?
-            .rows_affected()
-    };
-    let (next, finished, total) = resync::advance(&walk, &window, resynced, now);
-    sqlx::query(SAVE)
-        .bind(process)
-        .bind(&next.walk_key)
-        .bind(next.pass_started_at)
-        .bind(next.pass_next_due)
-        .bind(next.pass_resynced)
-        .bind(next.next_due_at)
-        .bind(finished)
-        .bind(total)
-        .bind(now)
-        .execute(&mut tx)
-        .await
-        .db()?;
-    if resynced > 0 {
-        PostgresStore::notify_ready(&mut tx, process).await?;
+            .rows_affected())
     }
-    commit(tx).await?;
-    Ok(ResyncReport {
-        resynced,
-        done: finished,
-    })
+
+    async fn save(
+        &self,
+        tx: &mut Tx,
+        process: &str,
+        walk: &Walk,
+        (finished, total, now): (bool, i64, DateTime<Utc>),
+    ) -> Result<(), StoreError> {
+        sqlx::query(SAVE)
+            .bind(process)
+            .bind(&walk.walk_key)
+            .bind(walk.pass_started_at)
+            .bind(walk.pass_next_due)
+            .bind(walk.pass_resynced)
+            .bind(walk.next_due_at)
+            .bind(finished)
+            .bind(total)
+            .bind(now)
+            .execute(tx)
+            .await
+            .db()?;
+        Ok(())
+    }
+
+    async fn commit(&self, mut tx: Tx, process: &str, wake: bool) -> Result<(), StoreError> {
+        if wake {
+            PostgresStore::notify_ready(&mut tx, process).await?;
+        }
+        commit(tx).await
+    }
 }

@@ -36,7 +36,7 @@ const POOLED_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout
 
 /// A transaction, or (directly connected) a plain connection for reads.
 #[derive(Debug)]
-pub(super) struct Tx {
+pub(crate) struct Tx {
     inner: Inner,
     /// Whether statements may be named (cached) prepared statements.
     named: bool,

@@ -7,7 +7,7 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, groups, inspect, items, leases, processes, resync, runs, sessions};
+use super::{admin, groups, inspect, items, leases, processes, runs, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
@@ -16,16 +16,16 @@ use crate::store::params::{
     SessionStart,
 };
 use crate::store::parts::complete_in_parts;
-use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
     ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
+use crate::store::{resync, retention};
 
 /// A write transaction: `BEGIN IMMEDIATE`, so it holds SQLite's write lock from
 /// its first statement and can never fail half-way on a lock upgrade.
-pub(super) type Tx = Transaction<'static, Sqlite>;
+pub(crate) type Tx = Transaction<'static, Sqlite>;
 
 /// The SQLite engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]
