@@ -127,23 +127,34 @@ pub(crate) fn postgres_url() -> Option<String> {
     }
 }
 
-/// A fresh schema on the PostgreSQL server at `base`; panics if it is unreachable.
-pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
+/// A name no other test of any run uses: `{prefix}_{pid}_{n}_{random}`.
+fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let schema = format!(
-        "drover_test_{}_{}_{:08x}",
+    format!(
+        "{prefix}_{}_{}_{:08x}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::SeqCst),
         rand::random::<u32>()
-    );
-    let admin = sqlx::PgPool::connect(base)
+    )
+}
+
+/// Runs one administrative statement on the server at `url` through a
+/// connection of its own; panics, naming the variable, if it is unreachable.
+async fn admin_execute(url: &str, sql: &str) {
+    let admin = sqlx::PgPool::connect(url)
         .await
-        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={base} is set but unreachable: {e}"));
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={url} is set but unreachable: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
         .execute(&admin)
         .await
-        .expect("create schema");
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     admin.close().await;
+}
+
+/// A fresh schema on the PostgreSQL server at `base`; panics if it is unreachable.
+pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
+    let schema = unique_name("drover_test");
+    admin_execute(base, &format!("CREATE SCHEMA {schema}")).await;
     let sep = if base.contains('?') { '&' } else { '?' };
     let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
     let store = Store::connect(&url).await.expect("connect to PostgreSQL");
@@ -187,14 +198,7 @@ pub(crate) async fn server_addr(url: &str) -> std::net::SocketAddr {
 
 /// Drops a test schema.
 pub(crate) async fn drop_schema(base: &str, schema: &str) {
-    let admin = sqlx::PgPool::connect(base)
-        .await
-        .expect("reconnect to drop schema");
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&admin)
-        .await
-        .expect("drop schema");
-    admin.close().await;
+    admin_execute(base, &format!("DROP SCHEMA {schema} CASCADE")).await;
 }
 
 /// Runs `test` against a fresh database on every engine, SQLite first. A failing
@@ -242,21 +246,8 @@ pub(crate) fn with_database(url: &str, db: &str) -> String {
 /// A fresh database on the PostgreSQL server at `direct`, reached through the
 /// PgBouncer at `pooler` in transaction mode; panics if either is unreachable.
 pub(crate) async fn pgbouncer(direct: &str, pooler: &str) -> (TestDb, String) {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let name = format!(
-        "drover_pgb_{}_{}_{:08x}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::SeqCst),
-        rand::random::<u32>()
-    );
-    let admin = sqlx::PgPool::connect(direct)
-        .await
-        .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={direct} is set but unreachable: {e}"));
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&admin)
-        .await
-        .expect("create database");
-    admin.close().await;
+    let name = unique_name("drover_pgb");
+    admin_execute(direct, &format!("CREATE DATABASE {name}")).await;
     let url = format!("{}?pool_mode=transaction", with_database(pooler, &name));
     let store = Store::connect(&url)
         .await
@@ -268,16 +259,7 @@ pub(crate) async fn pgbouncer(direct: &str, pooler: &str) -> (TestDb, String) {
 
 /// Drops a database made by [`pgbouncer`], closing the pooler's connections.
 pub(crate) async fn drop_database(direct: &str, name: &str) {
-    let admin = sqlx::PgPool::connect(direct)
-        .await
-        .expect("reconnect to drop the database");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {name} WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await
-    .expect("drop database");
-    admin.close().await;
+    admin_execute(direct, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
 }
 
 /// Runs `test` as [`each_engine`] does, then once more through a PgBouncer
