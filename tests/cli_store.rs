@@ -319,6 +319,48 @@ async fn process_configure_refuses_bad_input_with_one_line_and_writes_nothing() 
     assert_eq!(settings(&db.url, "p"), before, "nothing was written");
 }
 
+#[tokio::test]
+async fn process_configure_sets_the_resync_lists_it_and_refuses_bad_values() {
+    let (db, _dir) = support::sqlite().await;
+    let url = Some(db.url.as_str());
+    let set = [
+        "process",
+        "configure",
+        "provision",
+        "--resync",
+        "1h",
+        "--resync-jitter",
+        "0.2",
+        "--resync-priority",
+        "-7",
+    ];
+    let out = ok(&drover(url, None, &set, ""));
+    assert!(out.contains("1h +20% prio -7"), "{out}");
+    let s = settings(&db.url, "provision");
+    assert_eq!(s["resync"]["every_seconds"], 3600.0);
+    assert_eq!(s["resync"]["jitter"], 0.2);
+    assert_eq!(s["resync"]["priority"], -7);
+    for (bad, needle) in [
+        (["--resync-jitter", "2"], "resync jitter"),
+        (["--resync", "10ms"], "resync every 1s"),
+        (["--resync", "often"], "not a duration"),
+    ] {
+        let args: Vec<&str> = ["process", "configure", "provision"]
+            .into_iter()
+            .chain(bad)
+            .collect();
+        fails_with(&drover(url, None, &args, ""), needle);
+    }
+    assert_eq!(settings(&db.url, "provision")["resync"]["jitter"], 0.2);
+    ok(&drover(
+        url,
+        None,
+        &["process", "configure", "provision", "--resync", "never"],
+        "",
+    ));
+    assert_eq!(settings(&db.url, "provision")["resync"], Value::Null);
+}
+
 /// Claims one ready key of `process` on `store` and ends its run `done`.
 async fn run_one(store: &drover::Store, process: &str) -> String {
     let ran = support::store::run_ready(store, process, 1, &Outcome::Done).await;

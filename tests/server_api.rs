@@ -537,6 +537,40 @@ async fn the_dashboard_lists_processes_and_shows_a_hostile_key_as_text() {
 }
 
 #[tokio::test]
+async fn the_dashboard_shows_each_process_resync_and_when_the_next_is_due() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let page = api.call(GET, &format!("/ui/processes/{P}"), None).await;
+        assert!(page.text.contains("Resync: never"), "{}", page.text);
+        db.store
+            .process_configure(
+                drover::store::ProcessConfigure::new(P)
+                    .resync_every(Some(Duration::from_secs(3600)))
+                    .resync_jitter(0.0),
+            )
+            .await
+            .expect("configure");
+        support::store::run_ready(&db.store, P, 1, &drover::store::Outcome::Done).await;
+        let page = api.call(GET, &format!("/ui/processes/{P}"), None).await;
+        assert!(
+            page.text
+                .contains("every 1h +0%, priority -100, first pass pending"),
+            "{}",
+            page.text
+        );
+        // A pass finds `a` idle and due in an hour: the next resync then.
+        drover::store::Resyncer::new(db.store.clone())
+            .resync_process(P)
+            .await
+            .expect("resync");
+        let overview = api.call(GET, "/", None).await;
+        assert!(overview.text.contains("next in 59m"), "{}", overview.text);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn dashboard_buttons_retry_and_park_and_refuse_cross_site_posts() {
     each_engine(|db| async move {
         let api = Api::new(&db.store);

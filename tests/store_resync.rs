@@ -8,12 +8,14 @@ mod support;
 use std::time::Duration;
 
 use drover::backoff::Backoff;
+use drover::metrics::ResyncMetrics;
 use drover::store::{
     ItemEnqueue, ItemState, Outcome, ProcessConfigure, ResyncBatch, Resyncer, SessionStart,
     StoreEngine as _,
 };
 use support::store::{P, claim, complete, enqueue, item, keys, run_ready, secs};
 use support::{TestDb, each_engine_and_pooler};
+use tokio_util::sync::CancellationToken;
 
 const HOUR: Duration = Duration::from_secs(3600);
 const MINUTE: Duration = Duration::from_secs(60);
@@ -228,6 +230,44 @@ async fn bad_resync_settings_are_refused_and_never_turns_it_off() {
         assert_eq!(pass(&db).await, 0);
         let settings = db.store.process_list().await.expect("list");
         assert_eq!(settings[0].resync, None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_resyncer_runs_on_its_timer_wakes_workers_and_counts_what_it_resynced() {
+    each_engine_and_pooler(|db| async move {
+        hourly(&db).await;
+        enqueue(&db.store, &["a", "b", "c"]).await;
+        run_ready(&db.store, P, 10, &Outcome::Done).await;
+        db.store.clock().advance(HOUR + MINUTE);
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = ResyncMetrics::new(&mut registry);
+        let wake = db.store.wakeup(P);
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let stop = CancellationToken::new();
+        let resyncer = Resyncer::new(db.store.clone())
+            .every(Duration::from_millis(20))
+            .metrics(metrics);
+        let task = tokio::spawn(resyncer.run(stop.clone()));
+        tokio::time::timeout(Duration::from_secs(30), woken)
+            .await
+            .expect("the resync woke the process's workers");
+        stop.cancel();
+        task.await.expect("join");
+        for key in ["a", "b", "c"] {
+            assert_eq!(state(&db, key).await, ItemState::Pending, "{key}");
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert!(
+            text.contains(&format!(
+                "drover_resync_enqueued_total{{process=\"{P}\"}} 3"
+            )),
+            "{text}"
+        );
     })
     .await;
 }
