@@ -252,10 +252,12 @@ async fn two_controllers_through_the_pooler_run_every_key_once_and_never_two_at_
     for handle in handles {
         handle.await.expect("join").expect("a clean shutdown");
     }
-    let log = log.lock().expect("log");
-    assert_eq!(log.len(), KEYS);
-    assert!(log.values().all(|(runs, _)| *runs == 1), "a key ran twice");
-    assert_eq!(*overlaps.lock().expect("overlaps"), 0);
+    {
+        let log = log.lock().expect("log");
+        assert_eq!(log.len(), KEYS);
+        assert!(log.values().all(|(runs, _)| *runs == 1), "a key ran twice");
+        assert_eq!(*overlaps.lock().expect("overlaps"), 0);
+    }
     // Nothing left behind: no pending or running key, no session.
     let session = db
         .store

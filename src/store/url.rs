@@ -3,6 +3,7 @@
 //! driver sees the URL.
 
 /// How a PostgreSQL URL reaches the server, from its `pool_mode` parameter.
+#[cfg(feature = "postgres")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum PoolMode {
     /// `session` (the default): a direct connection, or a pooler that gives
@@ -19,6 +20,7 @@ pub(crate) enum PoolMode {
 /// Takes `pool_mode=…` out of `url`'s query: the URL without it (for the
 /// driver, which would ignore it with a warning) and the mode. An unknown
 /// mode is refused with the reason, never ignored.
+#[cfg(feature = "postgres")]
 pub(crate) fn pool_mode(url: &str) -> Result<(String, PoolMode), String> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), PoolMode::default()));
@@ -75,10 +77,11 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::redact_url as redact;
-    use super::{PoolMode, pool_mode};
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn pool_mode_is_taken_out_and_unknown_modes_are_refused() {
+        use super::{PoolMode, pool_mode};
         let url = "postgres://u@h:6432/db";
         assert_eq!(pool_mode(url), Ok((url.to_owned(), PoolMode::Session)));
         assert_eq!(

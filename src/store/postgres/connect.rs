@@ -73,7 +73,7 @@ impl PostgresStore {
             listener: Arc::default(),
             pooled,
             listen,
-            connect,
+            connect: Arc::new(connect),
         };
         store.migrate_or_check(options.migrate).await?;
         Ok(store)

@@ -53,7 +53,7 @@ pub struct PostgresStore {
     /// pooler, or none (waiters then poll).
     pub(super) listen: Option<PgPool>,
     /// How the pool connects, for what needs a connection of its own.
-    pub(super) connect: sqlx::postgres::PgConnectOptions,
+    pub(super) connect: Arc<sqlx::postgres::PgConnectOptions>,
 }
 
 impl PostgresStore {
