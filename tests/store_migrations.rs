@@ -60,7 +60,8 @@ async fn sqlx_insert_future_migration(db: &support::TestDb) {
 }
 
 /// The tables of a database at schema version 2 (before known keys and runs).
-const DROP_ALL: [&str; 6] = [
+const DROP_ALL: [&str; 7] = [
+    "DROP TABLE IF EXISTS drover_resync",
     "DROP TABLE drover_items",
     "DROP TABLE drover_runs",
     "DROP TABLE drover_processes",
