@@ -128,20 +128,32 @@ impl Store {
     #[cfg(feature = "sqlite")]
     #[must_use]
     pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
-        match &self.engine {
-            Engine::Sqlite(s) => Some(s.pool()),
-            #[cfg(feature = "postgres")]
-            Engine::Postgres(_) => None,
-        }
+        self.sqlite().map(SqliteStore::pool)
     }
 
-    /// The PostgreSQL engine, when the store is on PostgreSQL.
+    /// The PostgreSQL engine, when the store is on PostgreSQL: for what only
+    /// that engine has, such as enqueueing in the caller's transaction
+    /// ([`PostgresStore::item_enqueue_in`]).
     #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(&self) -> Option<&PostgresStore> {
+    #[must_use]
+    pub fn postgres(&self) -> Option<&PostgresStore> {
         match &self.engine {
             Engine::Postgres(s) => Some(s),
             #[cfg(feature = "sqlite")]
             Engine::Sqlite(_) => None,
+        }
+    }
+
+    /// The SQLite engine, when the store is on SQLite: for what only that
+    /// engine has, such as enqueueing in the caller's transaction
+    /// ([`SqliteStore::item_enqueue_in`]).
+    #[cfg(feature = "sqlite")]
+    #[must_use]
+    pub fn sqlite(&self) -> Option<&SqliteStore> {
+        match &self.engine {
+            Engine::Sqlite(s) => Some(s),
+            #[cfg(feature = "postgres")]
+            Engine::Postgres(_) => None,
         }
     }
 

@@ -22,5 +22,6 @@ mod rows;
 mod runs;
 mod sessions;
 mod statistics;
+mod transactional;
 
 pub use engine::PostgresStore;

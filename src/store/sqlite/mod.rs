@@ -19,5 +19,6 @@ mod processes;
 mod rows;
 mod runs;
 mod sessions;
+mod transactional;
 
 pub use engine::SqliteStore;

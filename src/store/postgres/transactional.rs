@@ -1,0 +1,58 @@
+//! Enqueueing on a transaction the caller holds (DESIGN.md rule 11): the
+//! caller changes its own rows and enqueues their keys in one transaction, so
+//! a crash in between is impossible and a rollback leaves no key behind.
+
+use sqlx::PgConnection;
+
+use super::engine::PostgresStore;
+use super::enqueue::coalesce;
+use crate::store::StoreError;
+use crate::store::enqueue::checked_keys;
+use crate::store::params::ItemEnqueue;
+use crate::store::types::EnqueueReport;
+
+impl PostgresStore {
+    /// Enqueues `params.keys` on `conn`, a connection in the caller's open
+    /// transaction (pass `&mut *tx` for a `sqlx::Transaction<Postgres>`), with
+    /// exactly the rules of [`item_enqueue`](crate::store::StoreEngine::item_enqueue):
+    /// the same SQL function (`drover_enqueue`) coalesces the keys, marks
+    /// running keys dirty and never shortens a backoff.
+    ///
+    /// Nothing is visible to workers until the caller commits; the workers'
+    /// `NOTIFY` is queued in the transaction, so PostgreSQL delivers it only
+    /// on commit, and a rollback leaves neither the keys nor a wake-up. Keys
+    /// are locked in byte order; a caller that enqueues more than once in one
+    /// transaction should enqueue in one call to keep that order.
+    ///
+    /// ```no_run
+    /// # async fn run(store: drover::store::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use drover::store::ItemEnqueue;
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("UPDATE machines SET wanted = 'on' WHERE id = 'm-42'")
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// store.item_enqueue_in(&mut tx, ItemEnqueue::new("provision", ["m-42"])).await?;
+    /// tx.commit().await?; // the change and its key, or neither
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidKey`] / [`StoreError::InvalidProcess`] before
+    /// anything is written; a database error leaves the caller's transaction
+    /// aborted (roll it back).
+    pub async fn item_enqueue_in(
+        &self,
+        conn: &mut PgConnection,
+        params: ItemEnqueue,
+    ) -> Result<EnqueueReport, StoreError> {
+        let mut keys = checked_keys(&params.process, &params.keys)?;
+        if keys.is_empty() {
+            return Ok(EnqueueReport::default());
+        }
+        keys.sort_unstable();
+        let report = coalesce(self, conn, &params, &keys).await?;
+        self.statistics.inserted(&self.pool, report.pending);
+        Ok(report)
+    }
+}
