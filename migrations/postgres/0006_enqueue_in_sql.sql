@@ -179,6 +179,10 @@ BEGIN
     END IF;
     SELECT format('%I.%I', n.nspname, c.relname) INTO rel_name
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = rel;
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = rel AND c.relname LIKE 'drover\_%') THEN
+        RAISE EXCEPTION 'table % is one of drover''s own: watch a table of yours', rel_name
+            USING ERRCODE = '42809';
+    END IF;
     SELECT a.atttypid::regtype INTO key_type FROM pg_attribute a
     WHERE a.attrelid = rel AND a.attname = drover_watch.key_column
         AND a.attnum > 0 AND NOT a.attisdropped;

@@ -56,6 +56,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A producer can enqueue inside its own transaction
+//! ([`PostgresStore::item_enqueue_in`], [`SqliteStore::item_enqueue_in`], or
+//! the SQL `drover_enqueue` from any language), and a table can be watched
+//! ([`Store::table_watch`]) so that its triggers enqueue every changed row's key.
+//!
 //! Times always come from the database clock. Tests shift it through
 //! [`Store::clock`] instead of sleeping.
 
@@ -77,6 +82,7 @@ mod text;
 mod types;
 mod url;
 pub(crate) mod wakeup;
+mod watch;
 
 // What both engines share: migrations, the settle state machine, the rules
 // applied in Rust to the rows each engine reads.
@@ -136,3 +142,4 @@ pub use types::{
     ReclaimReport, Retention, Run, RunOutcome, Session, SessionId,
 };
 pub use url::redact_url;
+pub use watch::TableWatch;

@@ -23,5 +23,6 @@ mod runs;
 mod sessions;
 mod statistics;
 mod transactional;
+mod watch;
 
 pub use engine::PostgresStore;

@@ -20,5 +20,6 @@ mod rows;
 mod runs;
 mod sessions;
 mod transactional;
+mod watch;
 
 pub use engine::SqliteStore;
