@@ -45,7 +45,7 @@ async fn an_enqueue_in_a_transaction_that_rolls_back_leaves_nothing() {
         tx.execute("UPDATE machines SET wanted = 'on' WHERE id = 'm1'")
             .await;
         let report = tx
-            .enqueue(&db.store, ItemEnqueue::new(P, ["m1"]))
+            .enqueue(ItemEnqueue::new(P, ["m1"]))
             .await
             .expect("enqueue in the transaction");
         assert_eq!(report.pending, 1);
@@ -69,7 +69,7 @@ async fn a_committed_enqueue_is_claimable_and_coalesces_with_normal_enqueues() {
         tx.execute("UPDATE machines SET wanted = 'on' WHERE id = 'm1'")
             .await;
         let raise = ItemEnqueue::new(P, ["m1", "m2"]).priority(3);
-        tx.enqueue(&db.store, raise).await.expect("enqueue");
+        tx.enqueue(raise).await.expect("enqueue");
         tx.enqueue_sql(P, "m1").await.expect("SQL enqueue");
         tx.commit().await;
         enqueue(&db.store, &["m2"]).await;
@@ -92,7 +92,7 @@ async fn a_committing_transaction_that_enqueues_a_running_key_makes_it_run_once_
         let running = claim(&db.store, s.id, 10).await;
         let mut tx = CallerTx::begin(&db.store).await;
         for _ in 0..2 {
-            let report = tx.enqueue(&db.store, ItemEnqueue::new(P, ["a"])).await;
+            let report = tx.enqueue(ItemEnqueue::new(P, ["a"])).await;
             assert_eq!(report.expect("enqueue").dirty, 1);
         }
         tx.enqueue_sql(P, "a").await.expect("SQL enqueue");
@@ -228,10 +228,7 @@ async fn workers_are_notified_when_the_enqueueing_transaction_commits_and_never_
         listener.listen("marker").await.expect("listen");
         let mut rolled_back = CallerTx::begin(&db.store).await;
         let params = ItemEnqueue::new(process, ["m1"]);
-        rolled_back
-            .enqueue(&db.store, params.clone())
-            .await
-            .expect("enqueue");
+        rolled_back.enqueue(params.clone()).await.expect("enqueue");
         rolled_back
             .enqueue_sql(process, "m2")
             .await
@@ -239,7 +236,7 @@ async fn workers_are_notified_when_the_enqueueing_transaction_commits_and_never_
         rolled_back.rollback().await;
         db.execute("NOTIFY marker").await;
         let mut committed = CallerTx::begin(&db.store).await;
-        committed.enqueue(&db.store, params).await.expect("enqueue");
+        committed.enqueue(params).await.expect("enqueue");
         db.execute("NOTIFY marker").await; // while the enqueue is uncommitted
         committed.commit().await;
         // Notifications arrive in commit order.
@@ -254,4 +251,40 @@ async fn workers_are_notified_when_the_enqueueing_transaction_commits_and_never_
     db.store.close().await;
     drop(listener);
     support::drop_schema(&base, &schema).await;
+}
+
+/// Whether `woken` has fired, without waiting.
+async fn fired(woken: &mut std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) -> bool {
+    tokio::select! {
+        biased;
+        () = woken.as_mut() => true,
+        () = std::future::ready(()) => false,
+    }
+}
+
+#[tokio::test]
+async fn a_commit_wakes_this_processs_idle_workers_and_a_rollback_does_not() {
+    each_engine(|db| async move {
+        let wake = db.store.wakeup(P);
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.enqueue(ItemEnqueue::new(P, ["a"]))
+            .await
+            .expect("enqueue");
+        assert!(
+            !fired(&mut woken).await,
+            "nothing to wake for before the commit"
+        );
+        tx.rollback().await;
+        assert!(!fired(&mut woken).await, "nor after a rollback");
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.enqueue(ItemEnqueue::new(P, ["a"]))
+            .await
+            .expect("enqueue");
+        tx.commit().await;
+        assert!(fired(&mut woken).await, "the commit wakes the workers");
+    })
+    .await;
 }

@@ -56,9 +56,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A producer can enqueue inside its own transaction
-//! ([`PostgresStore::item_enqueue_in`], [`SqliteStore::item_enqueue_in`], or
-//! the SQL `drover_enqueue` from any language), and a table can be watched
+//! A producer can enqueue inside its own transaction ([`Store::begin`] and
+//! [`StoreTx`]; [`PostgresStore::item_enqueue_in`] and
+//! [`SqliteStore::item_enqueue_in`] on a transaction it already holds; the SQL
+//! `drover_enqueue` from any language), and a table can be watched
 //! ([`Store::table_watch`]) so that its triggers enqueue every changed row's key.
 //!
 //! Times always come from the database clock. Tests shift it through
@@ -106,6 +107,8 @@ mod retention;
 mod rows;
 #[cfg(feature = "_engine")]
 mod settle;
+#[cfg(feature = "_engine")]
+mod transaction;
 
 // The engines, each with its own SQL.
 #[cfg(feature = "postgres")]
@@ -136,6 +139,8 @@ pub use pruner::{Pruned, Pruner};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
+#[cfg(feature = "_engine")]
+pub use transaction::StoreTx;
 pub use types::{
     EnqueueReport, ErrorGroup, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome,
     PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,

@@ -1,52 +1,37 @@
-//! A producer's own transaction on either engine, for the tests of enqueueing
-//! inside it (DESIGN.md rule 11): the user's change and the enqueue share it.
+//! A producer's own transaction on either engine ([`StoreTx`]), for the tests
+//! of enqueueing inside it (DESIGN.md rule 11), with the statements a user
+//! and a program in another language would run in it.
 
-use drover::store::{EnqueueReport, ItemEnqueue, Store, StoreError};
-use sqlx::{AssertSqlSafe, Postgres, Sqlite, Transaction};
+use drover::store::{EnqueueReport, ItemEnqueue, Store, StoreError, StoreTx};
+use sqlx::AssertSqlSafe;
 
 /// An open transaction of the caller, on the store's database.
-pub(crate) enum CallerTx {
-    Postgres(Transaction<'static, Postgres>),
-    Sqlite(Transaction<'static, Sqlite>),
-}
+pub(crate) struct CallerTx(StoreTx);
 
 impl CallerTx {
-    /// Begins a transaction on the store's pool (`BEGIN IMMEDIATE` on SQLite).
+    /// Begins a transaction through [`Store::begin`].
     pub(crate) async fn begin(store: &Store) -> Self {
-        if let Some(pool) = store.postgres_pool() {
-            Self::Postgres(pool.begin().await.expect("begin"))
-        } else {
-            let pool = store.sqlite_pool().expect("an engine");
-            Self::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await.expect("begin"))
-        }
+        Self(store.begin().await.expect("begin"))
     }
 
     /// Runs one statement of the user's own.
     pub(crate) async fn execute(&mut self, sql: &str) {
         let sql = AssertSqlSafe(sql.to_owned());
-        match self {
-            Self::Postgres(tx) => sqlx::query(sql).execute(&mut **tx).await.map(drop),
-            Self::Sqlite(tx) => sqlx::query(sql).execute(&mut **tx).await.map(drop),
-        }
-        .expect("execute");
+        let done = if let Some(conn) = self.0.postgres() {
+            sqlx::query(sql).execute(conn).await.map(drop)
+        } else {
+            let conn = self.0.sqlite().expect("an engine");
+            sqlx::query(sql).execute(conn).await.map(drop)
+        };
+        done.expect("execute");
     }
 
     /// Enqueues through the library call on this transaction.
     pub(crate) async fn enqueue(
         &mut self,
-        store: &Store,
         params: ItemEnqueue,
     ) -> Result<EnqueueReport, StoreError> {
-        match self {
-            Self::Postgres(tx) => {
-                let engine = store.postgres().expect("a PostgreSQL store");
-                engine.item_enqueue_in(tx, params).await
-            }
-            Self::Sqlite(tx) => {
-                let engine = store.sqlite().expect("a SQLite store");
-                engine.item_enqueue_in(tx, params).await
-            }
-        }
+        self.0.item_enqueue(params).await
     }
 
     /// Enqueues one key the way a program in another language does: the SQL
@@ -56,37 +41,29 @@ impl CallerTx {
         process: &str,
         key: &str,
     ) -> Result<(), sqlx::Error> {
-        match self {
-            Self::Postgres(tx) => sqlx::query("SELECT drover_enqueue($1, ARRAY[$2])")
+        if let Some(conn) = self.0.postgres() {
+            sqlx::query("SELECT drover_enqueue($1, ARRAY[$2])")
                 .bind(process)
                 .bind(key)
-                .execute(&mut **tx)
+                .execute(conn)
                 .await
-                .map(drop),
-            Self::Sqlite(tx) => {
-                sqlx::query("INSERT INTO drover_enqueue (process, key) VALUES (?1, ?2)")
-                    .bind(process)
-                    .bind(key)
-                    .execute(&mut **tx)
-                    .await
-                    .map(drop)
-            }
+                .map(drop)
+        } else {
+            let conn = self.0.sqlite().expect("an engine");
+            sqlx::query("INSERT INTO drover_enqueue (process, key) VALUES (?1, ?2)")
+                .bind(process)
+                .bind(key)
+                .execute(conn)
+                .await
+                .map(drop)
         }
     }
 
     pub(crate) async fn commit(self) {
-        match self {
-            Self::Postgres(tx) => tx.commit().await,
-            Self::Sqlite(tx) => tx.commit().await,
-        }
-        .expect("commit");
+        self.0.commit().await.expect("commit");
     }
 
     pub(crate) async fn rollback(self) {
-        match self {
-            Self::Postgres(tx) => tx.rollback().await,
-            Self::Sqlite(tx) => tx.rollback().await,
-        }
-        .expect("rollback");
+        self.0.rollback().await.expect("rollback");
     }
 }

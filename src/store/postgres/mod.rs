@@ -26,3 +26,4 @@ mod transactional;
 mod watch;
 
 pub use engine::PostgresStore;
+pub(crate) use transactional::CallerTx;

@@ -6,6 +6,7 @@ use sqlx::PgConnection;
 
 use super::engine::PostgresStore;
 use super::enqueue::coalesce;
+use super::error::{Db as _, map_commit};
 use crate::store::StoreError;
 use crate::store::enqueue::checked_keys;
 use crate::store::params::ItemEnqueue;
@@ -54,5 +55,26 @@ impl PostgresStore {
         let report = coalesce(self, conn, &params, &keys).await?;
         self.statistics.inserted(&self.pool, report.pending);
         Ok(report)
+    }
+}
+
+/// A caller's transaction on this store's pool, for [`StoreTx`](crate::store::StoreTx).
+pub(crate) type CallerTx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+impl PostgresStore {
+    /// Begins a caller's transaction (READ COMMITTED, as the store's own).
+    pub(crate) async fn caller_begin(&self) -> Result<CallerTx, StoreError> {
+        self.pool.begin().await.db()
+    }
+
+    /// Commits a caller's transaction; a connection lost while committing is
+    /// [`StoreError::CommitUnknown`].
+    pub(crate) async fn caller_commit(tx: CallerTx) -> Result<(), StoreError> {
+        tx.commit().await.map_err(map_commit)
+    }
+
+    /// Rolls a caller's transaction back.
+    pub(crate) async fn caller_rollback(tx: CallerTx) -> Result<(), StoreError> {
+        tx.rollback().await.db()
     }
 }

@@ -23,3 +23,4 @@ mod transactional;
 mod watch;
 
 pub use engine::SqliteStore;
+pub(crate) use transactional::CallerTx;

@@ -5,6 +5,7 @@
 use sqlx::SqliteConnection;
 
 use super::engine::SqliteStore;
+use super::error::Db as _;
 use super::items::coalesce;
 use crate::store::StoreError;
 use crate::store::params::ItemEnqueue;
@@ -48,5 +49,26 @@ impl SqliteStore {
         params: ItemEnqueue,
     ) -> Result<EnqueueReport, StoreError> {
         coalesce(self, conn, &params).await
+    }
+}
+
+/// A caller's transaction on this store's database, for [`StoreTx`](crate::store::StoreTx).
+pub(crate) type CallerTx = sqlx::Transaction<'static, sqlx::Sqlite>;
+
+impl SqliteStore {
+    /// Begins a caller's transaction with `BEGIN IMMEDIATE`, so it holds the
+    /// write lock from the start and cannot fail half-way on an upgrade.
+    pub(crate) async fn caller_begin(&self) -> Result<CallerTx, StoreError> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await.db()
+    }
+
+    /// Commits a caller's transaction.
+    pub(crate) async fn caller_commit(tx: CallerTx) -> Result<(), StoreError> {
+        tx.commit().await.db()
+    }
+
+    /// Rolls a caller's transaction back.
+    pub(crate) async fn caller_rollback(tx: CallerTx) -> Result<(), StoreError> {
+        tx.rollback().await.db()
     }
 }
