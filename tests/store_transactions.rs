@@ -8,7 +8,10 @@ mod support;
 
 use std::process::Stdio;
 
-use drover::store::{ItemEnqueue, Outcome, PostgresStore, StoreEngine as _};
+use drover::store::{
+    ItemDelete, ItemEnqueue, Outcome, PostgresStore, RunList, RunOutcome, StoreEngine as _,
+    StoreError,
+};
 use nix::sys::signal::Signal;
 use support::caller_tx::CallerTx;
 use support::store::{P, claim, complete, enqueue, item, keys};
@@ -285,6 +288,65 @@ async fn a_commit_wakes_this_processs_idle_workers_and_a_rollback_does_not() {
             .expect("enqueue");
         tx.commit().await;
         assert!(fired(&mut woken).await, "the commit wakes the workers");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_delete_in_a_transaction_forgets_the_key_only_when_it_commits_and_never_a_running_one() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["gone"]).await;
+        let delete = |key: &str| ItemDelete {
+            process: P.into(),
+            key: key.into(),
+            actor: "producer".into(),
+        };
+        let mut tx = CallerTx::begin(&db.store).await;
+        assert!(tx.delete(delete("gone")).await.expect("delete"));
+        tx.rollback().await;
+        assert!(
+            item(&db.store, "gone").await.is_some(),
+            "a rollback keeps the key"
+        );
+        let running = claim(&db.store, s.id, 1).await;
+        assert_eq!(keys(&running), ["gone"]);
+        complete(&db.store, &running[0], Outcome::Done)
+            .await
+            .expect("done");
+        enqueue(&db.store, &["busy"]).await;
+        let busy = claim(&db.store, s.id, 1).await;
+        assert_eq!(keys(&busy), ["busy"]);
+        let mut tx = CallerTx::begin(&db.store).await;
+        let refused = tx.delete(delete("busy")).await;
+        assert!(
+            matches!(refused, Err(StoreError::AlreadyLeased { .. })),
+            "{refused:?}"
+        );
+        assert!(tx.delete(delete("gone")).await.expect("delete"));
+        assert!(
+            !tx.delete(delete("never")).await.expect("delete"),
+            "no such key"
+        );
+        tx.commit().await;
+        assert!(
+            item(&db.store, "gone").await.is_none(),
+            "the commit forgets it"
+        );
+        assert!(item(&db.store, "busy").await.is_some());
+        let history = db
+            .store
+            .run_list(RunList {
+                process: Some(P.into()),
+                key: Some("gone".into()),
+                limit: 10,
+                ..RunList::default()
+            })
+            .await
+            .expect("runs");
+        assert_eq!(history[0].outcome, RunOutcome::Deleted);
+        assert_eq!(history[0].actor.as_deref(), Some("producer"));
+        drop(busy);
     })
     .await;
 }

@@ -8,12 +8,13 @@ use std::collections::BTreeSet;
 use super::postgres::CallerTx as PgTx;
 #[cfg(feature = "sqlite")]
 use super::sqlite::CallerTx as SqliteTx;
-use super::{EnqueueReport, ItemEnqueue, Store, StoreError, wakeup};
+use super::{EnqueueReport, ItemDelete, ItemEnqueue, Store, StoreError, wakeup};
 
 /// A transaction the caller runs its own statements in (reach the connection
 /// with [`postgres`](Self::postgres) or [`sqlite`](Self::sqlite)) and
-/// enqueues in ([`item_enqueue`](Self::item_enqueue)): the changes and the
-/// keys commit together or not at all, so a crash between "change the row"
+/// enqueues in ([`item_enqueue`](Self::item_enqueue)) or forgets keys in
+/// ([`item_delete`](Self::item_delete)): the changes and the keys commit
+/// together or not at all, so a crash between "change the row"
 /// and "enqueue its key" cannot happen.
 ///
 /// Enqueues follow exactly the store's rules (the same SQL). Workers hear of
@@ -126,6 +127,31 @@ impl StoreTx {
         };
         self.processes.insert(process);
         Ok(report)
+    }
+
+    /// Forgets a key in this transaction, with the rules of
+    /// [`StoreEngine::item_delete`](super::StoreEngine::item_delete) (a
+    /// running key is refused; the deletion is recorded); `false` when there
+    /// is no such key.
+    pub async fn item_delete(&mut self, params: ItemDelete) -> Result<bool, StoreError> {
+        match &mut self.conn {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(tx) => {
+                let s = self
+                    .store
+                    .sqlite()
+                    .expect("a SQLite transaction has a SQLite store");
+                s.item_delete_in(tx, params).await
+            }
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(tx) => {
+                let s = self
+                    .store
+                    .postgres()
+                    .expect("a PostgreSQL transaction has a PostgreSQL store");
+                s.item_delete_in(tx, params).await
+            }
+        }
     }
 
     /// Commits the caller's changes and the enqueues together, then wakes this

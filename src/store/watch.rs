@@ -55,6 +55,23 @@ impl TableWatch {
     }
 }
 
+/// A row of `drover_watches`: table, process, key column, filter columns.
+pub(crate) type WatchRow = (String, String, String, Vec<String>);
+
+impl TableWatch {
+    /// The watches listed by `rows`.
+    pub(crate) fn listed(rows: Vec<WatchRow>) -> Vec<Self> {
+        rows.into_iter()
+            .map(|(table, process, key_column, columns)| Self {
+                table,
+                process,
+                key_column,
+                columns,
+            })
+            .collect()
+    }
+}
+
 /// drover's own tables start with this; watching one would enqueue from
 /// inside drover's writes, so it is refused.
 pub(crate) const OWN_PREFIX: &str = "drover_";

@@ -2,7 +2,7 @@
 //! of enqueueing inside it (DESIGN.md rule 11), with the statements a user
 //! and a program in another language would run in it.
 
-use drover::store::{EnqueueReport, ItemEnqueue, Store, StoreError, StoreTx};
+use drover::store::{EnqueueReport, ItemDelete, ItemEnqueue, Store, StoreError, StoreTx};
 use sqlx::AssertSqlSafe;
 
 /// An open transaction of the caller, on the store's database.
@@ -32,6 +32,11 @@ impl CallerTx {
         params: ItemEnqueue,
     ) -> Result<EnqueueReport, StoreError> {
         self.0.item_enqueue(params).await
+    }
+
+    /// Forgets a key through the library call on this transaction.
+    pub(crate) async fn delete(&mut self, params: ItemDelete) -> Result<bool, StoreError> {
+        self.0.item_delete(params).await
     }
 
     /// Enqueues one key the way a program in another language does: the SQL

@@ -77,9 +77,9 @@ pub(super) async fn log_runs(
     Ok(())
 }
 
-/// Records an operator's action on a key.
+/// Records an operator's action on a key, on the action's transaction.
 pub(super) async fn log_action(
-    tx: &mut Tx,
+    conn: &mut sqlx::PgConnection,
     now: DateTime<Utc>,
     (process, key): (&str, &str),
     (action, actor): (RunOutcome, &str),
@@ -95,7 +95,7 @@ pub(super) async fn log_action(
     .bind(now)
     .bind(error)
     .bind(actor)
-    .execute(&mut **tx)
+    .execute(conn)
     .await
     .db()?;
     Ok(())

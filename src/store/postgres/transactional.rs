@@ -4,12 +4,13 @@
 
 use sqlx::PgConnection;
 
+use super::admin;
 use super::engine::PostgresStore;
 use super::enqueue::coalesce;
 use super::error::{Db as _, map_commit};
 use crate::store::StoreError;
 use crate::store::enqueue::checked_keys;
-use crate::store::params::ItemEnqueue;
+use crate::store::params::{ItemDelete, ItemEnqueue};
 use crate::store::types::EnqueueReport;
 
 impl PostgresStore {
@@ -55,6 +56,26 @@ impl PostgresStore {
         let report = coalesce(self, conn, &params, &keys).await?;
         self.statistics.inserted(&self.pool, report.pending);
         Ok(report)
+    }
+
+    /// Forgets a key on `conn`, a connection in the caller's open transaction,
+    /// with exactly the rules of
+    /// [`item_delete`](crate::store::StoreEngine::item_delete): a running key
+    /// is refused ([`StoreError::AlreadyLeased`]), the deletion is recorded in
+    /// the history, and `false` means there was no such key. It takes effect
+    /// when the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::AlreadyLeased`], [`StoreError::InvalidKey`] /
+    /// [`StoreError::InvalidProcess`]; a database error leaves the caller's
+    /// transaction to be rolled back.
+    pub async fn item_delete_in(
+        &self,
+        conn: &mut PgConnection,
+        params: ItemDelete,
+    ) -> Result<bool, StoreError> {
+        admin::delete_in(self, conn, &params).await
     }
 }
 

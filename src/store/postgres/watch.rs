@@ -58,14 +58,10 @@ impl PostgresStore {
         .fetch_all(&self.pool)
         .await
         .db()?;
-        Ok(rows
+        let rows = rows
             .into_iter()
-            .map(|(table, process, key_column, columns)| TableWatch {
-                table,
-                process,
-                key_column,
-                columns: columns.unwrap_or_default(),
-            })
-            .collect())
+            .map(|(t, p, k, c)| (t, p, k, c.unwrap_or_default()))
+            .collect();
+        Ok(TableWatch::listed(rows))
     }
 }

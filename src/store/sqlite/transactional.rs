@@ -4,11 +4,12 @@
 
 use sqlx::SqliteConnection;
 
+use super::admin;
 use super::engine::SqliteStore;
 use super::error::Db as _;
 use super::items::coalesce;
 use crate::store::StoreError;
-use crate::store::params::ItemEnqueue;
+use crate::store::params::{ItemDelete, ItemEnqueue};
 use crate::store::types::EnqueueReport;
 
 impl SqliteStore {
@@ -49,6 +50,26 @@ impl SqliteStore {
         params: ItemEnqueue,
     ) -> Result<EnqueueReport, StoreError> {
         coalesce(self, conn, &params).await
+    }
+
+    /// Forgets a key on `conn`, a connection in the caller's open transaction,
+    /// with exactly the rules of
+    /// [`item_delete`](crate::store::StoreEngine::item_delete): a running key
+    /// is refused ([`StoreError::AlreadyLeased`]), the deletion is recorded in
+    /// the history, and `false` means there was no such key. It takes effect
+    /// when the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::AlreadyLeased`], [`StoreError::InvalidKey`] /
+    /// [`StoreError::InvalidProcess`]; a database error leaves the caller's
+    /// transaction to be rolled back.
+    pub async fn item_delete_in(
+        &self,
+        conn: &mut SqliteConnection,
+        params: ItemDelete,
+    ) -> Result<bool, StoreError> {
+        admin::delete_in(self, conn, &params).await
     }
 }
 

@@ -230,16 +230,12 @@ impl SqliteStore {
         .fetch_all(&self.pool)
         .await
         .db()?;
-        Ok(rows
+        // The filter columns are a JSON array (NULL: none).
+        let json = |c: Option<String>| c.and_then(|c| serde_json::from_str(&c).ok());
+        let rows = rows
             .into_iter()
-            .map(|(table, process, key_column, columns)| TableWatch {
-                table,
-                process,
-                key_column,
-                columns: columns
-                    .and_then(|c| serde_json::from_str(&c).ok())
-                    .unwrap_or_default(),
-            })
-            .collect())
+            .map(|(t, p, k, c)| (t, p, k, json(c).unwrap_or_default()))
+            .collect();
+        Ok(TableWatch::listed(rows))
     }
 }
