@@ -51,6 +51,31 @@ enum Conn {
     Postgres(PgTx),
 }
 
+/// Runs `$call` with `$s`, the engine's store, and `$tx`, the transaction,
+/// on whichever engine the [`StoreTx`] `$self` is.
+macro_rules! on_engine {
+    ($self:ident, $s:ident, $tx:ident => $call:expr) => {
+        match &mut $self.conn {
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite($tx) => {
+                let $s = $self
+                    .store
+                    .sqlite()
+                    .expect("a SQLite transaction has a SQLite store");
+                $call
+            }
+            #[cfg(feature = "postgres")]
+            Conn::Postgres($tx) => {
+                let $s = $self
+                    .store
+                    .postgres()
+                    .expect("a PostgreSQL transaction has its store");
+                $call
+            }
+        }
+    };
+}
+
 impl Store {
     /// Begins a transaction of the caller's on this store's database (see
     /// [`StoreTx`]); on SQLite with `BEGIN IMMEDIATE`, so it holds the write
@@ -107,24 +132,7 @@ impl StoreTx {
     /// leaves the transaction to be rolled back.
     pub async fn item_enqueue(&mut self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
         let process = params.process.clone();
-        let report = match &mut self.conn {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(tx) => {
-                let s = self
-                    .store
-                    .sqlite()
-                    .expect("a SQLite transaction has a SQLite store");
-                s.item_enqueue_in(tx, params).await?
-            }
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(tx) => {
-                let s = self
-                    .store
-                    .postgres()
-                    .expect("a PostgreSQL transaction has a PostgreSQL store");
-                s.item_enqueue_in(tx, params).await?
-            }
-        };
+        let report = on_engine!(self, s, tx => s.item_enqueue_in(tx, params).await)?;
         self.processes.insert(process);
         Ok(report)
     }
@@ -134,24 +142,7 @@ impl StoreTx {
     /// running key is refused; the deletion is recorded); `false` when there
     /// is no such key.
     pub async fn item_delete(&mut self, params: ItemDelete) -> Result<bool, StoreError> {
-        match &mut self.conn {
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(tx) => {
-                let s = self
-                    .store
-                    .sqlite()
-                    .expect("a SQLite transaction has a SQLite store");
-                s.item_delete_in(tx, params).await
-            }
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(tx) => {
-                let s = self
-                    .store
-                    .postgres()
-                    .expect("a PostgreSQL transaction has a PostgreSQL store");
-                s.item_delete_in(tx, params).await
-            }
-        }
+        on_engine!(self, s, tx => s.item_delete_in(tx, params).await)
     }
 
     /// Commits the caller's changes and the enqueues together, then wakes this

@@ -56,8 +56,10 @@ impl TableWatch {
 }
 
 /// A row of `drover_watches`: table, process, key column, filter columns.
+#[cfg(feature = "_engine")]
 pub(crate) type WatchRow = (String, String, String, Vec<String>);
 
+#[cfg(feature = "_engine")]
 impl TableWatch {
     /// The watches listed by `rows`.
     pub(crate) fn listed(rows: Vec<WatchRow>) -> Vec<Self> {
@@ -73,5 +75,6 @@ impl TableWatch {
 }
 
 /// drover's own tables start with this; watching one would enqueue from
-/// inside drover's writes, so it is refused.
+/// inside drover's writes, so it is refused (in SQL on PostgreSQL).
+#[cfg(feature = "sqlite")]
 pub(crate) const OWN_PREFIX: &str = "drover_";
