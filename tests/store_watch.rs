@@ -46,6 +46,17 @@ async fn drain(db: &TestDb) -> Vec<String> {
     keys
 }
 
+/// Whether `sql` succeeds on the store's pool.
+async fn succeeds(db: &TestDb, sql: &str) -> bool {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    if let Some(pool) = db.store.postgres_pool() {
+        sqlx::query(sql).execute(pool).await.is_ok()
+    } else {
+        let pool = db.store.sqlite_pool().expect("an engine");
+        sqlx::query(sql).execute(pool).await.is_ok()
+    }
+}
+
 #[tokio::test]
 async fn a_watched_table_enqueues_each_change_in_its_transaction_and_filters_updates() {
     each_engine(|db| async move {
@@ -88,6 +99,12 @@ async fn a_watched_table_enqueues_each_change_in_its_transaction_and_filters_upd
         db.execute("UPDATE machines SET id = 'm3', wanted = 'on' WHERE id = 'm1'")
             .await;
         assert_eq!(drain(&db).await, ["m1", "m3"], "a moved key enqueues both");
+        let empty = "INSERT INTO machines VALUES ('', 'on', '')";
+        assert!(
+            !succeeds(&db, empty).await,
+            "a key drover refuses fails the change"
+        );
+        assert_eq!(drain(&db).await, Vec::<String>::new());
         let listed = db.store.table_watches().await.expect("list");
         assert_eq!(listed.len(), 1);
         assert_eq!(
