@@ -55,6 +55,40 @@ async fn enqueue_and_burn_down_report_keys_per_second() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_transactional_reports_both_modes_and_the_watched_update_rate() {
+    each_engine(|db| async move {
+        let figures = bench::enqueue_transactional(&small(&db, 2_000, 1))
+            .await
+            .expect("enqueue --transactional");
+        let modes: Vec<_> = figures
+            .iter()
+            .filter_map(|f| Some((f.get("batch")?, f.get("mode")?)))
+            .collect();
+        let expected = [("1", "normal"), ("1", "transactional"), ("1000", "normal")];
+        assert_eq!(modes[..3], expected, "{figures:?}");
+        assert_eq!(modes.len(), 4);
+        for figure in &figures[..4] {
+            assert_figure(figure, "enqueue", db.engine, &["keys_per_s"]);
+        }
+        let tables: Vec<_> = figures[4..].iter().filter_map(|f| f.get("table")).collect();
+        assert_eq!(tables, ["unwatched", "watched"]);
+        assert_figure(
+            &figures[5],
+            "watched_update",
+            db.engine,
+            &["updates_per_s", "ratio"],
+        );
+        let counts = db.store.process_counts().await.expect("counts");
+        assert!(
+            counts.iter().all(|c| c.pending == 0),
+            "cleaned up: {counts:?}"
+        );
+        assert!(db.store.table_watches().await.expect("watches").is_empty());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burn_down_through_a_server_drains_every_key_over_http() {
     each_engine(|db| async move {
         let db = db.served();

@@ -60,8 +60,10 @@ async fn sqlx_insert_future_migration(db: &support::TestDb) {
 }
 
 /// The tables of a database at schema version 2 (before known keys and runs).
-const DROP_ALL: [&str; 7] = [
+const DROP_ALL: [&str; 9] = [
     "DROP TABLE IF EXISTS drover_resync",
+    "DROP VIEW IF EXISTS drover_enqueue",
+    "DROP TABLE IF EXISTS drover_watches",
     "DROP TABLE drover_items",
     "DROP TABLE drover_runs",
     "DROP TABLE drover_processes",
@@ -126,7 +128,11 @@ async fn old_database(db: &support::TestDb) {
     match db.engine {
         "postgres" => {
             let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
-            let drop_sequence = ["DROP SEQUENCE drover_lease_tokens"];
+            let drop_sequence = [
+                "DROP SEQUENCE drover_lease_tokens",
+                "DROP FUNCTION drover_watch, drover_unwatch, drover_watch_row, drover_enqueue, \
+                 drover_channel",
+            ];
             for sql in DROP_ALL.into_iter().chain(drop_sequence) {
                 sqlx::query(sql).execute(&pool).await.expect(sql);
             }

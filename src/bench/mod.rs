@@ -17,6 +17,7 @@ mod latency;
 mod queue;
 mod recovery;
 mod store;
+mod transactional;
 
 pub use burn_down::{BACKLOG_FRONT, backlog, burn_down};
 pub use enqueue::enqueue;
@@ -25,3 +26,4 @@ pub use latency::latency;
 pub use queue::{QueueCycle, queue_cycle};
 pub use recovery::recovery;
 pub use store::{BenchError, ENQUEUE_BATCH, StoreBench};
+pub use transactional::enqueue_transactional;

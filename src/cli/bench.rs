@@ -52,6 +52,13 @@ pub(crate) struct Args {
     /// backlog, to show that claims do not slow down for them.
     #[arg(long, default_value_t = 0)]
     idle: u64,
+    /// enqueue: measure enqueues inside the caller's transactions (through the
+    /// SQL function, or the view on SQLite) in batches of 1 and 1,000 next to
+    /// the normal enqueue, then a table's update rate unwatched and watched.
+    /// Default keys: 20000 per figure (a tenth of that for single keys and
+    /// for the updates).
+    #[arg(long)]
+    transactional: bool,
     /// Print one JSON object per figure instead of `BENCH …` lines.
     #[arg(long)]
     json: bool,
@@ -162,6 +169,18 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             })
         }
     };
+    if args.transactional {
+        anyhow::ensure!(
+            args.scenario == Scenario::Enqueue,
+            "--transactional applies to enqueue"
+        );
+        let store = store.context("enqueue has a store")?;
+        let b = store_bench(&args, &store, None, args.keys.unwrap_or(20_000), 1);
+        for figure in bench::enqueue_transactional(&b).await? {
+            print(&args, &figure);
+        }
+        return Ok(());
+    }
     for workers in workers {
         let figure = match &store {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
@@ -174,6 +193,24 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn store_bench(
+    args: &Args,
+    store: &Store,
+    server: Option<&Client>,
+    keys: u64,
+    workers: usize,
+) -> StoreBench {
+    StoreBench {
+        store: store.clone(),
+        url: args.db.clone(),
+        keys,
+        workers,
+        progress: progress_bar(),
+        server: server.cloned(),
+        idle: args.idle,
+    }
 }
 
 fn print(args: &Args, figure: &Figure) {
@@ -191,15 +228,7 @@ async fn store_figure(
     keys: u64,
     workers: usize,
 ) -> anyhow::Result<Figure> {
-    let b = StoreBench {
-        store: store.clone(),
-        url: args.db.clone(),
-        keys,
-        workers,
-        progress: progress_bar(),
-        server: server.cloned(),
-        idle: args.idle,
-    };
+    let b = store_bench(args, store, server, keys, workers);
     let figure = match args.scenario {
         Scenario::Enqueue => bench::enqueue(&b).await,
         Scenario::BurnDown => bench::burn_down(&b).await,

@@ -17,6 +17,7 @@ mod process;
 mod serve;
 mod signal;
 mod status;
+mod watch;
 mod work;
 
 /// drover runs control loops reliably: keyed work with coalescing, durable
@@ -56,6 +57,11 @@ enum Command {
     Work(work::Args),
     /// Serve the HTTP API, /metrics and the dashboard (default http://127.0.0.1:7420/).
     Serve(serve::Args),
+    /// Watch a table: every insert, update and delete of a row enqueues its
+    /// key, in the transaction that made it (`--list`: the watched tables).
+    Watch(watch::WatchArgs),
+    /// Stop watching a table (drop the triggers `drover watch` installed).
+    Unwatch(watch::UnwatchArgs),
 }
 
 /// A failure already reported on stderr, one line per cause: `main` exits
@@ -106,6 +112,8 @@ pub(crate) fn main() -> ExitCode {
             Command::Process(args) => process::run(args).await,
             Command::Work(args) => work::run(args).await,
             Command::Serve(args) => serve::run(args).await,
+            Command::Watch(args) => watch::watch(args).await,
+            Command::Unwatch(args) => watch::unwatch(args).await,
         }
     });
     match result {

@@ -28,7 +28,7 @@ use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
     ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
 };
-use super::{Clock, StoreEngine, StoreError, StoreOptions};
+use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch};
 
 /// A store on whichever engine the URL names. Cheap to clone; clones share the
 /// connection pool and the clock.
@@ -129,20 +129,32 @@ impl Store {
     #[cfg(feature = "sqlite")]
     #[must_use]
     pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
-        match &self.engine {
-            Engine::Sqlite(s) => Some(s.pool()),
-            #[cfg(feature = "postgres")]
-            Engine::Postgres(_) => None,
-        }
+        self.sqlite().map(SqliteStore::pool)
     }
 
-    /// The PostgreSQL engine, when the store is on PostgreSQL.
+    /// The PostgreSQL engine, when the store is on PostgreSQL: for what only
+    /// that engine has, such as enqueueing in the caller's transaction
+    /// ([`PostgresStore::item_enqueue_in`]).
     #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(&self) -> Option<&PostgresStore> {
+    #[must_use]
+    pub fn postgres(&self) -> Option<&PostgresStore> {
         match &self.engine {
             Engine::Postgres(s) => Some(s),
             #[cfg(feature = "sqlite")]
             Engine::Sqlite(_) => None,
+        }
+    }
+
+    /// The SQLite engine, when the store is on SQLite: for what only that
+    /// engine has, such as enqueueing in the caller's transaction
+    /// ([`SqliteStore::item_enqueue_in`]).
+    #[cfg(feature = "sqlite")]
+    #[must_use]
+    pub fn sqlite(&self) -> Option<&SqliteStore> {
+        match &self.engine {
+            Engine::Sqlite(s) => Some(s),
+            #[cfg(feature = "postgres")]
+            Engine::Postgres(_) => None,
         }
     }
 
@@ -177,6 +189,32 @@ impl Store {
     /// Closes the connection pool.
     pub async fn close(&self) {
         dispatch!(self, s => s.close().await);
+    }
+
+    /// Watches a table (see [`TableWatch`]): installs triggers that enqueue
+    /// the key of every inserted, updated (filtered by `columns`) and deleted
+    /// row to the process, in the transaction that changed it. Returns the
+    /// table's name as the store resolved it.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Watch`], with nothing installed, for a table or column
+    /// that does not exist, a key column whose type cannot be a key, a table
+    /// already watched or one of drover's own; [`StoreError::InvalidProcess`].
+    pub async fn table_watch(&self, watch: &TableWatch) -> Result<String, StoreError> {
+        dispatch!(self, s => s.table_watch(watch).await)
+    }
+
+    /// Stops watching `table` (named as for [`table_watch`](Self::table_watch)):
+    /// drops its triggers. The table's resolved name, or `None` when it was
+    /// not watched.
+    pub async fn table_unwatch(&self, table: &str) -> Result<Option<String>, StoreError> {
+        dispatch!(self, s => s.table_unwatch(table).await)
+    }
+
+    /// The watched tables, by name.
+    pub async fn table_watches(&self) -> Result<Vec<TableWatch>, StoreError> {
+        dispatch!(self, s => s.table_watches().await)
     }
 }
 

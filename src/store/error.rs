@@ -93,6 +93,11 @@ pub enum StoreError {
     /// A query named a process that was never enqueued to nor configured.
     #[error("unknown process {0:?}")]
     UnknownProcess(String),
+    /// A table watch cannot be installed: the table or a column does not
+    /// exist, the key column's type cannot be a key, or the table is watched
+    /// already. Nothing was installed.
+    #[error("{0}")]
+    Watch(String),
     /// A parameter is out of range (a zero TTL, a zero limit, …).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -56,6 +56,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A producer can enqueue inside its own transaction ([`Store::begin`] and
+//! [`StoreTx`]; [`PostgresStore::item_enqueue_in`] and
+//! [`SqliteStore::item_enqueue_in`] on a transaction it already holds; the SQL
+//! `drover_enqueue` from any language), and a table can be watched
+//! ([`Store::table_watch`]) so that its triggers enqueue every changed row's key.
+//!
 //! Times always come from the database clock. Tests shift it through
 //! [`Store::clock`] instead of sleeping.
 
@@ -79,6 +85,7 @@ mod ticks;
 mod types;
 mod url;
 pub(crate) mod wakeup;
+mod watch;
 
 // What both engines share: migrations, the settle state machine, the rules
 // applied in Rust to the rows each engine reads.
@@ -104,6 +111,8 @@ mod retention;
 mod rows;
 #[cfg(feature = "_engine")]
 mod settle;
+#[cfg(feature = "_engine")]
+mod transaction;
 
 // The engines, each with its own SQL.
 #[cfg(feature = "postgres")]
@@ -135,9 +144,12 @@ pub use resyncer::Resyncer;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
+#[cfg(feature = "_engine")]
+pub use transaction::StoreTx;
 pub use types::{
     EnqueueReport, ErrorGroup, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome,
     PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
     ReclaimReport, Resync, ResyncReport, Retention, Run, RunOutcome, Session, SessionId,
 };
 pub use url::redact_url;
+pub use watch::TableWatch;

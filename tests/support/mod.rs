@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
 pub(crate) mod backend;
+pub(crate) mod caller_tx;
 pub(crate) mod commit_cut;
 pub(crate) mod fault_proxy;
 pub(crate) mod locks;

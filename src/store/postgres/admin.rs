@@ -3,6 +3,7 @@
 //! racing the action either sees its result or happens first and is refused.
 
 use chrono::{DateTime, Utc};
+use sqlx::{Executor, Postgres};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
@@ -26,16 +27,33 @@ async fn begin(
     validate_process(process)?;
     validate_key(key)?;
     let (mut tx, _) = store.write().await?;
+    Ok(lock_item(store, &mut tx, process, key)
+        .await?
+        .map(|now| (tx, now)))
+}
+
+/// Locks the item's row (`FOR UPDATE`) on `conn` and applies [`admit`]; the
+/// clock, read after the lock's wait, or `None` when there is no item.
+async fn lock_item<C>(
+    store: &PostgresStore,
+    conn: &mut C,
+    process: &str,
+    key: &str,
+) -> Result<Option<DateTime<Utc>>, StoreError>
+where
+    C: ?Sized + Send,
+    for<'c> &'c mut C: Executor<'c, Database = Postgres>,
+{
     let stored: Option<String> = sqlx::query_scalar(
         "SELECT state FROM drover_items WHERE process = $1 AND key = $2 FOR UPDATE",
     )
     .bind(process)
     .bind(key)
-    .fetch_optional(&mut tx)
+    .fetch_optional(&mut *conn)
     .await
     .db()?;
-    let now = store.now(&mut tx).await?; // after the row lock's wait
-    Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
+    let now = store.now(&mut *conn).await?; // after the row lock's wait
+    Ok(admit(process, key, stored.as_deref())?.then_some(now))
 }
 
 pub(super) async fn retry(
@@ -96,17 +114,41 @@ pub(super) async fn delete(store: &PostgresStore, params: &ItemDelete) -> Result
     let Some((mut tx, now)) = begin(store, &params.process, &params.key).await? else {
         return Ok(false);
     };
+    forget(&mut tx, now, params).await?;
+    commit(tx).await?;
+    Ok(true)
+}
+
+/// [`delete`] on a connection of the caller's transaction.
+pub(super) async fn delete_in(
+    store: &PostgresStore,
+    conn: &mut sqlx::PgConnection,
+    params: &ItemDelete,
+) -> Result<bool, StoreError> {
+    validate_process(&params.process)?;
+    validate_key(&params.key)?;
+    let Some(now) = lock_item(store, conn, &params.process, &params.key).await? else {
+        return Ok(false);
+    };
+    forget(conn, now, params).await?;
+    Ok(true)
+}
+
+/// Deletes the admitted item and records the action.
+async fn forget<C>(conn: &mut C, now: DateTime<Utc>, params: &ItemDelete) -> Result<(), StoreError>
+where
+    C: ?Sized + Send,
+    for<'c> &'c mut C: Executor<'c, Database = Postgres>,
+{
     sqlx::query("DELETE FROM drover_items WHERE process = $1 AND key = $2")
         .bind(&params.process)
         .bind(&params.key)
-        .execute(&mut tx)
+        .execute(&mut *conn)
         .await
         .db()?;
     let names = (params.process.as_str(), params.key.as_str());
     let action = (RunOutcome::Deleted, params.actor.as_str());
-    log_action(&mut tx, now, names, action, None).await?;
-    commit(tx).await?;
-    Ok(true)
+    log_action(conn, now, names, action, None).await
 }
 
 pub(super) async fn activity(

@@ -1,14 +1,15 @@
-//! Enqueueing on PostgreSQL: one set-based statement (or `COPY`) for the
-//! items, then a `NOTIFY` delivered on commit. An enqueue writes no history
+//! Enqueueing on PostgreSQL: the SQL function `drover_enqueue` (or `COPY`)
+//! for the items, and a `NOTIFY` delivered on commit. An enqueue writes no history
 //! row: the item counts its enqueues and keeps the first and last one's time.
 //!
 //! A batch that cannot meet an existing item — no item of the process has a
 //! key between the batch's least and greatest key: a new process, or fresh
-//! keys from a growing range — is copied in as new rows: with nothing to coalesce, `ON CONFLICT`'s speculative insertion
-//! is pure overhead (about a fifth of the items' server time on a 10,000-key
+//! keys from a growing range — is copied in as new rows: with nothing to
+//! coalesce, `ON CONFLICT`'s speculative insertion is pure overhead (about a fifth of the items' server time on a 10,000-key
 //! batch). Any other batch goes through the coalescing upsert.
 
 use chrono::{DateTime, Utc};
+use sqlx::{Executor, Postgres};
 
 use super::copy_rows::{CopyRows, int4, timestamptz};
 use super::engine::{PostgresStore, Tx};
@@ -44,53 +45,14 @@ const COPY_MIN_KEYS: usize = 1_000;
 const COPY_NEW_ITEMS: &str = "COPY drover_items (process, key, state, priority, ready_at, \
      enqueued_at, first_enqueued_at, last_enqueued_at, enqueue_count) FROM STDIN (FORMAT binary)";
 
-/// DESIGN.md rule 2 in one statement. A pending key keeps the earlier ready
-/// time (never earlier than its backoff unless `$6` bypasses it, which also
-/// clears the backoff, so status and `lease_lock` agree the key is ready) and
-/// the higher priority; a parked or idle key becomes pending (pending since
-/// now); a running key is marked dirty, remembering the earliest ready time and
-/// highest priority. Every key counts the enqueue. Yields the number of keys
-/// that were running (now dirty) and the number of keys.
-///
-/// An existing row may be locked by a completion, and the upsert waits for it:
-/// the times it then writes into that row are read when it writes them
-/// (`clock_timestamp()` shifted by `$7`, the test clock's offset, and by `$8`,
-/// that offset plus the delay), not before the wait as `EXCLUDED`'s are.
-const UPSERT: &str = "
-WITH up AS (
-INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
-    first_enqueued_at, last_enqueued_at, enqueue_count)
-SELECT $1, k, 'pending', $2, $3, $4, $4, $4, 1 FROM UNNEST($5::text[]) AS k
-ON CONFLICT (process, key) DO UPDATE SET
-  priority = CASE i.state WHEN 'pending' THEN GREATEST(i.priority, EXCLUDED.priority)
-                          WHEN 'running' THEN i.priority ELSE EXCLUDED.priority END,
-  ready_at = CASE i.state
-      WHEN 'pending' THEN LEAST(i.ready_at, CASE
-          WHEN $6 THEN clock_timestamp() + $8::float8 * interval '1 millisecond'
-          ELSE GREATEST(clock_timestamp() + $8::float8 * interval '1 millisecond',
-                        i.backoff_until) END)
-      WHEN 'running' THEN i.ready_at
-      ELSE clock_timestamp() + $8::float8 * interval '1 millisecond' END,
-  enqueued_at = CASE i.state WHEN 'pending' THEN i.enqueued_at WHEN 'running' THEN i.enqueued_at
-      ELSE clock_timestamp() + $7::float8 * interval '1 millisecond' END,
-  backoff_until = CASE WHEN $6 AND i.state = 'pending' THEN NULL ELSE i.backoff_until END,
-  dirty_since = CASE i.state
-      WHEN 'running' THEN COALESCE(i.dirty_since,
-                                   clock_timestamp() + $7::float8 * interval '1 millisecond')
-      ELSE i.dirty_since END,
-  dirty_ready_at = CASE i.state
-      WHEN 'running' THEN LEAST(i.dirty_ready_at,
-                                clock_timestamp() + $8::float8 * interval '1 millisecond')
-      ELSE i.dirty_ready_at END,
-  dirty_priority = CASE i.state WHEN 'running'
-      THEN GREATEST(i.dirty_priority, EXCLUDED.priority) ELSE i.dirty_priority END,
-  first_enqueued_at = COALESCE(i.first_enqueued_at,
-                               clock_timestamp() + $7::float8 * interval '1 millisecond'),
-  last_enqueued_at = clock_timestamp() + $7::float8 * interval '1 millisecond',
-  enqueue_count = i.enqueue_count + 1,
-  state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END
-RETURNING state)
-SELECT count(*) FILTER (WHERE state = 'running'), count(*) FROM up";
+/// DESIGN.md rule 2, as the SQL function `drover_enqueue` (migration 0006)
+/// writes it: the same function other programs call inside their own
+/// transactions, and triggers on watched tables. It makes the process known,
+/// coalesces the keys into the items in byte order and queues the `NOTIFY`;
+/// it yields the keys now pending and the keys that were running (now dirty).
+/// Its times are read when it writes them, shifted by `$6`, the test clock's
+/// offset, so a wait on a row locked by a completion never shortens a delay.
+const ENQUEUE: &str = "SELECT pending, dirty FROM drover_enqueue($1, $2, $3, $4, $5, $6)";
 
 /// unique_violation: only [`COPY_NEW_ITEMS`] can raise it, on `(process, key)`.
 const UNIQUE_VIOLATION: &str = "23505";
@@ -136,32 +98,34 @@ pub(super) async fn enqueue(
 }
 
 /// One transaction: items, `NOTIFY`. New items are copied in only
-/// when `fast` is allowed and no item of the process lies in the batch's range.
+/// when `fast` is allowed and no item of the process lies in the batch's range;
+/// any other batch goes through [`ENQUEUE`], which notifies itself.
 async fn attempt(
     store: &PostgresStore,
     params: &ItemEnqueue,
     keys: &[&str],
     fast: bool,
 ) -> Result<Attempt, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    ensure_process(&mut tx, now, &params.process).await?;
+    let mut tx = Tx::begin(&store.pool, store.pooled).await.db()?;
     let bulk = keys.len() >= COPY_MIN_KEYS;
-    let new_only = bulk && fast && !overlaps(&mut tx, &params.process, keys).await?;
-    let ready_at = later(now, params.after);
-    let report = if new_only {
-        let items = new_item_rows(params, keys, ready_at, now);
+    let report = if bulk && fast && !overlaps(&mut tx, &params.process, keys).await? {
+        let now = store.now(&mut tx).await?;
+        ensure_process(&mut tx, now, &params.process).await?;
+        let items = new_item_rows(params, keys, later(now, params.after), now);
         match copy_in(&mut tx, COPY_NEW_ITEMS, items).await {
-            Ok(copied) => EnqueueReport {
-                pending: copied,
-                dirty: 0,
-            },
+            Ok(copied) => {
+                PostgresStore::notify_ready(&mut tx, &params.process).await?;
+                EnqueueReport {
+                    pending: copied,
+                    dirty: 0,
+                }
+            }
             Err(e) if is_unique_violation(&e) => return Ok(Attempt::Raced),
             Err(e) => return Err(map(e)),
         }
     } else {
-        upsert(store, &mut tx, params, keys, ready_at, now).await?
+        coalesce(store, &mut tx, params, keys).await?
     };
-    PostgresStore::notify_ready(&mut tx, &params.process).await?;
     commit(tx).await?;
     Ok(Attempt::Written(report))
 }
@@ -178,31 +142,32 @@ async fn overlaps(tx: &mut Tx, process: &str, keys: &[&str]) -> Result<bool, Sto
         .db()
 }
 
-/// Coalesces the batch into the items with [`UPSERT`].
-async fn upsert(
+/// Coalesces checked, distinct `keys` into the items with [`ENQUEUE`] on `conn`,
+/// the store's own transaction or a caller's.
+pub(super) async fn coalesce<C>(
     store: &PostgresStore,
-    tx: &mut Tx,
+    conn: &mut C,
     params: &ItemEnqueue,
     keys: &[&str],
-    ready_at: DateTime<Utc>,
-    now: DateTime<Utc>,
-) -> Result<EnqueueReport, StoreError> {
-    let offset = store.clock.offset_ms();
-    let (dirty, all): (i64, i64) = sqlx::query_as(UPSERT)
+) -> Result<EnqueueReport, StoreError>
+where
+    C: ?Sized + Send,
+    for<'c> &'c mut C: Executor<'c, Database = Postgres>,
+{
+    let (offset, delay) = (store.clock.offset_ms(), duration_ms(params.after));
+    let (pending, dirty): (i64, i64) = sqlx::query_as(ENQUEUE)
         .bind(&params.process)
-        .bind(params.priority)
-        .bind(ready_at)
-        .bind(now)
         .bind(keys)
+        .bind(params.priority)
+        .bind(delay)
         .bind(params.bypass_backoff)
         .bind(offset)
-        .bind(offset.saturating_add(duration_ms(params.after)))
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await
         .db()?;
     // Counts of rows are never negative.
     Ok(EnqueueReport {
-        pending: all.abs_diff(dirty),
+        pending: pending.unsigned_abs(),
         dirty: dirty.unsigned_abs(),
     })
 }

@@ -23,6 +23,9 @@ mod rows;
 mod runs;
 mod sessions;
 mod statistics;
+mod transactional;
 mod tx;
+mod watch;
 
 pub use engine::PostgresStore;
+pub(crate) use transactional::CallerTx;

@@ -77,14 +77,18 @@ pub(super) async fn log_runs(
     Ok(())
 }
 
-/// Records an operator's action on a key.
-pub(super) async fn log_action(
-    tx: &mut Tx,
+/// Records an operator's action on a key, on the action's transaction.
+pub(super) async fn log_action<C>(
+    conn: &mut C,
     now: DateTime<Utc>,
     (process, key): (&str, &str),
     (action, actor): (RunOutcome, &str),
     error: Option<&str>,
-) -> Result<(), StoreError> {
+) -> Result<(), StoreError>
+where
+    C: ?Sized + Send,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
     sqlx::query(
         "INSERT INTO drover_runs (process, key, outcome, ended_at, error, actor)
          VALUES ($1, $2, $3, $4, $5, $6)",
@@ -95,7 +99,7 @@ pub(super) async fn log_action(
     .bind(now)
     .bind(error)
     .bind(actor)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .db()?;
     Ok(())

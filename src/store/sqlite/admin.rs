@@ -1,6 +1,8 @@
 //! Operator actions on SQLite (retry, park, delete) and the recent-activity
 //! counts, each write in one `BEGIN IMMEDIATE` transaction.
 
+use sqlx::SqliteConnection;
+
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{ItemRow, duration_ms, item_columns};
@@ -22,14 +24,23 @@ async fn begin(
     validate_process(process)?;
     validate_key(key)?;
     let (mut tx, now) = store.write().await?;
+    Ok(admitted(&mut tx, process, key).await?.then_some((tx, now)))
+}
+
+/// Applies [`admit`] to the item's stored state, read on `conn`.
+async fn admitted(
+    conn: &mut SqliteConnection,
+    process: &str,
+    key: &str,
+) -> Result<bool, StoreError> {
     let stored: Option<String> =
         sqlx::query_scalar("SELECT state FROM drover_items WHERE process = ?1 AND key = ?2")
             .bind(process)
             .bind(key)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await
             .db()?;
-    Ok(admit(process, key, stored.as_deref())?.then_some((tx, now)))
+    admit(process, key, stored.as_deref())
 }
 
 pub(super) async fn retry(
@@ -89,17 +100,43 @@ pub(super) async fn delete(store: &SqliteStore, params: ItemDelete) -> Result<bo
     let Some((mut tx, now)) = begin(store, &params.process, &params.key).await? else {
         return Ok(false);
     };
+    forget(&mut tx, now, &params).await?;
+    tx.commit().await.db()?;
+    Ok(true)
+}
+
+/// [`delete`] on a connection of the caller's transaction (a write
+/// transaction: `BEGIN IMMEDIATE`).
+pub(super) async fn delete_in(
+    store: &SqliteStore,
+    conn: &mut SqliteConnection,
+    params: &ItemDelete,
+) -> Result<bool, StoreError> {
+    validate_process(&params.process)?;
+    validate_key(&params.key)?;
+    if !admitted(conn, &params.process, &params.key).await? {
+        return Ok(false);
+    }
+    let now = store.now_ms(&mut *conn).await?;
+    forget(conn, now, params).await?;
+    Ok(true)
+}
+
+/// Deletes the admitted item and records the action.
+async fn forget(
+    conn: &mut SqliteConnection,
+    now: i64,
+    params: &ItemDelete,
+) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM drover_items WHERE process = ?1 AND key = ?2")
         .bind(&params.process)
         .bind(&params.key)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .db()?;
     let names = (params.process.as_str(), params.key.as_str());
     let action = (RunOutcome::Deleted, params.actor.as_str());
-    log_action(&mut tx, now, names, action, None).await?;
-    tx.commit().await.db()?;
-    Ok(true)
+    log_action(conn, now, names, action, None).await
 }
 
 pub(super) async fn activity(

@@ -20,5 +20,8 @@ mod resync;
 mod rows;
 mod runs;
 mod sessions;
+mod transactional;
+mod watch;
 
 pub use engine::SqliteStore;
+pub(crate) use transactional::CallerTx;

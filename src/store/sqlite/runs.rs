@@ -72,9 +72,9 @@ pub(super) async fn log_with_errors(
     Ok(())
 }
 
-/// Records an operator's action on a key.
+/// Records an operator's action on a key, on the action's transaction.
 pub(super) async fn log_action(
-    tx: &mut Tx,
+    conn: &mut sqlx::SqliteConnection,
     now: i64,
     (process, key): (&str, &str),
     (action, actor): (RunOutcome, &str),
@@ -90,7 +90,7 @@ pub(super) async fn log_action(
     .bind(now)
     .bind(error)
     .bind(actor)
-    .execute(&mut **tx)
+    .execute(conn)
     .await
     .db()?;
     Ok(())

@@ -1,0 +1,75 @@
+//! Table watching on PostgreSQL: the SQL functions `drover_watch` and
+//! `drover_unwatch` (migration 0006) resolve the name, check it, and install
+//! or drop the triggers that call `drover_enqueue`, so a program in any
+//! language can do the same with one `SELECT`.
+
+use super::engine::PostgresStore;
+use super::error::{Db as _, map};
+use crate::store::watch::TableWatch;
+use crate::store::{StoreError, validate_process};
+
+/// The SQLSTATEs `drover_watch` raises for a watch it refuses (and that a
+/// malformed table name raises): invalid_parameter_value, undefined_table,
+/// undefined_column, datatype_mismatch, duplicate_object, wrong_object_type,
+/// invalid_name, invalid_schema_name.
+const REFUSED: [&str; 8] = [
+    "22023", "42P01", "42703", "42804", "42710", "42809", "42602", "3F000",
+];
+
+/// A refusal becomes [`StoreError::Watch`] with the database's one-line reason.
+fn refusal(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::Database(db) if db.code().is_some_and(|c| REFUSED.contains(&&*c)) => {
+            StoreError::Watch(db.message().to_owned())
+        }
+        _ => map(e),
+    }
+}
+
+impl PostgresStore {
+    /// See [`Store::table_watch`](crate::store::Store::table_watch).
+    pub(crate) async fn table_watch(&self, watch: &TableWatch) -> Result<String, StoreError> {
+        validate_process(&watch.process)?;
+        let columns = (!watch.columns.is_empty()).then_some(&watch.columns);
+        let mut tx = self.write().await?.0;
+        let installed = sqlx::query_scalar("SELECT drover_watch($1, $2, $3, $4)")
+            .bind(&watch.table)
+            .bind(&watch.process)
+            .bind(&watch.key_column)
+            .bind(columns)
+            .fetch_one(&mut tx)
+            .await
+            .map_err(refusal)?;
+        tx.commit().await.db()?;
+        Ok(installed)
+    }
+
+    /// See [`Store::table_unwatch`](crate::store::Store::table_unwatch).
+    pub(crate) async fn table_unwatch(&self, table: &str) -> Result<Option<String>, StoreError> {
+        let mut tx = self.write().await?.0;
+        let removed = sqlx::query_scalar("SELECT drover_unwatch($1)")
+            .bind(table)
+            .fetch_one(&mut tx)
+            .await
+            .map_err(refusal)?;
+        tx.commit().await.db()?;
+        Ok(removed)
+    }
+
+    /// See [`Store::table_watches`](crate::store::Store::table_watches).
+    pub(crate) async fn table_watches(&self) -> Result<Vec<TableWatch>, StoreError> {
+        let mut tx = self.read().await?;
+        let rows: Vec<(String, String, String, Option<Vec<String>>)> = sqlx::query_as(
+            "SELECT relation, process, key_column, columns FROM drover_watches ORDER BY relation",
+        )
+        .fetch_all(&mut tx)
+        .await
+        .db()?;
+        tx.commit().await.db()?;
+        let rows = rows
+            .into_iter()
+            .map(|(t, p, k, c)| (t, p, k, c.unwrap_or_default()))
+            .collect();
+        Ok(TableWatch::listed(rows))
+    }
+}

@@ -1,0 +1,95 @@
+//! Enqueueing on a transaction the caller holds (DESIGN.md rule 11): the
+//! caller changes its own rows and enqueues their keys in one transaction, so
+//! a crash in between is impossible and a rollback leaves no key behind.
+
+use sqlx::SqliteConnection;
+
+use super::admin;
+use super::engine::SqliteStore;
+use super::error::Db as _;
+use super::items::coalesce;
+use crate::store::StoreError;
+use crate::store::params::{ItemDelete, ItemEnqueue};
+use crate::store::types::EnqueueReport;
+
+impl SqliteStore {
+    /// Enqueues `params.keys` on `conn`, a connection in the caller's open
+    /// transaction on the store's database file (pass `&mut *tx` for a
+    /// `sqlx::Transaction<Sqlite>`), with exactly the rules of
+    /// [`item_enqueue`](crate::store::StoreEngine::item_enqueue): the same SQL
+    /// (an insert into the view `drover_enqueue`) coalesces the keys, marks
+    /// running keys dirty and never shortens a backoff.
+    ///
+    /// Nothing is visible to workers until the caller commits. SQLite cannot
+    /// tell anyone about a commit: workers in other processes find the keys at
+    /// their next idle poll (1 s by default); wake this process's workers at
+    /// once after the commit with `store.wakeup(process).notify_waiters()`.
+    /// Begin the transaction with `BEGIN IMMEDIATE` (as the store's writes do)
+    /// so it cannot fail half-way on a lock upgrade.
+    ///
+    /// ```no_run
+    /// # async fn run(store: drover::store::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use drover::store::ItemEnqueue;
+    /// let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+    /// sqlx::query("UPDATE machines SET wanted = 'on' WHERE id = 'm-42'")
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// store.item_enqueue_in(&mut tx, ItemEnqueue::new("provision", ["m-42"])).await?;
+    /// tx.commit().await?; // the change and its key, or neither
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidKey`] / [`StoreError::InvalidProcess`] before
+    /// anything is written; a database error leaves the caller's transaction
+    /// to be rolled back.
+    pub async fn item_enqueue_in(
+        &self,
+        conn: &mut SqliteConnection,
+        params: ItemEnqueue,
+    ) -> Result<EnqueueReport, StoreError> {
+        coalesce(self, conn, &params).await
+    }
+
+    /// Forgets a key on `conn`, a connection in the caller's open transaction,
+    /// with exactly the rules of
+    /// [`item_delete`](crate::store::StoreEngine::item_delete): a running key
+    /// is refused ([`StoreError::AlreadyLeased`]), the deletion is recorded in
+    /// the history, and `false` means there was no such key. It takes effect
+    /// when the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::AlreadyLeased`], [`StoreError::InvalidKey`] /
+    /// [`StoreError::InvalidProcess`]; a database error leaves the caller's
+    /// transaction to be rolled back.
+    pub async fn item_delete_in(
+        &self,
+        conn: &mut SqliteConnection,
+        params: ItemDelete,
+    ) -> Result<bool, StoreError> {
+        admin::delete_in(self, conn, &params).await
+    }
+}
+
+/// A caller's transaction on this store's database, for [`StoreTx`](crate::store::StoreTx).
+pub(crate) type CallerTx = sqlx::Transaction<'static, sqlx::Sqlite>;
+
+impl SqliteStore {
+    /// Begins a caller's transaction with `BEGIN IMMEDIATE`, so it holds the
+    /// write lock from the start and cannot fail half-way on an upgrade.
+    pub(crate) async fn caller_begin(&self) -> Result<CallerTx, StoreError> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await.db()
+    }
+
+    /// Commits a caller's transaction.
+    pub(crate) async fn caller_commit(tx: CallerTx) -> Result<(), StoreError> {
+        tx.commit().await.db()
+    }
+
+    /// Rolls a caller's transaction back.
+    pub(crate) async fn caller_rollback(tx: CallerTx) -> Result<(), StoreError> {
+        tx.rollback().await.db()
+    }
+}

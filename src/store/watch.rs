@@ -1,0 +1,80 @@
+//! Table watching: the informer of the SQL world (DESIGN.md rule 11).
+//!
+//! A watched table carries triggers that enqueue the key column of every
+//! inserted, updated and deleted row, in the transaction that changed the row,
+//! through the same enqueue SQL the store runs (`drover_enqueue`). A delete
+//! enqueues its key too, so the controller finds the object gone, like an
+//! informer's delete event; an update that moves the key enqueues both keys.
+//! Combined with a periodic resync this is client-go's informer model:
+//! edge-triggered events plus a level-triggered resync, on the user's tables.
+
+/// One watch: which table, whose key column feeds which process.
+///
+/// Used both to install a watch ([`Store::table_watch`](crate::store::Store::table_watch))
+/// and to list them ([`Store::table_watches`](crate::store::Store::table_watches)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableWatch {
+    /// The table, as SQL names it: `machines`; on PostgreSQL also
+    /// schema-qualified (`public.machines`) and quoted (`"Odd ""name"""`).
+    /// A listing shows the name the store resolved it to.
+    pub table: String,
+    /// The process its keys are enqueued to.
+    pub process: String,
+    /// The column whose value is the key, named exactly (no quoting). Its
+    /// type must be text or integer (on PostgreSQL also varchar, char, uuid);
+    /// a row whose key is NULL enqueues nothing.
+    pub key_column: String,
+    /// When not empty, an update that changes none of these columns (named
+    /// exactly) enqueues nothing; inserts and deletes always enqueue.
+    pub columns: Vec<String>,
+}
+
+impl TableWatch {
+    /// A watch of every change of `table`, enqueueing `key_column` to `process`.
+    #[must_use]
+    pub fn new(
+        table: impl Into<String>,
+        process: impl Into<String>,
+        key_column: impl Into<String>,
+    ) -> Self {
+        Self {
+            table: table.into(),
+            process: process.into(),
+            key_column: key_column.into(),
+            columns: Vec::new(),
+        }
+    }
+
+    /// Only updates that change one of `columns` enqueue (default: every update).
+    #[must_use]
+    pub fn columns<C: Into<String>>(self, columns: impl IntoIterator<Item = C>) -> Self {
+        Self {
+            columns: columns.into_iter().map(Into::into).collect(),
+            ..self
+        }
+    }
+}
+
+/// A row of `drover_watches`: table, process, key column, filter columns.
+#[cfg(feature = "_engine")]
+pub(crate) type WatchRow = (String, String, String, Vec<String>);
+
+#[cfg(feature = "_engine")]
+impl TableWatch {
+    /// The watches listed by `rows`.
+    pub(crate) fn listed(rows: Vec<WatchRow>) -> Vec<Self> {
+        rows.into_iter()
+            .map(|(table, process, key_column, columns)| Self {
+                table,
+                process,
+                key_column,
+                columns,
+            })
+            .collect()
+    }
+}
+
+/// drover's own tables start with this; watching one would enqueue from
+/// inside drover's writes, so it is refused (in SQL on PostgreSQL).
+#[cfg(feature = "sqlite")]
+pub(crate) const OWN_PREFIX: &str = "drover_";

@@ -1,0 +1,352 @@
+//! Enqueueing inside the caller's own transaction (DESIGN.md rule 11), on every
+//! engine: through the library call and through the SQL that programs in other
+//! languages run (`drover_enqueue` function / view). The key exists, with the
+//! store's coalescing rules, only if the transaction commits; a producer killed
+//! mid-transaction leaves neither its change nor its key.
+
+mod support;
+
+use std::process::Stdio;
+
+use drover::store::{
+    ItemDelete, ItemEnqueue, Outcome, PostgresStore, RunList, RunOutcome, StoreEngine as _,
+    StoreError,
+};
+use nix::sys::signal::Signal;
+use support::caller_tx::CallerTx;
+use support::store::{P, claim, complete, enqueue, item, keys};
+use support::{TestDb, each_engine};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::process::Command;
+
+/// The user's own table, with machine `m1` not yet wanted.
+async fn machines(db: &TestDb) {
+    db.execute("CREATE TABLE machines (id TEXT PRIMARY KEY, wanted TEXT NOT NULL)")
+        .await;
+    db.execute("INSERT INTO machines VALUES ('m1', 'off')")
+        .await;
+}
+
+/// What the user's table says about `m1`.
+async fn wanted(db: &TestDb) -> String {
+    let sql = "SELECT wanted FROM machines WHERE id = 'm1'";
+    if let Some(pool) = db.store.postgres_pool() {
+        sqlx::query_scalar(sql).fetch_one(pool).await
+    } else {
+        let pool = db.store.sqlite_pool().expect("an engine");
+        sqlx::query_scalar(sql).fetch_one(pool).await
+    }
+    .expect("read machines")
+}
+
+#[tokio::test]
+async fn an_enqueue_in_a_transaction_that_rolls_back_leaves_nothing() {
+    each_engine(|db| async move {
+        machines(&db).await;
+        let s = db.session().await;
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.execute("UPDATE machines SET wanted = 'on' WHERE id = 'm1'")
+            .await;
+        let report = tx
+            .enqueue(ItemEnqueue::new(P, ["m1"]))
+            .await
+            .expect("enqueue in the transaction");
+        assert_eq!(report.pending, 1);
+        tx.enqueue_sql(P, "m2").await.expect("SQL enqueue");
+        tx.rollback().await;
+        assert_eq!(wanted(&db).await, "off");
+        assert!(item(&db.store, "m1").await.is_none());
+        assert!(item(&db.store, "m2").await.is_none());
+        assert!(claim(&db.store, s.id, 10).await.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_committed_enqueue_is_claimable_and_coalesces_with_normal_enqueues() {
+    each_engine(|db| async move {
+        machines(&db).await;
+        let s = db.session().await;
+        enqueue(&db.store, &["m1"]).await;
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.execute("UPDATE machines SET wanted = 'on' WHERE id = 'm1'")
+            .await;
+        let raise = ItemEnqueue::new(P, ["m1", "m2"]).priority(3);
+        tx.enqueue(raise).await.expect("enqueue");
+        tx.enqueue_sql(P, "m1").await.expect("SQL enqueue");
+        tx.commit().await;
+        enqueue(&db.store, &["m2"]).await;
+        assert_eq!(wanted(&db).await, "on");
+        let leases = claim(&db.store, s.id, 10).await;
+        assert_eq!(keys(&leases), ["m1", "m2"], "one entry per key");
+        assert!(leases.iter().all(|l| l.priority == 3), "{leases:?}");
+        let m1 = item(&db.store, "m1").await.expect("m1 is known");
+        assert_eq!(m1.enqueue_count, 3);
+        assert_eq!(item(&db.store, "m2").await.expect("m2").enqueue_count, 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_committing_transaction_that_enqueues_a_running_key_makes_it_run_once_more() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let running = claim(&db.store, s.id, 10).await;
+        let mut tx = CallerTx::begin(&db.store).await;
+        for _ in 0..2 {
+            let report = tx.enqueue(ItemEnqueue::new(P, ["a"])).await;
+            assert_eq!(report.expect("enqueue").dirty, 1);
+        }
+        tx.enqueue_sql(P, "a").await.expect("SQL enqueue");
+        tx.commit().await;
+        complete(&db.store, &running[0], Outcome::Done)
+            .await
+            .expect("done");
+        let again = claim(&db.store, s.id, 10).await;
+        assert_eq!(keys(&again), ["a"], "the dirty key runs once more");
+        complete(&db.store, &again[0], Outcome::Done)
+            .await
+            .expect("done");
+        assert!(claim(&db.store, s.id, 10).await.is_empty(), "and only once");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_sql_enqueue_refuses_bad_names_and_writes_nothing() {
+    each_engine(|db| async move {
+        for (process, key) in [(P, ""), ("", "k"), (P, &*"k".repeat(1025))] {
+            let mut tx = CallerTx::begin(&db.store).await;
+            let refused = tx.enqueue_sql(process, key).await;
+            let message = refused.expect_err("a bad name is refused").to_string();
+            assert!(message.contains("drover_enqueue"), "{message}");
+            tx.rollback().await;
+        }
+        let counts = db.store.process_counts().await.expect("counts");
+        assert!(counts.is_empty(), "{counts:?}");
+    })
+    .await;
+}
+
+/// The producer, in the SQL client of the engine: begins, changes `m1`,
+/// enqueues it, says `ready` and waits for more input that never comes.
+fn producer(db: &TestDb) -> Option<(Command, &'static str)> {
+    let (program, script) = if db.engine == "postgres" {
+        let script = "BEGIN;\nUPDATE machines SET wanted = 'on' WHERE id = 'm1';\n\
+                      SELECT drover_enqueue('provision', ARRAY['m1']);\n\\echo ready\n";
+        ("psql", script)
+    } else {
+        let script = "BEGIN IMMEDIATE;\nUPDATE machines SET wanted = 'on' WHERE id = 'm1';\n\
+                      INSERT INTO drover_enqueue (process, key) VALUES ('provision', 'm1');\n\
+                      SELECT 'ready';\n";
+        ("sqlite3", script)
+    };
+    let Ok(path) = which(program) else {
+        eprintln!("skipping the {} half: no {program} on PATH", db.engine);
+        return None;
+    };
+    let mut command = Command::new(path);
+    if db.engine == "postgres" {
+        command.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &db.url]);
+    } else {
+        command.arg(db.url.trim_start_matches("sqlite://"));
+    }
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    Some((command, script))
+}
+
+/// `program`'s path on `PATH`.
+fn which(program: &str) -> Result<std::path::PathBuf, ()> {
+    let path = std::env::var_os("PATH").ok_or(())?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .ok_or(())
+}
+
+#[tokio::test]
+async fn a_producer_killed_mid_transaction_leaves_neither_its_change_nor_its_key() {
+    each_engine(|db| async move {
+        assert_eq!(P, "provision", "the producer's script names the process");
+        machines(&db).await;
+        let Some((mut command, script)) = producer(&db) else {
+            return;
+        };
+        let mut child = command.spawn().expect("start the producer");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(script.as_bytes()).await.expect("script");
+        stdin.flush().await.expect("flush");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        loop {
+            let line = lines.next_line().await.expect("read").expect("ready");
+            if line.trim() == "ready" {
+                break;
+            }
+        }
+        // The change and the enqueue are written; the commit never comes.
+        support::process::signal(&child, Signal::SIGKILL);
+        child.wait().await.expect("wait for the producer");
+        drop(stdin);
+        support::process::eventually("the producer's transaction is gone", || async {
+            db.store
+                .item_enqueue(ItemEnqueue::new("probe", ["x"]))
+                .await
+                .is_ok()
+        })
+        .await;
+        assert_eq!(wanted(&db).await, "off", "the change rolled back");
+        assert!(item(&db.store, "m1").await.is_none(), "and its key with it");
+    })
+    .await;
+}
+
+/// Waits for the next notification on `listener` (at most 10 s); its channel.
+async fn next_channel(listener: &mut sqlx::postgres::PgListener) -> String {
+    let note = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification arrives")
+        .expect("the listener works");
+    note.channel().to_owned()
+}
+
+#[tokio::test]
+async fn workers_are_notified_when_the_enqueueing_transaction_commits_and_never_on_rollback() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url)
+        .await
+        .expect("listener connects");
+    // A plain name and one the channel hashes: the SQL function must name
+    // the channel as the listening store does.
+    for process in ["provision", "Provision machines/ü"] {
+        let channel = PostgresStore::notify_channel(process);
+        listener.listen(&channel).await.expect("listen");
+        listener.listen("marker").await.expect("listen");
+        let mut rolled_back = CallerTx::begin(&db.store).await;
+        let params = ItemEnqueue::new(process, ["m1"]);
+        rolled_back.enqueue(params.clone()).await.expect("enqueue");
+        rolled_back
+            .enqueue_sql(process, "m2")
+            .await
+            .expect("SQL enqueue");
+        rolled_back.rollback().await;
+        db.execute("NOTIFY marker").await;
+        let mut committed = CallerTx::begin(&db.store).await;
+        committed.enqueue(params).await.expect("enqueue");
+        db.execute("NOTIFY marker").await; // while the enqueue is uncommitted
+        committed.commit().await;
+        // Notifications arrive in commit order.
+        let order = [
+            next_channel(&mut listener).await,
+            next_channel(&mut listener).await,
+            next_channel(&mut listener).await,
+        ];
+        assert_eq!(order, ["marker", "marker", channel.as_str()], "{process}");
+        listener.unlisten(&channel).await.expect("unlisten");
+    }
+    db.store.close().await;
+    drop(listener);
+    support::drop_schema(&base, &schema).await;
+}
+
+/// Whether `woken` has fired, without waiting.
+async fn fired(woken: &mut std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) -> bool {
+    tokio::select! {
+        biased;
+        () = woken.as_mut() => true,
+        () = std::future::ready(()) => false,
+    }
+}
+
+#[tokio::test]
+async fn a_commit_wakes_this_processs_idle_workers_and_a_rollback_does_not() {
+    each_engine(|db| async move {
+        let wake = db.store.wakeup(P);
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.enqueue(ItemEnqueue::new(P, ["a"]))
+            .await
+            .expect("enqueue");
+        assert!(
+            !fired(&mut woken).await,
+            "nothing to wake for before the commit"
+        );
+        tx.rollback().await;
+        assert!(!fired(&mut woken).await, "nor after a rollback");
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.enqueue(ItemEnqueue::new(P, ["a"]))
+            .await
+            .expect("enqueue");
+        tx.commit().await;
+        assert!(fired(&mut woken).await, "the commit wakes the workers");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_delete_in_a_transaction_forgets_the_key_only_when_it_commits_and_never_a_running_one() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["gone"]).await;
+        let delete = |key: &str| ItemDelete {
+            process: P.into(),
+            key: key.into(),
+            actor: "producer".into(),
+        };
+        let mut tx = CallerTx::begin(&db.store).await;
+        assert!(tx.delete(delete("gone")).await.expect("delete"));
+        tx.rollback().await;
+        assert!(
+            item(&db.store, "gone").await.is_some(),
+            "a rollback keeps the key"
+        );
+        let running = claim(&db.store, s.id, 1).await;
+        assert_eq!(keys(&running), ["gone"]);
+        complete(&db.store, &running[0], Outcome::Done)
+            .await
+            .expect("done");
+        enqueue(&db.store, &["busy"]).await;
+        let busy = claim(&db.store, s.id, 1).await;
+        assert_eq!(keys(&busy), ["busy"]);
+        let mut tx = CallerTx::begin(&db.store).await;
+        let refused = tx.delete(delete("busy")).await;
+        assert!(
+            matches!(refused, Err(StoreError::AlreadyLeased { .. })),
+            "{refused:?}"
+        );
+        assert!(tx.delete(delete("gone")).await.expect("delete"));
+        assert!(
+            !tx.delete(delete("never")).await.expect("delete"),
+            "no such key"
+        );
+        tx.commit().await;
+        assert!(
+            item(&db.store, "gone").await.is_none(),
+            "the commit forgets it"
+        );
+        assert!(item(&db.store, "busy").await.is_some());
+        let history = db
+            .store
+            .run_list(RunList {
+                process: Some(P.into()),
+                key: Some("gone".into()),
+                limit: 10,
+                ..RunList::default()
+            })
+            .await
+            .expect("runs");
+        assert_eq!(history[0].outcome, RunOutcome::Deleted);
+        assert_eq!(history[0].actor.as_deref(), Some("producer"));
+        drop(busy);
+    })
+    .await;
+}

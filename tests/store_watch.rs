@@ -1,0 +1,432 @@
+//! Table watching on every engine: a watched table's inserts, updates and
+//! deletes enqueue their keys in the transaction that made them, filtered
+//! updates do not, bad watches are refused with one line and install nothing,
+//! and under 10,000 concurrent updates every changed key runs after its last
+//! change while coalescing keeps runs far below updates.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+
+use drover::store::{
+    ItemState, LeaseClaim, LeaseComplete, Outcome, SessionId, StoreEngine as _, StoreError,
+    TableWatch,
+};
+use support::caller_tx::CallerTx;
+use support::store::{P, claim, complete, item, keys};
+use support::{TestDb, each_engine};
+use tokio::sync::mpsc;
+
+/// The user's table: machines with a key, a watched column and another one.
+async fn machines(db: &TestDb) {
+    db.execute("CREATE TABLE machines (id TEXT UNIQUE, wanted TEXT, note TEXT)")
+        .await;
+}
+
+/// Whether `key` is pending.
+async fn pending(db: &TestDb, key: &str) -> bool {
+    item(&db.store, key)
+        .await
+        .is_some_and(|i| i.state == ItemState::Pending)
+}
+
+/// Claims every ready key and finishes it: the keys, sorted.
+async fn drain(db: &TestDb) -> Vec<String> {
+    let s = db.session().await;
+    let leases = claim(&db.store, s.id, 100).await;
+    for lease in &leases {
+        complete(&db.store, lease, Outcome::Done)
+            .await
+            .expect("done");
+    }
+    let mut keys: Vec<_> = keys(&leases).into_iter().map(str::to_owned).collect();
+    keys.sort();
+    keys
+}
+
+/// Whether `sql` succeeds on the store's pool.
+async fn succeeds(db: &TestDb, sql: &str) -> bool {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    if let Some(pool) = db.store.postgres_pool() {
+        sqlx::query(sql).execute(pool).await.is_ok()
+    } else {
+        let pool = db.store.sqlite_pool().expect("an engine");
+        sqlx::query(sql).execute(pool).await.is_ok()
+    }
+}
+
+#[tokio::test]
+async fn a_watched_table_enqueues_each_change_in_its_transaction_and_filters_updates() {
+    each_engine(|db| async move {
+        machines(&db).await;
+        let watch = TableWatch::new("machines", P, "id").columns(["wanted"]);
+        db.store.table_watch(&watch).await.expect("watch");
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.execute("INSERT INTO machines VALUES ('m0', 'on', '')")
+            .await;
+        tx.rollback().await;
+        assert!(
+            item(&db.store, "m0").await.is_none(),
+            "a rollback enqueues nothing"
+        );
+        let mut tx = CallerTx::begin(&db.store).await;
+        tx.execute(
+            "INSERT INTO machines VALUES ('m1', 'on', ''), ('m2', 'on', ''), (NULL, 'x', '')",
+        )
+        .await;
+        tx.commit().await;
+        assert_eq!(
+            drain(&db).await,
+            ["m1", "m2"],
+            "inserts enqueue; a NULL key does not"
+        );
+        db.execute("UPDATE machines SET note = 'seen'").await;
+        db.execute("UPDATE machines SET wanted = 'on'").await; // no change
+        assert!(
+            drain(&db).await.is_empty(),
+            "updates of other columns are filtered"
+        );
+        db.execute("UPDATE machines SET wanted = 'off' WHERE id = 'm1'")
+            .await;
+        db.execute("DELETE FROM machines WHERE id = 'm2'").await;
+        assert_eq!(
+            drain(&db).await,
+            ["m1", "m2"],
+            "an update and a delete enqueue"
+        );
+        db.execute("UPDATE machines SET id = 'm3', wanted = 'on' WHERE id = 'm1'")
+            .await;
+        assert_eq!(drain(&db).await, ["m1", "m3"], "a moved key enqueues both");
+        let empty = "INSERT INTO machines VALUES ('', 'on', '')";
+        assert!(
+            !succeeds(&db, empty).await,
+            "a key drover refuses fails the change"
+        );
+        assert_eq!(drain(&db).await, Vec::<String>::new());
+        let listed = db.store.table_watches().await.expect("list");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].columns.clone(), listed[0].process.as_str()),
+            (vec!["wanted".to_owned()], P)
+        );
+        let unwatched = db.store.table_unwatch("machines").await.expect("unwatch");
+        assert!(unwatched.is_some_and(|t| t.ends_with("machines")));
+        db.execute("INSERT INTO machines VALUES ('m4', 'on', '')")
+            .await;
+        assert!(
+            !pending(&db, "m4").await,
+            "an unwatched table enqueues nothing"
+        );
+        assert!(db.store.table_watches().await.expect("list").is_empty());
+        assert_eq!(
+            db.store.table_unwatch("machines").await.expect("unwatch"),
+            None
+        );
+    })
+    .await;
+}
+
+/// Asserts `watch` is refused with a one-line [`StoreError::Watch`] that
+/// contains `needle`.
+async fn refused(db: &TestDb, watch: TableWatch, needle: &str) {
+    match db.store.table_watch(&watch).await {
+        Err(StoreError::Watch(message)) => {
+            assert!(
+                message.contains(needle),
+                "{message:?} should mention {needle:?}"
+            );
+            assert!(!message.contains('\n'), "one line: {message:?}");
+        }
+        other => panic!("{watch:?} should be refused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_watches_are_refused_with_one_line_and_install_nothing() {
+    each_engine(|db| async move {
+        machines(&db).await;
+        let odd_type = if db.engine == "postgres" {
+            "jsonb"
+        } else {
+            "BLOB"
+        };
+        db.execute(&format!("CREATE TABLE blobs (id {odd_type}, v TEXT)"))
+            .await;
+        let w = |table: &str, key: &str| TableWatch::new(table, P, key);
+        refused(&db, w("nope", "id"), "no table").await;
+        refused(&db, w("machines; DROP TABLE machines", "id"), "").await;
+        refused(&db, w("machines", "nope"), "no column").await;
+        refused(
+            &db,
+            w("machines", "id\"; DROP TABLE machines; --"),
+            "no column",
+        )
+        .await;
+        refused(
+            &db,
+            w("machines", "id").columns(["wanted", "nope"]),
+            "no column",
+        )
+        .await;
+        refused(&db, w("blobs", "id"), "use a").await;
+        refused(&db, w("drover_items", "key"), "drover's own").await;
+        db.store
+            .table_watch(&w("machines", "id"))
+            .await
+            .expect("a good watch");
+        refused(&db, w("machines", "wanted"), "already watched").await;
+        let listed = db.store.table_watches().await.expect("list");
+        assert_eq!(listed.len(), 1, "only the good watch: {listed:?}");
+        db.execute("INSERT INTO blobs VALUES (NULL, 'b')").await;
+        db.execute("INSERT INTO machines VALUES ('m1', 'on', '')")
+            .await;
+        assert!(pending(&db, "m1").await, "the table survived the attempts");
+        assert_eq!(db.store.process_counts().await.expect("counts").len(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn names_with_quotes_semicolons_and_schemas_are_quoted_correctly() {
+    each_engine(|db| async move {
+        db.execute(r#"CREATE TABLE "odd; ""name""" ("k""ey" INTEGER, "v;" TEXT)"#)
+            .await;
+        let watch = TableWatch::new(r#""odd; ""name""""#, P, r#"k"ey"#).columns(["v;"]);
+        db.store
+            .table_watch(&watch)
+            .await
+            .expect("watch an oddly named table");
+        db.execute(r#"INSERT INTO "odd; ""name""" VALUES (42, 'a')"#)
+            .await;
+        assert!(
+            pending(&db, "42").await,
+            "an integer key is enqueued as text"
+        );
+        if db.engine == "postgres" {
+            let pool = db.store.postgres_pool().expect("postgres");
+            let schema: String = sqlx::query_scalar("SELECT current_schema()")
+                .fetch_one(pool)
+                .await
+                .expect("schema");
+            db.execute("CREATE TABLE machines (id uuid, v TEXT)").await;
+            let qualified = format!("{schema}.machines");
+            let name = db
+                .store
+                .table_watch(&TableWatch::new(&qualified, "uuids", "id"))
+                .await
+                .expect("watch a schema-qualified table");
+            assert_eq!(name, qualified);
+            db.execute("INSERT INTO machines VALUES ('00000000-0000-0000-0000-000000000001', 'a')")
+                .await;
+            let counts = db.store.process_counts().await.expect("counts");
+            assert!(counts.iter().any(|c| c.process == "uuids"), "{counts:?}");
+        }
+    })
+    .await;
+}
+
+fn drover(db: &TestDb, args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(args)
+        .args(["--db", &db.url])
+        .output()
+        .expect("drover runs")
+}
+
+/// Asserts a failed command printed exactly one line, an error containing `needle`.
+fn one_line_error(output: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "should fail: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(needle),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn the_cli_watches_lists_and_unwatches_and_refuses_bad_input_in_one_line() {
+    each_engine(|db| async move {
+        machines(&db).await;
+        let watch = [
+            "watch",
+            "machines",
+            "--process",
+            P,
+            "--key",
+            "id",
+            "--columns",
+            "wanted",
+        ];
+        one_line_error(
+            &drover(&db, &["watch", "nope", "--process", P, "--key", "id"]),
+            "no table",
+        );
+        one_line_error(
+            &drover(&db, &["watch", "machines", "--process", P, "--key", "x"]),
+            "no column",
+        );
+        let installed = drover(&db, &watch);
+        assert!(
+            installed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&installed.stderr)
+        );
+        one_line_error(&drover(&db, &watch), "already watched");
+        let list = drover(&db, &["watch", "--list"]);
+        let listed = String::from_utf8_lossy(&list.stdout);
+        assert!(
+            listed.contains("machines: id -> provision (updates of wanted)"),
+            "{listed}"
+        );
+        assert!(drover(&db, &["unwatch", "machines"]).status.success());
+        one_line_error(&drover(&db, &["unwatch", "machines"]), "not watched");
+    })
+    .await;
+}
+
+/// Updates `keys` (sorted, so concurrent producers never deadlock) in one
+/// transaction, bumping each row's version: the change log is the table.
+async fn bump(db: &TestDb, keys: &[String]) {
+    let mut tx = CallerTx::begin(&db.store).await;
+    for key in keys {
+        tx.execute(&format!(
+            "UPDATE versions SET version = version + 1 WHERE id = '{key}'"
+        ))
+        .await;
+    }
+    tx.commit().await;
+}
+
+/// What the work saw: per key, every version a run read when it started.
+type RunLog = Arc<Mutex<HashMap<String, Vec<i64>>>>;
+
+/// Claims up to 100 ready keys once, logs the version each run reads (the
+/// work's own log) and finishes them: how many it ran.
+async fn run_once(db: &TestDb, session: SessionId, log: &RunLog) -> usize {
+    let claim = LeaseClaim {
+        session,
+        process: P.into(),
+        max: 100,
+    };
+    let leases = db.store.lease_claim(claim).await.expect("claim");
+    for lease in &leases {
+        let version = version(db, &lease.key).await;
+        log.lock()
+            .expect("log")
+            .entry(lease.key.clone())
+            .or_default()
+            .push(version);
+    }
+    let batch: Vec<_> = leases
+        .iter()
+        .map(|lease| LeaseComplete {
+            lease,
+            outcome: &Outcome::Done,
+        })
+        .collect();
+    db.store
+        .lease_complete_batch(&batch)
+        .await
+        .expect("complete");
+    leases.len()
+}
+
+/// One worker, paced by the producers' progress instead of a clock: a round
+/// of claims per tick (changes pile up and coalesce between rounds, as they do
+/// behind a busy controller), then, when every producer is done, rounds until
+/// nothing is left.
+async fn work(db: &TestDb, log: RunLog, mut ticks: mpsc::UnboundedReceiver<()>) {
+    let s = db.session().await;
+    while ticks.recv().await.is_some() {
+        run_once(db, s.id, &log).await;
+    }
+    while run_once(db, s.id, &log).await > 0 {}
+}
+
+/// The row's version now.
+async fn version(db: &TestDb, key: &str) -> i64 {
+    if let Some(pool) = db.store.postgres_pool() {
+        let sql = "SELECT version FROM versions WHERE id = $1";
+        sqlx::query_scalar(sql).bind(key).fetch_one(pool).await
+    } else {
+        let pool = db.store.sqlite_pool().expect("an engine");
+        sqlx::query_scalar("SELECT version FROM versions WHERE id = ?1")
+            .bind(key)
+            .fetch_one(pool)
+            .await
+    }
+    .expect("read the version")
+}
+
+#[tokio::test]
+async fn every_key_changed_by_ten_thousand_updates_runs_after_its_last_change() {
+    const KEYS: usize = 100;
+    const PRODUCERS: usize = 4;
+    const TRANSACTIONS: usize = 250; // per producer, 10 updates each
+    each_engine(|db| async move {
+        db.execute("CREATE TABLE versions (id TEXT PRIMARY KEY, version BIGINT NOT NULL)")
+            .await;
+        let rows: Vec<_> = (0..KEYS).map(|i| format!("('k{i:03}', 0)")).collect();
+        db.execute(&format!("INSERT INTO versions VALUES {}", rows.join(", ")))
+            .await;
+        db.store
+            .table_watch(&TableWatch::new("versions", P, "id"))
+            .await
+            .expect("watch");
+        let db = Arc::new(db);
+        let log = RunLog::default();
+        let (tick, ticks) = mpsc::unbounded_channel();
+        let worker = tokio::spawn({
+            let (db, log) = (Arc::clone(&db), Arc::clone(&log));
+            async move { work(&db, log, ticks).await }
+        });
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|p| {
+                let (db, tick) = (Arc::clone(&db), tick.clone());
+                tokio::spawn(async move {
+                    for t in 0..TRANSACTIONS {
+                        if t % 50 == 49 {
+                            tick.send(()).expect("the worker listens");
+                        }
+                        // A spread of keys that differs per producer and transaction.
+                        let mut keys: Vec<_> = (0..10)
+                            .map(|u| format!("k{:03}", (p * 7919 + t * 104_729 + u * 31) % KEYS))
+                            .collect();
+                        keys.sort();
+                        bump(&db, &keys).await;
+                    }
+                })
+            })
+            .collect();
+        for producer in producers {
+            producer.await.expect("producer");
+        }
+        drop(tick); // the worker drains what is left and stops
+        worker.await.expect("worker");
+        let log = log.lock().expect("log").clone();
+        let mut updates = 0;
+        for i in 0..KEYS {
+            let key = format!("k{i:03}");
+            let last = version(&db, &key).await;
+            updates += last;
+            if last == 0 {
+                continue;
+            }
+            let seen = log.get(&key).and_then(|v| v.iter().max().copied());
+            assert_eq!(seen, Some(last), "{key}: a run must see its last change");
+        }
+        let runs: usize = log.values().map(Vec::len).sum();
+        eprintln!("{updates} updates, {runs} runs");
+        assert_eq!(updates, 10_000);
+        // At most 100 keys per round, 20 rounds and the last: 2,100 at most,
+        // whatever the timing; without coalescing there would be 10,000.
+        assert!(
+            runs <= 2_100,
+            "coalescing keeps runs far below updates: {runs}"
+        );
+    })
+    .await;
+}
