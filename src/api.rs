@@ -98,6 +98,9 @@ pub struct ProcessSummary {
     pub running: u64,
     /// Items parked after a permanent error.
     pub parked: u64,
+    /// Known, converged keys (0 from servers older than this field).
+    #[serde(default)]
+    pub idle: u64,
     /// How long the longest-waiting ready item has been ready; null when none is.
     pub oldest_pending_age_ms: Option<u64>,
     /// Runs finished (done or requeue-after) in the last five minutes.
@@ -117,6 +120,7 @@ impl ProcessSummary {
             backoff: c.backoff,
             running: c.running,
             parked: c.parked,
+            idle: c.idle,
             recent_finished: finished,
             recent_failed: failed,
         }
@@ -433,6 +437,18 @@ pub struct SessionRequest {
     /// every third of it.
     #[schema(minimum = 1, maximum = 86400000)]
     pub ttl_ms: u64,
+    /// The worker's host name, shown on the workers page (optional, as are
+    /// `pid` and `version`: clients older than these fields send none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
+    pub host: Option<String>,
+    /// The worker's process id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The worker's drover (or client library) version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
+    pub version: Option<String>,
 }
 
 /// A live session.

@@ -43,7 +43,7 @@
 //! let store = Store::connect("sqlite::memory:").await?; // or sqlite://drover.db, postgres://…
 //! store.item_enqueue(ItemEnqueue::new("provision", ["machine-1", "machine-2"])).await?;
 //! let session = store
-//!     .session_start(SessionStart { component: "example".into(), ttl: Duration::from_secs(30) })
+//!     .session_start(SessionStart::new("example", Duration::from_secs(30)))
 //!     .await?;
 //! let claim = LeaseClaim { session: session.id, process: "provision".into(), max: 10 };
 //! let leases = store.lease_claim(claim).await?;
@@ -82,6 +82,8 @@ pub(crate) mod wakeup;
 // applied in Rust to the rows each engine reads.
 #[cfg(feature = "_engine")]
 mod admin;
+#[cfg(feature = "_engine")]
+mod counts;
 #[cfg(feature = "_engine")]
 mod decode;
 #[cfg(feature = "_engine")]
@@ -122,7 +124,7 @@ pub use params::{
     BULK_BATCH, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter, ItemGet,
     ItemList, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
     LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose,
-    SessionHeartbeat, SessionStart,
+    SessionHeartbeat, SessionStart, WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;

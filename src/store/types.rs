@@ -432,6 +432,8 @@ pub struct ProcessCounts {
     pub running: u64,
     /// Items parked after a permanent error.
     pub parked: u64,
+    /// Known, converged keys (idle until their next enqueue).
+    pub idle: u64,
     /// How long the longest-waiting ready item has been ready (None when nothing
     /// is ready): the number to alert on when workers fall behind.
     pub oldest_pending_age: Option<Duration>,

@@ -13,7 +13,9 @@ use crate::server::model::{
     CloseResponse, HeartbeatResponse, MAX_TTL_MS, SessionBody, SessionRequest,
 };
 use crate::server::state::AppState;
-use crate::store::{SessionClose, SessionHeartbeat, SessionStart, StoreEngine as _};
+use crate::store::{
+    SessionClose, SessionHeartbeat, SessionStart, StoreEngine as _, WorkerIdentity,
+};
 
 /// Starts a session; its deadline is now + ttl on the database clock. Heartbeat
 /// every third of the TTL; claims and completions of an expired session are
@@ -47,6 +49,11 @@ pub(crate) async fn start(
         .session_start(SessionStart {
             component: body.component,
             ttl: Duration::from_millis(body.ttl_ms),
+            identity: WorkerIdentity {
+                host: body.host,
+                pid: body.pid,
+                version: body.version,
+            },
         })
         .await?;
     Ok((StatusCode::CREATED, Json(session.into())))

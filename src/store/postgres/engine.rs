@@ -10,7 +10,7 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, enqueue, groups, inspect, leases, processes, runs, sessions};
+use super::{admin, counts, enqueue, groups, inspect, leases, processes, runs, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
@@ -173,7 +173,11 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
-        retry(|| sessions::reclaim(self)).await
+        let report = retry(|| sessions::reclaim(self)).await?;
+        // Housekeeping every live node already runs every few seconds: keeps
+        // the item counts' deltas short even when nobody reads the counts.
+        retry(|| counts::fold(self)).await?;
+        Ok(report)
     }
 
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
@@ -256,7 +260,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
-        inspect::process_counts(self).await
+        counts::process_counts(self).await
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {

@@ -8,6 +8,7 @@ mod admin;
 mod complete;
 mod connect;
 mod copy_rows;
+mod counts;
 mod engine;
 mod enqueue;
 mod error;

@@ -7,7 +7,7 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, groups, inspect, items, leases, processes, runs, sessions};
+use super::{admin, counts, groups, inspect, items, leases, processes, runs, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
@@ -209,7 +209,7 @@ impl StoreEngine for SqliteStore {
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
-        inspect::process_counts(self).await
+        counts::process_counts(self).await
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {

@@ -24,12 +24,16 @@ pub(super) async fn start(
     let component = clean_text(&params.component).into_owned();
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, i64) = sqlx::query_as(
-        "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline)
-         VALUES (?1, ?2, ?3, ?3, ?3 + ?2) RETURNING id, deadline",
+        "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
+             host, pid, version)
+         VALUES (?1, ?2, ?3, ?3, ?3 + ?2, ?4, ?5, ?6) RETURNING id, deadline",
     )
     .bind(&component)
     .bind(ttl_ms)
     .bind(now)
+    .bind(params.identity.host.as_deref().map(clean_text))
+    .bind(params.identity.pid.map(i64::from))
+    .bind(params.identity.version.as_deref().map(clean_text))
     .fetch_one(&mut *tx)
     .await
     .db()?;
