@@ -188,6 +188,24 @@ pub(crate) struct ItemListQuery {
     pub(crate) limit: Option<u32>,
 }
 
+/// Query of `GET /v1/processes/{process}/triage` (and of the dashboard's
+/// process page).
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct TriageQuery {
+    /// Only items in this state.
+    pub(crate) state: Option<StateName>,
+    /// Only keys starting with this (each state then in key order).
+    #[param(max_length = 1024)]
+    pub(crate) prefix: Option<String>,
+    /// Where the previous page ended: its `next`, with the same filters.
+    pub(crate) after: Option<String>,
+    /// At most this many items (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub(crate) limit: Option<u32>,
+}
+
 /// Query of `GET /v1/processes/{process}/items/{key}`.
 #[cfg(feature = "server")] // read by the server only
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -263,6 +281,17 @@ impl From<Item> for ItemBody {
             last_ended_at: i.last_ended_at,
         }
     }
+}
+
+/// A page of the triage listing: parked items first, then backing off
+/// (soonest retry first), pending in claim order, running, idle.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TriagePageBody {
+    /// The items, in that order.
+    pub items: Vec<ItemBody>,
+    /// Pass as `after` (with the same filters) for the next page; null on the
+    /// last page.
+    pub next: Option<String>,
 }
 
 /// A page of items.

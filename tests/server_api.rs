@@ -846,3 +846,75 @@ async fn dashboard_lists_error_groups_and_its_buttons_act_on_a_whole_group() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn triage_lists_parked_first_pages_by_cursor_and_filters_by_prefix() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["<script>x"]).await;
+        db.store.clock().advance(Duration::from_millis(5));
+        api.enqueue(P, &["a1", "a2", "b1"]).await;
+        let path = format!("/v1/processes/{P}/items/b1/park");
+        let parked = api.call(POST, &path, None).await;
+        assert_eq!(parked.status, StatusCode::OK, "{}", parked.text);
+        let first = api
+            .get_ok(&format!("/v1/processes/{P}/triage?limit=2"))
+            .await;
+        let keys = |page: &Value| -> Vec<String> {
+            let items = page["items"].as_array().expect("items");
+            items
+                .iter()
+                .map(|i| i["key"].as_str().expect("key").to_owned())
+                .collect()
+        };
+        assert_eq!(
+            keys(&first),
+            ["b1", "<script>x"],
+            "parked first, then claim order"
+        );
+        let next = first["next"].as_str().expect("a next page").to_owned();
+        let rest = api
+            .get_ok(&format!(
+                "/v1/processes/{P}/triage?limit=2&after={}",
+                segment(&next)
+            ))
+            .await;
+        let mut rest_keys = keys(&rest);
+        rest_keys.sort();
+        assert_eq!(rest_keys, ["a1", "a2"], "one batch: ready together");
+        assert_eq!(rest["next"], Value::Null);
+        let a = api
+            .get_ok(&format!("/v1/processes/{P}/triage?prefix=a&state=pending"))
+            .await;
+        assert_eq!(keys(&a), ["a1", "a2"]);
+        let bad = api
+            .call(
+                GET,
+                &format!("/v1/processes/{P}/triage?after=nonsense"),
+                None,
+            )
+            .await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+        // The dashboard's page: the filter's value and the keys stay text.
+        let hostile = segment("<script>");
+        let page = api
+            .call(
+                GET,
+                &format!("/ui/processes/{P}?prefix={hostile}&limit=1"),
+                None,
+            )
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        assert!(
+            page.text.contains("value=\"&lt;script&gt;\""),
+            "{}",
+            page.text
+        );
+        assert!(!page.text.contains("<script>"), "{}", page.text);
+        let all = api
+            .call(GET, &format!("/ui/processes/{P}?limit=1"), None)
+            .await;
+        assert!(all.text.contains("id=\"next\""), "{}", all.text);
+    })
+    .await;
+}

@@ -54,7 +54,7 @@ pub use model::{
     EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
     ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
     OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage,
-    SessionBody, SessionRequest, StateName,
+    SessionBody, SessionRequest, StateName, TriagePageBody,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

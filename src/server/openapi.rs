@@ -12,6 +12,7 @@ use super::model::{
     EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
     ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList,
     ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
+    TriagePageBody,
 };
 use super::routes::{groups, health, items, leases, processes, runs, sessions};
 
@@ -32,7 +33,7 @@ use super::routes::{groups, health, items, leases, processes, runs, sessions};
     ),
     paths(
         processes::list,
-        items::enqueue, items::list, items::get, items::retry, items::park, items::delete,
+        items::enqueue, items::list, items::triage, items::get, items::retry, items::park, items::delete,
         runs::list,
         groups::list, groups::retry, groups::park, groups::delete,
         sessions::start, sessions::heartbeat, sessions::close,
@@ -41,7 +42,7 @@ use super::routes::{groups, health, items, leases, processes, runs, sessions};
     ),
     components(schemas(
         ErrorBody, Role, EnqueueRequest, EnqueueResponse, ProcessList, ProcessSummary,
-        StateName, ItemBody, ItemPage, RunBody, RunPage, OutcomeName, ItemDetailBody, SessionRequest, SessionBody,
+        StateName, ItemBody, ItemPage, TriagePageBody, RunBody, RunPage, OutcomeName, ItemDetailBody, SessionRequest, SessionBody,
         HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
         CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,

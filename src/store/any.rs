@@ -20,12 +20,13 @@ use super::SqliteStore;
 use super::error::ENGINE_URLS;
 use super::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
+    LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session, TriagePage,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions};
 
@@ -230,6 +231,10 @@ impl StoreEngine for Store {
 
     async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
         dispatch!(self, s => s.item_list(params).await)
+    }
+
+    async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
+        dispatch!(self, s => s.item_triage(params).await)
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {

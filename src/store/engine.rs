@@ -8,12 +8,13 @@ use chrono::{DateTime, Utc};
 use super::error::StoreError;
 use super::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
+    LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session, TriagePage,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -115,6 +116,18 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: ItemList,
     ) -> impl Future<Output = Result<Vec<Item>, StoreError>> + Send;
+
+    /// A page of a process's items in the order an operator needs them:
+    /// parked, then backing off (soonest retry first), then pending in claim
+    /// order (highest priority, longest waiting), then running, then idle;
+    /// optionally one state only and keys with a prefix (then in key order
+    /// within each state). Paged by keyset cursor: each page costs the same
+    /// however deep it is. A key that changes state between two pages may
+    /// show twice or not at all, as in any live listing.
+    fn item_triage(
+        &self,
+        params: ItemTriage,
+    ) -> impl Future<Output = Result<TriagePage, StoreError>> + Send;
 
     /// One item (idle ones included) with its newest runs; `None` if the key
     /// is not known.

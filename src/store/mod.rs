@@ -65,6 +65,7 @@
 mod any;
 mod backend;
 mod clock;
+mod cursor;
 mod engine;
 mod error;
 mod groups;
@@ -102,6 +103,8 @@ mod retention;
 mod rows;
 #[cfg(feature = "_engine")]
 mod settle;
+#[cfg(feature = "_engine")]
+mod triage;
 
 // The engines, each with its own SQL.
 #[cfg(feature = "postgres")]
@@ -112,6 +115,7 @@ mod sqlite;
 pub use any::Store;
 pub use backend::WorkerBackend;
 pub use clock::Clock;
+pub use cursor::TriageCursor;
 pub use engine::StoreEngine;
 #[cfg(feature = "_engine")]
 pub use error::DriverError;
@@ -122,9 +126,9 @@ pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
     BULK_BATCH, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter, ItemGet,
-    ItemList, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose,
-    SessionHeartbeat, SessionStart, WorkerIdentity,
+    ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim,
+    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionStart, WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -135,6 +139,6 @@ pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
     EnqueueReport, ErrorGroup, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome,
     PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
-    ReclaimReport, Retention, Run, RunOutcome, Session, SessionId,
+    ReclaimReport, Retention, Run, RunOutcome, Session, SessionId, TriagePage,
 };
 pub use url::redact_url;

@@ -188,6 +188,22 @@ pub struct ItemList {
     pub limit: u32,
 }
 
+/// Parameters of [`item_triage`](super::StoreEngine::item_triage).
+#[derive(Debug, Clone)]
+pub struct ItemTriage {
+    /// The process.
+    pub process: String,
+    /// Only items in this state (all when `None`).
+    pub state: Option<ItemState>,
+    /// Only keys starting with this (then every section is in key order).
+    pub key_prefix: Option<String>,
+    /// Where the previous page ended (its [`TriagePage::next`](super::TriagePage::next)),
+    /// with the same filters.
+    pub after: Option<super::TriageCursor>,
+    /// The most items on the page (at least 1).
+    pub limit: u32,
+}
+
 /// Parameters of [`item_get`](super::StoreEngine::item_get).
 #[derive(Debug, Clone)]
 pub struct ItemGet {

@@ -419,6 +419,15 @@ pub struct PruneReport {
     pub done: bool,
 }
 
+/// One page of [`item_triage`](super::StoreEngine::item_triage).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriagePage {
+    /// The items, in attention order.
+    pub items: Vec<Item>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<super::TriageCursor>,
+}
+
 /// Item counts for one process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ProcessCounts {

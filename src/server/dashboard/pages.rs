@@ -9,10 +9,11 @@ use super::{item_path, segment, view};
 use crate::server::auth::{Authorized, Read, Role};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
-use crate::server::model::{ItemListQuery, MAX_PAGE};
+use crate::server::model::{MAX_PAGE, TriageQuery};
+use crate::server::routes::items::triage_page;
 use crate::server::routes::processes::summaries;
 use crate::server::state::AppState;
-use crate::store::{ErrorGroups, ItemGet, ItemList, StoreEngine as _};
+use crate::store::{ErrorGroups, ItemGet, StoreEngine as _};
 
 /// Items per process page.
 const PAGE: u32 = 100;
@@ -87,24 +88,16 @@ pub(super) async fn process(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
-    QueryParams(query): QueryParams<ItemListQuery>,
+    QueryParams(mut query): QueryParams<TriageQuery>,
 ) -> Result<Html<String>, HtmlError> {
     let admin = auth?.role >= Role::Admin;
-    let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
-    let filter = query.state.map(Into::into);
-    let items = state
-        .store
-        .item_list(ItemList {
-            process: process.clone(),
-            state: filter,
-            after_key: query.after_key,
-            limit,
-        })
-        .await
-        .map_err(ApiError::from)?;
-    let next = (items.len() == limit as usize)
-        .then(|| items.last().map(|i| i.key.clone()))
-        .flatten();
+    query.limit = Some(query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE));
+    query.prefix = query.prefix.filter(|p| !p.is_empty());
+    let filter = view::Filter {
+        state: query.state.map(Into::into),
+        prefix: query.prefix.clone(),
+    };
+    let page = triage_page(&state, process.clone(), query).await?;
     let groups = state
         .store
         .error_groups(ErrorGroups {
@@ -113,9 +106,10 @@ pub(super) async fn process(
         })
         .await
         .map_err(ApiError::from)?;
+    let next = page.next.map(|c| c.to_string());
     let listing = view::Listing {
-        state: filter,
-        items: &items,
+        filter,
+        items: &page.items,
         next: next.as_deref(),
     };
     let page = view::process(&process, &groups, admin, &listing);

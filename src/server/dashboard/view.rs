@@ -93,12 +93,43 @@ fn search_form(processes: &[ProcessSummary]) -> Markup {
     }
 }
 
+/// What a process page lists.
+#[derive(Debug, Default)]
+pub(super) struct Filter {
+    /// Only this state (all when `None`).
+    pub(super) state: Option<ItemState>,
+    /// Only keys starting with this.
+    pub(super) prefix: Option<String>,
+}
+
+impl Filter {
+    /// The page's URL with these filters and `after`, every value encoded.
+    fn url(&self, base: &str, after: Option<&str>) -> String {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if let Some(s) = self.state {
+            q.append_pair("state", s.as_str());
+        }
+        if let Some(p) = &self.prefix {
+            q.append_pair("prefix", p);
+        }
+        if let Some(a) = after {
+            q.append_pair("after", a);
+        }
+        let q = q.finish();
+        if q.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{q}")
+        }
+    }
+}
+
 /// One page of a process's items.
 #[derive(Debug)]
 pub(super) struct Listing<'a> {
-    /// The state shown (all when `None`).
-    pub(super) state: Option<ItemState>,
-    /// The items, in key order.
+    /// The filters.
+    pub(super) filter: Filter,
+    /// The items, parked first, then backing off, pending, running, idle.
     pub(super) items: &'a [Item],
     /// The next page's cursor, if any.
     pub(super) next: Option<&'a str>,
@@ -116,17 +147,19 @@ pub(super) fn process(
     let body = html! {
         (errors(&base, groups, admin))
         h2 { "Items" }
-        p { "Show: " a href=(base) { "all" }
-            @for s in ["pending", "backoff", "running", "parked", "idle"] { " " a href=(format!("{base}?state={s}")) { (s) } } }
+        (filters(&base, &listing.filter))
+        p.hint { "Parked first, then backing off (soonest retry first), then pending in the order workers take them, then running and idle"
+            @if listing.filter.prefix.is_some() { "; each state in key order under a prefix" } "." }
         table id="items" {
-            tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "last error" } }
+            tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "ready at" } th { "last error" } }
             @for i in listing.items {
-                tr { td { a href=(item_path(process, &i.key)) { (i.key) } } td { (i.state) } td.n { (i.priority) }
-                     td.n { (i.failures) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
+                tr { td.key { a href=(item_path(process, &i.key)) { (i.key) } } td.state { (i.state) } td.n { (i.priority) }
+                     td.n { (i.failures) } td { (ready(i)) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
             }
         }
+        @if listing.items.is_empty() { p { "No items match." } }
         @if let Some(next) = listing.next {
-            a href=(next_page(&base, listing.state, next)) { "next page" }
+            a id="next" href=(listing.filter.url(&base, Some(next))) { "next page" }
         }
     };
     page(process, true, body)
@@ -163,10 +196,29 @@ fn errors(base: &str, groups: &[ErrorGroup], admin: bool) -> Markup {
     }
 }
 
-fn next_page(base: &str, state: Option<ItemState>, after: &str) -> String {
-    match state {
-        Some(s) => format!("{base}?state={s}&after_key={}", segment(after)),
-        None => format!("{base}?after_key={}", segment(after)),
+/// The state and key-prefix filter form (a GET, so the URL can be shared).
+fn filters(base: &str, filter: &Filter) -> Markup {
+    html! {
+        form id="filters" action=(base) method="get" {
+            label { "State " select name="state" {
+                option value="" { "all" }
+                @for s in [ItemState::Parked, ItemState::Backoff, ItemState::Pending, ItemState::Running, ItemState::Idle] {
+                    option value=(s.as_str()) selected[filter.state == Some(s)] { (s.as_str()) }
+                }
+            } }
+            " " label { "Key prefix " input type="search" name="prefix" value=(filter.prefix.as_deref().unwrap_or("")); }
+            " " button type="submit" { "Filter" }
+        }
+    }
+}
+
+/// When a waiting item may run (a dash for the others).
+fn ready(i: &Item) -> String {
+    match i.state {
+        ItemState::Pending | ItemState::Backoff => {
+            at(i.ready_at.max(i.backoff_until.unwrap_or(i.ready_at)))
+        }
+        _ => "-".to_owned(),
     }
 }
 

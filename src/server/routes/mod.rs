@@ -32,6 +32,7 @@ pub(crate) fn api() -> Router<AppState> {
             "/v1/processes/{process}/items/{key}",
             get(items::get).delete(items::delete),
         )
+        .route("/v1/processes/{process}/triage", get(items::triage))
         .route("/v1/processes/{process}/runs", get(runs::list))
         .route("/v1/processes/{process}/error-groups", get(groups::list))
         .route("/v1/processes/{process}/items:retry", post(groups::retry))

@@ -14,14 +14,15 @@ use super::{admin, counts, enqueue, groups, inspect, leases, processes, runs, se
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
+    LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session, TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -210,6 +211,10 @@ impl StoreEngine for PostgresStore {
 
     async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
         inspect::item_list(self, &params).await
+    }
+
+    async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
+        crate::store::triage::page(self, '$', params).await
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {

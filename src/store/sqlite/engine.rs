@@ -11,14 +11,15 @@ use super::{admin, counts, groups, inspect, items, leases, processes, runs, sess
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionStart,
+    ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
+    LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session, TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -159,6 +160,10 @@ impl StoreEngine for SqliteStore {
 
     async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
         inspect::item_list(self, params).await
+    }
+
+    async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
+        crate::store::triage::page(self, '?', params).await
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {

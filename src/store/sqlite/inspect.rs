@@ -8,6 +8,7 @@ use crate::store::StoreError;
 use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{ItemGet, ItemList, RunList};
+use crate::store::triage::{Arg, PageSteps, SectionQuery};
 use crate::store::types::{Item, ItemDetail, ItemState};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or
@@ -105,4 +106,36 @@ pub(super) async fn item_get(
         item: row.into_item(now)?,
         runs,
     }))
+}
+
+/// An item row with its id, for the keyset of [`item_triage`](crate::store::StoreEngine::item_triage).
+#[derive(Debug, sqlx::FromRow)]
+struct PagedRow {
+    id: i64,
+    #[sqlx(flatten)]
+    item: ItemRow,
+}
+
+impl PageSteps for SqliteStore {
+    async fn known(&self, process: &str) -> Result<(), StoreError> {
+        check_process(self, process).await
+    }
+
+    async fn section_rows(&self, query: SectionQuery) -> Result<Vec<(i64, Item)>, StoreError> {
+        let now = self.now_ms(&self.pool).await?;
+        let mut q = sqlx::query_as::<_, PagedRow>(sqlx::AssertSqlSafe(query.sql));
+        for arg in query.args {
+            q = match arg {
+                Arg::Process(s) | Arg::Key(s) => q.bind(s),
+                Arg::Now => q.bind(now),
+                Arg::At(t) => q.bind(t.timestamp_millis()),
+                Arg::Int(n) => q.bind(n),
+                Arg::Limit(n) => q.bind(n),
+            };
+        }
+        let rows = q.fetch_all(&self.pool).await.db()?;
+        rows.into_iter()
+            .map(|r| Ok((r.id, r.item.into_item(now)?)))
+            .collect()
+    }
 }
