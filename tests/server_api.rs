@@ -918,3 +918,88 @@ async fn triage_lists_parked_first_pages_by_cursor_and_filters_by_prefix() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn workers_are_listed_with_their_identity_leases_and_expiry() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a", "<b>"]).await;
+        let body = json!({ "component": "<script>w</script>", "ttl_ms": 60_000,
+                           "host": "node-7", "pid": 4242, "version": "9.9.9" });
+        let new = api.post("/v1/sessions", body, StatusCode::CREATED).await;
+        let new = new["id"].as_i64().expect("id");
+        let leases = api.claim(new, P, 2).await;
+        assert_eq!(leases.len(), 2);
+        // A client older than the identity fields still starts a session.
+        let old = api.session(1_000).await;
+        db.store.clock().advance(Duration::from_secs(2));
+        let list = api.get_ok("/v1/sessions").await;
+        let sessions = list["sessions"].as_array().expect("sessions");
+        assert_eq!(sessions.len(), 2, "{list}");
+        let (first, second) = (&sessions[0], &sessions[1]);
+        assert_eq!(first["id"], new);
+        assert_eq!(
+            (&first["host"], &first["pid"], &first["version"]),
+            (&json!("node-7"), &json!(4242), &json!("9.9.9"))
+        );
+        assert_eq!(
+            (&first["expired"], &first["lease_count"]),
+            (&json!(false), &json!(2))
+        );
+        let mut held: Vec<_> = first["leases"]
+            .as_array()
+            .expect("leases")
+            .iter()
+            .map(|l| {
+                (
+                    l["key"].as_str().expect("key").to_owned(),
+                    l["token"].as_i64().expect("token"),
+                )
+            })
+            .collect();
+        held.sort();
+        let mut claimed: Vec<_> = leases
+            .iter()
+            .map(|l| {
+                (
+                    l["key"].as_str().expect("key").to_owned(),
+                    l["token"].as_i64().expect("token"),
+                )
+            })
+            .collect();
+        claimed.sort();
+        assert_eq!(held, claimed, "each lease with its fencing token");
+        assert_eq!(second["id"], old);
+        assert_eq!(
+            (&second["host"], &second["expired"]),
+            (&Value::Null, &json!(true))
+        );
+        let page = api.call(GET, "/ui/workers", None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(
+            page.text.contains("node-7") && page.text.contains("4242"),
+            "{}",
+            page.text
+        );
+        assert!(
+            page.text.contains("expired, awaiting reclaim"),
+            "{}",
+            page.text
+        );
+        assert!(page.text.contains("&lt;script&gt;w&lt;/script&gt;"));
+        assert!(
+            !page.text.contains("<script>") && !page.text.contains("<b>"),
+            "{}",
+            page.text
+        );
+        // The key page names its run's worker.
+        let item = api
+            .call(GET, &format!("/ui/processes/{P}/items/a"), None)
+            .await;
+        assert!(item.text.contains("on node-7, pid 4242"), "{}", item.text);
+        let long = json!({ "component": "w", "ttl_ms": 1000, "host": "h".repeat(2000) });
+        let refused = api.call(POST, "/v1/sessions", Some(long)).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text);
+    })
+    .await;
+}

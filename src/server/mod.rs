@@ -52,9 +52,10 @@ pub use model::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
     CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
     EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
-    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
-    OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage,
-    SessionBody, SessionRequest, StateName, TriagePageBody,
+    HeldLeaseBody, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE,
+    MAX_TTL_MS, OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody,
+    RunPage, SessionBody, SessionInfoBody, SessionListBody, SessionRequest, StateName,
+    TriagePageBody,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

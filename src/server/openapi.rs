@@ -10,9 +10,9 @@ use super::model::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
     CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
     EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
-    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList,
-    ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
-    TriagePageBody,
+    HeldLeaseBody, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody,
+    OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody,
+    SessionInfoBody, SessionListBody, SessionRequest, StateName, TriagePageBody,
 };
 use super::routes::{groups, health, items, leases, processes, runs, sessions};
 
@@ -36,13 +36,13 @@ use super::routes::{groups, health, items, leases, processes, runs, sessions};
         items::enqueue, items::list, items::triage, items::get, items::retry, items::park, items::delete,
         runs::list,
         groups::list, groups::retry, groups::park, groups::delete,
-        sessions::start, sessions::heartbeat, sessions::close,
+        sessions::list, sessions::start, sessions::heartbeat, sessions::close,
         leases::claim, leases::complete, leases::complete_batch, leases::release,
         health::healthz, health::readyz, health::metrics, health::openapi,
     ),
     components(schemas(
         ErrorBody, Role, EnqueueRequest, EnqueueResponse, ProcessList, ProcessSummary,
-        StateName, ItemBody, ItemPage, TriagePageBody, RunBody, RunPage, OutcomeName, ItemDetailBody, SessionRequest, SessionBody,
+        StateName, ItemBody, ItemPage, TriagePageBody, SessionListBody, SessionInfoBody, HeldLeaseBody, RunBody, RunPage, OutcomeName, ItemDetailBody, SessionRequest, SessionBody,
         HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
         CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,

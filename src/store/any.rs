@@ -22,11 +22,11 @@ use super::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
     ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
     LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionStart,
+    SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session, TriagePage,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session, SessionInfo, TriagePage,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions};
 
@@ -193,6 +193,10 @@ impl StoreEngine for Store {
 
     async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
         dispatch!(self, s => s.session_close(params).await)
+    }
+
+    async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
+        dispatch!(self, s => s.session_list(params).await)
     }
 
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {

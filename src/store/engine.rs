@@ -10,11 +10,11 @@ use super::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
     ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
     LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionStart,
+    SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session, TriagePage,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session, SessionInfo, TriagePage,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -61,6 +61,14 @@ pub trait StoreEngine: Send + Sync {
     /// heartbeat that comes after the reclaim is refused with
     /// [`StoreError::SessionExpired`]; the two never both win.
     fn session_reclaim(&self) -> impl Future<Output = Result<ReclaimReport, StoreError>> + Send;
+
+    /// Every session, live or expired and not yet reclaimed, oldest first,
+    /// each with who runs it and the leases it holds: what the workers page
+    /// shows.
+    fn session_list(
+        &self,
+        params: SessionList,
+    ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send;
 
     /// Enqueues keys with coalescing (DESIGN.md rule 2); all keys are validated
     /// first, so a bad key means nothing is written.

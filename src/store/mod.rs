@@ -104,7 +104,7 @@ mod rows;
 #[cfg(feature = "_engine")]
 mod settle;
 #[cfg(feature = "_engine")]
-mod triage;
+pub(crate) mod triage;
 
 // The engines, each with its own SQL.
 #[cfg(feature = "postgres")]
@@ -128,7 +128,7 @@ pub use params::{
     BULK_BATCH, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter, ItemGet,
     ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim,
     LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionStart, WorkerIdentity,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart, WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -137,8 +137,8 @@ pub use pruner::{Pruned, Pruner};
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
-    EnqueueReport, ErrorGroup, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome,
-    PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
-    ReclaimReport, Retention, Run, RunOutcome, Session, SessionId, TriagePage,
+    EnqueueReport, ErrorGroup, FencingToken, HeldLease, Item, ItemDetail, ItemState, Lease,
+    Outcome, PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
+    ReclaimReport, Retention, Run, RunOutcome, Session, SessionId, SessionInfo, TriagePage,
 };
 pub use url::redact_url;

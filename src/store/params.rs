@@ -188,6 +188,14 @@ pub struct ItemList {
     pub limit: u32,
 }
 
+/// Parameters of [`session_list`](super::StoreEngine::session_list).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionList {
+    /// The most leases listed per session (their count is always given; 0
+    /// reads no lease rows at all).
+    pub leases_per_session: u32,
+}
+
 /// Parameters of [`item_triage`](super::StoreEngine::item_triage).
 #[derive(Debug, Clone)]
 pub struct ItemTriage {

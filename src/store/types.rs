@@ -419,6 +419,47 @@ pub struct PruneReport {
     pub done: bool,
 }
 
+/// A live (or expired, not yet reclaimed) session as the workers page shows
+/// it, with the leases it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session's id.
+    pub id: SessionId,
+    /// The component that started it.
+    pub component: String,
+    /// Its worker's host, pid and version, as the worker reported them.
+    pub identity: super::WorkerIdentity,
+    /// Its time to live without a heartbeat.
+    pub ttl: Duration,
+    /// When it started, on the database clock.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat (its start until the first).
+    pub heartbeat_at: DateTime<Utc>,
+    /// When it expires unless renewed.
+    pub deadline: DateTime<Utc>,
+    /// Whether the deadline has passed: its leases are reclaimed by the next
+    /// reclaim pass of any node, and its heartbeats are refused.
+    pub expired: bool,
+    /// How many leases it holds.
+    pub lease_count: u64,
+    /// The first of them (by fencing token, oldest first), up to the asked
+    /// number.
+    pub leases: Vec<HeldLease>,
+}
+
+/// A lease as the workers page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLease {
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// When its run started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Its fencing token.
+    pub token: FencingToken,
+}
+
 /// One page of [`item_triage`](super::StoreEngine::item_triage).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriagePage {

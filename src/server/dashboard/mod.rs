@@ -7,6 +7,8 @@
 //! - `/ui/processes/{process}`: its error groups (what its parked and
 //!   backing-off keys failed with, with "retry all", "park all" and "delete
 //!   all" buttons for admins) and its items, by state, paged;
+//! - `/ui/workers`: every session, who runs it, its heartbeat and deadline,
+//!   the leases it holds; expired ones shown as awaiting reclaim;
 //! - `/ui/processes/{process}/items/{key}`: any known key (converged ones
 //!   included), its current run, its runs and last error, with retry and park
 //!   buttons for admins.
@@ -17,6 +19,7 @@
 mod actions;
 mod pages;
 mod view;
+mod workers;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -28,6 +31,7 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(pages::overview))
         .route("/ui/search", get(pages::search))
+        .route("/ui/workers", get(workers::workers))
         .route("/ui/processes/{process}", get(pages::process))
         .route("/ui/processes/{process}/items/{key}", get(pages::item))
         .route(

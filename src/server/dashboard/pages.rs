@@ -13,7 +13,7 @@ use crate::server::model::{MAX_PAGE, TriageQuery};
 use crate::server::routes::items::triage_page;
 use crate::server::routes::processes::summaries;
 use crate::server::state::AppState;
-use crate::store::{ErrorGroups, ItemGet, StoreEngine as _};
+use crate::store::{ErrorGroups, ItemGet, SessionList, StoreEngine as _};
 
 /// Items per process page.
 const PAGE: u32 = 100;
@@ -134,6 +134,19 @@ pub(super) async fn item(
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
     let admin = auth.role >= Role::Admin;
-    let page = view::item(&detail.item, &detail.runs, admin);
+    let worker = match detail.item.lease_session {
+        Some(id) => {
+            let sessions = state
+                .store
+                .session_list(SessionList {
+                    leases_per_session: 0,
+                })
+                .await
+                .map_err(ApiError::from)?;
+            sessions.into_iter().find(|s| s.id == id)
+        }
+        None => None,
+    };
+    let page = view::item(&detail.item, &detail.runs, worker.as_ref(), admin);
     Ok(Html(page.into_string()))
 }

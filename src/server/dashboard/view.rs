@@ -8,7 +8,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::{item_path, segment};
 use crate::server::model::ProcessSummary;
-use crate::store::{ErrorGroup, Item, ItemState, Run};
+use crate::store::{ErrorGroup, Item, ItemState, Run, SessionInfo};
 
 /// How often pages reload themselves, in seconds.
 const REFRESH_SECONDS: u32 = 5;
@@ -30,7 +30,7 @@ pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
                 style { (maud::PreEscaped(STYLE)) }
             }
             body {
-                nav { a href="/" { "drover" } a href="/openapi.json" { "API" } a href="/metrics" { "metrics" } }
+                nav { a href="/" { "drover" } a href="/ui/workers" { "workers" } a href="/openapi.json" { "API" } a href="/metrics" { "metrics" } }
                 h1 { (title) }
                 (body)
             }
@@ -223,12 +223,12 @@ fn ready(i: &Item) -> String {
 }
 
 /// A time as the dashboard prints it (UTC, milliseconds).
-fn at(t: DateTime<Utc>) -> String {
+pub(super) fn at(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
 }
 
 /// An optional time, or a dash.
-fn at_or_dash(t: Option<DateTime<Utc>>) -> String {
+pub(super) fn at_or_dash(t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "-".to_owned(), at)
 }
 
@@ -243,7 +243,7 @@ fn span(d: Option<Duration>) -> String {
 
 /// One known key with its runs, converged or not; admins get the retry and
 /// park buttons.
-pub(super) fn item(item: &Item, runs: &[Run], admin: bool) -> Markup {
+pub(super) fn item(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) -> Markup {
     let path = item_path(&item.process, &item.key);
     let running = item.state == ItemState::Running;
     let body = html! {
@@ -265,8 +265,16 @@ pub(super) fn item(item: &Item, runs: &[Run], admin: bool) -> Markup {
             @if running {
                 tr { th { "current run" } td.current {
                     "attempt " (item.failures + 1) ", started " (at_or_dash(item.started_at))
-                    ", session " (item.lease_session.map(|s| s.to_string()).unwrap_or_default())
-                    ", fencing token " (item.lease_token.map(|t| t.to_string()).unwrap_or_default())
+                    ", fencing token " span.token { (item.lease_token.map(|t| t.to_string()).unwrap_or_default()) }
+                    ", worker " a.worker href="/ui/workers" {
+                        "session " (item.lease_session.map(|s| s.to_string()).unwrap_or_default())
+                        @if let Some(w) = worker {
+                            " (" (w.component)
+                            @if let Some(host) = &w.identity.host { " on " (host) }
+                            @if let Some(pid) = w.identity.pid { ", pid " (pid) }
+                            ")"
+                        }
+                    }
                     @if item.dirty { ", runs again after it (changed while running)" } } }
             }
         }

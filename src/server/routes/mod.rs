@@ -46,7 +46,7 @@ pub(crate) fn api() -> Router<AppState> {
             "/v1/processes/{process}/items/{key}/park",
             post(items::park),
         )
-        .route("/v1/sessions", post(sessions::start))
+        .route("/v1/sessions", get(sessions::list).post(sessions::start))
         .route("/v1/sessions/{session}", delete(sessions::close))
         .route(
             "/v1/sessions/{session}/heartbeat",

@@ -11,7 +11,7 @@ use crate::store::counts::CountsRow;
 use crate::store::types::ProcessCounts;
 
 /// The stored counts of every known process, and its keys backing off at `?1`.
-const COUNTS: &str = "
+pub(super) const COUNTS: &str = "
 SELECT p.process,
     COALESCE((SELECT n FROM drover_item_counts c
               WHERE c.process = p.process AND c.state = 'pending'), 0) AS pending,
@@ -29,7 +29,7 @@ FROM drover_processes p ORDER BY p.process";
 /// The earliest ready time at or before `?2` among process `?1`'s pending
 /// keys: the first entry of each priority in the claim index, priorities
 /// visited from the highest down (a handful of seeks, not a scan).
-const OLDEST: &str = "
+pub(super) const OLDEST: &str = "
 WITH RECURSIVE priorities(p) AS (
     SELECT max(priority) FROM drover_items WHERE process = ?1 AND state = 'pending'
     UNION ALL

@@ -13,13 +13,13 @@ use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
     ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
     LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionStart,
+    SessionList, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session, TriagePage,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Session, SessionInfo, TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -124,6 +124,10 @@ impl StoreEngine for SqliteStore {
 
     async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
         sessions::close(self, params.session).await
+    }
+
+    async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
+        sessions::list(self, params).await
     }
 
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
