@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use drover::server::ServerOptions;
-use drover::store::{ItemEnqueue, StoreEngine as _};
+use drover::store::{DepthSample, ItemEnqueue, StoreEngine as _};
 use serde_json::{Value, json};
 use server_support::{Api, DELETE, GET, POST, segment};
 use support::each_engine;
@@ -1000,6 +1000,87 @@ async fn workers_are_listed_with_their_identity_leases_and_expiry() {
         let long = json!({ "component": "w", "ttl_ms": 1000, "host": "h".repeat(2000) });
         let refused = api.call(POST, "/v1/sessions", Some(long)).await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn charts_and_series_show_runs_per_minute_and_the_sampled_depth() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a", "b", "c"]).await;
+        let sample = DepthSample {
+            keep: Duration::from_secs(3600),
+            min_gap: Duration::from_secs(30),
+        };
+        assert_eq!(db.store.depth_sample(sample).await.expect("sample"), 1);
+        assert_eq!(
+            db.store.depth_sample(sample).await.expect("sample"),
+            0,
+            "one per min_gap"
+        );
+        let session = api.session(60_000).await;
+        for lease in api.claim(session, P, 2).await {
+            let outcome = if lease["key"] == "a" {
+                json!({ "type": "done" })
+            } else {
+                json!({ "type": "transient", "error": "<i>flaky</i>" })
+            };
+            api.post(
+                "/v1/leases/complete",
+                json!({ "lease": lease, "outcome": outcome }),
+                StatusCode::NO_CONTENT,
+            )
+            .await;
+        }
+        db.store.clock().advance(Duration::from_secs(90));
+        assert_eq!(db.store.depth_sample(sample).await.expect("sample"), 1);
+        let series = api.get_ok(&format!("/v1/processes/{P}/series")).await;
+        let runs = series["runs"].as_array().expect("runs");
+        let total: u64 = runs
+            .iter()
+            .map(|r| r["count"].as_u64().expect("count"))
+            .sum();
+        assert_eq!(total, 2, "{series}");
+        let outcomes: Vec<_> = runs
+            .iter()
+            .map(|r| r["outcome"].as_str().expect("outcome"))
+            .collect();
+        assert!(
+            outcomes.contains(&"done") && outcomes.contains(&"retry"),
+            "{series}"
+        );
+        let depth = series["depth"].as_array().expect("depth");
+        assert_eq!(depth.len(), 2, "{series}");
+        assert_eq!(
+            (&depth[0]["pending"], &depth[1]["pending"]),
+            (&json!(3), &json!(2)),
+            "{series}"
+        );
+        // a converged; the failed key's 1 s backoff is long over.
+        let page = api.call(GET, &format!("/ui/processes/{P}"), None).await;
+        assert!(
+            page.text.contains("id=\"runs-chart\"") && page.text.contains("<svg"),
+            "{}",
+            page.text
+        );
+        assert!(page.text.contains("<polyline"), "{}", page.text);
+        // Samples older than `keep` go.
+        db.store.clock().advance(Duration::from_secs(7200));
+        db.store.depth_sample(sample).await.expect("sample");
+        let later = api.get_ok(&format!("/v1/processes/{P}/series")).await;
+        assert_eq!(
+            later["depth"].as_array().expect("depth").len(),
+            1,
+            "{later}"
+        );
+        assert_eq!(
+            later["runs"],
+            json!([]),
+            "an hour later no run is in the window"
+        );
+        let unknown = api.call(GET, "/v1/processes/nope/series", None).await;
+        assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     })
     .await;
 }

@@ -15,7 +15,24 @@ CREATE TABLE drover_item_counts (
 ) WITHOUT ROWID;
 INSERT INTO drover_item_counts (process, state, n)
 SELECT process, state, count(*) FROM drover_items GROUP BY process, state;
+-- A row for every process and state, so a state change is one UPDATE of
+-- two existing rows (items only ever belong to a known process).
+INSERT INTO drover_item_counts (process, state, n)
+SELECT p.process, s.state, 0 FROM drover_processes p,
+    (SELECT 'pending' AS state UNION ALL SELECT 'running' UNION ALL SELECT 'parked'
+     UNION ALL SELECT 'idle') s
+WHERE true
+ON CONFLICT (process, state) DO NOTHING;
+CREATE TRIGGER drover_processes_counted AFTER INSERT ON drover_processes
+BEGIN
+    INSERT INTO drover_item_counts (process, state, n)
+    VALUES (new.process, 'pending', 0), (new.process, 'running', 0),
+           (new.process, 'parked', 0), (new.process, 'idle', 0)
+    ON CONFLICT (process, state) DO NOTHING;
+END;
 
+-- Inserts (new keys) upsert, to be safe whatever the order of the rows'
+-- creation; deletes and state changes, the hot path, update in place.
 CREATE TRIGGER drover_items_counted_insert AFTER INSERT ON drover_items
 BEGIN
     INSERT INTO drover_item_counts (process, state, n) VALUES (new.process, new.state, 1)
@@ -28,9 +45,8 @@ END;
 CREATE TRIGGER drover_items_counted_update AFTER UPDATE OF state ON drover_items
     WHEN old.state <> new.state
 BEGIN
-    UPDATE drover_item_counts SET n = n - 1 WHERE process = old.process AND state = old.state;
-    INSERT INTO drover_item_counts (process, state, n) VALUES (new.process, new.state, 1)
-        ON CONFLICT (process, state) DO UPDATE SET n = n + 1;
+    UPDATE drover_item_counts SET n = n + CASE state WHEN new.state THEN 1 ELSE -1 END
+    WHERE process = new.process AND state IN (old.state, new.state);
 END;
 
 -- Pending keys that failed, by when their backoff ends: the backoff count and

@@ -19,14 +19,14 @@ use super::PostgresStore;
 use super::SqliteStore;
 use super::error::ENGINE_URLS;
 use super::params::{
-    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
-    LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionList, SessionStart,
+    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session, SessionInfo, TriagePage,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Series, Session, SessionInfo, TriagePage,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions};
 
@@ -294,6 +294,14 @@ impl StoreEngine for Store {
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
         dispatch!(self, s => s.retention_prune(params).await)
+    }
+
+    async fn process_series(&self, params: ProcessSeries) -> Result<Series, StoreError> {
+        dispatch!(self, s => s.process_series(params).await)
+    }
+
+    async fn depth_sample(&self, params: DepthSample) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.depth_sample(params).await)
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

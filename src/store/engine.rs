@@ -7,14 +7,14 @@ use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
 use super::params::{
-    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
-    LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionList, SessionStart,
+    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session, SessionInfo, TriagePage,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Series, Session, SessionInfo, TriagePage,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -232,6 +232,22 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: RetentionPrune,
     ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
+
+    /// Runs per minute by outcome over the window (from the runs table) and
+    /// the sampled queue depth over it (from [`depth_sample`](Self::depth_sample)):
+    /// the process page's charts.
+    fn process_series(
+        &self,
+        params: ProcessSeries,
+    ) -> impl Future<Output = Result<Series, StoreError>> + Send;
+
+    /// Records every process's current counts as a depth sample (unless one
+    /// younger than `min_gap` exists) and deletes samples older than `keep`.
+    /// `drover serve` calls it about once a minute. How many samples it wrote.
+    fn depth_sample(
+        &self,
+        params: DepthSample,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Counts per known process and state, with the oldest ready item's age.
     /// Idle keys are not counted: counting them would read every known key.

@@ -102,6 +102,8 @@ mod retention;
 #[cfg(feature = "_engine")]
 mod rows;
 #[cfg(feature = "_engine")]
+mod series;
+#[cfg(feature = "_engine")]
 mod settle;
 #[cfg(feature = "_engine")]
 pub(crate) mod triage;
@@ -125,10 +127,11 @@ pub use groups::error_signature;
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
-    BULK_BATCH, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter, ItemGet,
-    ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim,
-    LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionList, SessionStart, WorkerIdentity,
+    BULK_BATCH, DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter,
+    ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry,
+    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries,
+    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -137,8 +140,9 @@ pub use pruner::{Pruned, Pruner};
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use types::{
-    EnqueueReport, ErrorGroup, FencingToken, HeldLease, Item, ItemDetail, ItemState, Lease,
-    Outcome, PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
-    ReclaimReport, Retention, Run, RunOutcome, Session, SessionId, SessionInfo, TriagePage,
+    DepthPoint, EnqueueReport, ErrorGroup, FencingToken, HeldLease, Item, ItemDetail, ItemState,
+    Lease, Outcome, PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor,
+    PruneReport, ReclaimReport, Retention, Run, RunBucket, RunOutcome, Series, Session, SessionId,
+    SessionInfo, TriagePage,
 };
 pub use url::redact_url;

@@ -196,6 +196,25 @@ pub struct SessionList {
     pub leases_per_session: u32,
 }
 
+/// Parameters of [`process_series`](super::StoreEngine::process_series).
+#[derive(Debug, Clone)]
+pub struct ProcessSeries {
+    /// The process.
+    pub process: String,
+    /// How far back from now (the charts use one hour).
+    pub window: Duration,
+}
+
+/// Parameters of [`depth_sample`](super::StoreEngine::depth_sample).
+#[derive(Debug, Clone, Copy)]
+pub struct DepthSample {
+    /// Samples older than this are deleted.
+    pub keep: Duration,
+    /// No sample is written for a process that has one younger than this, so
+    /// several servers on one database sample as one.
+    pub min_gap: Duration,
+}
+
 /// Parameters of [`item_triage`](super::StoreEngine::item_triage).
 #[derive(Debug, Clone)]
 pub struct ItemTriage {

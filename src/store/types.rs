@@ -460,6 +460,47 @@ pub struct HeldLease {
     pub token: FencingToken,
 }
 
+/// A process's recent history as the charts draw it: runs per minute by
+/// outcome and the sampled queue depth, over one window ending now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Series {
+    /// The window's start (runs are bucketed by whole minutes from it).
+    pub start: DateTime<Utc>,
+    /// The window's end: now, on the database clock.
+    pub end: DateTime<Utc>,
+    /// Runs that ended in each minute, by outcome; minutes with none are
+    /// left out. Operator actions are not runs and are not counted.
+    pub runs: Vec<RunBucket>,
+    /// The depth samples in the window, oldest first.
+    pub depth: Vec<DepthPoint>,
+}
+
+/// Runs with one outcome that ended within one minute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunBucket {
+    /// The minute's start.
+    pub at: DateTime<Utc>,
+    /// How they ended.
+    pub outcome: RunOutcome,
+    /// How many.
+    pub count: u64,
+}
+
+/// One sample of a process's queue depth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepthPoint {
+    /// When it was taken.
+    pub at: DateTime<Utc>,
+    /// Ready keys.
+    pub pending: u64,
+    /// Keys backing off.
+    pub backoff: u64,
+    /// Running keys.
+    pub running: u64,
+    /// Parked keys.
+    pub parked: u64,
+}
+
 /// One page of [`item_triage`](super::StoreEngine::item_triage).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriagePage {

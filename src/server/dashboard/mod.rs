@@ -4,7 +4,8 @@
 //!
 //! - `/`: per process — pending, backoff, running, parked, oldest pending age,
 //!   runs finished and failed in the last five minutes — and a key search;
-//! - `/ui/processes/{process}`: its error groups (what its parked and
+//! - `/ui/processes/{process}`: its charts (runs per minute by outcome and
+//!   the sampled queue depth over the last hour, inline SVG), its error groups (what its parked and
 //!   backing-off keys failed with, with "retry all", "park all" and "delete
 //!   all" buttons for admins) and its items, by state, paged;
 //! - `/ui/workers`: every session, who runs it, its heartbeat and deadline,
@@ -17,6 +18,7 @@
 //! browser the token is the password of HTTP Basic auth (any user name).
 
 mod actions;
+mod charts;
 mod pages;
 mod view;
 mod workers;

@@ -13,12 +13,14 @@ use crate::server::model::{MAX_PAGE, TriageQuery};
 use crate::server::routes::items::triage_page;
 use crate::server::routes::processes::summaries;
 use crate::server::state::AppState;
-use crate::store::{ErrorGroups, ItemGet, SessionList, StoreEngine as _};
+use crate::store::{ErrorGroups, ItemGet, ProcessSeries, SessionList, StoreEngine as _};
 
 /// Items per process page.
 const PAGE: u32 = 100;
 /// Runs on an item page.
 const RUNS: u32 = 50;
+/// The charts' window.
+pub(crate) const CHART_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Error groups on a process page.
 const GROUPS: u32 = 20;
 
@@ -106,13 +108,21 @@ pub(super) async fn process(
         })
         .await
         .map_err(ApiError::from)?;
+    let series = state
+        .store
+        .process_series(ProcessSeries {
+            process: process.clone(),
+            window: CHART_WINDOW,
+        })
+        .await
+        .map_err(ApiError::from)?;
     let next = page.next.map(|c| c.to_string());
     let listing = view::Listing {
         filter,
         items: &page.items,
         next: next.as_deref(),
     };
-    let page = view::process(&process, &groups, admin, &listing);
+    let page = view::process(&process, &groups, &series, admin, &listing);
     Ok(Html(page.into_string()))
 }
 

@@ -8,7 +8,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::{item_path, segment};
 use crate::server::model::ProcessSummary;
-use crate::store::{ErrorGroup, Item, ItemState, Run, SessionInfo};
+use crate::store::{ErrorGroup, Item, ItemState, Run, Series, SessionInfo};
 
 /// How often pages reload themselves, in seconds.
 const REFRESH_SECONDS: u32 = 5;
@@ -16,7 +16,7 @@ const REFRESH_SECONDS: u32 = 5;
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222}\
 table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}.err{color:#a00;white-space:pre-wrap}\
-form.inline{display:inline}nav a{margin-right:1rem}code{background:#f4f4f4;padding:0 .2rem}";
+form.inline{display:inline}figure.chart{margin:1rem 0;max-width:60rem}.legend{margin-right:.5rem}.hint{color:#666}nav a{margin-right:1rem}code{background:#f4f4f4;padding:0 .2rem}";
 
 /// The frame every page shares.
 pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
@@ -140,11 +140,13 @@ pub(super) struct Listing<'a> {
 pub(super) fn process(
     process: &str,
     groups: &[ErrorGroup],
+    series: &Series,
     admin: bool,
     listing: &Listing<'_>,
 ) -> Markup {
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
+        (super::charts::charts(series))
         (errors(&base, groups, admin))
         h2 { "Items" }
         (filters(&base, &listing.filter))

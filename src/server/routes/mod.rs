@@ -13,6 +13,7 @@ pub(crate) mod items;
 pub(crate) mod leases;
 pub(crate) mod processes;
 pub(crate) mod runs;
+pub(crate) mod series;
 pub(crate) mod sessions;
 
 use axum::Router;
@@ -34,6 +35,7 @@ pub(crate) fn api() -> Router<AppState> {
         )
         .route("/v1/processes/{process}/triage", get(items::triage))
         .route("/v1/processes/{process}/runs", get(runs::list))
+        .route("/v1/processes/{process}/series", get(series::get))
         .route("/v1/processes/{process}/error-groups", get(groups::list))
         .route("/v1/processes/{process}/items:retry", post(groups::retry))
         .route("/v1/processes/{process}/items:park", post(groups::park))

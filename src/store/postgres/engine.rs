@@ -10,19 +10,19 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, counts, enqueue, groups, inspect, leases, processes, runs, sessions};
+use super::{admin, counts, enqueue, groups, inspect, leases, processes, runs, series, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
-    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock,
-    LeaseRelease, ProcessConfigure, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionList, SessionStart,
+    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::retention;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, Run, Session, SessionInfo, TriagePage,
+    ProcessSettings, PruneReport, ReclaimReport, Run, Series, Session, SessionInfo, TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -266,6 +266,14 @@ impl StoreEngine for PostgresStore {
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
         retry(|| retention::prune(self, params.clone())).await
+    }
+
+    async fn process_series(&self, params: ProcessSeries) -> Result<Series, StoreError> {
+        series::process_series(self, params).await
+    }
+
+    async fn depth_sample(&self, params: DepthSample) -> Result<u64, StoreError> {
+        series::depth_sample(self, params).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

@@ -21,6 +21,7 @@ mod processes;
 mod retry;
 mod rows;
 mod runs;
+mod series;
 mod sessions;
 mod statistics;
 

@@ -19,6 +19,7 @@ mod plans;
 mod processes;
 mod rows;
 mod runs;
+mod series;
 mod sessions;
 
 pub use engine::SqliteStore;
