@@ -166,7 +166,12 @@ pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<()
 /// On PostgreSQL it then vacuums the two big tables, so the dead rows of one
 /// scenario do not slow down the next (autovacuum would, only later).
 pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchError> {
-    const TABLES: [&str; 3] = ["drover_items", "drover_runs", "drover_processes"];
+    const TABLES: [&str; 4] = [
+        "drover_items",
+        "drover_runs",
+        "drover_depth_samples",
+        "drover_processes",
+    ];
     for table in TABLES {
         if let Some(pool) = store.postgres_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = $1");

@@ -102,6 +102,9 @@ enum Scenario {
     Recovery,
     /// The in-memory queue's add/get/done cycles next to a tokio mpsc channel.
     Queue,
+    /// Response times of every dashboard page, `/v1/processes` and `/metrics`
+    /// on a process of N items (default 1,000,000) and 5 N runs.
+    Dashboard,
 }
 
 impl Scenario {
@@ -112,6 +115,7 @@ impl Scenario {
             Self::Backlog => 1_000_000,
             Self::Recovery => 100,
             Self::Queue => 200_000,
+            Self::Dashboard => 1_000_000,
         }
     }
 
@@ -120,6 +124,7 @@ impl Scenario {
             Self::Enqueue => vec![1],
             Self::BurnDown | Self::Backlog => vec![1024],
             Self::Latency | Self::Recovery => vec![4],
+            Self::Dashboard => vec![1],
             Self::Queue => vec![1, 4, 16],
         }
     }
@@ -162,6 +167,18 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             })
         }
     };
+    if args.scenario == Scenario::Dashboard {
+        let store = store
+            .as_ref()
+            .context("the dashboard scenario needs a store")?;
+        let b = bench_target(&args, store, None, keys, 1);
+        let figures = bench::dashboard(&b).await;
+        b.progress.finish_and_clear();
+        for figure in figures? {
+            print(&args, &figure);
+        }
+        return Ok(());
+    }
     for workers in workers {
         let figure = match &store {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
@@ -191,15 +208,7 @@ async fn store_figure(
     keys: u64,
     workers: usize,
 ) -> anyhow::Result<Figure> {
-    let b = StoreBench {
-        store: store.clone(),
-        url: args.db.clone(),
-        keys,
-        workers,
-        progress: progress_bar(),
-        server: server.cloned(),
-        idle: args.idle,
-    };
+    let b = bench_target(args, store, server, keys, workers);
     let figure = match args.scenario {
         Scenario::Enqueue => bench::enqueue(&b).await,
         Scenario::BurnDown => bench::burn_down(&b).await,
@@ -209,7 +218,9 @@ async fn store_figure(
             let drover = std::env::current_exe().context("cannot find the drover binary")?;
             bench::recovery(&b, &drover, args.ttl).await
         }
-        Scenario::Queue => unreachable!("the queue scenario needs no store"),
+        Scenario::Queue | Scenario::Dashboard => {
+            unreachable!("the queue and dashboard scenarios are run on their own")
+        }
     };
     b.progress.finish_and_clear();
     let figure = figure?;
@@ -218,6 +229,25 @@ async fn store_figure(
     } else {
         figure
     })
+}
+
+/// What a store scenario runs against.
+fn bench_target(
+    args: &Args,
+    store: &Store,
+    server: Option<&Client>,
+    keys: u64,
+    workers: usize,
+) -> StoreBench {
+    StoreBench {
+        store: store.clone(),
+        url: args.db.clone(),
+        keys,
+        workers,
+        progress: progress_bar(),
+        server: server.cloned(),
+        idle: args.idle,
+    }
 }
 
 /// A bar on stderr, drawn only when stderr is a terminal.

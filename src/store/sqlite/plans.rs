@@ -26,7 +26,7 @@ async fn assert_plan(sql: &str, step: &str) {
     let plan = plan(&store, sql).await;
     assert!(plan.contains(step), "expected `{step}` in: {plan}");
     assert!(
-        !plan.contains("TEMP B-TREE"),
+        !plan.contains("TEMP B-TREE FOR ORDER BY"),
         "a sort of every row in: {plan}"
     );
 }
@@ -76,4 +76,10 @@ async fn counts_read_the_small_indexes_not_the_backlog() {
     assert_plan(super::counts::COUNTS, backoff).await;
     let oldest = "USING COVERING INDEX drover_items_claim (process=? AND priority=?)";
     assert_plan(super::counts::OLDEST, oldest).await;
+}
+
+#[tokio::test]
+async fn the_runs_chart_reads_the_last_hour_by_end_time_not_every_run_of_the_process() {
+    let step = "USING INDEX drover_runs_ended (ended_at>?)";
+    assert_plan(super::series::RUNS, step).await;
 }
