@@ -185,7 +185,10 @@ pub async fn dashboard(b: &StoreBench) -> Result<Vec<Figure>, BenchError> {
     let build_s = built.elapsed().as_secs_f64();
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
-    let options = ServerOptions::default().sample_interval(Duration::from_secs(3600));
+    // No retention pass or depth sample in the background of the timing.
+    let options = ServerOptions::default()
+        .sample_interval(Duration::from_secs(3600))
+        .prune_interval(Duration::from_secs(86_400));
     let stop = CancellationToken::new();
     let server = tokio::spawn(Server::new(b.store.clone(), options).serve(listener, stop.clone()));
     let http = reqwest::Client::new();

@@ -39,6 +39,7 @@ impl Server {
     pub fn new(store: Store, options: ServerOptions) -> Self {
         let state = AppState {
             store,
+            slow_reads: super::dashboard::SlowReads::default(),
             options: Arc::new(options),
             metrics: Arc::new(ServerMetrics::new()),
             shutdown: CancellationToken::new(),

@@ -18,6 +18,7 @@
 //! browser the token is the password of HTTP Basic auth (any user name).
 
 mod actions;
+mod cache;
 mod charts;
 mod pages;
 mod view;
@@ -27,6 +28,8 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use super::state::AppState;
+
+pub(crate) use cache::SlowReads;
 
 /// The dashboard's routes.
 pub(crate) fn routes() -> Router<AppState> {

@@ -19,8 +19,6 @@ use crate::store::{ErrorGroups, ItemGet, ProcessSeries, SessionList, StoreEngine
 const PAGE: u32 = 100;
 /// Runs on an item page.
 const RUNS: u32 = 50;
-/// The charts' window.
-pub(crate) const CHART_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Error groups on a process page.
 const GROUPS: u32 = 20;
 
@@ -100,29 +98,30 @@ pub(super) async fn process(
         prefix: query.prefix.clone(),
     };
     let page = triage_page(&state, process.clone(), query).await?;
-    let groups = state
-        .store
-        .error_groups(ErrorGroups {
+    let reads = &state.slow_reads;
+    let store = &state.store;
+    let groups = reads.groups(
+        &process,
+        store.error_groups(ErrorGroups {
             process: process.clone(),
             limit: GROUPS,
-        })
-        .await
-        .map_err(ApiError::from)?;
-    let series = state
-        .store
-        .process_series(ProcessSeries {
+        }),
+    );
+    let series = reads.series(
+        &process,
+        store.process_series(ProcessSeries {
             process: process.clone(),
-            window: CHART_WINDOW,
-        })
-        .await
-        .map_err(ApiError::from)?;
+            window: crate::server::routes::series::WINDOW,
+        }),
+    );
+    let ((groups, age), (series, _)) = tokio::try_join!(groups, series).map_err(ApiError::from)?;
     let next = page.next.map(|c| c.to_string());
     let listing = view::Listing {
         filter,
         items: &page.items,
         next: next.as_deref(),
     };
-    let page = view::process(&process, &groups, &series, admin, &listing);
+    let page = view::process(&process, (&groups, age), &series, admin, &listing);
     Ok(Html(page.into_string()))
 }
 

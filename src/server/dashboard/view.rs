@@ -139,7 +139,7 @@ pub(super) struct Listing<'a> {
 /// items, a page at a time.
 pub(super) fn process(
     process: &str,
-    groups: &[ErrorGroup],
+    (groups, age): (&[ErrorGroup], Option<Duration>),
     series: &Series,
     admin: bool,
     listing: &Listing<'_>,
@@ -147,7 +147,7 @@ pub(super) fn process(
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
         (super::charts::charts(series))
-        (errors(&base, groups, admin))
+        (errors(&base, groups, age, admin))
         h2 { "Items" }
         (filters(&base, &listing.filter))
         p.hint { "Parked first, then backing off (soonest retry first), then pending in the order workers take them, then running and idle"
@@ -170,9 +170,10 @@ pub(super) fn process(
 /// The "Errors" section: what the parked and backing-off keys failed with,
 /// grouped by signature; admins get a retry, park and delete button for every
 /// key of a group (running keys are never touched).
-fn errors(base: &str, groups: &[ErrorGroup], admin: bool) -> Markup {
+fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool) -> Markup {
     html! {
         h2 { "Errors" }
+        @if let Some(age) = age { p.hint { "As of " (age.as_secs()) " s ago (grouping this many failing keys is slow, so it is reused for 10 s)." } }
         @if groups.is_empty() {
             p id="errors" { "No parked or backing-off keys." }
         } @else {

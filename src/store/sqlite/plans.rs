@@ -83,3 +83,9 @@ async fn the_runs_chart_reads_the_last_hour_by_end_time_not_every_run_of_the_pro
     let step = "USING INDEX drover_runs_ended (ended_at>?)";
     assert_plan(super::series::RUNS, step).await;
 }
+
+#[tokio::test]
+async fn a_keys_runs_walk_the_key_index_not_every_run() {
+    let step = "USING INDEX drover_runs_key (process=? AND key=? AND id<?)";
+    assert_plan(super::runs::BY_KEY, step).await;
+}
