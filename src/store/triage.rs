@@ -297,6 +297,6 @@ mod tests {
         assert_eq!(prefix_end("ns/a"), "ns/b");
         assert_eq!(prefix_end("a\u{10FFFF}"), "b");
         assert_eq!(prefix_end("\u{D7FF}"), "\u{E000}");
-        assert!(prefix_end("\u{10FFFF}") > "\u{10FFFF}\u{10FFFF}zzz".to_owned());
+        assert!(prefix_end("\u{10FFFF}").as_str() > "\u{10FFFF}\u{10FFFF}zzz");
     }
 }
