@@ -67,7 +67,7 @@ impl FromStr for TriageCursor {
         };
         let int = |v: &str| v.parse::<i64>().map_err(|_| bad());
         let position = match kind {
-            "k" => Position::Key(rest.to_owned()),
+            "k" if !rest.contains('\0') => Position::Key(rest.to_owned()),
             "b" => {
                 let (at, id) = rest.split_once(':').ok_or_else(bad)?;
                 Position::Backoff {

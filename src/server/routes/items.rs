@@ -16,8 +16,8 @@ use crate::server::model::{
 };
 use crate::server::state::AppState;
 use crate::store::{
-    ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, StoreEngine as _,
-    TriagePage, validate_key, validate_process,
+    ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, MAX_NAME_BYTES,
+    StoreEngine as _, TriagePage, validate_key, validate_process,
 };
 
 /// The reason an operator's park records.
@@ -128,6 +128,16 @@ pub(crate) async fn triage_page(
         return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
     }
     validate_process(&process)?;
+    if query
+        .prefix
+        .as_ref()
+        .is_some_and(|p| p.len() > MAX_NAME_BYTES || p.contains('\0'))
+    {
+        return Err(ApiError::field(
+            "prefix",
+            "a key prefix is at most 1024 bytes, without NUL",
+        ));
+    }
     let after = query
         .after
         .as_deref()
