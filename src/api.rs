@@ -98,6 +98,9 @@ pub struct ProcessSummary {
     pub running: u64,
     /// Items parked after a permanent error.
     pub parked: u64,
+    /// Known, converged keys (0 from servers older than this field).
+    #[serde(default)]
+    pub idle: u64,
     /// How long the longest-waiting ready item has been ready; null when none is.
     pub oldest_pending_age_ms: Option<u64>,
     /// Runs finished (done or requeue-after) in the last five minutes.
@@ -117,6 +120,7 @@ impl ProcessSummary {
             backoff: c.backoff,
             running: c.running,
             parked: c.parked,
+            idle: c.idle,
             recent_finished: finished,
             recent_failed: failed,
         }
@@ -179,6 +183,24 @@ pub(crate) struct ItemListQuery {
     pub(crate) state: Option<StateName>,
     /// Page after this key (from the previous page's `next_after_key`).
     pub(crate) after_key: Option<String>,
+    /// At most this many items (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub(crate) limit: Option<u32>,
+}
+
+/// Query of `GET /v1/processes/{process}/triage` (and of the dashboard's
+/// process page).
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct TriageQuery {
+    /// Only items in this state.
+    pub(crate) state: Option<StateName>,
+    /// Only keys starting with this (each state then in key order).
+    #[param(max_length = 1024)]
+    pub(crate) prefix: Option<String>,
+    /// Where the previous page ended: its `next`, with the same filters.
+    pub(crate) after: Option<String>,
     /// At most this many items (1–1000, default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub(crate) limit: Option<u32>,
@@ -259,6 +281,86 @@ impl From<Item> for ItemBody {
             last_ended_at: i.last_ended_at,
         }
     }
+}
+
+/// Response of `GET /v1/processes/{process}/series`: the charts' data.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SeriesBody {
+    /// The window's start (a whole minute).
+    pub start: DateTime<Utc>,
+    /// The window's end: now.
+    pub end: DateTime<Utc>,
+    /// Runs that ended per minute and outcome; minutes with none left out.
+    pub runs: Vec<RunBucketBody>,
+    /// The queue depth samples in the window, oldest first.
+    pub depth: Vec<DepthPointBody>,
+}
+
+/// Runs with one outcome that ended within one minute.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunBucketBody {
+    /// The minute's start.
+    pub at: DateTime<Utc>,
+    /// How they ended.
+    pub outcome: OutcomeName,
+    /// How many.
+    pub count: u64,
+}
+
+/// One queue depth sample.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DepthPointBody {
+    /// When it was taken.
+    pub at: DateTime<Utc>,
+    /// Ready keys.
+    pub pending: u64,
+    /// Keys backing off.
+    pub backoff: u64,
+    /// Running keys.
+    pub running: u64,
+    /// Parked keys.
+    pub parked: u64,
+}
+
+#[cfg(feature = "server")] // built by the server only
+impl From<crate::store::Series> for SeriesBody {
+    fn from(s: crate::store::Series) -> Self {
+        Self {
+            start: s.start,
+            end: s.end,
+            runs: s
+                .runs
+                .into_iter()
+                .map(|b| RunBucketBody {
+                    at: b.at,
+                    outcome: b.outcome.into(),
+                    count: b.count,
+                })
+                .collect(),
+            depth: s
+                .depth
+                .into_iter()
+                .map(|p| DepthPointBody {
+                    at: p.at,
+                    pending: p.pending,
+                    backoff: p.backoff,
+                    running: p.running,
+                    parked: p.parked,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A page of the triage listing: parked items first, then backing off
+/// (soonest retry first), pending in claim order, running, idle.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TriagePageBody {
+    /// The items, in that order.
+    pub items: Vec<ItemBody>,
+    /// Pass as `after` (with the same filters) for the next page; null on the
+    /// last page.
+    pub next: Option<String>,
 }
 
 /// A page of items.
@@ -423,6 +525,84 @@ impl From<ItemDetail> for ItemDetailBody {
     }
 }
 
+/// A session as `GET /v1/sessions` lists it: who runs it and what it holds.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionInfoBody {
+    /// The session id.
+    pub id: i64,
+    /// The component that started it.
+    pub component: String,
+    /// The worker's host, as it reported it (null from older clients).
+    pub host: Option<String>,
+    /// The worker's process id.
+    pub pid: Option<u32>,
+    /// The worker's drover version.
+    pub version: Option<String>,
+    /// The TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// When it expires unless renewed.
+    pub deadline: DateTime<Utc>,
+    /// Past its deadline: its leases go back to pending at the next reclaim.
+    pub expired: bool,
+    /// How many leases it holds.
+    pub lease_count: u64,
+    /// The oldest of them (at most 100).
+    pub leases: Vec<HeldLeaseBody>,
+}
+
+/// A lease a session holds.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HeldLeaseBody {
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// When its run started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Its fencing token.
+    pub token: i64,
+}
+
+/// Response of `GET /v1/sessions`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionListBody {
+    /// Every session, oldest first.
+    pub sessions: Vec<SessionInfoBody>,
+}
+
+#[cfg(feature = "server")] // built by the server only
+impl From<crate::store::SessionInfo> for SessionInfoBody {
+    fn from(s: crate::store::SessionInfo) -> Self {
+        Self {
+            id: s.id.0,
+            component: s.component,
+            host: s.identity.host,
+            pid: s.identity.pid,
+            version: s.identity.version,
+            ttl_ms: millis(s.ttl),
+            started_at: s.started_at,
+            heartbeat_at: s.heartbeat_at,
+            deadline: s.deadline,
+            expired: s.expired,
+            lease_count: s.lease_count,
+            leases: s
+                .leases
+                .into_iter()
+                .map(|l| HeldLeaseBody {
+                    process: l.process,
+                    key: l.key,
+                    started_at: l.started_at,
+                    token: l.token.0,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Body of `POST /v1/sessions`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -433,6 +613,18 @@ pub struct SessionRequest {
     /// every third of it.
     #[schema(minimum = 1, maximum = 86400000)]
     pub ttl_ms: u64,
+    /// The worker's host name, shown on the workers page (optional, as are
+    /// `pid` and `version`: clients older than these fields send none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
+    pub host: Option<String>,
+    /// The worker's process id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The worker's drover (or client library) version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 1024)]
+    pub version: Option<String>,
 }
 
 /// A live session.

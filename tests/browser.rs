@@ -4,6 +4,8 @@
 //! site's page must not be able to make the browser enqueue or park. A
 //! process page shows its error groups, and a group's "retry all" button
 //! retries exactly its keys.
+//! The workers page lists a fleet with its leases (an expired worker as such),
+//! and the process page charts an hour of runs and depth.
 //! Screenshots go to `target/artifacts/`.
 //!
 //! Skips (saying why) when `/usr/bin/chromium` is missing, unless
@@ -414,6 +416,159 @@ async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() 
             assert_eq!(detail.runs[0].actor.as_deref(), Some("admin"), "{key}");
         }
     }
+
+    shutdown.cancel();
+    server.stop();
+}
+
+/// An hour of a busy process, a minute at a time (the database clock moved
+/// on after each): a varying number of keys enqueued, run, and mostly
+/// converged, some failing; the queue depth sampled each minute. Then three
+/// workers holding leases, one of them expired and not yet reclaimed.
+async fn an_hour_of_work(db: &support::TestDb) -> Vec<drover::store::Session> {
+    let store = &db.store;
+    let sample = drover::store::DepthSample {
+        keep: Duration::from_secs(86_400),
+        min_gap: Duration::from_secs(30),
+    };
+    // One batch worker for the hour (its TTL outlasts it), closed after.
+    let batch = drover::store::SessionStart::new("batch", Duration::from_secs(7200));
+    let session = store.session_start(batch).await.expect("session");
+    for minute in 0_u64..60 {
+        let n = 20 + (minute * 7) % 25 + if (20..30).contains(&minute) { 30 } else { 0 };
+        let keys: Vec<String> = (0..n).map(|i| format!("node-{minute:02}-{i:02}")).collect();
+        store
+            .item_enqueue(ItemEnqueue::new("provision", keys))
+            .await
+            .expect("enqueue");
+        store.depth_sample(sample).await.expect("sample");
+        let claim = LeaseClaim {
+            session: session.id,
+            process: "provision".into(),
+            max: u32::try_from(n - 5).expect("small"),
+        };
+        for (i, lease) in store
+            .lease_claim(claim)
+            .await
+            .expect("claim")
+            .iter()
+            .enumerate()
+        {
+            let outcome = match i % 13 {
+                0 => Outcome::Transient(format!("{}: API rate limited", lease.key)),
+                7 if minute > 40 => Outcome::Permanent("image not found".into()),
+                _ => Outcome::Done,
+            };
+            let done = LeaseComplete {
+                lease,
+                outcome: &outcome,
+            };
+            store.lease_complete(done).await.expect("complete");
+        }
+        store.clock().advance(Duration::from_secs(60));
+    }
+    let close = drover::store::SessionClose {
+        session: session.id,
+    };
+    store.session_close(close).await.expect("close");
+    let mut workers = Vec::new();
+    for (n, host) in ["node-a", "node-b", "node-c"].into_iter().enumerate() {
+        let ttl = Duration::from_secs(if n == 2 { 5 } else { 300 });
+        let mut start = drover::store::SessionStart::new(format!("provisioner-{n}"), ttl);
+        start.identity.host = Some(host.into());
+        start.identity.pid = Some(4100 + u32::try_from(n).expect("small"));
+        let s = store.session_start(start).await.expect("session");
+        let claim = LeaseClaim {
+            session: s.id,
+            process: "provision".into(),
+            max: 3,
+        };
+        store.lease_claim(claim).await.expect("claim");
+        workers.push(s);
+    }
+    store.clock().advance(Duration::from_secs(10));
+    workers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_page_and_the_charts_show_a_fleet_at_work() {
+    if !chromium_available() {
+        return;
+    }
+    let (db, _dir) = support::sqlite().await;
+    let workers = an_hour_of_work(&db).await;
+    let shutdown = CancellationToken::new();
+    // No reclaim during the test: the expired worker must still show.
+    let options = ServerOptions::default().reclaim_interval(Duration::from_secs(3600));
+    let server = Server::new(db.store.clone(), options);
+    let port = serve(server.router(), &shutdown).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let profile = tempfile::tempdir().expect("profile dir");
+
+    let page = chromium(
+        profile.path(),
+        &["--dump-dom".into()],
+        &format!("{base}/ui/workers"),
+    )
+    .await;
+    let rows: Vec<&str> = page.split(r#"<tr class="session""#).skip(1).collect();
+    assert_eq!(rows.len(), 3, "three workers: {page}");
+    for (n, host) in ["node-a", "node-b", "node-c"].iter().enumerate() {
+        let row = rows[n];
+        assert!(
+            row.contains(&format!(r#"<td class="host">{host}</td>"#)),
+            "{row}"
+        );
+        assert!(row.contains(&format!("{}", 4100 + n)), "{row}");
+        assert!(row.contains(r#"<td class="n leases">3</td>"#), "{row}");
+        assert_eq!(row.contains("expired, awaiting reclaim"), n == 2, "{row}");
+        let tokens = row.matches(r#"<td class="n token">"#).count();
+        assert_eq!(tokens, 3, "each lease with its fencing token: {row}");
+    }
+    assert_eq!(workers.len(), 3);
+    let shot = artifacts().join("dashboard-workers.png");
+    chromium(
+        profile.path(),
+        &[format!("--screenshot={}", shot.display())],
+        &format!("{base}/ui/workers"),
+    )
+    .await;
+    assert!(std::fs::metadata(&shot).expect("screenshot written").len() > 1000);
+
+    let process = format!("{base}/ui/processes/provision");
+    let page = chromium(profile.path(), &["--dump-dom".into()], &process).await;
+    let runs = page
+        .split(r#"id="runs-chart""#)
+        .nth(1)
+        .expect("a runs chart");
+    let runs = runs.split("</figure>").next().expect("its end");
+    assert!(
+        runs.matches("<rect").count() >= 120,
+        "bars for an hour of minutes: {runs}"
+    );
+    assert!(
+        runs.contains(" retry</title>") && runs.contains(" parked</title>"),
+        "{runs}"
+    );
+    let depth = page
+        .split(r#"id="depth-chart""#)
+        .nth(1)
+        .expect("a depth chart");
+    let line = depth.split("<polyline points=\"").nth(1).expect("a line");
+    let points = line.split('"').next().expect("points").split(' ').count();
+    assert!(points >= 59, "a point per sampled minute: {line}");
+    // Attention order: parked keys lead the listing, then backing-off ones.
+    let items = page.split(r#"<table id="items">"#).nth(1).expect("items");
+    let first = items.split(r#"<td class="state">"#).nth(1).expect("a row");
+    assert!(first.starts_with("parked"), "{first}");
+    let shot = artifacts().join("dashboard-charts.png");
+    chromium(
+        profile.path(),
+        &[format!("--screenshot={}", shot.display())],
+        &process,
+    )
+    .await;
+    assert!(std::fs::metadata(&shot).expect("screenshot written").len() > 1000);
 
     shutdown.cancel();
     server.stop();

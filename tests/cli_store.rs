@@ -446,10 +446,7 @@ async fn retry_park_and_delete_act_on_each_key_and_refuse_running_ones() {
     ok(&drover(url, None, &["enqueue", "p", "a", "b", "c"], ""));
     let running = {
         use drover::store::{LeaseClaim, SessionStart, StoreEngine as _};
-        let start = SessionStart {
-            component: "test".into(),
-            ttl: Duration::from_secs(30),
-        };
+        let start = SessionStart::new("test", Duration::from_secs(30));
         let session = db.store.session_start(start).await.expect("session");
         let claim = LeaseClaim {
             session: session.id,

@@ -261,10 +261,7 @@ async fn two_controllers_through_the_pooler_run_every_key_once_and_never_two_at_
     // Nothing left behind: no pending or running key, no session.
     let session = db
         .store
-        .session_start(SessionStart {
-            component: "check".into(),
-            ttl: Duration::from_secs(30),
-        })
+        .session_start(SessionStart::new("check", Duration::from_secs(30)))
         .await
         .expect("session");
     let claim = LeaseClaim {

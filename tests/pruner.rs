@@ -24,10 +24,7 @@ const DAY: Duration = Duration::from_secs(24 * 3600);
 /// Claims up to `max` ready keys of [`P`] under a fresh session.
 async fn claim(store: &Store, max: u32) -> Vec<Lease> {
     let session = store
-        .session_start(SessionStart {
-            component: "test".into(),
-            ttl: Duration::from_secs(30),
-        })
+        .session_start(SessionStart::new("test", Duration::from_secs(30)))
         .await
         .expect("session_start");
     let claim = LeaseClaim {

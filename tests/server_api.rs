@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use drover::server::ServerOptions;
-use drover::store::{ItemEnqueue, StoreEngine as _};
+use drover::store::{DepthSample, ItemEnqueue, StoreEngine as _};
 use serde_json::{Value, json};
 use server_support::{Api, DELETE, GET, POST, segment};
 use support::each_engine;
@@ -877,6 +877,244 @@ async fn dashboard_lists_error_groups_and_its_buttons_act_on_a_whole_group() {
             .call(GET, &format!("/v1/processes/{P}/items/z"), None)
             .await;
         assert_eq!(gone.status, StatusCode::NOT_FOUND, "deleted");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn triage_lists_parked_first_pages_by_cursor_and_filters_by_prefix() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["<script>x"]).await;
+        db.store.clock().advance(Duration::from_millis(5));
+        api.enqueue(P, &["a1", "a2", "b1"]).await;
+        let path = format!("/v1/processes/{P}/items/b1/park");
+        let parked = api.call(POST, &path, None).await;
+        assert_eq!(parked.status, StatusCode::OK, "{}", parked.text);
+        let first = api
+            .get_ok(&format!("/v1/processes/{P}/triage?limit=2"))
+            .await;
+        let keys = |page: &Value| -> Vec<String> {
+            let items = page["items"].as_array().expect("items");
+            items
+                .iter()
+                .map(|i| i["key"].as_str().expect("key").to_owned())
+                .collect()
+        };
+        assert_eq!(
+            keys(&first),
+            ["b1", "<script>x"],
+            "parked first, then claim order"
+        );
+        let next = first["next"].as_str().expect("a next page").to_owned();
+        let rest = api
+            .get_ok(&format!(
+                "/v1/processes/{P}/triage?limit=2&after={}",
+                segment(&next)
+            ))
+            .await;
+        let mut rest_keys = keys(&rest);
+        rest_keys.sort();
+        assert_eq!(rest_keys, ["a1", "a2"], "one batch: ready together");
+        assert_eq!(rest["next"], Value::Null);
+        let a = api
+            .get_ok(&format!("/v1/processes/{P}/triage?prefix=a&state=pending"))
+            .await;
+        assert_eq!(keys(&a), ["a1", "a2"]);
+        let bad = api
+            .call(
+                GET,
+                &format!("/v1/processes/{P}/triage?after=nonsense"),
+                None,
+            )
+            .await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+        // The dashboard's page: the filter's value and the keys stay text.
+        let hostile = segment("<script>");
+        let page = api
+            .call(
+                GET,
+                &format!("/ui/processes/{P}?prefix={hostile}&limit=1"),
+                None,
+            )
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        assert!(
+            page.text.contains("value=\"&lt;script&gt;\""),
+            "{}",
+            page.text
+        );
+        assert!(!page.text.contains("<script>"), "{}", page.text);
+        let all = api
+            .call(GET, &format!("/ui/processes/{P}?limit=1"), None)
+            .await;
+        assert!(all.text.contains("id=\"next\""), "{}", all.text);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn workers_are_listed_with_their_identity_leases_and_expiry() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a", "<b>"]).await;
+        let body = json!({ "component": "<script>w</script>", "ttl_ms": 60_000,
+                           "host": "node-7", "pid": 4242, "version": "9.9.9" });
+        let new = api.post("/v1/sessions", body, StatusCode::CREATED).await;
+        let new = new["id"].as_i64().expect("id");
+        let leases = api.claim(new, P, 2).await;
+        assert_eq!(leases.len(), 2);
+        // A client older than the identity fields still starts a session.
+        let old = api.session(1_000).await;
+        db.store.clock().advance(Duration::from_secs(2));
+        let list = api.get_ok("/v1/sessions").await;
+        let sessions = list["sessions"].as_array().expect("sessions");
+        assert_eq!(sessions.len(), 2, "{list}");
+        let (first, second) = (&sessions[0], &sessions[1]);
+        assert_eq!(first["id"], new);
+        assert_eq!(
+            (&first["host"], &first["pid"], &first["version"]),
+            (&json!("node-7"), &json!(4242), &json!("9.9.9"))
+        );
+        assert_eq!(
+            (&first["expired"], &first["lease_count"]),
+            (&json!(false), &json!(2))
+        );
+        let mut held: Vec<_> = first["leases"]
+            .as_array()
+            .expect("leases")
+            .iter()
+            .map(|l| {
+                (
+                    l["key"].as_str().expect("key").to_owned(),
+                    l["token"].as_i64().expect("token"),
+                )
+            })
+            .collect();
+        held.sort();
+        let mut claimed: Vec<_> = leases
+            .iter()
+            .map(|l| {
+                (
+                    l["key"].as_str().expect("key").to_owned(),
+                    l["token"].as_i64().expect("token"),
+                )
+            })
+            .collect();
+        claimed.sort();
+        assert_eq!(held, claimed, "each lease with its fencing token");
+        assert_eq!(second["id"], old);
+        assert_eq!(
+            (&second["host"], &second["expired"]),
+            (&Value::Null, &json!(true))
+        );
+        let page = api.call(GET, "/ui/workers", None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(
+            page.text.contains("node-7") && page.text.contains("4242"),
+            "{}",
+            page.text
+        );
+        assert!(
+            page.text.contains("expired, awaiting reclaim"),
+            "{}",
+            page.text
+        );
+        assert!(page.text.contains("&lt;script&gt;w&lt;/script&gt;"));
+        assert!(
+            !page.text.contains("<script>") && !page.text.contains("<b>"),
+            "{}",
+            page.text
+        );
+        // The key page names its run's worker.
+        let item = api
+            .call(GET, &format!("/ui/processes/{P}/items/a"), None)
+            .await;
+        assert!(item.text.contains("on node-7, pid 4242"), "{}", item.text);
+        let long = json!({ "component": "w", "ttl_ms": 1000, "host": "h".repeat(2000) });
+        let refused = api.call(POST, "/v1/sessions", Some(long)).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn charts_and_series_show_runs_per_minute_and_the_sampled_depth() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a", "b", "c"]).await;
+        let sample = DepthSample {
+            keep: Duration::from_secs(3600),
+            min_gap: Duration::from_secs(30),
+        };
+        assert_eq!(db.store.depth_sample(sample).await.expect("sample"), 1);
+        assert_eq!(
+            db.store.depth_sample(sample).await.expect("sample"),
+            0,
+            "one per min_gap"
+        );
+        let session = api.session(60_000).await;
+        for lease in api.claim(session, P, 2).await {
+            let outcome = if lease["key"] == "a" {
+                json!({ "type": "done" })
+            } else {
+                json!({ "type": "transient", "error": "<i>flaky</i>" })
+            };
+            api.post(
+                "/v1/leases/complete",
+                json!({ "lease": lease, "outcome": outcome }),
+                StatusCode::NO_CONTENT,
+            )
+            .await;
+        }
+        db.store.clock().advance(Duration::from_secs(90));
+        assert_eq!(db.store.depth_sample(sample).await.expect("sample"), 1);
+        let series = api.get_ok(&format!("/v1/processes/{P}/series")).await;
+        let runs = series["runs"].as_array().expect("runs");
+        let total: u64 = runs
+            .iter()
+            .map(|r| r["count"].as_u64().expect("count"))
+            .sum();
+        assert_eq!(total, 2, "{series}");
+        let outcomes: Vec<_> = runs
+            .iter()
+            .map(|r| r["outcome"].as_str().expect("outcome"))
+            .collect();
+        assert!(
+            outcomes.contains(&"done") && outcomes.contains(&"retry"),
+            "{series}"
+        );
+        let depth = series["depth"].as_array().expect("depth");
+        assert_eq!(depth.len(), 2, "{series}");
+        assert_eq!(
+            (&depth[0]["pending"], &depth[1]["pending"]),
+            (&json!(3), &json!(2)),
+            "{series}"
+        );
+        // a converged; the failed key's 1 s backoff is long over.
+        let page = api.call(GET, &format!("/ui/processes/{P}"), None).await;
+        assert!(
+            page.text.contains("id=\"runs-chart\"") && page.text.contains("<svg"),
+            "{}",
+            page.text
+        );
+        assert!(page.text.contains("<polyline"), "{}", page.text);
+        // Samples older than `keep` go.
+        db.store.clock().advance(Duration::from_secs(7200));
+        db.store.depth_sample(sample).await.expect("sample");
+        let later = api.get_ok(&format!("/v1/processes/{P}/series")).await;
+        assert_eq!(
+            later["depth"].as_array().expect("depth").len(),
+            1,
+            "{later}"
+        );
+        assert_eq!(
+            later["runs"],
+            json!([]),
+            "an hour later no run is in the window"
+        );
+        let unknown = api.call(GET, "/v1/processes/nope/series", None).await;
+        assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     })
     .await;
 }

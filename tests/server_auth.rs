@@ -34,6 +34,20 @@ fn routes() -> Vec<(Method, String, Option<String>, Option<Role>)> {
         ),
         (GET, item.clone(), None, Some(Role::Viewer)),
         (GET, "/".into(), None, Some(Role::Viewer)),
+        (GET, "/ui/workers".into(), None, Some(Role::Viewer)),
+        (
+            GET,
+            format!("/v1/processes/{P}/series"),
+            None,
+            Some(Role::Viewer),
+        ),
+        (GET, "/v1/sessions".into(), None, Some(Role::Viewer)),
+        (
+            GET,
+            format!("/v1/processes/{P}/triage"),
+            None,
+            Some(Role::Viewer),
+        ),
         (GET, format!("/ui/processes/{P}"), None, Some(Role::Viewer)),
         (
             GET,

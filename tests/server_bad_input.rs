@@ -199,3 +199,23 @@ async fn unknown_routes_processes_and_items_are_404() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn triage_refuses_a_nul_in_its_prefix_or_cursor_with_400() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        for query in ["prefix=a%00b", "after=parked%3Ak%3Aa%00"] {
+            let reply = api
+                .call(GET, &format!("/v1/processes/{P}/triage?{query}"), None)
+                .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::BAD_REQUEST,
+                "{query}: {}",
+                reply.text
+            );
+        }
+    })
+    .await;
+}

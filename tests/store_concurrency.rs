@@ -27,10 +27,7 @@ fn key_names(n: usize) -> Vec<String> {
 /// finding it already there fails the test.
 async fn drain(store: Store, in_flight: Arc<Mutex<HashSet<String>>>) -> Vec<String> {
     let session = store
-        .session_start(SessionStart {
-            component: "claimer".into(),
-            ttl: Duration::from_secs(60),
-        })
+        .session_start(SessionStart::new("claimer", Duration::from_secs(60)))
         .await
         .expect("session");
     let mut ran = Vec::new();
@@ -86,10 +83,7 @@ async fn many_claimers_never_share_a_key_and_together_drain_every_key() {
 /// Claims and completes until `stop` is set and a claim comes back empty.
 async fn work_until_stopped(store: Store, stop: Arc<std::sync::atomic::AtomicBool>) {
     let session = store
-        .session_start(SessionStart {
-            component: "claimer".into(),
-            ttl: Duration::from_secs(60),
-        })
+        .session_start(SessionStart::new("claimer", Duration::from_secs(60)))
         .await
         .expect("session");
     loop {
@@ -195,10 +189,7 @@ async fn worker_process() {
     };
     let store = Store::connect(&url).await.expect("child connects");
     let session = store
-        .session_start(SessionStart {
-            component: "child".into(),
-            ttl: Duration::from_secs(60),
-        })
+        .session_start(SessionStart::new("child", Duration::from_secs(60)))
         .await
         .expect("session");
     let claim = LeaseClaim {

@@ -16,10 +16,7 @@ async fn an_in_memory_sqlite_store_works_for_the_life_of_the_store() {
         .await
         .expect("enqueue");
     let session = store
-        .session_start(SessionStart {
-            component: "t".into(),
-            ttl: std::time::Duration::from_secs(5),
-        })
+        .session_start(SessionStart::new("t", std::time::Duration::from_secs(5)))
         .await
         .expect("session");
     let claim = LeaseClaim {

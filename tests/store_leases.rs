@@ -151,10 +151,7 @@ async fn backoff_survives_a_reconnect() {
         db.store.close().await;
         let store = db.reconnect().await;
         let s = store
-            .session_start(drover::store::SessionStart {
-                component: "restarted".into(),
-                ttl: secs(60),
-            })
+            .session_start(drover::store::SessionStart::new("restarted", secs(60)))
             .await
             .expect("session");
         assert!(

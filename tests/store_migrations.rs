@@ -60,11 +60,14 @@ async fn sqlx_insert_future_migration(db: &support::TestDb) {
 }
 
 /// The tables of a database at schema version 2 (before known keys and runs).
-const DROP_ALL: [&str; 9] = [
+const DROP_ALL: [&str; 12] = [
     "DROP TABLE IF EXISTS drover_resync",
     "DROP VIEW IF EXISTS drover_enqueue",
     "DROP TABLE IF EXISTS drover_watches",
     "DROP TABLE drover_items",
+    "DROP TABLE IF EXISTS drover_item_counts",
+    "DROP TABLE IF EXISTS drover_item_count_deltas",
+    "DROP TABLE IF EXISTS drover_depth_samples",
     "DROP TABLE drover_runs",
     "DROP TABLE drover_processes",
     "DROP TABLE drover_sessions",
@@ -199,15 +202,22 @@ async fn an_old_database_is_converted_to_known_keys_and_one_row_per_run() {
         assert!(c[0].failed());
         let d: Vec<_> = runs("d").await.iter().map(|r| r.outcome).collect();
         assert_eq!(d, [RunOutcome::Retried, RunOutcome::Deleted]);
+        let counts = store.process_counts().await.expect("counts");
+        let c = &counts[0];
+        assert_eq!(
+            (c.pending + c.backoff, c.running, c.parked, c.idle),
+            (1, 0, 2, 0),
+            "the existing items are counted: {counts:?}"
+        );
         let p = item(&store, "p").await.expect("p kept");
         assert_eq!((p.state, p.enqueue_count), (ItemState::Pending, 1));
         assert_eq!(p.last_enqueued_at, Some(p.enqueued_at));
         // And the converted database works: a run leaves its key idle.
         let session = store
-            .session_start(SessionStart {
-                component: "test".into(),
-                ttl: std::time::Duration::from_secs(30),
-            })
+            .session_start(SessionStart::new(
+                "test",
+                std::time::Duration::from_secs(30),
+            ))
             .await
             .expect("session");
         let lease = claim(&store, session.id, 10).await.remove(0);

@@ -61,10 +61,7 @@ async fn only_idle_keys_come_back_at_low_priority_once_per_interval() {
         // A session that outlives the moved clock.
         let session = db
             .store
-            .session_start(SessionStart {
-                component: "test".into(),
-                ttl: 10 * HOUR,
-            })
+            .session_start(SessionStart::new("test", 10 * HOUR))
             .await
             .expect("session");
         let leases = claim(&db.store, session.id, 10).await;

@@ -6,11 +6,13 @@
 //! `Display` (or as one JSON object by [`Figure::to_json`]).
 //!
 //! Store scenarios ([`enqueue`], [`burn_down`], [`latency`], [`backlog`],
-//! [`recovery`]) run on any engine and any database: each creates fresh process
+//! [`recovery`], and with the server `dashboard`) run on any engine and any database: each creates fresh process
 //! names (`bench_<scenario>_<pid>_<random>`) and deletes their items and
 //! history when it is done. [`queue_cycle`] measures the in-memory queue.
 
 mod burn_down;
+#[cfg(feature = "server")]
+mod dashboard;
 mod enqueue;
 mod figure;
 mod latency;
@@ -20,6 +22,8 @@ mod store;
 mod transactional;
 
 pub use burn_down::{BACKLOG_FRONT, backlog, burn_down};
+#[cfg(feature = "server")]
+pub use dashboard::dashboard;
 pub use enqueue::enqueue;
 pub use figure::Figure;
 pub use latency::latency;

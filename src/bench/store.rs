@@ -171,10 +171,11 @@ pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<()
 /// On PostgreSQL it then vacuums the two big tables, so the dead rows of one
 /// scenario do not slow down the next (autovacuum would, only later).
 pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchError> {
-    const TABLES: [&str; 4] = [
+    const TABLES: [&str; 5] = [
         "drover_items",
         "drover_runs",
         "drover_resync",
+        "drover_depth_samples",
         "drover_processes",
     ];
     for table in TABLES {

@@ -109,6 +109,9 @@ enum Scenario {
     Recovery,
     /// The in-memory queue's add/get/done cycles next to a tokio mpsc channel.
     Queue,
+    /// Response times of every dashboard page, `/v1/processes` and `/metrics`
+    /// on a process of N items (default 1,000,000) and 5 N runs.
+    Dashboard,
 }
 
 impl Scenario {
@@ -119,6 +122,7 @@ impl Scenario {
             Self::Backlog => 1_000_000,
             Self::Recovery => 100,
             Self::Queue => 200_000,
+            Self::Dashboard => 1_000_000,
         }
     }
 
@@ -127,6 +131,7 @@ impl Scenario {
             Self::Enqueue => vec![1],
             Self::BurnDown | Self::Backlog => vec![1024],
             Self::Latency | Self::Recovery => vec![4],
+            Self::Dashboard => vec![1],
             Self::Queue => vec![1, 4, 16],
         }
     }
@@ -181,6 +186,18 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if args.scenario == Scenario::Dashboard {
+        let store = store
+            .as_ref()
+            .context("the dashboard scenario needs a store")?;
+        let b = store_bench(&args, store, None, keys, 1);
+        let figures = bench::dashboard(&b).await;
+        b.progress.finish_and_clear();
+        for figure in figures? {
+            print(&args, &figure);
+        }
+        return Ok(());
+    }
     for workers in workers {
         let figure = match &store {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
@@ -195,6 +212,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a store scenario runs against.
 fn store_bench(
     args: &Args,
     store: &Store,
@@ -238,7 +256,9 @@ async fn store_figure(
             let drover = std::env::current_exe().context("cannot find the drover binary")?;
             bench::recovery(&b, &drover, args.ttl).await
         }
-        Scenario::Queue => unreachable!("the queue scenario needs no store"),
+        Scenario::Queue | Scenario::Dashboard => {
+            unreachable!("the queue and dashboard scenarios are run on their own")
+        }
     };
     b.progress.finish_and_clear();
     let figure = figure?;

@@ -37,6 +37,10 @@ pub(crate) struct Args {
     /// jittered ±10 %.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     prune_every: Duration,
+    /// How often to sample every process's queue depth for the dashboard's
+    /// depth chart (kept a day).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    sample_every: Duration,
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
     max_body: usize,
@@ -103,7 +107,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .tokens(tokens)
         .max_wait(args.max_wait)
         .body_limit(args.max_body)
-        .prune_interval(args.prune_every);
+        .prune_interval(args.prune_every)
+        .sample_interval(args.sample_every);
     let served = Server::new(store.clone(), options)
         .serve(listener, shutdown)
         .await;

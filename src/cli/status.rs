@@ -58,6 +58,7 @@ fn to_json(c: &ProcessCounts) -> serde_json::Value {
         "backoff": c.backoff,
         "running": c.running,
         "parked": c.parked,
+        "idle": c.idle,
         "oldest_pending_age_seconds": c.oldest_pending_age.map(|d| d.as_secs_f64()),
     })
 }

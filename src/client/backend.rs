@@ -32,6 +32,9 @@ impl WorkerBackend for Client {
         let body = SessionRequest {
             component: params.component,
             ttl_ms: millis(params.ttl),
+            host: params.identity.host,
+            pid: params.identity.pid,
+            version: params.identity.version,
         };
         let session: SessionBody = self
             .call(Method::POST, "/v1/sessions", Some(&body), CALL_TIMEOUT)

@@ -152,10 +152,10 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         let sent = tokio::time::Instant::now();
         let first = self
             .backend
-            .session_start(SessionStart {
-                component: self.settings.component.clone(),
-                ttl: self.settings.ttl,
-            })
+            .session_start(SessionStart::new(
+                self.settings.component.clone(),
+                self.settings.ttl,
+            ))
             .await
             .map_err(RunError::Session)?;
         let metrics = RunnerMetrics::global(&self.settings.process);

@@ -113,10 +113,7 @@ impl<B: WorkerBackend> Keeper<B> {
         }
         let mut delay = Duration::from_millis(50);
         loop {
-            let params = SessionStart {
-                component: self.settings.component.clone(),
-                ttl: self.settings.ttl,
-            };
+            let params = SessionStart::new(self.settings.component.clone(), self.settings.ttl);
             let sent = Instant::now();
             let started = tokio::select! {
                 () = stop.cancelled() => return None,

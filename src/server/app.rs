@@ -19,7 +19,7 @@ use super::origin;
 use super::routes;
 use super::state::AppState;
 use crate::metrics::ServerMetrics;
-use crate::store::{Pruner, Resyncer, Store, StoreEngine as _};
+use crate::store::{DepthSample, Pruner, Resyncer, Store, StoreEngine as _};
 
 /// drover's HTTP server over one store: the JSON API under `/v1`, `/openapi.json`,
 /// `/metrics`, `/healthz`, `/readyz` and the dashboard at `/`.
@@ -39,6 +39,7 @@ impl Server {
     pub fn new(store: Store, options: ServerOptions) -> Self {
         let state = AppState {
             store,
+            slow_reads: super::dashboard::SlowReads::default(),
             options: Arc::new(options),
             metrics: Arc::new(ServerMetrics::new()),
             shutdown: CancellationToken::new(),
@@ -81,6 +82,7 @@ impl Server {
         let app = self.router();
         let stop = self.state.shutdown.clone();
         let reclaim = tokio::spawn(reclaim_loop(self.state.clone()));
+        let sampler = tokio::spawn(sample_loop(self.state.clone()));
         let pruner = Pruner::new(self.state.store.clone())
             .every(self.state.options.prune_interval)
             .run(stop.clone());
@@ -98,6 +100,7 @@ impl Server {
             .await;
         stop.cancel();
         reclaim.await.ok();
+        sampler.await.ok();
         pruner.await.ok();
         resyncer.await.ok();
         result
@@ -123,6 +126,30 @@ async fn reclaim_loop(state: AppState) {
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot reclaim expired sessions"),
+        }
+    }
+}
+
+/// How long depth samples are kept.
+const KEEP_SAMPLES: Duration = Duration::from_secs(24 * 3600);
+
+/// Samples every process's queue depth every `sample_interval`, from the
+/// first tick on, for the depth chart.
+async fn sample_loop(state: AppState) {
+    let every = state.options.sample_interval;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let params = DepthSample {
+        keep: KEEP_SAMPLES,
+        min_gap: every / 2,
+    };
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = state.store.depth_sample(params).await {
+            tracing::warn!(error = %e, "cannot sample the queue depth");
         }
     }
 }

@@ -51,10 +51,11 @@ pub use error::{ApiError, ErrorBody};
 pub use model::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
     CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
-    EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
-    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
-    OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage,
-    SessionBody, SessionRequest, StateName,
+    DepthPointBody, EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health,
+    HeartbeatResponse, HeldLeaseBody, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
+    MAX_CLAIM, MAX_PAGE, MAX_TTL_MS, OutcomeBody, OutcomeName, ProcessList, ProcessSummary,
+    ReleaseRequest, RunBody, RunBucketBody, RunPage, SeriesBody, SessionBody, SessionInfoBody,
+    SessionListBody, SessionRequest, StateName, TriagePageBody,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

@@ -9,11 +9,13 @@ use super::error::ErrorBody;
 use super::model::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
     CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
-    EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
-    ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList,
-    ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
+    DepthPointBody, EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health,
+    HeartbeatResponse, HeldLeaseBody, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
+    OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunBucketBody,
+    RunPage, SeriesBody, SessionBody, SessionInfoBody, SessionListBody, SessionRequest, StateName,
+    TriagePageBody,
 };
-use super::routes::{groups, health, items, leases, processes, runs, sessions};
+use super::routes::{groups, health, items, leases, processes, runs, series, sessions};
 
 /// The API description served at `/openapi.json`.
 #[derive(Debug, OpenApi)]
@@ -32,16 +34,18 @@ use super::routes::{groups, health, items, leases, processes, runs, sessions};
     ),
     paths(
         processes::list,
-        items::enqueue, items::list, items::get, items::retry, items::park, items::delete,
-        runs::list,
+        items::enqueue, items::list, items::triage, items::get, items::retry, items::park, items::delete,
+        runs::list, series::get,
         groups::list, groups::retry, groups::park, groups::delete,
-        sessions::start, sessions::heartbeat, sessions::close,
+        sessions::list, sessions::start, sessions::heartbeat, sessions::close,
         leases::claim, leases::complete, leases::complete_batch, leases::release,
         health::healthz, health::readyz, health::metrics, health::openapi,
     ),
     components(schemas(
         ErrorBody, Role, EnqueueRequest, EnqueueResponse, ProcessList, ProcessSummary,
-        StateName, ItemBody, ItemPage, RunBody, RunPage, OutcomeName, ItemDetailBody, SessionRequest, SessionBody,
+        StateName, ItemBody, ItemPage, TriagePageBody, RunBody, RunPage, OutcomeName,
+        ItemDetailBody, SessionRequest, SessionBody, SessionListBody, SessionInfoBody,
+        HeldLeaseBody, SeriesBody, RunBucketBody, DepthPointBody,
         HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
         CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,

@@ -15,6 +15,7 @@ pub struct ServerOptions {
     pub(crate) poll_interval: Duration,
     pub(crate) reclaim_interval: Duration,
     pub(crate) prune_interval: Duration,
+    pub(crate) sample_interval: Duration,
 }
 
 impl Default for ServerOptions {
@@ -26,6 +27,7 @@ impl Default for ServerOptions {
             poll_interval: Duration::from_secs(1),
             reclaim_interval: Duration::from_secs(5),
             prune_interval: Pruner::<Store>::EVERY,
+            sample_interval: Duration::from_secs(60),
         }
     }
 }
@@ -87,6 +89,18 @@ impl ServerOptions {
     pub fn prune_interval(self, prune_interval: Duration) -> Self {
         Self {
             prune_interval: prune_interval.max(Duration::from_millis(10)),
+            ..self
+        }
+    }
+
+    /// How often the server samples every process's queue depth for the
+    /// depth chart (default 60 s, at least 10 ms). Several servers on one
+    /// database write one sample per half interval between them; samples are
+    /// kept a day.
+    #[must_use]
+    pub fn sample_interval(self, sample_interval: Duration) -> Self {
+        Self {
+            sample_interval: sample_interval.max(Duration::from_millis(10)),
             ..self
         }
     }

@@ -16,6 +16,8 @@ use crate::store::Store;
 pub(crate) struct AppState {
     /// The store every request works on.
     pub(crate) store: Store,
+    /// The process page's slow reads, kept a few seconds.
+    pub(crate) slow_reads: super::dashboard::SlowReads,
     /// Limits and tokens.
     pub(crate) options: Arc<ServerOptions>,
     /// HTTP and database metrics.

@@ -19,14 +19,15 @@ use super::PostgresStore;
 use super::SqliteStore;
 use super::error::ENGINE_URLS;
 use super::params::{
-    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionStart,
+    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
+    TriagePage,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch};
 
@@ -244,6 +245,10 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.session_close(params).await)
     }
 
+    async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
+        dispatch!(self, s => s.session_list(params).await)
+    }
+
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
         dispatch!(self, s => s.session_reclaim().await)
     }
@@ -280,6 +285,10 @@ impl StoreEngine for Store {
 
     async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
         dispatch!(self, s => s.item_list(params).await)
+    }
+
+    async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
+        dispatch!(self, s => s.item_triage(params).await)
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
@@ -344,6 +353,14 @@ impl StoreEngine for Store {
             super::wakeup::notify(&process);
         }
         Ok(report)
+    }
+
+    async fn process_series(&self, params: ProcessSeries) -> Result<Series, StoreError> {
+        dispatch!(self, s => s.process_series(params).await)
+    }
+
+    async fn depth_sample(&self, params: DepthSample) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.depth_sample(params).await)
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {

@@ -7,14 +7,15 @@ use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
 use super::params::{
-    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionStart,
+    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
+    TriagePage,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -61,6 +62,14 @@ pub trait StoreEngine: Send + Sync {
     /// heartbeat that comes after the reclaim is refused with
     /// [`StoreError::SessionExpired`]; the two never both win.
     fn session_reclaim(&self) -> impl Future<Output = Result<ReclaimReport, StoreError>> + Send;
+
+    /// Every session, live or expired and not yet reclaimed, oldest first,
+    /// each with who runs it and the leases it holds: what the workers page
+    /// shows.
+    fn session_list(
+        &self,
+        params: SessionList,
+    ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send;
 
     /// Enqueues keys with coalescing (DESIGN.md rule 2); all keys are validated
     /// first, so a bad key means nothing is written.
@@ -116,6 +125,18 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: ItemList,
     ) -> impl Future<Output = Result<Vec<Item>, StoreError>> + Send;
+
+    /// A page of a process's items in the order an operator needs them:
+    /// parked, then backing off (soonest retry first), then pending in claim
+    /// order (highest priority, longest waiting), then running, then idle;
+    /// optionally one state only and keys with a prefix (then in key order
+    /// within each state). Paged by keyset cursor: each page costs the same
+    /// however deep it is. A key that changes state between two pages may
+    /// show twice or not at all, as in any live listing.
+    fn item_triage(
+        &self,
+        params: ItemTriage,
+    ) -> impl Future<Output = Result<TriagePage, StoreError>> + Send;
 
     /// One item (idle ones included) with its newest runs; `None` if the key
     /// is not known.
@@ -225,6 +246,21 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: ResyncBatch,
     ) -> impl Future<Output = Result<ResyncReport, StoreError>> + Send;
+    /// Runs per minute by outcome over the window (from the runs table) and
+    /// the sampled queue depth over it (from [`depth_sample`](Self::depth_sample)):
+    /// the process page's charts.
+    fn process_series(
+        &self,
+        params: ProcessSeries,
+    ) -> impl Future<Output = Result<Series, StoreError>> + Send;
+
+    /// Records every process's current counts as a depth sample (unless one
+    /// younger than `min_gap` exists) and deletes samples older than `keep`.
+    /// `drover serve` calls it about once a minute. How many samples it wrote.
+    fn depth_sample(
+        &self,
+        params: DepthSample,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Counts per known process and state, with the oldest ready item's age.
     /// Idle keys are not counted: counting them would read every known key.

@@ -43,7 +43,7 @@
 //! let store = Store::connect("sqlite::memory:").await?; // or sqlite://drover.db, postgres://…
 //! store.item_enqueue(ItemEnqueue::new("provision", ["machine-1", "machine-2"])).await?;
 //! let session = store
-//!     .session_start(SessionStart { component: "example".into(), ttl: Duration::from_secs(30) })
+//!     .session_start(SessionStart::new("example", Duration::from_secs(30)))
 //!     .await?;
 //! let claim = LeaseClaim { session: session.id, process: "provision".into(), max: 10 };
 //! let leases = store.lease_claim(claim).await?;
@@ -71,6 +71,7 @@
 mod any;
 mod backend;
 mod clock;
+mod cursor;
 mod engine;
 mod error;
 mod groups;
@@ -92,6 +93,8 @@ mod watch;
 #[cfg(feature = "_engine")]
 mod admin;
 #[cfg(feature = "_engine")]
+mod counts;
+#[cfg(feature = "_engine")]
 mod decode;
 #[cfg(feature = "_engine")]
 mod enqueue;
@@ -110,9 +113,13 @@ mod retention;
 #[cfg(feature = "_engine")]
 mod rows;
 #[cfg(feature = "_engine")]
+mod series;
+#[cfg(feature = "_engine")]
 mod settle;
 #[cfg(feature = "_engine")]
 mod transaction;
+#[cfg(feature = "_engine")]
+pub(crate) mod triage;
 
 // The engines, each with its own SQL.
 #[cfg(feature = "postgres")]
@@ -123,6 +130,7 @@ mod sqlite;
 pub use any::Store;
 pub use backend::WorkerBackend;
 pub use clock::Clock;
+pub use cursor::TriageCursor;
 pub use engine::StoreEngine;
 #[cfg(feature = "_engine")]
 pub use error::DriverError;
@@ -132,10 +140,11 @@ pub use groups::error_signature;
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
-    BULK_BATCH, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter, ItemGet,
-    ItemList, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose,
-    SessionHeartbeat, SessionStart,
+    BULK_BATCH, DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter,
+    ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry,
+    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries,
+    ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList,
+    SessionStart, WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -147,9 +156,10 @@ pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 #[cfg(feature = "_engine")]
 pub use transaction::StoreTx;
 pub use types::{
-    EnqueueReport, ErrorGroup, FencingToken, Item, ItemDetail, ItemState, Lease, Outcome,
-    PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor, PruneReport,
-    ReclaimReport, Resync, ResyncReport, Retention, Run, RunOutcome, Session, SessionId,
+    DepthPoint, EnqueueReport, ErrorGroup, FencingToken, HeldLease, Item, ItemDetail, ItemState,
+    Lease, Outcome, PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor,
+    PruneReport, ReclaimReport, Resync, ResyncReport, Retention, Run, RunBucket, RunOutcome,
+    Series, Session, SessionId, SessionInfo, TriagePage,
 };
 pub use url::redact_url;
 pub use watch::TableWatch;

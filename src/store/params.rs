@@ -16,6 +16,55 @@ pub struct SessionStart {
     /// How long the session lives without a heartbeat; heartbeat every `ttl / 3`.
     /// Must be at least one millisecond.
     pub ttl: Duration,
+    /// Who runs it, for the workers page: the worker's host, pid and drover
+    /// version ([`WorkerIdentity::current`] for this process). Each part is
+    /// optional, so older clients that send none still start sessions.
+    pub identity: WorkerIdentity,
+}
+
+impl SessionStart {
+    /// A session for `component`, identified as this process
+    /// ([`WorkerIdentity::current`]).
+    #[must_use]
+    pub fn new(component: impl Into<String>, ttl: Duration) -> Self {
+        Self {
+            component: component.into(),
+            ttl,
+            identity: WorkerIdentity::current(),
+        }
+    }
+}
+
+/// Where a session's worker runs, as the worker reports it: shown to
+/// operators, never trusted for anything else.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerIdentity {
+    /// The worker's host name.
+    pub host: Option<String>,
+    /// The worker's process id.
+    pub pid: Option<u32>,
+    /// The drover version the worker runs (`drover work`, a library
+    /// controller), or the client's own version string.
+    pub version: Option<String>,
+}
+
+impl WorkerIdentity {
+    /// This process: its host name (from the kernel on Linux, else `HOSTNAME`
+    /// or `COMPUTERNAME`), its pid and this crate's version.
+    #[must_use]
+    pub fn current() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .or_else(|| std::env::var("COMPUTERNAME").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty());
+        Self {
+            host,
+            pid: Some(std::process::id()),
+            version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+        }
+    }
 }
 
 /// Parameters of [`session_heartbeat`](super::StoreEngine::session_heartbeat).
@@ -136,6 +185,49 @@ pub struct ItemList {
     /// Page after this key (keys are listed in ascending byte order).
     pub after_key: Option<String>,
     /// At most this many items.
+    pub limit: u32,
+}
+
+/// Parameters of [`session_list`](super::StoreEngine::session_list).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionList {
+    /// The most leases listed per session (their count is always given; 0
+    /// reads no lease rows at all).
+    pub leases_per_session: u32,
+}
+
+/// Parameters of [`process_series`](super::StoreEngine::process_series).
+#[derive(Debug, Clone)]
+pub struct ProcessSeries {
+    /// The process.
+    pub process: String,
+    /// How far back from now (the charts use one hour).
+    pub window: Duration,
+}
+
+/// Parameters of [`depth_sample`](super::StoreEngine::depth_sample).
+#[derive(Debug, Clone, Copy)]
+pub struct DepthSample {
+    /// Samples older than this are deleted.
+    pub keep: Duration,
+    /// No sample is written for a process that has one younger than this, so
+    /// several servers on one database sample as one.
+    pub min_gap: Duration,
+}
+
+/// Parameters of [`item_triage`](super::StoreEngine::item_triage).
+#[derive(Debug, Clone)]
+pub struct ItemTriage {
+    /// The process.
+    pub process: String,
+    /// Only items in this state (all when `None`).
+    pub state: Option<ItemState>,
+    /// Only keys starting with this (then every section is in key order).
+    pub key_prefix: Option<String>,
+    /// Where the previous page ended (its [`TriagePage::next`](super::TriagePage::next)),
+    /// with the same filters.
+    pub after: Option<super::TriageCursor>,
+    /// The most items on the page (at least 1).
     pub limit: u32,
 }
 

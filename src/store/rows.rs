@@ -7,8 +7,9 @@ use chrono::{DateTime, Utc};
 use super::StoreError;
 use super::decode::{backoff_policy, item_state, run_outcome};
 use super::holding::Held;
+use super::params::WorkerIdentity;
 use super::settle::{Dirty, Running};
-use super::types::{FencingToken, Item, Run, SessionId};
+use super::types::{FencingToken, HeldLease, Item, Run, SessionId, SessionInfo};
 
 /// A time as an engine stores it.
 pub(crate) trait Stamp: Copy + Ord {
@@ -197,4 +198,71 @@ impl<T: Stamp> RunRow<T> {
 /// Decodes every row, failing on the first that does not decode.
 pub(crate) fn runs<T: Stamp>(rows: Vec<RunRow<T>>) -> Result<Vec<Run>, StoreError> {
     rows.into_iter().map(RunRow::into_run).collect()
+}
+
+/// A `drover_sessions` row as the workers page reads it, with its lease count.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct SessionRow<T> {
+    id: i64,
+    component: String,
+    ttl_ms: i64,
+    started_at: T,
+    heartbeat_at: T,
+    deadline: T,
+    host: Option<String>,
+    pid: Option<i64>,
+    version: Option<String>,
+    lease_count: i64,
+}
+
+/// The columns of a [`SessionRow`] from `drover_sessions s`.
+pub(crate) const SESSION_COLUMNS: &str = "s.id, s.component, s.ttl_ms, s.started_at, \
+    s.heartbeat_at, s.deadline, s.host, s.pid, s.version, (SELECT count(*) FROM drover_items i \
+    WHERE i.lease_session = s.id AND i.state = 'running') AS lease_count";
+
+impl<T: Stamp> SessionRow<T> {
+    /// The session's id.
+    pub(crate) fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The domain session as seen at `now`, with its listed leases.
+    pub(crate) fn into_info(self, now: T, leases: Vec<HeldLease>) -> SessionInfo {
+        SessionInfo {
+            id: SessionId(self.id),
+            component: self.component,
+            identity: WorkerIdentity {
+                host: self.host,
+                pid: self.pid.and_then(|p| u32::try_from(p).ok()),
+                version: self.version,
+            },
+            ttl: std::time::Duration::from_millis(u64::try_from(self.ttl_ms).unwrap_or(0)),
+            started_at: self.started_at.time(),
+            heartbeat_at: self.heartbeat_at.time(),
+            expired: self.deadline <= now,
+            deadline: self.deadline.time(),
+            lease_count: u64::try_from(self.lease_count).unwrap_or(0),
+            leases,
+        }
+    }
+}
+
+/// A running item as the workers page lists it under its session.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct HeldRow<T> {
+    process: String,
+    key: String,
+    started_at: Option<T>,
+    lease_token: i64,
+}
+
+impl<T: Stamp> From<HeldRow<T>> for HeldLease {
+    fn from(r: HeldRow<T>) -> Self {
+        Self {
+            process: r.process,
+            key: r.key,
+            started_at: r.started_at.map(Stamp::time),
+            token: FencingToken(r.lease_token),
+        }
+    }
 }

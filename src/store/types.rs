@@ -449,6 +449,97 @@ pub struct PruneReport {
     pub done: bool,
 }
 
+/// A live (or expired, not yet reclaimed) session as the workers page shows
+/// it, with the leases it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session's id.
+    pub id: SessionId,
+    /// The component that started it.
+    pub component: String,
+    /// Its worker's host, pid and version, as the worker reported them.
+    pub identity: super::WorkerIdentity,
+    /// Its time to live without a heartbeat.
+    pub ttl: Duration,
+    /// When it started, on the database clock.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat (its start until the first).
+    pub heartbeat_at: DateTime<Utc>,
+    /// When it expires unless renewed.
+    pub deadline: DateTime<Utc>,
+    /// Whether the deadline has passed: its leases are reclaimed by the next
+    /// reclaim pass of any node, and its heartbeats are refused.
+    pub expired: bool,
+    /// How many leases it holds.
+    pub lease_count: u64,
+    /// The first of them (by fencing token, oldest first), up to the asked
+    /// number.
+    pub leases: Vec<HeldLease>,
+}
+
+/// A lease as the workers page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLease {
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// When its run started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Its fencing token.
+    pub token: FencingToken,
+}
+
+/// A process's recent history as the charts draw it: runs per minute by
+/// outcome and the sampled queue depth, over one window ending now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Series {
+    /// The window's start (runs are bucketed by whole minutes from it).
+    pub start: DateTime<Utc>,
+    /// The window's end: now, on the database clock.
+    pub end: DateTime<Utc>,
+    /// Runs that ended in each minute, by outcome; minutes with none are
+    /// left out. Operator actions are not runs and are not counted.
+    pub runs: Vec<RunBucket>,
+    /// The depth samples in the window, oldest first.
+    pub depth: Vec<DepthPoint>,
+}
+
+/// Runs with one outcome that ended within one minute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunBucket {
+    /// The minute's start.
+    pub at: DateTime<Utc>,
+    /// How they ended.
+    pub outcome: RunOutcome,
+    /// How many.
+    pub count: u64,
+}
+
+/// One sample of a process's queue depth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepthPoint {
+    /// When it was taken.
+    pub at: DateTime<Utc>,
+    /// Ready keys.
+    pub pending: u64,
+    /// Keys backing off.
+    pub backoff: u64,
+    /// Running keys.
+    pub running: u64,
+    /// Parked keys.
+    pub parked: u64,
+}
+
+/// One page of [`item_triage`](super::StoreEngine::item_triage).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriagePage {
+    /// The items, in attention order.
+    pub items: Vec<Item>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<super::TriageCursor>,
+}
+
 /// Item counts for one process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ProcessCounts {
@@ -462,6 +553,8 @@ pub struct ProcessCounts {
     pub running: u64,
     /// Items parked after a permanent error.
     pub parked: u64,
+    /// Known, converged keys (idle until their next enqueue).
+    pub idle: u64,
     /// How long the longest-waiting ready item has been ready (None when nothing
     /// is ready): the number to alert on when workers fall behind.
     pub oldest_pending_age: Option<Duration>,

@@ -98,10 +98,10 @@ impl TestDb {
     /// Starts a session with a 30 s TTL.
     pub(crate) async fn session(&self) -> Session {
         self.store
-            .session_start(SessionStart {
-                component: "test".into(),
-                ttl: std::time::Duration::from_secs(30),
-            })
+            .session_start(SessionStart::new(
+                "test",
+                std::time::Duration::from_secs(30),
+            ))
             .await
             .expect("session_start")
     }

@@ -46,10 +46,7 @@ pub(crate) async fn run_ready(
     outcome: &Outcome,
 ) -> Vec<String> {
     let session = store
-        .session_start(SessionStart {
-            component: "test".into(),
-            ttl: Duration::from_secs(30),
-        })
+        .session_start(SessionStart::new("test", Duration::from_secs(30)))
         .await
         .expect("session_start");
     let claim = LeaseClaim {

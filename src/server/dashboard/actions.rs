@@ -85,6 +85,7 @@ pub(super) async fn group(
     let form: GroupForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ApiError::field("signature", format!("a form with a signature: {e}")))?;
     let back = format!("/ui/processes/{}", segment(&process));
+    state.slow_reads.forget(&process);
     let filter = ItemFilter::new(process).error_signature(form.signature);
     let actor = Role::Admin.to_string();
     let store = &state.store;

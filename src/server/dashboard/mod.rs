@@ -4,9 +4,12 @@
 //!
 //! - `/`: per process — pending, backoff, running, parked, oldest pending age,
 //!   runs finished and failed in the last five minutes — and a key search;
-//! - `/ui/processes/{process}`: its error groups (what its parked and
+//! - `/ui/processes/{process}`: its charts (runs per minute by outcome and
+//!   the sampled queue depth over the last hour, inline SVG), its error groups (what its parked and
 //!   backing-off keys failed with, with "retry all", "park all" and "delete
 //!   all" buttons for admins) and its items, by state, paged;
+//! - `/ui/workers`: every session, who runs it, its heartbeat and deadline,
+//!   the leases it holds; expired ones shown as awaiting reclaim;
 //! - `/ui/processes/{process}/items/{key}`: any known key (converged ones
 //!   included), its current run, its runs and last error, with retry and park
 //!   buttons for admins.
@@ -15,19 +18,25 @@
 //! browser the token is the password of HTTP Basic auth (any user name).
 
 mod actions;
+mod cache;
+mod charts;
 mod pages;
 mod view;
+mod workers;
 
 use axum::Router;
 use axum::routing::{get, post};
 
 use super::state::AppState;
 
+pub(crate) use cache::SlowReads;
+
 /// The dashboard's routes.
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(pages::overview))
         .route("/ui/search", get(pages::search))
+        .route("/ui/workers", get(workers::workers))
         .route("/ui/processes/{process}", get(pages::process))
         .route("/ui/processes/{process}/items/{key}", get(pages::item))
         .route(

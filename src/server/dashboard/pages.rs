@@ -9,10 +9,11 @@ use super::{item_path, segment, view};
 use crate::server::auth::{Authorized, Read, Role};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
-use crate::server::model::{ItemListQuery, MAX_PAGE};
+use crate::server::model::{MAX_PAGE, TriageQuery};
+use crate::server::routes::items::triage_page;
 use crate::server::routes::processes::summaries;
 use crate::server::state::AppState;
-use crate::store::{ErrorGroups, ItemGet, ItemList, StoreEngine as _};
+use crate::store::{ErrorGroups, ItemGet, ProcessSeries, SessionList, StoreEngine as _};
 
 /// Items per process page.
 const PAGE: u32 = 100;
@@ -93,35 +94,37 @@ pub(super) async fn process(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
-    QueryParams(query): QueryParams<ItemListQuery>,
+    QueryParams(mut query): QueryParams<TriageQuery>,
 ) -> Result<Html<String>, HtmlError> {
     let admin = auth?.role >= Role::Admin;
-    let limit = query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE);
-    let filter = query.state.map(Into::into);
-    let items = state
-        .store
-        .item_list(ItemList {
-            process: process.clone(),
-            state: filter,
-            after_key: query.after_key,
-            limit,
-        })
-        .await
-        .map_err(ApiError::from)?;
-    let next = (items.len() == limit as usize)
-        .then(|| items.last().map(|i| i.key.clone()))
-        .flatten();
-    let groups = state
-        .store
-        .error_groups(ErrorGroups {
+    query.limit = Some(query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE));
+    query.prefix = query.prefix.filter(|p| !p.is_empty());
+    let filter = view::Filter {
+        state: query.state.map(Into::into),
+        prefix: query.prefix.clone(),
+    };
+    let page = triage_page(&state, process.clone(), query).await?;
+    let reads = &state.slow_reads;
+    let store = &state.store;
+    let groups = reads.groups(
+        &process,
+        store.error_groups(ErrorGroups {
             process: process.clone(),
             limit: GROUPS,
-        })
-        .await
-        .map_err(ApiError::from)?;
+        }),
+    );
+    let series = reads.series(
+        &process,
+        store.process_series(ProcessSeries {
+            process: process.clone(),
+            window: crate::server::routes::series::WINDOW,
+        }),
+    );
+    let ((groups, age), (series, _)) = tokio::try_join!(groups, series).map_err(ApiError::from)?;
+    let next = page.next.map(|c| c.to_string());
     let listing = view::Listing {
-        state: filter,
-        items: &items,
+        filter,
+        items: &page.items,
         next: next.as_deref(),
     };
     let settings = state.store.process_list().await.map_err(ApiError::from)?;
@@ -130,7 +133,7 @@ pub(super) async fn process(
         settings: &settings,
         now,
     };
-    let page = view::process(&process, &groups, admin, &listing, &resyncs);
+    let page = view::process(&process, (&groups, age), &series, admin, &listing, &resyncs);
     Ok(Html(page.into_string()))
 }
 
@@ -152,6 +155,19 @@ pub(super) async fn item(
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
     let admin = auth.role >= Role::Admin;
-    let page = view::item(&detail.item, &detail.runs, admin);
+    let worker = match detail.item.lease_session {
+        Some(id) => {
+            let sessions = state
+                .store
+                .session_list(SessionList {
+                    leases_per_session: 0,
+                })
+                .await
+                .map_err(ApiError::from)?;
+            sessions.into_iter().find(|s| s.id == id)
+        }
+        None => None,
+    };
+    let page = view::item(&detail.item, &detail.runs, worker.as_ref(), admin);
     Ok(Html(page.into_string()))
 }

@@ -8,7 +8,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::{item_path, segment};
 use crate::server::model::ProcessSummary;
-use crate::store::{ErrorGroup, Item, ItemState, ProcessSettings, Run};
+use crate::store::{ErrorGroup, Item, ItemState, ProcessSettings, Run, Series, SessionInfo};
 
 /// How often pages reload themselves, in seconds.
 const REFRESH_SECONDS: u32 = 5;
@@ -16,7 +16,7 @@ const REFRESH_SECONDS: u32 = 5;
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222}\
 table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}.err{color:#a00;white-space:pre-wrap}\
-form.inline{display:inline}nav a{margin-right:1rem}code{background:#f4f4f4;padding:0 .2rem}";
+form.inline{display:inline}figure.chart{margin:1rem 0;max-width:60rem}.legend{margin-right:.5rem}.hint{color:#666}nav a{margin-right:1rem}code{background:#f4f4f4;padding:0 .2rem}";
 
 /// The frame every page shares.
 pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
@@ -30,7 +30,7 @@ pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
                 style { (maud::PreEscaped(STYLE)) }
             }
             body {
-                nav { a href="/" { "drover" } a href="/openapi.json" { "API" } a href="/metrics" { "metrics" } }
+                nav { a href="/" { "drover" } a href="/ui/workers" { "workers" } a href="/openapi.json" { "API" } a href="/metrics" { "metrics" } }
                 h1 { (title) }
                 (body)
             }
@@ -129,12 +129,43 @@ fn search_form(processes: &[ProcessSummary]) -> Markup {
     }
 }
 
+/// What a process page lists.
+#[derive(Debug, Default)]
+pub(super) struct Filter {
+    /// Only this state (all when `None`).
+    pub(super) state: Option<ItemState>,
+    /// Only keys starting with this.
+    pub(super) prefix: Option<String>,
+}
+
+impl Filter {
+    /// The page's URL with these filters and `after`, every value encoded.
+    fn url(&self, base: &str, after: Option<&str>) -> String {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if let Some(s) = self.state {
+            q.append_pair("state", s.as_str());
+        }
+        if let Some(p) = &self.prefix {
+            q.append_pair("prefix", p);
+        }
+        if let Some(a) = after {
+            q.append_pair("after", a);
+        }
+        let q = q.finish();
+        if q.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{q}")
+        }
+    }
+}
+
 /// One page of a process's items.
 #[derive(Debug)]
 pub(super) struct Listing<'a> {
-    /// The state shown (all when `None`).
-    pub(super) state: Option<ItemState>,
-    /// The items, in key order.
+    /// The filters.
+    pub(super) filter: Filter,
+    /// The items, parked first, then backing off, pending, running, idle.
     pub(super) items: &'a [Item],
     /// The next page's cursor, if any.
     pub(super) next: Option<&'a str>,
@@ -144,7 +175,8 @@ pub(super) struct Listing<'a> {
 /// items, a page at a time.
 pub(super) fn process(
     process: &str,
-    groups: &[ErrorGroup],
+    (groups, age): (&[ErrorGroup], Option<Duration>),
+    series: &Series,
     admin: bool,
     listing: &Listing<'_>,
     resyncs: &Resyncs<'_>,
@@ -152,19 +184,22 @@ pub(super) fn process(
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
         p id="resync" { "Resync: " (resyncs.describe(process)) }
-        (errors(&base, groups, admin))
+        (super::charts::charts(series))
+        (errors(&base, groups, age, admin))
         h2 { "Items" }
-        p { "Show: " a href=(base) { "all" }
-            @for s in ["pending", "backoff", "running", "parked", "idle"] { " " a href=(format!("{base}?state={s}")) { (s) } } }
+        (filters(&base, &listing.filter))
+        p.hint { "Parked first, then backing off (soonest retry first), then pending in the order workers take them, then running and idle"
+            @if listing.filter.prefix.is_some() { "; each state in key order under a prefix" } "." }
         table id="items" {
-            tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "last error" } }
+            tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "ready at" } th { "last error" } }
             @for i in listing.items {
-                tr { td { a href=(item_path(process, &i.key)) { (i.key) } } td { (i.state) } td.n { (i.priority) }
-                     td.n { (i.failures) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
+                tr { td.key { a href=(item_path(process, &i.key)) { (i.key) } } td.state { (i.state) } td.n { (i.priority) }
+                     td.n { (i.failures) } td { (ready(i)) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
             }
         }
+        @if listing.items.is_empty() { p { "No items match." } }
         @if let Some(next) = listing.next {
-            a href=(next_page(&base, listing.state, next)) { "next page" }
+            a id="next" href=(listing.filter.url(&base, Some(next))) { "next page" }
         }
     };
     page(process, true, body)
@@ -173,9 +208,10 @@ pub(super) fn process(
 /// The "Errors" section: what the parked and backing-off keys failed with,
 /// grouped by signature; admins get a retry, park and delete button for every
 /// key of a group (running keys are never touched).
-fn errors(base: &str, groups: &[ErrorGroup], admin: bool) -> Markup {
+fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool) -> Markup {
     html! {
         h2 { "Errors" }
+        @if let Some(age) = age { p.hint { "As of " (age.as_secs()) " s ago (grouping this many failing keys is slow, so it is reused for 10 s)." } }
         @if groups.is_empty() {
             p id="errors" { "No parked or backing-off keys." }
         } @else {
@@ -201,20 +237,39 @@ fn errors(base: &str, groups: &[ErrorGroup], admin: bool) -> Markup {
     }
 }
 
-fn next_page(base: &str, state: Option<ItemState>, after: &str) -> String {
-    match state {
-        Some(s) => format!("{base}?state={s}&after_key={}", segment(after)),
-        None => format!("{base}?after_key={}", segment(after)),
+/// The state and key-prefix filter form (a GET, so the URL can be shared).
+fn filters(base: &str, filter: &Filter) -> Markup {
+    html! {
+        form id="filters" action=(base) method="get" {
+            label { "State " select name="state" {
+                option value="" { "all" }
+                @for s in [ItemState::Parked, ItemState::Backoff, ItemState::Pending, ItemState::Running, ItemState::Idle] {
+                    option value=(s.as_str()) selected[filter.state == Some(s)] { (s.as_str()) }
+                }
+            } }
+            " " label { "Key prefix " input type="search" name="prefix" value=(filter.prefix.as_deref().unwrap_or("")); }
+            " " button type="submit" { "Filter" }
+        }
+    }
+}
+
+/// When a waiting item may run (a dash for the others).
+fn ready(i: &Item) -> String {
+    match i.state {
+        ItemState::Pending | ItemState::Backoff => {
+            at(i.ready_at.max(i.backoff_until.unwrap_or(i.ready_at)))
+        }
+        _ => "-".to_owned(),
     }
 }
 
 /// A time as the dashboard prints it (UTC, milliseconds).
-fn at(t: DateTime<Utc>) -> String {
+pub(super) fn at(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
 }
 
 /// An optional time, or a dash.
-fn at_or_dash(t: Option<DateTime<Utc>>) -> String {
+pub(super) fn at_or_dash(t: Option<DateTime<Utc>>) -> String {
     t.map_or_else(|| "-".to_owned(), at)
 }
 
@@ -229,7 +284,7 @@ fn span(d: Option<Duration>) -> String {
 
 /// One known key with its runs, converged or not; admins get the retry and
 /// park buttons.
-pub(super) fn item(item: &Item, runs: &[Run], admin: bool) -> Markup {
+pub(super) fn item(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) -> Markup {
     let path = item_path(&item.process, &item.key);
     let running = item.state == ItemState::Running;
     let body = html! {
@@ -251,8 +306,16 @@ pub(super) fn item(item: &Item, runs: &[Run], admin: bool) -> Markup {
             @if running {
                 tr { th { "current run" } td.current {
                     "attempt " (item.failures + 1) ", started " (at_or_dash(item.started_at))
-                    ", session " (item.lease_session.map(|s| s.to_string()).unwrap_or_default())
-                    ", fencing token " (item.lease_token.map(|t| t.to_string()).unwrap_or_default())
+                    ", fencing token " span.token { (item.lease_token.map(|t| t.to_string()).unwrap_or_default()) }
+                    ", worker " a.worker href="/ui/workers" {
+                        "session " (item.lease_session.map(|s| s.to_string()).unwrap_or_default())
+                        @if let Some(w) = worker {
+                            " (" (w.component)
+                            @if let Some(host) = &w.identity.host { " on " (host) }
+                            @if let Some(pid) = w.identity.pid { ", pid " (pid) }
+                            ")"
+                        }
+                    }
                     @if item.dirty { ", runs again after it (changed while running)" } } }
             }
         }

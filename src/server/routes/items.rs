@@ -12,12 +12,12 @@ use crate::server::error::{ApiError, ErrorBody};
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
 use crate::server::model::{
     EnqueueRequest, EnqueueResponse, ItemBody, ItemDetailBody, ItemGetQuery, ItemListQuery,
-    ItemPage, MAX_PAGE, max_delay_ms, ms,
+    ItemPage, MAX_PAGE, TriagePageBody, TriageQuery, max_delay_ms, ms,
 };
 use crate::server::state::AppState;
 use crate::store::{
-    ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, StoreEngine as _,
-    validate_key, validate_process,
+    ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, MAX_NAME_BYTES,
+    StoreEngine as _, TriagePage, validate_key, validate_process,
 };
 
 /// The reason an operator's park records.
@@ -114,6 +114,77 @@ pub(crate) async fn list(
     Ok(Json(ItemPage {
         items: items.into_iter().map(Into::into).collect(),
         next_after_key,
+    }))
+}
+
+/// One page of the triage listing, as the API and the dashboard ask for it.
+pub(crate) async fn triage_page(
+    state: &AppState,
+    process: String,
+    query: TriageQuery,
+) -> Result<TriagePage, ApiError> {
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
+    }
+    validate_process(&process)?;
+    if query
+        .prefix
+        .as_ref()
+        .is_some_and(|p| p.len() > MAX_NAME_BYTES || p.contains('\0'))
+    {
+        return Err(ApiError::field(
+            "prefix",
+            "a key prefix is at most 1024 bytes, without NUL",
+        ));
+    }
+    let after = query
+        .after
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(|e: crate::store::StoreError| ApiError::field("after", e.to_string()))?;
+    let page = state
+        .store
+        .item_triage(ItemTriage {
+            process,
+            state: query.state.map(Into::into),
+            key_prefix: query.prefix,
+            after,
+            limit,
+        })
+        .await?;
+    Ok(page)
+}
+
+/// Lists a process's items in the order an operator looks at them: parked
+/// first, then backing off (soonest retry first), then pending in the order
+/// workers take them (highest priority, longest waiting), then running, then
+/// idle; optionally one state and keys with a prefix (each state then in key
+/// order). Paged by an opaque cursor, so every page costs the same.
+#[utoipa::path(
+    get, path = "/v1/processes/{process}/triage", tag = "read",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process"), TriageQuery),
+    responses(
+        (status = 200, description = "A page of items", body = TriagePageBody),
+        (status = 400, description = "Bad query parameter or cursor", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 404, description = "Unknown process", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn triage(
+    _: Authorized<Read>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+    QueryParams(query): QueryParams<TriageQuery>,
+) -> Result<Json<TriagePageBody>, ApiError> {
+    let page = triage_page(&state, process, query).await?;
+    Ok(Json(TriagePageBody {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next: page.next.map(|c| c.to_string()),
     }))
 }
 

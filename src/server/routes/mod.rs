@@ -13,6 +13,7 @@ pub(crate) mod items;
 pub(crate) mod leases;
 pub(crate) mod processes;
 pub(crate) mod runs;
+pub(crate) mod series;
 pub(crate) mod sessions;
 
 use axum::Router;
@@ -32,7 +33,9 @@ pub(crate) fn api() -> Router<AppState> {
             "/v1/processes/{process}/items/{key}",
             get(items::get).delete(items::delete),
         )
+        .route("/v1/processes/{process}/triage", get(items::triage))
         .route("/v1/processes/{process}/runs", get(runs::list))
+        .route("/v1/processes/{process}/series", get(series::get))
         .route("/v1/processes/{process}/error-groups", get(groups::list))
         .route("/v1/processes/{process}/items:retry", post(groups::retry))
         .route("/v1/processes/{process}/items:park", post(groups::park))
@@ -45,7 +48,7 @@ pub(crate) fn api() -> Router<AppState> {
             "/v1/processes/{process}/items/{key}/park",
             post(items::park),
         )
-        .route("/v1/sessions", post(sessions::start))
+        .route("/v1/sessions", get(sessions::list).post(sessions::start))
         .route("/v1/sessions/{session}", delete(sessions::close))
         .route(
             "/v1/sessions/{session}/heartbeat",

@@ -6,14 +6,47 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use crate::server::auth::{Authorized, Work};
+use crate::server::auth::{Authorized, Read, Work};
 use crate::server::error::{ApiError, ErrorBody};
 use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::model::{
-    CloseResponse, HeartbeatResponse, MAX_TTL_MS, SessionBody, SessionRequest,
+    CloseResponse, HeartbeatResponse, MAX_TTL_MS, SessionBody, SessionListBody, SessionRequest,
 };
 use crate::server::state::AppState;
-use crate::store::{SessionClose, SessionHeartbeat, SessionStart, StoreEngine as _};
+use crate::store::{
+    SessionClose, SessionHeartbeat, SessionList, SessionStart, StoreEngine as _, WorkerIdentity,
+};
+
+/// The most leases listed per session.
+pub(crate) const LEASES_SHOWN: u32 = 100;
+
+/// Lists every session, live or expired and awaiting reclaim, oldest first:
+/// its component, host, pid and version (as the worker reported them), when
+/// it started and last heartbeated, its deadline, and the leases it holds
+/// (at most 100 listed, all counted).
+#[utoipa::path(
+    get, path = "/v1/sessions", tag = "read",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Every session", body = SessionListBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn list(
+    _: Authorized<Read>,
+    State(state): State<AppState>,
+) -> Result<Json<SessionListBody>, ApiError> {
+    let sessions = state
+        .store
+        .session_list(SessionList {
+            leases_per_session: LEASES_SHOWN,
+        })
+        .await?;
+    Ok(Json(SessionListBody {
+        sessions: sessions.into_iter().map(Into::into).collect(),
+    }))
+}
 
 /// Starts a session; its deadline is now + ttl on the database clock. Heartbeat
 /// every third of the TTL; claims and completions of an expired session are
@@ -42,11 +75,24 @@ pub(crate) async fn start(
             format!("ttl_ms must be between 1 and {MAX_TTL_MS}"),
         ));
     }
+    for (field, value) in [("host", &body.host), ("version", &body.version)] {
+        if value.as_ref().is_some_and(|v| v.len() > 1024) {
+            return Err(ApiError::field(
+                field,
+                format!("{field} must be at most 1024 bytes"),
+            ));
+        }
+    }
     let session = state
         .store
         .session_start(SessionStart {
             component: body.component,
             ttl: Duration::from_millis(body.ttl_ms),
+            identity: WorkerIdentity {
+                host: body.host,
+                pid: body.pid,
+                version: body.version,
+            },
         })
         .await?;
     Ok((StatusCode::CREATED, Json(session.into())))

@@ -10,18 +10,19 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, enqueue, groups, inspect, leases, processes, runs, sessions};
+use super::{admin, counts, enqueue, groups, inspect, leases, processes, runs, series, sessions};
 use crate::store::groups::act_where;
 use crate::store::params::{
-    ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
-    ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease,
-    ProcessConfigure, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionStart,
+    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
+    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use crate::store::parts::complete_in_parts;
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Session,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
+    TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 use crate::store::{resync, retention};
@@ -200,8 +201,16 @@ impl StoreEngine for PostgresStore {
         retry(|| sessions::close(self, params.session)).await
     }
 
+    async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
+        sessions::list(self, params).await
+    }
+
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
-        retry(|| sessions::reclaim(self)).await
+        let report = retry(|| sessions::reclaim(self)).await?;
+        // Housekeeping every live node already runs every few seconds: keeps
+        // the item counts' deltas short even when nobody reads the counts.
+        retry(|| counts::fold(self)).await?;
+        Ok(report)
     }
 
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
@@ -234,6 +243,10 @@ impl StoreEngine for PostgresStore {
 
     async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
         inspect::item_list(self, &params).await
+    }
+
+    async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
+        crate::store::triage::page(self, '$', params).await
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
@@ -287,8 +300,16 @@ impl StoreEngine for PostgresStore {
         retry(|| resync::batch(self, &params)).await
     }
 
+    async fn process_series(&self, params: ProcessSeries) -> Result<Series, StoreError> {
+        series::process_series(self, params).await
+    }
+
+    async fn depth_sample(&self, params: DepthSample) -> Result<u64, StoreError> {
+        series::depth_sample(self, params).await
+    }
+
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
-        inspect::process_counts(self).await
+        counts::process_counts(self).await
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {

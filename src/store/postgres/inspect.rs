@@ -1,7 +1,5 @@
 //! Read-side operations on PostgreSQL: items and counts.
 
-use std::time::Duration;
-
 use super::engine::PostgresStore;
 use super::error::Db as _;
 use super::rows::{ItemRow, item_columns};
@@ -10,7 +8,8 @@ use crate::store::StoreError;
 use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{ItemGet, ItemList, RunList};
-use crate::store::types::{Item, ItemDetail, ItemState, ProcessCounts};
+use crate::store::triage::{Arg, PageSteps, SectionQuery};
+use crate::store::types::{Item, ItemDetail, ItemState};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or
 /// configured.
@@ -116,49 +115,36 @@ pub(super) async fn item_get(
     }))
 }
 
-/// Counts per process, each state through the partial index that holds it, so
-/// idle keys (which may be most rows) are never read.
-pub(super) async fn process_counts(
-    store: &PostgresStore,
-) -> Result<Vec<ProcessCounts>, StoreError> {
-    let mut tx = store.read().await?;
-    let now = store.now(&mut tx).await?;
-    let rows: Vec<(String, i64, i64, i64, i64, Option<f64>)> = sqlx::query_as(
-        "SELECT p.process, COALESCE(q.ready, 0), COALESCE(q.backoff, 0),
-             COALESCE(s.running, 0), COALESCE(s.parked, 0),
-             EXTRACT(EPOCH FROM $1 - q.oldest)::float8
-         FROM drover_processes p
-         LEFT JOIN (
-             SELECT process,
-                 count(*) FILTER (WHERE backoff_until IS NULL OR backoff_until <= $1) AS ready,
-                 count(*) FILTER (WHERE backoff_until > $1) AS backoff,
-                 min(ready_at) FILTER (WHERE ready_at <= $1) AS oldest
-             FROM drover_items WHERE state = 'pending' GROUP BY process) q
-             ON q.process = p.process
-         LEFT JOIN (
-             SELECT process, count(*) FILTER (WHERE state = 'running') AS running,
-                 count(*) FILTER (WHERE state = 'parked') AS parked
-             FROM drover_items WHERE state IN ('running', 'parked') GROUP BY process) s
-             ON s.process = p.process
-         ORDER BY p.process",
-    )
-    .bind(now)
-    .fetch_all(&mut tx)
-    .await
-    .db()?;
-    tx.commit().await.db()?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    Ok(rows
-        .into_iter()
-        .map(
-            |(process, pending, backoff, running, parked, age)| ProcessCounts {
-                process,
-                pending: count(pending),
-                backoff: count(backoff),
-                running: count(running),
-                parked: count(parked),
-                oldest_pending_age: age.map(|s| Duration::from_secs_f64(s.max(0.0))),
-            },
-        )
-        .collect())
+/// An item row with its id, for the keyset of [`item_triage`](crate::store::StoreEngine::item_triage).
+#[derive(Debug, sqlx::FromRow)]
+struct PagedRow {
+    id: i64,
+    #[sqlx(flatten)]
+    item: ItemRow,
+}
+
+impl PageSteps for PostgresStore {
+    async fn known(&self, process: &str) -> Result<(), StoreError> {
+        check_process(self, process).await
+    }
+
+    async fn section_rows(&self, query: SectionQuery) -> Result<Vec<(i64, Item)>, StoreError> {
+        let mut tx = self.read().await?;
+        let now = self.now(&mut tx).await?;
+        let mut q = sqlx::query_as::<_, PagedRow>(sqlx::AssertSqlSafe(query.sql));
+        for arg in query.args {
+            q = match arg {
+                Arg::Process(s) | Arg::Key(s) => q.bind(s),
+                Arg::Now => q.bind(now),
+                Arg::At(t) => q.bind(t),
+                Arg::Int(n) => q.bind(n),
+                Arg::Limit(n) => q.bind(i64::from(n)),
+            };
+        }
+        let rows = q.fetch_all(&mut tx).await.db()?;
+        tx.commit().await.db()?;
+        rows.into_iter()
+            .map(|r| Ok((r.id, r.item.into_item(now)?)))
+            .collect()
+    }
 }

@@ -105,6 +105,18 @@ where
     Ok(())
 }
 
+/// A key's page of runs: `process = $1 AND key = $2` stated plainly, so the
+/// `(process, key, id)` index is walked backwards from the cursor in every
+/// plan (a generic plan of the optional filters below may walk every run).
+const BY_KEY: &str = concat!(
+    "SELECT ",
+    run_columns!(),
+    " FROM drover_runs
+     WHERE process = $1::text AND key = $2::text
+         AND ($3::text IS NULL OR outcome = $3) AND id < COALESCE($4, 9223372036854775807)
+     ORDER BY id DESC LIMIT $5"
+);
+
 /// A page of history, newest first. With a key, the `(process, key, id)` index
 /// gives the page directly; otherwise the primary key is walked backwards from
 /// the cursor.
@@ -112,23 +124,29 @@ pub(super) async fn list(store: &PostgresStore, params: &RunList) -> Result<Vec<
     if let Some(process) = &params.process {
         check_process(store, process).await?;
     }
-    let mut tx = store.read().await?;
-    let rows: Vec<RunRow> = sqlx::query_as(concat!(
+    let sql = concat!(
         "SELECT ",
         run_columns!(),
         " FROM drover_runs
          WHERE ($1::text IS NULL OR process = $1) AND ($2::text IS NULL OR key = $2)
              AND ($3::text IS NULL OR outcome = $3) AND id < COALESCE($4, 9223372036854775807)
          ORDER BY id DESC LIMIT $5"
-    ))
-    .bind(&params.process)
-    .bind(&params.key)
-    .bind(params.outcome.map(RunOutcome::as_str))
-    .bind(params.before)
-    .bind(i64::from(params.limit))
-    .fetch_all(&mut tx)
-    .await
-    .db()?;
+    );
+    let sql = if params.process.is_some() && params.key.is_some() {
+        BY_KEY
+    } else {
+        sql
+    };
+    let mut tx = store.read().await?;
+    let rows: Vec<RunRow> = sqlx::query_as(sql)
+        .bind(&params.process)
+        .bind(&params.key)
+        .bind(params.outcome.map(RunOutcome::as_str))
+        .bind(params.before)
+        .bind(i64::from(params.limit))
+        .fetch_all(&mut tx)
+        .await
+        .db()?;
     tx.commit().await.db()?;
     runs(rows)
 }

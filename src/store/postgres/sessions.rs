@@ -7,9 +7,10 @@ use super::error::{Db as _, commit};
 use super::rows::duration_ms;
 use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
-use crate::store::params::SessionStart;
+use crate::store::params::{SessionList, SessionStart};
+use crate::store::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
 use crate::store::text::clean_text;
-use crate::store::types::{ReclaimReport, RunOutcome, Session, SessionId};
+use crate::store::types::{ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
 pub(super) async fn start(
     store: &PostgresStore,
@@ -24,13 +25,17 @@ pub(super) async fn start(
     let component = clean_text(&params.component).into_owned();
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, DateTime<Utc>) = sqlx::query_as(
-        "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline)
-         VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond')
+        "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
+             host, pid, version)
+         VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond', $4, $5, $6)
          RETURNING id, deadline",
     )
     .bind(&component)
     .bind(ttl_ms)
     .bind(now)
+    .bind(params.identity.host.as_deref().map(clean_text))
+    .bind(params.identity.pid.map(i64::from))
+    .bind(params.identity.version.as_deref().map(clean_text))
     .fetch_one(&mut tx)
     .await
     .db()?;
@@ -193,4 +198,39 @@ pub(super) async fn requeue(
     .await
     .db()?;
     Ok(())
+}
+
+/// Every session with its first leases: one query for the sessions (each
+/// with its lease count from the lease index), one per session for its
+/// leases, oldest token first.
+pub(super) async fn list(
+    store: &PostgresStore,
+    params: SessionList,
+) -> Result<Vec<SessionInfo>, StoreError> {
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
+    let sql = format!("SELECT {SESSION_COLUMNS} FROM drover_sessions s ORDER BY s.id");
+    let rows: Vec<SessionRow<DateTime<Utc>>> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_all(&mut tx)
+        .await
+        .db()?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        if params.leases_per_session == 0 {
+            out.push(row.into_info(now, Vec::new()));
+            continue;
+        }
+        let held: Vec<HeldRow<DateTime<Utc>>> = sqlx::query_as(
+            "SELECT process, key, started_at, lease_token FROM drover_items
+             WHERE lease_session = $1 AND state = 'running' ORDER BY lease_token LIMIT $2",
+        )
+        .bind(row.id())
+        .bind(i64::from(params.leases_per_session))
+        .fetch_all(&mut tx)
+        .await
+        .db()?;
+        out.push(row.into_info(now, held.into_iter().map(Into::into).collect()));
+    }
+    tx.commit().await.db()?;
+    Ok(out)
 }

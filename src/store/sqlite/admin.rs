@@ -147,7 +147,7 @@ pub(super) async fn activity(
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT p.process, COALESCE(SUM(r.outcome IN ('done', 'requeued')), 0),
              COALESCE(SUM(r.outcome IN ('retry', 'parked')), 0)
-         FROM drover_processes p LEFT JOIN drover_runs r ON r.process = p.process
+         FROM drover_processes p LEFT JOIN drover_runs r ON +r.process = p.process
              AND r.ended_at >= ?1 AND r.actor IS NULL
          GROUP BY p.process ORDER BY p.process",
     )

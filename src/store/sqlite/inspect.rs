@@ -1,7 +1,5 @@
 //! Read-side operations on SQLite: items and counts.
 
-use std::time::Duration;
-
 use super::engine::SqliteStore;
 use super::error::Db as _;
 use super::rows::{ItemRow, item_columns};
@@ -10,7 +8,8 @@ use crate::store::StoreError;
 use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{ItemGet, ItemList, RunList};
-use crate::store::types::{Item, ItemDetail, ItemState, ProcessCounts};
+use crate::store::triage::{Arg, PageSteps, SectionQuery};
+use crate::store::types::{Item, ItemDetail, ItemState};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or
 /// configured.
@@ -109,42 +108,34 @@ pub(super) async fn item_get(
     }))
 }
 
-/// Counts per process, each state through the partial index that holds it, so
-/// idle keys (which may be most rows) are never read.
-pub(super) async fn process_counts(store: &SqliteStore) -> Result<Vec<ProcessCounts>, StoreError> {
-    let now = store.now_ms(&store.pool).await?;
-    let rows: Vec<(String, i64, i64, i64, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT p.process, COALESCE(q.ready, 0), COALESCE(q.backoff, 0),
-             (SELECT count(*) FROM drover_items s WHERE s.process = p.process
-                 AND s.state IN ('running', 'parked') AND s.state = 'running'),
-             (SELECT count(*) FROM drover_items s WHERE s.process = p.process
-                 AND s.state IN ('running', 'parked') AND s.state = 'parked'),
-             q.oldest
-         FROM drover_processes p LEFT JOIN (
-             SELECT process, SUM(COALESCE(backoff_until, 0) <= ?1) AS ready,
-                 SUM(COALESCE(backoff_until, 0) > ?1) AS backoff,
-                 MIN(CASE WHEN ready_at <= ?1 THEN ready_at END) AS oldest
-             FROM drover_items WHERE state = 'pending' GROUP BY process) q
-             ON q.process = p.process
-         ORDER BY p.process",
-    )
-    .bind(now)
-    .fetch_all(&store.pool)
-    .await
-    .db()?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    Ok(rows
-        .into_iter()
-        .map(
-            |(process, pending, backoff, running, parked, oldest)| ProcessCounts {
-                process,
-                pending: count(pending),
-                backoff: count(backoff),
-                running: count(running),
-                parked: count(parked),
-                oldest_pending_age: oldest
-                    .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0))),
-            },
-        )
-        .collect())
+/// An item row with its id, for the keyset of [`item_triage`](crate::store::StoreEngine::item_triage).
+#[derive(Debug, sqlx::FromRow)]
+struct PagedRow {
+    id: i64,
+    #[sqlx(flatten)]
+    item: ItemRow,
+}
+
+impl PageSteps for SqliteStore {
+    async fn known(&self, process: &str) -> Result<(), StoreError> {
+        check_process(self, process).await
+    }
+
+    async fn section_rows(&self, query: SectionQuery) -> Result<Vec<(i64, Item)>, StoreError> {
+        let now = self.now_ms(&self.pool).await?;
+        let mut q = sqlx::query_as::<_, PagedRow>(sqlx::AssertSqlSafe(query.sql));
+        for arg in query.args {
+            q = match arg {
+                Arg::Process(s) | Arg::Key(s) => q.bind(s),
+                Arg::Now => q.bind(now),
+                Arg::At(t) => q.bind(t.timestamp_millis()),
+                Arg::Int(n) => q.bind(n),
+                Arg::Limit(n) => q.bind(n),
+            };
+        }
+        let rows = q.fetch_all(&self.pool).await.db()?;
+        rows.into_iter()
+            .map(|r| Ok((r.id, r.item.into_item(now)?)))
+            .collect()
+    }
 }

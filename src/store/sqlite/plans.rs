@@ -25,6 +25,10 @@ async fn assert_plan(sql: &str, step: &str) {
         .expect("an in-memory store opens");
     let plan = plan(&store, sql).await;
     assert!(plan.contains(step), "expected `{step}` in: {plan}");
+    assert!(
+        !plan.contains("TEMP B-TREE FOR ORDER BY"),
+        "a sort of every row in: {plan}"
+    );
 }
 
 #[tokio::test]
@@ -43,4 +47,45 @@ async fn the_completion_probes_the_lease_index_per_token() {
 async fn a_batch_of_next_rows_finds_each_item_by_its_id() {
     let step = "SEARCH i USING INTEGER PRIMARY KEY (rowid=?)";
     assert_plan(super::complete::NEXT, step).await;
+}
+
+/// The first query of a triage section, unbounded or under a prefix.
+fn triage_sql(section: crate::store::ItemState, prefix: Option<&str>) -> String {
+    let queries = crate::store::triage::section_queries('?', "p", section, prefix, None, 10)
+        .expect("a section query");
+    queries.into_iter().next().expect("one query").sql
+}
+
+#[tokio::test]
+async fn triage_sections_each_read_their_own_index_in_order() {
+    use crate::store::ItemState::{Backoff, Idle, Parked, Pending};
+    let claim = "USING INDEX drover_items_claim (process=?)";
+    assert_plan(&triage_sql(Pending, None), claim).await;
+    let backoff = "USING INDEX drover_items_backoff (process=?";
+    assert_plan(&triage_sql(Backoff, None), backoff).await;
+    let settled = "USING INDEX drover_items_settled (process=? AND key>? AND key<?)";
+    assert_plan(&triage_sql(Parked, None), settled).await;
+    let by_key = "(process=? AND key>? AND key<?)";
+    assert_plan(&triage_sql(Pending, Some("ns/")), by_key).await;
+    assert_plan(&triage_sql(Idle, None), by_key).await;
+}
+
+#[tokio::test]
+async fn counts_read_the_small_indexes_not_the_backlog() {
+    let backoff = "USING COVERING INDEX drover_items_backoff (process=? AND backoff_until>?)";
+    assert_plan(super::counts::COUNTS, backoff).await;
+    let oldest = "USING COVERING INDEX drover_items_claim (process=? AND priority=?)";
+    assert_plan(super::counts::OLDEST, oldest).await;
+}
+
+#[tokio::test]
+async fn the_runs_chart_reads_the_last_hour_by_end_time_not_every_run_of_the_process() {
+    let step = "USING INDEX drover_runs_ended (ended_at>?)";
+    assert_plan(super::series::RUNS, step).await;
+}
+
+#[tokio::test]
+async fn a_keys_runs_walk_the_key_index_not_every_run() {
+    let step = "USING INDEX drover_runs_key (process=? AND key=? AND id<?)";
+    assert_plan(super::runs::BY_KEY, step).await;
 }

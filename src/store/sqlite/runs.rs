@@ -96,6 +96,18 @@ pub(super) async fn log_action(
     Ok(())
 }
 
+/// A key's page of runs: `process = ?1 AND key = ?2` stated plainly, so the
+/// `(process, key, id)` index is walked backwards from the cursor (with the
+/// optional filters written as above, SQLite walks every run instead).
+pub(super) const BY_KEY: &str = concat!(
+    "SELECT ",
+    run_columns!(),
+    " FROM drover_runs
+     WHERE process = ?1 AND key = ?2
+         AND (?3 IS NULL OR outcome = ?3) AND id < COALESCE(?4, 9223372036854775807)
+     ORDER BY id DESC LIMIT ?5"
+);
+
 /// A page of history, newest first. With a key, the `(process, key, id)` index
 /// gives the page directly; otherwise the primary key is walked backwards from
 /// the cursor.
@@ -103,22 +115,28 @@ pub(super) async fn list(store: &SqliteStore, params: RunList) -> Result<Vec<Run
     if let Some(process) = &params.process {
         check_process(store, process).await?;
     }
-    let rows: Vec<RunRow> = sqlx::query_as(concat!(
+    let sql = concat!(
         "SELECT ",
         run_columns!(),
         " FROM drover_runs
          WHERE (?1 IS NULL OR process = ?1) AND (?2 IS NULL OR key = ?2)
              AND (?3 IS NULL OR outcome = ?3) AND id < COALESCE(?4, 9223372036854775807)
          ORDER BY id DESC LIMIT ?5"
-    ))
-    .bind(&params.process)
-    .bind(&params.key)
-    .bind(params.outcome.map(RunOutcome::as_str))
-    .bind(params.before)
-    .bind(params.limit)
-    .fetch_all(&store.pool)
-    .await
-    .db()?;
+    );
+    let sql = if params.process.is_some() && params.key.is_some() {
+        BY_KEY
+    } else {
+        sql
+    };
+    let rows: Vec<RunRow> = sqlx::query_as(sql)
+        .bind(&params.process)
+        .bind(&params.key)
+        .bind(params.outcome.map(RunOutcome::as_str))
+        .bind(params.before)
+        .bind(params.limit)
+        .fetch_all(&store.pool)
+        .await
+        .db()?;
     runs(rows)
 }
 

@@ -1,0 +1,102 @@
+//! [`SlowReads`]: the process page's expensive reads (error groups over every
+//! failing key, the hour of runs behind the chart) kept for a few seconds,
+//! but only once they proved slow. On a small process every request reads
+//! afresh, so what an operator just did shows at once; on one with tens of
+//! thousands of failing keys a page that refreshes every five seconds stops
+//! paying for the same grouping again and again, and says how old it is.
+//! An operator's bulk action from the dashboard drops the process's entries.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::store::{ErrorGroup, Series, StoreError};
+
+/// A read slower than this is kept.
+const SLOW: Duration = Duration::from_millis(25);
+/// For this long.
+const KEEP: Duration = Duration::from_secs(10);
+
+/// What a read returned and when, for one process.
+#[derive(Debug, Clone, Default)]
+struct Entry {
+    groups: Option<(Instant, Vec<ErrorGroup>)>,
+    series: Option<(Instant, Series)>,
+}
+
+/// The kept reads, per process; cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SlowReads {
+    entries: Arc<Mutex<HashMap<String, Entry>>>,
+}
+
+/// A value and, when it was kept from an earlier request, its age.
+pub(super) type Aged<T> = (T, Option<Duration>);
+
+impl SlowReads {
+    /// The error groups of `process`, kept or read by `read`.
+    pub(super) async fn groups<F>(
+        &self,
+        process: &str,
+        read: F,
+    ) -> Result<Aged<Vec<ErrorGroup>>, StoreError>
+    where
+        F: Future<Output = Result<Vec<ErrorGroup>, StoreError>>,
+    {
+        let kept = self
+            .entries
+            .lock()
+            .get(process)
+            .and_then(|e| e.groups.clone());
+        self.through(kept, read, |e, v| e.groups = Some(v), process)
+            .await
+    }
+
+    /// The chart series of `process`, kept or read by `read`.
+    pub(super) async fn series<F>(&self, process: &str, read: F) -> Result<Aged<Series>, StoreError>
+    where
+        F: Future<Output = Result<Series, StoreError>>,
+    {
+        let kept = self
+            .entries
+            .lock()
+            .get(process)
+            .and_then(|e| e.series.clone());
+        self.through(kept, read, |e, v| e.series = Some(v), process)
+            .await
+    }
+
+    /// Forgets what was kept for `process` (after an action changed it).
+    pub(super) fn forget(&self, process: &str) {
+        self.entries.lock().remove(process);
+    }
+
+    async fn through<T: Clone, F>(
+        &self,
+        kept: Option<(Instant, T)>,
+        read: F,
+        store: impl FnOnce(&mut Entry, (Instant, T)),
+        process: &str,
+    ) -> Result<Aged<T>, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        if let Some((at, value)) = kept.filter(|(at, _)| at.elapsed() < KEEP) {
+            return Ok((value, Some(at.elapsed())));
+        }
+        let started = Instant::now();
+        let value = read.await?;
+        if started.elapsed() >= SLOW {
+            let mut entries = self.entries.lock();
+            store(
+                entries.entry(process.to_owned()).or_default(),
+                (started, value.clone()),
+            );
+        }
+        Ok((value, None))
+    }
+}

@@ -1,0 +1,82 @@
+//! `/ui/workers`: every session — who runs it (component, host, pid,
+//! version), since when, its last heartbeat and deadline — and the leases it
+//! holds (key, since, fencing token); sessions past their deadline are shown
+//! as awaiting reclaim.
+
+use axum::extract::State;
+use axum::response::Html;
+use maud::{Markup, html};
+
+use super::item_path;
+use super::pages::HtmlError;
+use super::view::{at, at_or_dash, page};
+use crate::server::auth::{Authorized, Read};
+use crate::server::error::ApiError;
+use crate::server::routes::sessions::LEASES_SHOWN;
+use crate::server::state::AppState;
+use crate::store::{SessionInfo, SessionList, StoreEngine as _};
+
+/// `/ui/workers`.
+pub(super) async fn workers(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+) -> Result<Html<String>, HtmlError> {
+    auth?;
+    let sessions = state
+        .store
+        .session_list(SessionList {
+            leases_per_session: LEASES_SHOWN,
+        })
+        .await
+        .map_err(ApiError::from)?;
+    Ok(Html(view(&sessions).into_string()))
+}
+
+/// The page.
+fn view(sessions: &[SessionInfo]) -> Markup {
+    let body = html! {
+        @if sessions.is_empty() {
+            p { "No sessions: no worker is running (start one with "
+                code { "drover work PROCESS --exec CMD" } ")." }
+        } @else {
+            table id="workers" {
+                tr { th { "session" } th { "component" } th { "host" } th { "pid" } th { "version" }
+                     th { "since" } th { "last heartbeat" } th { "deadline" } th { "leases" } }
+                @for s in sessions { (row(s)) }
+            }
+        }
+    };
+    page("Workers", true, body)
+}
+
+fn row(s: &SessionInfo) -> Markup {
+    let dash = || "-".to_owned();
+    html! {
+        tr.session data-session=(s.id.0) {
+            td.n { (s.id.0) } td.component { (s.component) }
+            td.host { (s.identity.host.clone().unwrap_or_else(dash)) }
+            td.n { (s.identity.pid.map_or_else(dash, |p| p.to_string())) }
+            td { (s.identity.version.clone().unwrap_or_else(dash)) }
+            td { (at(s.started_at)) } td { (at(s.heartbeat_at)) }
+            td.deadline {
+                (at(s.deadline))
+                @if s.expired { " " strong.err.expired { "expired, awaiting reclaim" } }
+            }
+            td.n.leases { (s.lease_count) }
+        }
+        @if !s.leases.is_empty() {
+            tr.held { td {} td colspan="8" {
+                table.leases {
+                    tr { th { "process" } th { "key" } th { "since" } th { "fencing token" } }
+                    @for l in &s.leases {
+                        tr { td { (l.process) } td.key { a href=(item_path(&l.process, &l.key)) { (l.key) } }
+                             td { (at_or_dash(l.started_at)) } td.n.token { (l.token) } }
+                    }
+                }
+                @if s.lease_count > s.leases.len() as u64 {
+                    p { "… and " (s.lease_count - s.leases.len() as u64) " more." }
+                }
+            } }
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Item counts on PostgreSQL: the folded counts per stored state plus the
+//! deltas appended since (migration 0007's statement-level triggers), the
+//! backoff count from the index of failed pending keys, and the oldest ready
+//! item found by skipping through the claim index one priority at a time.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::engine::PostgresStore;
+use super::error::Db as _;
+use crate::store::StoreError;
+use crate::store::counts::CountsRow;
+use crate::store::types::ProcessCounts;
+
+/// Folds the appended deltas into the counts: one statement, so a reader sees
+/// them either as deltas or folded, never both, and two folds never fold the
+/// same delta (the second waits for the first's row locks, then skips what
+/// it deleted).
+const FOLD: &str = "
+WITH d AS (DELETE FROM drover_item_count_deltas RETURNING process, state, delta)
+INSERT INTO drover_item_counts AS c (process, state, n)
+SELECT process, state, sum(delta) FROM d GROUP BY process, state
+ON CONFLICT (process, state) DO UPDATE SET n = c.n + excluded.n";
+
+/// The stored counts of every known process, and its keys backing off at `$1`.
+const COUNTS: &str = "
+WITH c AS (
+    SELECT process, state, sum(n)::bigint AS n FROM (
+        SELECT process, state, n FROM drover_item_counts
+        UNION ALL SELECT process, state, delta FROM drover_item_count_deltas) u
+    GROUP BY process, state)
+SELECT p.process,
+    COALESCE((SELECT n FROM c WHERE c.process = p.process AND c.state = 'pending'), 0) AS pending,
+    COALESCE((SELECT n FROM c WHERE c.process = p.process AND c.state = 'running'), 0) AS running,
+    COALESCE((SELECT n FROM c WHERE c.process = p.process AND c.state = 'parked'), 0) AS parked,
+    COALESCE((SELECT n FROM c WHERE c.process = p.process AND c.state = 'idle'), 0) AS idle,
+    (SELECT count(*) FROM drover_items b WHERE b.process = p.process
+         AND b.state = 'pending' AND b.backoff_until IS NOT NULL
+         AND b.backoff_until > $1) AS backoff
+FROM drover_processes p ORDER BY p.process";
+
+/// The earliest ready time at or before `$2` among process `$1`'s pending
+/// keys: the first entry of each priority in the claim index, priorities
+/// visited from the highest down (a handful of seeks, not a scan).
+const OLDEST: &str = "
+WITH RECURSIVE priorities(p) AS (
+    SELECT max(priority) FROM drover_items WHERE process = $1 AND state = 'pending'
+    UNION ALL
+    SELECT (SELECT max(priority) FROM drover_items
+            WHERE process = $1 AND state = 'pending' AND priority < priorities.p)
+    FROM priorities WHERE priorities.p IS NOT NULL)
+SELECT min(first) FROM (
+    SELECT (SELECT min(ready_at) FROM drover_items
+            WHERE process = $1 AND state = 'pending' AND priority = priorities.p) AS first
+    FROM priorities WHERE priorities.p IS NOT NULL) f
+WHERE first <= $2";
+
+/// Folds the count deltas in; called with every count and by every reclaim
+/// pass, which each live node runs every few seconds, so the deltas stay a
+/// few rows per statement since the last pass.
+pub(super) async fn fold(store: &PostgresStore) -> Result<(), StoreError> {
+    let mut tx = store.read().await?;
+    sqlx::query(FOLD).execute(&mut tx).await.db()?;
+    tx.commit().await.db()
+}
+
+/// Counts per process without reading the backlog.
+pub(super) async fn process_counts(
+    store: &PostgresStore,
+) -> Result<Vec<ProcessCounts>, StoreError> {
+    fold(store).await?;
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
+    let rows: Vec<CountsRow> = sqlx::query_as(COUNTS)
+        .bind(now)
+        .fetch_all(&mut tx)
+        .await
+        .db()?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(OLDEST)
+            .bind(&row.process)
+            .bind(now)
+            .fetch_one(&mut tx)
+            .await
+            .db()?;
+        let age = oldest.map(|at| (now - at).to_std().unwrap_or(Duration::ZERO));
+        out.push(row.into_counts(age));
+    }
+    tx.commit().await.db()?;
+    Ok(out)
+}

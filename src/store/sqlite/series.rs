@@ -1,0 +1,84 @@
+//! The charts' series on SQLite: runs per minute from the runs table (its
+//! `ended_at` index), depth samples written from the counts.
+
+use super::counts::process_counts;
+use super::engine::SqliteStore;
+use super::error::Db as _;
+use super::inspect::check_process;
+use super::rows::{duration_ms, to_ms, to_time};
+use crate::store::StoreError;
+use crate::store::params::{DepthSample, ProcessSeries};
+use crate::store::series::{SampleRow, assemble, window_start};
+use crate::store::types::Series;
+
+/// Runs of `?1` that ended since `?2`, per minute from `?2` and outcome:
+/// through the `ended_at` index (`+process` keeps SQLite from walking every
+/// run of the process through the key index instead).
+pub(super) const RUNS: &str = "
+SELECT (ended_at - ?2) / 60000 AS minute, outcome, count(*) FROM drover_runs
+WHERE ended_at >= ?2 AND +process = ?1 AND actor IS NULL
+GROUP BY minute, outcome ORDER BY minute, outcome";
+
+/// A process's samples since `?2`.
+const SAMPLES: &str = "
+SELECT at, pending, backoff, running, parked FROM drover_depth_samples
+WHERE process = ?1 AND at >= ?2 ORDER BY at";
+
+/// One process's sample at `?2`, unless it has one since `?3`.
+const SAMPLE: &str = "
+INSERT INTO drover_depth_samples (process, at, pending, backoff, running, parked)
+SELECT ?1, ?2, ?4, ?5, ?6, ?7
+WHERE NOT EXISTS (SELECT 1 FROM drover_depth_samples WHERE process = ?1 AND at > ?3)";
+
+pub(super) async fn process_series(
+    store: &SqliteStore,
+    params: ProcessSeries,
+) -> Result<Series, StoreError> {
+    check_process(store, &params.process).await?;
+    let now = store.now_ms(&store.pool).await?;
+    let start = to_ms(window_start(to_time(now), params.window));
+    let runs: Vec<(i64, String, i64)> = sqlx::query_as(RUNS)
+        .bind(&params.process)
+        .bind(start)
+        .fetch_all(&store.pool)
+        .await
+        .db()?;
+    let samples: Vec<SampleRow<i64>> = sqlx::query_as(SAMPLES)
+        .bind(&params.process)
+        .bind(start)
+        .fetch_all(&store.pool)
+        .await
+        .db()?;
+    assemble(to_time(start), to_time(now), runs, samples)
+}
+
+pub(super) async fn depth_sample(
+    store: &SqliteStore,
+    params: DepthSample,
+) -> Result<u64, StoreError> {
+    let counts = process_counts(store).await?;
+    let (mut tx, now) = store.write().await?;
+    let mut written = 0;
+    for c in &counts {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        written += sqlx::query(SAMPLE)
+            .bind(&c.process)
+            .bind(now)
+            .bind(now - duration_ms(params.min_gap))
+            .bind(n(c.pending))
+            .bind(n(c.backoff))
+            .bind(n(c.running))
+            .bind(n(c.parked))
+            .execute(&mut *tx)
+            .await
+            .db()?
+            .rows_affected();
+    }
+    sqlx::query("DELETE FROM drover_depth_samples WHERE at < ?1")
+        .bind(now - duration_ms(params.keep))
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    tx.commit().await.db()?;
+    Ok(written)
+}
