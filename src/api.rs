@@ -290,6 +290,10 @@ pub enum OutcomeName {
     Retried,
     /// An operator forgot the key.
     Deleted,
+    /// An operator paused the process (key `""`).
+    Paused,
+    /// An operator resumed the process (key `""`).
+    Resumed,
 }
 
 impl From<RunOutcome> for OutcomeName {
@@ -303,6 +307,8 @@ impl From<RunOutcome> for OutcomeName {
             RunOutcome::Expired => Self::Expired,
             RunOutcome::Retried => Self::Retried,
             RunOutcome::Deleted => Self::Deleted,
+            RunOutcome::Paused => Self::Paused,
+            RunOutcome::Resumed => Self::Resumed,
         }
     }
 }
@@ -318,6 +324,8 @@ impl From<OutcomeName> for RunOutcome {
             OutcomeName::Expired => Self::Expired,
             OutcomeName::Retried => Self::Retried,
             OutcomeName::Deleted => Self::Deleted,
+            OutcomeName::Paused => Self::Paused,
+            OutcomeName::Resumed => Self::Resumed,
         }
     }
 }
@@ -536,6 +544,15 @@ impl From<Lease> for LeaseBody {
 pub struct ClaimResponse {
     /// The leases; empty when nothing became ready within the wait.
     pub leases: Vec<LeaseBody>,
+    /// The process is paused: nothing is claimed until it is resumed.
+    #[serde(default)]
+    pub paused: bool,
+    /// The process's rate limit held the claim back (fewer leases than asked
+    /// though more may be ready): its next token comes in this many
+    /// milliseconds. Claim again then, not at the next poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub next_token_in_ms: Option<u64>,
 }
 
 /// A lease as a worker sends it back: the object a claim returned (the fields

@@ -46,7 +46,7 @@
 //!     .session_start(SessionStart { component: "example".into(), ttl: Duration::from_secs(30) })
 //!     .await?;
 //! let claim = LeaseClaim { session: session.id, process: "provision".into(), max: 10 };
-//! let leases = store.lease_claim(claim).await?;
+//! let leases = store.lease_claim(claim).await?.leases; // none while the process is paused
 //! assert_eq!(leases.len(), 2);
 //! for lease in &leases {
 //!     // … converge lease.key, then report how it went:
@@ -67,6 +67,7 @@ mod backend;
 mod clock;
 mod engine;
 mod error;
+mod fleet;
 mod groups;
 mod key;
 mod options;
@@ -86,6 +87,8 @@ mod admin;
 mod decode;
 #[cfg(feature = "_engine")]
 mod enqueue;
+#[cfg(feature = "_engine")]
+mod gate;
 #[cfg(feature = "_engine")]
 mod holding;
 #[cfg(feature = "_engine")]
@@ -115,6 +118,9 @@ pub use engine::StoreEngine;
 pub use error::DriverError;
 pub(crate) use error::error_chain;
 pub use error::{RemoteError, StoreError};
+pub use fleet::{
+    ClaimGate, Claimed, FleetLimits, LimitChanges, MAX_RATE_PER_S, ProcessPause, RateLimit,
+};
 pub use groups::error_signature;
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;

@@ -1,6 +1,7 @@
 //! Parameter structs, one per store operation, so adding an option never breaks a
 //! caller.
 
+use super::fleet::LimitChanges;
 use std::time::Duration;
 
 use crate::backoff::Backoff;
@@ -193,6 +194,9 @@ pub struct ProcessConfigure {
     pub keep_runs_per_key: Option<u32>,
     /// Forget idle keys untouched this long: `Some(None)` = never (the default).
     pub forget_idle_after: Option<Option<Duration>>,
+    /// Its fleet controls' limits (concurrency, rate); pause is
+    /// [`process_pause`](super::StoreEngine::process_pause).
+    pub limits: LimitChanges,
 }
 
 impl ProcessConfigure {
@@ -239,6 +243,27 @@ impl ProcessConfigure {
             forget_idle_after: Some(period),
             ..self
         }
+    }
+
+    /// Sets the cluster-wide concurrency limit (`None`: no limit).
+    #[must_use]
+    pub fn concurrency(mut self, limit: Option<u32>) -> Self {
+        self.limits.concurrency = Some(limit);
+        self
+    }
+
+    /// Sets the cluster-wide rate limit in runs per second (`None`: no limit).
+    #[must_use]
+    pub fn rate(mut self, per_second: Option<f64>) -> Self {
+        self.limits.rate = Some(per_second);
+        self
+    }
+
+    /// Sets the rate limit's burst.
+    #[must_use]
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.limits.burst = Some(burst);
+        self
     }
 }
 

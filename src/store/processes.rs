@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::StoreError;
 use super::decode::backoff_policy;
 use super::key::validate_process;
+use super::fleet::{FleetLimits, RateLimit};
 use super::params::ProcessConfigure;
 use super::types::{ProcessSettings, Retention};
 
@@ -19,6 +20,39 @@ pub(crate) struct SettingsRow {
     keep_runs_ms: i64,
     keep_runs_per_key: i32,
     forget_idle_ms: Option<i64>,
+    #[sqlx(flatten)]
+    limits: LimitsRow,
+}
+
+/// The fleet-control columns of `drover_processes` (see [`FleetLimits`]).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct LimitsRow {
+    paused: bool,
+    concurrency: Option<i64>,
+    rate_per_s: Option<f64>,
+    rate_burst: i64,
+}
+
+/// `SELECT <this> FROM drover_processes` yields a [`LimitsRow`].
+macro_rules! limits_columns {
+    () => {
+        "paused, concurrency, rate_per_s, rate_burst"
+    };
+}
+pub(crate) use limits_columns;
+
+impl LimitsRow {
+    fn into_limits(self) -> FleetLimits {
+        let clamp = |v: i64| u32::try_from(v.max(1)).unwrap_or(u32::MAX);
+        FleetLimits {
+            paused: self.paused,
+            concurrency: self.concurrency.map(clamp),
+            rate: self.rate_per_s.map(|per_second| RateLimit {
+                per_second,
+                burst: clamp(self.rate_burst),
+            }),
+        }
+    }
 }
 
 /// Milliseconds as a duration (negative ones as zero).
@@ -42,8 +76,14 @@ impl SettingsRow {
                 forget_idle_after: self.forget_idle_ms.map(ms),
             },
             process: self.process,
+            limits: self.limits.into_limits(),
         }
     }
+}
+
+/// A count as the engines' 32-bit integer columns store it.
+pub(crate) fn clamp_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 /// Refuses settings no process can run with, before anything is written.
@@ -58,6 +98,9 @@ pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
         return Err(StoreError::InvalidArgument(
             "keep runs for longer than 0 (use 1s to keep them as briefly as possible)".into(),
         ));
+    }
+    if let Some(problem) = params.limits.problem() {
+        return Err(StoreError::InvalidArgument(problem.into()));
     }
     if params.forget_idle_after == Some(Some(Duration::ZERO)) {
         return Err(StoreError::InvalidArgument(

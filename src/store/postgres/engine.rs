@@ -10,7 +10,8 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, enqueue, groups, inspect, leases, processes, runs, sessions};
+use super::{admin, enqueue, gate, groups, inspect, leases, processes, runs, sessions};
+use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
@@ -112,6 +113,16 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// Notifies `process`'s channel at once (outside any transaction).
+    pub(crate) async fn notify(&self, process: &str) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(Self::notify_channel(process))
+            .execute(&self.pool)
+            .await
+            .db()?;
+        Ok(())
+    }
+
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
     /// shape) that is true when `lease_lock` would accept the key: new or idle,
     /// or pending and not backing off and not delayed (its ready time, from
@@ -180,7 +191,7 @@ impl StoreEngine for PostgresStore {
         retry(|| enqueue::enqueue(self, &params)).await
     }
 
-    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Claimed, StoreError> {
         retry(|| leases::claim(self, &params)).await
     }
 
@@ -261,6 +272,10 @@ impl StoreEngine for PostgresStore {
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
         retry(|| processes::configure(self, &params)).await
+    }
+
+    async fn process_pause(&self, params: ProcessPause) -> Result<bool, StoreError> {
+        retry(|| gate::pause(self, &params)).await
     }
 
     async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {

@@ -11,6 +11,7 @@ mod copy_rows;
 mod engine;
 mod enqueue;
 mod error;
+mod gate;
 mod groups;
 mod inspect;
 mod items;

@@ -7,7 +7,8 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, groups, inspect, items, leases, processes, runs, sessions};
+use super::{admin, gate, groups, inspect, items, leases, processes, runs, sessions};
+use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::groups::act_where;
 use crate::store::params::{
     ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry,
@@ -133,7 +134,7 @@ impl StoreEngine for SqliteStore {
         items::enqueue(self, params).await
     }
 
-    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Claimed, StoreError> {
         leases::claim(self, params).await
     }
 
@@ -214,6 +215,10 @@ impl StoreEngine for SqliteStore {
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
         processes::configure(self, params).await
+    }
+
+    async fn process_pause(&self, params: ProcessPause) -> Result<bool, StoreError> {
+        gate::pause(self, params).await
     }
 
     async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {

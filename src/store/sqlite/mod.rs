@@ -9,6 +9,7 @@ mod complete;
 mod connect;
 mod engine;
 mod error;
+mod gate;
 mod groups;
 mod inspect;
 mod items;

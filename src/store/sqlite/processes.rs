@@ -7,7 +7,7 @@ use super::items::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
-use crate::store::processes::{SettingsRow, checked};
+use crate::store::processes::{SettingsRow, checked, clamp_i32, limits_columns};
 use crate::store::types::ProcessSettings;
 
 /// Writes the settings given, leaving the others as stored.
@@ -17,6 +17,7 @@ pub(super) async fn configure(
 ) -> Result<(), StoreError> {
     checked(&params)?;
     let b = params.backoff;
+    let l = params.limits;
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
     sqlx::query(
@@ -27,7 +28,11 @@ pub(super) async fn configure(
              backoff_jitter = COALESCE(?5, backoff_jitter),
              keep_runs_ms = COALESCE(?6, keep_runs_ms),
              keep_runs_per_key = COALESCE(?7, keep_runs_per_key),
-             forget_idle_ms = CASE WHEN ?8 THEN ?9 ELSE forget_idle_ms END
+             forget_idle_ms = CASE WHEN ?8 THEN ?9 ELSE forget_idle_ms END,
+             concurrency = CASE WHEN ?10 THEN ?11 ELSE concurrency END,
+             rate_per_s = CASE WHEN ?12 THEN ?13 ELSE rate_per_s END,
+             rate_burst = COALESCE(?14, rate_burst),
+             rate_tokens = CASE WHEN ?15 THEN NULL ELSE rate_tokens END
          WHERE process = ?1",
     )
     .bind(&params.process)
@@ -39,6 +44,12 @@ pub(super) async fn configure(
     .bind(params.keep_runs_per_key)
     .bind(params.forget_idle_after.is_some())
     .bind(params.forget_idle_after.flatten().map(duration_ms))
+    .bind(l.concurrency.is_some())
+    .bind(l.concurrency.flatten().map(clamp_i32))
+    .bind(l.rate.is_some())
+    .bind(l.rate.flatten())
+    .bind(l.burst.map(clamp_i32))
+    .bind(l.refills())
     .execute(&mut *tx)
     .await
     .db()?;
@@ -48,11 +59,12 @@ pub(super) async fn configure(
 
 /// Every known process with its settings.
 pub(super) async fn list(store: &SqliteStore) -> Result<Vec<ProcessSettings>, StoreError> {
-    let rows: Vec<SettingsRow> = sqlx::query_as(
+    let rows: Vec<SettingsRow> = sqlx::query_as(concat!(
         "SELECT process, backoff_initial_ms, backoff_factor, backoff_max_ms, backoff_jitter,
-             keep_runs_ms, keep_runs_per_key, forget_idle_ms
-         FROM drover_processes ORDER BY process",
-    )
+             keep_runs_ms, keep_runs_per_key, forget_idle_ms, ",
+        limits_columns!(),
+        " FROM drover_processes ORDER BY process"
+    ))
     .fetch_all(&store.pool)
     .await
     .db()?;
