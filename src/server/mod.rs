@@ -53,7 +53,8 @@ pub use model::{
     CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
     EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
     ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
-    OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunPage,
+    OutcomeBody, OutcomeName, PauseResponse, ProcessConfigureRequest, ProcessList,
+    ProcessSettingsBody, ProcessSummary, ReleaseRequest, RunBody, RunPage,
     SessionBody, SessionRequest, StateName,
 };
 pub use openapi::{ApiDoc, document};

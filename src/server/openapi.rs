@@ -13,7 +13,8 @@ use super::model::{
     ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, OutcomeBody, OutcomeName, ProcessList,
     ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody, SessionRequest, StateName,
 };
-use super::routes::{groups, health, items, leases, processes, runs, sessions};
+use super::model::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
+use super::routes::{groups, health, items, leases, processes, runs, sessions, settings};
 
 /// The API description served at `/openapi.json`.
 #[derive(Debug, OpenApi)]
@@ -35,6 +36,7 @@ use super::routes::{groups, health, items, leases, processes, runs, sessions};
         items::enqueue, items::list, items::get, items::retry, items::park, items::delete,
         runs::list,
         groups::list, groups::retry, groups::park, groups::delete,
+        settings::get, settings::configure, settings::pause, settings::resume,
         sessions::start, sessions::heartbeat, sessions::close,
         leases::claim, leases::complete, leases::complete_batch, leases::release,
         health::healthz, health::readyz, health::metrics, health::openapi,
@@ -46,12 +48,13 @@ use super::routes::{groups, health, items, leases, processes, runs, sessions};
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
         CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,
         BulkParkRequest, BulkState, BulkResponse,
+        ProcessSettingsBody, ProcessConfigureRequest, PauseResponse,
     )),
     modifiers(&BearerAuth),
     tags(
         (name = "work", description = "Producers and workers: enqueue, sessions, leases"),
         (name = "read", description = "Processes and items"),
-        (name = "admin", description = "Operators' actions on items, one key or every key a filter matches"),
+        (name = "admin", description = "Operators' actions on items, one key or every key a filter matches, and on processes (settings, pause, resume)"),
         (name = "ops", description = "Health, readiness, metrics, this document"),
     )
 )]
