@@ -206,7 +206,12 @@ async fn worker_process() {
         process: P.into(),
         max: 1,
     };
-    let first = store.lease_claim(claim).await.expect("claim").leases.remove(0);
+    let first = store
+        .lease_claim(claim)
+        .await
+        .expect("claim")
+        .leases
+        .remove(0);
     println!("\nHOLDING {}", first.key);
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).expect("go signal");

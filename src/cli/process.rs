@@ -189,9 +189,13 @@ fn concurrency_limit(s: &str) -> Result<Limit<u32>, String> {
         return Ok(Limit(None));
     }
     match s.trim().parse::<u32>() {
-        Ok(0) => Err("a concurrency limit must be at least 1 (use `drover pause` to run none)".into()),
+        Ok(0) => {
+            Err("a concurrency limit must be at least 1 (use `drover pause` to run none)".into())
+        }
         Ok(n) => Ok(Limit(Some(n))),
-        Err(_) => Err(format!("{s:?} is not a number of runs; give e.g. 20, or none")),
+        Err(_) => Err(format!(
+            "{s:?} is not a number of runs; give e.g. 20, or none"
+        )),
     }
 }
 
@@ -206,7 +210,11 @@ fn rate_limit(s: &str) -> Result<Limit<f64>, String> {
         "s" | "sec" | "second" => 1.0,
         "m" | "min" | "minute" => 60.0,
         "h" | "hour" => 3600.0,
-        other => return Err(format!("{other:?} is not a period; give e.g. 20/s, 600/m or 2/h")),
+        other => {
+            return Err(format!(
+                "{other:?} is not a period; give e.g. 20/s, 600/m or 2/h"
+            ));
+        }
     };
     let count: f64 = count
         .trim()

@@ -13,9 +13,9 @@ use crate::api::{
     OutcomeBody, ReleaseRequest, SessionBody, SessionRequest,
 };
 use crate::store::{
-    ClaimGate, Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome, ProcessConfigure,
-    RemoteError, Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError,
-    WorkerBackend, clean_text,
+    ClaimGate, Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome,
+    ProcessConfigure, RemoteError, Session, SessionClose, SessionHeartbeat, SessionId,
+    SessionStart, StoreError, WorkerBackend, clean_text,
 };
 
 /// The most bytes of completions one request carries: half the server's

@@ -20,8 +20,8 @@ use super::source::Source;
 use crate::metrics::RunnerMetrics;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Claimed, Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, SessionId, SessionStart,
-    Store, StoreEngine, StoreError, WorkerBackend,
+    Claimed, Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, SessionId,
+    SessionStart, Store, StoreEngine, StoreError, WorkerBackend,
 };
 
 /// A control loop: workers that claim keys of one process from a backend and run

@@ -54,8 +54,8 @@ pub use model::{
     EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health, HeartbeatResponse,
     ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef, MAX_CLAIM, MAX_PAGE, MAX_TTL_MS,
     OutcomeBody, OutcomeName, PauseResponse, ProcessConfigureRequest, ProcessList,
-    ProcessSettingsBody, ProcessSummary, ReleaseRequest, RunBody, RunPage,
-    SessionBody, SessionRequest, StateName,
+    ProcessSettingsBody, ProcessSummary, ReleaseRequest, RunBody, RunPage, SessionBody,
+    SessionRequest, StateName,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

@@ -9,11 +9,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
+use super::fleet::Claimed;
 use super::params::{
     LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat,
     SessionStart,
 };
-use super::fleet::Claimed;
 use super::types::{ReclaimReport, Session};
 use super::{Store, StoreEngine, StoreError};
 

@@ -165,7 +165,11 @@ mod tests {
         };
         assert_eq!(row.admit(at(0), 3, 10).allowed, 2);
         assert_eq!(row.admit(at(0), 3, 1).allowed, 1);
-        assert_eq!(row.admit(at(0), 7, 10).allowed, 0, "over the limit admits none");
+        assert_eq!(
+            row.admit(at(0), 7, 10).allowed,
+            0,
+            "over the limit admits none"
+        );
     }
 
     #[test]
@@ -183,9 +187,21 @@ mod tests {
         let mut row = rate(20.0, 5);
         row.tokens = Some(0.0);
         row.tokens_at = Some(at(1_000));
-        assert_eq!(row.admit(at(1_120), 0, 8).allowed, 2, "2.4 tokens after 120 ms");
-        assert_eq!(row.admit(at(60_000), 0, 8).allowed, 5, "never past the burst");
-        assert_eq!(row.admit(at(0), 0, 8).allowed, 0, "a clock that went back adds none");
+        assert_eq!(
+            row.admit(at(1_120), 0, 8).allowed,
+            2,
+            "2.4 tokens after 120 ms"
+        );
+        assert_eq!(
+            row.admit(at(60_000), 0, 8).allowed,
+            5,
+            "never past the burst"
+        );
+        assert_eq!(
+            row.admit(at(0), 0, 8).allowed,
+            0,
+            "a clock that went back adds none"
+        );
     }
 
     #[test]
@@ -197,7 +213,11 @@ mod tests {
         assert_eq!(left, Some(2.0));
         assert_eq!(gate.next_token_in, None);
         let a = row.admit(at(0), 0, 8);
-        assert_eq!(row.taken(a, 2).1.next_token_in, None, "fewer ready than tokens");
+        assert_eq!(
+            row.taken(a, 2).1.next_token_in,
+            None,
+            "fewer ready than tokens"
+        );
     }
 
     #[test]

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use super::StoreError;
 use super::decode::backoff_policy;
-use super::key::validate_process;
 use super::fleet::{FleetLimits, RateLimit};
+use super::key::validate_process;
 use super::params::ProcessConfigure;
 use super::types::{ProcessSettings, Retention};
 

@@ -37,7 +37,9 @@ fn limited() -> &'static Mutex<HashSet<String>> {
 
 /// Records whether `process` has a concurrency limit, as a claim just saw.
 pub(crate) fn set_limited(process: &str, limited: bool) {
-    let mut set = self::limited().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut set = self::limited()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     if limited {
         if !set.contains(process) {
             set.insert(process.to_owned());

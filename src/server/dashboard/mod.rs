@@ -4,7 +4,8 @@
 //!
 //! - `/`: per process — pending, backoff, running, parked, oldest pending age,
 //!   runs finished and failed in the last five minutes — and a key search;
-//! - `/ui/processes/{process}`: its error groups (what its parked and
+//! - `/ui/processes/{process}`: its fleet controls (paused or not, its
+//!   concurrency and rate limits, with a Pause / Resume button for admins), its error groups (what its parked and
 //!   backing-off keys failed with, with "retry all", "park all" and "delete
 //!   all" buttons for admins) and its items, by state, paged;
 //! - `/ui/processes/{process}/items/{key}`: any known key (converged ones
@@ -15,6 +16,7 @@
 //! browser the token is the password of HTTP Basic auth (any user name).
 
 mod actions;
+mod fleet;
 mod pages;
 mod view;
 
@@ -42,6 +44,8 @@ pub(crate) fn routes() -> Router<AppState> {
             "/ui/processes/{process}/errors/{action}",
             post(actions::group),
         )
+        .route("/ui/processes/{process}/pause", post(fleet::pause))
+        .route("/ui/processes/{process}/resume", post(fleet::resume))
 }
 
 /// A path segment, percent-encoded (everything but RFC 3986's unreserved

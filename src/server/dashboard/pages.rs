@@ -118,7 +118,13 @@ pub(super) async fn process(
         items: &items,
         next: next.as_deref(),
     };
-    let page = view::process(&process, &groups, admin, &listing);
+    let settings = state.store.process_list().await.map_err(ApiError::from)?;
+    let limits = settings
+        .iter()
+        .find(|s| s.process == process)
+        .map(|s| &s.limits);
+    let fleet = super::fleet::section(&process, limits, admin);
+    let page = view::process(&process, fleet, &groups, admin, &listing);
     Ok(Html(page.into_string()))
 }
 

@@ -108,12 +108,14 @@ pub(super) struct Listing<'a> {
 /// items, a page at a time.
 pub(super) fn process(
     process: &str,
+    fleet: Markup,
     groups: &[ErrorGroup],
     admin: bool,
     listing: &Listing<'_>,
 ) -> Markup {
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
+        (fleet)
         (errors(&base, groups, admin))
         h2 { "Items" }
         p { "Show: " a href=(base) { "all" }

@@ -79,7 +79,11 @@ pub(crate) async fn configure(
         Err(e) => return Err(e),
     };
     let stored_backoff = current.map_or_else(Backoff::default, |s| s.backoff);
-    let params = changes(ProcessConfigure::new(process.clone()), &body, stored_backoff)?;
+    let params = changes(
+        ProcessConfigure::new(process.clone()),
+        &body,
+        stored_backoff,
+    )?;
     state.store.process_configure(params).await?;
     Ok(Json(stored(&state, &process).await?.into()))
 }

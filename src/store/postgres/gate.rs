@@ -112,20 +112,22 @@ pub(super) async fn take(
 }
 
 /// Pauses or resumes the process, with a history row when it changed.
-pub(super) async fn pause(store: &PostgresStore, params: &ProcessPause) -> Result<bool, StoreError> {
+pub(super) async fn pause(
+    store: &PostgresStore,
+    params: &ProcessPause,
+) -> Result<bool, StoreError> {
     validate_process(&params.process)?;
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
-    let changed = sqlx::query(
-        "UPDATE drover_processes SET paused = $2 WHERE process = $1 AND paused <> $2",
-    )
-    .bind(&params.process)
-    .bind(params.paused)
-    .execute(&mut *tx)
-    .await
-    .db()?
-    .rows_affected()
-        > 0;
+    let changed =
+        sqlx::query("UPDATE drover_processes SET paused = $2 WHERE process = $1 AND paused <> $2")
+            .bind(&params.process)
+            .bind(params.paused)
+            .execute(&mut *tx)
+            .await
+            .db()?
+            .rows_affected()
+            > 0;
     if changed {
         let action = if params.paused {
             RunOutcome::Paused

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
-use super::gate;
 use super::error::{Db as _, commit, map, map_commit};
+use super::gate;
 use super::items::ensure_process;
 use super::rows::{RunningRow, running_columns};
 use super::sessions::requeue;

@@ -18,7 +18,14 @@ use crate::store::key::validate_process;
 use crate::store::types::RunOutcome;
 
 /// The process row's fleet-control columns.
-type Columns = (bool, Option<i64>, Option<f64>, i64, Option<f64>, Option<i64>);
+type Columns = (
+    bool,
+    Option<i64>,
+    Option<f64>,
+    i64,
+    Option<f64>,
+    Option<i64>,
+);
 
 /// Decides how many of `max` keys may start now; `None` for a process that is
 /// neither paused nor limited (or unknown), whose claims are not gated.
@@ -93,16 +100,15 @@ pub(super) async fn pause(store: &SqliteStore, params: ProcessPause) -> Result<b
     validate_process(&params.process)?;
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
-    let changed = sqlx::query(
-        "UPDATE drover_processes SET paused = ?2 WHERE process = ?1 AND paused <> ?2",
-    )
-    .bind(&params.process)
-    .bind(params.paused)
-    .execute(&mut *tx)
-    .await
-    .db()?
-    .rows_affected()
-        > 0;
+    let changed =
+        sqlx::query("UPDATE drover_processes SET paused = ?2 WHERE process = ?1 AND paused <> ?2")
+            .bind(&params.process)
+            .bind(params.paused)
+            .execute(&mut *tx)
+            .await
+            .db()?
+            .rows_affected()
+            > 0;
     if changed {
         let action = if params.paused {
             RunOutcome::Paused

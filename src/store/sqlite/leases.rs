@@ -2,8 +2,8 @@
 //! session and the fencing token inside one write transaction.
 
 use super::engine::{SqliteStore, Tx};
-use super::gate;
 use super::error::Db as _;
+use super::gate;
 use super::items::ensure_process;
 use super::rows::{RunningRow, running_columns, to_time};
 use super::sessions::requeue;
