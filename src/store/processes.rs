@@ -28,9 +28,9 @@ pub(crate) struct SettingsRow {
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct LimitsRow {
     paused: bool,
-    concurrency: Option<i64>,
+    concurrency: Option<i32>,
     rate_per_s: Option<f64>,
-    rate_burst: i64,
+    rate_burst: i32,
 }
 
 /// `SELECT <this> FROM drover_processes` yields a [`LimitsRow`].
@@ -43,7 +43,7 @@ pub(crate) use limits_columns;
 
 impl LimitsRow {
     fn into_limits(self) -> FleetLimits {
-        let clamp = |v: i64| u32::try_from(v.max(1)).unwrap_or(u32::MAX);
+        let clamp = |v: i32| u32::try_from(v.max(1)).unwrap_or(1);
         FleetLimits {
             paused: self.paused,
             concurrency: self.concurrency.map(clamp),
