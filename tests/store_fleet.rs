@@ -71,8 +71,15 @@ async fn a_paused_process_is_not_claimed_and_keeps_its_enqueues_until_resumed() 
         enqueue(&db.store, 3).await;
         let session = db.session().await;
         assert!(pause(&db.store, true).await, "pausing changes it");
-        assert!(!pause(&db.store, true).await, "pausing again changes nothing");
-        let claimed = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        assert!(
+            !pause(&db.store, true).await,
+            "pausing again changes nothing"
+        );
+        let claimed = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert!(claimed.leases.is_empty(), "a paused process is not claimed");
         assert!(claimed.gate.paused);
         let refused = db.store.lease_lock(lock(session.id, "k0000")).await;
@@ -81,12 +88,20 @@ async fn a_paused_process_is_not_claimed_and_keeps_its_enqueues_until_resumed() 
             "{refused:?}"
         );
         enqueue(&db.store, 5).await;
-        assert_eq!(pending(&db.store).await, 5, "enqueues coalesce and are kept");
+        assert_eq!(
+            pending(&db.store).await,
+            5,
+            "enqueues coalesce and are kept"
+        );
         let settings = db.store.process_list().await.expect("list");
         assert!(settings[0].limits.paused);
 
         assert!(pause(&db.store, false).await);
-        let claimed = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let claimed = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert_eq!(claimed.leases.len(), 5, "resumed: everything runs");
         assert!(!claimed.gate.paused);
 
@@ -100,7 +115,10 @@ async fn a_paused_process_is_not_claimed_and_keeps_its_enqueues_until_resumed() 
             })
             .await
             .expect("runs");
-        let actions: Vec<_> = rows.iter().map(|r| (r.outcome, r.actor.as_deref())).collect();
+        let actions: Vec<_> = rows
+            .iter()
+            .map(|r| (r.outcome, r.actor.as_deref()))
+            .collect();
         assert_eq!(
             actions,
             [
@@ -118,13 +136,21 @@ async fn a_run_in_progress_finishes_normally_while_its_process_is_paused() {
     each_engine(|db| async move {
         enqueue(&db.store, 1).await;
         let session = db.session().await;
-        let leases = db.store.lease_claim(claim(session.id, 1)).await.expect("claim").leases;
+        let leases = db
+            .store
+            .lease_claim(claim(session.id, 1))
+            .await
+            .expect("claim")
+            .leases;
         pause(&db.store, true).await;
         let done = LeaseComplete {
             lease: &leases[0],
             outcome: &Outcome::Done,
         };
-        db.store.lease_complete(done).await.expect("a paused process's run completes");
+        db.store
+            .lease_complete(done)
+            .await
+            .expect("a paused process's run completes");
     })
     .await;
 }
@@ -135,15 +161,29 @@ async fn the_concurrency_limit_caps_running_keys_and_frees_a_slot_when_a_run_end
         enqueue(&db.store, 10).await;
         configure(&db.store, ProcessConfigure::new(P).concurrency(Some(2))).await;
         let session = db.session().await;
-        let first = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let first = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert_eq!(first.leases.len(), 2, "at most the limit");
         assert!(first.gate.concurrency_limited);
         assert_eq!(first.gate.next_token_in, None);
-        let full = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let full = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert!(full.leases.is_empty(), "no slot is free");
         let refused = db.store.lease_lock(lock(session.id, "k0009")).await;
         assert!(
-            matches!(refused, Err(StoreError::Held { why: "at its concurrency limit", .. })),
+            matches!(
+                refused,
+                Err(StoreError::Held {
+                    why: "at its concurrency limit",
+                    ..
+                })
+            ),
             "a lock counts against the limit: {refused:?}"
         );
         let done = LeaseComplete {
@@ -151,11 +191,19 @@ async fn the_concurrency_limit_caps_running_keys_and_frees_a_slot_when_a_run_end
             outcome: &Outcome::Done,
         };
         db.store.lease_complete(done).await.expect("complete");
-        let next = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let next = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert_eq!(next.leases.len(), 1, "one slot came free");
 
         configure(&db.store, ProcessConfigure::new(P).concurrency(None)).await;
-        let open = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let open = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert_eq!(open.leases.len(), 7, "the limit is gone at the next claim");
         assert!(!open.gate.concurrency_limited);
     })
@@ -173,7 +221,11 @@ async fn drain(store: Store, running: Arc<AtomicI64>, peak: Arc<AtomicI64>) {
         .await
         .expect("session");
     loop {
-        let leases = store.lease_claim(claim(session.id, 3)).await.expect("claim").leases;
+        let leases = store
+            .lease_claim(claim(session.id, 3))
+            .await
+            .expect("claim")
+            .leases;
         if leases.is_empty() {
             if pending(&store).await == 0 {
                 return;
@@ -280,30 +332,60 @@ async fn the_rate_limit_admits_its_burst_then_one_run_per_token_on_the_database_
         enqueue(&db.store, 20).await;
         configure(&db.store, ProcessConfigure::new(P).rate(Some(1.0)).burst(3)).await;
         let session = db.session().await;
-        let burst = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let burst = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert_eq!(burst.leases.len(), 3, "a full bucket: the burst");
         let wait = burst.gate.next_token_in.expect("the bucket ran dry");
         assert!(wait <= Duration::from_secs(1), "{wait:?}");
-        let dry = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let dry = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert!(dry.leases.is_empty());
-        assert!(dry.gate.next_token_in.is_some_and(|w| w <= Duration::from_secs(1)));
+        assert!(
+            dry.gate
+                .next_token_in
+                .is_some_and(|w| w <= Duration::from_secs(1))
+        );
         let refused = db.store.lease_lock(lock(session.id, "k0019")).await;
         assert!(
-            matches!(refused, Err(StoreError::Held { why: "out of rate-limit tokens", .. })),
+            matches!(
+                refused,
+                Err(StoreError::Held {
+                    why: "out of rate-limit tokens",
+                    ..
+                })
+            ),
             "{refused:?}"
         );
 
         db.store.clock().advance(Duration::from_millis(2_500));
-        let refilled = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let refilled = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert_eq!(refilled.leases.len(), 2, "2.5 tokens flowed in over 2.5 s");
         db.store.clock().advance(Duration::from_secs(10));
-        let capped = db.store.lease_claim(claim(session.id, 10)).await.expect("claim");
+        let capped = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
         assert_eq!(capped.leases.len(), 3, "never more than the burst at once");
         let few = db.store.lease_claim(claim(session.id, 1)).await;
         assert!(few.expect("claim").leases.is_empty());
 
         configure(&db.store, ProcessConfigure::new(P).rate(None)).await;
-        let open = db.store.lease_claim(claim(session.id, 100)).await.expect("claim");
+        let open = db
+            .store
+            .lease_claim(claim(session.id, 100))
+            .await
+            .expect("claim");
         assert_eq!(open.leases.len(), 12, "no limit: the rest at once");
         assert_eq!(open.gate.next_token_in, None);
     })
@@ -328,17 +410,30 @@ async fn limits_no_process_can_run_with_are_refused_and_change_nothing() {
                 "{params:?}: {err:?}"
             );
         }
-        assert!(db.store.process_list().await.expect("list").is_empty(), "nothing written");
+        assert!(
+            db.store.process_list().await.expect("list").is_empty(),
+            "nothing written"
+        );
         configure(
             &db.store,
-            ProcessConfigure::new(P).concurrency(Some(7)).rate(Some(2.5)).burst(4),
+            ProcessConfigure::new(P)
+                .concurrency(Some(7))
+                .rate(Some(2.5))
+                .burst(4),
         )
         .await;
         configure(&db.store, ProcessConfigure::new(P).keep_runs_per_key(5)).await;
         let limits = db.store.process_list().await.expect("list")[0].limits;
-        assert_eq!(limits.concurrency, Some(7), "other settings keep the limits");
+        assert_eq!(
+            limits.concurrency,
+            Some(7),
+            "other settings keep the limits"
+        );
         let rate = limits.rate.expect("a rate");
-        assert!((rate.per_second - 2.5).abs() < 1e-9 && rate.burst == 4, "{rate:?}");
+        assert!(
+            (rate.per_second - 2.5).abs() < 1e-9 && rate.burst == 4,
+            "{rate:?}"
+        );
     })
     .await;
 }

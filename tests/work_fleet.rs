@@ -9,8 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use drover::store::{
-    ItemEnqueue, ProcessConfigure, ProcessPause, Run, RunList, RunOutcome, Store,
-    StoreEngine as _,
+    ItemEnqueue, ProcessConfigure, ProcessPause, Run, RunList, RunOutcome, Store, StoreEngine as _,
 };
 use support::process::{eventually_within, stop};
 use support::{TestDb, each_engine};
@@ -224,7 +223,11 @@ async fn a_paused_process_with_running_workers_claims_nothing_then_drains_after_
         .await;
         // The observation period: five seconds of paused workers.
         tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(counts(&db.store).await, (KEYS as u64, 0), "nothing claimed while paused");
+        assert_eq!(
+            counts(&db.store).await,
+            (KEYS as u64, 0),
+            "nothing claimed while paused"
+        );
         assert!(!log.exists(), "no command ran while paused");
 
         let resumed = Instant::now();
@@ -233,11 +236,18 @@ async fn a_paused_process_with_running_workers_claims_nothing_then_drains_after_
             counts(&db.store).await == (0, 0)
         })
         .await;
-        eprintln!("{}: {KEYS} keys drained {:?} after resume", db.engine, resumed.elapsed());
+        eprintln!(
+            "{}: {KEYS} keys drained {:?} after resume",
+            db.engine,
+            resumed.elapsed()
+        );
         for w in workers {
             stop(w).await;
         }
-        let ran = std::fs::read_to_string(&log).expect("the log").lines().count();
+        let ran = std::fs::read_to_string(&log)
+            .expect("the log")
+            .lines()
+            .count();
         assert_eq!(ran, KEYS, "every key ran once after resume");
     })
     .await;
