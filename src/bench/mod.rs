@@ -18,7 +18,7 @@ mod queue;
 mod recovery;
 mod store;
 
-pub use burn_down::{BACKLOG_FRONT, backlog, burn_down};
+pub use burn_down::{BACKLOG_FRONT, backlog, burn_down, burn_down_limited};
 pub use enqueue::enqueue;
 pub use figure::Figure;
 pub use latency::latency;
