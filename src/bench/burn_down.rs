@@ -17,10 +17,7 @@ pub async fn burn_down(b: &StoreBench) -> Result<Figure, BenchError> {
 /// [`burn_down`] with the process's fleet limits set first (a concurrency
 /// limit, a rate limit): what the limits cost when they do not bind, next to
 /// the unlimited figure. The figure names the limits it ran under.
-pub async fn burn_down_limited(
-    b: &StoreBench,
-    limits: LimitChanges,
-) -> Result<Figure, BenchError> {
+pub async fn burn_down_limited(b: &StoreBench, limits: LimitChanges) -> Result<Figure, BenchError> {
     let process = fresh_process("burn_down");
     if limits != LimitChanges::default() {
         let mut configure = ProcessConfigure::new(process.clone());
