@@ -63,12 +63,14 @@ pub struct LimitChanges {
 
 impl LimitChanges {
     /// Whether the bucket must start full again (its rate or burst changed).
+    #[cfg(feature = "_engine")]
     #[must_use]
     pub(crate) fn refills(&self) -> bool {
         self.rate.is_some() || self.burst.is_some()
     }
 
     /// The first value no process can run with, as a one-line error.
+    #[cfg(feature = "_engine")]
     pub(crate) fn problem(&self) -> Option<&'static str> {
         if self.concurrency == Some(Some(0)) {
             return Some("a concurrency limit must be at least 1 (pause the process to run none)");

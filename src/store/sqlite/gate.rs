@@ -75,7 +75,6 @@ pub(super) async fn admit(
 /// claimer hears.
 pub(super) async fn take(
     tx: &mut Tx,
-    now: i64,
     process: &str,
     (row, admission): (GateRow, Admission),
     taken: u32,
@@ -87,7 +86,7 @@ pub(super) async fn take(
         )
         .bind(process)
         .bind(tokens)
-        .bind(now)
+        .bind(admission.at.timestamp_millis())
         .execute(&mut **tx)
         .await
         .db()?;

@@ -131,7 +131,7 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
     let gate = match decided {
         Some(decided) => {
             let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);
-            gate::take(&mut tx, now, &params.process, decided, taken).await?
+            gate::take(&mut tx, &params.process, decided, taken).await?
         }
         None => ClaimGate::default(),
     };
@@ -252,7 +252,7 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
     let token = take_tokens(&mut tx, 1).await?;
     let lease = start_run(&mut tx, now, id, params.session, token).await?;
     if let Some(decided) = decided {
-        gate::take(&mut tx, now, &params.process, decided, 1).await?;
+        gate::take(&mut tx, &params.process, decided, 1).await?;
     }
     tx.commit().await.db()?;
     Ok(lease)
