@@ -16,6 +16,27 @@ use tokio_util::sync::CancellationToken;
 
 const PROCESS: &str = "paced";
 
+/// A controller whose runs count themselves in `ran`, polling when idle
+/// every `idle_poll`.
+fn counting(
+    db: &support::TestDb,
+    ran: &Arc<AtomicU32>,
+    idle_poll: Duration,
+) -> Controller<impl drover::runner::Reconciler, support::backend::TestBackend> {
+    let count = Arc::clone(ran);
+    Controller::builder(db.worker.clone(), PROCESS, move |_: Task| {
+        let count = Arc::clone(&count);
+        async move {
+            count.fetch_add(1, SeqCst);
+            Ok::<_, BoxError>(Action::Done)
+        }
+    })
+    .parallelism(8)
+    .idle_poll(idle_poll)
+    .build()
+    .expect("controller")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limited_worker_claims_at_each_token_not_at_its_idle_poll() {
     each_backend(|db| async move {
@@ -28,20 +49,9 @@ async fn a_rate_limited_worker_claims_at_each_token_not_at_its_idle_poll() {
             .await
             .expect("enqueue");
         let ran = Arc::new(AtomicU32::new(0));
-        let count = Arc::clone(&ran);
         // An idle poll far longer than the whole run: only the token hint
         // can make the worker claim again in time.
-        let controller = Controller::builder(db.worker.clone(), PROCESS, move |_: Task| {
-            let count = Arc::clone(&count);
-            async move {
-                count.fetch_add(1, SeqCst);
-                Ok::<_, BoxError>(Action::Done)
-            }
-        })
-        .parallelism(8)
-        .idle_poll(Duration::from_secs(60))
-        .build()
-        .expect("controller");
+        let controller = counting(&db, &ran, Duration::from_secs(60));
         let stop = CancellationToken::new();
         let started = Instant::now();
         let handle = tokio::spawn({
@@ -83,17 +93,7 @@ async fn a_paused_process_runs_nothing_and_a_resume_wakes_its_worker() {
             .await
             .expect("enqueue");
         let ran = Arc::new(AtomicU32::new(0));
-        let count = Arc::clone(&ran);
-        let controller = Controller::builder(db.worker.clone(), PROCESS, move |_: Task| {
-            let count = Arc::clone(&count);
-            async move {
-                count.fetch_add(1, SeqCst);
-                Ok::<_, BoxError>(Action::Done)
-            }
-        })
-        .idle_poll(Duration::from_millis(200))
-        .build()
-        .expect("controller");
+        let controller = counting(&db, &ran, Duration::from_millis(200));
         let stop = CancellationToken::new();
         let handle = tokio::spawn({
             let stop = stop.clone();

@@ -230,15 +230,7 @@ async fn store_figure(
     keys: u64,
     workers: usize,
 ) -> anyhow::Result<Figure> {
-    let b = StoreBench {
-        store: store.clone(),
-        url: args.db.clone(),
-        keys,
-        workers,
-        progress: progress_bar(),
-        server: server.cloned(),
-        idle: args.idle,
-    };
+    let b = store_bench(args, store, server, keys, workers);
     let figure = match args.scenario {
         Scenario::Enqueue => bench::enqueue(&b).await,
         Scenario::BurnDown => bench::burn_down(&b).await,
@@ -251,12 +243,35 @@ async fn store_figure(
         Scenario::Queue => unreachable!("the queue scenario needs no store"),
     };
     b.progress.finish_and_clear();
-    let figure = figure?;
-    Ok(if store.engine_name() == "sqlite" {
+    Ok(tagged(args, store, figure?))
+}
+
+/// What a store scenario measures against.
+fn store_bench(
+    args: &Args,
+    store: &Store,
+    server: Option<&Client>,
+    keys: u64,
+    workers: usize,
+) -> StoreBench {
+    StoreBench {
+        store: store.clone(),
+        url: args.db.clone(),
+        keys,
+        workers,
+        progress: progress_bar(),
+        server: server.cloned(),
+        idle: args.idle,
+    }
+}
+
+/// A figure with SQLite's `synchronous` setting, where it applies.
+fn tagged(args: &Args, store: &Store, figure: Figure) -> Figure {
+    if store.engine_name() == "sqlite" {
         figure.with("synchronous", args.synchronous.name())
     } else {
         figure
-    })
+    }
 }
 
 /// The burn-down under fleet limits that should not bind.
@@ -267,23 +282,10 @@ async fn limited_figure(
     workers: usize,
     limits: LimitChanges,
 ) -> anyhow::Result<Figure> {
-    let b = StoreBench {
-        store: store.clone(),
-        url: args.db.clone(),
-        keys,
-        workers,
-        progress: progress_bar(),
-        server: None,
-        idle: args.idle,
-    };
+    let b = store_bench(args, store, None, keys, workers);
     let figure = bench::burn_down_limited(&b, limits).await;
     b.progress.finish_and_clear();
-    let figure = figure?;
-    Ok(if store.engine_name() == "sqlite" {
-        figure.with("synchronous", args.synchronous.name())
-    } else {
-        figure
-    })
+    Ok(tagged(args, store, figure?))
 }
 
 /// A figure's `keys_per_s` field (0 when it has none).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::types::Lease;
+use super::types::{Lease, RunOutcome};
 
 /// The most runs per second a rate limit may allow: past this the limit would
 /// never bind anyway, and the bucket's arithmetic stays exact.
@@ -134,4 +134,16 @@ pub struct ProcessPause {
     pub paused: bool,
     /// Who did it, recorded in the history (`admin`, `cli`).
     pub actor: String,
+}
+
+impl ProcessPause {
+    /// The history row this change writes: `paused` or `resumed`.
+    #[must_use]
+    pub fn outcome(&self) -> RunOutcome {
+        if self.paused {
+            RunOutcome::Paused
+        } else {
+            RunOutcome::Resumed
+        }
+    }
 }

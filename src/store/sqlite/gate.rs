@@ -15,7 +15,6 @@ use crate::store::StoreError;
 use crate::store::fleet::{ClaimGate, ProcessPause};
 use crate::store::gate::{Admission, GateRow};
 use crate::store::key::validate_process;
-use crate::store::types::RunOutcome;
 
 /// The process row's fleet-control columns.
 type Columns = (
@@ -109,13 +108,9 @@ pub(super) async fn pause(store: &SqliteStore, params: ProcessPause) -> Result<b
             .rows_affected()
             > 0;
     if changed {
-        let action = if params.paused {
-            RunOutcome::Paused
-        } else {
-            RunOutcome::Resumed
-        };
         let names = (params.process.as_str(), "");
-        log_action(&mut tx, now, names, (action, params.actor.as_str()), None).await?;
+        let action = (params.outcome(), params.actor.as_str());
+        log_action(&mut tx, now, names, action, None).await?;
     }
     tx.commit().await.db()?;
     Ok(changed)
