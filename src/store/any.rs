@@ -231,7 +231,10 @@ impl StoreEngine for Store {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        dispatch!(self, s => s.lease_complete(params).await)
+        dispatch!(self, s => s.lease_complete(params).await?);
+        self.slots_freed(std::iter::once(params.lease.process.as_str()))
+            .await;
+        Ok(())
     }
 
     async fn lease_complete_batch(
