@@ -93,8 +93,9 @@ impl LimitChanges {
 pub struct ClaimGate {
     /// The process is paused: nothing was claimed. Resuming wakes waiters.
     pub paused: bool,
-    /// The process has a concurrency limit: runs that end wake the claimers
-    /// of the process, since a slot may have come free.
+    /// The process's concurrency limit held the claim back (fewer keys than
+    /// asked, all its slots taken): until a claim finds slots free again, runs
+    /// of the process that end wake its claimers, since a slot came free.
     pub concurrency_limited: bool,
     /// The rate limit ran out of tokens, so fewer keys than asked came back
     /// though more may be ready: the next token comes in this long. A worker

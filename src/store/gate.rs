@@ -31,6 +31,8 @@ pub(crate) struct Admission {
     /// Whether the bucket, not the claim's size or the concurrency limit,
     /// set `allowed`.
     by_tokens: bool,
+    /// Whether the concurrency limit cut the claim below its size.
+    by_concurrency: bool,
     /// When it was decided: the bucket's new content is as of then.
     pub(crate) at: DateTime<Utc>,
 }
@@ -70,12 +72,16 @@ impl GateRow {
                 allowed: 0,
                 tokens: None,
                 by_tokens: false,
+                by_concurrency: false,
                 at: now,
             };
         }
         let mut allowed = u64::from(max);
+        let mut by_concurrency = false;
         if let Some(limit) = self.concurrency {
-            allowed = allowed.min(u64::try_from(limit - running).unwrap_or(0));
+            let free = u64::try_from(limit - running).unwrap_or(0);
+            by_concurrency = free < allowed;
+            allowed = allowed.min(free);
         }
         let tokens = self.rate_per_s.map(|rate| self.refilled(now, rate));
         let mut by_tokens = false;
@@ -92,6 +98,7 @@ impl GateRow {
             allowed: u32::try_from(allowed).unwrap_or(u32::MAX),
             tokens,
             by_tokens,
+            by_concurrency,
             at: now,
         }
     }
@@ -123,7 +130,7 @@ impl GateRow {
         };
         let gate = ClaimGate {
             paused: self.paused,
-            concurrency_limited: self.concurrency.is_some(),
+            concurrency_limited: admission.by_concurrency,
             next_token_in,
         };
         (left.filter(|_| taken > 0), gate)
@@ -163,8 +170,18 @@ mod tests {
             concurrency: Some(5),
             ..GateRow::default()
         };
-        assert_eq!(row.admit(at(0), 3, 10).allowed, 2);
-        assert_eq!(row.admit(at(0), 3, 1).allowed, 1);
+        let bound = row.admit(at(0), 3, 10);
+        assert_eq!(bound.allowed, 2);
+        assert!(
+            row.taken(bound, 2).1.concurrency_limited,
+            "the limit held it back"
+        );
+        let free = row.admit(at(0), 3, 1);
+        assert_eq!(free.allowed, 1);
+        assert!(
+            !row.taken(free, 1).1.concurrency_limited,
+            "a limit that did not bind"
+        );
         assert_eq!(
             row.admit(at(0), 7, 10).allowed,
             0,

@@ -28,14 +28,16 @@ pub(crate) fn notify(process: &str) {
     }
 }
 
-/// Processes whose last claim through this OS process saw a concurrency
-/// limit: their runs' endings wake claimers, since a slot came free.
+/// Processes whose last claim through this OS process was held back by
+/// their concurrency limit: their runs' endings wake claimers, since a slot
+/// came free. A limit that does not bind costs no wake-ups.
 fn limited() -> &'static Mutex<HashSet<String>> {
     static LIMITED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
     LIMITED.get_or_init(Mutex::default)
 }
 
-/// Records whether `process` has a concurrency limit, as a claim just saw.
+/// Records whether a claim of `process` was just held back by its
+/// concurrency limit.
 pub(crate) fn set_limited(process: &str, limited: bool) {
     let mut set = self::limited()
         .lock()
@@ -49,8 +51,8 @@ pub(crate) fn set_limited(process: &str, limited: bool) {
     }
 }
 
-/// The distinct processes among `processes` that have a concurrency limit
-/// (empty at the cost of one lock when no process has one).
+/// The distinct processes among `processes` whose claimers wait for a slot
+/// (empty at the cost of one lock when none does).
 pub(crate) fn limited_among<'a>(processes: impl Iterator<Item = &'a str>) -> Vec<String> {
     let set = limited().lock().unwrap_or_else(PoisonError::into_inner);
     if set.is_empty() {

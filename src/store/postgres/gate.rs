@@ -70,19 +70,18 @@ pub(super) async fn admit(
     max: u32,
 ) -> Result<(GateRow, Admission), StoreError> {
     let row = read(tx, process, true).await?.unwrap_or_default();
-    // Both read by statements that start after the lock is held.
-    let now = store.now(&mut **tx).await?;
-    let running: i64 = if row.counts_running() {
-        sqlx::query_scalar(
-            "SELECT count(*) FROM drover_items WHERE process = $1 AND state = 'running'",
-        )
-        .bind(process)
-        .fetch_one(&mut **tx)
-        .await
-        .db()?
-    } else {
-        0
-    };
+    // Read by one statement that starts after the lock is held.
+    let (now, running): (DateTime<Utc>, i64) = sqlx::query_as(
+        "SELECT clock_timestamp() + $2::float8 * interval '1 millisecond',
+             CASE WHEN $3 THEN (SELECT count(*) FROM drover_items
+                                WHERE process = $1 AND state = 'running') ELSE 0 END",
+    )
+    .bind(process)
+    .bind(store.clock.offset_ms())
+    .bind(row.counts_running())
+    .fetch_one(&mut **tx)
+    .await
+    .db()?;
     let admission = row.admit(now, running, max);
     Ok((row, admission))
 }
