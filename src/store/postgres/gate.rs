@@ -70,11 +70,13 @@ pub(super) async fn admit(
     max: u32,
 ) -> Result<(GateRow, Admission), StoreError> {
     let row = read(tx, process, true).await?.unwrap_or_default();
-    // Read by one statement that starts after the lock is held.
+    // Read by one statement that starts after the lock is held. The IN
+    // term names the partial index of running and parked keys.
     let (now, running): (DateTime<Utc>, i64) = sqlx::query_as(
         "SELECT clock_timestamp() + $2::float8 * interval '1 millisecond',
              CASE WHEN $3 THEN (SELECT count(*) FROM drover_items
-                                WHERE process = $1 AND state = 'running') ELSE 0 END",
+                                WHERE process = $1 AND state IN ('running', 'parked')
+                                    AND state = 'running') ELSE 0 END",
     )
     .bind(process)
     .bind(store.clock.offset_ms())
