@@ -95,7 +95,7 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
         process: "provision".into(),
         max: 2,
     };
-    let leases = db.store.lease_claim(claim).await.expect("claim");
+    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
     let outcomes = [Outcome::Done, Outcome::Permanent("bad manifest".into())];
     for (lease, outcome) in leases.iter().zip(&outcomes) {
         let done = LeaseComplete { lease, outcome };
@@ -332,7 +332,7 @@ async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() 
         process: "provision".into(),
         max: 100,
     };
-    let leases = db.store.lease_claim(claim).await.expect("claim");
+    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
     assert_eq!(leases.len(), keys.len());
     for lease in &leases {
         let outcome = failure(&lease.key).unwrap_or(Outcome::Done);
@@ -451,6 +451,7 @@ async fn an_hour_of_work(db: &support::TestDb) -> Vec<drover::store::Session> {
             .lease_claim(claim)
             .await
             .expect("claim")
+            .leases
             .iter()
             .enumerate()
         {

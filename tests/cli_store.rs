@@ -453,7 +453,13 @@ async fn retry_park_and_delete_act_on_each_key_and_refuse_running_ones() {
             process: "p".into(),
             max: 1,
         };
-        let lease = db.store.lease_claim(claim).await.expect("claim").pop();
+        let lease = db
+            .store
+            .lease_claim(claim)
+            .await
+            .expect("claim")
+            .leases
+            .pop();
         lease.expect("a lease").key
     };
     assert_eq!(running, "a");

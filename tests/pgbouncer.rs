@@ -269,7 +269,14 @@ async fn two_controllers_through_the_pooler_run_every_key_once_and_never_two_at_
         process: "loop".into(),
         max: 10,
     };
-    assert!(db.store.lease_claim(claim).await.expect("claim").is_empty());
+    assert!(
+        db.store
+            .lease_claim(claim)
+            .await
+            .expect("claim")
+            .leases
+            .is_empty()
+    );
     db.store.close().await;
     drop_database(&direct, &name).await;
 }

@@ -32,7 +32,7 @@ async fn claim(store: &Store, max: u32) -> Vec<Lease> {
         process: P.into(),
         max,
     };
-    store.lease_claim(claim).await.expect("claim")
+    store.lease_claim(claim).await.expect("claim").leases
 }
 
 /// Ends each lease with `outcome`.

@@ -137,6 +137,36 @@ fn routes() -> Vec<(Method, String, Option<String>, Option<Role>)> {
             Some("signature=x".to_owned()),
             Some(Role::Admin),
         ),
+        (
+            GET,
+            format!("/v1/processes/{P}/settings"),
+            None,
+            Some(Role::Viewer),
+        ),
+        (
+            Method::PATCH,
+            format!("/v1/processes/{P}/settings"),
+            body(json!({ "concurrency": 3 })),
+            Some(Role::Admin),
+        ),
+        (
+            POST,
+            format!("/v1/processes/{P}/pause"),
+            None,
+            Some(Role::Admin),
+        ),
+        (
+            POST,
+            format!("/v1/processes/{P}/resume"),
+            None,
+            Some(Role::Admin),
+        ),
+        (
+            POST,
+            format!("/ui/processes/{P}/pause"),
+            None,
+            Some(Role::Admin),
+        ),
     ]
 }
 

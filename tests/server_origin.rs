@@ -12,7 +12,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use base64::Engine as _;
 use drover::server::{ServerOptions, Tokens};
 use drover::store::StoreEngine as _;
-use serde_json::json;
+use serde_json::{Value, json};
 use server_support::{Api, GET, POST, Reply};
 use support::each_engine;
 
@@ -248,6 +248,9 @@ async fn every_state_changing_route_refuses_a_cross_site_request() {
         for action in ["retry", "park"] {
             routes.push((POST, format!("/ui/processes/{P}/items/a/{action}")));
         }
+        for action in ["pause", "resume"] {
+            routes.push((POST, format!("/ui/processes/{P}/{action}")));
+        }
         for (method, uri) in routes {
             let headers = [("sec-fetch-site", "cross-site")];
             let reply = api
@@ -257,6 +260,13 @@ async fn every_state_changing_route_refuses_a_cross_site_request() {
         }
         let item = api.get_ok(&format!("/v1/processes/{P}/items/a")).await;
         assert_eq!(item["item"]["state"], "pending", "nothing changed: {item}");
+        let settings = api.get_ok(&format!("/v1/processes/{P}/settings")).await;
+        assert_eq!(settings["paused"], false, "not paused: {settings}");
+        assert_eq!(
+            settings["concurrency"],
+            Value::Null,
+            "no limit set: {settings}"
+        );
     })
     .await;
 }

@@ -37,7 +37,7 @@ async fn drain(store: Store, in_flight: Arc<Mutex<HashSet<String>>>) -> Vec<Stri
             process: P.into(),
             max: 7,
         };
-        let leases = store.lease_claim(claim).await.expect("claim");
+        let leases = store.lease_claim(claim).await.expect("claim").leases;
         if leases.is_empty() {
             return ran;
         }
@@ -93,7 +93,7 @@ async fn work_until_stopped(store: Store, stop: Arc<std::sync::atomic::AtomicBoo
             process: P.into(),
             max: 3,
         };
-        let leases = store.lease_claim(claim).await.expect("claim");
+        let leases = store.lease_claim(claim).await.expect("claim").leases;
         if leases.is_empty() && stopping {
             return;
         }
@@ -197,7 +197,12 @@ async fn worker_process() {
         process: P.into(),
         max: 1,
     };
-    let first = store.lease_claim(claim).await.expect("claim").remove(0);
+    let first = store
+        .lease_claim(claim)
+        .await
+        .expect("claim")
+        .leases
+        .remove(0);
     println!("\nHOLDING {}", first.key);
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).expect("go signal");

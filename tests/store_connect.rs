@@ -24,7 +24,10 @@ async fn an_in_memory_sqlite_store_works_for_the_life_of_the_store() {
         process: "p".into(),
         max: 5,
     };
-    assert_eq!(store.lease_claim(claim).await.expect("claim").len(), 1);
+    assert_eq!(
+        store.lease_claim(claim).await.expect("claim").leases.len(),
+        1
+    );
 }
 
 #[tokio::test]

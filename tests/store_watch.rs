@@ -311,7 +311,7 @@ async fn run_once(db: &TestDb, session: SessionId, log: &RunLog) -> usize {
         process: P.into(),
         max: 100,
     };
-    let leases = db.store.lease_claim(claim).await.expect("claim");
+    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
     for lease in &leases {
         let version = version(db, &lease.key).await;
         log.lock()

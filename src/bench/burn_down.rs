@@ -3,7 +3,7 @@
 
 use super::Figure;
 use super::store::{BenchError, StoreBench, cleanup, drain, fill, fresh_process, idle_keys, per_s};
-use crate::store::StoreEngine as _;
+use crate::store::{LimitChanges, ProcessConfigure, StoreEngine as _};
 
 /// How many keys `backlog` drains from the front of each backlog.
 pub const BACKLOG_FRONT: u64 = 10_000;
@@ -11,7 +11,19 @@ pub const BACKLOG_FRONT: u64 = 10_000;
 /// Enqueues `keys` keys, then drains them all with `workers` no-op runs at
 /// once and as many leases prefetched; keys per second.
 pub async fn burn_down(b: &StoreBench) -> Result<Figure, BenchError> {
+    burn_down_limited(b, LimitChanges::default()).await
+}
+
+/// [`burn_down`] with the process's fleet limits set first (a concurrency
+/// limit, a rate limit): what the limits cost when they do not bind, next to
+/// the unlimited figure. The figure names the limits it ran under.
+pub async fn burn_down_limited(b: &StoreBench, limits: LimitChanges) -> Result<Figure, BenchError> {
     let process = fresh_process("burn_down");
+    if limits != LimitChanges::default() {
+        let mut configure = ProcessConfigure::new(process.clone());
+        configure.limits = limits;
+        b.store.process_configure(configure).await?;
+    }
     fill(b, &process, b.keys).await?;
     let elapsed = drain(b, &process, b.keys).await?;
     let left = b
@@ -27,9 +39,14 @@ pub async fn burn_down(b: &StoreBench) -> Result<Figure, BenchError> {
             "{process} still has {left} keys to run after its burn-down"
         )));
     }
-    Ok(b.figure("burn_down", b.keys)
-        .with("prefetch", b.workers)
-        .with("keys_per_s", per_s(b.keys, elapsed)))
+    let mut figure = b.figure("burn_down", b.keys).with("prefetch", b.workers);
+    if let Some(Some(n)) = limits.concurrency {
+        figure = figure.with("concurrency", n);
+    }
+    if let Some(Some(rate)) = limits.rate {
+        figure = figure.with("rate_per_s", rate);
+    }
+    Ok(figure.with("keys_per_s", per_s(b.keys, elapsed)))
 }
 
 /// Drains the first [`BACKLOG_FRONT`] keys (at most `keys`) of a backlog of

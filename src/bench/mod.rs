@@ -21,7 +21,7 @@ mod recovery;
 mod store;
 mod transactional;
 
-pub use burn_down::{BACKLOG_FRONT, backlog, burn_down};
+pub use burn_down::{BACKLOG_FRONT, backlog, burn_down, burn_down_limited};
 #[cfg(feature = "server")]
 pub use dashboard::dashboard;
 pub use enqueue::enqueue;

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{Args as ClapArgs, ValueEnum};
 use drover::bench::{self, Figure, StoreBench};
 use drover::client::Client;
-use drover::store::{Store, StoreOptions};
+use drover::store::{LimitChanges, Store, StoreOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::db::parse_duration;
@@ -75,6 +75,39 @@ pub(crate) struct Args {
         requires = "server"
     )]
     token: Option<String>,
+    /// burn-down: after the unlimited figure, drain the same number of keys
+    /// again under a cluster-wide concurrency limit of N (prefetched leases
+    /// count as running, so N above 2 × workers does not bind), and print the
+    /// ratio of the two.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency_limit: Option<u32>,
+    /// burn-down: as --concurrency-limit, under a rate limit of this many
+    /// runs per second (burst: one second's worth); with both, both at once.
+    #[arg(long, value_name = "PER_S")]
+    rate_limit: Option<f64>,
+}
+
+impl Args {
+    /// The fleet limits of the limited burn-down, if any was asked for.
+    fn limits(&self) -> anyhow::Result<Option<LimitChanges>> {
+        if self.concurrency_limit.is_none() && self.rate_limit.is_none() {
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            self.scenario == Scenario::BurnDown,
+            "--concurrency-limit and --rate-limit apply to burn-down"
+        );
+        let limits = LimitChanges {
+            concurrency: self.concurrency_limit.map(Some),
+            rate: self.rate_limit.map(Some),
+            // Truncation intended: a burst of one second's worth of runs.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            burst: self
+                .rate_limit
+                .map(|r| r.clamp(1.0, f64::from(u32::MAX)) as u32),
+        };
+        Ok(Some(limits))
+    }
 }
 
 /// SQLite's `synchronous` setting for `drover bench` ([`StoreOptions::durable`]).
@@ -198,12 +231,18 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let limits = args.limits()?;
     for workers in workers {
         let figure = match &store {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
             Some(store) => store_figure(&args, store, None, keys, workers).await?,
         };
         print(&args, &figure);
+        if let (Some(store), Some(limits)) = (&store, limits) {
+            let limited = limited_figure(&args, store, keys, workers, limits).await?;
+            let ratio = keys_per_s(&limited) / keys_per_s(&figure).max(1.0);
+            print(&args, &limited.with("ratio", format!("{ratio:.2}")));
+        }
         if let (Some(store), Some(client)) = (&store, &server) {
             let figure = store_figure(&args, store, Some(client), keys, workers).await?;
             print(&args, &figure);
@@ -261,14 +300,42 @@ async fn store_figure(
         }
     };
     b.progress.finish_and_clear();
-    let figure = figure?;
-    Ok(if store.engine_name() == "sqlite" {
+    Ok(tagged(args, store, figure?))
+}
+
+/// A figure with SQLite's `synchronous` setting, where it applies.
+fn tagged(args: &Args, store: &Store, figure: Figure) -> Figure {
+    if store.engine_name() == "sqlite" {
         figure.with("synchronous", args.synchronous.name())
     } else if store.transaction_pooled() {
         figure.with("pool_mode", "transaction")
     } else {
         figure
-    })
+    }
+}
+
+/// The burn-down under fleet limits that should not bind.
+async fn limited_figure(
+    args: &Args,
+    store: &Store,
+    keys: u64,
+    workers: usize,
+    limits: LimitChanges,
+) -> anyhow::Result<Figure> {
+    let b = store_bench(args, store, None, keys, workers);
+    let figure = bench::burn_down_limited(&b, limits).await;
+    b.progress.finish_and_clear();
+    Ok(tagged(args, store, figure?))
+}
+
+/// A figure's `keys_per_s` field (0 when it has none).
+fn keys_per_s(figure: &Figure) -> f64 {
+    figure
+        .to_string()
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("keys_per_s="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// A bar on stderr, drawn only when stderr is a terminal.

@@ -13,6 +13,7 @@ mod exec;
 mod history;
 mod metrics_listen;
 mod migrate;
+mod pause;
 mod process;
 mod serve;
 mod signal;
@@ -51,8 +52,14 @@ enum Command {
     Park(admin::ParkArgs),
     /// Forget keys (their runs stay until retention removes them).
     Delete(admin::KeysArgs),
-    /// Configure processes (retention, backoff) and list their settings.
+    /// Configure processes (retention, backoff, concurrency and rate limits)
+    /// and list their settings.
     Process(process::Args),
+    /// Pause a process: no worker claims its keys until it is resumed (runs
+    /// going on finish; enqueues are kept).
+    Pause(pause::Args),
+    /// Resume a paused process.
+    Resume(pause::Args),
     /// Run a command for each key of a process: a control loop from the shell.
     Work(work::Args),
     /// Serve the HTTP API, /metrics and the dashboard (default http://127.0.0.1:7420/).
@@ -110,6 +117,8 @@ pub(crate) fn main() -> ExitCode {
             Command::Park(args) => admin::park(args).await,
             Command::Delete(args) => admin::delete(args).await,
             Command::Process(args) => process::run(args).await,
+            Command::Pause(args) => pause::run(args, true).await,
+            Command::Resume(args) => pause::run(args, false).await,
             Command::Work(args) => work::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Watch(args) => watch::watch(args).await,

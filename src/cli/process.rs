@@ -1,12 +1,14 @@
-//! `drover process configure|list`: a process's settings, stored in the
-//! database so every node applies the same ones.
+//! `drover process configure|list`: a process's settings (retention, backoff,
+//! fleet limits), stored in the database so every node applies the same ones.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args as ClapArgs, Subcommand};
 use drover::backoff::{Backoff, MAX_DELAY};
-use drover::store::{ProcessConfigure, ProcessSettings, StoreEngine as _, validate_process};
+use drover::store::{
+    FleetLimits, ProcessConfigure, ProcessSettings, StoreEngine as _, validate_process,
+};
 use serde_json::json;
 
 use super::db::{DbArgs, parse_duration};
@@ -40,6 +42,8 @@ struct ConfigureArgs {
     backoff: BackoffFlags,
     #[command(flatten)]
     resync: ResyncFlags,
+    #[command(flatten)]
+    limits: LimitFlags,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -178,6 +182,88 @@ impl BackoffFlags {
     }
 }
 
+/// The fleet's limits on the process (pause it with `drover pause`).
+#[derive(Debug, ClapArgs)]
+struct LimitFlags {
+    /// At most N of its keys running at once across every worker and node,
+    /// or `none` (the default).
+    #[arg(long, value_name = "N|none", value_parser = concurrency_limit)]
+    concurrency: Option<Limit<u32>>,
+    /// At most this many runs started per second (`20/s`, `600/m`, `2/h`)
+    /// across the fleet, or `none` (the default).
+    #[arg(long, value_name = "N/s|none", value_parser = rate_limit)]
+    rate: Option<Limit<f64>>,
+    /// How many runs may start at once after a quiet spell, at least 1
+    /// (default 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    burst: Option<u32>,
+}
+
+impl LimitFlags {
+    fn apply(&self, params: ProcessConfigure) -> ProcessConfigure {
+        let mut params = params;
+        if let Some(Limit(n)) = self.concurrency {
+            params = params.concurrency(n);
+        }
+        if let Some(Limit(rate)) = self.rate {
+            params = params.rate(rate);
+        }
+        if let Some(burst) = self.burst {
+            params = params.burst(burst);
+        }
+        params
+    }
+}
+
+/// A limit, or `none` (`Limit(None)`).
+#[derive(Debug, Clone, Copy)]
+struct Limit<T>(Option<T>);
+
+fn concurrency_limit(s: &str) -> Result<Limit<u32>, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(Limit(None));
+    }
+    match s.trim().parse::<u32>() {
+        Ok(0) => {
+            Err("a concurrency limit must be at least 1 (use `drover pause` to run none)".into())
+        }
+        Ok(n) => Ok(Limit(Some(n))),
+        Err(_) => Err(format!(
+            "{s:?} is not a number of runs; give e.g. 20, or none"
+        )),
+    }
+}
+
+/// `20/s`, `600/m`, `2/h` (or a bare number, per second) as runs per second.
+fn rate_limit(s: &str) -> Result<Limit<f64>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(Limit(None));
+    }
+    let (count, per) = s.split_once('/').unwrap_or((s, "s"));
+    let seconds = match per.trim() {
+        "s" | "sec" | "second" => 1.0,
+        "m" | "min" | "minute" => 60.0,
+        "h" | "hour" => 3600.0,
+        other => {
+            return Err(format!(
+                "{other:?} is not a period; give e.g. 20/s, 600/m or 2/h"
+            ));
+        }
+    };
+    let count: f64 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a rate; give e.g. 20/s, 600/m, 2/h or none"))?;
+    let rate = count / seconds;
+    if !(rate > 0.0 && rate <= drover::store::MAX_RATE_PER_S) {
+        return Err(format!(
+            "{s:?} is out of range; give a rate above 0 and at most 1000000/s"
+        ));
+    }
+    Ok(Limit(Some(rate)))
+}
+
 /// `--forget-idle-after`, `--resync`: a period, or never.
 #[derive(Debug, Clone, Copy)]
 struct IdleLimit(Option<Duration>);
@@ -220,6 +306,7 @@ async fn configure(args: ConfigureArgs) -> anyhow::Result<()> {
         let params = args.retention.apply(params);
         let params = args.backoff.apply(params, stored_backoff)?;
         let params = args.resync.apply(params);
+        let params = args.limits.apply(params);
         store.process_configure(params).await?;
         settings_of(&store, &args.process)
             .await?
@@ -291,10 +378,29 @@ fn describe_resync(s: &ProcessSettings) -> String {
     )
 }
 
+/// The fleet controls as `paused, at most 5 at once, 20/s burst 5` (or `-`).
+pub(crate) fn describe_limits(l: &FleetLimits) -> String {
+    let mut parts = Vec::new();
+    if l.paused {
+        parts.push("paused".to_owned());
+    }
+    if let Some(n) = l.concurrency {
+        parts.push(format!("at most {n} at once"));
+    }
+    if let Some(r) = l.rate {
+        parts.push(format!("{}/s burst {}", r.per_second, r.burst));
+    }
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
 fn print_table(processes: &[ProcessSettings]) {
     println!(
-        "{:<24} {:>15} {:>13} {:>18} {:>22}  BACKOFF",
-        "PROCESS", "KEEP RUNS FOR", "RUNS PER KEY", "FORGET IDLE AFTER", "RESYNC"
+        "{:<24} {:>15} {:>13} {:>18} {:>22}  {:<28}  BACKOFF",
+        "PROCESS", "KEEP RUNS FOR", "RUNS PER KEY", "FORGET IDLE AFTER", "RESYNC", "FLEET"
     );
     for s in processes {
         let r = &s.retention;
@@ -302,12 +408,13 @@ fn print_table(processes: &[ProcessSettings]) {
             .forget_idle_after
             .map_or_else(|| "never".to_owned(), human);
         println!(
-            "{:<24} {:>15} {:>13} {:>18} {:>22}  {}",
+            "{:<24} {:>15} {:>13} {:>18} {:>22}  {:<28}  {}",
             s.process,
             human(r.keep_runs_for),
             r.keep_runs_per_key,
             forget,
             describe_resync(s),
+            describe_limits(&s.limits),
             describe_backoff(&s.backoff)
         );
     }
@@ -333,5 +440,9 @@ fn to_json(s: &ProcessSettings) -> serde_json::Value {
             "max_seconds": b.max().as_secs_f64(),
             "jitter": b.jitter(),
         },
+        "paused": s.limits.paused,
+        "concurrency": s.limits.concurrency,
+        "rate_per_second": s.limits.rate.map(|r| r.per_second),
+        "rate_burst": s.limits.rate.map(|r| r.burst),
     })
 }

@@ -13,9 +13,9 @@ use crate::api::{
     OutcomeBody, ReleaseRequest, SessionBody, SessionRequest,
 };
 use crate::store::{
-    Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome, ProcessConfigure,
-    RemoteError, Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError,
-    WorkerBackend, clean_text,
+    ClaimGate, Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome,
+    ProcessConfigure, RemoteError, Session, SessionClose, SessionHeartbeat, SessionId,
+    SessionStart, StoreError, WorkerBackend, clean_text,
 };
 
 /// The most bytes of completions one request carries: half the server's
@@ -73,7 +73,7 @@ impl WorkerBackend for Client {
         &self,
         params: LeaseClaim,
         wait: Duration,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Claimed, StoreError> {
         let path = format!("/v1/sessions/{}/claim", params.session);
         let body = ClaimRequest {
             process: params.process,
@@ -84,7 +84,15 @@ impl WorkerBackend for Client {
             .call(Method::POST, &path, Some(&body), wait + CLAIM_SLACK)
             .await
             .map_err(|f| session_failure(f, params.session))?;
-        Ok(answer.leases.into_iter().map(Lease::from).collect())
+        Ok(Claimed {
+            leases: answer.leases.into_iter().map(Lease::from).collect(),
+            gate: ClaimGate {
+                paused: answer.paused,
+                // The server wakes its long-polls when a slot comes free.
+                concurrency_limited: false,
+                next_token_in: answer.next_token_in_ms.map(Duration::from_millis),
+            },
+        })
     }
 
     async fn lease_complete_batch(

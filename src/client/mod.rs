@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod backend;
 mod http;
 

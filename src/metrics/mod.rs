@@ -8,7 +8,8 @@
 //!   `drover_leases_reclaimed_total` ([`RunnerFamilies`]);
 //! - server: `drover_http_requests_total` and `drover_http_request_duration_seconds`;
 //! - store: `drover_items{process,state}`, `drover_oldest_pending_age_seconds`
-//!   and the connection pool's gauges, read from the database at scrape time;
+//!   `drover_process_paused{process}` and the connection pool's gauges, read
+//!   from the database at scrape time;
 //!   `drover_history_pruned_total{what}` ([`PruneMetrics`]),
 //!   `drover_resync_enqueued_total{process}` ([`ResyncMetrics`]).
 //!

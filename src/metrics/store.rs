@@ -98,8 +98,8 @@ impl ResyncMetrics {
     }
 }
 
-/// Item counts per process and state, the oldest ready item's age, and the
-/// pool's connections.
+/// Item counts per process and state, the oldest ready item's age, whether
+/// each process is paused, and the pool's connections.
 #[cfg(feature = "server")]
 #[derive(Debug)]
 pub(crate) struct StoreFamilies {
@@ -107,6 +107,7 @@ pub(crate) struct StoreFamilies {
     pool_max: Gauge,
     items: Family<TwoLabels, Gauge>,
     oldest: Family<OneLabel, Gauge<f64, AtomicU64>>,
+    paused: Family<OneLabel, Gauge>,
 }
 
 #[cfg(feature = "server")]
@@ -117,6 +118,7 @@ impl StoreFamilies {
         let pool_max = Gauge::default();
         let items = Family::<TwoLabels, Gauge>::default();
         let oldest = Family::<OneLabel, Gauge<f64, AtomicU64>>::default();
+        let paused = Family::<OneLabel, Gauge>::default();
         registry.register(
             "drover_db_pool_connections",
             "Database pool connections, by state (idle, in_use)",
@@ -137,11 +139,17 @@ impl StoreFamilies {
             "How long the longest-waiting ready item of a process has been ready (0 when none is)",
             oldest.clone(),
         );
+        registry.register(
+            "drover_process_paused",
+            "1 while a process is paused (no worker claims its keys), 0 otherwise, read from the database at scrape time",
+            paused.clone(),
+        );
         Self {
             pool,
             pool_max,
             items,
             oldest,
+            paused,
         }
     }
 
@@ -155,6 +163,19 @@ impl StoreFamilies {
         match counts {
             Ok(counts) => counts.iter().for_each(|c| self.set_counts(c)),
             Err(e) => tracing::warn!(error = %e, "cannot count items for /metrics"),
+        }
+        let settings = store.process_list().await;
+        self.paused.clear();
+        match settings {
+            Ok(settings) => {
+                for s in settings {
+                    let labels = [("process", s.process)];
+                    self.paused
+                        .get_or_create(&labels)
+                        .set(i64::from(s.limits.paused));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read process settings for /metrics"),
         }
     }
 

@@ -20,8 +20,8 @@ use super::source::Source;
 use crate::metrics::RunnerMetrics;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, Resyncer, SessionId,
-    SessionStart, Store, StoreEngine, StoreError, WorkerBackend,
+    Claimed, Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, Resyncer,
+    SessionId, SessionStart, Store, StoreEngine, StoreError, WorkerBackend,
 };
 
 /// A control loop: workers that claim keys of one process from a backend and run
@@ -274,13 +274,13 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                 Duration::ZERO
             };
             let claim = self.claim(&session, asked, wait, run.finished.as_ref());
-            let leases = tokio::select! {
+            let claimed = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
-                leases = claim => leases,
+                claimed = claim => claimed,
             };
-            let leases = match leases {
-                Ok(leases) => leases,
+            let claimed = match claimed {
+                Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
                     if abandon_if_unknown(&session, &e) {
@@ -301,14 +301,29 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                             () = sleep(self.settings.idle_poll.min(Duration::from_secs(1))) => {}
                         }
                     }
-                    Vec::new()
+                    Claimed::default()
                 }
             };
-            let claimed = leases.len();
-            ready.extend(leases);
+            let next_token_in = claimed.gate.next_token_in;
+            let claimed = {
+                let n = claimed.leases.len();
+                ready.extend(claimed.leases);
+                n
+            };
             start(&mut ready, permits, &session, run, runs);
             if claimed == asked || !ready.is_empty() {
                 idle = false;
+                continue;
+            }
+            if let Some(token) = next_token_in {
+                // The process's rate limit, not an empty queue, held the claim
+                // back: claim again when its next token comes, not at a poll.
+                idle = false;
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    () = sleep(token) => {}
+                }
                 continue;
             }
             // Nothing more is ready: wait for an enqueue or the idle poll. Only a
@@ -346,7 +361,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         max: usize,
         wait: Duration,
         finished: Option<&Finished>,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Claimed, StoreError> {
         let max = u32::try_from(max).unwrap_or(u32::MAX);
         let process = &self.settings.process;
         match (&self.source, self.backend.local_store()) {
@@ -359,7 +374,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                 self.backend.lease_claim_wait(params, wait).await
             }
             // `build` refuses a query source on a backend without a store.
-            (Source::Query(_), None) => Ok(Vec::new()),
+            (Source::Query(_), None) => Ok(Claimed::default()),
             (Source::Query(query), Some(store)) => {
                 // Runs of a query source always record their endings.
                 let unrecorded = Finished::default();
@@ -369,11 +384,12 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                     Ok(keys) => keys,
                     Err(e) => {
                         tracing::warn!(%process, error = %e, "candidate query failed");
-                        return Ok(Vec::new());
+                        return Ok(Claimed::default());
                     }
                 };
                 self.lock_candidates(store, session, keys, max as usize, finished)
                     .await
+                    .map(Claimed::open)
             }
         }
     }
@@ -416,6 +432,8 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                     | StoreError::InBackoff { .. }
                     | StoreError::Parked { .. },
                 ) => {}
+                // Paused, or at a fleet limit: no other candidate would do.
+                Err(StoreError::Held { .. }) => break,
                 Err(StoreError::InvalidKey { key, reason }) => {
                     tracing::warn!(%key, %reason, "candidate query returned an invalid key");
                 }

@@ -178,6 +178,7 @@ impl From<StoreError> for ApiError {
             StoreError::AlreadyLeased { .. }
             | StoreError::InBackoff { .. }
             | StoreError::Parked { .. } => conflict("item_running", &e),
+            StoreError::Held { .. } => conflict("process_held", &e),
             e if e.is_commit_unknown() => {
                 tracing::warn!(error = %chain(&e), "commit unknown");
                 Self::CommitUnknown

@@ -53,9 +53,10 @@ pub use model::{
     CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
     DepthPointBody, EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health,
     HeartbeatResponse, HeldLeaseBody, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
-    MAX_CLAIM, MAX_PAGE, MAX_TTL_MS, OutcomeBody, OutcomeName, ProcessList, ProcessSummary,
-    ReleaseRequest, RunBody, RunBucketBody, RunPage, SeriesBody, SessionBody, SessionInfoBody,
-    SessionListBody, SessionRequest, StateName, TriagePageBody,
+    MAX_CLAIM, MAX_PAGE, MAX_TTL_MS, OutcomeBody, OutcomeName, PauseResponse,
+    ProcessConfigureRequest, ProcessList, ProcessSettingsBody, ProcessSummary, ReleaseRequest,
+    RunBody, RunBucketBody, RunPage, SeriesBody, SessionBody, SessionInfoBody, SessionListBody,
+    SessionRequest, StateName, TriagePageBody,
 };
 pub use openapi::{ApiDoc, document};
 pub use options::ServerOptions;

@@ -15,7 +15,8 @@ use super::model::{
     RunPage, SeriesBody, SessionBody, SessionInfoBody, SessionListBody, SessionRequest, StateName,
     TriagePageBody,
 };
-use super::routes::{groups, health, items, leases, processes, runs, series, sessions};
+use super::model::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
+use super::routes::{groups, health, items, leases, processes, runs, series, sessions, settings};
 
 /// The API description served at `/openapi.json`.
 #[derive(Debug, OpenApi)]
@@ -37,6 +38,7 @@ use super::routes::{groups, health, items, leases, processes, runs, series, sess
         items::enqueue, items::list, items::triage, items::get, items::retry, items::park, items::delete,
         runs::list, series::get,
         groups::list, groups::retry, groups::park, groups::delete,
+        settings::get, settings::configure, settings::pause, settings::resume,
         sessions::list, sessions::start, sessions::heartbeat, sessions::close,
         leases::claim, leases::complete, leases::complete_batch, leases::release,
         health::healthz, health::readyz, health::metrics, health::openapi,
@@ -50,12 +52,13 @@ use super::routes::{groups, health, items, leases, processes, runs, series, sess
         OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
         CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,
         BulkParkRequest, BulkState, BulkResponse,
+        ProcessSettingsBody, ProcessConfigureRequest, PauseResponse,
     )),
     modifiers(&BearerAuth),
     tags(
         (name = "work", description = "Producers and workers: enqueue, sessions, leases"),
         (name = "read", description = "Processes and items"),
-        (name = "admin", description = "Operators' actions on items, one key or every key a filter matches"),
+        (name = "admin", description = "Operators' actions on items, one key or every key a filter matches, and on processes (settings, pause, resume)"),
         (name = "ops", description = "Health, readiness, metrics, this document"),
     )
 )]

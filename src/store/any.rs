@@ -18,6 +18,7 @@ use super::PostgresStore;
 #[cfg(feature = "sqlite")]
 use super::SqliteStore;
 use super::error::ENGINE_URLS;
+use super::fleet::{Claimed, ProcessPause};
 use super::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
@@ -176,6 +177,23 @@ impl Store {
         false
     }
 
+    /// Wakes the claimers of the processes among `processes` that have a
+    /// concurrency limit, after runs of theirs ended: a slot came free. In
+    /// this OS process at once, and on PostgreSQL on every node (one
+    /// notification statement, only for limited processes). A hint: claimers
+    /// poll as well, so a failure here is only logged.
+    async fn slots_freed(&self, processes: impl Iterator<Item = &str>) {
+        for process in super::wakeup::limited_among(processes) {
+            super::wakeup::notify(&process);
+            #[cfg(feature = "postgres")]
+            if let Some(postgres) = self.postgres()
+                && let Err(e) = postgres.notify(&process).await
+            {
+                tracing::debug!(%process, error = %e, "cannot notify a freed slot");
+            }
+        }
+    }
+
     /// The engine's name: `sqlite` or `postgres`.
     #[must_use]
     pub fn engine_name(&self) -> &'static str {
@@ -260,23 +278,35 @@ impl StoreEngine for Store {
         Ok(report)
     }
 
-    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
-        dispatch!(self, s => s.lease_claim(params).await)
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Claimed, StoreError> {
+        let process = params.process.clone();
+        let claimed: Claimed = dispatch!(self, s => s.lease_claim(params).await?);
+        super::wakeup::set_limited(&process, claimed.gate.concurrency_limited);
+        Ok(claimed)
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        dispatch!(self, s => s.lease_complete(params).await)
+        dispatch!(self, s => s.lease_complete(params).await?);
+        self.slots_freed(std::iter::once(params.lease.process.as_str()))
+            .await;
+        Ok(())
     }
 
     async fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        dispatch!(self, s => s.lease_complete_batch(batch).await)
+        let results = dispatch!(self, s => s.lease_complete_batch(batch).await?);
+        self.slots_freed(batch.iter().map(|c| c.lease.process.as_str()))
+            .await;
+        Ok(results)
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
-        dispatch!(self, s => s.lease_release(params).await)
+        dispatch!(self, s => s.lease_release(params).await?);
+        self.slots_freed(std::iter::once(params.lease.process.as_str()))
+            .await;
+        Ok(())
     }
 
     async fn lease_lock(&self, params: LeaseLock) -> Result<Lease, StoreError> {
@@ -369,6 +399,13 @@ impl StoreEngine for Store {
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
         dispatch!(self, s => s.process_configure(params).await)
+    }
+
+    async fn process_pause(&self, params: ProcessPause) -> Result<bool, StoreError> {
+        let process = params.process.clone();
+        let changed: bool = dispatch!(self, s => s.process_pause(params).await?);
+        super::wakeup::notify(&process);
+        Ok(changed)
     }
 
     async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {

@@ -9,11 +9,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
+use super::fleet::Claimed;
 use super::params::{
     LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat,
     SessionStart,
 };
-use super::types::{Lease, ReclaimReport, Session};
+use super::types::{ReclaimReport, Session};
 use super::{Store, StoreEngine, StoreError};
 
 /// What a [`Controller`](crate::runner::Controller) needs from where its work
@@ -60,14 +61,16 @@ pub trait WorkerBackend: Clone + Send + Sync + std::fmt::Debug + 'static {
 
     /// Leases up to `params.max` ready keys. When none is ready and `wait` is
     /// not zero, waits up to `wait` for a wake-up (an enqueue, a retry, a dirty
-    /// completion) and claims once more; an empty result means nothing became
-    /// ready. Fewer than `max` may come back even when more are ready (a server
-    /// caps one answer); claim again for the rest.
+    /// completion, a resume) and claims once more; no leases means nothing
+    /// became ready (or the process's fleet controls held the claim back:
+    /// [`Claimed::gate`] says how long until the next rate token). Fewer than
+    /// `max` may come back even when more are ready (a server caps one
+    /// answer); claim again for the rest.
     fn lease_claim_wait(
         &self,
         params: LeaseClaim,
         wait: Duration,
-    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
 
     /// Records many runs' outcomes at once, each checked on its own (see
     /// [`StoreEngine::lease_complete_batch`]).
@@ -111,12 +114,14 @@ impl Store {
     /// enqueue through any store in this process, and on PostgreSQL through any
     /// node) ends the wait and the claim runs once more. Dropping the future
     /// while it waits is harmless; dropped during a claim statement, the claim
-    /// is as good as one whose commit is unknown.
+    /// is as good as one whose commit is unknown. When the process's rate
+    /// limit held the claim back, the wait ends when the next token comes (if
+    /// that is sooner), not at a wake-up, since none can come sooner.
     pub async fn lease_claim_wait(
         &self,
         params: LeaseClaim,
         wait: Duration,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Claimed, StoreError> {
         if wait.is_zero() {
             return StoreEngine::lease_claim(self, params).await;
         }
@@ -124,13 +129,20 @@ impl Store {
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let leases = StoreEngine::lease_claim(self, params.clone()).await?;
-        if !leases.is_empty() {
-            return Ok(leases);
+        let claimed = StoreEngine::lease_claim(self, params.clone()).await?;
+        if !claimed.leases.is_empty() {
+            return Ok(claimed);
         }
-        tokio::select! {
-            () = notified => {}
-            () = tokio::time::sleep(wait) => return Ok(Vec::new()),
+        if let Some(token) = claimed.gate.next_token_in {
+            if token >= wait {
+                return Ok(claimed);
+            }
+            tokio::time::sleep(token).await;
+        } else {
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep(wait) => return Ok(claimed),
+            }
         }
         StoreEngine::lease_claim(self, params).await
     }
@@ -162,7 +174,7 @@ impl WorkerBackend for Store {
         &self,
         params: LeaseClaim,
         wait: Duration,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Claimed, StoreError> {
         Store::lease_claim_wait(self, params, wait).await
     }
 

@@ -6,6 +6,7 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
+use super::fleet::{Claimed, ProcessPause};
 use super::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
@@ -80,11 +81,19 @@ pub trait StoreEngine: Send + Sync {
 
     /// Leases up to `max` ready keys of a process: highest priority first, then
     /// earliest ready time, then FIFO. Parallel claimers never receive the same
-    /// key; an empty result means nothing is ready.
+    /// key; no leases means nothing is ready, or the process's fleet controls
+    /// hold the claim back ([`Claimed::gate`] says which).
+    ///
+    /// A paused process is never claimed from. With a concurrency limit L, the
+    /// process's running keys (on every node) never exceed L after the claim;
+    /// with a rate limit, each lease takes a token of the process's bucket in
+    /// the same transaction, and when the bucket ran dry the gate tells when
+    /// the next token comes. A process with none of these claims as before,
+    /// without locking its process row.
     fn lease_claim(
         &self,
         params: LeaseClaim,
-    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Claimed, StoreError>> + Send;
 
     /// Records a run's outcome (DESIGN.md rule 4), checked against the session and
     /// the fencing token: the item's next state and the run's one history row.
@@ -113,7 +122,9 @@ pub trait StoreEngine: Send + Sync {
     /// Leases one key chosen by the caller (query-driven loops), creating its item
     /// if needed (an idle key is taken like a new one). Refused with [`StoreError::AlreadyLeased`],
     /// [`StoreError::InBackoff`] (backing off, or delayed: its ready time has
-    /// not come) or [`StoreError::Parked`].
+    /// not come) or [`StoreError::Parked`]; and, as a claim would be, with
+    /// [`StoreError::Held`] when the process is paused, at its concurrency
+    /// limit or out of rate tokens (the lock counts against both limits).
     fn lease_lock(
         &self,
         params: LeaseLock,
@@ -274,6 +285,16 @@ pub trait StoreEngine: Send + Sync {
         &self,
         params: ProcessConfigure,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Pauses or resumes a process for every node (creating it if unknown):
+    /// while paused no claim or lock takes its keys; runs already going finish
+    /// normally, and enqueues are kept. A change writes a history row (key
+    /// `""`, outcome `paused` / `resumed`, `params.actor`); pausing a paused
+    /// process changes nothing and writes none. Whether it changed anything.
+    fn process_pause(
+        &self,
+        params: ProcessPause,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Every known process with its settings, in name order.
     fn process_list(&self)

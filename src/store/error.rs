@@ -148,6 +148,16 @@ pub enum StoreError {
         /// The key.
         key: String,
     },
+    /// `lease_lock` was refused by the process's fleet controls: it is paused,
+    /// at its concurrency limit, or out of rate-limit tokens. Try again later
+    /// (a claim would have taken nothing either).
+    #[error("{process} is {why}")]
+    Held {
+        /// The process.
+        process: String,
+        /// `paused`, `at its concurrency limit` or `out of rate-limit tokens`.
+        why: &'static str,
+    },
     /// Contention outlasted drover's patience: SQLite stayed locked past its busy
     /// timeout, PostgreSQL kept aborting the transaction (serialization failure,
     /// deadlock) through every retry, or no pooled connection came free. Nothing

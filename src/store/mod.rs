@@ -46,7 +46,7 @@
 //!     .session_start(SessionStart::new("example", Duration::from_secs(30)))
 //!     .await?;
 //! let claim = LeaseClaim { session: session.id, process: "provision".into(), max: 10 };
-//! let leases = store.lease_claim(claim).await?;
+//! let leases = store.lease_claim(claim).await?.leases; // none while the process is paused
 //! assert_eq!(leases.len(), 2);
 //! for lease in &leases {
 //!     // … converge lease.key, then report how it went:
@@ -74,6 +74,7 @@ mod clock;
 mod cursor;
 mod engine;
 mod error;
+mod fleet;
 mod groups;
 mod key;
 mod options;
@@ -98,6 +99,8 @@ mod counts;
 mod decode;
 #[cfg(feature = "_engine")]
 mod enqueue;
+#[cfg(feature = "_engine")]
+mod gate;
 #[cfg(feature = "_engine")]
 mod holding;
 #[cfg(feature = "_engine")]
@@ -136,6 +139,9 @@ pub use engine::StoreEngine;
 pub use error::DriverError;
 pub(crate) use error::error_chain;
 pub use error::{RemoteError, StoreError};
+pub use fleet::{
+    ClaimGate, Claimed, FleetLimits, LimitChanges, MAX_RATE_PER_S, ProcessPause, RateLimit,
+};
 pub use groups::error_signature;
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;

@@ -1,6 +1,7 @@
 //! Parameter structs, one per store operation, so adding an option never breaks a
 //! caller.
 
+use super::fleet::LimitChanges;
 use std::time::Duration;
 
 use crate::backoff::Backoff;
@@ -294,6 +295,9 @@ pub struct ProcessConfigure {
     /// The priority resynced keys are pending at (default −100, below
     /// every enqueue's default 0).
     pub resync_priority: Option<i32>,
+    /// Its fleet controls' limits (concurrency, rate); pause is
+    /// [`process_pause`](super::StoreEngine::process_pause).
+    pub limits: LimitChanges,
 }
 
 impl ProcessConfigure {
@@ -368,6 +372,27 @@ impl ProcessConfigure {
             resync_priority: Some(priority),
             ..self
         }
+    }
+
+    /// Sets the cluster-wide concurrency limit (`None`: no limit).
+    #[must_use]
+    pub fn concurrency(mut self, limit: Option<u32>) -> Self {
+        self.limits.concurrency = Some(limit);
+        self
+    }
+
+    /// Sets the cluster-wide rate limit in runs per second (`None`: no limit).
+    #[must_use]
+    pub fn rate(mut self, per_second: Option<f64>) -> Self {
+        self.limits.rate = Some(per_second);
+        self
+    }
+
+    /// Sets the rate limit's burst.
+    #[must_use]
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.limits.burst = Some(burst);
+        self
     }
 }
 

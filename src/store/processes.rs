@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::StoreError;
 use super::decode::backoff_policy;
+use super::fleet::{FleetLimits, RateLimit};
 use super::key::validate_process;
 use super::params::ProcessConfigure;
 use super::resync::{Rules, next_pass};
@@ -23,9 +24,34 @@ pub(crate) struct SettingsRow<T> {
     keep_runs_per_key: i32,
     forget_idle_ms: Option<i64>,
     #[sqlx(flatten)]
+    limits: LimitsRow,
+    #[sqlx(flatten)]
     resync: Rules,
     pass_started_at: Option<T>,
     next_due_at: Option<T>,
+}
+
+/// The fleet-control columns of `drover_processes` (see [`FleetLimits`]).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct LimitsRow {
+    paused: bool,
+    concurrency: Option<i32>,
+    rate_per_s: Option<f64>,
+    rate_burst: i32,
+}
+
+impl LimitsRow {
+    fn into_limits(self) -> FleetLimits {
+        let clamp = |v: i32| u32::try_from(v.max(1)).unwrap_or(1);
+        FleetLimits {
+            paused: self.paused,
+            concurrency: self.concurrency.map(clamp),
+            rate: self.rate_per_s.map(|per_second| RateLimit {
+                per_second,
+                burst: clamp(self.rate_burst),
+            }),
+        }
+    }
 }
 
 /// The columns of a [`SettingsRow`], from `drover_processes p LEFT JOIN
@@ -35,6 +61,7 @@ macro_rules! settings_columns {
         "p.process, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, \
          p.backoff_jitter, p.keep_runs_ms, p.keep_runs_per_key, p.forget_idle_ms, \
          p.resync_every_ms, p.resync_jitter, p.resync_priority, \
+         p.paused, p.concurrency, p.rate_per_s, p.rate_burst, \
          r.pass_started_at, r.next_due_at"
     };
 }
@@ -74,8 +101,14 @@ impl<T: Stamp> SettingsRow<T> {
             }),
             resync,
             process: self.process,
+            limits: self.limits.into_limits(),
         }
     }
+}
+
+/// A count as the engines' 32-bit integer columns store it.
+pub(crate) fn clamp_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 /// Refuses settings no process can run with, before anything is written.
@@ -90,6 +123,9 @@ pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
         return Err(StoreError::InvalidArgument(
             "keep runs for longer than 0 (use 1s to keep them as briefly as possible)".into(),
         ));
+    }
+    if let Some(problem) = params.limits.problem() {
+        return Err(StoreError::InvalidArgument(problem.into()));
     }
     if params.forget_idle_after == Some(Some(Duration::ZERO)) {
         return Err(StoreError::InvalidArgument(

@@ -1,5 +1,6 @@
 //! The store's domain types: what operations return, never raw rows.
 
+use super::fleet::FleetLimits;
 use std::fmt;
 use std::time::Duration;
 
@@ -204,7 +205,9 @@ pub struct Item {
 ///
 /// A run is one attempt at a key under one lease; it gets exactly one history
 /// row, written when it ends. Operator actions (retry, park, delete) are rows
-/// too, with the role that did them in [`Run::actor`].
+/// too, with the role that did them in [`Run::actor`]; so are pause and resume,
+/// which act on the whole process: their rows have the key `""`, which no
+/// real key can be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunOutcome {
@@ -226,11 +229,15 @@ pub enum RunOutcome {
     /// An operator forgot the key: its item was deleted (its runs stay until
     /// retention removes them).
     Deleted,
+    /// An operator paused the whole process (a row with key `""`).
+    Paused,
+    /// An operator resumed the whole process (a row with key `""`).
+    Resumed,
 }
 
 impl RunOutcome {
     /// Every outcome, in the order the documentation lists them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::Done,
         Self::Requeued,
         Self::Retry,
@@ -239,6 +246,8 @@ impl RunOutcome {
         Self::Expired,
         Self::Retried,
         Self::Deleted,
+        Self::Paused,
+        Self::Resumed,
     ];
 
     /// The outcome's name as stored, printed and sent over the API.
@@ -253,6 +262,8 @@ impl RunOutcome {
             Self::Expired => "expired",
             Self::Retried => "retried",
             Self::Deleted => "deleted",
+            Self::Paused => "paused",
+            Self::Resumed => "resumed",
         }
     }
 
@@ -386,6 +397,8 @@ pub struct ProcessSettings {
     pub backoff: Backoff,
     /// How long its history and idle keys are kept.
     pub retention: Retention,
+    /// Its fleet controls: pause, concurrency and rate limits.
+    pub limits: FleetLimits,
     /// How its idle keys are looked at again; `None`: never.
     pub resync: Option<Resync>,
     /// When the next resync pass is due (the earliest time an idle key it

@@ -6,7 +6,7 @@
 //! nothing and waits again. A wake-up is a hint, never a guarantee; controllers
 //! poll as well.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use tokio::sync::Notify;
@@ -26,6 +26,45 @@ pub(crate) fn notify(process: &str) {
     if let Some(notify) = registry.get(process).and_then(Weak::upgrade) {
         notify.notify_waiters();
     }
+}
+
+/// Processes whose last claim through this OS process was held back by
+/// their concurrency limit: their runs' endings wake claimers, since a slot
+/// came free. A limit that does not bind costs no wake-ups.
+fn limited() -> &'static Mutex<HashSet<String>> {
+    static LIMITED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    LIMITED.get_or_init(Mutex::default)
+}
+
+/// Records whether a claim of `process` was just held back by its
+/// concurrency limit.
+pub(crate) fn set_limited(process: &str, limited: bool) {
+    let mut set = self::limited()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if limited {
+        if !set.contains(process) {
+            set.insert(process.to_owned());
+        }
+    } else if !set.is_empty() {
+        set.remove(process);
+    }
+}
+
+/// The distinct processes among `processes` whose claimers wait for a slot
+/// (empty at the cost of one lock when none does).
+pub(crate) fn limited_among<'a>(processes: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let set = limited().lock().unwrap_or_else(PoisonError::into_inner);
+    if set.is_empty() {
+        return Vec::new();
+    }
+    let mut found: Vec<String> = Vec::new();
+    for process in processes {
+        if set.contains(process) && !found.iter().any(|p| p == process) {
+            found.push(process.to_owned());
+        }
+    }
+    found
 }
 
 impl Store {

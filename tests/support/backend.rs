@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use drover::client::Client;
 use drover::server::{Server, ServerOptions};
 use drover::store::{
-    Lease, LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, ReclaimReport, Session,
+    Claimed, LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, ReclaimReport, Session,
     SessionClose, SessionHeartbeat, SessionStart, Store, StoreError, WorkerBackend,
 };
 use tokio::sync::Notify;
@@ -94,7 +94,7 @@ impl WorkerBackend for TestBackend {
         &self,
         params: LeaseClaim,
         wait: Duration,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Claimed, StoreError> {
         dispatch!(self, b => WorkerBackend::lease_claim_wait(b, params, wait).await)
     }
 

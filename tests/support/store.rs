@@ -35,6 +35,7 @@ pub(crate) async fn claim(store: &Store, session: SessionId, max: u32) -> Vec<Le
         })
         .await
         .expect("claim")
+        .leases
 }
 
 /// Claims up to `max` ready keys of `process` under a fresh session and ends
@@ -54,7 +55,7 @@ pub(crate) async fn run_ready(
         process: process.into(),
         max,
     };
-    let leases = store.lease_claim(claim).await.expect("claim");
+    let leases = store.lease_claim(claim).await.expect("claim").leases;
     let batch: Vec<_> = leases
         .iter()
         .map(|lease| LeaseComplete { lease, outcome })

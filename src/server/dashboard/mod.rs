@@ -4,8 +4,10 @@
 //!
 //! - `/`: per process — pending, backoff, running, parked, oldest pending age,
 //!   runs finished and failed in the last five minutes — and a key search;
-//! - `/ui/processes/{process}`: its charts (runs per minute by outcome and
-//!   the sampled queue depth over the last hour, inline SVG), its error groups (what its parked and
+//! - `/ui/processes/{process}`: its fleet controls (paused or not, its
+//!   concurrency and rate limits, with a Pause / Resume button for admins),
+//!   its resync, its charts (runs per minute by outcome and the sampled queue
+//!   depth over the last hour, inline SVG), its error groups (what its parked and
 //!   backing-off keys failed with, with "retry all", "park all" and "delete
 //!   all" buttons for admins) and its items, by state, paged;
 //! - `/ui/workers`: every session, who runs it, its heartbeat and deadline,
@@ -20,6 +22,7 @@
 mod actions;
 mod cache;
 mod charts;
+mod fleet;
 mod pages;
 mod view;
 mod workers;
@@ -51,6 +54,8 @@ pub(crate) fn routes() -> Router<AppState> {
             "/ui/processes/{process}/errors/{action}",
             post(actions::group),
         )
+        .route("/ui/processes/{process}/pause", post(fleet::pause))
+        .route("/ui/processes/{process}/resume", post(fleet::resume))
 }
 
 /// A path segment, percent-encoded (everything but RFC 3986's unreserved

@@ -128,12 +128,25 @@ pub(super) async fn process(
         next: next.as_deref(),
     };
     let settings = state.store.process_list().await.map_err(ApiError::from)?;
+    let limits = settings
+        .iter()
+        .find(|s| s.process == process)
+        .map(|s| &s.limits);
+    let fleet = super::fleet::section(&process, limits, admin);
     let now = state.store.clock_now().await.map_err(ApiError::from)?;
     let resyncs = view::Resyncs {
         settings: &settings,
         now,
     };
-    let page = view::process(&process, (&groups, age), &series, admin, &listing, &resyncs);
+    let page = view::process(
+        &process,
+        fleet,
+        (&groups, age),
+        &series,
+        admin,
+        &listing,
+        &resyncs,
+    );
     Ok(Html(page.into_string()))
 }
 

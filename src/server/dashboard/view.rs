@@ -175,6 +175,7 @@ pub(super) struct Listing<'a> {
 /// items, a page at a time.
 pub(super) fn process(
     process: &str,
+    fleet: Markup,
     (groups, age): (&[ErrorGroup], Option<Duration>),
     series: &Series,
     admin: bool,
@@ -183,6 +184,7 @@ pub(super) fn process(
 ) -> Markup {
     let base = format!("/ui/processes/{}", segment(process));
     let body = html! {
+        (fleet)
         p id="resync" { "Resync: " (resyncs.describe(process)) }
         (super::charts::charts(series))
         (errors(&base, groups, age, admin))

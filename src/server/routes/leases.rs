@@ -18,7 +18,7 @@ use crate::server::model::{
 };
 use crate::server::state::AppState;
 use crate::store::{
-    Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,
+    Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,
     StoreEngine as _, StoreError, validate_process,
 };
 
@@ -63,10 +63,13 @@ pub(crate) async fn claim(
     // claims again when the answer comes back empty.
     let wait = Duration::from_millis(body.wait_ms).min(state.options.max_wait);
     validate_process(&body.process)?;
-    let leases = wait_for_leases(&state, session, &body, wait).await?;
-    state.metrics.claimed(&leases);
+    let claimed = wait_for_leases(&state, session, &body, wait).await?;
+    state.metrics.claimed(&claimed.leases);
+    let next_token_in = claimed.gate.next_token_in;
     Ok(Json(ClaimResponse {
-        leases: leases.into_iter().map(Into::into).collect(),
+        leases: claimed.leases.into_iter().map(Into::into).collect(),
+        paused: claimed.gate.paused,
+        next_token_in_ms: next_token_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
     }))
 }
 
@@ -79,7 +82,7 @@ async fn wait_for_leases(
     session: SessionId,
     body: &ClaimRequest,
     wait: Duration,
-) -> Result<Vec<Lease>, ApiError> {
+) -> Result<Claimed, ApiError> {
     let deadline = Instant::now() + wait;
     let params = LeaseClaim {
         session,
@@ -89,19 +92,19 @@ async fn wait_for_leases(
     let mut pause = Duration::ZERO;
     loop {
         let claim = state.store.lease_claim_wait(params.clone(), pause);
-        let leases = tokio::select! {
-            leases = claim => leases,
+        let claimed = tokio::select! {
+            claimed = claim => claimed,
             // Only a wait is cut short: a claim statement in flight finishes.
-            () = state.shutdown.cancelled(), if !pause.is_zero() => return Ok(Vec::new()),
+            () = state.shutdown.cancelled(), if !pause.is_zero() => return Ok(Claimed::default()),
         };
-        let leases = match leases {
-            Ok(leases) => leases,
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
             Err(e) if e.is_commit_unknown() => return Err(give_up(state, session, e).await),
             Err(e) => return Err(e.into()),
         };
         let now = Instant::now();
-        if !leases.is_empty() || now >= deadline {
-            return Ok(leases);
+        if !claimed.leases.is_empty() || now >= deadline {
+            return Ok(claimed);
         }
         pause = (deadline - now).min(state.options.poll_interval);
     }

@@ -3,9 +3,9 @@
 //! | class | routes | least role |
 //! | --- | --- | --- |
 //! | open | `/healthz`, `/readyz`, `/openapi.json` | none |
-//! | read | `GET /v1/processes…` (items, runs, error groups), `/metrics`, the dashboard | viewer |
+//! | read | `GET /v1/processes…` (items, runs, error groups, settings), `/metrics`, the dashboard | viewer |
 //! | work | enqueue, `/v1/sessions…`, `/v1/leases/…` | worker |
-//! | admin | retry, park, delete, of one key or by filter (API and dashboard buttons) | admin |
+//! | admin | retry, park, delete, of one key or by filter (API and dashboard buttons); process settings, pause, resume | admin |
 
 pub(crate) mod groups;
 pub(crate) mod health;
@@ -15,6 +15,7 @@ pub(crate) mod processes;
 pub(crate) mod runs;
 pub(crate) mod series;
 pub(crate) mod sessions;
+pub(crate) mod settings;
 
 use axum::Router;
 use axum::routing::{delete, get, post};
@@ -36,6 +37,12 @@ pub(crate) fn api() -> Router<AppState> {
         .route("/v1/processes/{process}/triage", get(items::triage))
         .route("/v1/processes/{process}/runs", get(runs::list))
         .route("/v1/processes/{process}/series", get(series::get))
+        .route(
+            "/v1/processes/{process}/settings",
+            get(settings::get).patch(settings::configure),
+        )
+        .route("/v1/processes/{process}/pause", post(settings::pause))
+        .route("/v1/processes/{process}/resume", post(settings::resume))
         .route("/v1/processes/{process}/error-groups", get(groups::list))
         .route("/v1/processes/{process}/items:retry", post(groups::retry))
         .route("/v1/processes/{process}/items:park", post(groups::park))

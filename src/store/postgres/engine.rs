@@ -10,7 +10,10 @@ use super::error::Db as _;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
-use super::{admin, counts, enqueue, groups, inspect, leases, processes, runs, series, sessions};
+use super::{
+    admin, counts, enqueue, gate, groups, inspect, leases, processes, runs, series, sessions,
+};
+use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::groups::act_where;
 use crate::store::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
@@ -127,6 +130,17 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// Notifies `process`'s channel at once (outside any transaction).
+    pub(crate) async fn notify(&self, process: &str) -> Result<(), StoreError> {
+        let mut tx = self.read().await?;
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(Self::notify_channel(process))
+            .execute(&mut tx)
+            .await
+            .db()?;
+        tx.commit().await.db()
+    }
+
     /// A SQL condition for a user's own candidate query (the BMDB `getMachines`
     /// shape) that is true when `lease_lock` would accept the key: new or idle,
     /// or pending and not backing off and not delayed (its ready time, from
@@ -217,7 +231,7 @@ impl StoreEngine for PostgresStore {
         retry(|| enqueue::enqueue(self, &params)).await
     }
 
-    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Claimed, StoreError> {
         retry(|| leases::claim(self, &params)).await
     }
 
@@ -314,6 +328,10 @@ impl StoreEngine for PostgresStore {
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
         retry(|| processes::configure(self, &params)).await
+    }
+
+    async fn process_pause(&self, params: ProcessPause) -> Result<bool, StoreError> {
+        retry(|| gate::pause(self, &params)).await
     }
 
     async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {

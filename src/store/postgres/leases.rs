@@ -5,10 +5,13 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map, map_commit};
+use super::gate;
 use super::items::ensure_process;
 use super::rows::{RunningRow, running_columns};
 use super::sessions::requeue;
 use crate::store::StoreError;
+use crate::store::fleet::Claimed;
+use crate::store::gate::{Admission, GateRow};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::refusal::{Unlockable, lock_refusal};
@@ -30,14 +33,24 @@ use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 /// scanned the whole table (37 ms of a 54 ms claim of 1,000 keys).
 /// The final outer join yields one row even when nothing was claimed, so `live`
 /// tells an expired session apart from an empty queue.
+///
+/// `gate` is the fleet controls' fast path (one primary-key probe): a process
+/// that is paused or has a limit claims nothing here and reports `held`, and
+/// the caller claims again through [`claim_gated`], which binds `$5` to skip
+/// this check after deciding under the process row's lock.
 const CLAIM: &str = "
 WITH RECURSIVE clock AS (SELECT clock_timestamp() + $4::float8 * interval '1 millisecond' AS now),
 live AS (
   SELECT s.id FROM drover_sessions s
   WHERE s.id = $1 AND s.deadline > (SELECT now FROM clock)),
+gate AS (
+  SELECT 1 FROM drover_processes g
+  WHERE g.process = $2 AND NOT $5::bool
+    AND (g.paused OR g.concurrency IS NOT NULL OR g.rate_per_s IS NOT NULL)),
 prios AS (
   SELECT max(priority) AS p FROM drover_items
   WHERE process = $2 AND state = 'pending' AND EXISTS (SELECT 1 FROM live)
+    AND NOT EXISTS (SELECT 1 FROM gate)
   UNION ALL
   SELECT (SELECT max(priority) FROM drover_items
           WHERE process = $2 AND state = 'pending' AND priority < prios.p)
@@ -58,7 +71,7 @@ claimed AS (
   WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
   RETURNING i.id, i.process, i.key, i.priority, i.failures, i.ready_at, i.enqueued_at,
       i.lease_token, i.started_at)
-SELECT (SELECT count(*) FROM live) AS live, c.process, c.key, c.priority, c.failures,
+SELECT (SELECT count(*) FROM live) AS live, (SELECT count(*) FROM gate) AS held, c.process, c.key, c.priority, c.failures,
     c.enqueued_at, c.lease_token, c.started_at
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 ORDER BY c.priority DESC, c.ready_at, c.id";
@@ -67,6 +80,7 @@ ORDER BY c.priority DESC, c.ready_at, c.id";
 #[derive(Debug, sqlx::FromRow)]
 struct ClaimRow {
     live: i64,
+    held: i64,
     process: Option<String>,
     key: Option<String>,
     priority: Option<i32>,
@@ -94,30 +108,65 @@ impl ClaimRow {
 pub(super) async fn claim(
     store: &PostgresStore,
     params: &LeaseClaim,
-) -> Result<Vec<Lease>, StoreError> {
+) -> Result<Claimed, StoreError> {
     validate_process(&params.process)?;
     // Directly connected the statement is its own transaction; through a
     // pooler it needs one around it (see `Tx`), and then the commit is where
     // the outcome may become unknown.
     let mut tx = store.read().await?;
-    let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
-        .bind(params.session.0)
-        .bind(&params.process)
-        .bind(i64::from(params.max))
-        .bind(store.clock.offset_ms())
-        .fetch_all(&mut tx)
+    let rows: Vec<ClaimRow> = claim_rows(store, &mut tx, params, params.max, false)
         .await
         .map_err(map_commit)?;
     commit(tx).await?;
+    if rows.first().is_some_and(|r| r.held > 0) {
+        return claim_gated(store, params).await;
+    }
+    leases(rows, params.session).map(Claimed::open)
+}
+
+/// Runs [`CLAIM`] for up to `max` keys (`gated`: the gate was passed already).
+async fn claim_rows<'c, E: sqlx::PgExecutor<'c>>(
+    store: &PostgresStore,
+    conn: E,
+    params: &LeaseClaim,
+    max: u32,
+    gated: bool,
+) -> Result<Vec<ClaimRow>, sqlx::Error> {
+    sqlx::query_as(CLAIM)
+        .bind(params.session.0)
+        .bind(&params.process)
+        .bind(i64::from(max))
+        .bind(store.clock.offset_ms())
+        .bind(gated)
+        .fetch_all(conn)
+        .await
+}
+
+/// The leases of a claim's rows; `SessionExpired` if the session was not live.
+fn leases(rows: Vec<ClaimRow>, session: SessionId) -> Result<Vec<Lease>, StoreError> {
     if rows.first().is_none_or(|r| r.live == 0) {
-        return Err(StoreError::SessionExpired {
-            session: params.session,
-        });
+        return Err(StoreError::SessionExpired { session });
     }
     Ok(rows
         .into_iter()
-        .filter_map(|r| r.into_lease(params.session))
+        .filter_map(|r| r.into_lease(session))
         .collect())
+}
+
+/// The claim of a paused or limited process: one transaction that locks the
+/// process row, decides how many keys may start ([`gate::admit`]), claims
+/// them and takes their tokens.
+async fn claim_gated(store: &PostgresStore, params: &LeaseClaim) -> Result<Claimed, StoreError> {
+    let (mut tx, _) = store.write().await?;
+    let decided = gate::admit(store, &mut tx, &params.process, params.max).await?;
+    let rows = claim_rows(store, &mut tx, params, decided.1.allowed, true)
+        .await
+        .db()?;
+    let leases = leases(rows, params.session)?;
+    let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);
+    let gate = gate::take(&mut tx, &params.process, decided, taken).await?;
+    commit(tx).await?;
+    Ok(Claimed { leases, gate })
 }
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is
@@ -188,6 +237,7 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     let (mut tx, now) = store.write().await?;
     check_session(&mut tx, now, params.session).await?;
     ensure_process(&mut tx, now, &params.process).await?;
+    let decided = lock_gate(store, &mut tx, &params.process).await?;
     // The started time is read when the row is taken, after any wait for it.
     // An idle key is taken like a new one: pending since then.
     let row: Option<Locked> = sqlx::query_as(
@@ -223,6 +273,9 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
         return Err(refusal(&mut tx, now, params).await);
     };
     let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
+    if let Some(decided) = decided {
+        gate::take(&mut tx, &params.process, decided, 1).await?;
+    }
     commit(tx).await?;
     Ok(Lease {
         session: params.session,
@@ -234,6 +287,31 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
         enqueued_at,
         started_at: now,
     })
+}
+
+/// The fleet controls' say on one `lease_lock`: nothing to decide for a
+/// process that is neither paused nor limited (its row is not locked);
+/// otherwise the row is locked and the lock refused with
+/// [`StoreError::Held`] unless one more run may start now.
+async fn lock_gate(
+    store: &PostgresStore,
+    tx: &mut Tx,
+    process: &str,
+) -> Result<Option<(GateRow, Admission)>, StoreError> {
+    if !gate::read(tx, process, false)
+        .await?
+        .is_some_and(|row| row.binds())
+    {
+        return Ok(None);
+    }
+    let decided = gate::admit(store, tx, process, 1).await?;
+    if decided.1.allowed == 0 {
+        return Err(StoreError::Held {
+            process: process.to_owned(),
+            why: decided.0.why_held(&decided.1),
+        });
+    }
+    Ok(Some(decided))
 }
 
 /// Why `lease_lock` could not take a key (the upsert above locked its row).

@@ -12,6 +12,7 @@ mod counts;
 mod engine;
 mod enqueue;
 mod error;
+mod gate;
 mod groups;
 mod inspect;
 mod items;

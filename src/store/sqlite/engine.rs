@@ -7,7 +7,10 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
-use super::{admin, counts, groups, inspect, items, leases, processes, runs, series, sessions};
+use super::{
+    admin, counts, gate, groups, inspect, items, leases, processes, runs, series, sessions,
+};
+use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::groups::act_where;
 use crate::store::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
@@ -139,7 +142,7 @@ impl StoreEngine for SqliteStore {
         items::enqueue(self, params).await
     }
 
-    async fn lease_claim(&self, params: LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+    async fn lease_claim(&self, params: LeaseClaim) -> Result<Claimed, StoreError> {
         leases::claim(self, params).await
     }
 
@@ -236,6 +239,10 @@ impl StoreEngine for SqliteStore {
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
         processes::configure(self, params).await
+    }
+
+    async fn process_pause(&self, params: ProcessPause) -> Result<bool, StoreError> {
+        gate::pause(self, params).await
     }
 
     async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {

@@ -3,10 +3,12 @@
 
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
+use super::gate;
 use super::items::ensure_process;
 use super::rows::{RunningRow, running_columns, to_time};
 use super::sessions::requeue;
 use crate::store::StoreError;
+use crate::store::fleet::{ClaimGate, Claimed};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::refusal::{Unlockable, lock_refusal};
@@ -113,21 +115,32 @@ async fn ready_ids(tx: &mut Tx, now: i64, process: &str, max: u32) -> Result<Vec
     Ok(ids)
 }
 
-pub(super) async fn claim(
-    store: &SqliteStore,
-    params: LeaseClaim,
-) -> Result<Vec<Lease>, StoreError> {
+pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Claimed, StoreError> {
     validate_process(&params.process)?;
     let (mut tx, now) = store.write().await?;
     check_session(&mut tx, now, params.session).await?;
-    let ids = ready_ids(&mut tx, now, &params.process, params.max).await?;
-    if ids.is_empty() {
-        return Ok(Vec::new());
+    let decided = gate::admit(&mut tx, now, &params.process, params.max).await?;
+    let max = decided.map_or(params.max, |(_, admission)| admission.allowed);
+    let ids = ready_ids(&mut tx, now, &params.process, max).await?;
+    let leases = if ids.is_empty() {
+        Vec::new()
+    } else {
+        let first = take_tokens(&mut tx, ids.len() as i64).await?;
+        start_runs(&mut tx, now, &ids, params.session, first).await?
+    };
+    let gate = match decided {
+        Some(decided) => {
+            let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);
+            gate::take(&mut tx, &params.process, decided, taken).await?
+        }
+        None => ClaimGate::default(),
+    };
+    if leases.is_empty() {
+        // Nothing to write: a bucket's refill is recomputed from what is stored.
+        return Ok(Claimed { leases, gate });
     }
-    let first = take_tokens(&mut tx, ids.len() as i64).await?;
-    let leases = start_runs(&mut tx, now, &ids, params.session, first).await?;
     tx.commit().await.db()?;
-    Ok(leases)
+    Ok(Claimed { leases, gate })
 }
 
 /// Like [`start_run`] for many items at once (one `UPDATE`): the
@@ -208,6 +221,15 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
     let (mut tx, now) = store.write().await?;
     check_session(&mut tx, now, params.session).await?;
     ensure_process(&mut tx, now, &params.process).await?;
+    let decided = gate::admit(&mut tx, now, &params.process, 1).await?;
+    if let Some((row, admission)) = &decided
+        && admission.allowed == 0
+    {
+        return Err(StoreError::Held {
+            process: params.process,
+            why: row.why_held(admission),
+        });
+    }
     // An idle key is taken like a new one: pending since now.
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at)
@@ -229,6 +251,9 @@ pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease
     };
     let token = take_tokens(&mut tx, 1).await?;
     let lease = start_run(&mut tx, now, id, params.session, token).await?;
+    if let Some(decided) = decided {
+        gate::take(&mut tx, &params.process, decided, 1).await?;
+    }
     tx.commit().await.db()?;
     Ok(lease)
 }

@@ -10,6 +10,7 @@ mod connect;
 mod counts;
 mod engine;
 mod error;
+mod gate;
 mod groups;
 mod inspect;
 mod items;

@@ -7,7 +7,7 @@ use super::items::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
-use crate::store::processes::{SettingsRow, checked, settings_columns};
+use crate::store::processes::{SettingsRow, checked, clamp_i32, settings_columns};
 use crate::store::types::ProcessSettings;
 
 /// Writes the settings given, leaving the others as stored.
@@ -17,6 +17,7 @@ pub(super) async fn configure(
 ) -> Result<(), StoreError> {
     checked(&params)?;
     let b = params.backoff;
+    let l = params.limits;
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
     sqlx::query(
@@ -30,7 +31,11 @@ pub(super) async fn configure(
              forget_idle_ms = CASE WHEN ?8 THEN ?9 ELSE forget_idle_ms END,
              resync_every_ms = CASE WHEN ?10 THEN ?11 ELSE resync_every_ms END,
              resync_jitter = COALESCE(?12, resync_jitter),
-             resync_priority = COALESCE(?13, resync_priority)
+             resync_priority = COALESCE(?13, resync_priority),
+             concurrency = CASE WHEN ?14 THEN ?15 ELSE concurrency END,
+             rate_per_s = CASE WHEN ?16 THEN ?17 ELSE rate_per_s END,
+             rate_burst = COALESCE(?18, rate_burst),
+             rate_tokens = CASE WHEN ?19 THEN NULL ELSE rate_tokens END
          WHERE process = ?1",
     )
     .bind(&params.process)
@@ -46,6 +51,12 @@ pub(super) async fn configure(
     .bind(params.resync_every.flatten().map(duration_ms))
     .bind(params.resync_jitter)
     .bind(params.resync_priority)
+    .bind(l.concurrency.is_some())
+    .bind(l.concurrency.flatten().map(clamp_i32))
+    .bind(l.rate.is_some())
+    .bind(l.rate.flatten())
+    .bind(l.burst.map(clamp_i32))
+    .bind(l.refills())
     .execute(&mut *tx)
     .await
     .db()?;

@@ -1,0 +1,194 @@
+//! A process's settings (`GET` / `PATCH /v1/processes/{process}/settings`)
+//! and its pause switch (`POST …/pause`, `…/resume`): what `drover process
+//! configure` and `drover pause|resume` do, for admins over HTTP.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+
+use crate::backoff::{Backoff, MAX_DELAY};
+use crate::server::auth::{Authorized, Manage, Read, Role};
+use crate::server::error::{ApiError, ErrorBody};
+use crate::server::extract::{JsonBody, PathParams};
+use crate::server::model::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody, ms};
+use crate::server::state::AppState;
+use crate::store::{
+    LimitChanges, ProcessConfigure, ProcessPause, ProcessSettings, StoreEngine as _, StoreError,
+    validate_process,
+};
+
+/// The stored settings of `process`; 404 if it is unknown.
+async fn stored(state: &AppState, process: &str) -> Result<ProcessSettings, ApiError> {
+    validate_process(process)?;
+    let all = state.store.process_list().await?;
+    all.into_iter()
+        .find(|s| s.process == process)
+        .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()).into())
+}
+
+/// A process's settings: backoff, retention and fleet controls.
+#[utoipa::path(
+    get, path = "/v1/processes/{process}/settings", tag = "read",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process")),
+    responses(
+        (status = 200, description = "Its settings", body = ProcessSettingsBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 404, description = "Unknown process", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn get(
+    _: Authorized<Read>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+) -> Result<Json<ProcessSettingsBody>, ApiError> {
+    Ok(Json(stored(&state, &process).await?.into()))
+}
+
+/// Changes a process's settings (creating the process if unknown); those not
+/// given keep their stored values, and a partial backoff is merged with the
+/// stored one. Every node obeys the new values from its next claim.
+#[utoipa::path(
+    patch, path = "/v1/processes/{process}/settings", tag = "admin",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process")),
+    request_body = ProcessConfigureRequest,
+    responses(
+        (status = 200, description = "The settings now", body = ProcessSettingsBody),
+        (status = 400, description = "Malformed body or a value out of range", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not an admin's", body = ErrorBody),
+        (status = 413, description = "Body over the limit", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn configure(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+    JsonBody(body): JsonBody<ProcessConfigureRequest>,
+) -> Result<Json<ProcessSettingsBody>, ApiError> {
+    validate_process(&process)?;
+    let current = match stored(&state, &process).await {
+        Ok(settings) => Some(settings),
+        Err(ApiError::NotFound(_)) => None,
+        Err(e) => return Err(e),
+    };
+    let stored_backoff = current.map_or_else(Backoff::default, |s| s.backoff);
+    let params = changes(
+        ProcessConfigure::new(process.clone()),
+        &body,
+        stored_backoff,
+    )?;
+    state.store.process_configure(params).await?;
+    Ok(Json(stored(&state, &process).await?.into()))
+}
+
+/// The request's changes as the store takes them; 400 for a value no process
+/// can run with.
+fn changes(
+    params: ProcessConfigure,
+    body: &ProcessConfigureRequest,
+    stored: Backoff,
+) -> Result<ProcessConfigure, ApiError> {
+    let mut params = params;
+    let backoff_given = body.backoff_initial_ms.is_some()
+        || body.backoff_factor.is_some()
+        || body.backoff_max_ms.is_some()
+        || body.backoff_jitter.is_some();
+    if backoff_given {
+        let delay = |v: Option<u64>, or: Duration| v.map_or(or, ms).min(MAX_DELAY);
+        let backoff = Backoff::new(
+            delay(body.backoff_initial_ms, stored.initial()),
+            body.backoff_factor.unwrap_or(stored.factor()),
+            delay(body.backoff_max_ms, stored.max()),
+        )
+        .and_then(|b| b.with_jitter(body.backoff_jitter.unwrap_or(stored.jitter())))
+        .map_err(|e| ApiError::field("backoff", format!("invalid backoff: {e}")))?;
+        params = params.backoff(backoff);
+    }
+    if let Some(period) = body.keep_runs_for_ms {
+        params = params.keep_runs_for(ms(period).min(MAX_DELAY));
+    }
+    if let Some(runs) = body.keep_runs_per_key {
+        params = params.keep_runs_per_key(runs);
+    }
+    if let Some(period) = body.forget_idle_after_ms {
+        params = params.forget_idle_after(period.map(|p| ms(p).min(MAX_DELAY)));
+    }
+    params.limits = LimitChanges {
+        concurrency: body.concurrency,
+        rate: body.rate_per_s,
+        burst: body.rate_burst,
+    };
+    Ok(params)
+}
+
+/// Pauses a process for every node: no worker claims its keys until it is
+/// resumed; runs already going finish normally, and enqueues are kept.
+/// Recorded in the history (key `""`, outcome `paused`, actor `admin`).
+#[utoipa::path(
+    post, path = "/v1/processes/{process}/pause", tag = "admin",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process")),
+    responses(
+        (status = 200, description = "Paused (changed: false if it already was)", body = PauseResponse),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not an admin's", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn pause(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+) -> Result<Json<PauseResponse>, ApiError> {
+    switch(&state, process, true).await.map(Json)
+}
+
+/// Resumes a paused process: workers on every node claim its keys again
+/// (woken at once). Recorded in the history (outcome `resumed`).
+#[utoipa::path(
+    post, path = "/v1/processes/{process}/resume", tag = "admin",
+    security(("bearer" = [])),
+    params(("process" = String, Path, description = "The process")),
+    responses(
+        (status = 200, description = "Resumed (changed: false if it was not paused)", body = PauseResponse),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "The token is not an admin's", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    )
+)]
+pub(crate) async fn resume(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+) -> Result<Json<PauseResponse>, ApiError> {
+    switch(&state, process, false).await.map(Json)
+}
+
+/// Pauses or resumes, as the admin role; shared with the dashboard's button.
+pub(crate) async fn switch(
+    state: &AppState,
+    process: String,
+    paused: bool,
+) -> Result<PauseResponse, ApiError> {
+    validate_process(&process)?;
+    let params = ProcessPause {
+        process: process.clone(),
+        paused,
+        actor: Role::Admin.to_string(),
+    };
+    let changed = state.store.process_pause(params).await?;
+    Ok(PauseResponse {
+        process,
+        paused,
+        changed,
+    })
+}

@@ -1,0 +1,121 @@
+//! Fleet controls on SQLite: the gate of a claim or `lease_lock` of a paused
+//! or limited process, and pause / resume.
+//!
+//! Claims run in one `BEGIN IMMEDIATE` transaction on the one writer
+//! connection (and other processes on the same file wait for the write lock),
+//! so reading the process row, counting its running keys and claiming cannot
+//! interleave with another claim: the count is always current.
+
+use super::engine::{SqliteStore, Tx};
+use super::error::Db as _;
+use super::items::ensure_process;
+use super::rows::to_time;
+use super::runs::log_action;
+use crate::store::StoreError;
+use crate::store::fleet::{ClaimGate, ProcessPause};
+use crate::store::gate::{Admission, GateRow};
+use crate::store::key::validate_process;
+
+/// The process row's fleet-control columns.
+type Columns = (
+    bool,
+    Option<i64>,
+    Option<f64>,
+    i64,
+    Option<f64>,
+    Option<i64>,
+);
+
+/// Decides how many of `max` keys may start now; `None` for a process that is
+/// neither paused nor limited (or unknown), whose claims are not gated.
+pub(super) async fn admit(
+    tx: &mut Tx,
+    now: i64,
+    process: &str,
+    max: u32,
+) -> Result<Option<(GateRow, Admission)>, StoreError> {
+    let row: Option<Columns> = sqlx::query_as(
+        "SELECT paused, concurrency, rate_per_s, rate_burst, rate_tokens, rate_tokens_at
+         FROM drover_processes WHERE process = ?1",
+    )
+    .bind(process)
+    .fetch_optional(&mut **tx)
+    .await
+    .db()?;
+    let Some((paused, concurrency, rate_per_s, rate_burst, tokens, tokens_at)) = row else {
+        return Ok(None);
+    };
+    let row = GateRow {
+        paused,
+        concurrency,
+        rate_per_s,
+        rate_burst,
+        tokens,
+        tokens_at: tokens_at.map(to_time),
+    };
+    if !row.binds() {
+        return Ok(None);
+    }
+    let running: i64 = if row.counts_running() {
+        sqlx::query_scalar(
+            // The IN term, implied by the other, names the partial index of
+            // running and parked keys: without it the count walked every
+            // item of the process (a claim per thousands of rows).
+            "SELECT count(*) FROM drover_items
+             WHERE process = ?1 AND state IN ('running', 'parked') AND state = 'running'",
+        )
+        .bind(process)
+        .fetch_one(&mut **tx)
+        .await
+        .db()?
+    } else {
+        0
+    };
+    Ok(Some((row, row.admit(to_time(now), running, max))))
+}
+
+/// Stores what a claim or lock took from the bucket and says what the
+/// claimer hears.
+pub(super) async fn take(
+    tx: &mut Tx,
+    process: &str,
+    (row, admission): (GateRow, Admission),
+    taken: u32,
+) -> Result<ClaimGate, StoreError> {
+    let (tokens, gate) = row.taken(admission, taken);
+    if let Some(tokens) = tokens {
+        sqlx::query(
+            "UPDATE drover_processes SET rate_tokens = ?2, rate_tokens_at = ?3 WHERE process = ?1",
+        )
+        .bind(process)
+        .bind(tokens)
+        .bind(admission.at.timestamp_millis())
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    }
+    Ok(gate)
+}
+
+/// Pauses or resumes the process, with a history row when it changed.
+pub(super) async fn pause(store: &SqliteStore, params: ProcessPause) -> Result<bool, StoreError> {
+    validate_process(&params.process)?;
+    let (mut tx, now) = store.write().await?;
+    ensure_process(&mut tx, now, &params.process).await?;
+    let changed =
+        sqlx::query("UPDATE drover_processes SET paused = ?2 WHERE process = ?1 AND paused <> ?2")
+            .bind(&params.process)
+            .bind(params.paused)
+            .execute(&mut *tx)
+            .await
+            .db()?
+            .rows_affected()
+            > 0;
+    if changed {
+        let names = (params.process.as_str(), "");
+        let action = (params.outcome(), params.actor.as_str());
+        log_action(&mut tx, now, names, action, None).await?;
+    }
+    tx.commit().await.db()?;
+    Ok(changed)
+}

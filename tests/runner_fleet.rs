@@ -1,0 +1,114 @@
+//! The runner under fleet controls, on both engines and through a server: a
+//! worker held back by the rate limit waits for the next token, not for its
+//! idle poll; a paused process is resumed within a poll.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use drover::runner::{Action, BoxError, Controller, Task};
+use drover::store::{ItemEnqueue, ProcessConfigure, ProcessPause, StoreEngine as _};
+use support::each_backend;
+use support::process::eventually_within;
+use tokio_util::sync::CancellationToken;
+
+const PROCESS: &str = "paced";
+
+/// A controller whose runs count themselves in `ran`, polling when idle
+/// every `idle_poll`.
+fn counting(
+    db: &support::TestDb,
+    ran: &Arc<AtomicU32>,
+    idle_poll: Duration,
+) -> Controller<impl drover::runner::Reconciler, support::backend::TestBackend> {
+    let count = Arc::clone(ran);
+    Controller::builder(db.worker.clone(), PROCESS, move |_: Task| {
+        let count = Arc::clone(&count);
+        async move {
+            count.fetch_add(1, SeqCst);
+            Ok::<_, BoxError>(Action::Done)
+        }
+    })
+    .parallelism(8)
+    .idle_poll(idle_poll)
+    .build()
+    .expect("controller")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_worker_claims_at_each_token_not_at_its_idle_poll() {
+    each_backend(|db| async move {
+        const KEYS: u32 = 20;
+        let configure = ProcessConfigure::new(PROCESS).rate(Some(20.0)).burst(1);
+        db.store.process_configure(configure).await.expect("limit");
+        let keys = (0..KEYS).map(|i| format!("k{i}"));
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let ran = Arc::new(AtomicU32::new(0));
+        // An idle poll far longer than the whole run: only the token hint
+        // can make the worker claim again in time.
+        let controller = counting(&db, &ran, Duration::from_secs(60));
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let handle = tokio::spawn({
+            let stop = stop.clone();
+            async move { controller.run(stop).await.expect("runs") }
+        });
+        eventually_within("every key ran", Duration::from_secs(30), || async {
+            ran.load(SeqCst) == KEYS
+        })
+        .await;
+        let took = started.elapsed();
+        stop.cancel();
+        handle.await.expect("join");
+        // 19 tokens after the first at 20/s: about 0.95 s; an idle poll
+        // would have taken a minute per claim.
+        assert!(
+            took >= Duration::from_millis(900),
+            "faster than the rate: {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(20),
+            "waited for polls, not tokens: {took:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_process_runs_nothing_and_a_resume_wakes_its_worker() {
+    each_backend(|db| async move {
+        let pause = |paused| ProcessPause {
+            process: PROCESS.into(),
+            paused,
+            actor: "test".into(),
+        };
+        db.store.process_pause(pause(true)).await.expect("pause");
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["a", "b"]))
+            .await
+            .expect("enqueue");
+        let ran = Arc::new(AtomicU32::new(0));
+        let controller = counting(&db, &ran, Duration::from_millis(200));
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn({
+            let stop = stop.clone();
+            async move { controller.run(stop).await.expect("runs") }
+        });
+        // Several idle polls of a paused process: nothing may run.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(ran.load(SeqCst), 0, "a paused process ran a key");
+        db.store.process_pause(pause(false)).await.expect("resume");
+        eventually_within("both keys ran", Duration::from_secs(30), || async {
+            ran.load(SeqCst) == 2
+        })
+        .await;
+        stop.cancel();
+        handle.await.expect("join");
+    })
+    .await;
+}

@@ -1,0 +1,439 @@
+//! Fleet controls in the store, on every engine: pause, the cluster-wide
+//! concurrency limit (with the worst interleaving forced on PostgreSQL, and a
+//! stress of many claimers) and the rate limit's token bucket on the database
+//! clock.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use drover::store::{
+    ItemEnqueue, LeaseClaim, LeaseComplete, LeaseLock, Outcome, ProcessConfigure, ProcessPause,
+    RunList, RunOutcome, SessionId, Store, StoreEngine as _, StoreError,
+};
+use support::locks::Holder;
+use support::{TestDb, each_engine};
+
+const P: &str = "fleet";
+
+async fn enqueue(store: &Store, n: usize) {
+    let keys = (0..n).map(|i| format!("k{i:04}"));
+    store
+        .item_enqueue(ItemEnqueue::new(P, keys))
+        .await
+        .expect("enqueue");
+}
+
+async fn configure(store: &Store, params: ProcessConfigure) {
+    store.process_configure(params).await.expect("configure");
+}
+
+async fn pause(store: &Store, paused: bool) -> bool {
+    store
+        .process_pause(ProcessPause {
+            process: P.into(),
+            paused,
+            actor: "test".into(),
+        })
+        .await
+        .expect("pause")
+}
+
+fn claim(session: SessionId, max: u32) -> LeaseClaim {
+    LeaseClaim {
+        session,
+        process: P.into(),
+        max,
+    }
+}
+
+fn lock(session: SessionId, key: &str) -> LeaseLock {
+    LeaseLock {
+        session,
+        process: P.into(),
+        key: key.into(),
+    }
+}
+
+async fn pending(store: &Store) -> u64 {
+    let counts = store.process_counts().await.expect("counts");
+    counts
+        .iter()
+        .find(|c| c.process == P)
+        .map_or(0, |c| c.pending)
+}
+
+#[tokio::test]
+async fn a_paused_process_is_not_claimed_and_keeps_its_enqueues_until_resumed() {
+    each_engine(|db| async move {
+        enqueue(&db.store, 3).await;
+        let session = db.session().await;
+        assert!(pause(&db.store, true).await, "pausing changes it");
+        assert!(
+            !pause(&db.store, true).await,
+            "pausing again changes nothing"
+        );
+        let claimed = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert!(claimed.leases.is_empty(), "a paused process is not claimed");
+        assert!(claimed.gate.paused);
+        let refused = db.store.lease_lock(lock(session.id, "k0000")).await;
+        assert!(
+            matches!(refused, Err(StoreError::Held { why: "paused", .. })),
+            "{refused:?}"
+        );
+        enqueue(&db.store, 5).await;
+        assert_eq!(
+            pending(&db.store).await,
+            5,
+            "enqueues coalesce and are kept"
+        );
+        let settings = db.store.process_list().await.expect("list");
+        assert!(settings[0].limits.paused);
+
+        assert!(pause(&db.store, false).await);
+        let claimed = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert_eq!(claimed.leases.len(), 5, "resumed: everything runs");
+        assert!(!claimed.gate.paused);
+
+        let rows = db
+            .store
+            .run_list(RunList {
+                process: Some(P.into()),
+                key: Some(String::new()),
+                limit: 10,
+                ..RunList::default()
+            })
+            .await
+            .expect("runs");
+        let actions: Vec<_> = rows
+            .iter()
+            .map(|r| (r.outcome, r.actor.as_deref()))
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                (RunOutcome::Resumed, Some("test")),
+                (RunOutcome::Paused, Some("test"))
+            ],
+            "one history row per change, key \"\", newest first"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_run_in_progress_finishes_normally_while_its_process_is_paused() {
+    each_engine(|db| async move {
+        enqueue(&db.store, 1).await;
+        let session = db.session().await;
+        let leases = db
+            .store
+            .lease_claim(claim(session.id, 1))
+            .await
+            .expect("claim")
+            .leases;
+        pause(&db.store, true).await;
+        let done = LeaseComplete {
+            lease: &leases[0],
+            outcome: &Outcome::Done,
+        };
+        db.store
+            .lease_complete(done)
+            .await
+            .expect("a paused process's run completes");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_concurrency_limit_caps_running_keys_and_frees_a_slot_when_a_run_ends() {
+    each_engine(|db| async move {
+        enqueue(&db.store, 10).await;
+        configure(&db.store, ProcessConfigure::new(P).concurrency(Some(2))).await;
+        let session = db.session().await;
+        let first = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert_eq!(first.leases.len(), 2, "at most the limit");
+        assert!(first.gate.concurrency_limited);
+        assert_eq!(first.gate.next_token_in, None);
+        let full = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert!(full.leases.is_empty(), "no slot is free");
+        let refused = db.store.lease_lock(lock(session.id, "k0009")).await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::Held {
+                    why: "at its concurrency limit",
+                    ..
+                })
+            ),
+            "a lock counts against the limit: {refused:?}"
+        );
+        let done = LeaseComplete {
+            lease: &first.leases[0],
+            outcome: &Outcome::Done,
+        };
+        db.store.lease_complete(done).await.expect("complete");
+        let next = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert_eq!(next.leases.len(), 1, "one slot came free");
+
+        configure(&db.store, ProcessConfigure::new(P).concurrency(None)).await;
+        let open = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert_eq!(open.leases.len(), 7, "the limit is gone at the next claim");
+        assert!(!open.gate.concurrency_limited);
+    })
+    .await;
+}
+
+/// Claims and completes until the process is drained, counting its own
+/// leases in `running` and recording the highest count seen.
+async fn drain(store: Store, running: Arc<AtomicI64>, peak: Arc<AtomicI64>) {
+    let session = store
+        .session_start(drover::store::SessionStart::new(
+            "claimer",
+            Duration::from_secs(60),
+        ))
+        .await
+        .expect("session");
+    loop {
+        let leases = store
+            .lease_claim(claim(session.id, 3))
+            .await
+            .expect("claim")
+            .leases;
+        if leases.is_empty() {
+            if pending(&store).await == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        }
+        let now = running.fetch_add(leases.len() as i64, Ordering::SeqCst) + leases.len() as i64;
+        peak.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        // Counted down before the completion commits: a claim that sees the
+        // slot free can only come after the commit, so the count never lags.
+        running.fetch_sub(leases.len() as i64, Ordering::SeqCst);
+        for lease in &leases {
+            let done = LeaseComplete {
+                lease,
+                outcome: &Outcome::Done,
+            };
+            store.lease_complete(done).await.expect("complete");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_claimers_on_many_connections_never_exceed_the_concurrency_limit() {
+    each_engine(|db| async move {
+        enqueue(&db.store, 300).await;
+        configure(&db.store, ProcessConfigure::new(P).concurrency(Some(5))).await;
+        let running = Arc::new(AtomicI64::new(0));
+        let peak = Arc::new(AtomicI64::new(0));
+        let mut stores = vec![db.store.clone()];
+        for _ in 0..3 {
+            stores.push(db.reconnect().await);
+        }
+        let claimers: Vec<_> = (0..16)
+            .map(|i| tokio::spawn(drain(stores[i % 4].clone(), running.clone(), peak.clone())))
+            .collect();
+        for claimer in claimers {
+            claimer.await.expect("claimer");
+        }
+        assert_eq!(pending(&db.store).await, 0, "everything ran");
+        let peak = peak.load(Ordering::SeqCst);
+        assert!(peak <= 5, "{peak} leases held at once under a limit of 5");
+        assert!(peak >= 2, "the claimers did overlap ({peak})");
+    })
+    .await;
+}
+
+/// The interleaving that over-admits when the count is read by the statement
+/// that waits for the process row's lock: a claim holds the lock and starts
+/// the last free run, two more claims queue behind it; when it commits, both
+/// must see its run.
+#[tokio::test]
+async fn claims_queued_behind_a_claim_holding_the_process_lock_see_its_runs() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    queued_claims(&db).await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+async fn queued_claims(db: &TestDb) {
+    enqueue(&db.store, 5).await;
+    configure(&db.store, ProcessConfigure::new(P).concurrency(Some(1))).await;
+    let session = db.session().await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    let mut holder = Holder::lock(
+        &pool,
+        "SELECT 1 FROM drover_processes WHERE process = 'fleet' AND $1 = $1 FOR UPDATE",
+        0,
+    )
+    .await;
+    sqlx::query(
+        "UPDATE drover_items SET state = 'running', lease_session = $1, lease_token = 1,
+             started_at = now() WHERE process = 'fleet' AND key = 'k0000'",
+    )
+    .bind(session.id.0)
+    .execute(&mut *holder.tx)
+    .await
+    .expect("the holder starts a run");
+    let claims: Vec<_> = (0..2)
+        .map(|_| {
+            let store = db.store.clone();
+            tokio::spawn(async move { store.lease_claim(claim(session.id, 5)).await })
+        })
+        .collect();
+    holder.wait_for_waiters(&pool, 2).await;
+    holder.tx.commit().await.expect("the holder commits");
+    for c in claims {
+        let claimed = c.await.expect("join").expect("claim");
+        assert!(
+            claimed.leases.is_empty(),
+            "a queued claim over-admitted: {:?}",
+            claimed.leases
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_rate_limit_admits_its_burst_then_one_run_per_token_on_the_database_clock() {
+    each_engine(|db| async move {
+        enqueue(&db.store, 20).await;
+        configure(&db.store, ProcessConfigure::new(P).rate(Some(1.0)).burst(3)).await;
+        let session = db.session().await;
+        let burst = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert_eq!(burst.leases.len(), 3, "a full bucket: the burst");
+        let wait = burst.gate.next_token_in.expect("the bucket ran dry");
+        assert!(wait <= Duration::from_secs(1), "{wait:?}");
+        let dry = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert!(dry.leases.is_empty());
+        assert!(
+            dry.gate
+                .next_token_in
+                .is_some_and(|w| w <= Duration::from_secs(1))
+        );
+        let refused = db.store.lease_lock(lock(session.id, "k0019")).await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::Held {
+                    why: "out of rate-limit tokens",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+
+        db.store.clock().advance(Duration::from_millis(2_500));
+        let refilled = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert_eq!(refilled.leases.len(), 2, "2.5 tokens flowed in over 2.5 s");
+        db.store.clock().advance(Duration::from_secs(10));
+        let capped = db
+            .store
+            .lease_claim(claim(session.id, 10))
+            .await
+            .expect("claim");
+        assert_eq!(capped.leases.len(), 3, "never more than the burst at once");
+        let few = db.store.lease_claim(claim(session.id, 1)).await;
+        assert!(few.expect("claim").leases.is_empty());
+
+        configure(&db.store, ProcessConfigure::new(P).rate(None)).await;
+        let open = db
+            .store
+            .lease_claim(claim(session.id, 100))
+            .await
+            .expect("claim");
+        assert_eq!(open.leases.len(), 12, "no limit: the rest at once");
+        assert_eq!(open.gate.next_token_in, None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn limits_no_process_can_run_with_are_refused_and_change_nothing() {
+    each_engine(|db| async move {
+        let bad = [
+            ProcessConfigure::new(P).concurrency(Some(0)),
+            ProcessConfigure::new(P).rate(Some(0.0)),
+            ProcessConfigure::new(P).rate(Some(-1.0)),
+            ProcessConfigure::new(P).rate(Some(f64::NAN)),
+            ProcessConfigure::new(P).rate(Some(f64::INFINITY)),
+            ProcessConfigure::new(P).burst(0),
+        ];
+        for params in bad {
+            let err = db.store.process_configure(params.clone()).await;
+            assert!(
+                matches!(err, Err(StoreError::InvalidArgument(_))),
+                "{params:?}: {err:?}"
+            );
+        }
+        assert!(
+            db.store.process_list().await.expect("list").is_empty(),
+            "nothing written"
+        );
+        configure(
+            &db.store,
+            ProcessConfigure::new(P)
+                .concurrency(Some(7))
+                .rate(Some(2.5))
+                .burst(4),
+        )
+        .await;
+        configure(&db.store, ProcessConfigure::new(P).keep_runs_per_key(5)).await;
+        let limits = db.store.process_list().await.expect("list")[0].limits;
+        assert_eq!(
+            limits.concurrency,
+            Some(7),
+            "other settings keep the limits"
+        );
+        let rate = limits.rate.expect("a rate");
+        assert!(
+            (rate.per_second - 2.5).abs() < 1e-9 && rate.burst == 4,
+            "{rate:?}"
+        );
+    })
+    .await;
+}
