@@ -241,15 +241,33 @@ async fn the_resyncer_runs_on_its_timer_wakes_workers_and_counts_what_it_resynce
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = ResyncMetrics::new(&mut registry);
         let wake = db.store.wakeup(P);
-        let woken = wake.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
         let stop = CancellationToken::new();
         let resyncer = Resyncer::new(db.store.clone())
             .every(Duration::from_millis(20))
             .metrics(metrics);
         let task = tokio::spawn(resyncer.run(stop.clone()));
-        tokio::time::timeout(Duration::from_secs(30), woken)
+        // Wake-ups are per process name across the test binary, and other
+        // tests use the same name: wait for wake-ups until one finds every
+        // key pending (armed before each look, so the resync's own is never
+        // missed).
+        let resynced = async {
+            loop {
+                let woken = wake.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                let mut pending = 0;
+                for key in ["a", "b", "c"] {
+                    if state(&db, key).await == ItemState::Pending {
+                        pending += 1;
+                    }
+                }
+                if pending == 3 {
+                    return;
+                }
+                woken.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), resynced)
             .await
             .expect("the resync woke the process's workers");
         stop.cancel();
