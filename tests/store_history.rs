@@ -254,6 +254,8 @@ async fn settings_are_stored_per_process_and_a_partial_change_keeps_the_rest() {
         assert_eq!(settings[0].retention.keep_runs_per_key, 5);
         for bad in [
             ProcessConfigure::new(P).keep_runs_per_key(0),
+            // More than the column holds: refused, not stored unreadable.
+            ProcessConfigure::new(P).keep_runs_per_key(u32::MAX),
             ProcessConfigure::new(P).keep_runs_for(Duration::ZERO),
             ProcessConfigure::new("bad\0name").keep_runs_per_key(3),
         ] {

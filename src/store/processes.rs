@@ -119,6 +119,15 @@ pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
             "keep at least 1 run per key (the last run is what the key's page shows)".into(),
         ));
     }
+    if params
+        .keep_runs_per_key
+        .is_some_and(|n| i32::try_from(n).is_err())
+    {
+        return Err(StoreError::InvalidArgument(format!(
+            "keep at most {} runs per key",
+            i32::MAX
+        )));
+    }
     if params.keep_runs_for == Some(Duration::ZERO) {
         return Err(StoreError::InvalidArgument(
             "keep runs for longer than 0 (use 1s to keep them as briefly as possible)".into(),

@@ -44,7 +44,7 @@ pub(super) async fn configure(
     .bind(b.map(|b| duration_ms(b.max())))
     .bind(b.map(|b| b.jitter()))
     .bind(params.keep_runs_for.map(duration_ms))
-    .bind(params.keep_runs_per_key)
+    .bind(params.keep_runs_per_key.map(clamp_i32))
     .bind(params.forget_idle_after.is_some())
     .bind(params.forget_idle_after.flatten().map(duration_ms))
     .bind(params.resync_every.is_some())
