@@ -3,7 +3,7 @@
 //! or drop the triggers that call `drover_enqueue`, so a program in any
 //! language can do the same with one `SELECT`.
 
-use super::engine::PostgresStore;
+use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, map};
 use crate::store::watch::TableWatch;
 use crate::store::{StoreError, validate_process};
@@ -31,7 +31,7 @@ impl PostgresStore {
     pub(crate) async fn table_watch(&self, watch: &TableWatch) -> Result<String, StoreError> {
         validate_process(&watch.process)?;
         let columns = (!watch.columns.is_empty()).then_some(&watch.columns);
-        let mut tx = self.write().await?.0;
+        let mut tx = Tx::begin(&self.pool, self.pooled).await.db()?;
         let installed = sqlx::query_scalar("SELECT drover_watch($1, $2, $3, $4)")
             .bind(&watch.table)
             .bind(&watch.process)
@@ -46,7 +46,7 @@ impl PostgresStore {
 
     /// See [`Store::table_unwatch`](crate::store::Store::table_unwatch).
     pub(crate) async fn table_unwatch(&self, table: &str) -> Result<Option<String>, StoreError> {
-        let mut tx = self.write().await?.0;
+        let mut tx = Tx::begin(&self.pool, self.pooled).await.db()?;
         let removed = sqlx::query_scalar("SELECT drover_unwatch($1)")
             .bind(table)
             .fetch_one(&mut tx)
