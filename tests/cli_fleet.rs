@@ -8,6 +8,7 @@ use std::process::{Command, Output, Stdio};
 
 use drover::store::{Store, StoreEngine as _};
 use serde_json::Value;
+use support::cli::{fails_with, ok};
 use support::each_engine;
 use support::serve::Serve;
 
@@ -22,26 +23,6 @@ fn drover(url: Option<&str>, args: &[&str]) -> Output {
         cmd.env("DROVER_DATABASE_URL", url);
     }
     cmd.output().expect("drover runs")
-}
-
-fn ok(output: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "drover failed: {stderr}");
-    String::from_utf8(output.stdout.clone()).expect("utf-8 output")
-}
-
-/// Asserts a failure with exactly one `error: …` line mentioning `needle`.
-fn fails_with(output: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "expected a failure: {stderr}");
-    let first = stderr.lines().next().unwrap_or_default();
-    assert!(
-        first.starts_with("error: "),
-        "first line is the error: {stderr}"
-    );
-    assert!(first.contains(needle), "{needle:?} not in: {stderr}");
-    let errors = stderr.lines().filter(|l| l.starts_with("error")).count();
-    assert_eq!(errors, 1, "one error line: {stderr}");
 }
 
 /// `drover process list --json`'s entry for `process`.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use drover::store::Outcome;
 use serde_json::Value;
+use support::cli::{fails_with, ok};
 use support::each_engine;
 
 /// Runs `drover ARGS…` against `url` (through `DROVER_DATABASE_URL`), feeding
@@ -32,29 +33,6 @@ fn drover(url: Option<&str>, dir: Option<&std::path::Path>, args: &[&str], stdin
     input.write_all(stdin.as_bytes()).expect("write stdin");
     drop(input);
     child.wait_with_output().expect("drover runs")
-}
-
-fn ok(output: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "drover failed: {stderr}");
-    String::from_utf8(output.stdout.clone()).expect("utf-8 output")
-}
-
-/// Asserts a failure with exactly one `error: …` line mentioning `needle`.
-fn fails_with(output: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "expected a failure, got: {stderr}"
-    );
-    let first = stderr.lines().next().unwrap_or_default();
-    assert!(
-        first.starts_with("error: "),
-        "first line is the error: {stderr}"
-    );
-    assert!(first.contains(needle), "{needle:?} not in: {stderr}");
-    let errors = stderr.lines().filter(|l| l.starts_with("error")).count();
-    assert_eq!(errors, 1, "one error line: {stderr}");
 }
 
 fn json(output: &Output) -> Value {

@@ -5,7 +5,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use drover::store::{
@@ -15,21 +14,13 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use support::process::{eventually, signal, stop};
 use support::{TestDb, each_engine};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const PROCESS: &str = "jobs";
 
 /// Starts `drover work` on `db` with `exec` and extra flags.
 fn worker(db: &TestDb, exec: &str, flags: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_drover"))
-        .args(["work", PROCESS, "--db", &db.url, "--exec", exec])
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover work")
+    support::cli::worker(&db.url, PROCESS, exec, flags)
 }
 
 async fn enqueue(store: &Store, keys: &[String]) {

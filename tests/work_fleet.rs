@@ -5,7 +5,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use drover::store::{
@@ -13,21 +12,13 @@ use drover::store::{
 };
 use support::process::{eventually_within, stop};
 use support::{TestDb, each_engine};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const PROCESS: &str = "fleet";
 
 /// Starts `drover work` on `db` with `exec` and extra flags.
 fn worker(db: &TestDb, exec: &str, flags: &[&str]) -> Child {
-    Command::new(support::process::drover_bin())
-        .args(["work", PROCESS, "--db", &db.url, "--exec", exec])
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover work")
+    support::cli::worker(&db.url, PROCESS, exec, flags)
 }
 
 async fn enqueue(store: &Store, n: usize) {

@@ -17,6 +17,7 @@ use drover::store::{Session, SessionStart, Store, StoreEngine as _};
 
 pub(crate) mod backend;
 pub(crate) mod caller_tx;
+pub(crate) mod cli;
 pub(crate) mod commit_cut;
 pub(crate) mod fault_proxy;
 pub(crate) mod locks;

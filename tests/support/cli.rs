@@ -1,0 +1,47 @@
+//! Checking what the `drover` binary printed, and starting `drover work`
+//! children: what the command-line tests share.
+
+use std::process::{Output, Stdio};
+
+use tokio::process::{Child, Command};
+
+/// The command's stdout, after asserting it succeeded (its stderr in the
+/// message otherwise).
+pub(crate) fn ok(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "drover failed: {stderr}");
+    String::from_utf8(output.stdout.clone()).expect("utf-8 output")
+}
+
+/// Asserts a failure whose stderr starts with exactly one `error: …` line
+/// mentioning `needle`: bad input gets one clear line, never a panic or a
+/// cascade of messages.
+pub(crate) fn fails_with(output: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "expected a failure, got: {stderr}"
+    );
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("error: "),
+        "first line is the error: {stderr}"
+    );
+    assert!(first.contains(needle), "{needle:?} not in: {stderr}");
+    let errors = stderr.lines().filter(|l| l.starts_with("error")).count();
+    assert_eq!(errors, 1, "one error line: {stderr}");
+}
+
+/// Starts `drover work PROCESS --db URL --exec EXEC` with extra `flags`, its
+/// output discarded, killed if the test drops it.
+pub(crate) fn worker(url: &str, process: &str, exec: &str, flags: &[&str]) -> Child {
+    Command::new(super::process::drover_bin())
+        .args(["work", process, "--db", url, "--exec", exec])
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover work")
+}
