@@ -2,6 +2,8 @@
 //! (DESIGN.md rule 11) next to the normal enqueue, and what watching a table
 //! costs its update throughput.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::Figure;
@@ -18,7 +20,7 @@ const ROWS: u64 = 1_000;
 /// (view on SQLite) inside caller transactions, in batches of 1 and of 1,000
 /// fresh keys, one transaction per batch; `b.keys` keys per figure for
 /// batches of 1,000, a tenth of that for single keys. Then the update rates
-/// of an unwatched and a watched table, in alternating rounds.
+/// of an unwatched and a watched table, their updates alternating.
 pub async fn enqueue_transactional(b: &StoreBench) -> Result<Vec<Figure>, BenchError> {
     let mut figures = Vec::new();
     for batch in BATCHES {
@@ -61,16 +63,17 @@ pub async fn enqueue_transactional(b: &StoreBench) -> Result<Vec<Figure>, BenchE
     Ok(figures)
 }
 
-/// Rounds of the watched-update figure: each measures the unwatched table and
-/// then the watched one (the other way round every second round), so a swing
-/// in the shared machine's speed hits both sides of a round alike.
+/// Rounds of the watched-update figure. Within a round the two tables' updates
+/// alternate one by one (each timed on its own), so a swing in the shared
+/// machine's speed, or a WAL checkpoint, hits both tables alike; the rounds
+/// give the median.
 const ROUNDS: u64 = 5;
 
 /// Single-row update transactions per second on two tables of [`ROWS`] rows,
 /// one unwatched and one watched (every update enqueues its key),
-/// `b.keys / 10` updates each, in [`ROUNDS`] alternating rounds; the figures
-/// are the median rounds' rates, and the watched one carries the median of
-/// the rounds' ratios.
+/// `b.keys / 10` updates each, in [`ROUNDS`] rounds of alternating updates;
+/// the figures are the median round's rates, and the watched one carries the
+/// median of the rounds' ratios.
 async fn watched_updates(b: &StoreBench) -> Result<Vec<Figure>, BenchError> {
     let plain = fresh_process("unwatched");
     let table = fresh_process("watched");
@@ -83,16 +86,10 @@ async fn watched_updates(b: &StoreBench) -> Result<Vec<Figure>, BenchError> {
         .await?;
     let updates = (b.keys / 10).max(ROUNDS);
     let per_round = updates / ROUNDS;
+    b.phase("updating", 2 * per_round * ROUNDS);
     let (mut unwatched, mut watched, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
-        let first = round * per_round;
-        let (u, w) = if round % 2 == 0 {
-            let u = update_rate(b, &plain, first, per_round).await?;
-            (u, update_rate(b, &table, first, per_round).await?)
-        } else {
-            let w = update_rate(b, &table, first, per_round).await?;
-            (update_rate(b, &plain, first, per_round).await?, w)
-        };
+        let (u, w) = paired_round(b, [&plain, &table], round * per_round, per_round).await?;
         unwatched.push(u);
         watched.push(w);
         ratios.push(if u > 0.0 { w / u } else { 0.0 });
@@ -137,25 +134,31 @@ async fn create_table(b: &StoreBench, name: &str) -> Result<(), BenchError> {
     .await
 }
 
-/// Runs `updates` single-row update transactions round the table's rows,
-/// starting at row `first`; per second.
-async fn update_rate(
+/// Runs `updates` single-row update transactions on each of `tables`, the
+/// two alternating one update at a time (which goes first alternates too),
+/// round the tables' rows from row `first`; each table's updates per second.
+async fn paired_round(
     b: &StoreBench,
-    table: &str,
+    tables: [&str; 2],
     first: u64,
     updates: u64,
-) -> Result<f64, BenchError> {
-    b.phase("updating", updates);
-    let sql = format!("UPDATE {table} SET v = v + 1 WHERE id = $1");
-    let start = Instant::now();
+) -> Result<(f64, f64), BenchError> {
+    let sql = tables.map(|t| format!("UPDATE {t} SET v = v + 1 WHERE id = $1"));
+    let mut spent = [Duration::ZERO; 2];
     for i in first..first + updates {
-        let mut tx = b.store.begin().await?;
-        run_in(&mut tx, &sql, Some(key(i % ROWS))).await?;
-        tx.commit().await?;
-        b.progress.inc(1);
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let start = Instant::now();
+            let mut tx = b.store.begin().await?;
+            run_in(&mut tx, &sql[side], Some(key(i % ROWS))).await?;
+            tx.commit().await?;
+            spent[side] += start.elapsed();
+            b.progress.inc(1);
+        }
     }
     #[allow(clippy::cast_precision_loss)] // a count of updates, far below 2^52
-    Ok(updates as f64 / start.elapsed().as_secs_f64().max(f64::EPSILON))
+    let rate = |d: Duration| updates as f64 / d.as_secs_f64().max(f64::EPSILON);
+    Ok((rate(spent[0]), rate(spent[1])))
 }
 
 /// Runs one of the bench's own statements on the store's database.
