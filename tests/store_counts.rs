@@ -14,7 +14,7 @@ use drover::store::{
     ProcessConfigure, PruneCursor, RetentionPrune, SessionClose, SessionStart, Store,
     StoreEngine as _,
 };
-use support::each_engine;
+use support::each_enqueue_path;
 use support::store::{P, claim};
 
 /// A small deterministic generator (xorshift), so a failing seed replays.
@@ -207,7 +207,7 @@ async fn new_session(store: &Store) -> i64 {
 
 #[tokio::test]
 async fn counts_equal_a_real_count_after_random_operations() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         let store = &db.store;
         let forget = ProcessConfigure::new(P).forget_idle_after(Some(Duration::from_secs(2)));
         store.process_configure(forget).await.expect("configure");
@@ -229,7 +229,7 @@ async fn counts_equal_a_real_count_after_random_operations() {
 
 #[tokio::test]
 async fn counts_of_a_state_no_item_is_in_are_zero_not_missing() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         let store = &db.store;
         store
             .item_enqueue(ItemEnqueue::new(P, ["a"]))

@@ -1,6 +1,7 @@
 //! The store's contract for items (DESIGN.md rules 2, 4 and 5 as an enqueue and an
 //! operator see them): coalescing, dirty re-runs, bulk batches, listing, counts,
-//! and the admin actions, on every engine via `support::each_engine`.
+//! and the admin actions, on every engine, and on SQLite through the view
+//! `drover_enqueue` too, via `support::each_enqueue_path_and_pooler`.
 //!
 //! No test sleeps: TTLs and backoffs pass by advancing the store's clock offset.
 
@@ -12,12 +13,12 @@ use drover::store::{
     ItemDelete, ItemEnqueue, ItemList, ItemPark, ItemRetry, ItemState, LeaseLock, Outcome,
     StoreEngine as _, StoreError,
 };
-use support::each_engine_and_pooler;
+use support::each_enqueue_path_and_pooler;
 use support::store::{P, claim, complete, configure, enqueue, events, filler, item, keys, secs};
 
 #[tokio::test]
 async fn enqueueing_a_pending_key_again_keeps_one_entry_with_the_earlier_ready_time() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         let later = ItemEnqueue::new(P, ["a"]).after(secs(60));
         db.store.item_enqueue(later.clone()).await.expect("enqueue");
@@ -30,8 +31,45 @@ async fn enqueueing_a_pending_key_again_keeps_one_entry_with_the_earlier_ready_t
 }
 
 #[tokio::test]
+async fn an_enqueue_of_a_pending_key_that_asks_for_nothing_new_only_counts_it() {
+    // The view takes a shortcut for exactly this case (migration 0010): it
+    // must leave every field but the last enqueue and the count as the full
+    // coalescing rule would, and must not take the shortcut otherwise.
+    each_enqueue_path_and_pooler(|db| async move {
+        let first = ItemEnqueue::new(P, ["a"]).priority(3).after(secs(60));
+        db.store.item_enqueue(first).await.expect("enqueue");
+        let before = item(&db.store, "a").await.expect("item");
+        db.store.clock().advance(secs(1));
+        let nothing_new = ItemEnqueue::new(P, ["a"]).priority(1).after(secs(120));
+        db.store.item_enqueue(nothing_new).await.expect("enqueue");
+        let counted = item(&db.store, "a").await.expect("item");
+        assert_eq!(counted.state, ItemState::Pending);
+        assert_eq!(counted.priority, 3);
+        assert_eq!(counted.ready_at, before.ready_at);
+        assert_eq!(counted.enqueued_at, before.enqueued_at);
+        assert_eq!(counted.first_enqueued_at, before.first_enqueued_at);
+        assert!(counted.last_enqueued_at > before.last_enqueued_at);
+        assert_eq!(counted.enqueue_count, 2);
+        assert!(!counted.dirty && counted.backoff_until.is_none());
+
+        let sooner = ItemEnqueue::new(P, ["a"]).priority(1);
+        db.store.item_enqueue(sooner).await.expect("enqueue");
+        let sooner = item(&db.store, "a").await.expect("item");
+        assert!(sooner.ready_at < before.ready_at, "brought forward");
+        assert_eq!((sooner.priority, sooner.enqueue_count), (3, 3));
+        let higher = ItemEnqueue::new(P, ["a"]).priority(7);
+        db.store.item_enqueue(higher).await.expect("enqueue");
+        let higher = item(&db.store, "a").await.expect("item");
+        assert_eq!((higher.priority, higher.enqueue_count), (7, 4));
+        assert_eq!(higher.ready_at, sooner.ready_at);
+        assert_eq!(higher.enqueued_at, before.enqueued_at);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn coalescing_keeps_the_higher_priority() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["low", "raised"]).await;
         let raise = ItemEnqueue::new(P, ["raised"]).priority(5);
@@ -46,7 +84,7 @@ async fn coalescing_keeps_the_higher_priority() {
 
 #[tokio::test]
 async fn dirty_key_runs_once_more_after_done() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let first = claim(&db.store, s.id, 10).await;
@@ -82,7 +120,7 @@ async fn dirty_key_runs_once_more_after_done() {
 
 #[tokio::test]
 async fn a_batch_of_new_keys_is_all_pending_with_one_enqueue_counted_each() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         // Small and bulk batches, each both for an idle process and with keys
         // past every existing key, so an engine's all-new path is taken if it
         // has one.
@@ -126,7 +164,7 @@ async fn a_batch_of_new_keys_is_all_pending_with_one_enqueue_counted_each() {
 
 #[tokio::test]
 async fn a_batch_mixing_new_pending_running_parked_and_idle_keys_coalesces_each() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["idle", "parked", "running"]).await;
         let mut leases = claim(&db.store, s.id, 3).await;
@@ -197,7 +235,7 @@ async fn a_batch_mixing_new_pending_running_parked_and_idle_keys_coalesces_each(
 
 #[tokio::test]
 async fn enqueue_never_shortens_a_backoff_unless_asked() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         configure(&db.store, 30, 60).await;
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
@@ -227,7 +265,7 @@ async fn enqueue_never_shortens_a_backoff_unless_asked() {
 
 #[tokio::test]
 async fn counts_report_each_state_and_the_oldest_pending_age() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["run", "fail", "park", "wait1", "wait2"]).await;
         let mut leases = claim(&db.store, s.id, 3).await;
@@ -259,7 +297,7 @@ async fn counts_report_each_state_and_the_oldest_pending_age() {
 
 #[tokio::test]
 async fn items_are_listed_in_key_order_a_page_at_a_time_and_by_state() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["c", "a", "d", "b"]).await;
         let lease = db
@@ -316,7 +354,7 @@ async fn items_are_listed_in_key_order_a_page_at_a_time_and_by_state() {
 
 #[tokio::test]
 async fn bad_keys_and_unknown_processes_are_rejected_and_nothing_is_written() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let long = "k".repeat(1025);
         for bad in ["", "nul\0key", long.as_str()] {
             let batch = ItemEnqueue::new(P, ["fine", bad]);
@@ -348,7 +386,7 @@ async fn bad_keys_and_unknown_processes_are_rejected_and_nothing_is_written() {
 
 #[tokio::test]
 async fn retrying_a_backing_off_item_makes_it_claimable_at_once_and_keeps_its_failures() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let lease = claim(&db.store, s.id, 1).await.remove(0);
@@ -386,7 +424,7 @@ async fn retrying_a_backing_off_item_makes_it_claimable_at_once_and_keeps_its_fa
 
 #[tokio::test]
 async fn parking_an_item_stops_it_until_a_retry_revives_it() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let park = ItemPark {
@@ -412,7 +450,7 @@ async fn parking_an_item_stops_it_until_a_retry_revives_it() {
 
 #[tokio::test]
 async fn deleting_an_item_forgets_the_key_and_keeps_its_history() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         enqueue(&db.store, &["a"]).await;
         let delete = ItemDelete {
             process: P.into(),
@@ -432,7 +470,7 @@ async fn deleting_an_item_forgets_the_key_and_keeps_its_history() {
 
 #[tokio::test]
 async fn operator_actions_on_a_running_item_are_refused_and_change_nothing() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let lease = claim(&db.store, s.id, 1).await.remove(0);
@@ -466,7 +504,7 @@ async fn operator_actions_on_a_running_item_are_refused_and_change_nothing() {
 
 #[tokio::test]
 async fn operator_actions_on_unknown_items_report_nothing_to_do() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let retry = ItemRetry {
             process: P.into(),
             key: "nope".into(),
@@ -567,7 +605,7 @@ async fn enqueues_and_completions_lock_rows_in_key_order_on_postgres() {
 
 #[tokio::test]
 async fn an_enqueue_that_bypasses_the_backoff_clears_it_for_status_and_lock() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         configure(&db.store, 30, 60).await;
         let s = db.session().await;
         let lock = || LeaseLock {

@@ -1,6 +1,7 @@
 //! The store's contract for leases (DESIGN.md rules 1, 4, 5 and 7): claims in
 //! order, completions and their outcomes, backoff, release, lock and the
-//! candidate filter, on every engine via `support::each_engine`.
+//! candidate filter, on every engine, and on SQLite through the view `drover_enqueue` too, via
+//! `support::each_enqueue_path_and_pooler`.
 //!
 //! No test sleeps: TTLs and backoffs pass by advancing the store's clock offset.
 
@@ -14,12 +15,12 @@ use drover::store::{
     MAX_TEXT_BYTES, Outcome, ProcessConfigure, RunOutcome, SessionHeartbeat, StoreEngine as _,
     StoreError,
 };
-use support::each_engine_and_pooler;
+use support::each_enqueue_path_and_pooler;
 use support::store::{P, claim, complete, configure, enqueue, events, history, item, keys, secs};
 
 #[tokio::test]
 async fn enqueued_key_is_claimed_once_and_idle_after_done() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let leases = claim(&db.store, s.id, 10).await;
@@ -53,7 +54,7 @@ async fn enqueued_key_is_claimed_once_and_idle_after_done() {
 
 #[tokio::test]
 async fn claims_follow_priority_then_ready_time_then_fifo() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         let delayed = ItemEnqueue::new(P, ["delayed"]).after(secs(5));
         db.store.item_enqueue(delayed).await.expect("enqueue");
@@ -77,7 +78,7 @@ async fn claims_follow_priority_then_ready_time_then_fifo() {
 
 #[tokio::test]
 async fn small_claims_take_the_highest_priority_first_past_keys_not_yet_ready() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         let waiting = ItemEnqueue::new(P, ["w1", "w2"])
             .priority(9)
@@ -101,7 +102,7 @@ async fn small_claims_take_the_highest_priority_first_past_keys_not_yet_ready() 
 
 #[tokio::test]
 async fn transient_failures_back_off_exponentially_up_to_the_cap() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         configure(&db.store, 2, 6).await;
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
@@ -140,7 +141,7 @@ async fn transient_failures_back_off_exponentially_up_to_the_cap() {
 
 #[tokio::test]
 async fn backoff_survives_a_reconnect() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         configure(&db.store, 10, 100).await;
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
@@ -167,7 +168,7 @@ async fn backoff_survives_a_reconnect() {
 
 #[tokio::test]
 async fn a_jittered_backoff_stays_between_the_delay_and_its_spread() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let policy = Backoff::new(secs(10), 2.0, secs(100))
             .and_then(|b| b.with_jitter(0.5))
             .expect("valid policy");
@@ -203,7 +204,7 @@ async fn a_jittered_backoff_stays_between_the_delay_and_its_spread() {
 
 #[tokio::test]
 async fn requeue_after_resets_failures_and_delays_the_key() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let leases = claim(&db.store, s.id, 1).await;
@@ -228,7 +229,7 @@ async fn requeue_after_resets_failures_and_delays_the_key() {
 
 #[tokio::test]
 async fn permanent_failure_parks_the_key_until_an_enqueue_revives_it() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let leases = claim(&db.store, s.id, 1).await;
@@ -262,7 +263,7 @@ async fn permanent_failure_parks_the_key_until_an_enqueue_revives_it() {
 
 #[tokio::test]
 async fn a_permanent_failure_of_a_dirty_key_runs_it_again_instead_of_parking() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let leases = claim(&db.store, s.id, 1).await;
@@ -277,7 +278,7 @@ async fn a_permanent_failure_of_a_dirty_key_runs_it_again_instead_of_parking() {
 
 #[tokio::test]
 async fn release_makes_the_key_pending_without_counting_a_failure() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let lease = claim(&db.store, s.id, 1).await.remove(0);
@@ -299,7 +300,7 @@ async fn release_makes_the_key_pending_without_counting_a_failure() {
 
 #[tokio::test]
 async fn lock_takes_a_chosen_key_and_refuses_leased_backing_off_and_parked_keys() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         let lock = |key: &str| LeaseLock {
             session: s.id,
@@ -338,7 +339,7 @@ async fn lock_takes_a_chosen_key_and_refuses_leased_backing_off_and_parked_keys(
 
 #[tokio::test]
 async fn the_candidate_filter_skips_leased_parked_and_backing_off_keys() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         let lock = |key: &str| LeaseLock {
             session: s.id,
@@ -386,7 +387,7 @@ async fn the_candidate_filter_skips_leased_parked_and_backing_off_keys() {
 
 #[tokio::test]
 async fn a_batch_of_completions_commits_the_held_leases_and_rejects_only_the_lost_one() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a", "b", "c"]).await;
         let leases = claim(&db.store, s.id, 3).await;
@@ -433,7 +434,7 @@ async fn a_batch_of_completions_commits_the_held_leases_and_rejects_only_the_los
 
 #[tokio::test]
 async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a", "b", "c", "d"]).await;
         let first = claim(&db.store, s.id, 4).await;
@@ -517,7 +518,7 @@ async fn claimed(db: &support::TestDb, keys: &[&str]) -> Vec<Lease> {
 
 #[tokio::test]
 async fn error_text_with_nul_bytes_or_a_megabyte_is_stored_cleaned_with_the_rest_of_its_batch() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let leases = claimed(&db, &["a", "b", "c"]).await;
         let nul = Outcome::Transient("exit 1: \0boom\0".into());
         let huge = Outcome::Permanent(format!("{}é", "x".repeat(1 << 20)));
@@ -573,7 +574,7 @@ async fn refuse_poison(db: &support::TestDb) {
 
 #[tokio::test]
 async fn an_outcome_the_database_refuses_fails_neither_its_batch_nor_its_key() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         refuse_poison(&db).await;
         let keys = ["a", "b", "c", "d", "e"];
         let leases = claimed(&db, &keys).await;
@@ -642,7 +643,7 @@ async fn unfiltered(db: &support::TestDb, candidates: &[&str]) -> Vec<String> {
 
 #[tokio::test]
 async fn lock_and_the_candidate_filter_wait_for_a_delayed_key_to_be_ready() {
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let s = db.session().await;
         let lock = |key: &str| LeaseLock {
             session: s.id,
@@ -711,7 +712,7 @@ async fn writes_that_waited_for_a_lock_measure_their_times_from_after_the_wait()
     use support::locks::Blocker;
     const ROW: &str = "SELECT 1 FROM drover_items WHERE id = $1 FOR UPDATE";
     const SESSION: &str = "SELECT 1 FROM drover_sessions WHERE id = $1 FOR UPDATE";
-    each_engine_and_pooler(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let leases = claimed(&db, &["done", "parked"]).await;
         complete(&db.store, &leases[1], Outcome::Permanent("x".into()))
             .await

@@ -15,7 +15,7 @@ use drover::store::{
 use nix::sys::signal::Signal;
 use support::caller_tx::CallerTx;
 use support::store::{P, claim, complete, enqueue, item, keys};
-use support::{TestDb, each_engine};
+use support::{TestDb, each_enqueue_path};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
 
@@ -41,7 +41,7 @@ async fn wanted(db: &TestDb) -> String {
 
 #[tokio::test]
 async fn an_enqueue_in_a_transaction_that_rolls_back_leaves_nothing() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         machines(&db).await;
         let s = db.session().await;
         let mut tx = CallerTx::begin(&db.store).await;
@@ -64,7 +64,7 @@ async fn an_enqueue_in_a_transaction_that_rolls_back_leaves_nothing() {
 
 #[tokio::test]
 async fn a_committed_enqueue_is_claimable_and_coalesces_with_normal_enqueues() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         machines(&db).await;
         let s = db.session().await;
         enqueue(&db.store, &["m1"]).await;
@@ -89,7 +89,7 @@ async fn a_committed_enqueue_is_claimable_and_coalesces_with_normal_enqueues() {
 
 #[tokio::test]
 async fn a_committing_transaction_that_enqueues_a_running_key_makes_it_run_once_more() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["a"]).await;
         let running = claim(&db.store, s.id, 10).await;
@@ -115,7 +115,7 @@ async fn a_committing_transaction_that_enqueues_a_running_key_makes_it_run_once_
 
 #[tokio::test]
 async fn the_sql_enqueue_refuses_bad_names_and_writes_nothing() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         for (process, key) in [(P, ""), ("", "k"), (P, &*"k".repeat(1025))] {
             let mut tx = CallerTx::begin(&db.store).await;
             let refused = tx.enqueue_sql(process, key).await;
@@ -170,7 +170,7 @@ fn which(program: &str) -> Result<std::path::PathBuf, ()> {
 
 #[tokio::test]
 async fn a_producer_killed_mid_transaction_leaves_neither_its_change_nor_its_key() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         assert_eq!(P, "provision", "the producer's script names the process");
         machines(&db).await;
         let Some((mut command, script)) = producer(&db) else {
@@ -267,7 +267,7 @@ async fn fired(woken: &mut std::pin::Pin<&mut tokio::sync::futures::Notified<'_>
 
 #[tokio::test]
 async fn a_commit_wakes_this_processs_idle_workers_and_a_rollback_does_not() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         let wake = db.store.wakeup(P);
         let woken = wake.notified();
         tokio::pin!(woken);
@@ -294,7 +294,7 @@ async fn a_commit_wakes_this_processs_idle_workers_and_a_rollback_does_not() {
 
 #[tokio::test]
 async fn a_delete_in_a_transaction_forgets_the_key_only_when_it_commits_and_never_a_running_one() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         let s = db.session().await;
         enqueue(&db.store, &["gone"]).await;
         let delete = |key: &str| ItemDelete {

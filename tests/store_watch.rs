@@ -16,7 +16,7 @@ use drover::store::{
 };
 use support::caller_tx::CallerTx;
 use support::store::{P, claim, complete, item, keys};
-use support::{TestDb, each_engine};
+use support::{TestDb, each_enqueue_path};
 use tokio::sync::mpsc;
 
 /// The user's table: machines with a key, a watched column and another one.
@@ -59,7 +59,7 @@ async fn succeeds(db: &TestDb, sql: &str) -> bool {
 
 #[tokio::test]
 async fn a_watched_table_enqueues_each_change_in_its_transaction_and_filters_updates() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         machines(&db).await;
         let watch = TableWatch::new("machines", P, "id").columns(["wanted"]);
         db.store.table_watch(&watch).await.expect("watch");
@@ -145,7 +145,7 @@ async fn refused(db: &TestDb, watch: TableWatch, needle: &str) {
 
 #[tokio::test]
 async fn bad_watches_are_refused_with_one_line_and_install_nothing() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         machines(&db).await;
         let odd_type = if db.engine == "postgres" {
             "jsonb"
@@ -190,7 +190,7 @@ async fn bad_watches_are_refused_with_one_line_and_install_nothing() {
 
 #[tokio::test]
 async fn names_with_quotes_semicolons_and_schemas_are_quoted_correctly() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         db.execute(r#"CREATE TABLE "odd; ""name""" ("k""ey" INTEGER, "v;" TEXT)"#)
             .await;
         let watch = TableWatch::new(r#""odd; ""name""""#, P, r#"k"ey"#).columns(["v;"]);
@@ -248,7 +248,7 @@ fn one_line_error(output: &Output, needle: &str) {
 
 #[tokio::test]
 async fn the_cli_watches_lists_and_unwatches_and_refuses_bad_input_in_one_line() {
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         machines(&db).await;
         let watch = [
             "watch",
@@ -366,7 +366,7 @@ async fn every_key_changed_by_ten_thousand_updates_runs_after_its_last_change() 
     const KEYS: usize = 100;
     const PRODUCERS: usize = 4;
     const TRANSACTIONS: usize = 250; // per producer, 10 updates each
-    each_engine(|db| async move {
+    each_enqueue_path(|db| async move {
         db.execute("CREATE TABLE versions (id TEXT PRIMARY KEY, version BIGINT NOT NULL)")
             .await;
         let rows: Vec<_> = (0..KEYS).map(|i| format!("('k{i:03}', 0)")).collect();

@@ -7,13 +7,16 @@
 //! [`each_engine_and_pooler`] adds a third run through a PgBouncer in
 //! transaction pooling mode when `DROVER_TEST_PGBOUNCER_URL` is set (a fresh
 //! database each, reached with `?pool_mode=transaction`).
+//! [`each_enqueue_path`] and [`each_enqueue_path_and_pooler`] add one more
+//! SQLite run whose store enqueues through the view `drover_enqueue` rather
+//! than its own set-based upsert, for the suites that judge enqueues.
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use drover::store::{Session, SessionStart, Store, StoreEngine as _};
+use drover::store::{Session, SessionStart, Store, StoreEngine as _, StoreOptions};
 
 pub(crate) mod backend;
 pub(crate) mod caller_tx;
@@ -50,6 +53,8 @@ pub(crate) struct TestDb {
     pub(crate) sql_url: String,
     /// `sqlite` or `postgres`.
     pub(crate) engine: &'static str,
+    /// How [`store`](Self::store) was connected, for [`reconnect`](Self::reconnect).
+    pub(crate) options: StoreOptions,
     /// Where controllers under test work: [`store`](Self::store) itself, or a
     /// server in front of it (see [`each_backend`]), which lives as long as
     /// this value does.
@@ -64,6 +69,7 @@ impl TestDb {
             sql_url: url.clone(),
             url,
             engine,
+            options: StoreOptions::default(),
         }
     }
 
@@ -76,7 +82,9 @@ impl TestDb {
 
     /// A second, independent connection to the same database (a "restart").
     pub(crate) async fn reconnect(&self) -> Store {
-        Store::connect(&self.url).await.expect("reconnect")
+        Store::connect_with(&self.url, &self.options)
+            .await
+            .expect("reconnect")
     }
 
     /// Runs one SQL statement on this database through a connection of its
@@ -116,6 +124,59 @@ pub(crate) async fn sqlite() -> (TestDb, tempfile::TempDir) {
     let store = Store::connect(&url).await.expect("connect to SQLite");
     let db = TestDb::new(store, url, "sqlite");
     (db, dir)
+}
+
+/// A fresh SQLite database as [`sqlite`] makes, whose store enqueues through
+/// the view `drover_enqueue` (one trigger run per key, as other programs and
+/// watched tables do) instead of its set-based upsert.
+pub(crate) async fn sqlite_through_view() -> (TestDb, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("drover.db").display());
+    let options = StoreOptions::default().sqlite_enqueue_through_view(true);
+    let store = Store::connect_with(&url, &options)
+        .await
+        .expect("connect to SQLite");
+    let mut db = TestDb::new(store, url, "sqlite");
+    db.options = options;
+    (db, dir)
+}
+
+/// Runs `test` on a fresh SQLite database whose store enqueues through the
+/// view (see [`sqlite_through_view`]).
+async fn through_view<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (db, dir) = sqlite_through_view().await;
+    let outcome = tokio::spawn(test(db)).await;
+    drop(dir);
+    if let Err(e) = outcome {
+        panic!("on sqlite through the view drover_enqueue: {e}");
+    }
+}
+
+/// Runs `test` as [`each_engine`] does, then once more on SQLite with the
+/// store's enqueue going through the view `drover_enqueue`: the suites that
+/// judge enqueues hold the set-based upsert and the view to the same rules.
+pub(crate) async fn each_enqueue_path<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    each_engine(&test).await;
+    through_view(&test).await;
+}
+
+/// [`each_engine_and_pooler`], then the SQLite run through the view that
+/// [`each_enqueue_path`] adds.
+pub(crate) async fn each_enqueue_path_and_pooler<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    each_engine_and_pooler(&test).await;
+    through_view(&test).await;
 }
 
 /// The PostgreSQL base URL, or `None` (with a printed reason) when unset.

@@ -107,6 +107,7 @@ impl SqliteStore {
                 pool,
                 _checkpoints: None,
                 clock: Clock::default(),
+                enqueue_through_view: options.sqlite_enqueue_through_view,
             });
         }
         let readers = SqlitePoolOptions::new().max_connections(options.max_connections);
@@ -119,6 +120,7 @@ impl SqliteStore {
             pool,
             writer,
             clock: Clock::default(),
+            enqueue_through_view: options.sqlite_enqueue_through_view,
         })
     }
 

@@ -48,6 +48,10 @@ pub struct SqliteStore {
     /// The WAL checkpoint task of a file database, stopped with the last clone.
     pub(super) _checkpoints: Option<Checkpoints>,
     pub(super) clock: Clock,
+    /// Whether the store's own enqueue inserts into the view `drover_enqueue`
+    /// (one key per row) instead of its set-based upsert; see
+    /// [`StoreOptions::sqlite_enqueue_through_view`](crate::store::StoreOptions::sqlite_enqueue_through_view).
+    pub(super) enqueue_through_view: bool,
 }
 
 impl SqliteStore {

@@ -38,6 +38,19 @@ async fn the_enqueue_probes_the_running_rows_per_key_not_the_backlog() {
 }
 
 #[tokio::test]
+async fn the_bulk_upsert_reads_the_batch_once_and_no_item_but_each_keys_own() {
+    // Each key's row is found through the unique index by the conflict check,
+    // which the plan does not show; a step on drover_items here would be a
+    // walk of the backlog.
+    let store = SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
+        .await
+        .expect("an in-memory store opens");
+    let plan = plan(&store, super::items::UPSERT).await;
+    assert!(plan.contains("SCAN j VIRTUAL TABLE"), "{plan}");
+    assert!(!plan.contains("drover_items"), "{plan}");
+}
+
+#[tokio::test]
 async fn the_completion_probes_the_lease_index_per_token() {
     let step = "USING INDEX drover_items_leases (lease_session=? AND lease_token=?)";
     assert_plan(super::complete::HELD, step).await;

@@ -16,9 +16,10 @@ impl SqliteStore {
     /// Enqueues `params.keys` on `conn`, a connection in the caller's open
     /// transaction on the store's database file (pass `&mut *tx` for a
     /// `sqlx::Transaction<Sqlite>`), with exactly the rules of
-    /// [`item_enqueue`](crate::store::StoreEngine::item_enqueue): the same SQL
-    /// (an insert into the view `drover_enqueue`) coalesces the keys, marks
-    /// running keys dirty and never shortens a backoff.
+    /// [`item_enqueue`](crate::store::StoreEngine::item_enqueue): the same
+    /// statement coalesces the keys, marks running keys dirty and never
+    /// shortens a backoff. (Programs without this library insert into the
+    /// view `drover_enqueue`, which follows the same rules.)
     ///
     /// Nothing is visible to workers until the caller commits. SQLite cannot
     /// tell anyone about a commit: workers in other processes find the keys at
