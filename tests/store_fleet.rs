@@ -1,7 +1,8 @@
 //! Fleet controls in the store, on every engine: pause, the cluster-wide
 //! concurrency limit (with the worst interleaving forced on PostgreSQL, and a
 //! stress of many claimers) and the rate limit's token bucket on the database
-//! clock.
+//! clock. What decides a claim of a limited process runs through PgBouncer
+//! too.
 
 mod support;
 
@@ -14,7 +15,7 @@ use drover::store::{
     RunList, RunOutcome, SessionId, Store, StoreEngine as _, StoreError,
 };
 use support::locks::Holder;
-use support::{TestDb, each_engine};
+use support::{TestDb, each_engine, each_engine_and_pooler};
 
 const P: &str = "fleet";
 
@@ -67,7 +68,7 @@ async fn pending(store: &Store) -> u64 {
 
 #[tokio::test]
 async fn a_paused_process_is_not_claimed_and_keeps_its_enqueues_until_resumed() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         enqueue(&db.store, 3).await;
         let session = db.session().await;
         assert!(pause(&db.store, true).await, "pausing changes it");
@@ -157,7 +158,7 @@ async fn a_run_in_progress_finishes_normally_while_its_process_is_paused() {
 
 #[tokio::test]
 async fn the_concurrency_limit_caps_running_keys_and_frees_a_slot_when_a_run_ends() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         enqueue(&db.store, 10).await;
         configure(&db.store, ProcessConfigure::new(P).concurrency(Some(2))).await;
         let session = db.session().await;
@@ -277,22 +278,30 @@ async fn many_claimers_on_many_connections_never_exceed_the_concurrency_limit() 
 /// The interleaving that over-admits when the count is read by the statement
 /// that waits for the process row's lock: a claim holds the lock and starts
 /// the last free run, two more claims queue behind it; when it commits, both
-/// must see its run.
+/// must see its run. Run twice: claims from a store that has not claimed the
+/// process yet (the fast path reports it limited, then the limited claim
+/// runs) and from one that knows it is limited (the limited claim at once).
 #[tokio::test]
 async fn claims_queued_behind_a_claim_holding_the_process_lock_see_its_runs() {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    let (db, schema) = support::postgres(&base).await;
-    queued_claims(&db).await;
-    db.store.close().await;
-    support::drop_schema(&base, &schema).await;
+    for known in [false, true] {
+        let (db, schema) = support::postgres(&base).await;
+        queued_claims(&db, known).await;
+        db.store.close().await;
+        support::drop_schema(&base, &schema).await;
+    }
 }
 
-async fn queued_claims(db: &TestDb) {
+async fn queued_claims(db: &TestDb, known: bool) {
     enqueue(&db.store, 5).await;
     configure(&db.store, ProcessConfigure::new(P).concurrency(Some(1))).await;
     let session = db.session().await;
+    if known {
+        let none = db.store.lease_claim(claim(session.id, 0)).await;
+        assert!(none.expect("claim").leases.is_empty());
+    }
     let pool = db.store.postgres_pool().expect("postgres").clone();
     let mut holder = Holder::lock(
         &pool,
@@ -328,7 +337,7 @@ async fn queued_claims(db: &TestDb) {
 
 #[tokio::test]
 async fn the_rate_limit_admits_its_burst_then_one_run_per_token_on_the_database_clock() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         enqueue(&db.store, 20).await;
         configure(&db.store, ProcessConfigure::new(P).rate(Some(1.0)).burst(3)).await;
         let session = db.session().await;

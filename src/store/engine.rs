@@ -89,7 +89,8 @@ pub trait StoreEngine: Send + Sync {
     /// with a rate limit, each lease takes a token of the process's bucket in
     /// the same transaction, and when the bucket ran dry the gate tells when
     /// the next token comes. A process with none of these claims as before,
-    /// without locking its process row.
+    /// without locking its process row (on PostgreSQL, from the claim after
+    /// the one that found its limits removed).
     fn lease_claim(
         &self,
         params: LeaseClaim,

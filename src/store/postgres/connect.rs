@@ -74,6 +74,7 @@ impl PostgresStore {
             pooled,
             listen,
             connect: Arc::new(connect),
+            gated: Arc::default(),
         };
         store.migrate_or_check(options.migrate).await?;
         Ok(store)

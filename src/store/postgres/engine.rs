@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::error::Db as _;
+use super::gated::GatedProcesses;
 use super::listen::Listener;
 use super::retry::retry;
 use super::statistics::Statistics;
@@ -58,6 +59,8 @@ pub struct PostgresStore {
     pub(super) listen: Option<PgPool>,
     /// How the pool connects, for what needs a connection of its own.
     pub(super) connect: Arc<sqlx::postgres::PgConnectOptions>,
+    /// The processes whose claims go straight to `drover_claim_gated`.
+    pub(super) gated: Arc<GatedProcesses>,
 }
 
 impl PostgresStore {

@@ -1,8 +1,9 @@
-//! Fleet controls on PostgreSQL: the claim of a paused or limited process, the
-//! gate of `lease_lock`, and pause / resume.
+//! Fleet controls on PostgreSQL: the gate of `lease_lock`, and pause / resume.
+//! (The claim of a paused or limited process is one SQL function call, see
+//! [`gated`](super::gated), deciding by the same rules.)
 //!
-//! What serialises two claims of a limited process is the process row's lock,
-//! taken first by a statement of its own. Under READ COMMITTED a statement that
+//! What serialises two claims or locks of a limited process is the process
+//! row's lock, taken first by a statement of its own. Under READ COMMITTED a statement that
 //! waited on a row lock re-checks only that row and keeps its old snapshot for
 //! everything else, so counting the running keys in the locking statement could
 //! miss a claim that committed during the wait and over-admit; here the count

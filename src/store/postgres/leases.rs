@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map, map_commit};
 use super::gate;
+use super::gated;
 use super::items::ensure_process;
 use super::rows::{RunningRow, running_columns};
 use super::sessions::requeue;
@@ -36,8 +37,9 @@ use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 ///
 /// `gate` is the fleet controls' fast path (one primary-key probe): a process
 /// that is paused or has a limit claims nothing here and reports `held`, and
-/// the caller claims again through [`claim_gated`], which binds `$5` to skip
-/// this check after deciding under the process row's lock.
+/// the caller claims again through [`gated::claim`] (the SQL function
+/// `drover_claim_gated`, whose claim is this statement without the gate: keep
+/// the two in step).
 const CLAIM: &str = "
 WITH RECURSIVE clock AS (SELECT clock_timestamp() + $4::float8 * interval '1 millisecond' AS now),
 live AS (
@@ -45,7 +47,7 @@ live AS (
   WHERE s.id = $1 AND s.deadline > (SELECT now FROM clock)),
 gate AS (
   SELECT 1 FROM drover_processes g
-  WHERE g.process = $2 AND NOT $5::bool
+  WHERE g.process = $2
     AND (g.paused OR g.concurrency IS NOT NULL OR g.rate_per_s IS NOT NULL)),
 prios AS (
   SELECT max(priority) AS p FROM drover_items
@@ -110,36 +112,26 @@ pub(super) async fn claim(
     params: &LeaseClaim,
 ) -> Result<Claimed, StoreError> {
     validate_process(&params.process)?;
+    if store.gated.contains(&params.process) {
+        return gated::claim(store, params).await;
+    }
     // Directly connected the statement is its own transaction; through a
     // pooler it needs one around it (see `Tx`), and then the commit is where
     // the outcome may become unknown.
     let mut tx = store.read().await?;
-    let rows: Vec<ClaimRow> = claim_rows(store, &mut tx, params, params.max, false)
+    let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
+        .bind(params.session.0)
+        .bind(&params.process)
+        .bind(i64::from(params.max))
+        .bind(store.clock.offset_ms())
+        .fetch_all(&mut tx)
         .await
         .map_err(map_commit)?;
     commit(tx).await?;
     if rows.first().is_some_and(|r| r.held > 0) {
-        return claim_gated(store, params).await;
+        return gated::claim(store, params).await;
     }
     leases(rows, params.session).map(Claimed::open)
-}
-
-/// Runs [`CLAIM`] for up to `max` keys (`gated`: the gate was passed already).
-async fn claim_rows<'c, E: sqlx::PgExecutor<'c>>(
-    store: &PostgresStore,
-    conn: E,
-    params: &LeaseClaim,
-    max: u32,
-    gated: bool,
-) -> Result<Vec<ClaimRow>, sqlx::Error> {
-    sqlx::query_as(CLAIM)
-        .bind(params.session.0)
-        .bind(&params.process)
-        .bind(i64::from(max))
-        .bind(store.clock.offset_ms())
-        .bind(gated)
-        .fetch_all(conn)
-        .await
 }
 
 /// The leases of a claim's rows; `SessionExpired` if the session was not live.
@@ -151,22 +143,6 @@ fn leases(rows: Vec<ClaimRow>, session: SessionId) -> Result<Vec<Lease>, StoreEr
         .into_iter()
         .filter_map(|r| r.into_lease(session))
         .collect())
-}
-
-/// The claim of a paused or limited process: one transaction that locks the
-/// process row, decides how many keys may start ([`gate::admit`]), claims
-/// them and takes their tokens.
-async fn claim_gated(store: &PostgresStore, params: &LeaseClaim) -> Result<Claimed, StoreError> {
-    let (mut tx, _) = store.write().await?;
-    let decided = gate::admit(store, &mut tx, &params.process, params.max).await?;
-    let rows = claim_rows(store, &mut tx, params, decided.1.allowed, true)
-        .await
-        .db()?;
-    let leases = leases(rows, params.session)?;
-    let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);
-    let gate = gate::take(&mut tx, &params.process, decided, taken).await?;
-    commit(tx).await?;
-    Ok(Claimed { leases, gate })
 }
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is

@@ -13,6 +13,7 @@ mod engine;
 mod enqueue;
 mod error;
 mod gate;
+mod gated;
 mod groups;
 mod inspect;
 mod items;

@@ -1,0 +1,162 @@
+//! The claim of a paused or limited process on PostgreSQL: one call of the
+//! SQL function `drover_claim_gated` (migration 0008), which locks the process
+//! row, counts its running keys in a later statement (a fresh snapshot, see
+//! the migration), admits, claims and stores the rate bucket, all in one
+//! statement and one commit. It replaced a transaction of five round trips
+//! (lock; clock and count; claim; bucket; commit) that made a non-binding
+//! limit cost a third of the claim rate with small claims.
+//!
+//! Which processes take this path is remembered per store ([`GatedProcesses`]),
+//! so a limited process's claim is one round trip instead of the fast path's
+//! `held` answer followed by this call.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+
+use chrono::{DateTime, Utc};
+
+use super::engine::PostgresStore;
+use super::error::{commit, map_commit};
+use crate::store::StoreError;
+use crate::store::fleet::Claimed;
+use crate::store::gate::GateRow;
+use crate::store::params::LeaseClaim;
+use crate::store::types::{FencingToken, Lease, SessionId};
+
+/// The processes whose last claim through this store found them paused or
+/// limited. A claim of one of them goes straight to `drover_claim_gated`; a
+/// limit removed since is noticed there (the function claims without a gate
+/// and says it did not bind), and the process leaves the set. A process
+/// limited since its last claim is caught by the fast path's `held` answer.
+#[derive(Debug, Default)]
+pub(crate) struct GatedProcesses(Mutex<HashSet<String>>);
+
+impl GatedProcesses {
+    /// Whether the last claim of `process` found it paused or limited.
+    pub(super) fn contains(&self, process: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(process)
+    }
+
+    /// Records whether the last claim of `process` found it paused or limited.
+    fn remember(&self, process: &str, gated: bool) {
+        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if gated {
+            if !set.contains(process) {
+                set.insert(process.to_owned());
+            }
+        } else {
+            set.remove(process);
+        }
+    }
+}
+
+/// The claim, one statement; directly connected it is its own transaction,
+/// through a pooler [`Tx`](super::engine::Tx) wraps it in one.
+const CLAIM_GATED: &str = "SELECT * FROM drover_claim_gated($1, $2, $3, $4)";
+
+/// One row of `drover_claim_gated`: the gate as the function read it under
+/// the lock (repeated on every row), and one claimed key (all `None` when
+/// nothing was claimed).
+#[derive(Debug, sqlx::FromRow)]
+struct GatedRow {
+    live: bool,
+    binds: bool,
+    paused: Option<bool>,
+    concurrency: Option<i32>,
+    rate_per_s: Option<f64>,
+    rate_burst: Option<i32>,
+    rate_tokens: Option<f64>,
+    rate_tokens_at: Option<DateTime<Utc>>,
+    decided_at: DateTime<Utc>,
+    running: i64,
+    allowed: i64,
+    process: Option<String>,
+    key: Option<String>,
+    priority: Option<i32>,
+    failures: Option<i32>,
+    enqueued_at: Option<DateTime<Utc>>,
+    lease_token: Option<i64>,
+    started_at: Option<DateTime<Utc>>,
+}
+
+impl GatedRow {
+    /// The process row's fleet controls as the function read them.
+    fn gate(&self) -> GateRow {
+        GateRow {
+            paused: self.paused.unwrap_or(false),
+            concurrency: self.concurrency.map(i64::from),
+            rate_per_s: self.rate_per_s,
+            rate_burst: self.rate_burst.map_or(1, i64::from),
+            tokens: self.rate_tokens,
+            tokens_at: self.rate_tokens_at,
+        }
+    }
+
+    fn into_lease(self, session: SessionId) -> Option<Lease> {
+        Some(Lease {
+            session,
+            process: self.process?,
+            key: self.key?,
+            token: FencingToken(self.lease_token?),
+            attempt: u32::try_from(self.failures?).unwrap_or(0).saturating_add(1),
+            priority: self.priority?,
+            enqueued_at: self.enqueued_at?,
+            started_at: self.started_at?,
+        })
+    }
+}
+
+/// Claims from a process that is (or was at its last claim) paused or
+/// limited. The admission is recomputed here with [`GateRow::admit`] from
+/// what the function read, so the claimer's answer ([`GateRow::taken`]) has
+/// one author on both engines; debug builds check that the function admitted
+/// the same number, so every contract test that claims through a gate checks
+/// that SQL and Rust agree.
+pub(super) async fn claim(
+    store: &PostgresStore,
+    params: &LeaseClaim,
+) -> Result<Claimed, StoreError> {
+    let mut tx = store.read().await?;
+    let rows: Vec<GatedRow> = sqlx::query_as(CLAIM_GATED)
+        .bind(params.session.0)
+        .bind(&params.process)
+        .bind(i64::from(params.max))
+        .bind(store.clock.offset_ms())
+        .fetch_all(&mut tx)
+        .await
+        .map_err(map_commit)?;
+    commit(tx).await?;
+    // The function's outer join returns one row even when nothing was claimed.
+    let Some(first) = rows.first() else {
+        return Err(StoreError::Database(sqlx::Error::RowNotFound.into()));
+    };
+    if !first.live {
+        return Err(StoreError::SessionExpired {
+            session: params.session,
+        });
+    }
+    let binds = first.binds;
+    store.gated.remember(&params.process, binds);
+    let gate = first.gate();
+    let admission = gate.admit(first.decided_at, first.running, params.max);
+    debug_assert_eq!(
+        i64::from(admission.allowed),
+        first.allowed,
+        "drover_claim_gated and GateRow::admit disagree on {gate:?} at {} with {} running",
+        first.decided_at,
+        first.running
+    );
+    let leases: Vec<Lease> = rows
+        .into_iter()
+        .filter_map(|r| r.into_lease(params.session))
+        .collect();
+    if !binds {
+        return Ok(Claimed::open(leases));
+    }
+    let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);
+    let (_, gate) = gate.taken(admission, taken);
+    Ok(Claimed { leases, gate })
+}
