@@ -8,8 +8,8 @@
 mod support;
 
 use drover::store::{
-    ErrorGroup, ErrorGroups, ItemFilter, ItemState, ItemsDelete, ItemsPark, ItemsRetry, Outcome,
-    RunOutcome, Store, StoreEngine as _, StoreError,
+    ErrorGroup, ErrorGroups, ItemFilter, ItemPark, ItemState, ItemsDelete, ItemsPark, ItemsRetry,
+    Outcome, RunOutcome, Store, StoreEngine as _, StoreError,
 };
 use support::store::{P, claim, complete, configure, enqueue, events, history, item, secs};
 use support::{TestDb, each_engine_and_pooler};
@@ -169,6 +169,78 @@ async fn bulk_retry_by_error_group_retries_exactly_the_keys_of_that_group() {
             .map(|g| g.signature)
             .collect();
         assert_eq!(left, ["connection refused"]);
+    })
+    .await;
+}
+
+/// The groups' signatures and how many keys each has, in their order.
+async fn counted(store: &Store) -> Vec<(String, u64)> {
+    groups(store, 10)
+        .await
+        .into_iter()
+        .map(|g| (g.signature, g.count))
+        .collect()
+}
+
+/// The signature is kept on the item wherever its error is written: a failed
+/// run (backing off or parked), an operator's park of one key, a bulk park
+/// whose reason names one of its keys (so each key gets its own signature); a
+/// clean run clears it. The groups count it and the bulk actions match it.
+#[tokio::test]
+async fn every_write_of_an_error_keeps_its_signature() {
+    each_engine_and_pooler(|db| async move {
+        configure(&db.store, 60, 600).await;
+        fail(&db, &["n-1"], |k| Outcome::Transient(format!("{k} x 12"))).await;
+        fail(&db, &["n-22"], |k| Outcome::Permanent(format!("{k} x 3"))).await;
+        enqueue(&db.store, &["n-333", "m-4444", "m-5555"]).await;
+        let park = ItemPark {
+            process: P.into(),
+            key: "n-333".into(),
+            reason: "n-333 x 9".into(),
+            actor: "admin".into(),
+        };
+        db.store.item_park(park).await.expect("park one");
+        let reason = "held: m-4444 x 5";
+        let bulk = ItemsPark::new(ItemFilter::new(P).key_prefix("m-"), "cli", reason);
+        assert_eq!(db.store.items_park_where(bulk).await.expect("park"), 2);
+        let n = |s: &str, c: u64| (s.to_owned(), c);
+        assert_eq!(
+            counted(&db.store).await,
+            [
+                n("<key> x <n>", 3),
+                n("held: <key> x <n>", 1),
+                n("held: m-<n> x <n>", 1)
+            ]
+        );
+
+        let filter = ItemFilter::new(P).error_signature("held: m-<n> x <n>");
+        let retry = ItemsRetry::new(filter, "admin");
+        assert_eq!(db.store.items_retry_where(retry).await.expect("retry"), 1);
+        assert_eq!(state(&db.store, "m-5555").await, Some(ItemState::Pending));
+        db.store.clock().advance(secs(3600));
+        let s = db.session().await;
+        let mut ran = Vec::new();
+        for lease in claim(&db.store, s.id, 10).await {
+            complete(&db.store, &lease, Outcome::Done)
+                .await
+                .expect("done");
+            ran.push(lease.key);
+        }
+        ran.sort();
+        assert_eq!(ran, ["m-5555", "n-1"]);
+        assert_eq!(
+            counted(&db.store).await,
+            [n("<key> x <n>", 2), n("held: <key> x <n>", 1)],
+            "a clean run clears the error and its signature"
+        );
+        let delete = ItemsDelete::new(ItemFilter::new(P).error_signature("<key> x <n>"), "cli");
+        assert_eq!(
+            db.store.items_delete_where(delete).await.expect("delete"),
+            2
+        );
+        assert_eq!(state(&db.store, "n-22").await, None);
+        assert_eq!(state(&db.store, "n-333").await, None);
+        assert_eq!(state(&db.store, "m-4444").await, Some(ItemState::Parked));
     })
     .await;
 }

@@ -4,8 +4,8 @@
 mod support;
 
 use drover::store::{
-    FencingToken, ItemState, Outcome, RunList, RunOutcome, SessionStart, Store, StoreEngine as _,
-    StoreError,
+    ErrorGroups, FencingToken, ItemFilter, ItemState, ItemsRetry, Outcome, RunList, RunOutcome,
+    SessionStart, Store, StoreEngine as _, StoreError, error_signature,
 };
 use support::each_engine;
 use support::store::{P, claim, complete, enqueue, item};
@@ -81,7 +81,8 @@ INSERT INTO drover_processes (process, created_at) VALUES ('provision', {t0});
 INSERT INTO drover_items (process, key, state, ready_at, enqueued_at, failures, last_error)
 VALUES ('provision', 'p', 'pending', {t1}, {t1}, 0, NULL),
        ('provision', 'b', 'parked', {t2}, {t2}, 0, 'by hand'),
-       ('provision', 'c', 'parked', {t5}, {t5}, 0, 'broken');
+       ('provision', 'c', 'parked', {t5}, {t5}, 0, 'broken'),
+       ('provision', 'vm-42', 'parked', {t5}, {t5}, 0, 'vm-42 down, vm-7 up after 12.5s ٣');
 INSERT INTO drover_history (at, process, key, event, session, token, attempt, error, transient)
 VALUES ({t1}, 'provision', 'a', 'enqueued', NULL, NULL, NULL, NULL, NULL),
        ({t2}, 'provision', 'a', 'started', 7, 1, 1, NULL, NULL),
@@ -207,9 +208,27 @@ async fn an_old_database_is_converted_to_known_keys_and_one_row_per_run() {
         let c = &counts[0];
         assert_eq!(
             (c.pending + c.backoff, c.running, c.parked, c.idle),
-            (1, 0, 2, 0),
+            (1, 0, 3, 0),
             "the existing items are counted: {counts:?}"
         );
+        // The stored errors got their signatures, by the rule the store
+        // writes them with: the groups count them and an action matches them.
+        let vm = error_signature("vm-42", "vm-42 down, vm-7 up after 12.5s ٣");
+        assert_eq!(vm, "<key> down, vm-<n> up after <n>.<n>s ٣");
+        let groups = store
+            .error_groups(ErrorGroups {
+                process: P.into(),
+                limit: 10,
+            })
+            .await
+            .expect("groups");
+        let groups: Vec<_> = groups
+            .iter()
+            .map(|g| (g.signature.as_str(), g.count))
+            .collect();
+        let b = error_signature("b", "by hand");
+        assert_eq!(b, "<key>y hand", "the key is replaced wherever it occurs");
+        assert_eq!(groups, [(vm.as_str(), 1), (b.as_str(), 1), ("broken", 1)]);
         let p = item(&store, "p").await.expect("p kept");
         assert_eq!((p.state, p.enqueue_count), (ItemState::Pending, 1));
         assert_eq!(p.last_enqueued_at, Some(p.enqueued_at));
@@ -226,6 +245,12 @@ async fn an_old_database_is_converted_to_known_keys_and_one_row_per_run() {
         assert_eq!(
             item(&store, "p").await.map(|p| p.state),
             Some(ItemState::Idle)
+        );
+        let retry = ItemsRetry::new(ItemFilter::new(P).error_signature(&vm), "admin");
+        assert_eq!(store.items_retry_where(retry).await.expect("retry"), 1);
+        assert_eq!(
+            item(&store, "vm-42").await.map(|i| i.state),
+            Some(ItemState::Pending)
         );
         store.close().await;
     })

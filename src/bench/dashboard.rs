@@ -28,11 +28,12 @@ const SESSIONS: i64 = 10;
 /// The data set on PostgreSQL: `$1` process, `$2` items, `$3` runs, `$4` the
 /// first session id. Keys `key-00000000`…; every 1000th running, every 50th
 /// parked, every 50th (offset 25) backing off, every 10th pending, the rest
-/// idle; errors vary by a number and the key, as real ones do.
+/// idle; errors vary by a number and the key, as real ones do (their
+/// signature, as the store would write it, beside them).
 const POSTGRES: [&str; 3] = [
     "INSERT INTO drover_items (process, key, state, priority, ready_at, enqueued_at, failures,
-         backoff_until, last_error, lease_session, lease_token, started_at, first_enqueued_at,
-         last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
+         backoff_until, last_error, error_signature, lease_session, lease_token, started_at,
+         first_enqueued_at, last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
      SELECT $1, 'key-' || lpad(g::text, 8, '0'),
          CASE s.shown WHEN 'backoff' THEN 'pending' ELSE s.shown END, 0,
          now() - (g % 3600) * interval '1 second', now() - (g % 3600) * interval '1 second',
@@ -41,6 +42,8 @@ const POSTGRES: [&str; 3] = [
          CASE WHEN s.shown IN ('parked', 'backoff')
               THEN 'error ' || (g % 7) || ': cannot reach key-' || lpad(g::text, 8, '0')
                    || ' after ' || (g % 13) || ' attempts' END,
+         CASE WHEN s.shown IN ('parked', 'backoff')
+              THEN 'error <n>: cannot reach <key> after <n> attempts' END,
          CASE WHEN s.shown = 'running' THEN $4 + g % 10 END,
          CASE WHEN s.shown = 'running' THEN g END,
          CASE WHEN s.shown = 'running' THEN now() END,
@@ -71,14 +74,16 @@ const SQLITE: [&str; 3] = [
               WHEN i % 50 = 25 THEN 'backoff' WHEN i % 10 = 3 THEN 'pending'
               ELSE 'idle' END AS shown FROM g)
      INSERT INTO drover_items (process, key, state, priority, ready_at, enqueued_at, failures,
-         backoff_until, last_error, lease_session, lease_token, started_at, first_enqueued_at,
-         last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
+         backoff_until, last_error, error_signature, lease_session, lease_token, started_at,
+         first_enqueued_at, last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
      SELECT ?1, printf('key-%08d', i), CASE shown WHEN 'backoff' THEN 'pending' ELSE shown END, 0,
          now - (i % 3600) * 1000, now - (i % 3600) * 1000,
          CASE WHEN shown IN ('parked', 'backoff') THEN 3 ELSE 0 END,
          CASE WHEN shown = 'backoff' THEN now + (i % 600) * 1000 END,
          CASE WHEN shown IN ('parked', 'backoff')
               THEN printf('error %d: cannot reach key-%08d after %d attempts', i % 7, i, i % 13) END,
+         CASE WHEN shown IN ('parked', 'backoff')
+              THEN 'error <n>: cannot reach <key> after <n> attempts' END,
          CASE WHEN shown = 'running' THEN ?4 + i % 10 END,
          CASE WHEN shown = 'running' THEN i END,
          CASE WHEN shown = 'running' THEN now END,

@@ -3,14 +3,18 @@
 //! An error's **signature** is the error with the key replaced by `<key>` and
 //! every run of ASCII digits by `<n>` ([`error_signature`]), so "machine-7:
 //! timeout after 30s" and "machine-9: timeout after 31s" group together. It is
-//! computed in Rust, one function for both engines and for the filters of the
-//! bulk actions, so a group and the keys an action by its signature changes
-//! can never disagree. Each engine does the part SQL does well first: it
-//! groups the failing keys by their error with the key replaced (one `GROUP
-//! BY`, on the database, no row per key sent over), and [`merge`] folds those
-//! texts by their numbers. That read is bounded ([`MAX_TEXTS`] distinct texts,
-//! most keys first), so the groups stay fast with many failing keys; only when
-//! more distinct texts than that fail at once are the smallest left out.
+//! computed in Rust, one function for both engines, wherever the store writes
+//! an item's last error, and kept beside it (`error_signature`; migration 0009
+//! filled it for the errors stored before). The groups count that column and
+//! the bulk actions by signature match that column, so a group and the keys
+//! an action by its signature changes can never disagree. Each engine counts
+//! the failing keys per signature straight from two partial indexes (parked
+//! keys by signature; backing-off keys by when their backoff ends, carrying
+//! the signature), reading no row per failing key, then one row per group for
+//! its sample; [`merge`] adds up the parked and backing-off halves. That read
+//! is bounded ([`MAX_TEXTS`] distinct signatures per state, most keys first);
+//! only when more distinct signatures than that fail at once are the smallest
+//! left out.
 //!
 //! A bulk action walks the process's keys in key order, one batch per short
 //! transaction ([`BulkSteps`]): each engine reads a window of candidate rows
@@ -22,7 +26,7 @@
 //! cost grows with those keys, but no transaction holds more than one batch.
 
 /// What replaces the key in a signature.
-pub(crate) const KEY_MARK: &str = "<key>";
+const KEY_MARK: &str = "<key>";
 /// What replaces each run of ASCII digits in a signature.
 const NUMBER_MARK: &str = "<n>";
 
@@ -43,7 +47,7 @@ pub fn error_signature(key: &str, error: &str) -> String {
 }
 
 /// `text` with every run of ASCII digits replaced by `<n>`.
-pub(crate) fn numbers(text: &str) -> String {
+fn numbers(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut in_number = false;
     for c in text.chars() {
@@ -68,7 +72,6 @@ mod engine {
     use std::collections::HashMap;
     use std::future::Future;
 
-    use super::numbers;
     use crate::store::StoreError;
     use crate::store::decode::item_state;
     use crate::store::error_signature;
@@ -90,30 +93,31 @@ mod engine {
         }
     }
 
-    /// The most distinct key-free error texts an engine reads for
+    /// The most distinct signatures per state an engine reads for
     /// [`error_groups`](crate::store::StoreEngine::error_groups).
     pub(crate) const MAX_TEXTS: u32 = 10_000;
 
     /// One row of an engine's grouping: the failing keys (`state` is `parked`
-    /// or `backoff`) whose error, with the key replaced by `<key>`, is `text`.
+    /// or `backoff`) whose stored signature is `signature` (`''` for a key
+    /// with no error), and the error of the first of them (by id).
     #[derive(Debug, sqlx::FromRow)]
-    pub(crate) struct TextCount {
-        pub(crate) text: String,
+    pub(crate) struct SignatureCount {
+        pub(crate) signature: String,
         pub(crate) state: String,
         pub(crate) count: i64,
         pub(crate) sample: String,
     }
 
-    /// Folds the engine's texts by their numbers into groups, most keys first
+    /// Adds up the engine's rows per signature into groups, most keys first
     /// (then by signature), at most `limit`.
-    pub(crate) fn merge(rows: Vec<TextCount>, limit: u32) -> Vec<ErrorGroup> {
+    pub(crate) fn merge(rows: Vec<SignatureCount>, limit: u32) -> Vec<ErrorGroup> {
         let mut groups: HashMap<String, ErrorGroup> = HashMap::new();
         for row in rows {
             let state = match row.state.as_str() {
                 "parked" => ItemState::Parked,
                 _ => ItemState::Backoff,
             };
-            let signature = numbers(&row.text);
+            let signature = row.signature;
             let group = groups
                 .entry(signature.clone())
                 .or_insert_with(|| ErrorGroup {
@@ -232,7 +236,7 @@ mod engine {
     pub(crate) struct CandidateRow<T> {
         id: i64,
         key: String,
-        last_error: Option<String>,
+        error_signature: Option<String>,
         state: String,
         backoff_until: Option<T>,
     }
@@ -244,6 +248,9 @@ mod engine {
         pub(crate) ids: Vec<i64>,
         /// Where the next window starts; `None` when the walk is over.
         pub(crate) next: Option<String>,
+        /// For a park: the chosen rows' new error signatures (of the reason,
+        /// per key), as a JSON object by id.
+        pub(crate) signatures: String,
     }
 
     /// Whether `row`, seen at `now`, matches the whole filter.
@@ -261,7 +268,7 @@ mod engine {
                 .is_none_or(|p| row.key.starts_with(p))
             && filter.error_signature.as_deref().is_none_or(|sig| {
                 (filter.state.is_some() || failing)
-                    && error_signature(&row.key, row.last_error.as_deref().unwrap_or("")) == sig
+                    && row.error_signature.as_deref().unwrap_or("") == sig
             })
     }
 
@@ -269,11 +276,22 @@ mod engine {
     /// filter matches, and where the walk goes on: after the window's last
     /// key, unless the window was short or ran past the key prefix.
     pub(crate) fn window<T: Stamp>(bulk: &Bulk, rows: &[CandidateRow<T>], now: T) -> Window {
-        let ids = rows
+        let chosen: Vec<_> = rows
             .iter()
             .filter(|r| matches(&bulk.filter, r, now))
-            .map(|r| r.id)
             .collect();
+        let ids = chosen.iter().map(|r| r.id).collect();
+        let signatures: serde_json::Map<String, serde_json::Value> = bulk
+            .reason
+            .as_deref()
+            .map(|reason| {
+                chosen
+                    .iter()
+                    .map(|r| (r.id.to_string(), error_signature(&r.key, reason).into()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let signatures = serde_json::Value::Object(signatures).to_string();
         let full = rows.len() >= usize::try_from(bulk.batch).unwrap_or(usize::MAX);
         let next = rows
             .last()
@@ -285,7 +303,11 @@ mod engine {
                     .is_none_or(|p| last.key.starts_with(p))
             })
             .map(|last| last.key.clone());
-        Window { ids, next }
+        Window {
+            ids,
+            next,
+            signatures,
+        }
     }
 
     /// One batch of a bulk action, each engine with its own SQL.

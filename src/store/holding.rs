@@ -115,7 +115,8 @@ pub(crate) fn settle_batch<'a, R: Held>(
         let lease: &'a Lease = params.lease;
         let result = match row.filter(|row| seen.insert(row.id())) {
             Some(row) => {
-                let settled = settle(now, &row.running(), params.outcome);
+                let mut settled = settle(now, &row.running(), params.outcome);
+                settled.next.sign(&lease.key);
                 if settled.next.ready_by(now) {
                     settling.ready.insert(lease.process.as_str());
                 }

@@ -81,9 +81,21 @@ pub(crate) struct NextRow {
     pub(crate) backoff_until: Option<DateTime<Utc>>,
     pub(crate) backoff: Option<Duration>,
     pub(crate) last_error: Option<String>,
+    /// `last_error`'s [`error_signature`](crate::store::error_signature) for
+    /// the key, set by [`NextRow::sign`] (the key is not known here).
+    pub(crate) error_signature: Option<String>,
 }
 
 impl NextRow {
+    /// Sets the error signature from the last error and `key`: what the error
+    /// groups count and the bulk actions by signature match.
+    pub(crate) fn sign(&mut self, key: &str) {
+        self.error_signature = self
+            .last_error
+            .as_deref()
+            .map(|e| crate::store::error_signature(key, e));
+    }
+
     /// Whether the key is pending and ready by `now`: a re-run that idle
     /// controllers should be woken for (a key enqueued during its run).
     pub(crate) fn ready_by(&self, now: DateTime<Utc>) -> bool {
@@ -121,6 +133,7 @@ fn pending(run: &Running, ready_at: DateTime<Utc>, failures: u32) -> NextRow {
         backoff_until: None,
         backoff: None,
         last_error: None,
+        error_signature: None,
     }
 }
 

@@ -9,13 +9,13 @@ use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::rows::{ItemRow, item_columns};
 use super::runs::log_action;
-use crate::store::StoreError;
 use crate::store::admin::admit;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
 use crate::store::settle::earlier;
 use crate::store::text::clean_text;
 use crate::store::types::{Item, ProcessActivity, RunOutcome};
+use crate::store::{StoreError, error_signature};
 
 /// Validates the names, opens the transaction, locks the row and applies
 /// [`admit`]; `None` when there is no item to act on.
@@ -93,13 +93,15 @@ pub(super) async fn park(
     };
     let reason = clean_text(&params.reason);
     let row: ItemRow = sqlx::query_as(concat!(
-        "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = $3
+        "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = $3,
+             error_signature = $4
          WHERE process = $1 AND key = $2 RETURNING ",
         item_columns!()
     ))
     .bind(&params.process)
     .bind(&params.key)
     .bind(&reason)
+    .bind(error_signature(&params.key, &reason))
     .fetch_one(&mut tx)
     .await
     .db()?;

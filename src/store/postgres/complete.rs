@@ -143,6 +143,7 @@ async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreE
     sqlx::query(
         "UPDATE drover_items SET state = 'idle', ready_at = $1, failures = 0,
              backoff_until = NULL, backoff_ms = NULL, last_error = NULL,
+             error_signature = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
              last_outcome = 'done', last_ended_at = $1
          WHERE id = ANY($2)",
@@ -161,14 +162,15 @@ async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreE
 const NEXT: &str = "
 UPDATE drover_items AS i SET state = n.state, priority = n.priority, ready_at = n.ready_at,
     enqueued_at = n.enqueued_at, failures = n.failures, backoff_until = n.backoff_until,
-    backoff_ms = n.backoff_ms, last_error = n.last_error,
+    backoff_ms = n.backoff_ms, last_error = n.last_error, error_signature = n.error_signature,
     dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
     lease_session = NULL, lease_token = NULL, started_at = NULL,
     last_outcome = n.outcome, last_ended_at = $1
 FROM UNNEST($2::bigint[], $3::text[], $4::text[], $5::int[], $6::timestamptz[],
-            $7::timestamptz[], $8::int[], $9::timestamptz[], $10::bigint[], $11::text[])
+            $7::timestamptz[], $8::int[], $9::timestamptz[], $10::bigint[], $11::text[],
+            $12::text[])
     AS n(id, outcome, state, priority, ready_at, enqueued_at, failures, backoff_until,
-         backoff_ms, last_error)
+         backoff_ms, last_error, error_signature)
 WHERE i.id = n.id";
 
 /// The next rows of a batch's items that stay pending or parked, by column.
@@ -184,6 +186,7 @@ struct NextRows {
     backoff_until: Vec<Option<DateTime<Utc>>>,
     backoff_ms: Vec<Option<i64>>,
     last_error: Vec<Option<String>>,
+    error_signature: Vec<Option<String>>,
 }
 
 impl NextRows {
@@ -199,6 +202,7 @@ impl NextRows {
         self.backoff_until.push(next.backoff_until);
         self.backoff_ms.push(next.backoff.map(duration_ms));
         self.last_error.push(next.last_error.clone());
+        self.error_signature.push(next.error_signature.clone());
     }
 
     async fn write(self, tx: &mut Tx, now: DateTime<Utc>) -> Result<(), StoreError> {
@@ -217,6 +221,7 @@ impl NextRows {
             .bind(&self.backoff_until)
             .bind(&self.backoff_ms)
             .bind(&self.last_error)
+            .bind(&self.error_signature)
             .execute(&mut *tx)
             .await
             .db()?;

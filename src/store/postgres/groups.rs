@@ -1,5 +1,5 @@
-//! Error groups and bulk actions on PostgreSQL: the grouping by key-free error
-//! text in one `GROUP BY`, and each batch of a bulk action in one transaction:
+//! Error groups and bulk actions on PostgreSQL: the count per stored
+//! signature in one statement, and each batch of a bulk action in one transaction:
 //! the window read `FOR UPDATE` (a claim racing the action either takes its
 //! row first, and the row is then skipped as running, or waits for the
 //! batch), then one statement that changes the chosen rows and writes their
@@ -13,28 +13,31 @@ use chrono::{DateTime, Utc};
 
 use crate::store::StoreError;
 use crate::store::groups::{
-    Bulk, BulkSteps, CandidateRow, KEY_MARK, MAX_TEXTS, TextCount, merge, stored_states, window,
+    Bulk, BulkSteps, CandidateRow, MAX_TEXTS, SignatureCount, merge, stored_states, window,
 };
 use crate::store::params::ErrorGroups;
 use crate::store::types::{ErrorGroup, RunOutcome};
 
-/// The failing keys grouped by their error with the key replaced: parked ones
-/// through the partial index over running and parked rows, backing-off ones
-/// among the pending rows.
-const TEXTS: &str = "
-SELECT text, state, count(*) AS count, min(error) AS sample FROM (
-    SELECT replace(COALESCE(last_error, ''), key, $4) AS text, 'parked' AS state,
-        COALESCE(last_error, '') AS error
-    FROM drover_items WHERE process = $1 AND state IN ('running', 'parked') AND state = 'parked'
+/// The failing keys counted per stored signature: parked ones from the
+/// parked-errors index in signature order, backing-off ones from the backoff
+/// index (which carries the signature), both index-only; then the first row
+/// (by id) of each of the `$3` largest groups, for its sample.
+const SIGNATURES: &str = "
+SELECT g.signature, g.state, g.count, COALESCE(i.last_error, '') AS sample FROM (
+    SELECT COALESCE(error_signature, '') AS signature, 'parked' AS state,
+        count(*) AS count, min(id) AS first
+    FROM drover_items WHERE process = $1 AND state = 'parked' GROUP BY error_signature
     UNION ALL
-    SELECT replace(COALESCE(last_error, ''), key, $4), 'backoff', COALESCE(last_error, '')
-    FROM drover_items WHERE process = $1 AND state = 'pending' AND backoff_until > $2) t
-GROUP BY text, state ORDER BY count(*) DESC, text LIMIT $3";
+    SELECT COALESCE(error_signature, ''), 'backoff', count(*), min(id)
+    FROM drover_items WHERE process = $1 AND state = 'pending' AND backoff_until > $2
+    GROUP BY error_signature
+    ORDER BY count DESC, signature LIMIT $3) g
+LEFT JOIN drover_items i ON i.id = g.first";
 
 /// One window of a bulk action's walk: `$5` rows after `$2`, from the prefix
 /// `$3` on, in the stored states `$4`, in key order, locked.
 const WINDOW: &str = "
-SELECT id, key, last_error, state, backoff_until FROM drover_items
+SELECT id, key, error_signature, state, backoff_until FROM drover_items
 WHERE process = $1 AND key > $2 AND key >= $3 AND state = ANY($4::text[])
 ORDER BY key LIMIT $5 FOR UPDATE";
 
@@ -60,9 +63,11 @@ const RETRY: &str = logged!(
      WHERE id = ANY($2) AND state <> 'running'"
 );
 
-/// An operator's park of the rows `$2` with the reason `$4`.
+/// An operator's park of the rows `$2` with the reason `$4` (whose signature
+/// for each row's key is in the JSON object `$6`, by id).
 const PARK: &str = logged!(
-    "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = $4
+    "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = $4,
+         error_signature = $6::jsonb ->> id::text
      WHERE id = ANY($2) AND state <> 'running'"
 );
 
@@ -76,11 +81,10 @@ pub(super) async fn error_groups(
     check_process(store, &params.process).await?;
     let mut tx = store.read().await?;
     let now = store.now(&mut tx).await?;
-    let rows: Vec<TextCount> = sqlx::query_as(TEXTS)
+    let rows: Vec<SignatureCount> = sqlx::query_as(SIGNATURES)
         .bind(&params.process)
         .bind(now)
         .bind(i64::from(MAX_TEXTS))
-        .bind(KEY_MARK)
         .fetch_all(&mut tx)
         .await
         .db()?;
@@ -115,16 +119,17 @@ async fn batch(
         RunOutcome::Parked => PARK,
         _ => DELETE,
     };
-    let changed = sqlx::query(change)
+    let query = sqlx::query(change)
         .bind(now)
         .bind(&window.ids)
         .bind(bulk.outcome.as_str())
         .bind(bulk.reason.as_deref())
-        .bind(&bulk.actor)
-        .execute(&mut tx)
-        .await
-        .db()?
-        .rows_affected();
+        .bind(&bulk.actor);
+    let query = match bulk.outcome {
+        RunOutcome::Parked => query.bind(&window.signatures),
+        _ => query,
+    };
+    let changed = query.execute(&mut tx).await.db()?.rows_affected();
     if changed > 0 && bulk.outcome == RunOutcome::Retried {
         PostgresStore::notify_ready(&mut tx, &filter.process).await?;
     }

@@ -102,7 +102,8 @@ struct Writes {
     /// Items left idle (a clean `done`, the common run): one statement for all.
     idle: Vec<i64>,
     /// Every other item's next row, as `[id, outcome, state, priority,
-    /// ready_at, enqueued_at, failures, backoff_until, backoff_ms, last_error]`
+    /// ready_at, enqueued_at, failures, backoff_until, backoff_ms, last_error,
+    /// error_signature]`
     /// for [`NEXT`].
     updated: Vec<Value>,
 }
@@ -150,6 +151,7 @@ async fn idle(tx: &mut Tx, now: i64, ids: &str) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
              backoff_until = NULL, backoff_ms = NULL, last_error = NULL,
+             error_signature = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
              last_outcome = 'done', last_ended_at = ?1
          WHERE id IN (SELECT value FROM json_each(?2))",
@@ -168,7 +170,7 @@ async fn idle(tx: &mut Tx, now: i64, ids: &str) -> Result<(), StoreError> {
 pub(super) const NEXT: &str = "
 UPDATE drover_items AS i SET state = n.state, priority = n.priority, ready_at = n.ready_at,
     enqueued_at = n.enqueued_at, failures = n.failures, backoff_until = n.backoff_until,
-    backoff_ms = n.backoff_ms, last_error = n.last_error,
+    backoff_ms = n.backoff_ms, last_error = n.last_error, error_signature = n.error_signature,
     dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
     lease_session = NULL, lease_token = NULL, started_at = NULL,
     last_outcome = n.outcome, last_ended_at = ?1
@@ -176,7 +178,8 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS o
           json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS priority,
           json_extract(value, '$[4]') AS ready_at, json_extract(value, '$[5]') AS enqueued_at,
           json_extract(value, '$[6]') AS failures, json_extract(value, '$[7]') AS backoff_until,
-          json_extract(value, '$[8]') AS backoff_ms, json_extract(value, '$[9]') AS last_error
+          json_extract(value, '$[8]') AS backoff_ms, json_extract(value, '$[9]') AS last_error,
+          json_extract(value, '$[10]') AS error_signature
       FROM json_each(?2)) AS n
 WHERE i.id = n.id";
 
@@ -193,6 +196,7 @@ fn next_row(id: i64, outcome: RunOutcome, next: &NextRow) -> Value {
         next.backoff_until.map(to_ms),
         next.backoff.map(duration_ms),
         next.last_error,
+        next.error_signature,
     ])
 }
 

@@ -1,5 +1,5 @@
-//! Error groups and bulk actions on SQLite: the grouping by key-free error
-//! text in one `GROUP BY`, and each batch of a bulk action in one `BEGIN
+//! Error groups and bulk actions on SQLite: the count per stored signature
+//! in one statement, and each batch of a bulk action in one `BEGIN
 //! IMMEDIATE` transaction (the window read, then the history rows and the
 //! change, one statement each for the whole batch).
 
@@ -8,28 +8,34 @@ use super::error::Db as _;
 use super::inspect::check_process;
 use crate::store::StoreError;
 use crate::store::groups::{
-    Bulk, BulkSteps, CandidateRow, KEY_MARK, MAX_TEXTS, TextCount, merge, stored_states, window,
+    Bulk, BulkSteps, CandidateRow, MAX_TEXTS, SignatureCount, merge, stored_states, window,
 };
 use crate::store::params::ErrorGroups;
 use crate::store::types::{ErrorGroup, RunOutcome};
 
-/// The failing keys grouped by their error with the key replaced: parked ones
-/// through the partial index over running and parked rows, backing-off ones
-/// among the pending rows.
-const TEXTS: &str = "
-SELECT text, state, count(*) AS count, min(error) AS sample FROM (
-    SELECT replace(COALESCE(last_error, ''), key, ?4) AS text, 'parked' AS state,
-        COALESCE(last_error, '') AS error
-    FROM drover_items WHERE process = ?1 AND state IN ('running', 'parked') AND state = 'parked'
-    UNION ALL
-    SELECT replace(COALESCE(last_error, ''), key, ?4), 'backoff', COALESCE(last_error, '')
-    FROM drover_items WHERE process = ?1 AND state = 'pending' AND backoff_until > ?2)
-GROUP BY text, state ORDER BY count(*) DESC, text LIMIT ?3";
+/// The failing keys counted per stored signature: parked ones walking the
+/// parked-errors index in signature order, backing-off ones from the backoff
+/// index (which carries the signature), neither reading the rows; then the
+/// first row (by id) of each of the `?3` largest groups, for its sample.
+pub(super) const SIGNATURES: &str = "
+SELECT g.signature, g.state, g.count, COALESCE(i.last_error, '') AS sample FROM (
+    SELECT signature, state, count, first FROM (
+        SELECT COALESCE(error_signature, '') AS signature, 'parked' AS state,
+            count(*) AS count, min(id) AS first
+        FROM drover_items INDEXED BY drover_items_parked_errors
+        WHERE process = ?1 AND state = 'parked' GROUP BY error_signature
+        UNION ALL
+        SELECT COALESCE(error_signature, ''), 'backoff', count(*), min(id)
+        FROM drover_items INDEXED BY drover_items_backoff
+        WHERE process = ?1 AND state = 'pending' AND backoff_until > ?2
+        GROUP BY error_signature)
+    ORDER BY count DESC, signature LIMIT ?3) g
+LEFT JOIN drover_items i ON i.id = g.first";
 
 /// One window of a bulk action's walk: `?5` rows after `?2`, from the prefix
 /// `?3` on, in the stored states `?4` (a JSON array), in key order.
 const WINDOW: &str = "
-SELECT id, key, last_error, state, backoff_until FROM drover_items
+SELECT id, key, error_signature, state, backoff_until FROM drover_items
 WHERE process = ?1 AND key > ?2 AND key >= ?3 AND state IN (SELECT value FROM json_each(?4))
 ORDER BY key LIMIT ?5";
 
@@ -46,9 +52,11 @@ UPDATE drover_items SET state = 'pending', backoff_until = NULL,
     enqueued_at = CASE WHEN state IN ('parked', 'idle') THEN ?1 ELSE enqueued_at END
 WHERE id IN (SELECT value FROM json_each(?2)) AND state <> 'running'";
 
-/// An operator's park of the rows `?2` with the reason `?1`.
+/// An operator's park of the rows `?2` with the reason `?1` (whose
+/// signature for each row's key is in the JSON object `?3`, by id).
 const PARK: &str = "
-UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = ?1
+UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = ?1,
+    error_signature = json_extract(?3, '$.\"' || id || '\"')
 WHERE id IN (SELECT value FROM json_each(?2)) AND state <> 'running'";
 
 /// An operator's delete of the rows `?1`.
@@ -61,11 +69,10 @@ pub(super) async fn error_groups(
 ) -> Result<Vec<ErrorGroup>, StoreError> {
     check_process(store, &params.process).await?;
     let now = store.now_ms(&store.pool).await?;
-    let rows: Vec<TextCount> = sqlx::query_as(TEXTS)
+    let rows: Vec<SignatureCount> = sqlx::query_as(SIGNATURES)
         .bind(&params.process)
         .bind(now)
         .bind(MAX_TEXTS)
-        .bind(KEY_MARK)
         .fetch_all(&store.pool)
         .await
         .db()?;
@@ -111,7 +118,10 @@ impl BulkSteps for SqliteStore {
             .db()?;
         let change = match bulk.outcome {
             RunOutcome::Retried => sqlx::query(RETRY).bind(now).bind(&ids),
-            RunOutcome::Parked => sqlx::query(PARK).bind(bulk.reason.as_deref()).bind(&ids),
+            RunOutcome::Parked => sqlx::query(PARK)
+                .bind(bulk.reason.as_deref())
+                .bind(&ids)
+                .bind(&window.signatures),
             _ => sqlx::query(DELETE).bind(&ids),
         };
         let changed = change.execute(&mut *tx).await.db()?.rows_affected();

@@ -102,3 +102,19 @@ async fn a_keys_runs_walk_the_key_index_not_every_run() {
     let step = "USING INDEX drover_runs_key (process=? AND key=? AND id<?)";
     assert_plan(super::runs::BY_KEY, step).await;
 }
+
+#[tokio::test]
+async fn error_groups_count_signatures_from_the_indexes_without_reading_a_row_per_key() {
+    let store = SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
+        .await
+        .expect("an in-memory store opens");
+    let plan = plan(&store, super::groups::SIGNATURES).await;
+    for step in [
+        "USING COVERING INDEX drover_items_parked_errors (process=?)",
+        "USING COVERING INDEX drover_items_backoff (process=? AND backoff_until>?)",
+        // Only the sample of each of the largest groups reads its row.
+        "SEARCH i USING INTEGER PRIMARY KEY (rowid=?)",
+    ] {
+        assert!(plan.contains(step), "expected `{step}` in: {plan}");
+    }
+}
