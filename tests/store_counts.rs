@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use drover::store::{
     ItemDelete, ItemEnqueue, ItemFilter, ItemList, ItemPark, ItemRetry, ItemState, ItemsDelete,
-    ItemsPark, ItemsRetry, Lease, LeaseComplete, LeaseLock, LeaseRelease, Outcome,
+    ItemsPark, ItemsRetry, Lease, LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, Outcome,
     ProcessConfigure, PruneCursor, RetentionPrune, SessionClose, SessionStart, Store,
     StoreEngine as _,
 };
@@ -78,7 +78,7 @@ async fn stored_counts(store: &Store) -> BTreeMap<&'static str, u64> {
 async fn step(store: &Store, dice: &mut Dice, leases: &mut Vec<Lease>, session: &mut i64) {
     let admin = "test".to_owned();
     let s = drover::store::SessionId(*session);
-    match dice.roll(14) {
+    match dice.roll(15) {
         0 | 1 => {
             let keys = [key(dice), key(dice), key(dice)];
             let delay = Duration::from_millis(dice.roll(3) * 500);
@@ -196,6 +196,26 @@ async fn step(store: &Store, dice: &mut Dice, leases: &mut Vec<Lease>, session: 
             };
             store.retention_prune(prune).await.expect("prune");
         }
+        13 if !leases.is_empty() => {
+            // Every run in flight ends in one batch, the first twice: claims and
+            // completions of many keys count them once per statement.
+            let outcomes: Vec<Outcome> = leases
+                .iter()
+                .map(|_| match dice.roll(3) {
+                    0 => Outcome::Transient("flaky".into()),
+                    _ => Outcome::Done,
+                })
+                .collect();
+            let mut batch: Vec<LeaseComplete<'_>> = leases
+                .iter()
+                .zip(&outcomes)
+                .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+                .collect();
+            batch.push(batch[0]);
+            let _ = store.lease_complete_batch(&batch).await.expect("batch");
+            drop(batch);
+            leases.clear();
+        }
         _ => store.clock().advance(Duration::from_millis(700)),
     }
 }
@@ -245,6 +265,52 @@ async fn counts_of_a_state_no_item_is_in_are_zero_not_missing() {
         assert_eq!(
             (c.pending, c.backoff, c.running, c.parked, c.idle),
             (0, 0, 0, 0, 0)
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_batch_over_two_processes_counts_each_process_once_per_key() {
+    each_engine(|db| async move {
+        let store = &db.store;
+        let session = drover::store::SessionId(new_session(store).await);
+        let mut leases = Vec::new();
+        for (process, n) in [("a", 30), ("b", 20)] {
+            let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            store
+                .item_enqueue(ItemEnqueue::new(process, keys))
+                .await
+                .expect("enqueue");
+            let claim = LeaseClaim {
+                session,
+                process: process.into(),
+                max: 25,
+            };
+            leases.extend(store.lease_claim(claim).await.expect("claim").leases);
+        }
+        let counts = |c: &drover::store::ProcessCounts| (c.pending, c.running, c.idle);
+        let now: Vec<_> = store.process_counts().await.expect("counts");
+        assert_eq!(
+            now.iter().map(counts).collect::<Vec<_>>(),
+            [(5, 25, 0), (0, 20, 0)]
+        );
+        let done = Outcome::Done;
+        let mut batch: Vec<LeaseComplete<'_>> = leases
+            .iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &done,
+            })
+            .collect();
+        batch.push(batch[3]);
+        let results = store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results[..45].iter().all(Result::is_ok));
+        assert!(results[45].is_err(), "a lease completed twice in one batch");
+        let now: Vec<_> = store.process_counts().await.expect("counts");
+        assert_eq!(
+            now.iter().map(counts).collect::<Vec<_>>(),
+            [(5, 0, 25), (0, 0, 20)]
         );
     })
     .await;

@@ -95,8 +95,8 @@ pub(crate) struct Settling<'a> {
 }
 
 /// Settles each lease of `batch` whose row is held (`rows`, by position, as
-/// [`match_leases`] gives them): hands the row and its outcome to `write`, answers
-/// `Ok`. The others are refused on their own, `SessionExpired` when their
+/// [`match_leases`] gives them): hands the lease, its row and its outcome to
+/// `write`, answers `Ok`. The others are refused on their own, `SessionExpired` when their
 /// session is in `expired`, `LeaseLost` otherwise; a row met twice in one batch
 /// is settled once.
 pub(crate) fn settle_batch<'a, R: Held>(
@@ -104,7 +104,7 @@ pub(crate) fn settle_batch<'a, R: Held>(
     batch: &[LeaseComplete<'a>],
     rows: Vec<Option<R>>,
     expired: &HashSet<SessionId>,
-    mut write: impl FnMut(R, Settled),
+    mut write: impl FnMut(&'a Lease, R, Settled),
 ) -> Settling<'a> {
     let mut seen = HashSet::with_capacity(batch.len());
     let mut settling = Settling {
@@ -120,7 +120,7 @@ pub(crate) fn settle_batch<'a, R: Held>(
                 if settled.next.ready_by(now) {
                     settling.ready.insert(lease.process.as_str());
                 }
-                write(row, settled);
+                write(lease, row, settled);
                 Ok(())
             }
             None if expired.contains(&lease.session) => Err(StoreError::SessionExpired {

@@ -60,7 +60,7 @@ pub(super) async fn complete_batch(
     // measured from when they are written.
     let now = store.now(&mut tx).await?;
     let mut writes = Writes::default();
-    let settling = settle_batch(now, batch, rows, &expired, |row, s| {
+    let settling = settle_batch(now, batch, rows, &expired, |_, row, s| {
         writes.add(row.id, s);
     });
     writes.flush(&mut tx, now).await?;

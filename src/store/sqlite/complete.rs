@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
+use super::counted;
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, running_columns, to_ms, to_time};
@@ -42,8 +43,8 @@ pub(super) async fn complete_batch(
     let (live, expired) = sessions(&mut tx, now, batch).await?;
     let rows = held(&mut tx, &live, batch).await?;
     let mut writes = Writes::default();
-    let settling = settle_batch(to_time(now), batch, rows, &expired, |row, s| {
-        writes.add(row.id, s);
+    let settling = settle_batch(to_time(now), batch, rows, &expired, |lease, row, s| {
+        writes.add(&lease.process, row.id, s);
     });
     writes.flush(&mut tx, now).await?;
     tx.commit().await.db()?;
@@ -93,14 +94,15 @@ async fn sessions(
 
 /// What a batch writes: each run's history row, each item's next row.
 #[derive(Debug, Default)]
-struct Writes {
+struct Writes<'a> {
     /// Runs that end with no error, by outcome: logged from their rows
     /// ([`log_from_rows`]) before those change.
     plain: HashMap<RunOutcome, Vec<i64>>,
     /// Runs that end with an error, as `[id, outcome, error]`.
     failed: Vec<Value>,
-    /// Items left idle (a clean `done`, the common run): one statement for all.
-    idle: Vec<i64>,
+    /// Items left idle (a clean `done`, the common run), by process: one
+    /// statement for each process's, counted once ([`counted`]).
+    idle: HashMap<&'a str, Vec<i64>>,
     /// Every other item's next row, as `[id, outcome, state, priority,
     /// ready_at, enqueued_at, failures, backoff_until, backoff_ms, last_error,
     /// error_signature]`
@@ -108,8 +110,8 @@ struct Writes {
     updated: Vec<Value>,
 }
 
-impl Writes {
-    fn add(&mut self, id: i64, settled: Settled) {
+impl<'a> Writes<'a> {
+    fn add(&mut self, process: &'a str, id: i64, settled: Settled) {
         match settled.error {
             None => self.plain.entry(settled.outcome).or_default().push(id),
             Some(error) => self
@@ -117,7 +119,7 @@ impl Writes {
                 .push(json!([id, settled.outcome.as_str(), error])),
         }
         if settled.next.state == NextState::Idle {
-            self.idle.push(id);
+            self.idle.entry(process).or_default().push(id);
         } else {
             self.updated
                 .push(next_row(id, settled.outcome, &settled.next));
@@ -129,8 +131,8 @@ impl Writes {
             log_from_rows(tx, now, outcome, &Value::from(ids).to_string()).await?;
         }
         log_with_errors(tx, now, self.failed).await?;
-        if !self.idle.is_empty() {
-            idle(tx, now, &Value::from(self.idle).to_string()).await?;
+        for (process, ids) in self.idle {
+            idle(tx, now, process, &Value::from(ids).to_string()).await?;
         }
         if !self.updated.is_empty() {
             sqlx::query(NEXT)
@@ -144,24 +146,29 @@ impl Writes {
     }
 }
 
-/// Leaves converged items idle: no lease, no failures, no error; their last
-/// outcome `done`. What [`settle`](crate::store::settle::settle) returns for a
-/// clean `done`, written for a whole batch at once.
-async fn idle(tx: &mut Tx, now: i64, ids: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
-             backoff_until = NULL, backoff_ms = NULL, last_error = NULL,
-             error_signature = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = 'done', last_ended_at = ?1
-         WHERE id IN (SELECT value FROM json_each(?2))",
-    )
-    .bind(now)
-    .bind(ids)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
+/// Leaves the running items of process `?3` whose ids are in `?2` (a JSON
+/// array) idle at `?1`, marked as counted by the statement ([`counted`]); the
+/// unary `+` keeps each row found by its id (see [`START`](super::leases::START)).
+pub(super) const IDLE: &str = "
+UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
+    backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
+    lease_session = NULL, lease_token = NULL, started_at = NULL,
+    last_outcome = 'done', last_ended_at = ?1, counts_mark = counts_mark + 1
+WHERE id IN (SELECT value FROM json_each(?2)) AND +state = 'running' AND +process = ?3";
+
+/// Leaves converged items of `process` idle: no lease, no failures, no error;
+/// their last outcome `done`. What [`settle`](crate::store::settle::settle)
+/// returns for a clean `done`, written for a whole batch at once and counted
+/// once ([`counted`]): only running rows change.
+async fn idle(tx: &mut Tx, now: i64, process: &str, ids: &str) -> Result<(), StoreError> {
+    let done = sqlx::query(IDLE)
+        .bind(now)
+        .bind(ids)
+        .bind(process)
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    counted::shift(tx, process, ("running", "idle"), done.rows_affected()).await
 }
 
 /// Writes the next rows of the items that stay pending or parked, one

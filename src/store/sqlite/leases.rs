@@ -1,6 +1,7 @@
 //! Leases on SQLite: claim, complete, release and lock, each checked against the
 //! session and the fencing token inside one write transaction.
 
+use super::counted;
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::gate;
@@ -126,7 +127,13 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
         Vec::new()
     } else {
         let first = take_tokens(&mut tx, ids.len() as i64).await?;
-        start_runs(&mut tx, now, &ids, params.session, first).await?
+        let starting = Starting {
+            process: &params.process,
+            ids: &ids,
+            session: params.session,
+            first,
+        };
+        start_runs(&mut tx, now, starting).await?
     };
     let gate = match decided {
         Some(decided) => {
@@ -143,44 +150,66 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
     Ok(Claimed { leases, gate })
 }
 
-/// Like [`start_run`] for many items at once (one `UPDATE`): the
-/// `n`th id gets token `first + n`, and the leases come back in `ids` order.
+/// Starts the claimed items whose ids are in `?1` (a JSON array) under
+/// session `?2`, the `n`th with token `?3 + n`, at `?4`: only the pending rows
+/// of process `?5`, marked as counted by the statement ([`counted`]). The
+/// unary `+` keeps those two checks off the indexes: each row is found by its
+/// id, where `state = 'pending' AND process = ?5` would lead SQLite to walk the
+/// claim index over the whole backlog.
+pub(super) const START: &str = "
+UPDATE drover_items AS i SET state = 'running', lease_session = ?2,
+    lease_token = ?3 + j.key, started_at = ?4, counts_mark = counts_mark + 1
+FROM json_each(?1) AS j
+WHERE i.id = j.value AND +i.state = 'pending' AND +i.process = ?5
+RETURNING key, priority, failures, enqueued_at, lease_token";
+
+/// The pending items of one process a claim starts, and their leases' session
+/// and first fencing token.
+struct Starting<'a> {
+    process: &'a str,
+    ids: &'a [i64],
+    session: SessionId,
+    first: i64,
+}
+
+/// Like [`start_run`] for many items at once (one `UPDATE`, counted once: see
+/// [`counted`]): the `n`th id gets token `first + n`, and the leases come back
+/// in `ids` order. Only pending rows of the process change.
 async fn start_runs(
     tx: &mut Tx,
     now: i64,
-    ids: &[i64],
-    session: SessionId,
-    first: i64,
+    starting: Starting<'_>,
 ) -> Result<Vec<Lease>, StoreError> {
+    let Starting {
+        process,
+        ids,
+        session,
+        first,
+    } = starting;
     let ids = serde_json::Value::from(ids).to_string();
-    let mut rows: Vec<(String, String, i32, i64, i64, i64)> = sqlx::query_as(
-        "UPDATE drover_items AS i SET state = 'running', lease_session = ?2,
-             lease_token = ?3 + j.key, started_at = ?4
-         FROM json_each(?1) AS j WHERE i.id = j.value
-         RETURNING process, key, priority, failures, enqueued_at, lease_token",
-    )
-    .bind(&ids)
-    .bind(session.0)
-    .bind(first)
-    .bind(now)
-    .fetch_all(&mut **tx)
-    .await
-    .db()?;
-    rows.sort_unstable_by_key(|row| row.5);
+    let mut rows: Vec<(String, i32, i64, i64, i64)> = sqlx::query_as(START)
+        .bind(&ids)
+        .bind(session.0)
+        .bind(first)
+        .bind(now)
+        .bind(process)
+        .fetch_all(&mut **tx)
+        .await
+        .db()?;
+    counted::shift(tx, process, ("pending", "running"), rows.len() as u64).await?;
+    rows.sort_unstable_by_key(|row| row.4);
     Ok(rows
         .into_iter()
-        .map(
-            |(process, key, priority, failures, enqueued_at, token)| Lease {
-                session,
-                process,
-                key,
-                token: FencingToken(token),
-                attempt: u32::try_from(failures).unwrap_or(0).saturating_add(1),
-                priority,
-                enqueued_at: to_time(enqueued_at),
-                started_at: to_time(now),
-            },
-        )
+        .map(|(key, priority, failures, enqueued_at, token)| Lease {
+            session,
+            process: process.to_owned(),
+            key,
+            token: FencingToken(token),
+            attempt: u32::try_from(failures).unwrap_or(0).saturating_add(1),
+            priority,
+            enqueued_at: to_time(enqueued_at),
+            started_at: to_time(now),
+        })
         .collect())
 }
 

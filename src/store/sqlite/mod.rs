@@ -7,6 +7,7 @@ mod admin;
 mod checkpoint;
 mod complete;
 mod connect;
+mod counted;
 mod counts;
 mod engine;
 mod error;

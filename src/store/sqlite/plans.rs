@@ -18,12 +18,17 @@ async fn plan(store: &SqliteStore, sql: &str) -> String {
         .join("; ")
 }
 
-/// Fails unless the plan of `sql` on a freshly migrated store contains `step`.
-async fn assert_plan(sql: &str, step: &str) {
+/// The plan of `sql` on a freshly migrated store.
+async fn plan_of(sql: &str) -> String {
     let store = SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
         .await
         .expect("an in-memory store opens");
-    let plan = plan(&store, sql).await;
+    plan(&store, sql).await
+}
+
+/// Fails unless the plan of `sql` on a freshly migrated store contains `step`.
+async fn assert_plan(sql: &str, step: &str) {
+    let plan = plan_of(sql).await;
     assert!(plan.contains(step), "expected `{step}` in: {plan}");
     assert!(
         !plan.contains("TEMP B-TREE FOR ORDER BY"),
@@ -54,6 +59,23 @@ async fn the_bulk_upsert_reads_the_batch_once_and_no_item_but_each_keys_own() {
 async fn the_completion_probes_the_lease_index_per_token() {
     let step = "USING INDEX drover_items_leases (lease_session=? AND lease_token=?)";
     assert_plan(super::complete::HELD, step).await;
+}
+
+#[tokio::test]
+async fn a_claim_starts_each_item_by_its_id_not_through_the_claim_index() {
+    let step = "SEARCH i USING INTEGER PRIMARY KEY (rowid=?)";
+    assert_plan(super::leases::START, step).await;
+    assert!(
+        !plan_of(super::leases::START)
+            .await
+            .contains("drover_items_claim")
+    );
+}
+
+#[tokio::test]
+async fn a_batch_of_idle_items_finds_each_by_its_id() {
+    let step = "SEARCH drover_items USING INTEGER PRIMARY KEY (rowid=?)";
+    assert_plan(super::complete::IDLE, step).await;
 }
 
 #[tokio::test]

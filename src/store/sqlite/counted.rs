@@ -1,0 +1,40 @@
+//! The item counts of the store's batch statements: a claim or a completion of
+//! many keys moves them between states in one statement and adjusts the counts
+//! once for all of them (migration 0011), where the per-row trigger would change
+//! a counts row for each key.
+//!
+//! A statement that counts its rows itself sets `counts_mark = counts_mark + 1`
+//! on them, so the trigger skips exactly those rows (their mark changed, which
+//! no other writer's does); it must then change only rows whose old state it
+//! names in its `WHERE`, all of one process, and pass how many it changed to
+//! [`shift`] in the same transaction.
+
+use super::engine::Tx;
+use super::error::Db as _;
+use crate::store::StoreError;
+
+/// Moves `n` items of `process` from state `from` to state `to` in the counts,
+/// for the rows a marked statement changed.
+pub(super) async fn shift(
+    tx: &mut Tx,
+    process: &str,
+    (from, to): (&str, &str),
+    n: u64,
+) -> Result<(), StoreError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    sqlx::query(
+        "UPDATE drover_item_counts SET n = n + CASE state WHEN ?3 THEN ?4 ELSE -?4 END
+         WHERE process = ?1 AND state IN (?2, ?3)",
+    )
+    .bind(process)
+    .bind(from)
+    .bind(to)
+    .bind(n)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
