@@ -14,7 +14,7 @@ use drover::store::{
     ProcessConfigure, PruneCursor, RetentionPrune, SessionClose, SessionStart, Store,
     StoreEngine as _,
 };
-use support::each_enqueue_path;
+use support::{each_engine, each_enqueue_path};
 use support::store::{P, claim};
 
 /// A small deterministic generator (xorshift), so a failing seed replays.
