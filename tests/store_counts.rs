@@ -14,8 +14,8 @@ use drover::store::{
     ProcessConfigure, PruneCursor, RetentionPrune, SessionClose, SessionStart, Store,
     StoreEngine as _,
 };
-use support::{each_engine, each_enqueue_path};
 use support::store::{P, claim};
+use support::{each_engine, each_enqueue_path};
 
 /// A small deterministic generator (xorshift), so a failing seed replays.
 struct Dice(u64);
