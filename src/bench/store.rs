@@ -64,6 +64,10 @@ pub enum BenchError {
     /// The scenario did not finish in time.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// The scenario's work did not all reach the store (a figure for work
+    /// that was not done would be a lie).
+    #[error("work went missing: {0}")]
+    Missing(String),
 }
 
 impl StoreBench {

@@ -16,11 +16,15 @@ const BATCHES: [u64; 2] = [1, 1_000];
 /// The rows of the table whose updates are measured.
 const ROWS: u64 = 1_000;
 
-/// Keys per second enqueued by the normal call and through the SQL function
-/// (view on SQLite) inside caller transactions, in batches of 1 and of 1,000
-/// fresh keys, one transaction per batch; `b.keys` keys per figure for
-/// batches of 1,000, a tenth of that for single keys. Then the update rates
-/// of an unwatched and a watched table, their updates alternating.
+/// Keys per second enqueued by the normal call (`mode=normal`), by the
+/// library inside caller transactions (`mode=transactional`: `StoreTx`, the
+/// store's own statements) and by SQL a program in another language would
+/// run inside its transaction (`mode=sql`: the function `drover_enqueue` on
+/// PostgreSQL, an insert into the view `drover_enqueue` on SQLite), in batches
+/// of 1 and of 1,000 fresh keys, one transaction per batch; `b.keys` keys per
+/// figure for batches of 1,000, a tenth of that for single keys. Then the
+/// update rates of an unwatched and a watched table, their updates
+/// alternating.
 pub async fn enqueue_transactional(b: &StoreBench) -> Result<Vec<Figure>, BenchError> {
     let mut figures = Vec::new();
     for batch in BATCHES {
@@ -29,28 +33,48 @@ pub async fn enqueue_transactional(b: &StoreBench) -> Result<Vec<Figure>, BenchE
         } else {
             b.keys
         };
-        for transactional in [false, true] {
+        for mode in ["normal", "transactional", "sql"] {
             let process = fresh_process("enqueue_tx");
             b.phase("enqueueing", keys);
             let start = Instant::now();
             for first in (0..keys).step_by(usize::try_from(batch).unwrap_or(1)) {
-                let params = ItemEnqueue::new(&process, (first..keys.min(first + batch)).map(key));
-                if transactional {
-                    let mut tx = b.store.begin().await?;
-                    tx.item_enqueue(params).await?;
-                    tx.commit().await?;
-                } else {
-                    b.store.item_enqueue(params).await?;
+                let keys = (first..keys.min(first + batch)).map(key);
+                match mode {
+                    "normal" => {
+                        b.store
+                            .item_enqueue(ItemEnqueue::new(&process, keys))
+                            .await?;
+                    }
+                    "transactional" => {
+                        let mut tx = b.store.begin().await?;
+                        tx.item_enqueue(ItemEnqueue::new(&process, keys)).await?;
+                        tx.commit().await?;
+                    }
+                    _ => {
+                        let keys = serde_json::to_string(&keys.collect::<Vec<_>>())
+                            .expect("a list of strings is JSON");
+                        let mut tx = b.store.begin().await?;
+                        let sql = sql_enqueue(&tx_engine(&mut tx), &process);
+                        run_in(&mut tx, &sql, Some(keys)).await?;
+                        tx.commit().await?;
+                    }
                 }
                 b.progress.inc(batch);
             }
             let elapsed = start.elapsed();
+            let pending = b
+                .store
+                .process_counts()
+                .await?
+                .into_iter()
+                .find(|c| c.process == process)
+                .map_or(0, |c| c.pending + c.backoff);
             cleanup(&b.store, &process).await?;
-            let mode = if transactional {
-                "transactional"
-            } else {
-                "normal"
-            };
+            if pending != keys {
+                return Err(BenchError::Missing(format!(
+                    "mode {mode}: {pending} of {keys} keys pending"
+                )));
+            }
             figures.push(
                 b.figure("enqueue", keys)
                     .with("batch", batch)
@@ -159,6 +183,32 @@ async fn paired_round(
     #[allow(clippy::cast_precision_loss)] // a count of updates, far below 2^52
     let rate = |d: Duration| updates as f64 / d.as_secs_f64().max(f64::EPSILON);
     Ok((rate(spent[0]), rate(spent[1])))
+}
+
+/// Which engine a transaction is on.
+fn tx_engine(tx: &mut StoreTx) -> &'static str {
+    if tx.postgres().is_some() {
+        "postgres"
+    } else {
+        "sqlite"
+    }
+}
+
+/// The SQL enqueue of the keys in the JSON array `$1` to `process` (a bench
+/// name, quoted as a literal), as another program would write it.
+fn sql_enqueue(engine: &str, process: &str) -> String {
+    let process = process.replace('\'', "''");
+    if engine == "postgres" {
+        format!(
+            "SELECT * FROM drover_enqueue('{process}', \
+             ARRAY(SELECT json_array_elements_text($1::json)))"
+        )
+    } else {
+        format!(
+            "INSERT INTO drover_enqueue (process, key) \
+             SELECT '{process}', value FROM json_each($1)"
+        )
+    }
 }
 
 /// Runs one of the bench's own statements on the store's database.
