@@ -54,7 +54,7 @@ pub async fn enqueue_transactional(b: &StoreBench) -> Result<Vec<Figure>, BenchE
                         let keys = serde_json::to_string(&keys.collect::<Vec<_>>())
                             .expect("a list of strings is JSON");
                         let mut tx = b.store.begin().await?;
-                        let sql = sql_enqueue(&tx_engine(&mut tx), &process);
+                        let sql = sql_enqueue(tx_engine(&mut tx), &process);
                         run_in(&mut tx, &sql, Some(keys)).await?;
                         tx.commit().await?;
                     }
