@@ -115,11 +115,17 @@ async fn transient_failures_back_off_exponentially_up_to_the_cap() {
                 .expect("fail");
             let it = item(&db.store, "a").await.expect("item");
             assert_eq!((it.state, it.failures), (ItemState::Backoff, attempt));
+            // The delay from the stored times, not from how long the test
+            // took: a loaded machine may spend any time between two steps.
+            let until = it.backoff_until.expect("backing off");
+            let ended = it.last_ended_at.expect("the run ended");
+            let delay_ms = i64::try_from(secs(delay).as_millis()).expect("seconds");
+            assert_eq!((until - ended).num_milliseconds(), delay_ms, "{attempt}");
+            db.store.clock().advance(secs(delay) / 2);
+            assert!(claim(&db.store, s.id, 1).await.is_empty(), "backing off");
             db.store
                 .clock()
-                .advance(secs(delay) - Duration::from_millis(100));
-            assert!(claim(&db.store, s.id, 1).await.is_empty(), "backing off");
-            db.store.clock().advance(Duration::from_millis(200));
+                .advance(secs(delay) / 2 + Duration::from_millis(100));
             db.store
                 .session_heartbeat(SessionHeartbeat { session: s.id })
                 .await
@@ -503,6 +509,66 @@ async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
         );
         let d = history(&db.store, "d", 1).await.remove(0);
         assert_eq!((d.error.as_deref(), d.failed()), (Some("broken"), true));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_batch_of_clean_dones_settles_each_lease_once_and_refuses_repeats_and_forgeries() {
+    // On SQLite a clean `done` is settled without reading its row; everything
+    // else in the batch (a repeat, a re-enqueued key, a lease naming another
+    // key) must still be answered as if each lease were completed alone.
+    each_enqueue_path_and_pooler(|db| async move {
+        let s = db.session().await;
+        let leases = claimed(&db, &["a", "b", "c"]).await;
+        let (a, b, c) = (&leases[0], &leases[1], &leases[2]);
+        enqueue(&db.store, &["b"]).await; // b is running: dirty
+        let forged = Lease {
+            key: "a".into(),
+            ..c.clone()
+        };
+        let done = Outcome::Done;
+        let batch: Vec<LeaseComplete<'_>> = [a, a, b, &forged]
+            .into_iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &done,
+            })
+            .collect();
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        for refused in [1, 3] {
+            assert!(
+                matches!(results[refused], Err(StoreError::LeaseLost { .. })),
+                "{refused}: {results:?}"
+            );
+        }
+        use RunOutcome::Done;
+        assert_eq!(events(&db.store, "a").await, [Done], "one run for a repeat");
+        assert_eq!(
+            item(&db.store, "a").await.expect("a").state,
+            ItemState::Idle
+        );
+        assert_eq!(events(&db.store, "b").await, [Done]);
+        assert_eq!(
+            item(&db.store, "b").await.expect("b").state,
+            ItemState::Pending,
+            "enqueued during its run: runs again"
+        );
+        assert!(
+            events(&db.store, "c").await.is_empty(),
+            "the forgery wrote nothing"
+        );
+        assert_eq!(
+            item(&db.store, "c").await.expect("c").state,
+            ItemState::Running
+        );
+        complete(&db.store, c, Outcome::Done)
+            .await
+            .expect("c's own lease still holds");
+        assert_eq!(events(&db.store, "c").await, [Done]);
+        let again = claim(&db.store, s.id, 10).await;
+        assert_eq!(keys(&again), ["b"]);
     })
     .await;
 }

@@ -17,11 +17,12 @@ use chrono::{DateTime, Utc};
 
 use super::engine::PostgresStore;
 use super::error::{commit, map_commit};
+use super::leases::ClaimedKey;
 use crate::store::StoreError;
 use crate::store::fleet::Claimed;
 use crate::store::gate::GateRow;
 use crate::store::params::LeaseClaim;
-use crate::store::types::{FencingToken, Lease, SessionId};
+use crate::store::types::Lease;
 
 /// The processes whose last claim through this store found them paused or
 /// limited. A claim of one of them goes straight to `drover_claim_gated`; a
@@ -73,13 +74,8 @@ struct GatedRow {
     decided_at: DateTime<Utc>,
     running: i64,
     allowed: i64,
-    process: Option<String>,
-    key: Option<String>,
-    priority: Option<i32>,
-    failures: Option<i32>,
-    enqueued_at: Option<DateTime<Utc>>,
-    lease_token: Option<i64>,
-    started_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    claimed: ClaimedKey,
 }
 
 impl GatedRow {
@@ -93,19 +89,6 @@ impl GatedRow {
             tokens: self.rate_tokens,
             tokens_at: self.rate_tokens_at,
         }
-    }
-
-    fn into_lease(self, session: SessionId) -> Option<Lease> {
-        Some(Lease {
-            session,
-            process: self.process?,
-            key: self.key?,
-            token: FencingToken(self.lease_token?),
-            attempt: u32::try_from(self.failures?).unwrap_or(0).saturating_add(1),
-            priority: self.priority?,
-            enqueued_at: self.enqueued_at?,
-            started_at: self.started_at?,
-        })
     }
 }
 
@@ -151,7 +134,7 @@ pub(super) async fn claim(
     );
     let leases: Vec<Lease> = rows
         .into_iter()
-        .filter_map(|r| r.into_lease(params.session))
+        .filter_map(|r| r.claimed.into_lease(params.session))
         .collect();
     if !binds {
         return Ok(Claimed::open(leases));

@@ -83,6 +83,14 @@ ORDER BY c.priority DESC, c.ready_at, c.id";
 struct ClaimRow {
     live: i64,
     held: i64,
+    #[sqlx(flatten)]
+    claimed: ClaimedKey,
+}
+
+/// The claimed key of one row of a claim, [`CLAIM`] or the gated claim
+/// function: all `None` on the one row a claim that took nothing returns.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct ClaimedKey {
     process: Option<String>,
     key: Option<String>,
     priority: Option<i32>,
@@ -92,8 +100,9 @@ struct ClaimRow {
     started_at: Option<DateTime<Utc>>,
 }
 
-impl ClaimRow {
-    fn into_lease(self, session: SessionId) -> Option<Lease> {
+impl ClaimedKey {
+    /// The lease of `session` on this key, if a key was claimed.
+    pub(super) fn into_lease(self, session: SessionId) -> Option<Lease> {
         Some(Lease {
             session,
             process: self.process?,
@@ -141,7 +150,7 @@ fn leases(rows: Vec<ClaimRow>, session: SessionId) -> Result<Vec<Lease>, StoreEr
     }
     Ok(rows
         .into_iter()
-        .filter_map(|r| r.into_lease(session))
+        .filter_map(|r| r.claimed.into_lease(session))
         .collect())
 }
 

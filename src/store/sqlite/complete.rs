@@ -17,7 +17,7 @@ use crate::store::holding::{Found, asked_sessions, expired_sessions, match_lease
 use crate::store::params::LeaseComplete;
 use crate::store::parts::{Answers, CompleteOnce};
 use crate::store::settle::{NextRow, NextState, Settled};
-use crate::store::types::{RunOutcome, SessionId};
+use crate::store::types::{Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
 
 /// The running rows leased to the live sessions in `?1` under the tokens in
@@ -35,23 +35,100 @@ WHERE i.state = 'running' AND i.lease_session IN (SELECT value FROM json_each(?1
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; the others commit.
 /// Any other failure rolls the whole batch back.
+///
+/// The common run, a clean `done` of a key nobody enqueued meanwhile, is
+/// settled without reading its row ([`QUICK`]); every other lease goes the
+/// general way: its running row is read and [`settle_batch`] decides.
 pub(super) async fn complete_batch(
     store: &SqliteStore,
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let (mut tx, now) = store.write().await?;
     let (live, expired) = sessions(&mut tx, now, batch).await?;
-    let rows = held(&mut tx, &live, batch).await?;
     let mut writes = Writes::default();
-    let settling = settle_batch(to_time(now), batch, rows, &expired, |lease, row, s| {
+    let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
+    let quick = quick(&mut tx, &live, batch).await?;
+    let mut rest = Vec::new();
+    for (n, params) in batch.iter().enumerate() {
+        match quick.get(&params.lease.token.0) {
+            Some(&(first, id)) if first == n => {
+                writes.done(&params.lease.process, id);
+                answers[n] = Some(Ok(()));
+            }
+            // A repeat of a lease settled above: refused, as a repeat is.
+            Some(_) => answers[n] = Some(Err(StoreError::lease_lost(params.lease))),
+            None => rest.push(n),
+        }
+    }
+    let general: Vec<LeaseComplete<'_>> = rest.iter().map(|&n| batch[n]).collect();
+    let rows = held(&mut tx, &live, &general).await?;
+    let settling = settle_batch(to_time(now), &general, rows, &expired, |lease, row, s| {
         writes.add(&lease.process, row.id, s);
     });
+    for (n, answer) in rest.into_iter().zip(settling.results) {
+        answers[n] = Some(answer);
+    }
     writes.flush(&mut tx, now).await?;
     tx.commit().await.db()?;
     for process in settling.ready {
         wakeup::notify(process);
     }
-    Ok(settling.results)
+    Ok(answers
+        .into_iter()
+        .map(|a| a.expect("each lease is answered quickly or settled"))
+        .collect())
+}
+
+/// The running rows that the clean `done` outcomes in `?1` leave idle as they
+/// are: `?1` is a JSON array of `[token, session, process, key]`, one per
+/// lease, and a row comes back (token, id) when it is running under that
+/// token and session, for that process and key, with no enqueue during the
+/// run (`dirty_since`), which is all [`settle`](crate::store::settle::settle)
+/// looks at for `done`. One probe of the lease index per lease, and two
+/// integers back instead of the row ([`HELD`]).
+pub(super) const QUICK: &str = "
+SELECT i.lease_token, i.id FROM json_each(?1) AS j
+JOIN drover_items AS i
+    ON i.lease_session = j.value ->> 1 AND i.lease_token = j.value ->> 0
+WHERE i.state = 'running' AND +i.process = j.value ->> 2 AND +i.key = j.value ->> 3
+    AND i.dirty_since IS NULL";
+
+/// The leases of `batch` that [`QUICK`] settles: each clean `done` of a live
+/// session, at the first position its token has in the batch, by token:
+/// (that position, the row's id). A lease that does not qualify (its row was
+/// lost, re-enqueued during the run, its key or process differ) is not here
+/// and goes the general way, which decides it with the full row.
+async fn quick(
+    tx: &mut Tx,
+    live: &[i64],
+    batch: &[LeaseComplete<'_>],
+) -> Result<HashMap<i64, (usize, i64)>, StoreError> {
+    let mut first = HashMap::with_capacity(batch.len());
+    let mut asked = Vec::with_capacity(batch.len());
+    for (n, params) in batch.iter().enumerate() {
+        let lease = params.lease;
+        let clean = matches!(params.outcome, Outcome::Done) && live.contains(&lease.session.0);
+        let seen = first.contains_key(&lease.token.0);
+        first.entry(lease.token.0).or_insert(n);
+        if !seen && clean {
+            asked.push((lease.token.0, lease.session.0, &lease.process, &lease.key));
+        }
+    }
+    if asked.is_empty() {
+        return Ok(HashMap::new());
+    }
+    // Tuples serialize as JSON arrays, with no `Value` built per lease; numbers
+    // and strings always serialize.
+    let asked = serde_json::to_string(&asked).expect("integers and strings serialize");
+    let found: Vec<(i64, i64)> = sqlx::query_as(QUICK)
+        .bind(asked)
+        .fetch_all(&mut **tx)
+        .await
+        .db()?;
+    Ok(found
+        .into_iter()
+        .filter_map(|(token, id)| first.get(&token).map(|&n| (token, (n, id))))
+        .collect())
 }
 
 /// Each lease's running row, by position (`None`: not held, see
@@ -61,6 +138,9 @@ async fn held(
     live: &[i64],
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Option<RunningRow>>, StoreError> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
     let tokens: Vec<i64> = batch.iter().map(|p| p.lease.token.0).collect();
     let found: Vec<Found<RunningRow>> = sqlx::query_as(HELD)
         .bind(Value::from(live).to_string())
@@ -111,6 +191,13 @@ struct Writes<'a> {
 }
 
 impl<'a> Writes<'a> {
+    /// A clean `done` of a key nobody enqueued during its run: its run row,
+    /// and the item left idle.
+    fn done(&mut self, process: &'a str, id: i64) {
+        self.plain.entry(RunOutcome::Done).or_default().push(id);
+        self.idle.entry(process).or_default().push(id);
+    }
+
     fn add(&mut self, process: &'a str, id: i64, settled: Settled) {
         match settled.error {
             None => self.plain.entry(settled.outcome).or_default().push(id),

@@ -62,6 +62,12 @@ async fn the_completion_probes_the_lease_index_per_token() {
 }
 
 #[tokio::test]
+async fn a_clean_done_probes_the_lease_index_per_lease() {
+    let step = "SEARCH i USING INDEX drover_items_leases (lease_session=? AND lease_token=?)";
+    assert_plan(super::complete::QUICK, step).await;
+}
+
+#[tokio::test]
 async fn a_claim_starts_each_item_by_its_id_not_through_the_claim_index() {
     let step = "SEARCH i USING INTEGER PRIMARY KEY (rowid=?)";
     assert_plan(super::leases::START, step).await;

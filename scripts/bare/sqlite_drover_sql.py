@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""drover's own SQLite statements in a bare loop: what the schema costs, apart
+from the framework (sqlx, tokio, the runs themselves).
+
+The same drain as `sqlite.py` (100,000 keys, claims of 1,024, a transaction per
+step, WAL, synchronous=FULL, drover's page size and cache) on a file migrated
+with drover's own migrations, running the statements a burn-down runs: the
+claim (`src/store/sqlite/leases.rs`: session check, ready ids, tokens, START,
+counts) and the completion of clean `done` outcomes
+(`src/store/sqlite/complete.rs`: sessions, QUICK, `runs.rs` LOG_FROM_ROWS,
+IDLE, counts). The statements are copied here: keep them in step when those
+files change. Prints `drain KEYS_PER_S` and the seconds spent in each step.
+
+    python3 scripts/bare/sqlite_drover_sql.py [PATH]   (default /tmp/drover-sql.db, replaced)
+"""
+
+import glob
+import json
+import os
+import sqlite3
+import sys
+import time
+
+N, CLAIM, NOW, PROCESS, SESSION = 100_000, 1_024, 1_000_000, "p", 1
+MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "sqlite")
+
+START = """UPDATE drover_items AS i SET state = 'running', lease_session = ?2,
+    lease_token = ?3 + j.key, started_at = ?4, counts_mark = counts_mark + 1
+FROM json_each(?1) AS j
+WHERE i.id = j.value AND +i.state = 'pending' AND +i.process = ?5
+RETURNING key, priority, failures, enqueued_at, lease_token"""
+QUICK = """SELECT i.lease_token, i.id FROM json_each(?1) AS j
+JOIN drover_items AS i
+    ON i.lease_session = j.value ->> 1 AND i.lease_token = j.value ->> 0
+WHERE i.state = 'running' AND +i.process = j.value ->> 2 AND +i.key = j.value ->> 3
+    AND i.dirty_since IS NULL"""
+LOG = """INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
+    started_at, ended_at)
+SELECT process, key, ?2, failures + 1, lease_session, lease_token, enqueued_at, started_at, ?1
+FROM drover_items WHERE id IN (SELECT value FROM json_each(?3)) ORDER BY lease_token"""
+IDLE = """UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
+    backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
+    lease_session = NULL, lease_token = NULL, started_at = NULL,
+    last_outcome = 'done', last_ended_at = ?1, counts_mark = counts_mark + 1
+WHERE id IN (SELECT value FROM json_each(?2)) AND +state = 'running' AND +process = ?3"""
+SHIFT = """UPDATE drover_item_counts SET n = n + CASE state WHEN ?3 THEN ?4 ELSE -?4 END
+WHERE process = ?1 AND state IN (?2, ?3)"""
+
+
+def open_db(path: str) -> sqlite3.Connection:
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.remove(path + suffix)
+        except FileNotFoundError:
+            pass
+    c = sqlite3.connect(path, isolation_level=None)
+    for pragma in ("page_size=8192", "journal_mode=WAL", "synchronous=FULL",
+                   "cache_size=-65536", "mmap_size=1073741824"):
+        c.execute("PRAGMA " + pragma)
+    for migration in sorted(glob.glob(os.path.join(MIGRATIONS, "*.sql"))):
+        c.executescript(open(migration).read())
+    c.execute("INSERT INTO drover_processes (process, created_at) VALUES (?, 0)", (PROCESS,))
+    c.execute("INSERT INTO drover_sessions (id, component, ttl_ms, started_at, heartbeat_at,"
+              " deadline) VALUES (?, 'bare', 1, 0, 0, ?)", (SESSION, NOW * 10))
+    c.execute("BEGIN")
+    c.executemany("INSERT INTO drover_items (process, key, state, priority, ready_at,"
+                  " enqueued_at) VALUES (?, ?, 'pending', 0, 0, 0)",
+                  [(PROCESS, f"k{i}") for i in range(N)])
+    c.execute("COMMIT")
+    return c
+
+
+def main() -> None:
+    c = open_db(sys.argv[1] if len(sys.argv) > 1 else "/tmp/drover-sql.db")
+    spent: dict[str, float] = {}
+
+    def step(name, run):
+        begun = time.perf_counter()
+        result = run()
+        spent[name] = spent.get(name, 0.0) + time.perf_counter() - begun
+        return result
+
+    start = time.perf_counter()
+    while True:
+        c.execute("BEGIN IMMEDIATE")
+        step("claim_session", lambda: c.execute(
+            "SELECT 1 FROM drover_sessions WHERE id = ? AND deadline > ?", (SESSION, NOW)).fetchall())
+        ids = step("claim_ids", lambda: [r[0] for r in c.execute(
+            "SELECT id FROM drover_items WHERE process = ? AND state = 'pending' AND priority = 0"
+            " AND ready_at <= ? ORDER BY ready_at, id LIMIT ?", (PROCESS, NOW, CLAIM))])
+        if not ids:
+            c.execute("COMMIT")
+            break
+        last = step("claim_tokens", lambda: c.execute(
+            "UPDATE drover_counters SET value = value + ? WHERE name = 'lease_token'"
+            " RETURNING value", (len(ids),)).fetchall()[0][0])
+        leases = step("claim_start", lambda: c.execute(
+            START, (json.dumps(ids), SESSION, last - len(ids) + 1, NOW, PROCESS)).fetchall())
+        step("claim_counts", lambda: c.execute(SHIFT, (PROCESS, "pending", "running", len(leases))))
+        step("claim_commit", lambda: c.execute("COMMIT"))
+        c.execute("BEGIN IMMEDIATE")
+        step("done_sessions", lambda: c.execute(
+            "SELECT id FROM drover_sessions WHERE id IN (SELECT value FROM json_each(?))"
+            " AND deadline > ?", (json.dumps([SESSION]), NOW)).fetchall())
+        asked = json.dumps([[token, SESSION, PROCESS, key] for key, *_, token in leases])
+        held = json.dumps([r[1] for r in step("done_quick", lambda: c.execute(QUICK, (asked,)).fetchall())])
+        step("done_runs", lambda: c.execute(LOG, (NOW, "done", held)))
+        idle = step("done_idle", lambda: c.execute(IDLE, (NOW, held, PROCESS)).rowcount)
+        step("done_counts", lambda: c.execute(SHIFT, (PROCESS, "running", "idle", idle)))
+        step("done_commit", lambda: c.execute("COMMIT"))
+    elapsed = time.perf_counter() - start
+    runs = c.execute("SELECT count(*) FROM drover_runs").fetchone()[0]
+    assert runs == N, f"{runs} runs for {N} keys"
+    print(f"drain {N / elapsed:.0f}")
+    print(" ".join(f"{name}={seconds:.3f}" for name, seconds in spent.items()))
+
+
+if __name__ == "__main__":
+    main()
