@@ -11,7 +11,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use super::checkpoint::Checkpoints;
 use super::engine::SqliteStore;
-use super::error::map;
+use super::error::{locked, map};
 use crate::store::{Clock, StoreError, StoreOptions, migrate};
 
 /// How long a writer waits for another connection's write lock before the
@@ -80,7 +80,7 @@ impl SqliteStore {
             .row_buffer_size(ROW_BUFFER_SIZE);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
         let open = |pool: SqlitePoolOptions, connect: SqliteConnectOptions| async move {
-            tokio::time::timeout(options.connect_timeout, pool.connect_with(connect))
+            tokio::time::timeout(options.connect_timeout, open_while_locked(pool, connect))
                 .await
                 .map_err(|_| StoreError::ConnectTimeout {
                     url: url.to_owned(),
@@ -127,6 +127,32 @@ impl SqliteStore {
     /// Applies any migrations this binary has and the database lacks.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         migrate_pool(&self.pool, true).await
+    }
+}
+
+/// Opens the pool, again and again while the file is locked (the caller's
+/// connect timeout bounds it).
+///
+/// Switching a file to WAL takes SQLite's exclusive lock without waiting in
+/// the busy handler, so nodes that open one fresh file at once get "database
+/// is locked" from `PRAGMA journal_mode = WAL` however long the busy timeout
+/// (four connections at once: 14 rounds of 200 in a Python loop). Once the
+/// file is in WAL mode the pragma takes no lock, so an attempt a moment later
+/// goes through.
+async fn open_while_locked(
+    pool: SqlitePoolOptions,
+    connect: SqliteConnectOptions,
+) -> Result<SqlitePool, sqlx::Error> {
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match pool.clone().connect_with(connect.clone()).await {
+            Err(e) if locked(&e) => {
+                tracing::debug!(error = %e, "the database file is locked; opening it again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            opened => return opened,
+        }
     }
 }
 

@@ -9,18 +9,21 @@ const SQLITE_LOCKED: i64 = 6;
 /// Maps a driver error: lock contention that outlasted the busy timeout becomes
 /// [`StoreError::Busy`], the rest [`StoreError::Database`].
 pub(super) fn map(e: sqlx::Error) -> StoreError {
-    let busy = match &e {
+    if locked(&e) || matches!(e, sqlx::Error::PoolTimedOut) {
+        StoreError::Busy(e.into())
+    } else {
+        StoreError::Database(e.into())
+    }
+}
+
+/// Whether SQLite refused for a lock another connection holds.
+pub(super) fn locked(e: &sqlx::Error) -> bool {
+    match e {
         sqlx::Error::Database(db) => db
             .code()
             .and_then(|c| c.parse::<i64>().ok())
             .is_some_and(|c| matches!(c & 0xff, SQLITE_BUSY | SQLITE_LOCKED)),
-        sqlx::Error::PoolTimedOut => true,
         _ => false,
-    };
-    if busy {
-        StoreError::Busy(e.into())
-    } else {
-        StoreError::Database(e.into())
     }
 }
 
