@@ -1,7 +1,8 @@
-//! Completing leases on SQLite, set-based: one statement finds every lease's
-//! running row, one appends the runs' history, one leaves the converged items
-//! idle, all in one `BEGIN IMMEDIATE` transaction, so a batch costs a handful of
-//! statements and one commit however many outcomes it carries.
+//! Completing leases on SQLite, set-based: one statement finds the leases whose
+//! clean `done` needs nothing from their rows ([`QUICK`]), one reads the running
+//! rows of the others, one appends the runs' history, one leaves the converged
+//! items idle, all in one `BEGIN IMMEDIATE` transaction, so a batch costs a
+//! handful of statements and one commit however many outcomes it carries.
 
 use std::collections::{HashMap, HashSet};
 
