@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use drover::store::{
@@ -34,17 +33,8 @@ async fn serve_on(db: &TestDb, dir: &std::path::Path, listen: &str) -> (Child, S
 }
 
 fn remote_worker(url: &str, exec: &str, flags: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_drover"))
-        .args([
-            "work", PROCESS, "--server", url, "--token", TOKEN, "--exec", exec,
-        ])
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover work --server")
+    let args = [PROCESS, "--server", url, "--token", TOKEN, "--exec", exec];
+    support::cli::work(args.into_iter().chain(flags.iter().copied()))
 }
 
 async fn counts(store: &Store) -> (u64, u64, u64) {
@@ -163,14 +153,7 @@ async fn an_http_worker_that_lost_its_lease_to_expiry_is_refused() {
         // Freeze the remote worker past its TTL: its session expires and a worker
         // on the database reclaims the key and runs it.
         signal(&stale, Signal::SIGSTOP);
-        let heir = Command::new(env!("CARGO_BIN_EXE_drover"))
-            .args([
-                "work", PROCESS, "--db", &db.url, "--exec", "true", "--ttl", "1s",
-            ])
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let heir = support::cli::worker(&db.url, PROCESS, "true", &["--ttl", "1s"]);
         eventually("the key reclaimed and run by the heir", || async {
             !events(&db.store, "k", RunOutcome::Done).await.is_empty()
         })
@@ -333,13 +316,12 @@ async fn each_worker_serves_its_own_metrics_on_either_backend() {
         let (server, url) = serve(&db, dir.path()).await;
         let (remote_addr, direct_addr) = (free_addr(), free_addr());
         let remote = remote_worker(&url, "true", &["--metrics-listen", &remote_addr]);
-        let direct = Command::new(env!("CARGO_BIN_EXE_drover"))
-            .args(["work", PROCESS, "--db", &db.url, "--exec", "false"])
-            .args(["--metrics-listen", &direct_addr])
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let direct = support::cli::worker(
+            &db.url,
+            PROCESS,
+            "false",
+            &["--metrics-listen", &direct_addr],
+        );
         let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
         db.store
             .item_enqueue(ItemEnqueue::new(PROCESS, keys))

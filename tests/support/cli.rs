@@ -32,16 +32,26 @@ pub(crate) fn fails_with(output: &Output, needle: &str) {
     assert_eq!(errors, 1, "one error line: {stderr}");
 }
 
-/// Starts `drover work PROCESS --db URL --exec EXEC` with extra `flags`, its
-/// output discarded, killed if the test drops it.
-pub(crate) fn worker(url: &str, process: &str, exec: &str, flags: &[&str]) -> Child {
+/// Starts `drover work ARGS`, its output discarded, killed if the test
+/// drops it: every command-line test's worker child.
+pub(crate) fn work<'a>(args: impl IntoIterator<Item = &'a str>) -> Child {
     Command::new(super::process::drover_bin())
-        .args(["work", process, "--db", url, "--exec", exec])
-        .args(flags)
+        .arg("work")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("spawn drover work")
+}
+
+/// Starts `drover work PROCESS --db URL --exec EXEC` with extra `flags`
+/// (see [`work`]).
+pub(crate) fn worker(url: &str, process: &str, exec: &str, flags: &[&str]) -> Child {
+    work(
+        [process, "--db", url, "--exec", exec]
+            .into_iter()
+            .chain(flags.iter().copied()),
+    )
 }

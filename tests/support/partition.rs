@@ -8,11 +8,10 @@
 //! and `DROVER_PARTITION_CUTS` (`freeze`, `reset` or `freeze,reset`; default
 //! `freeze`); see `scripts/partition-measure.sh`.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use drover::store::{ItemEnqueue, Store, StoreEngine as _};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::task::JoinHandle;
 
 use nix::sys::signal::kill;
@@ -117,16 +116,16 @@ pub(crate) fn measured() -> Vec<Rounds> {
 /// (`["--db", URL]` or `["--server", URL]`).
 pub(crate) fn worker(target: [&str; 2], exec: &str, ttl: Duration) -> Child {
     let ttl = format!("{}ms", ttl.as_millis());
-    Command::new(super::process::drover_bin())
-        .args(["work", PROCESS, "--exec", exec, "--ttl", &ttl])
-        .args(target)
-        .args(["--shutdown-deadline", "1s"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover work")
+    let args = [
+        PROCESS,
+        "--exec",
+        exec,
+        "--ttl",
+        &ttl,
+        "--shutdown-deadline",
+        "1s",
+    ];
+    super::cli::work(args.into_iter().chain(target))
 }
 
 /// After A (whose command logged `a_pid`) was cut off: starts B on the

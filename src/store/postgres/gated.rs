@@ -16,8 +16,7 @@ use std::sync::{Mutex, PoisonError};
 use chrono::{DateTime, Utc};
 
 use super::engine::PostgresStore;
-use super::error::{commit, map_commit};
-use super::leases::ClaimedKey;
+use super::leases::{ClaimedKey, claim_rows};
 use crate::store::StoreError;
 use crate::store::fleet::Claimed;
 use crate::store::gate::GateRow;
@@ -102,16 +101,7 @@ pub(super) async fn claim(
     store: &PostgresStore,
     params: &LeaseClaim,
 ) -> Result<Claimed, StoreError> {
-    let mut tx = store.read().await?;
-    let rows: Vec<GatedRow> = sqlx::query_as(CLAIM_GATED)
-        .bind(params.session.0)
-        .bind(&params.process)
-        .bind(i64::from(params.max))
-        .bind(store.clock.offset_ms())
-        .fetch_all(&mut tx)
-        .await
-        .map_err(map_commit)?;
-    commit(tx).await?;
+    let rows: Vec<GatedRow> = claim_rows(store, CLAIM_GATED, params).await?;
     // The function's outer join returns one row even when nothing was claimed.
     let Some(first) = rows.first() else {
         return Err(StoreError::Database(sqlx::Error::RowNotFound.into()));

@@ -116,19 +116,20 @@ impl ClaimedKey {
     }
 }
 
-pub(super) async fn claim(
+/// The rows of a claim statement, [`CLAIM`] or the gated claim function,
+/// both bound as `(session, process, max, clock offset)`. Directly connected
+/// the statement is its own transaction; through a pooler it needs one around
+/// it (see `Tx`), and then the commit is where the outcome may become unknown.
+pub(super) async fn claim_rows<R>(
     store: &PostgresStore,
+    sql: &'static str,
     params: &LeaseClaim,
-) -> Result<Claimed, StoreError> {
-    validate_process(&params.process)?;
-    if store.gated.contains(&params.process) {
-        return gated::claim(store, params).await;
-    }
-    // Directly connected the statement is its own transaction; through a
-    // pooler it needs one around it (see `Tx`), and then the commit is where
-    // the outcome may become unknown.
+) -> Result<Vec<R>, StoreError>
+where
+    R: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
     let mut tx = store.read().await?;
-    let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM)
+    let rows: Vec<R> = sqlx::query_as(sql)
         .bind(params.session.0)
         .bind(&params.process)
         .bind(i64::from(params.max))
@@ -137,6 +138,18 @@ pub(super) async fn claim(
         .await
         .map_err(map_commit)?;
     commit(tx).await?;
+    Ok(rows)
+}
+
+pub(super) async fn claim(
+    store: &PostgresStore,
+    params: &LeaseClaim,
+) -> Result<Claimed, StoreError> {
+    validate_process(&params.process)?;
+    if store.gated.contains(&params.process) {
+        return gated::claim(store, params).await;
+    }
+    let rows: Vec<ClaimRow> = claim_rows(store, CLAIM, params).await?;
     if rows.first().is_some_and(|r| r.held > 0) {
         return gated::claim(store, params).await;
     }
