@@ -18,10 +18,12 @@ mod support;
 use std::time::Duration;
 
 use drover::runner::{Action, BoxError, Controller, Reconciler, Task};
-use drover::store::{ItemEnqueue, Store, StoreEngine as _};
+use drover::store::{ItemEnqueue, ProcessConfigure, Store, StoreEngine as _};
 use support::TestDb;
 use support::fault_proxy::FaultProxy;
-use support::partition::{Cut, PROCESS, Tally, answers_come_late, both_cuts, take_over, worker};
+use support::partition::{
+    Cut, PROCESS, Tally, answers_come_late, both_cuts, take_over, worker_with,
+};
 use support::process::{eventually, stop};
 use support::ticks::TickLog;
 use tokio::sync::mpsc;
@@ -153,6 +155,19 @@ async fn a_controller_cut_off_from_the_database_stops_its_run_before_another_sta
     }
 }
 
+/// Whether a round's process has fleet limits, so that every claim goes
+/// through PostgreSQL's gated claim (`drover_claim_gated`), which locks the
+/// process's row in its transaction.
+#[derive(Debug, Clone, Copy)]
+enum Gate {
+    /// No limits: the plain claim.
+    Open,
+    /// One run at a time across the fleet and a rate that does not bind; A
+    /// runs with room for four, so it keeps claiming (and being refused by
+    /// the limit) while its key runs.
+    Limited,
+}
+
 /// One round of `drover work --exec` processes, in which `fault` breaks A's
 /// link; returns the gap from A's last tick to B's first (negative if they
 /// overlapped).
@@ -160,12 +175,29 @@ async fn exec_round(
     base: &str,
     ttl: Duration,
     round: &str,
+    gate: Gate,
     fault: impl AsyncFnOnce(&FaultProxy, &TestDb),
 ) -> f64 {
     let (db, schema) = support::postgres(base).await;
+    let a_flags: &[&str] = match gate {
+        Gate::Open => &[],
+        Gate::Limited => {
+            let limits = ProcessConfigure::new(PROCESS)
+                .concurrency(Some(1))
+                .rate(Some(50.0))
+                .burst(5);
+            db.store.process_configure(limits).await.expect("limits");
+            &["--parallelism", "4"]
+        }
+    };
     let proxy = FaultProxy::start(support::server_addr(base).await).await;
     let log = TickLog::new();
-    let a = worker(["--db", &proxy.url_for(&db.url)], &log.command("A"), ttl);
+    let a = worker_with(
+        ["--db", &proxy.url_for(&db.url)],
+        &log.command("A"),
+        ttl,
+        a_flags,
+    );
     enqueue(&db.store).await;
     eventually("A's command ticking", || async {
         !log.ticks("A").is_empty()
@@ -194,7 +226,7 @@ async fn a_drover_work_process_cut_off_from_the_database_kills_its_command_befor
                 "drover work, {:?}, ttl {:?}, round {n}",
                 rounds.cut, rounds.ttl
             );
-            let gap = exec_round(&base, rounds.ttl, &round, async |proxy, _| {
+            let gap = exec_round(&base, rounds.ttl, &round, Gate::Open, async |proxy, _| {
                 rounds.cut.apply(proxy)
             })
             .await;
@@ -222,7 +254,7 @@ async fn measure_drover_work_cut_off_from_the_database() {
     for rounds in support::partition::measured() {
         for n in 0..rounds.count {
             let round = format!("direct, {:?}, ttl {:?}, round {n}", rounds.cut, rounds.ttl);
-            let gap = exec_round(&base, rounds.ttl, &round, async |proxy, _| {
+            let gap = exec_round(&base, rounds.ttl, &round, Gate::Open, async |proxy, _| {
                 rounds.cut.apply(proxy)
             })
             .await;
@@ -248,6 +280,35 @@ async fn a_worker_whose_link_freezes_mid_transaction_does_not_keep_its_key_from_
         return;
     };
     let round = "drover work, slow link then frozen requests";
-    let gap = exec_round(&base, Duration::from_secs(2), round, answers_come_late).await;
+    let gap = exec_round(
+        &base,
+        Duration::from_secs(2),
+        round,
+        Gate::Open,
+        answers_come_late,
+    )
+    .await;
+    eprintln!("{round}: gap {gap:.1} ms");
     assert!(gap > 0.0, "{round}: overlap of {:.1} ms", -gap);
+}
+
+/// The same under fleet limits: A's claims, refused by a concurrency limit of
+/// one while its key runs, each lock the process's row for a transaction that
+/// the slow link stretches over seconds, and the freeze most likely strands
+/// one of them open. B must still get the key once A's session is gone: the
+/// stranded transaction must not hold the process's row (every claim of B
+/// waits on it), and A's run must stop counting against the limit when its
+/// session expires, though A never says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_worker_whose_link_freezes_mid_claim_does_not_keep_the_key_or_the_limit() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    for n in 0..2 {
+        let round = format!("drover work, limited, slow link then frozen requests, round {n}");
+        let ttl = Duration::from_secs(2);
+        let gap = exec_round(&base, ttl, &round, Gate::Limited, answers_come_late).await;
+        eprintln!("{round}: gap {gap:.1} ms");
+        assert!(gap > 0.0, "{round}: overlap of {:.1} ms", -gap);
+    }
 }

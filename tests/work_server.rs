@@ -115,18 +115,37 @@ async fn a_worker_over_http_processes_keys_end_to_end() {
                 "{key}"
             );
         }
-        let metrics = reqwest::Client::new()
-            .get(format!("{url}/metrics"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = || async {
+            reqwest::Client::new()
+                .get(format!("{url}/metrics"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        };
+        let line = |outcome: &str, n: u32| {
+            format!(r#"drover_outcomes_total{{process="{PROCESS}",outcome="{outcome}"}} {n}"#)
+        };
+        // The server counts an outcome once it has committed it, just after
+        // the database shows it: wait until it has counted five.
+        eventually("the server counts every run", || async {
+            let page = metrics().await;
+            let counted = page
+                .lines()
+                .filter(|l| {
+                    l.starts_with(&format!(r#"drover_outcomes_total{{process="{PROCESS}""#))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum::<u64>();
+            counted >= 5
+        })
+        .await;
+        let metrics = metrics().await;
         for (outcome, n) in [("done", 4), ("permanent", 1)] {
-            let line =
-                format!(r#"drover_outcomes_total{{process="{PROCESS}",outcome="{outcome}"}} {n}"#);
+            let line = line(outcome, n);
             assert!(
                 metrics.contains(&line),
                 "HTTP workers' outcomes are counted: no {line} in\n{metrics}"
@@ -348,7 +367,20 @@ async fn each_worker_serves_its_own_metrics_on_either_backend() {
                 .find_map(|l| l.strip_prefix(&prefix))
                 .map_or(0, |n| n.trim().parse().unwrap())
         };
-        let (remote_page, direct_page) = (page(remote_addr).await, page(direct_addr).await);
+        // A worker counts an outcome once its commit is answered, just after
+        // the database shows it: wait for the pages to catch up.
+        let pages = || async {
+            (
+                page(remote_addr.clone()).await,
+                page(direct_addr.clone()).await,
+            )
+        };
+        eventually("both pages count every run", || async {
+            let (remote_page, direct_page) = pages().await;
+            count(&remote_page, "done") + count(&direct_page, "permanent") >= 20
+        })
+        .await;
+        let (remote_page, direct_page) = pages().await;
         assert_eq!(count(&remote_page, "permanent"), 0, "{remote_page}");
         assert_eq!(count(&direct_page, "done"), 0, "{direct_page}");
         let (done, parked) = (

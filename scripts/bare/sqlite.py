@@ -7,6 +7,10 @@ bumping a fencing token, delete them by (key, token) with one history row each,
 a transaction per step. Prints `enqueue KEYS_PER_S` and `drain KEYS_PER_S`.
 
     python3 scripts/bare/sqlite.py [PATH]   (default /tmp/drover-bare.db, replaced)
+
+`DROVER_BARE_KEYS` changes the number of keys (a multiple of 10,000, or fewer);
+`DROVER_BARE_FILL_ONLY=1` stops after the enqueue (`instructions.sh` subtracts
+that run's instructions from a full one's).
 """
 
 import os
@@ -14,7 +18,8 @@ import sqlite3
 import sys
 import time
 
-N, BATCH, CLAIM = 100_000, 10_000, 1_000
+N = int(os.environ.get("DROVER_BARE_KEYS", "100000"))
+BATCH, CLAIM = min(10_000, N), 1_000
 
 
 def main() -> None:
@@ -41,6 +46,8 @@ def main() -> None:
             [(f"k{i}",) for i in range(first, first + BATCH)])
         c.execute("COMMIT")
     print(f"enqueue {N / (time.perf_counter() - start):.0f}")
+    if os.environ.get("DROVER_BARE_FILL_ONLY"):
+        return
     start = time.perf_counter()
     while True:
         c.execute("BEGIN IMMEDIATE")

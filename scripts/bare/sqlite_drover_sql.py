@@ -12,6 +12,8 @@ IDLE, counts). The statements are copied here: keep them in step when those
 files change. Prints `drain KEYS_PER_S` and the seconds spent in each step.
 
     python3 scripts/bare/sqlite_drover_sql.py [PATH]   (default /tmp/drover-sql.db, replaced)
+
+`DROVER_BARE_KEYS` and `DROVER_BARE_FILL_ONLY` as in `sqlite.py`.
 """
 
 import glob
@@ -21,7 +23,8 @@ import sqlite3
 import sys
 import time
 
-N, CLAIM, NOW, PROCESS, SESSION = 100_000, 1_024, 1_000_000, "p", 1
+N = int(os.environ.get("DROVER_BARE_KEYS", "100000"))
+CLAIM, NOW, PROCESS, SESSION = 1_024, 1_000_000, "p", 1
 MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "sqlite")
 
 START = """UPDATE drover_items AS i SET state = 'running', lease_session = ?2,
@@ -72,6 +75,8 @@ def open_db(path: str) -> sqlite3.Connection:
 
 def main() -> None:
     c = open_db(sys.argv[1] if len(sys.argv) > 1 else "/tmp/drover-sql.db")
+    if os.environ.get("DROVER_BARE_FILL_ONLY"):
+        return
     spent: dict[str, float] = {}
 
     def step(name, run):

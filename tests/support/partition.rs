@@ -115,6 +115,11 @@ pub(crate) fn measured() -> Vec<Rounds> {
 /// `drover work PROCESS --exec exec --ttl ttl` working on `target`
 /// (`["--db", URL]` or `["--server", URL]`).
 pub(crate) fn worker(target: [&str; 2], exec: &str, ttl: Duration) -> Child {
+    worker_with(target, exec, ttl, &[])
+}
+
+/// [`worker`] with more flags (`--parallelism 4`).
+pub(crate) fn worker_with(target: [&str; 2], exec: &str, ttl: Duration, flags: &[&str]) -> Child {
     let ttl = format!("{}ms", ttl.as_millis());
     let args = [
         PROCESS,
@@ -125,7 +130,7 @@ pub(crate) fn worker(target: [&str; 2], exec: &str, ttl: Duration) -> Child {
         "--shutdown-deadline",
         "1s",
     ];
-    super::cli::work(args.into_iter().chain(target))
+    super::cli::work(args.into_iter().chain(target).chain(flags.iter().copied()))
 }
 
 /// After A (whose command logged `a_pid`) was cut off: starts B on the
