@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use drover::runner::{Action, Controller, Task};
 use drover::store::{
-    ItemEnqueue, LeaseClaim, PostgresStore, SessionStart, Store, StoreEngine as _, StoreOptions,
+    ItemDelete, ItemEnqueue, LeaseClaim, PostgresStore, SessionStart, Store, StoreEngine as _,
+    StoreOptions,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
@@ -88,6 +89,56 @@ async fn a_named_statement_is_gone_when_the_pooler_switches_servers() {
         .expect("enqueue through the pooler");
     assert_eq!(report.pending, 1);
     holder.execute("COMMIT").await.expect("commit");
+    db.store.close().await;
+    drop_database(&direct, &name).await;
+}
+
+/// An enqueue and a delete in the caller's own transaction (`Store::begin`)
+/// through the pooler: drover's statements in it are unnamed, so they work
+/// on whichever server the pooler gives that transaction (named, as they
+/// were, the second transaction found no such statement, as in the test
+/// above), and the transaction carries the store's idle-in-transaction
+/// timeout, which through the pooler cannot be set at startup.
+#[tokio::test]
+async fn the_callers_own_transaction_names_nothing_and_carries_the_idle_timeout() {
+    let Some((db, direct, name)) = setup().await else {
+        return;
+    };
+    let in_tx = |keys: &'static [&'static str]| {
+        let store = db.store.clone();
+        async move {
+            let mut tx = store.begin().await.expect("begin through the pooler");
+            let conn = tx.postgres().expect("a PostgreSQL transaction");
+            let shown: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+                .persistent(false)
+                .fetch_one(&mut *conn)
+                .await
+                .expect("show");
+            assert_eq!(shown, "5s", "the store's timeout, set in the transaction");
+            let report = tx
+                .item_enqueue(ItemEnqueue::new("p", keys.iter().copied()))
+                .await
+                .expect("enqueue in the caller's transaction");
+            let forgot = tx
+                .item_delete(ItemDelete {
+                    process: "p".into(),
+                    key: keys[0].into(),
+                    actor: "test".into(),
+                })
+                .await
+                .expect("delete in the caller's transaction");
+            tx.commit().await.expect("commit");
+            (report.pending, forgot)
+        }
+    };
+    assert_eq!(in_tx(&["a", "b"]).await, (2, true));
+    // The next transaction of that client gets another server.
+    let mut holder = hold_the_server(&name).await;
+    assert_eq!(in_tx(&["c", "d"]).await, (2, true));
+    holder.execute("COMMIT").await.expect("commit");
+    let counts = db.store.process_counts().await.expect("counts");
+    let p = counts.iter().find(|c| c.process == "p").expect("p");
+    assert_eq!(p.pending, 2, "b and d stay, a and c were forgotten");
     db.store.close().await;
     drop_database(&direct, &name).await;
 }

@@ -9,6 +9,7 @@ use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::rows::{ItemRow, item_columns};
 use super::runs::log_action;
+use super::tx::Passed;
 use crate::store::admin::admit;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
@@ -124,7 +125,7 @@ pub(super) async fn delete(store: &PostgresStore, params: &ItemDelete) -> Result
 /// [`delete`] on a connection of the caller's transaction.
 pub(super) async fn delete_in(
     store: &PostgresStore,
-    conn: &mut sqlx::PgConnection,
+    conn: &mut Passed<'_>,
     params: &ItemDelete,
 ) -> Result<bool, StoreError> {
     validate_process(&params.process)?;

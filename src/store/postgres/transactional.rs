@@ -8,6 +8,7 @@ use super::admin;
 use super::engine::PostgresStore;
 use super::enqueue::coalesce;
 use super::error::{Db as _, map_commit};
+use super::tx::{Passed, pooled_begin};
 use crate::store::StoreError;
 use crate::store::enqueue::checked_keys;
 use crate::store::params::{ItemDelete, ItemEnqueue};
@@ -24,7 +25,11 @@ impl PostgresStore {
     /// `NOTIFY` is queued in the transaction, so PostgreSQL delivers it only
     /// on commit, and a rollback leaves neither the keys nor a wake-up. Keys
     /// are locked in byte order; a caller that enqueues more than once in one
-    /// transaction should enqueue in one call to keep that order.
+    /// transaction should enqueue in one call to keep that order. Through a
+    /// pooler in transaction mode (`?pool_mode=transaction`) drover's
+    /// statements on `conn` are unnamed, as the store's own are; the
+    /// caller's own statements in the transaction must be too
+    /// (`.persistent(false)`).
     ///
     /// ```no_run
     /// # async fn run(store: drover::store::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
@@ -53,7 +58,8 @@ impl PostgresStore {
             return Ok(EnqueueReport::default());
         }
         keys.sort_unstable();
-        let report = coalesce(self, conn, &params, &keys).await?;
+        let mut conn = Passed::new(conn, self.pooled);
+        let report = coalesce(self, &mut conn, &params, &keys).await?;
         self.statistics.inserted(&self.pool, report.pending);
         Ok(report)
     }
@@ -75,7 +81,7 @@ impl PostgresStore {
         conn: &mut PgConnection,
         params: ItemDelete,
     ) -> Result<bool, StoreError> {
-        admin::delete_in(self, conn, &params).await
+        admin::delete_in(self, &mut Passed::new(conn, self.pooled), &params).await
     }
 }
 
@@ -83,9 +89,11 @@ impl PostgresStore {
 pub(crate) type CallerTx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 impl PostgresStore {
-    /// Begins a caller's transaction (READ COMMITTED, as the store's own).
+    /// Begins a caller's transaction (READ COMMITTED, as the store's own;
+    /// through a pooler in transaction mode with the store's
+    /// idle-in-transaction timeout, which a direct connection sets at startup).
     pub(crate) async fn caller_begin(&self) -> Result<CallerTx, StoreError> {
-        self.pool.begin().await.db()
+        pooled_begin(&self.pool, self.pooled).await.db()
     }
 
     /// Commits a caller's transaction; a connection lost while committing is

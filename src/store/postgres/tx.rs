@@ -34,6 +34,19 @@ use sqlx::{Either, Execute, Executor, PgConnection, PgPool, Postgres, SqlStr, Tr
 /// `BEGIN` in one round trip.
 const POOLED_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '5s'";
 
+/// Begins a READ COMMITTED transaction on `pool`, with [`POOLED_BEGIN`]
+/// through a pooler in transaction mode.
+pub(super) async fn pooled_begin(
+    pool: &PgPool,
+    pooled: bool,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    if pooled {
+        pool.begin_with(POOLED_BEGIN).await
+    } else {
+        pool.begin().await
+    }
+}
+
 /// A transaction, or (directly connected) a plain connection for reads.
 #[derive(Debug)]
 pub(crate) struct Tx {
@@ -51,11 +64,7 @@ enum Inner {
 impl Tx {
     /// Starts a READ COMMITTED transaction.
     pub(super) async fn begin(pool: &PgPool, pooled: bool) -> Result<Self, sqlx::Error> {
-        let tx = if pooled {
-            pool.begin_with(POOLED_BEGIN).await?
-        } else {
-            pool.begin().await?
-        };
+        let tx = pooled_begin(pool, pooled).await?;
         Ok(Self {
             inner: Inner::Tx(tx),
             named: !pooled,
@@ -117,53 +126,90 @@ impl<'q, E: Execute<'q, Postgres>> Execute<'q, Postgres> for Statement<E> {
     }
 }
 
-impl<'c> Executor<'c> for &'c mut Tx {
-    type Database = Postgres;
+/// Implements sqlx's `Executor` for `&mut $ty`, a type with a `conn()` and a
+/// `named` flag: every query is passed on to the connection, named only when
+/// the flag allows it.
+macro_rules! passing_executor {
+    (<$($life:lifetime),*> $ty:ty) => {
+        impl<'c, $($life),*> Executor<'c> for &'c mut $ty {
+            type Database = Postgres;
 
-    fn fetch_many<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
-    where
-        'c: 'e,
-        E: 'q + Execute<'q, Postgres>,
-    {
-        let named = self.named;
-        self.conn().fetch_many(Statement { query, named })
+            fn fetch_many<'e, 'q: 'e, E>(
+                self,
+                query: E,
+            ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+            where
+                'c: 'e,
+                E: 'q + Execute<'q, Postgres>,
+            {
+                let named = self.named;
+                self.conn().fetch_many(Statement { query, named })
+            }
+
+            fn fetch_optional<'e, 'q: 'e, E>(
+                self,
+                query: E,
+            ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+            where
+                'c: 'e,
+                E: 'q + Execute<'q, Postgres>,
+            {
+                let named = self.named;
+                self.conn().fetch_optional(Statement { query, named })
+            }
+
+            fn prepare_with<'e>(
+                self,
+                sql: SqlStr,
+                parameters: &'e [PgTypeInfo],
+            ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+            where
+                'c: 'e,
+            {
+                self.conn().prepare_with(sql, parameters)
+            }
+
+            // Required by sqlx's `offline` feature (on with its macros, which
+            // drover's sqlx dependency always enables).
+            fn describe<'e>(
+                self,
+                sql: SqlStr,
+            ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+            where
+                'c: 'e,
+            {
+                self.conn().describe(sql)
+            }
+        }
+    };
+}
+
+passing_executor!(<> Tx);
+passing_executor!(<'a> Passed<'a>);
+
+/// A connection in the caller's own transaction
+/// ([`item_enqueue_in`](super::PostgresStore::item_enqueue_in),
+/// [`item_delete_in`](super::PostgresStore::item_delete_in)): drover's
+/// statements on it follow the store's rule, unnamed through a pooler in
+/// transaction mode, as a [`Tx`]'s are. Without it they were named, and the
+/// pooler's next server for that client had no such statement.
+#[derive(Debug)]
+pub(crate) struct Passed<'a> {
+    conn: &'a mut PgConnection,
+    named: bool,
+}
+
+impl<'a> Passed<'a> {
+    /// Wraps `conn` for a store that is (`pooled`) or is not reached
+    /// through a pooler in transaction mode.
+    pub(crate) fn new(conn: &'a mut PgConnection, pooled: bool) -> Self {
+        Self {
+            conn,
+            named: !pooled,
+        }
     }
 
-    fn fetch_optional<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
-    where
-        'c: 'e,
-        E: 'q + Execute<'q, Postgres>,
-    {
-        let named = self.named;
-        self.conn().fetch_optional(Statement { query, named })
-    }
-
-    fn prepare_with<'e>(
-        self,
-        sql: SqlStr,
-        parameters: &'e [PgTypeInfo],
-    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
-    where
-        'c: 'e,
-    {
-        self.conn().prepare_with(sql, parameters)
-    }
-
-    // Required by sqlx's `offline` feature (on with its macros, which
-    // drover's sqlx dependency always enables).
-    fn describe<'e>(
-        self,
-        sql: SqlStr,
-    ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
-    where
-        'c: 'e,
-    {
-        self.conn().describe(sql)
+    fn conn(&mut self) -> &mut PgConnection {
+        self.conn
     }
 }
