@@ -1,5 +1,6 @@
 //! [`Tx`]: the one way the engine's statements reach the server, so that what
-//! a transaction-pooling PgBouncer breaks can never be used by accident.
+//! a transaction-pooling PgBouncer breaks can never be used by accident; and
+//! [`Passed`], the same for the connection of a caller's own transaction.
 //!
 //! Directly connected, statements are named prepared statements cached per
 //! connection (parsed and planned once), and a read runs on a pooled
@@ -18,8 +19,8 @@
 //! - no session state: the idle-in-transaction timeout a direct connection
 //!   sets at startup is set with `SET LOCAL` in each transaction's `BEGIN`.
 //!
-//! `&mut Tx` is a sqlx executor that passes every query on, unnamed when
-//! pooled, so the engine's SQL is written once for both ways.
+//! `&mut Tx` and `&mut Passed` are sqlx executors that pass every query on,
+//! unnamed when pooled, so the engine's SQL is written once for both ways.
 
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
