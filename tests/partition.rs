@@ -296,9 +296,10 @@ async fn a_worker_whose_link_freezes_mid_transaction_does_not_keep_its_key_from_
 /// one while its key runs, each lock the process's row for a transaction that
 /// the slow link stretches over seconds, and the freeze most likely strands
 /// one of them open. B must still get the key once A's session is gone: the
-/// stranded transaction must not hold the process's row (every claim of B
-/// waits on it), and A's run must stop counting against the limit when its
-/// session expires, though A never says so.
+/// stranded transaction, which may hold the process's row that every claim of
+/// B waits on, must end (the server's idle-in-transaction timeout ends it),
+/// and A's run must stop counting against the limit when its session
+/// expires, though A never says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_worker_whose_link_freezes_mid_claim_does_not_keep_the_key_or_the_limit() {
     let Some(base) = support::postgres_url() else {
