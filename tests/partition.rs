@@ -21,9 +21,7 @@ use drover::runner::{Action, BoxError, Controller, Reconciler, Task};
 use drover::store::{ItemEnqueue, ProcessConfigure, Store, StoreEngine as _};
 use support::TestDb;
 use support::fault_proxy::FaultProxy;
-use support::partition::{
-    Cut, PROCESS, Tally, answers_come_late, both_cuts, take_over, worker_with,
-};
+use support::partition::{Cut, PROCESS, Tally, answers_come_late, both_cuts, take_over, worker};
 use support::process::{eventually, stop};
 use support::ticks::TickLog;
 use tokio::sync::mpsc;
@@ -192,7 +190,7 @@ async fn exec_round(
     };
     let proxy = FaultProxy::start(support::server_addr(base).await).await;
     let log = TickLog::new();
-    let a = worker_with(
+    let a = worker(
         ["--db", &proxy.url_for(&db.url)],
         &log.command("A"),
         ttl,

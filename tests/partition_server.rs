@@ -74,7 +74,7 @@ async fn round(
     let (db, schema) = support::postgres(base).await;
     let (serve, proxy, a_url) = a_side(base, &db.url, link).await;
     let log = TickLog::new();
-    let a = worker(["--server", &a_url], &log.command("A"), ttl);
+    let a = worker(["--server", &a_url], &log.command("A"), ttl, &[]);
     db.store
         .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
         .await

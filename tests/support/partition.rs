@@ -113,13 +113,9 @@ pub(crate) fn measured() -> Vec<Rounds> {
 }
 
 /// `drover work PROCESS --exec exec --ttl ttl` working on `target`
-/// (`["--db", URL]` or `["--server", URL]`).
-pub(crate) fn worker(target: [&str; 2], exec: &str, ttl: Duration) -> Child {
-    worker_with(target, exec, ttl, &[])
-}
-
-/// [`worker`] with more flags (`--parallelism 4`).
-pub(crate) fn worker_with(target: [&str; 2], exec: &str, ttl: Duration, flags: &[&str]) -> Child {
+/// (`["--db", URL]` or `["--server", URL]`), with more `flags`
+/// (`--parallelism 4`).
+pub(crate) fn worker(target: [&str; 2], exec: &str, ttl: Duration, flags: &[&str]) -> Child {
     let ttl = format!("{}ms", ttl.as_millis());
     let args = [
         PROCESS,
@@ -145,7 +141,7 @@ pub(crate) async fn take_over(
     round: &str,
 ) -> (Child, f64) {
     let reclaim = EagerReclaim::start(db.store.clone());
-    let b = worker(["--db", &db.url], &log.command("B"), ttl);
+    let b = worker(["--db", &db.url], &log.command("B"), ttl, &[]);
     // Other processes' progress shows only in the log and the process table.
     eventually("B's command ticking", || async {
         !log.ticks("B").is_empty()

@@ -197,11 +197,12 @@ async fn migrate_pool(pool: &SqlitePool, migrating: bool) -> Result<(), StoreErr
 mod tests {
     use super::*;
 
-    async fn synchronous(pool: &SqlitePool) -> i64 {
-        sqlx::query_scalar("PRAGMA synchronous")
+    /// The value of `PRAGMA name` on a connection of `pool`.
+    async fn pragma(pool: &SqlitePool, name: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("PRAGMA {name}")))
             .fetch_one(pool)
             .await
-            .expect("PRAGMA synchronous")
+            .expect("a PRAGMA")
     }
 
     #[tokio::test]
@@ -212,13 +213,13 @@ mod tests {
             .await
             .expect("connect");
         // 2 = FULL, 1 = NORMAL.
-        assert_eq!(synchronous(&store.writer).await, 2);
-        assert_eq!(synchronous(&store.pool).await, 2);
+        assert_eq!(pragma(&store.writer, "synchronous").await, 2);
+        assert_eq!(pragma(&store.pool, "synchronous").await, 2);
         store.close().await;
         let fast = StoreOptions::default().durable(false);
         let store = SqliteStore::connect(&url, &fast).await.expect("connect");
-        assert_eq!(synchronous(&store.writer).await, 1);
-        assert_eq!(synchronous(&store.pool).await, 1);
+        assert_eq!(pragma(&store.writer, "synchronous").await, 1);
+        assert_eq!(pragma(&store.pool, "synchronous").await, 1);
     }
 
     #[tokio::test]
@@ -228,14 +229,8 @@ mod tests {
         let store = SqliteStore::connect(&url, &StoreOptions::default())
             .await
             .expect("connect");
-        let temp_store = |pool: SqlitePool| async move {
-            sqlx::query_scalar::<_, i64>("PRAGMA temp_store")
-                .fetch_one(&pool)
-                .await
-                .expect("PRAGMA temp_store")
-        };
         // 2 = MEMORY, 0 = SQLite's default (files, unless built otherwise).
-        assert_eq!(temp_store(store.writer.clone()).await, 2);
-        assert_eq!(temp_store(store.pool.clone()).await, 0);
+        assert_eq!(pragma(&store.writer, "temp_store").await, 2);
+        assert_eq!(pragma(&store.pool, "temp_store").await, 0);
     }
 }
