@@ -268,12 +268,15 @@ async fn fired(woken: &mut std::pin::Pin<&mut tokio::sync::futures::Notified<'_>
 #[tokio::test]
 async fn a_commit_wakes_this_processs_idle_workers_and_a_rollback_does_not() {
     each_enqueue_path(|db| async move {
-        let wake = db.store.wakeup(P);
+        // A process of its own: wake-ups are per process name in this test
+        // binary, and the other tests here enqueue to `P` at the same time.
+        let p = format!("woken_{:08x}", rand::random::<u32>());
+        let wake = db.store.wakeup(&p);
         let woken = wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let mut tx = CallerTx::begin(&db.store).await;
-        tx.enqueue(ItemEnqueue::new(P, ["a"]))
+        tx.enqueue(ItemEnqueue::new(&p, ["a"]))
             .await
             .expect("enqueue");
         assert!(
@@ -283,7 +286,7 @@ async fn a_commit_wakes_this_processs_idle_workers_and_a_rollback_does_not() {
         tx.rollback().await;
         assert!(!fired(&mut woken).await, "nor after a rollback");
         let mut tx = CallerTx::begin(&db.store).await;
-        tx.enqueue(ItemEnqueue::new(P, ["a"]))
+        tx.enqueue(ItemEnqueue::new(&p, ["a"]))
             .await
             .expect("enqueue");
         tx.commit().await;
