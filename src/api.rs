@@ -439,7 +439,7 @@ pub struct RunBody {
     pub id: i64,
     /// The process.
     pub process: String,
-    /// The key.
+    /// The key; empty for an action on the whole process (pause, resume).
     pub key: String,
     /// How the run ended, or which action an operator took.
     pub outcome: OutcomeName,
@@ -628,6 +628,7 @@ pub struct SessionRequest {
     pub host: Option<String>,
     /// The worker's process id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = Int64, maximum = 4294967295_u64)]
     pub pid: Option<u32>,
     /// The worker's drover (or client library) version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -682,7 +683,7 @@ pub struct ClaimRequest {
     /// At most this many leases (at least 1, default 1). One answer holds at
     /// most 1000 (`MAX_CLAIM`): ask again for the rest.
     #[serde(default = "one")]
-    #[schema(minimum = 1, default = 1)]
+    #[schema(minimum = 1, default = 1, format = Int64, maximum = 4294967295_u64)]
     pub max: u32,
     /// When nothing is ready, wait up to this many milliseconds for work
     /// (default 0; a longer wait than the server's maximum, 60 s unless
@@ -761,7 +762,7 @@ pub struct LeaseRef {
     /// The fencing token.
     pub token: i64,
     /// The attempt (recorded in the history).
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, format = Int64, maximum = 4294967295_u64)]
     pub attempt: u32,
     /// Ignored.
     #[serde(default)]
@@ -826,8 +827,11 @@ impl LeaseRef {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OutcomeBody {
-    /// Converged: the item is gone (or pending again if enqueued meanwhile).
-    Done,
+    /// Converged: the item stays, idle (or pending again if it was enqueued
+    /// meanwhile). A variant with no fields rather than a unit one, so that
+    /// unknown fields are refused here too (serde ignores them beside the tag
+    /// of a unit variant).
+    Done {},
     /// Converged for now; look again after `after_ms`.
     RequeueAfter {
         /// The delay in milliseconds (at most 180 days).
@@ -849,7 +853,7 @@ pub enum OutcomeBody {
 impl From<&Outcome> for OutcomeBody {
     fn from(o: &Outcome) -> Self {
         match o {
-            Outcome::Done => Self::Done,
+            Outcome::Done => Self::Done {},
             Outcome::RequeueAfter(after) => Self::RequeueAfter {
                 after_ms: millis(*after),
             },
@@ -868,7 +872,7 @@ impl OutcomeBody {
     #[cfg(feature = "server")] // read by the server only
     pub(crate) fn to_outcome(&self) -> Outcome {
         match self {
-            Self::Done => Outcome::Done,
+            Self::Done {} => Outcome::Done,
             Self::RequeueAfter { after_ms } => Outcome::RequeueAfter(ms(*after_ms)),
             Self::Transient { error } => Outcome::Transient(error.clone()),
             Self::Permanent { error } => Outcome::Permanent(error.clone()),

@@ -296,6 +296,14 @@ async fn errors_401_and_403_are_json_and_401_challenges_for_a_token() {
             Some(r#"Basic realm="drover""#),
             "browsers prompt for the token"
         );
+        // The document this server serves (without a token) says what it checks.
+        let document = api.send(GET, "/openapi.json", None, None).await.json();
+        let claim = &document["paths"]["/v1/sessions/{session}/claim"]["post"];
+        assert_eq!(
+            claim["security"],
+            serde_json::json!([{ "bearer": [] }]),
+            "{claim}"
+        );
     })
     .await;
 }

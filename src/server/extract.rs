@@ -35,16 +35,74 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 }
 
 /// Parses JSON, reporting the path of the first bad field (`keys[2]`).
+///
+/// An integer may be written with a fraction of zero or an exponent (`7.0`,
+/// `1e3`): JSON Schema calls those integers, and some encoders write every
+/// number so (Python's `json` a float, jq after arithmetic). serde refuses
+/// them for integer fields, so a body it refuses is read again with such
+/// numbers made integers; the common body is parsed once, as before.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Every body is an object; serde would also read a struct from an array
+    // of its fields in order (`[null, null]`), which no caller means.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::field("body", "the body must be a JSON object"));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let first = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         bad(&path, &inner.to_string())
-    })?;
+    });
+    let value = match first {
+        Ok(value) => value,
+        Err(refused) => {
+            let Some(rewritten) = with_integral_numbers(bytes) else {
+                return Err(refused);
+            };
+            return serde_path_to_error::deserialize(rewritten)
+                .map_err(|e| bad(&e.path().to_string(), &e.into_inner().to_string()));
+        }
+    };
     de.end()
         .map_err(|e| ApiError::field("body", e.to_string()))?;
     Ok(value)
+}
+
+/// `bytes` as JSON with every number that has no fractional part made an
+/// integer, or `None` if it is not JSON or has no such number (then the first
+/// error stands; otherwise the rewritten body's error is the one to report).
+fn with_integral_numbers(bytes: &[u8]) -> Option<serde_json::Value> {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    make_integral(&mut value).then_some(value)
+}
+
+/// Rewrites each float in `value` that is a whole number within `i64` or
+/// `u64` as that integer; whether any was rewritten.
+fn make_integral(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            // Exact bounds: 2^63 and 2^64 are the first floats out of range.
+            let integer = if f.fract() != 0.0 {
+                None
+            } else if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&f) {
+                Some(Value::from(f as i64))
+            } else if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                Some(Value::from(f as u64))
+            } else {
+                None
+            };
+            integer.map(|i| *value = i).is_some()
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |any, v| make_integral(v) | any),
+        Value::Object(fields) => fields
+            .values_mut()
+            .fold(false, |any, v| make_integral(v) | any),
+        _ => false,
+    }
 }
 
 /// Query parameters, with a bad one named in the 400.
@@ -100,5 +158,90 @@ fn bad(path: &str, message: &str) -> ApiError {
         }
     } else {
         ApiError::field(path, format!("{path}: {message}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        attempt: u32,
+        session: i64,
+        #[serde(default)]
+        big: u64,
+        #[serde(default)]
+        rate: f64,
+    }
+
+    fn parsed(text: &str) -> Result<Body, String> {
+        parse_json::<Body>(text.as_bytes()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn integers_written_as_whole_floats_are_integers() {
+        let expected = Body {
+            attempt: 7946,
+            session: -136_698_584,
+            big: 18_000_000_000_000_000_000,
+            rate: 2.0,
+        };
+        let text = r#"{"attempt": 7946.0, "session": -136698584.0, "big": 1.8e19, "rate": 2.0}"#;
+        assert_eq!(parsed(text), Ok(expected));
+        let exponent = parsed(r#"{"attempt": 1e3, "session": 0}"#).expect("1e3 is 1000");
+        assert_eq!(exponent.attempt, 1000);
+    }
+
+    #[test]
+    fn a_fraction_or_a_number_out_of_range_is_refused_naming_the_field() {
+        for (text, field) in [
+            (r#"{"attempt": 1.5, "session": 0}"#, "attempt"),
+            (r#"{"attempt": 1, "session": 1e19}"#, "session"),
+            (r#"{"attempt": 5e9, "session": 0}"#, "attempt"),
+            (r#"{"attempt": 1, "session": 0, "big": -1.0}"#, "big"),
+        ] {
+            let error = parsed(text).expect_err(text);
+            assert!(error.contains(field), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_refused() {
+        for text in ["[7946, 0]", "  [null, null]", "7", "\"text\"", "null", ""] {
+            let error = parsed(text).expect_err(text);
+            assert!(error.contains("JSON object"), "{text}: {error}");
+        }
+        assert!(parsed(" \n{\"attempt\": 1, \"session\": 0}").is_ok());
+    }
+
+    #[test]
+    fn an_outcome_refuses_unknown_fields_whatever_its_type() {
+        for text in [
+            r#"{"type": "done", "extra": 1}"#,
+            r#"{"type": "transient", "error": "e", "extra": 1}"#,
+        ] {
+            let error = parse_json::<crate::api::OutcomeBody>(text.as_bytes())
+                .expect_err(text)
+                .to_string();
+            assert!(error.contains("unknown field `extra`"), "{text}: {error}");
+        }
+        let done = parse_json::<crate::api::OutcomeBody>(br#"{"type": "done"}"#);
+        assert!(
+            matches!(done, Ok(crate::api::OutcomeBody::Done {})),
+            "{done:?}"
+        );
+    }
+
+    #[test]
+    fn a_body_refused_for_another_reason_keeps_its_first_error() {
+        let error =
+            parsed(r#"{"attempt": 1.0, "session": 0, "extra": 1}"#).expect_err("unknown field");
+        assert!(error.contains("unknown field `extra`"), "{error}");
+        let error = parsed(r#"{"attempt": 1, "session": 0} trailing"#).expect_err("trailing");
+        assert!(error.contains("trailing"), "{error}");
     }
 }

@@ -58,6 +58,6 @@ pub use model::{
     RunBody, RunBucketBody, RunPage, SeriesBody, SessionBody, SessionInfoBody, SessionListBody,
     SessionRequest, StateName, TriagePageBody,
 };
-pub use openapi::{ApiDoc, document};
+pub use openapi::{ApiDoc, document, document_without_tokens};
 pub use options::ServerOptions;
 pub use origin::CrossOrigin;

@@ -1,6 +1,7 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and the
 //! model's types, so it cannot drift from the code.
 
+use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -78,8 +79,278 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The document.
+/// The document as JSON: [`ApiDoc`] with what its annotations cannot say
+/// added ([`truthful`]): names constrained as the server checks them, request
+/// bodies closed, and the links from an enqueue to its keys. JSON rather than
+/// utoipa's type, because those additions are made on the JSON.
 #[must_use]
-pub fn document() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+pub fn document() -> Value {
+    let mut document = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+    truthful(&mut document);
+    document
+}
+
+/// The document as a server with no tokens serves it: no operation asks for
+/// authentication, since none is checked (a client generated from it sends
+/// none, and a fuzzer does not expect 401s).
+#[must_use]
+pub fn document_without_tokens() -> Value {
+    let mut document = document();
+    for operation in operations(&mut document) {
+        operation.remove("security");
+    }
+    document
+}
+
+/// A key or process name as the server checks it ([`validate_key`]): not
+/// empty, no NUL, at most 1024 bytes (JSON Schema counts characters, so a
+/// name of 1024 characters beyond ASCII is still refused).
+///
+/// [`validate_key`]: crate::store::validate_key
+fn name_schema() -> Value {
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": crate::store::MAX_NAME_BYTES,
+        "pattern": "^[^\\u0000]*$",
+    })
+}
+
+/// Request bodies that are `oneOf` variants of a type refusing unknown fields
+/// (`#[serde(deny_unknown_fields)]`): utoipa closes structs but not enum
+/// variants.
+const CLOSED_VARIANTS: [&str; 1] = ["OutcomeBody"];
+
+/// Bulk actions refuse a body with no condition, so nobody acts on a whole
+/// process by accident: at least one of these, and none of them null.
+const BULK_BODIES: [&str; 2] = ["BulkRequest", "BulkParkRequest"];
+/// The conditions of a bulk body, one of which it needs.
+const BULK_CONDITIONS: [&str; 3] = ["state", "error", "key_prefix"];
+
+/// Request bodies whose `process` and `key` properties (and `keys` items)
+/// are names ([`name_schema`]). Responses are left as they are: a run row of
+/// an action on a whole process has an empty key.
+const NAMED_REQUESTS: [&str; 3] = ["ClaimRequest", "LeaseRef", "EnqueueRequest"];
+
+/// Adds to `document` what utoipa's annotations cannot express:
+/// - `process` and `key` parameters, and the names in [`NAMED_REQUESTS`],
+///   are names ([`name_schema`]);
+/// - enum variants in [`CLOSED_VARIANTS`] refuse unknown fields;
+/// - bulk bodies need a condition ([`BULK_BODIES`]): a state, or a text
+///   that is not empty;
+/// - an enqueue links to its first key's item, runs and admin actions, so a
+///   fuzzer's stateful phase reaches keys that exist.
+fn truthful(document: &mut Value) {
+    for operation in operations(document) {
+        let parameters = operation
+            .get_mut("parameters")
+            .and_then(Value::as_array_mut);
+        for parameter in parameters.into_iter().flatten() {
+            if matches!(parameter["name"].as_str(), Some("process" | "key")) {
+                parameter["schema"] = name_schema();
+            }
+        }
+    }
+    let schemas = document["components"]["schemas"]
+        .as_object_mut()
+        .expect("the document has schemas");
+    for (name, schema) in schemas.iter_mut() {
+        if NAMED_REQUESTS.contains(&name.as_str()) {
+            constrain_names(schema);
+        }
+        if CLOSED_VARIANTS.contains(&name.as_str()) {
+            for variant in schema["oneOf"].as_array_mut().into_iter().flatten() {
+                variant["additionalProperties"] = Value::Bool(false);
+            }
+        }
+        if BULK_BODIES.contains(&name.as_str()) {
+            for condition in BULK_CONDITIONS {
+                let property = &mut schema["properties"][condition];
+                if let Some(variants) = property.get_mut("oneOf").and_then(Value::as_array_mut) {
+                    variants.retain(|v| v["type"] != "null");
+                } else {
+                    // A text: an empty one is no condition.
+                    property["type"] = json!("string");
+                    property["minLength"] = json!(1);
+                    property["pattern"] = name_schema()["pattern"].clone();
+                }
+            }
+            schema["anyOf"] = BULK_CONDITIONS
+                .iter()
+                .map(|c| json!({ "required": [c] }))
+                .collect();
+        }
+    }
+    let enqueue = &mut document["paths"]["/v1/processes/{process}/items"]["post"];
+    enqueue["responses"]["200"]["links"] = enqueue_links();
+}
+
+/// Sets every string property named `process` or `key` (and the items of
+/// `keys`) in `schema` to [`name_schema`], keeping its description.
+fn constrain_names(schema: &mut Value) {
+    let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (name, property) in properties.iter_mut() {
+        let target = match name.as_str() {
+            "process" | "key" => property,
+            "keys" => &mut property["items"],
+            _ => continue,
+        };
+        assert_eq!(target["type"], "string", "{name} is a name");
+        let description = target.get("description").cloned();
+        *target = name_schema();
+        if let Some(description) = description {
+            target["description"] = description;
+        }
+    }
+}
+
+/// From an enqueue to what can be done with the first key it sent.
+fn enqueue_links() -> Value {
+    let key = json!({ "process": "$request.path.process", "key": "$request.body#/keys/0" });
+    let process = json!({ "process": "$request.path.process" });
+    let mut links = serde_json::Map::new();
+    for (name, operation, parameters) in [
+        ("GetItem", "get_item", &key),
+        ("RetryItem", "retry_item", &key),
+        ("ParkItem", "park_item", &key),
+        ("DeleteItem", "delete_item", &key),
+        ("ListItems", "list_items", &process),
+        ("ListRuns", "list_runs", &key),
+    ] {
+        links.insert(
+            name.to_owned(),
+            json!({ "operationId": operation, "parameters": parameters }),
+        );
+    }
+    Value::Object(links)
+}
+
+/// Every operation of `document`, as a JSON object.
+fn operations(document: &mut Value) -> impl Iterator<Item = &mut serde_json::Map<String, Value>> {
+    document["paths"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(Value::as_object_mut)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn every_operation_has_an_id_of_its_own() {
+        let mut document = document();
+        let mut seen = HashSet::new();
+        for operation in operations(&mut document) {
+            let id = operation["operationId"].as_str().expect("an operation id");
+            assert!(
+                seen.insert(id.to_owned()),
+                "operation id {id} is used twice"
+            );
+        }
+        assert!(seen.len() > 20, "{seen:?}");
+    }
+
+    #[test]
+    fn every_process_and_key_is_described_as_the_server_checks_it() {
+        let mut document = document();
+        let mut parameters = 0;
+        for operation in operations(&mut document) {
+            let listed = operation.get("parameters").and_then(Value::as_array);
+            for parameter in listed.into_iter().flatten() {
+                if matches!(parameter["name"].as_str(), Some("process" | "key")) {
+                    assert_eq!(parameter["schema"], name_schema(), "{parameter}");
+                    parameters += 1;
+                }
+            }
+        }
+        assert!(parameters > 20, "{parameters} process and key parameters");
+        let schemas = &document["components"]["schemas"];
+        for (schema, property) in [
+            ("ClaimRequest", "process"),
+            ("LeaseRef", "key"),
+            ("LeaseRef", "process"),
+        ] {
+            let described = &schemas[schema]["properties"][property];
+            assert_eq!(described["minLength"], 1, "{schema}.{property}");
+            assert_eq!(described["pattern"], "^[^\\u0000]*$", "{schema}.{property}");
+            assert!(
+                described["description"].is_string(),
+                "{schema}.{property} keeps its description"
+            );
+        }
+        assert_eq!(
+            schemas["EnqueueRequest"]["properties"]["keys"]["items"],
+            name_schema()
+        );
+        // A run of an action on a whole process has an empty key.
+        let run_key = &schemas["RunBody"]["properties"]["key"];
+        assert!(run_key.get("minLength").is_none(), "{run_key}");
+    }
+
+    #[test]
+    fn outcome_variants_and_bulk_bodies_say_what_the_server_refuses() {
+        let document = document();
+        let schemas = &document["components"]["schemas"];
+        let variants = schemas["OutcomeBody"]["oneOf"]
+            .as_array()
+            .expect("variants");
+        assert_eq!(variants.len(), 4);
+        for variant in variants {
+            assert_eq!(variant["additionalProperties"], false, "{variant}");
+        }
+        for body in BULK_BODIES {
+            let schema = &schemas[body];
+            assert_eq!(schema["anyOf"].as_array().map(Vec::len), Some(3), "{body}");
+            for condition in BULK_CONDITIONS {
+                let text = schema["properties"][condition].to_string();
+                assert!(
+                    !text.contains("\"null\""),
+                    "{body}.{condition} is not nullable: {text}"
+                );
+            }
+            assert_eq!(schema["properties"]["key_prefix"]["minLength"], 1, "{body}");
+            assert_eq!(schema["properties"]["error"]["minLength"], 1, "{body}");
+        }
+    }
+
+    #[test]
+    fn an_enqueue_links_to_its_first_keys_item_and_actions() {
+        let document = document();
+        let links = &document["paths"]["/v1/processes/{process}/items"]["post"]["responses"]["200"]
+            ["links"];
+        let mut ids = HashSet::new();
+        let mut document = document.clone();
+        for operation in operations(&mut document) {
+            ids.insert(operation["operationId"].as_str().expect("id").to_owned());
+        }
+        let links = links.as_object().expect("links");
+        assert_eq!(links.len(), 6);
+        for (name, link) in links {
+            let target = link["operationId"].as_str().expect("a target");
+            assert!(
+                ids.contains(target),
+                "link {name} names no operation: {target}"
+            );
+            assert_eq!(link["parameters"]["process"], "$request.path.process");
+        }
+        assert_eq!(
+            links["GetItem"]["parameters"]["key"],
+            "$request.body#/keys/0"
+        );
+    }
+
+    #[test]
+    fn without_tokens_no_operation_asks_for_authentication() {
+        let text = |d: Value| d.to_string();
+        assert!(text(document()).contains("\"security\""));
+        assert!(!text(document_without_tokens()).contains("\"security\""));
+    }
 }

@@ -22,7 +22,7 @@ const PARK_REASON: &str = "parked by an operator";
 
 /// The failing keys' errors, grouped by signature, most keys first.
 #[utoipa::path(
-    get, path = "/v1/processes/{process}/error-groups", tag = "read",
+    get, operation_id = "list_error_groups", path = "/v1/processes/{process}/error-groups", tag = "read",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process"), ErrorGroupsQuery),
     responses(
@@ -74,7 +74,7 @@ fn filter(
 /// Makes every matching key that is not running pending at once (as the
 /// single-key retry does), each with a `retried` row.
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/items:retry", tag = "admin",
+    post, operation_id = "retry_items", path = "/v1/processes/{process}/items:retry", tag = "admin",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     request_body = BulkRequest,
@@ -104,7 +104,7 @@ pub(crate) async fn retry(
 /// Parks every matching key that is not running, with the reason as its last
 /// error, each with a `parked` row.
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/items:park", tag = "admin",
+    post, operation_id = "park_items", path = "/v1/processes/{process}/items:park", tag = "admin",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     request_body = BulkRequest,
@@ -134,7 +134,7 @@ pub(crate) async fn park(
 
 /// Forgets every matching key that is not running, each with a `deleted` row.
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/items:delete", tag = "admin",
+    post, operation_id = "delete_items", path = "/v1/processes/{process}/items:delete", tag = "admin",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     request_body = BulkRequest,

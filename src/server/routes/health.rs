@@ -1,14 +1,19 @@
 //! `/healthz`, `/readyz`, `/metrics` and `/openapi.json`: the routes operators'
 //! tools call.
 
+use std::sync::LazyLock;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use serde_json::Value;
+
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::{ApiError, ErrorBody};
 use crate::server::model::Health;
+use crate::server::openapi;
 use crate::server::state::AppState;
 use crate::store::StoreEngine as _;
 
@@ -77,13 +82,21 @@ pub(crate) async fn metrics(
     Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }
 
-/// This API's OpenAPI 3 document (never needs a token).
+/// This API's OpenAPI 3 document (never needs a token). A server without
+/// tokens serves it without security requirements, as it checks none.
 #[utoipa::path(
     get, path = "/openapi.json", tag = "ops",
     responses((status = 200, description = "The OpenAPI document", body = Object))
 )]
-pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(crate::server::openapi::document())
+pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
+    static WITH_TOKENS: LazyLock<Value> = LazyLock::new(openapi::document);
+    static WITHOUT_TOKENS: LazyLock<Value> = LazyLock::new(openapi::document_without_tokens);
+    let document = if state.options.requires_tokens() {
+        &*WITH_TOKENS
+    } else {
+        &*WITHOUT_TOKENS
+    };
+    Json(document).into_response()
 }
 
 /// Any route the server does not have: a JSON 404.

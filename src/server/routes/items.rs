@@ -26,7 +26,7 @@ const PARK_REASON: &str = "parked by an operator";
 /// Enqueues keys for a process, coalescing with pending and running ones. All
 /// keys are checked first: one invalid key (422) means none is written.
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/items", tag = "work",
+    post, operation_id = "enqueue", path = "/v1/processes/{process}/items", tag = "work",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process (control loop)")),
     request_body = EnqueueRequest,
@@ -76,7 +76,7 @@ pub(crate) async fn enqueue(
 /// Lists a process's items in key order, optionally in one state, a page at a
 /// time.
 #[utoipa::path(
-    get, path = "/v1/processes/{process}/items", tag = "read",
+    get, operation_id = "list_items", path = "/v1/processes/{process}/items", tag = "read",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process"), ItemListQuery),
     responses(
@@ -163,7 +163,7 @@ pub(crate) async fn triage_page(
 /// idle; optionally one state and keys with a prefix (each state then in key
 /// order). Paged by an opaque cursor, so every page costs the same.
 #[utoipa::path(
-    get, path = "/v1/processes/{process}/triage", tag = "read",
+    get, operation_id = "triage", path = "/v1/processes/{process}/triage", tag = "read",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process"), TriageQuery),
     responses(
@@ -190,7 +190,7 @@ pub(crate) async fn triage(
 
 /// One known key (idle ones included) with its newest runs.
 #[utoipa::path(
-    get, path = "/v1/processes/{process}/items/{key}", tag = "read",
+    get, operation_id = "get_item", path = "/v1/processes/{process}/items/{key}", tag = "read",
     security(("bearer" = [])),
     params(
         ("process" = String, Path, description = "The process"),
@@ -238,7 +238,7 @@ fn no_item() -> ApiError {
 /// Makes an item pending at once: its backoff or park is cut short, its failure
 /// count kept. Refused (409) while a worker holds it.
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/items/{key}/retry", tag = "admin",
+    post, operation_id = "retry_item", path = "/v1/processes/{process}/items/{key}/retry", tag = "admin",
     security(("bearer" = [])),
     params(
         ("process" = String, Path, description = "The process"),
@@ -275,7 +275,7 @@ pub(crate) async fn retry(
 /// Parks an item: it does not run until the next enqueue or retry. Refused (409)
 /// while a worker holds it.
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/items/{key}/park", tag = "admin",
+    post, operation_id = "park_item", path = "/v1/processes/{process}/items/{key}/park", tag = "admin",
     security(("bearer" = [])),
     params(
         ("process" = String, Path, description = "The process"),
@@ -310,7 +310,7 @@ pub(crate) async fn park(
 /// Forgets a key: its item is deleted, its runs stay until retention removes
 /// them. Refused (409) while a worker holds it.
 #[utoipa::path(
-    delete, path = "/v1/processes/{process}/items/{key}", tag = "admin",
+    delete, operation_id = "delete_item", path = "/v1/processes/{process}/items/{key}", tag = "admin",
     security(("bearer" = [])),
     params(
         ("process" = String, Path, description = "The process"),

@@ -34,7 +34,7 @@ use crate::store::{
 /// (handing every lease it holds back) and answers 409 `session_expired`, so the
 /// client starts a new session, as after any lost session.
 #[utoipa::path(
-    post, path = "/v1/sessions/{session}/claim", tag = "work",
+    post, operation_id = "claim", path = "/v1/sessions/{session}/claim", tag = "work",
     security(("bearer" = [])),
     params(("session" = i64, Path, description = "The claiming session")),
     request_body = ClaimRequest,
@@ -128,7 +128,7 @@ async fn give_up(state: &AppState, session: SessionId, unknown: StoreError) -> A
 /// Records a run's outcome, checked against the session and the fencing token:
 /// 409 (changing nothing) when the lease was lost or the session expired.
 #[utoipa::path(
-    post, path = "/v1/leases/complete", tag = "work",
+    post, operation_id = "complete", path = "/v1/leases/complete", tag = "work",
     security(("bearer" = [])),
     request_body = CompleteRequest,
     responses(
@@ -184,7 +184,7 @@ fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
 /// outcome the database could not write even alone gets the error's code
 /// (`internal`, `unavailable`), and the worker may send it again.
 #[utoipa::path(
-    post, path = "/v1/leases/complete-batch", tag = "work",
+    post, operation_id = "complete_batch", path = "/v1/leases/complete-batch", tag = "work",
     security(("bearer" = [])),
     request_body = CompleteBatchRequest,
     responses(
@@ -260,7 +260,7 @@ pub(crate) async fn complete_batch(
 /// Gives a lease back without an outcome: the key is pending at once and no
 /// failure is counted. 409 when the lease was already lost.
 #[utoipa::path(
-    post, path = "/v1/leases/release", tag = "work",
+    post, operation_id = "release", path = "/v1/leases/release", tag = "work",
     security(("bearer" = [])),
     request_body = ReleaseRequest,
     responses(

@@ -38,7 +38,7 @@ pub(crate) async fn summaries(state: &AppState) -> Result<Vec<ProcessSummary>, A
 /// Lists every known process with its item counts per state, the age of its
 /// oldest ready item, and its runs finished and failed in the last five minutes.
 #[utoipa::path(
-    get, path = "/v1/processes", tag = "read",
+    get, operation_id = "list_processes", path = "/v1/processes", tag = "read",
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Every known process", body = ProcessList),

@@ -15,7 +15,7 @@ use crate::store::{RunList, StoreEngine as _, validate_key, validate_process};
 /// Paged by run id (`before` = the previous page's `next_before`), never by
 /// offset, so a page costs the same however deep it is.
 #[utoipa::path(
-    get, path = "/v1/processes/{process}/runs", tag = "read",
+    get, operation_id = "list_runs", path = "/v1/processes/{process}/runs", tag = "read",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process"), RunListQuery),
     responses(

@@ -18,7 +18,7 @@ pub(crate) const WINDOW: std::time::Duration = std::time::Duration::from_secs(36
 /// operator actions are not counted) and the queue depth over the same hour
 /// (sampled by `drover serve` about once a minute).
 #[utoipa::path(
-    get, path = "/v1/processes/{process}/series", tag = "read",
+    get, operation_id = "get_series", path = "/v1/processes/{process}/series", tag = "read",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     responses(

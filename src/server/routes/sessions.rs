@@ -25,7 +25,7 @@ pub(crate) const LEASES_SHOWN: u32 = 100;
 /// it started and last heartbeated, its deadline, and the leases it holds
 /// (at most 100 listed, all counted).
 #[utoipa::path(
-    get, path = "/v1/sessions", tag = "read",
+    get, operation_id = "list_sessions", path = "/v1/sessions", tag = "read",
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Every session", body = SessionListBody),
@@ -52,7 +52,7 @@ pub(crate) async fn list(
 /// every third of the TTL; claims and completions of an expired session are
 /// refused with 409.
 #[utoipa::path(
-    post, path = "/v1/sessions", tag = "work",
+    post, operation_id = "start_session", path = "/v1/sessions", tag = "work",
     security(("bearer" = [])),
     request_body = SessionRequest,
     responses(
@@ -101,7 +101,7 @@ pub(crate) async fn start(
 /// Pushes the session's deadline to now + ttl; 409 if it already expired (stop
 /// working and start a new session).
 #[utoipa::path(
-    post, path = "/v1/sessions/{session}/heartbeat", tag = "work",
+    post, operation_id = "heartbeat_session", path = "/v1/sessions/{session}/heartbeat", tag = "work",
     security(("bearer" = [])),
     params(("session" = i64, Path, description = "The session id")),
     responses(
@@ -129,7 +129,7 @@ pub(crate) async fn heartbeat(
 /// Ends a session: its leases go back to pending at once (no failure counted).
 /// Closing an unknown session is not an error.
 #[utoipa::path(
-    delete, path = "/v1/sessions/{session}", tag = "work",
+    delete, operation_id = "close_session", path = "/v1/sessions/{session}", tag = "work",
     security(("bearer" = [])),
     params(("session" = i64, Path, description = "The session id")),
     responses(

@@ -29,7 +29,7 @@ async fn stored(state: &AppState, process: &str) -> Result<ProcessSettings, ApiE
 
 /// A process's settings: backoff, retention and fleet controls.
 #[utoipa::path(
-    get, path = "/v1/processes/{process}/settings", tag = "read",
+    get, operation_id = "get_settings", path = "/v1/processes/{process}/settings", tag = "read",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     responses(
@@ -52,7 +52,7 @@ pub(crate) async fn get(
 /// given keep their stored values, and a partial backoff is merged with the
 /// stored one. Every node obeys the new values from its next claim.
 #[utoipa::path(
-    patch, path = "/v1/processes/{process}/settings", tag = "admin",
+    patch, operation_id = "configure_process", path = "/v1/processes/{process}/settings", tag = "admin",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     request_body = ProcessConfigureRequest,
@@ -132,7 +132,7 @@ fn changes(
 /// resumed; runs already going finish normally, and enqueues are kept.
 /// Recorded in the history (key `""`, outcome `paused`, actor `admin`).
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/pause", tag = "admin",
+    post, operation_id = "pause_process", path = "/v1/processes/{process}/pause", tag = "admin",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     responses(
@@ -154,7 +154,7 @@ pub(crate) async fn pause(
 /// Resumes a paused process: workers on every node claim its keys again
 /// (woken at once). Recorded in the history (outcome `resumed`).
 #[utoipa::path(
-    post, path = "/v1/processes/{process}/resume", tag = "admin",
+    post, operation_id = "resume_process", path = "/v1/processes/{process}/resume", tag = "admin",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
     responses(
