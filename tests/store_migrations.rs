@@ -256,3 +256,91 @@ async fn an_old_database_is_converted_to_known_keys_and_one_row_per_run() {
     })
     .await;
 }
+
+/// Migration 0012 rebuilds SQLite's items table (its state CHECK written with
+/// `OR`s, which SQLite checks far faster than an `IN` list). A database at
+/// version 11 keeps its rows, counts and id sequence, and the constraint, the
+/// triggers and the `drover_enqueue` view still hold on the new table.
+#[tokio::test]
+async fn sqlite_items_rebuilt_for_a_cheap_state_check_keep_rows_counts_and_ids() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("v11.db").display());
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    let old_dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(&source).expect("migrations") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        if name.to_string_lossy().as_ref() < "0012" {
+            std::fs::copy(&path, old_dir.path().join(name)).expect("copy");
+        }
+    }
+    let mut old = sqlx::migrate::Migrator::new(old_dir.path())
+        .await
+        .expect("migrations to 11");
+    old.dangerous_set_table_name("drover_migrations");
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("connect");
+    old.run(&pool).await.expect("migrate to 11");
+    let run = |sql: &'static str| sqlx::query(sql).execute(&pool);
+    run("INSERT INTO drover_processes (process, created_at) VALUES ('provision', 0)")
+        .await
+        .expect("process");
+    for key in ["a", "b", "c", "d"] {
+        sqlx::query("INSERT INTO drover_enqueue (process, key) VALUES ('provision', ?)")
+            .bind(key)
+            .execute(&pool)
+            .await
+            .expect("enqueue through the view");
+    }
+    run("UPDATE drover_items SET state = 'parked' WHERE key = 'b'")
+        .await
+        .expect("park");
+    // The newest item goes: its id must not be handed out again.
+    run("DELETE FROM drover_items WHERE key = 'd'")
+        .await
+        .expect("delete");
+    let deleted_id: i64 =
+        sqlx::query_scalar("SELECT seq FROM sqlite_sequence WHERE name = 'drover_items'")
+            .fetch_one(&pool)
+            .await
+            .expect("sequence");
+    pool.close().await;
+
+    let store = Store::connect(&url).await.expect("migrates to 12");
+    let sqlite = store.sqlite().expect("a SQLite store").pool().clone();
+    let check: String =
+        sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'drover_items'")
+            .fetch_one(&sqlite)
+            .await
+            .expect("schema");
+    assert!(
+        check.contains("state = 'pending' OR state = 'running'"),
+        "{check}"
+    );
+    let counts = store.process_counts().await.expect("counts");
+    let counted: Vec<_> = counts.iter().map(|c| (c.pending, c.parked)).collect();
+    assert_eq!(counted, [(2, 1)], "{counts:?}");
+    enqueue(&store, &["e"]).await;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM drover_items WHERE key = 'e'")
+        .fetch_one(&sqlite)
+        .await
+        .expect("new item");
+    assert!(
+        id > deleted_id,
+        "id {id} reused (the deleted item had {deleted_id})"
+    );
+    sqlx::query("INSERT INTO drover_enqueue (process, key) VALUES ('provision', 'f')")
+        .execute(&sqlite)
+        .await
+        .expect("the view still enqueues into the new table");
+    let bogus = sqlx::query("UPDATE drover_items SET state = 'bogus' WHERE key = 'a'")
+        .execute(&sqlite)
+        .await;
+    assert!(bogus.is_err(), "the state CHECK still holds");
+    let counts = store.process_counts().await.expect("counts");
+    assert_eq!(
+        counts[0].pending, 4,
+        "{counts:?}: the triggers count the new rows"
+    );
+    let a = item(&store, "a").await.expect("a is known");
+    assert_eq!(a.state, ItemState::Pending);
+}
