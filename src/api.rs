@@ -1009,17 +1009,19 @@ impl From<BulkState> for ItemState {
 /// nobody acts on a whole process by accident. Running keys are never touched.
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(min_properties = 1)]
 pub struct BulkRequest {
     /// Only keys in this state.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub state: Option<BulkState>,
     /// Only keys whose last error has this signature (an error group's
     /// `signature`); without `state`, only parked and backing-off keys.
     #[serde(default)]
+    #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
     pub error: Option<String>,
     /// Only keys starting with this.
     #[serde(default)]
+    #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
     pub key_prefix: Option<String>,
 }
 
@@ -1027,16 +1029,18 @@ pub struct BulkRequest {
 /// [`BulkRequest`], and why.
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(min_properties = 1)]
 pub struct BulkParkRequest {
     /// Only keys in this state.
     #[serde(default)]
+    #[schema(nullable = false)]
     pub state: Option<BulkState>,
     /// Only keys whose last error has this signature.
     #[serde(default)]
+    #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
     pub error: Option<String>,
     /// Only keys starting with this.
     #[serde(default)]
+    #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
     pub key_prefix: Option<String>,
     /// The keys' new last error (default "parked by an operator").
     #[serde(default)]

@@ -14,9 +14,10 @@ that run's instructions from a full one's).
 """
 
 import os
-import sqlite3
 import sys
 import time
+
+from fresh import fresh
 
 N = int(os.environ.get("DROVER_BARE_KEYS", "100000"))
 BATCH, CLAIM = min(10_000, N), 1_000
@@ -24,14 +25,7 @@ BATCH, CLAIM = min(10_000, N), 1_000
 
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else "/tmp/drover-bare.db"
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            os.remove(path + suffix)
-        except FileNotFoundError:
-            pass
-    c = sqlite3.connect(path, isolation_level=None)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.execute("PRAGMA synchronous=FULL")
+    c = fresh(path, ("journal_mode=WAL", "synchronous=FULL"))
     c.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, key TEXT UNIQUE, state TEXT,"
               " token INTEGER, ready INTEGER)")
     c.execute("CREATE INDEX items_ready ON items (state, ready, id)")

@@ -23,6 +23,8 @@ import sqlite3
 import sys
 import time
 
+from fresh import fresh
+
 N = int(os.environ.get("DROVER_BARE_KEYS", "100000"))
 CLAIM, NOW, PROCESS, SESSION = 1_024, 1_000_000, "p", 1
 MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "sqlite")
@@ -51,15 +53,7 @@ WHERE process = ?1 AND state IN (?2, ?3)"""
 
 
 def open_db(path: str) -> sqlite3.Connection:
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            os.remove(path + suffix)
-        except FileNotFoundError:
-            pass
-    c = sqlite3.connect(path, isolation_level=None)
-    for pragma in ("page_size=8192", "journal_mode=WAL", "synchronous=FULL",
-                   "cache_size=-65536", "mmap_size=1073741824"):
-        c.execute("PRAGMA " + pragma)
+    c = fresh(path)
     for migration in sorted(glob.glob(os.path.join(MIGRATIONS, "*.sql"))):
         c.executescript(open(migration).read())
     c.execute("INSERT INTO drover_processes (process, created_at) VALUES (?, 0)", (PROCESS,))

@@ -19,9 +19,10 @@ transaction per step, WAL, synchronous=FULL, drover's pragmas). Prints
 
 import json
 import os
-import sqlite3
 import sys
 import time
+
+from fresh import fresh
 
 N = int(os.environ.get("DROVER_BARE_KEYS", "100000"))
 CLAIM, NOW = 1_024, 1_000_000
@@ -59,15 +60,7 @@ WHERE id IN (SELECT value FROM json_each(?2))"""
 
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else "/tmp/drover-minimal.db"
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            os.remove(path + suffix)
-        except FileNotFoundError:
-            pass
-    c = sqlite3.connect(path, isolation_level=None)
-    for pragma in ("page_size=8192", "journal_mode=WAL", "synchronous=FULL",
-                   "cache_size=-65536", "mmap_size=1073741824"):
-        c.execute("PRAGMA " + pragma)
+    c = fresh(path)
     c.executescript(SCHEMA)
     c.execute("BEGIN")
     c.executemany("INSERT INTO items (process, key, state, ready_at, enqueued_at)"

@@ -237,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn a_body_refused_for_another_reason_keeps_its_first_error() {
+    fn a_body_refused_for_another_reason_is_refused_for_that_reason() {
         let error =
             parsed(r#"{"attempt": 1.0, "session": 0, "extra": 1}"#).expect_err("unknown field");
         assert!(error.contains("unknown field `extra`"), "{error}");
