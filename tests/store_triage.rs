@@ -198,3 +198,67 @@ async fn a_cursor_of_another_listing_or_garbage_is_refused() {
     })
     .await;
 }
+
+/// Running keys started in an order other than their keys' (claim order is
+/// the order they became ready), and parked keys parked in such an order:
+/// both lists, the triage's and the API's, give them in key order a page at
+/// a time, with no key of another state or process among them. SQLite keeps
+/// no index of running keys by key (migration 0013): it sorts them.
+#[tokio::test]
+async fn running_and_parked_keys_are_listed_in_key_order_whatever_order_they_started_in() {
+    each_engine(|db| async move {
+        let s = db.session().await;
+        let store = &db.store;
+        for key in ["r3", "x2", "r1", "x1", "r4", "x3", "r2"] {
+            store
+                .item_enqueue(ItemEnqueue::new(P, [key]))
+                .await
+                .expect("enqueue");
+            store.clock().advance(Duration::from_millis(10));
+        }
+        store
+            .item_enqueue(ItemEnqueue::new("other", ["r0", "r5"]))
+            .await
+            .expect("enqueue another process");
+        let leases = claim(store, s.id, 7).await;
+        for lease in &leases {
+            if lease.key.starts_with('x') {
+                let outcome = Outcome::Permanent("broken".into());
+                complete(store, lease, outcome).await.expect("park");
+            }
+        }
+        store
+            .item_enqueue(ItemEnqueue::new(P, ["idle-or-pending"]))
+            .await
+            .expect("enqueue");
+        let running = walk(store, Some(ItemState::Running), None, 2).await;
+        let expected = ["running:r1", "running:r2", "running:r3", "running:r4"];
+        assert_eq!(names(&running), expected);
+        let parked = walk(store, Some(ItemState::Parked), None, 2).await;
+        assert_eq!(names(&parked), ["parked:x1", "parked:x2", "parked:x3"]);
+        for (state, keys) in [
+            (ItemState::Running, ["r1", "r2", "r3", "r4"].as_slice()),
+            (ItemState::Parked, ["x1", "x2", "x3"].as_slice()),
+        ] {
+            let mut listed = Vec::new();
+            let mut after = None;
+            loop {
+                let page = store
+                    .item_list(drover::store::ItemList {
+                        process: P.into(),
+                        state: Some(state),
+                        after_key: after.clone(),
+                        limit: 2,
+                    })
+                    .await
+                    .expect("list");
+                let Some(last) = page.last() else { break };
+                after = Some(last.key.clone());
+                assert!(page.iter().all(|i| i.state == state), "{page:?}");
+                listed.extend(page.into_iter().map(|i| i.key));
+            }
+            assert_eq!(listed, keys, "{state}");
+        }
+    })
+    .await;
+}

@@ -23,6 +23,10 @@
 #   IR name=burn_down loop=bare keys=20000 ir_per_key=42374
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# drover's binary allocates with mimalloc (C's malloc too), which gives memory
+# back to the OS on a timer: under valgrind's slowdown that is work in
+# proportion to wall time, and the count varied by ±15 % from run to run.
+export MIMALLOC_PURGE_DELAY=-1
 keys=${1:-20000}
 bin=${DROVER_BIN:-target/release/drover}
 python=$(command -v python3)

@@ -5,8 +5,9 @@
 //! so the thousandth page costs what the first does.
 //!
 //! Each state is a *section* read through the index that holds it in that
-//! order (the partial index of running and parked keys, the index of failed
-//! pending keys, the claim index, the `(process, key)` key). With a key
+//! order (the partial index of parked keys, the index of failed pending keys,
+//! the claim index, the `(process, key)` key; running keys, few, are read from
+//! the index that holds them and sorted on SQLite). With a key
 //! prefix every section is read in key order over the prefix's key range
 //! instead, since no time-ordered index can narrow by key. Both engines run
 //! the SQL built here (only the placeholders differ) and bind its
@@ -58,6 +59,8 @@ pub(crate) struct SectionQuery {
 /// Builds a query, numbering placeholders as arguments are added.
 struct Builder {
     mark: char,
+    /// The table, with an index hint where one is needed.
+    from: &'static str,
     conds: Vec<String>,
     args: Vec<Arg>,
 }
@@ -66,6 +69,7 @@ impl Builder {
     fn new(mark: char, process: &str) -> Self {
         let mut b = Self {
             mark,
+            from: "drover_items",
             conds: Vec::new(),
             args: Vec::new(),
         };
@@ -87,8 +91,9 @@ impl Builder {
         let l = self.arg(Arg::Limit(limit));
         SectionQuery {
             sql: format!(
-                "SELECT id, {} FROM drover_items WHERE {} ORDER BY {order} LIMIT {l}",
+                "SELECT id, {} FROM {} WHERE {} ORDER BY {order} LIMIT {l}",
                 super::rows::item_columns!(),
+                self.from,
                 self.conds.join(" AND ")
             ),
             args: self.args,
@@ -121,11 +126,10 @@ fn prefix_end(prefix: &str) -> String {
 fn section_cond(section: ItemState, b: &mut Builder) {
     match section {
         // SQLite uses a partial index only when the query states its
-        // condition literally.
-        ItemState::Parked | ItemState::Running => b.cond(format!(
-            "state IN ('running', 'parked') AND state = '{}'",
-            section.as_str()
-        )),
+        // condition literally; PostgreSQL proves that these imply its index's
+        // `state IN ('running', 'parked')`.
+        ItemState::Parked => b.cond("state = 'parked'"),
+        ItemState::Running => b.cond("state = 'running'"),
         ItemState::Idle => b.cond("state = 'idle'"),
         ItemState::Backoff => {
             let now = b.arg(Arg::Now);
@@ -159,6 +163,13 @@ pub(crate) fn section_queries(
             section,
             ItemState::Parked | ItemState::Running | ItemState::Idle
         );
+    if section == ItemState::Running && prefix.is_none() && mark == '?' {
+        // SQLite keeps running rows in one index, the leases' (migration
+        // 0013): read the running keys (as many as the fleet's runs) from it
+        // and sort them, where the `(process, key)` index in key order would
+        // step over every idle and pending key of the process.
+        b.from = "drover_items INDEXED BY drover_items_leases";
+    }
     if by_key {
         let from = match after {
             None => prefix.unwrap_or("").to_owned(),

@@ -26,10 +26,11 @@ pub(super) async fn check_process(store: &SqliteStore, process: &str) -> Result<
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))
 }
 
-/// Lists one process's items in key order. Running and parked keys are listed
-/// through the partial index over those states (SQLite uses a partial index
-/// only when the query states its condition literally); pending and idle keys,
-/// the bulk, through the `(process, key)` unique index.
+/// Lists one process's items in key order. Parked keys are listed through
+/// their partial index (SQLite uses a partial index only when the query states
+/// its condition literally); running keys, as many as the fleet's runs, are
+/// read from the lease index and sorted; pending and idle keys, the bulk,
+/// through the `(process, key)` unique index.
 pub(super) async fn item_list(
     store: &SqliteStore,
     params: ItemList,
@@ -46,16 +47,24 @@ pub(super) async fn item_list(
         .bind(&params.process)
         .bind(after)
         .bind(params.limit),
-        Some(state @ (ItemState::Running | ItemState::Parked)) => sqlx::query_as(concat!(
+        Some(ItemState::Running) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),
-            " FROM drover_items WHERE process = ?1 AND state IN ('running', 'parked')
-                 AND state = ?4 AND key > ?2 ORDER BY key LIMIT ?3"
+            " FROM drover_items INDEXED BY drover_items_leases
+             WHERE process = ?1 AND state = 'running' AND key > ?2 ORDER BY key LIMIT ?3"
         ))
         .bind(&params.process)
         .bind(after)
-        .bind(params.limit)
-        .bind(stored_state(state)),
+        .bind(params.limit),
+        Some(ItemState::Parked) => sqlx::query_as(concat!(
+            "SELECT ",
+            item_columns!(),
+            " FROM drover_items
+             WHERE process = ?1 AND state = 'parked' AND key > ?2 ORDER BY key LIMIT ?3"
+        ))
+        .bind(&params.process)
+        .bind(after)
+        .bind(params.limit),
         Some(state) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),

@@ -37,9 +37,21 @@ async fn assert_plan(sql: &str, step: &str) {
 }
 
 #[tokio::test]
-async fn the_enqueue_probes_the_running_rows_per_key_not_the_backlog() {
-    let step = "USING INDEX drover_items_settled (process=? AND key=?)";
-    assert_plan(super::items::RUNNING, step).await;
+async fn the_enqueue_probes_each_key_of_the_batch_not_the_backlog() {
+    let plan = plan_of(super::items::RUNNING).await;
+    let steps = [
+        "SCAN j VIRTUAL TABLE",
+        "SEARCH i USING INDEX sqlite_autoindex_drover_items_1 (process=? AND key=?)",
+    ];
+    assert!(plan.starts_with(steps[0]), "{plan}");
+    assert!(plan.contains(steps[1]), "{plan}");
+}
+
+#[tokio::test]
+async fn the_concurrency_gate_reads_the_running_count_not_the_running_rows() {
+    let plan = plan_of(super::gate::RUNNING).await;
+    assert!(plan.contains("drover_item_counts"), "{plan}");
+    assert!(!plan.contains("drover_items "), "{plan}");
 }
 
 #[tokio::test]
@@ -99,13 +111,21 @@ fn triage_sql(section: crate::store::ItemState, prefix: Option<&str>) -> String 
 
 #[tokio::test]
 async fn triage_sections_each_read_their_own_index_in_order() {
-    use crate::store::ItemState::{Backoff, Idle, Parked, Pending};
+    use crate::store::ItemState::{Backoff, Idle, Parked, Pending, Running};
     let claim = "USING INDEX drover_items_claim (process=?)";
     assert_plan(&triage_sql(Pending, None), claim).await;
     let backoff = "USING INDEX drover_items_backoff (process=?";
     assert_plan(&triage_sql(Backoff, None), backoff).await;
-    let settled = "USING INDEX drover_items_settled (process=? AND key>? AND key<?)";
-    assert_plan(&triage_sql(Parked, None), settled).await;
+    let parked = "USING INDEX drover_items_parked (process=? AND key>? AND key<?)";
+    assert_plan(&triage_sql(Parked, None), parked).await;
+    // Running keys, as many as the fleet's runs, come from the lease index
+    // and are sorted: not a walk of every key of the process.
+    let running = plan_of(&triage_sql(Running, None)).await;
+    assert!(
+        running.contains("SCAN drover_items USING INDEX drover_items_leases"),
+        "{running}"
+    );
+    assert!(!running.contains("sqlite_autoindex"), "{running}");
     let by_key = "(process=? AND key>? AND key<?)";
     assert_plan(&triage_sql(Pending, Some("ns/")), by_key).await;
     assert_plan(&triage_sql(Idle, None), by_key).await;
