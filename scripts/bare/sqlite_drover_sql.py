@@ -34,11 +34,9 @@ START = """UPDATE drover_items AS i SET state = 'running', lease_session = ?2,
 FROM json_each(?1) AS j
 WHERE i.id = j.value AND +i.state = 'pending' AND +i.process = ?5
 RETURNING key, priority, failures, enqueued_at, lease_token"""
-QUICK = """SELECT i.lease_token, i.id FROM json_each(?1) AS j
-JOIN drover_items AS i
-    ON i.lease_session = j.value ->> 1 AND i.lease_token = j.value ->> 0
-WHERE i.state = 'running' AND +i.process = j.value ->> 2 AND +i.key = j.value ->> 3
-    AND i.dirty_since IS NULL"""
+QUICK = """SELECT i.lease_token, i.id, i.key FROM json_each(?1) AS j CROSS JOIN drover_items AS i
+    ON i.lease_session = ?2 AND i.lease_token = j.value
+WHERE i.state = 'running' AND +i.process = ?3 AND i.dirty_since IS NULL"""
 LOG = """INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
     started_at, ended_at)
 SELECT process, key, ?2, failures + 1, lease_session, lease_token, enqueued_at, started_at, ?1
@@ -101,8 +99,10 @@ def main() -> None:
         step("done_sessions", lambda: c.execute(
             "SELECT id FROM drover_sessions WHERE id IN (SELECT value FROM json_each(?))"
             " AND deadline > ?", (json.dumps([SESSION]), NOW)).fetchall())
-        asked = json.dumps([[token, SESSION, PROCESS, key] for key, *_, token in leases])
-        held = json.dumps([r[1] for r in step("done_quick", lambda: c.execute(QUICK, (asked,)).fetchall())])
+        keys = {token: key for key, *_, token in leases}
+        found = step("done_quick", lambda: c.execute(
+            QUICK, (json.dumps(list(keys)), SESSION, PROCESS)).fetchall())
+        held = json.dumps([id_ for token, id_, key in found if keys[token] == key])
         step("done_runs", lambda: c.execute(LOG, (NOW, "done", held)))
         idle = step("done_idle", lambda: c.execute(IDLE, (NOW, held, PROCESS)).rowcount)
         step("done_counts", lambda: c.execute(SHIFT, (PROCESS, "running", "idle", idle)))
