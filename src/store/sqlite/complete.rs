@@ -88,8 +88,8 @@ pub(super) async fn complete_batch(
 /// the caller checks the key. One probe of the lease index per token (the
 /// `CROSS JOIN` keeps the array outside), and an array of plain integers: with
 /// each lease passed as a `[token, session, process, key]` array, SQLite turned
-/// every element back into text and parsed it again for each field, which cost
-/// a burn-down about 5 % of its instructions.
+/// every element back into text and parsed it again for each field (about 9 %
+/// of a burn-down's instructions, `scripts/bare/instructions.sh`).
 pub(super) const QUICK: &str = "
 SELECT i.lease_token, i.id, i.key FROM json_each(?1) AS j CROSS JOIN drover_items AS i
     ON i.lease_session = ?2 AND i.lease_token = j.value
