@@ -216,10 +216,18 @@ async fn running_and_parked_keys_are_listed_in_key_order_whatever_order_they_sta
                 .expect("enqueue");
             store.clock().advance(Duration::from_millis(10));
         }
+        // Another process's running keys sort among this one's.
         store
-            .item_enqueue(ItemEnqueue::new("other", ["r0", "r5"]))
+            .item_enqueue(ItemEnqueue::new("other", ["r0", "r25", "r5"]))
             .await
             .expect("enqueue another process");
+        let other = drover::store::LeaseClaim {
+            session: s.id,
+            process: "other".into(),
+            max: 3,
+        };
+        let others = store.lease_claim(other).await.expect("claim").leases;
+        assert_eq!(others.len(), 3);
         let leases = claim(store, s.id, 7).await;
         for lease in &leases {
             if lease.key.starts_with('x') {

@@ -56,6 +56,17 @@ pub(crate) struct SectionQuery {
     pub(crate) args: Vec<Arg>,
 }
 
+/// What differs between the engines in the SQL built here.
+#[derive(Debug)]
+pub(crate) struct Dialect {
+    /// The placeholder mark (`?` or `$`), followed by the argument's number.
+    pub(crate) mark: char,
+    /// What the running section reads from without a key prefix: the items
+    /// table, with an index hint where the planner, left to choose, would walk
+    /// every key of the process in key order to find the running ones.
+    pub(crate) running_from: &'static str,
+}
+
 /// Builds a query, numbering placeholders as arguments are added.
 struct Builder {
     mark: char,
@@ -149,13 +160,14 @@ fn section_cond(section: ItemState, b: &mut Builder) {
 /// The queries that read `section` after `after`, in its order; run in turn
 /// until enough rows came back.
 pub(crate) fn section_queries(
-    mark: char,
+    dialect: &Dialect,
     process: &str,
     section: ItemState,
     prefix: Option<&str>,
     after: Option<&Position>,
     limit: u32,
 ) -> Result<Vec<SectionQuery>, StoreError> {
+    let mark = dialect.mark;
     let mut b = Builder::new(mark, process);
     section_cond(section, &mut b);
     let by_key = prefix.is_some()
@@ -163,12 +175,8 @@ pub(crate) fn section_queries(
             section,
             ItemState::Parked | ItemState::Running | ItemState::Idle
         );
-    if section == ItemState::Running && prefix.is_none() && mark == '?' {
-        // SQLite keeps running rows in one index, the leases' (migration
-        // 0013): read the running keys (as many as the fleet's runs) from it
-        // and sort them, where the `(process, key)` index in key order would
-        // step over every idle and pending key of the process.
-        b.from = "drover_items INDEXED BY drover_items_leases";
+    if section == ItemState::Running && prefix.is_none() {
+        b.from = dialect.running_from;
     }
     if by_key {
         let from = match after {
@@ -250,7 +258,7 @@ pub(crate) trait PageSteps: Sync {
 /// One page of `params.process`'s items, in attention order.
 pub(crate) async fn page<S: PageSteps>(
     store: &S,
-    mark: char,
+    dialect: &Dialect,
     params: ItemTriage,
 ) -> Result<TriagePage, StoreError> {
     validate_process(&params.process)?;
@@ -269,7 +277,7 @@ pub(crate) async fn page<S: PageSteps>(
     let mut items: Vec<(ItemState, i64, Item)> = Vec::new();
     for &section in sections.iter().skip_while(|s| **s != start) {
         for query in section_queries(
-            mark,
+            dialect,
             &params.process,
             section,
             prefix,

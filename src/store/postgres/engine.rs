@@ -263,7 +263,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
-        crate::store::triage::page(self, '$', params).await
+        crate::store::triage::page(self, &inspect::TRIAGE, params).await
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {

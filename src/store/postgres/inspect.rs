@@ -8,7 +8,7 @@ use crate::store::StoreError;
 use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{ItemGet, ItemList, RunList};
-use crate::store::triage::{Arg, PageSteps, SectionQuery};
+use crate::store::triage::{Arg, Dialect, PageSteps, SectionQuery};
 use crate::store::types::{Item, ItemDetail, ItemState};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or
@@ -122,6 +122,13 @@ struct PagedRow {
     #[sqlx(flatten)]
     item: ItemRow,
 }
+
+/// The triage listing's SQL on PostgreSQL: its planner reads running keys in
+/// key order from the partial index of running and parked keys unprompted.
+pub(super) const TRIAGE: Dialect = Dialect {
+    mark: '$',
+    running_from: "drover_items",
+};
 
 impl PageSteps for PostgresStore {
     async fn known(&self, process: &str) -> Result<(), StoreError> {

@@ -30,7 +30,7 @@ type Columns = (
 /// every write transaction by the triggers and the batch statements
 /// ([`counted`](super::counted)). One row read, where counting the running
 /// rows cost a gated claim a step per running key.
-pub(super) const RUNNING: &str = "
+pub(super) const RUNNING_COUNT: &str = "
 SELECT COALESCE((SELECT n FROM drover_item_counts WHERE process = ?1 AND state = 'running'), 0)";
 
 /// Decides how many of `max` keys may start now; `None` for a process that is
@@ -64,7 +64,7 @@ pub(super) async fn admit(
         return Ok(None);
     }
     let running: i64 = if row.counts_running() {
-        sqlx::query_scalar(RUNNING)
+        sqlx::query_scalar(RUNNING_COUNT)
             .bind(process)
             .fetch_one(&mut **tx)
             .await

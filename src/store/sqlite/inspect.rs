@@ -8,7 +8,7 @@ use crate::store::StoreError;
 use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{ItemGet, ItemList, RunList};
-use crate::store::triage::{Arg, PageSteps, SectionQuery};
+use crate::store::triage::{Arg, Dialect, PageSteps, SectionQuery};
 use crate::store::types::{Item, ItemDetail, ItemState};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or
@@ -26,11 +26,28 @@ pub(super) async fn check_process(store: &SqliteStore, process: &str) -> Result<
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))
 }
 
+/// Where listings read running rows: the lease index, the one index that holds
+/// them (migration 0013). They are as many as the fleet's runs, so reading them
+/// all and sorting by key is cheap, where SQLite's planner, left to choose,
+/// walks every idle and pending key of the process in the `(process, key)`
+/// index to find them.
+macro_rules! running_rows {
+    () => {
+        "drover_items INDEXED BY drover_items_leases"
+    };
+}
+
+/// The triage listing's SQL on SQLite.
+pub(super) const TRIAGE: Dialect = Dialect {
+    mark: '?',
+    running_from: running_rows!(),
+};
+
 /// Lists one process's items in key order. Parked keys are listed through
 /// their partial index (SQLite uses a partial index only when the query states
-/// its condition literally); running keys, as many as the fleet's runs, are
-/// read from the lease index and sorted; pending and idle keys, the bulk,
-/// through the `(process, key)` unique index.
+/// its condition literally); running keys from the lease index, sorted
+/// (`running_rows!`); pending and idle keys, the bulk, through the
+/// `(process, key)` unique index.
 pub(super) async fn item_list(
     store: &SqliteStore,
     params: ItemList,
@@ -50,8 +67,9 @@ pub(super) async fn item_list(
         Some(ItemState::Running) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),
-            " FROM drover_items INDEXED BY drover_items_leases
-             WHERE process = ?1 AND state = 'running' AND key > ?2 ORDER BY key LIMIT ?3"
+            " FROM ",
+            running_rows!(),
+            " WHERE process = ?1 AND state = 'running' AND key > ?2 ORDER BY key LIMIT ?3"
         ))
         .bind(&params.process)
         .bind(after)

@@ -49,7 +49,7 @@ async fn the_enqueue_probes_each_key_of_the_batch_not_the_backlog() {
 
 #[tokio::test]
 async fn the_concurrency_gate_reads_the_running_count_not_the_running_rows() {
-    let plan = plan_of(super::gate::RUNNING).await;
+    let plan = plan_of(super::gate::RUNNING_COUNT).await;
     assert!(plan.contains("drover_item_counts"), "{plan}");
     assert!(!plan.contains("drover_items "), "{plan}");
 }
@@ -104,8 +104,15 @@ async fn a_batch_of_next_rows_finds_each_item_by_its_id() {
 
 /// The first query of a triage section, unbounded or under a prefix.
 fn triage_sql(section: crate::store::ItemState, prefix: Option<&str>) -> String {
-    let queries = crate::store::triage::section_queries('?', "p", section, prefix, None, 10)
-        .expect("a section query");
+    let queries = crate::store::triage::section_queries(
+        &super::inspect::TRIAGE,
+        "p",
+        section,
+        prefix,
+        None,
+        10,
+    )
+    .expect("a section query");
     queries.into_iter().next().expect("one query").sql
 }
 
