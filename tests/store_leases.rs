@@ -304,6 +304,63 @@ async fn release_makes_the_key_pending_without_counting_a_failure() {
     .await;
 }
 
+/// Fencing (DESIGN.md rule 9) needs every new lease's token above every token
+/// handed out before it, and a claim's tokens distinct, whichever items it
+/// takes: here keys far apart in the table, claimed out of their insertion
+/// order (by priority), beside a lock, and a claim again.
+#[tokio::test]
+async fn tokens_are_distinct_and_only_grow_across_claims_and_locks_of_scattered_keys() {
+    each_enqueue_path_and_pooler(|db| async move {
+        let s = db.session().await;
+        let names: Vec<String> = (0..40).map(|i| format!("k{i:02}")).collect();
+        let all: Vec<&str> = names.iter().map(String::as_str).collect();
+        enqueue(&db.store, &all).await;
+        let mut issued = Vec::new();
+        for lease in claim(&db.store, s.id, 40).await {
+            issued.push(lease.token.0);
+            complete(&db.store, &lease, Outcome::Done)
+                .await
+                .expect("done");
+        }
+        // The last key first (by priority), then two from the front.
+        let urgent = ItemEnqueue::new(P, ["k39"]).priority(5);
+        db.store.item_enqueue(urgent).await.expect("enqueue");
+        enqueue(&db.store, &["k00", "k20"]).await;
+        let mut batches = vec![claim(&db.store, s.id, 3).await];
+        let lock = LeaseLock {
+            session: s.id,
+            process: P.into(),
+            key: "k10".into(),
+        };
+        batches.push(vec![db.store.lease_lock(lock).await.expect("lock")]);
+        enqueue(&db.store, &["k05", "k30"]).await;
+        batches.push(claim(&db.store, s.id, 3).await);
+        let claimed: Vec<Vec<&str>> = batches.iter().map(|b| keys(b)).collect();
+        assert_eq!(
+            claimed,
+            [vec!["k39", "k00", "k20"], vec!["k10"], vec!["k05", "k30"]]
+        );
+        for batch in &batches {
+            let before = issued.iter().copied().max().unwrap_or(0);
+            let mut tokens: Vec<i64> = batch.iter().map(|l| l.token.0).collect();
+            assert!(
+                tokens.iter().all(|&t| t > before),
+                "{tokens:?} after {before}"
+            );
+            tokens.sort_unstable();
+            tokens.dedup();
+            assert_eq!(tokens.len(), batch.len(), "distinct tokens in {batch:?}");
+            issued.extend(tokens);
+        }
+        // Each lease is the item's: the token the row holds.
+        for lease in batches.iter().flatten() {
+            let row = item(&db.store, &lease.key).await.expect("a running key");
+            assert_eq!(row.lease_token, Some(lease.token), "{}", lease.key);
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn lock_takes_a_chosen_key_and_refuses_leased_backing_off_and_parked_keys() {
     each_enqueue_path_and_pooler(|db| async move {

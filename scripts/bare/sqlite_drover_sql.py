@@ -5,7 +5,7 @@ from the framework (sqlx, tokio, the runs themselves).
 The same drain as `sqlite.py` (100,000 keys, claims of 1,024, a transaction per
 step, WAL, synchronous=FULL, drover's page size and cache) on a file migrated
 with drover's own migrations, running the statements a burn-down runs: the
-claim (`src/store/sqlite/leases.rs`: session check, ready ids, tokens, START,
+claim (`src/store/sqlite/leases.rs`: session check, ready rows, tokens, START,
 counts) and the completion of clean `done` outcomes
 (`src/store/sqlite/complete.rs`: sessions, QUICK, `runs.rs` LOG_FROM_ROWS,
 IDLE, counts). The statements are copied here: keep them in step when those
@@ -29,11 +29,9 @@ N = int(os.environ.get("DROVER_BARE_KEYS", "100000"))
 CLAIM, NOW, PROCESS, SESSION = 1_024, 1_000_000, "p", 1
 MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "sqlite")
 
-START = """UPDATE drover_items AS i SET state = 'running', lease_session = ?2,
-    lease_token = ?3 + j.key, started_at = ?4, counts_mark = counts_mark + 1
-FROM json_each(?1) AS j
-WHERE i.id = j.value AND +i.state = 'pending' AND +i.process = ?5
-RETURNING key, priority, failures, enqueued_at, lease_token"""
+START = """UPDATE drover_items SET state = 'running', lease_session = ?2,
+    lease_token = ?3 + id, started_at = ?4, counts_mark = counts_mark + 1
+WHERE id IN (SELECT value FROM json_each(?1)) AND +state = 'pending' AND +process = ?5"""
 QUICK = """SELECT i.lease_token, i.id, i.key FROM json_each(?1) AS j CROSS JOIN drover_items AS i
     ON i.lease_session = ?2 AND i.lease_token = j.value
 WHERE i.state = 'running' AND +i.process = ?3 AND i.dirty_since IS NULL"""
@@ -82,24 +80,30 @@ def main() -> None:
         c.execute("BEGIN IMMEDIATE")
         step("claim_session", lambda: c.execute(
             "SELECT 1 FROM drover_sessions WHERE id = ? AND deadline > ?", (SESSION, NOW)).fetchall())
-        ids = step("claim_ids", lambda: [r[0] for r in c.execute(
-            "SELECT id FROM drover_items WHERE process = ? AND state = 'pending' AND priority = 0"
-            " AND ready_at <= ? ORDER BY ready_at, id LIMIT ?", (PROCESS, NOW, CLAIM))])
-        if not ids:
+        ready = step("claim_ids", lambda: c.execute(
+            "SELECT id, key, priority, failures, enqueued_at FROM drover_items"
+            " WHERE process = ? AND state = 'pending' AND priority = 0"
+            " AND ready_at <= ? ORDER BY ready_at, id LIMIT ?", (PROCESS, NOW, CLAIM)).fetchall())
+        if not ready:
             c.execute("COMMIT")
             break
+        ids = [row[0] for row in ready]
+        low, span = min(ids), max(ids) - min(ids) + 1
         last = step("claim_tokens", lambda: c.execute(
             "UPDATE drover_counters SET value = value + ? WHERE name = 'lease_token'"
-            " RETURNING value", (len(ids),)).fetchall()[0][0])
-        leases = step("claim_start", lambda: c.execute(
-            START, (json.dumps(ids), SESSION, last - len(ids) + 1, NOW, PROCESS)).fetchall())
-        step("claim_counts", lambda: c.execute(SHIFT, (PROCESS, "pending", "running", len(leases))))
+            " RETURNING value", (span,)).fetchall()[0][0])
+        base = last - span + 1 - low
+        started = step("claim_start", lambda: c.execute(
+            START, (json.dumps(ids), SESSION, base, NOW, PROCESS)).rowcount)
+        assert started == len(ids)
+        leases = [(key, base + id_) for id_, key, *_ in ready]
+        step("claim_counts", lambda: c.execute(SHIFT, (PROCESS, "pending", "running", started)))
         step("claim_commit", lambda: c.execute("COMMIT"))
         c.execute("BEGIN IMMEDIATE")
         step("done_sessions", lambda: c.execute(
             "SELECT id FROM drover_sessions WHERE id IN (SELECT value FROM json_each(?))"
             " AND deadline > ?", (json.dumps([SESSION]), NOW)).fetchall())
-        keys = {token: key for key, *_, token in leases}
+        keys = {token: key for key, token in leases}
         found = step("done_quick", lambda: c.execute(
             QUICK, (json.dumps(list(keys)), SESSION, PROCESS)).fetchall())
         held = json.dumps([id_ for token, id_, key in found if keys[token] == key])

@@ -81,7 +81,7 @@ async fn a_clean_done_probes_the_lease_index_per_lease() {
 
 #[tokio::test]
 async fn a_claim_starts_each_item_by_its_id_not_through_the_claim_index() {
-    let step = "SEARCH i USING INTEGER PRIMARY KEY (rowid=?)";
+    let step = "SEARCH drover_items USING INTEGER PRIMARY KEY (rowid=?)";
     assert_plan(super::leases::START, step).await;
     assert!(
         !plan_of(super::leases::START)
