@@ -5,12 +5,12 @@ four-column event) and `sqlite_drover_sql.py` (drover's own statements).
 
 Kept: the item row stays (`idle`, last outcome and its time), its unique
 `(process, key)` index, the claim index on pending rows, a fencing token from
-one counter, and one run row per run with the issue's fields and the index of
-a key's runs. Left out, unlike drover: sessions, counts, the lease and settled
-indexes, the end-time index of runs, priorities walked one by one, the error
-and backoff columns. The same drain as the other two (claims of 1,024, a
-transaction per step, WAL, synchronous=FULL, drover's pragmas). Prints
-`drain KEYS_PER_S`.
+one counter (the claim's base plus the row's id, as drover's), and one run row
+per run with the issue's fields and the index of a key's runs. Left out,
+unlike drover: sessions, counts, the lease index, the end-time
+index of runs, priorities walked one by one, the error and backoff columns.
+The same drain as the other two (claims of 1,024, a transaction per step, WAL,
+synchronous=FULL, drover's pragmas). Prints `drain KEYS_PER_S`.
 
     python3 scripts/bare/sqlite_minimal.py [PATH]   (default /tmp/drover-minimal.db, replaced)
 
@@ -41,12 +41,11 @@ CREATE INDEX runs_key ON runs (process, key, id);
 CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT INTO counters VALUES ('lease_token', 0);
 """
-READY = """SELECT id FROM items WHERE process = 'p' AND state = 'pending' AND priority = 0
+READY = """SELECT id, key, priority, failures, enqueued_at FROM items WHERE process = 'p' AND state = 'pending' AND priority = 0
     AND ready_at <= ? ORDER BY ready_at, id LIMIT ?"""
-START = """UPDATE items AS i SET state = 'running', lease_session = 1, lease_token = ?2 + j.key,
+START = """UPDATE items SET state = 'running', lease_session = 1, lease_token = ?2 + id,
     started_at = ?3
-FROM json_each(?1) AS j WHERE i.id = j.value AND +i.state = 'pending'
-RETURNING id, key, priority, failures, enqueued_at, lease_token"""
+WHERE id IN (SELECT value FROM json_each(?1)) AND +state = 'pending'"""
 HELD = """SELECT i.id FROM json_each(?1) AS j JOIN items AS i ON i.id = j.value ->> 0
 WHERE i.state = 'running' AND i.lease_token = j.value ->> 1 AND i.lease_session = 1"""
 LOG = """INSERT INTO runs (process, key, outcome, attempt, session, token, pending_since,
@@ -71,16 +70,19 @@ def main() -> None:
     start = time.perf_counter()
     while True:
         c.execute("BEGIN IMMEDIATE")
-        ids = [r[0] for r in c.execute(READY, (NOW, CLAIM))]
-        if not ids:
+        ready = c.execute(READY, (NOW, CLAIM)).fetchall()
+        if not ready:
             c.execute("COMMIT")
             break
+        ids = [row[0] for row in ready]
+        low, span = min(ids), max(ids) - min(ids) + 1
         last = c.execute("UPDATE counters SET value = value + ? WHERE name = 'lease_token'"
-                         " RETURNING value", (len(ids),)).fetchone()[0]
-        leases = c.execute(START, (json.dumps(ids), last - len(ids) + 1, NOW)).fetchall()
+                         " RETURNING value", (span,)).fetchone()[0]
+        base = last - span + 1 - low
+        assert c.execute(START, (json.dumps(ids), base, NOW)).rowcount == len(ids)
         c.execute("COMMIT")
         c.execute("BEGIN IMMEDIATE")
-        asked = json.dumps([[lease[0], lease[5]] for lease in leases])
+        asked = json.dumps([[id_, base + id_] for id_ in ids])
         held = json.dumps([r[0] for r in c.execute(HELD, (asked,))])
         c.execute(LOG, (NOW, held))
         c.execute(IDLE, (NOW, held))
