@@ -1,5 +1,6 @@
 //! Concurrency: parallel claimers (tasks on every engine, and OS processes on one
-//! SQLite file) never hold the same key at once and together drain every key.
+//! SQLite file) never hold the same key at once, never get the same fencing
+//! token, and together drain every key.
 
 mod support;
 
@@ -20,6 +21,37 @@ const P: &str = "drain";
 
 fn key_names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("key-{i:04}")).collect()
+}
+
+/// Every run of [`P`]'s fencing token, read back from the history a page at a
+/// time: what each claim handed out, whichever claimer or process took it.
+async fn run_tokens(store: &Store) -> Vec<i64> {
+    let mut tokens = Vec::new();
+    let mut before = None;
+    loop {
+        let page = store
+            .run_list(RunList {
+                process: Some(P.into()),
+                before,
+                limit: 500,
+                ..RunList::default()
+            })
+            .await
+            .expect("runs");
+        let Some(last) = page.last() else {
+            return tokens;
+        };
+        before = Some(last.id);
+        tokens.extend(page.iter().map(|run| run.token.expect("a run's token").0));
+    }
+}
+
+/// Fails unless no two of `tokens` are the same.
+fn assert_distinct(mut tokens: Vec<i64>) {
+    let all = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), all, "a fencing token handed out twice");
 }
 
 /// Claims and completes until a claim comes back empty; returns the keys it ran.
@@ -74,6 +106,9 @@ async fn many_claimers_never_share_a_key_and_together_drain_every_key() {
         }
         ran.sort();
         assert_eq!(ran, keys, "every key ran exactly once");
+        let tokens = run_tokens(&db.store).await;
+        assert_eq!(tokens.len(), keys.len());
+        assert_distinct(tokens);
         let counts = db.store.process_counts().await.expect("counts");
         assert_eq!((counts[0].pending, counts[0].running), (0, 0));
     })
@@ -281,4 +316,9 @@ async fn two_processes_on_one_sqlite_file_share_the_work() {
         ran, keys,
         "every key ran exactly once across both processes"
     );
+    // Both processes took tokens from one counter, each under the file's write
+    // lock: none was handed out twice.
+    let tokens = run_tokens(&db.store).await;
+    assert_eq!(tokens.len(), keys.len());
+    assert_distinct(tokens);
 }

@@ -66,6 +66,8 @@ pub(crate) fn backoff_policy(
         })
 }
 
-fn corrupt(message: String) -> StoreError {
+/// The error for rows the store finds in a state its own writes never leave
+/// them in: a database error, naming what was found.
+pub(crate) fn corrupt(message: String) -> StoreError {
     StoreError::Database(sqlx::Error::Protocol(message).into())
 }

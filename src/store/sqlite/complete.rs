@@ -128,11 +128,10 @@ async fn quick(
             .await
             .db()?;
         for (token, id, key) in found {
-            match first.get(&token) {
-                Some(&n) if batch[n].lease.key == key => {
-                    quick.insert(token, (n, id));
-                }
-                _ => {}
+            if let Some(&n) = first.get(&token)
+                && batch[n].lease.key == key
+            {
+                quick.insert(token, (n, id));
             }
         }
     }

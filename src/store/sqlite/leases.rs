@@ -9,6 +9,7 @@ use super::items::ensure_process;
 use super::rows::{RunningRow, running_columns, to_time};
 use super::sessions::requeue;
 use crate::store::StoreError;
+use crate::store::decode::corrupt;
 use crate::store::fleet::{ClaimGate, Claimed};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
@@ -199,13 +200,10 @@ async fn start_runs(
         .rows_affected();
     if started != ready.len() as u64 {
         // The rows were read under this transaction's write lock a moment ago.
-        return Err(StoreError::Database(
-            sqlx::Error::Protocol(format!(
-                "a claim of {} ready items of {process} started {started}",
-                ready.len()
-            ))
-            .into(),
-        ));
+        return Err(corrupt(format!(
+            "a claim of {} ready items of {process} started {started}",
+            ready.len()
+        )));
     }
     counted::shift(tx, process, ("pending", "running"), started).await?;
     Ok(ready
