@@ -9,11 +9,12 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{Value, json};
 
 use super::counted;
-use super::engine::{SqliteStore, Tx};
+use super::engine::{SqliteStore, Tx, clock_ms};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, running_columns, to_ms, to_time};
 use super::runs::{log_from_rows, log_with_errors};
 use crate::store::StoreError;
+use crate::store::decode::corrupt;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
 use crate::store::parts::{Answers, CompleteOnce};
@@ -44,8 +45,8 @@ pub(super) async fn complete_batch(
     store: &SqliteStore,
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-    let (mut tx, now) = store.write().await?;
-    let (live, expired) = sessions(&mut tx, now, batch).await?;
+    let mut tx = store.begin().await?;
+    let (now, live, expired) = sessions(&mut tx, store.clock().offset_ms(), batch).await?;
     let mut writes = Writes::default();
     let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
     let quick = quick(&mut tx, &live, batch).await?;
@@ -158,25 +159,39 @@ async fn held(
     Ok(match_leases(batch, live, found))
 }
 
-/// The batch's sessions split into those alive at `now` and those gone or past
-/// their deadline.
+/// The database clock shifted by the test offset `?1`, and each session in
+/// `?2` (a JSON array) that is alive then: one statement, the completion's
+/// first (see [`OPENING`](super::leases::OPENING)), with one row for the
+/// clock when none is.
+pub(super) const OPENING: &str = concat!(
+    "WITH t(now) AS (SELECT ",
+    clock_ms!(),
+    " + ?1)
+SELECT t.now, s.id FROM t LEFT JOIN drover_sessions s
+    ON s.id IN (SELECT value FROM json_each(?2)) AND s.deadline > t.now"
+);
+
+/// The time the batch is written at, and its sessions split into those
+/// alive then and those gone or past their deadline.
 async fn sessions(
     tx: &mut Tx,
-    now: i64,
+    offset_ms: i64,
     batch: &[LeaseComplete<'_>],
-) -> Result<(Vec<i64>, HashSet<SessionId>), StoreError> {
+) -> Result<(i64, Vec<i64>, HashSet<SessionId>), StoreError> {
     let asked = asked_sessions(batch);
-    let live: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM drover_sessions
-         WHERE id IN (SELECT value FROM json_each(?1)) AND deadline > ?2",
-    )
-    .bind(Value::from(asked.clone()).to_string())
-    .bind(now)
-    .fetch_all(&mut **tx)
-    .await
-    .db()?;
+    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(OPENING)
+        .bind(offset_ms)
+        .bind(Value::from(asked.clone()).to_string())
+        .fetch_all(&mut **tx)
+        .await
+        .db()?;
+    let now = rows
+        .first()
+        .map(|&(now, _)| now)
+        .ok_or_else(|| corrupt("the completion's opening read no clock".to_owned()))?;
+    let live: Vec<i64> = rows.into_iter().filter_map(|(_, id)| id).collect();
     let expired = expired_sessions(asked, &live);
-    Ok((live, expired))
+    Ok((now, live, expired))
 }
 
 /// What a batch writes: each run's history row, each item's next row.

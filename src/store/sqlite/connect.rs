@@ -6,12 +6,13 @@
 use std::str::FromStr as _;
 use std::time::Duration;
 
-use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions as _, SqlitePool};
 
 use super::checkpoint::Checkpoints;
 use super::engine::SqliteStore;
 use super::error::{locked, map};
+use super::writer::Writer;
 use crate::store::{Clock, StoreError, StoreOptions, migrate};
 
 /// How long a writer waits for another connection's write lock before the
@@ -90,31 +91,17 @@ impl SqliteStore {
             .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT)
             .row_buffer_size(ROW_BUFFER_SIZE);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
-        let open = |pool: SqlitePoolOptions, connect: SqliteConnectOptions| async move {
-            tokio::time::timeout(options.connect_timeout, open_while_locked(pool, connect))
-                .await
-                .map_err(|_| StoreError::ConnectTimeout {
-                    url: url.to_owned(),
-                    timeout: options.connect_timeout,
-                })?
-                .map_err(|source| StoreError::Connect {
-                    url: url.to_owned(),
-                    source: source.into(),
-                })
-        };
         if memory {
-            let pool = open(
-                SqlitePoolOptions::new()
-                    .max_connections(1)
-                    .min_connections(1)
-                    .idle_timeout(None)
-                    .max_lifetime(None),
-                connect,
-            )
-            .await?;
+            let one = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+            let opening = while_locked(|| one.clone().connect_with(connect.clone()));
+            let pool = within(url, options, opening).await?;
             migrate_pool(&pool, options.migrate).await?;
             return Ok(Self {
-                writer: pool.clone(),
+                writer: Writer::Pooled(pool.clone()),
                 pool,
                 _checkpoints: None,
                 clock: Clock::default(),
@@ -122,16 +109,17 @@ impl SqliteStore {
             });
         }
         let readers = SqlitePoolOptions::new().max_connections(options.max_connections);
-        let pool = open(readers, connect.clone()).await?;
+        let opening = while_locked(|| readers.clone().connect_with(connect.clone()));
+        let pool = within(url, options, opening).await?;
         migrate_pool(&pool, options.migrate).await?;
         let writer = connect
             .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)
             .pragma("temp_store", WRITER_TEMP_STORE);
-        let writer = open(SqlitePoolOptions::new().max_connections(1), writer).await?;
+        let writer = within(url, options, while_locked(|| writer.connect())).await?;
         Ok(Self {
             _checkpoints: Some(Checkpoints::start(pool.clone())),
             pool,
-            writer,
+            writer: Writer::held(writer),
             clock: Clock::default(),
             enqueue_through_view: options.sqlite_enqueue_through_view,
         })
@@ -143,8 +131,27 @@ impl SqliteStore {
     }
 }
 
-/// Opens the pool, again and again while the file is locked (the caller's
-/// connect timeout bounds it).
+/// Waits for `opening` (a pool or a connection) at most the caller's connect
+/// timeout.
+async fn within<T>(
+    url: &str,
+    options: &StoreOptions,
+    opening: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(options.connect_timeout, opening)
+        .await
+        .map_err(|_| StoreError::ConnectTimeout {
+            url: url.to_owned(),
+            timeout: options.connect_timeout,
+        })?
+        .map_err(|source| StoreError::Connect {
+            url: url.to_owned(),
+            source: source.into(),
+        })
+}
+
+/// Opens (a pool or a connection, with `open`) again and again while the file
+/// is locked (the caller's connect timeout bounds it).
 ///
 /// Switching a file to WAL takes SQLite's exclusive lock without waiting in
 /// the busy handler, so nodes that open one fresh file at once get "database
@@ -152,13 +159,14 @@ impl SqliteStore {
 /// (four connections at once: 14 rounds of 200 in a Python loop). Once the
 /// file is in WAL mode the pragma takes no lock, so an attempt a moment later
 /// goes through.
-async fn open_while_locked(
-    pool: SqlitePoolOptions,
-    connect: SqliteConnectOptions,
-) -> Result<SqlitePool, sqlx::Error> {
+async fn while_locked<T, F, Opening>(mut open: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Opening,
+    Opening: Future<Output = Result<T, sqlx::Error>>,
+{
     let mut pause = Duration::from_millis(5);
     loop {
-        match pool.clone().connect_with(connect.clone()).await {
+        match open().await {
             Err(e) if locked(&e) => {
                 tracing::debug!(error = %e, "the database file is locked; opening it again");
                 tokio::time::sleep(pause).await;
@@ -205,6 +213,17 @@ mod tests {
             .expect("a PRAGMA")
     }
 
+    /// The value of `PRAGMA name` on the store's write connection.
+    async fn writer_pragma(store: &SqliteStore, name: &str) -> i64 {
+        let mut tx = store.writer.begin().await.expect("a write transaction");
+        let value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("PRAGMA {name}")))
+            .fetch_one(&mut *tx)
+            .await
+            .expect("a PRAGMA");
+        tx.rollback().await.expect("rollback");
+        value
+    }
+
     #[tokio::test]
     async fn the_writer_and_the_readers_sync_every_commit_unless_asked_not_to() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -213,12 +232,12 @@ mod tests {
             .await
             .expect("connect");
         // 2 = FULL, 1 = NORMAL.
-        assert_eq!(pragma(&store.writer, "synchronous").await, 2);
+        assert_eq!(writer_pragma(&store, "synchronous").await, 2);
         assert_eq!(pragma(&store.pool, "synchronous").await, 2);
         store.close().await;
         let fast = StoreOptions::default().durable(false);
         let store = SqliteStore::connect(&url, &fast).await.expect("connect");
-        assert_eq!(pragma(&store.writer, "synchronous").await, 1);
+        assert_eq!(writer_pragma(&store, "synchronous").await, 1);
         assert_eq!(pragma(&store.pool, "synchronous").await, 1);
     }
 
@@ -230,7 +249,7 @@ mod tests {
             .await
             .expect("connect");
         // 2 = MEMORY, 0 = SQLite's default (files, unless built otherwise).
-        assert_eq!(pragma(&store.writer, "temp_store").await, 2);
+        assert_eq!(writer_pragma(&store, "temp_store").await, 2);
         assert_eq!(pragma(&store.pool, "temp_store").await, 0);
     }
 }

@@ -2,11 +2,12 @@
 //! operation to the file named for its noun.
 
 use chrono::{DateTime, Utc};
-use sqlx::{Sqlite, SqlitePool, Transaction};
+use sqlx::SqlitePool;
 
 use super::checkpoint::Checkpoints;
 use super::error::Db as _;
 use super::rows::to_time;
+use super::writer::Writer;
 use super::{
     admin, counts, gate, groups, inspect, items, leases, processes, runs, series, sessions,
 };
@@ -27,9 +28,7 @@ use crate::store::types::{
 use crate::store::{Clock, StoreEngine, StoreError};
 use crate::store::{resync, retention};
 
-/// A write transaction: `BEGIN IMMEDIATE`, so it holds SQLite's write lock from
-/// its first statement and can never fail half-way on a lock upgrade.
-pub(crate) type Tx = Transaction<'static, Sqlite>;
+pub(crate) use super::writer::Tx;
 
 /// The SQLite engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]
@@ -44,7 +43,7 @@ pub struct SqliteStore {
     /// Queueing for this connection instead hands the lock over the moment it
     /// is released, in arrival order. Other processes on the same file still
     /// meet this one on the busy timeout.
-    pub(super) writer: SqlitePool,
+    pub(super) writer: Writer,
     /// The WAL checkpoint task of a file database, stopped with the last clone.
     pub(super) _checkpoints: Option<Checkpoints>,
     pub(super) clock: Clock,
@@ -68,7 +67,8 @@ impl SqliteStore {
         &self.clock
     }
 
-    /// Closes the pool, waiting for connections to be returned.
+    /// Closes the pool and the write connection, waiting for connections to
+    /// be returned.
     pub async fn close(&self) {
         self.writer.close().await;
         self.pool.close().await;
@@ -101,22 +101,37 @@ impl SqliteStore {
     where
         E: sqlx::SqliteExecutor<'c>,
     {
-        let now: i64 =
-            sqlx::query_scalar("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1")
-                .bind(self.clock.offset_ms())
-                .fetch_one(conn)
-                .await
-                .db()?;
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", clock_ms!(), " + ?1"))
+            .bind(self.clock.offset_ms())
+            .fetch_one(conn)
+            .await
+            .db()?;
         Ok(now)
     }
 
     /// Starts a write transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, i64), StoreError> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.db()?;
+        let mut tx = self.begin().await?;
         let now = self.now_ms(&mut *tx).await?;
         Ok((tx, now))
     }
+
+    /// Starts a write transaction, for a caller that reads the clock in its
+    /// own first statement ([`clock_ms`]): under load every statement is a
+    /// wait for the connection's thread and then for the runtime.
+    pub(super) async fn begin(&self) -> Result<Tx, StoreError> {
+        self.writer.begin().await.db()
+    }
 }
+
+/// The database clock in milliseconds, as SQL; add the store's test offset
+/// ([`Clock::offset_ms`]) to it.
+macro_rules! clock_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+pub(super) use clock_ms;
 
 impl StoreEngine for SqliteStore {
     async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {

@@ -16,8 +16,8 @@ use crate::store::fleet::{ClaimGate, ProcessPause};
 use crate::store::gate::{Admission, GateRow};
 use crate::store::key::validate_process;
 
-/// The process row's fleet-control columns.
-type Columns = (
+/// The process row's fleet-control columns, as [`COLUMNS`] lists them.
+pub(super) type Columns = (
     bool,
     Option<i64>,
     Option<f64>,
@@ -25,6 +25,27 @@ type Columns = (
     Option<f64>,
     Option<i64>,
 );
+
+/// The fleet-control columns of `drover_processes`, in [`Columns`]' order.
+macro_rules! gate_columns {
+    ($p:literal) => {
+        concat!(
+            $p,
+            ".paused, ",
+            $p,
+            ".concurrency, ",
+            $p,
+            ".rate_per_s, ",
+            $p,
+            ".rate_burst, ",
+            $p,
+            ".rate_tokens, ",
+            $p,
+            ".rate_tokens_at"
+        )
+    };
+}
+pub(super) use gate_columns;
 
 /// How many keys of process `?1` are running: its counts row, kept exact in
 /// every write transaction by the triggers and the batch statements
@@ -41,14 +62,26 @@ pub(super) async fn admit(
     process: &str,
     max: u32,
 ) -> Result<Option<(GateRow, Admission)>, StoreError> {
-    let row: Option<Columns> = sqlx::query_as(
-        "SELECT paused, concurrency, rate_per_s, rate_burst, rate_tokens, rate_tokens_at
-         FROM drover_processes WHERE process = ?1",
-    )
+    let row: Option<Columns> = sqlx::query_as(concat!(
+        "SELECT ",
+        gate_columns!("p"),
+        " FROM drover_processes p WHERE p.process = ?1"
+    ))
     .bind(process)
     .fetch_optional(&mut **tx)
     .await
     .db()?;
+    decide(tx, now, process, row, max).await
+}
+
+/// [`admit`] on the process's columns read already (`None`: no process row).
+pub(super) async fn decide(
+    tx: &mut Tx,
+    now: i64,
+    process: &str,
+    row: Option<Columns>,
+    max: u32,
+) -> Result<Option<(GateRow, Admission)>, StoreError> {
     let Some((paused, concurrency, rate_per_s, rate_burst, tokens, tokens_at)) = row else {
         return Ok(None);
     };

@@ -88,7 +88,7 @@ pub(super) async fn enqueue(
     store: &SqliteStore,
     params: ItemEnqueue,
 ) -> Result<EnqueueReport, StoreError> {
-    let mut tx = store.writer.begin_with("BEGIN IMMEDIATE").await.db()?;
+    let mut tx = store.begin().await?;
     let report = coalesce(store, &mut tx, &params).await?;
     tx.commit().await.db()?;
     Ok(report)

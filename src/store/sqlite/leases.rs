@@ -2,9 +2,9 @@
 //! session and the fencing token inside one write transaction.
 
 use super::counted;
-use super::engine::{SqliteStore, Tx};
+use super::engine::{SqliteStore, Tx, clock_ms};
 use super::error::Db as _;
-use super::gate;
+use super::gate::{self, gate_columns};
 use super::items::ensure_process;
 use super::rows::{RunningRow, running_columns, to_time};
 use super::sessions::requeue;
@@ -79,31 +79,22 @@ async fn start_run(
     })
 }
 
-/// Up to `max` ready items in claim order: priorities from the highest down (one
-/// index probe each), each priority's ready rows by (ready time, id). Walking the
-/// priorities keeps a claim O(P log n) for P distinct priorities, where one
-/// `ORDER BY priority DESC, ready_at` scan would step over every not-yet-ready row
-/// of a higher priority (a million keys in backoff after an outage) on each poll.
+/// Up to `max` ready items in claim order, from priority `top` (the highest
+/// pending one, read by [`OPENING`]) down, one index probe per priority, each
+/// priority's ready rows by (ready time, id). Walking the priorities keeps a
+/// claim O(P log n) for P distinct priorities, where one `ORDER BY priority
+/// DESC, ready_at` scan would step over every not-yet-ready row of a higher
+/// priority (a million keys in backoff after an outage) on each poll.
 async fn ready_rows(
     tx: &mut Tx,
     now: i64,
     process: &str,
     max: u32,
+    top: Option<i32>,
 ) -> Result<Vec<ReadyRow>, StoreError> {
     let mut rows = Vec::new();
-    let mut below = i64::MAX;
-    while rows.len() < max as usize {
-        let priority: Option<i32> = sqlx::query_scalar(
-            "SELECT priority FROM drover_items
-             WHERE process = ?1 AND state = 'pending' AND priority < ?2
-             ORDER BY priority DESC LIMIT 1",
-        )
-        .bind(process)
-        .bind(below)
-        .fetch_optional(&mut **tx)
-        .await
-        .db()?;
-        let Some(priority) = priority else { break };
+    let mut next = top.filter(|_| max > 0);
+    while let Some(priority) = next {
         let more: Vec<ReadyRow> = sqlx::query_as(
             "SELECT id, key, priority, failures, enqueued_at FROM drover_items
              WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
@@ -117,7 +108,19 @@ async fn ready_rows(
         .await
         .db()?;
         rows.extend(more);
-        below = i64::from(priority);
+        if rows.len() >= max as usize {
+            break;
+        }
+        next = sqlx::query_scalar(
+            "SELECT priority FROM drover_items
+             WHERE process = ?1 AND state = 'pending' AND priority < ?2
+             ORDER BY priority DESC LIMIT 1",
+        )
+        .bind(process)
+        .bind(priority)
+        .fetch_optional(&mut **tx)
+        .await
+        .db()?;
     }
     Ok(rows)
 }
@@ -127,13 +130,71 @@ async fn ready_rows(
 /// this read to the commit, so the lease is built from this row.
 type ReadyRow = (i64, String, i32, i64, i64);
 
+/// A claim's first read, one statement where it was four (each a wait for the
+/// connection's thread, and under load for a CPU): the database clock shifted
+/// by the test offset `?1`, whether session `?2` is alive, process `?3`'s
+/// fleet-control columns (NULL without a process row) and its highest pending
+/// priority (NULL with nothing pending).
+pub(super) const OPENING: &str = concat!(
+    "WITH t(now) AS (SELECT ",
+    clock_ms!(),
+    " + ?1)
+SELECT t.now, EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?2 AND deadline > t.now) AS alive,
+    ",
+    gate_columns!("p"),
+    ", (SELECT priority FROM drover_items WHERE process = ?3 AND state = 'pending'
+        ORDER BY priority DESC LIMIT 1) AS top
+FROM t LEFT JOIN drover_processes p ON p.process = ?3"
+);
+
+/// What [`OPENING`] reads.
+#[derive(sqlx::FromRow)]
+struct Opening {
+    now: i64,
+    alive: bool,
+    paused: Option<bool>,
+    concurrency: Option<i64>,
+    rate_per_s: Option<f64>,
+    rate_burst: Option<i64>,
+    rate_tokens: Option<f64>,
+    rate_tokens_at: Option<i64>,
+    top: Option<i32>,
+}
+
+impl Opening {
+    /// The process row's fleet-control columns, if it has a row.
+    fn gate(&self) -> Option<gate::Columns> {
+        let (paused, burst) = self.paused.zip(self.rate_burst)?;
+        Some((
+            paused,
+            self.concurrency,
+            self.rate_per_s,
+            burst,
+            self.rate_tokens,
+            self.rate_tokens_at,
+        ))
+    }
+}
+
 pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Claimed, StoreError> {
     validate_process(&params.process)?;
-    let (mut tx, now) = store.write().await?;
-    check_session(&mut tx, now, params.session).await?;
-    let decided = gate::admit(&mut tx, now, &params.process, params.max).await?;
+    let mut tx = store.begin().await?;
+    let opening: Opening = sqlx::query_as(OPENING)
+        .bind(store.clock().offset_ms())
+        .bind(params.session.0)
+        .bind(&params.process)
+        .fetch_one(&mut *tx)
+        .await
+        .db()?;
+    if !opening.alive {
+        return Err(StoreError::SessionExpired {
+            session: params.session,
+        });
+    }
+    let now = opening.now;
+    let decided = gate::decide(&mut tx, now, &params.process, opening.gate(), params.max).await?;
     let max = decided.map_or(params.max, |(_, admission)| admission.allowed);
-    let ready = ready_rows(&mut tx, now, &params.process, max).await?;
+    let ready = ready_rows(&mut tx, now, &params.process, max, opening.top).await?;
     let leases = start_runs(&mut tx, now, &params.process, params.session, ready).await?;
     let gate = match decided {
         Some(decided) => {
@@ -144,6 +205,7 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
     };
     if leases.is_empty() {
         // Nothing to write: a bucket's refill is recomputed from what is stored.
+        tx.rollback().await.db()?;
         return Ok(Claimed { leases, gate });
     }
     tx.commit().await.db()?;

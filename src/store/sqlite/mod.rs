@@ -26,6 +26,7 @@ mod series;
 mod sessions;
 mod transactional;
 mod watch;
+mod writer;
 
 pub use engine::SqliteStore;
 pub(crate) use transactional::CallerTx;

@@ -91,6 +91,26 @@ async fn a_claim_starts_each_item_by_its_id_not_through_the_claim_index() {
 }
 
 #[tokio::test]
+async fn a_claims_opening_probes_the_claim_index_and_each_row_by_its_key() {
+    let plan = plan_of(super::leases::OPENING).await;
+    let steps = [
+        "SEARCH drover_sessions USING INTEGER PRIMARY KEY (rowid=?)",
+        "SEARCH p USING INDEX sqlite_autoindex_drover_processes_1 (process=?)",
+        "INDEX drover_items_claim (process=?)",
+    ];
+    for step in steps {
+        assert!(plan.contains(step), "expected `{step}` in: {plan}");
+    }
+    assert!(!plan.contains("TEMP B-TREE"), "a sort in: {plan}");
+}
+
+#[tokio::test]
+async fn a_completions_opening_probes_each_session_by_its_id() {
+    let step = "SEARCH s USING INTEGER PRIMARY KEY (rowid=?)";
+    assert_plan(super::complete::OPENING, step).await;
+}
+
+#[tokio::test]
 async fn a_batch_of_idle_items_finds_each_by_its_id() {
     let step = "SEARCH drover_items USING INTEGER PRIMARY KEY (rowid=?)";
     assert_plan(super::complete::IDLE, step).await;

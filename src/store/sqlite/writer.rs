@@ -1,0 +1,345 @@
+//! The store's one write connection, and the `BEGIN IMMEDIATE` transactions
+//! every write runs in.
+//!
+//! A file database's writer is a connection the store holds for its whole
+//! life behind a queue (a fair mutex), not a pool of one. sqlx's pool returns a
+//! connection by spawning a task that pings it, and pings it again before the
+//! next checkout: two round trips to the connection's thread and a task that
+//! waits its turn behind every run the runtime is polling. In a burn-down
+//! (1,024 runs at once) that left the writer idle 3–4 ms between one
+//! transaction and the next, a sixth of the drain. Here the next transaction
+//! gets the connection the moment the last one ends.
+//!
+//! An in-memory database has one connection, which reads share: its writer
+//! checks that connection out of the pool per transaction, as before.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+/// Where a store's write transactions get their connection. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(super) enum Writer {
+    /// A file database: a connection of the writer's own, queued for.
+    Held(Arc<Mutex<Slot>>),
+    /// An in-memory database: the pool's one connection, shared with reads.
+    Pooled(SqlitePool),
+}
+
+/// The held connection, and what the last transaction left undone.
+#[derive(Debug)]
+pub(super) struct Slot {
+    /// `None` once the store is closed.
+    conn: Option<SqliteConnection>,
+    /// A transaction was dropped unfinished and its rollback has not run yet
+    /// (it runs on a task, or on the next `begin` when there was no runtime to
+    /// run a task on).
+    unfinished: bool,
+}
+
+impl Writer {
+    /// A writer holding `conn`.
+    pub(super) fn held(conn: SqliteConnection) -> Self {
+        Self::Held(Arc::new(Mutex::new(Slot {
+            conn: Some(conn),
+            unfinished: false,
+        })))
+    }
+
+    /// Waits for the connection, then starts a `BEGIN IMMEDIATE` transaction:
+    /// it holds SQLite's write lock from its first statement, so it can never
+    /// fail half-way on a lock upgrade.
+    pub(super) async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        let conn = match self {
+            Self::Held(slot) => {
+                let mut slot = Arc::clone(slot).lock_owned().await;
+                let unfinished = std::mem::take(&mut slot.unfinished);
+                let conn = slot.conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+                if unfinished {
+                    roll_back(conn).await;
+                }
+                Conn::Held(slot)
+            }
+            Self::Pooled(pool) => Conn::Pooled(pool.acquire().await?),
+        };
+        let mut tx = Tx {
+            conn: Some(conn),
+            open: false,
+        };
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *tx).await?;
+        tx.open = true;
+        Ok(tx)
+    }
+
+    /// Closes the connection once the transaction in progress (if any) ends;
+    /// later transactions fail with `PoolClosed`.
+    pub(super) async fn close(&self) {
+        match self {
+            Self::Held(slot) => {
+                let conn = slot.lock().await.conn.take();
+                if let Some(conn) = conn
+                    && let Err(e) = sqlx::Connection::close(conn).await
+                {
+                    tracing::debug!(error = %e, "closing the SQLite write connection failed");
+                }
+            }
+            Self::Pooled(pool) => pool.close().await,
+        }
+    }
+}
+
+/// A transaction's hold on the connection.
+enum Conn {
+    Held(OwnedMutexGuard<Slot>),
+    Pooled(PoolConnection<Sqlite>),
+}
+
+/// A write transaction, begun by [`Writer::begin`]. It reads as the
+/// connection it runs on (`&mut *tx` is a `&mut SqliteConnection`), and it is
+/// rolled back if dropped before [`commit`](Self::commit), as sqlx's own
+/// transactions are.
+pub(crate) struct Tx {
+    /// `Some` until dropped.
+    conn: Option<Conn>,
+    /// `BEGIN` ran and neither `COMMIT` nor `ROLLBACK` has yet.
+    open: bool,
+}
+
+impl fmt::Debug for Tx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tx").field("open", &self.open).finish()
+    }
+}
+
+impl Tx {
+    /// Commits. On an error the transaction is rolled back when dropped.
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        sqlx::query("COMMIT").execute(&mut *self).await?;
+        self.open = false;
+        drop(self);
+        // Let the next transaction, woken by the drop, take the connection
+        // before this task goes on: woken from this thread it waits in a slot
+        // no other thread may take it from, so a caller that went on to start a
+        // thousand runs or answer a thousand completions kept the writer idle
+        // for that long.
+        tokio::task::yield_now().await;
+        Ok(())
+    }
+
+    /// Rolls back now, rather than on a task after the drop: for a
+    /// transaction that found nothing to write.
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        sqlx::query("ROLLBACK").execute(&mut *self).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Deref for Tx {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        match self
+            .conn
+            .as_ref()
+            .expect("a live transaction has its connection")
+        {
+            Conn::Held(slot) => slot.conn.as_ref().expect("begin checked the connection"),
+            Conn::Pooled(conn) => conn,
+        }
+    }
+}
+
+impl DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match self
+            .conn
+            .as_mut()
+            .expect("a live transaction has its connection")
+        {
+            Conn::Held(slot) => slot.conn.as_mut().expect("begin checked the connection"),
+            Conn::Pooled(conn) => conn,
+        }
+    }
+}
+
+impl Drop for Tx {
+    /// An unfinished transaction (an error, or a caller that stopped waiting)
+    /// is rolled back on a task that keeps the connection until it is done,
+    /// so SQLite's write lock, which other processes on the file wait for, is
+    /// let go at once and the next transaction starts on a clean connection.
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if !self.open {
+            return;
+        }
+        if let Conn::Held(slot) = &mut conn {
+            slot.unfinished = true;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to roll back on (the store is used only from async
+            // code, so only at a runtime's shutdown): a held connection is
+            // rolled back by the next `begin`.
+            return;
+        };
+        runtime.spawn(async move {
+            match conn {
+                Conn::Held(mut slot) => {
+                    if let Some(c) = slot.conn.as_mut() {
+                        roll_back(c).await;
+                    }
+                    slot.unfinished = false;
+                }
+                Conn::Pooled(mut c) => roll_back(&mut c).await,
+            }
+        });
+    }
+}
+
+/// Rolls back whatever transaction `conn` is in; there may be none (a failed
+/// `COMMIT` can end it), which is not an error here.
+async fn roll_back(conn: &mut SqliteConnection) {
+    if let Err(e) = sqlx::query("ROLLBACK").execute(conn).await {
+        tracing::debug!(error = %e, "rolling back an unfinished SQLite transaction");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::ConnectOptions as _;
+    use sqlx::sqlite::SqliteConnectOptions;
+
+    use super::super::SqliteStore;
+    use crate::store::StoreOptions;
+
+    /// A store on a fresh file, and a connection of its own to the same file
+    /// that gives up at once on a lock (no busy timeout).
+    async fn store_and_other() -> (tempfile::TempDir, SqliteStore, sqlx::SqliteConnection) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.db");
+        let url = format!("sqlite://{}", path.display());
+        let store = SqliteStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("connect");
+        let other = SqliteConnectOptions::new()
+            .filename(&path)
+            .busy_timeout(std::time::Duration::ZERO)
+            .connect()
+            .await
+            .expect("a second connection");
+        (dir, store, other)
+    }
+
+    /// How many processes the file holds, read by `conn`.
+    async fn processes(conn: &mut sqlx::SqliteConnection) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM drover_processes")
+            .fetch_one(conn)
+            .await
+            .expect("count")
+    }
+
+    /// Takes the write lock on `other` (waiting as long as its busy timeout
+    /// says) and counts the processes under it, then lets the lock go.
+    async fn processes_under_the_lock(other: &mut sqlx::SqliteConnection) -> i64 {
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *other)
+            .await
+            .expect("the write lock is free");
+        let n = processes(other).await;
+        sqlx::query("ROLLBACK")
+            .execute(other)
+            .await
+            .expect("rollback");
+        n
+    }
+
+    async fn insert_process(tx: &mut super::Tx, name: &str) {
+        sqlx::query("INSERT INTO drover_processes (process, created_at) VALUES (?1, 0)")
+            .bind(name)
+            .execute(&mut **tx)
+            .await
+            .expect("insert");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_transaction_is_rolled_back_and_lets_go_of_the_write_lock() {
+        let (_dir, store, mut other) = store_and_other().await;
+        let mut tx = store.writer.begin().await.expect("begin");
+        insert_process(&mut tx, "dropped").await;
+        // Held: another connection cannot take the write lock.
+        let refused = sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await;
+        assert!(
+            refused.is_err(),
+            "the write lock was free during a transaction"
+        );
+        drop(tx);
+        // Nothing else writes in this process: the rollback alone must let go
+        // of the lock, which the other connection now waits for.
+        sqlx::query("PRAGMA busy_timeout = 10000")
+            .execute(&mut other)
+            .await
+            .expect("a busy timeout");
+        let kept = processes_under_the_lock(&mut other).await;
+        assert_eq!(kept, 0, "a dropped insert was kept");
+        store
+            .writer
+            .begin()
+            .await
+            .expect("begin")
+            .rollback()
+            .await
+            .expect("rollback");
+    }
+
+    #[tokio::test]
+    async fn a_commit_writes_and_lets_go_of_the_write_lock() {
+        let (_dir, store, mut other) = store_and_other().await;
+        let mut tx = store.writer.begin().await.expect("begin");
+        insert_process(&mut tx, "kept").await;
+        tx.commit().await.expect("commit");
+        assert_eq!(processes_under_the_lock(&mut other).await, 1);
+    }
+
+    #[test]
+    fn a_transaction_dropped_without_a_runtime_is_rolled_back_by_the_next() {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let (_dir, store, mut other) = runtime.block_on(store_and_other());
+        let tx = runtime.block_on(async {
+            let mut tx = store.writer.begin().await.expect("begin");
+            insert_process(&mut tx, "dropped").await;
+            tx
+        });
+        drop(tx);
+        runtime.block_on(async {
+            let mut tx = store
+                .writer
+                .begin()
+                .await
+                .expect("begin after an unfinished one");
+            insert_process(&mut tx, "next").await;
+            tx.commit().await.expect("commit");
+            let names: Vec<String> = sqlx::query_scalar("SELECT process FROM drover_processes")
+                .fetch_all(&mut other)
+                .await
+                .expect("names");
+            assert_eq!(names, ["next"]);
+        });
+    }
+
+    #[tokio::test]
+    async fn a_closed_writer_refuses_new_transactions() {
+        let (_dir, store, _other) = store_and_other().await;
+        store.close().await;
+        let refused = store.writer.begin().await;
+        assert!(
+            matches!(refused, Err(sqlx::Error::PoolClosed)),
+            "{refused:?}"
+        );
+    }
+}
