@@ -57,21 +57,26 @@ impl Writer {
         let conn = match self {
             Self::Held(slot) => {
                 let mut slot = Arc::clone(slot).lock_owned().await;
-                let unfinished = std::mem::take(&mut slot.unfinished);
+                let unfinished = slot.unfinished;
                 let conn = slot.conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
                 if unfinished {
                     roll_back(conn).await;
+                    slot.unfinished = false;
                 }
                 Conn::Held(slot)
             }
             Self::Pooled(pool) => Conn::Pooled(pool.acquire().await?),
         };
+        // Open from before `BEGIN` is sent: a caller that stops waiting for
+        // it (a shutdown, a client gone) leaves a `BEGIN` that may still run,
+        // and the drop's rollback, queued behind it, ends what it began. A
+        // `BEGIN` that failed leaves nothing open, and that rollback only
+        // finds no transaction.
         let mut tx = Tx {
             conn: Some(conn),
-            open: false,
+            open: true,
         };
         sqlx::query("BEGIN IMMEDIATE").execute(&mut *tx).await?;
-        tx.open = true;
         Ok(tx)
     }
 
@@ -105,7 +110,7 @@ enum Conn {
 pub(crate) struct Tx {
     /// `Some` until dropped.
     conn: Option<Conn>,
-    /// `BEGIN` ran and neither `COMMIT` nor `ROLLBACK` has yet.
+    /// `BEGIN` was sent, and neither `COMMIT` nor `ROLLBACK` has run since.
     open: bool,
 }
 
@@ -330,6 +335,36 @@ mod tests {
                 .expect("names");
             assert_eq!(names, ["next"]);
         });
+    }
+
+    #[tokio::test]
+    async fn a_begin_given_up_while_it_waits_for_the_lock_leaves_no_transaction_behind() {
+        let (_dir, store, mut other) = store_and_other().await;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .expect("the other connection takes the write lock");
+        // The writer's BEGIN waits in SQLite's busy handler for that lock; the
+        // caller stops waiting (as a shutdown or a gone client does). The
+        // timeout is only how the caller gives up: had BEGIN not been sent by
+        // then, there would be nothing to leave behind either.
+        let given_up =
+            tokio::time::timeout(std::time::Duration::from_millis(200), store.writer.begin()).await;
+        assert!(given_up.is_err(), "BEGIN went through under another's lock");
+        sqlx::query("ROLLBACK")
+            .execute(&mut other)
+            .await
+            .expect("rollback");
+        // The abandoned BEGIN now runs, and must not leave the writer inside
+        // a transaction nobody owns.
+        let mut tx = store.writer.begin().await.expect("a fresh transaction");
+        insert_process(&mut tx, "after").await;
+        tx.commit().await.expect("commit");
+        sqlx::query("PRAGMA busy_timeout = 10000")
+            .execute(&mut other)
+            .await
+            .expect("a busy timeout");
+        assert_eq!(processes_under_the_lock(&mut other).await, 1);
     }
 
     #[tokio::test]
