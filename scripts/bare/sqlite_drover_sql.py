@@ -9,7 +9,10 @@ claim (`src/store/sqlite/leases.rs`: session check, ready rows, tokens, START,
 counts) and the completion of clean `done` outcomes
 (`src/store/sqlite/complete.rs`: sessions, QUICK, `runs.rs` LOG_FROM_ROWS,
 IDLE, counts). The statements are copied here: keep them in step when those
-files change. Prints `drain KEYS_PER_S` and the seconds spent in each step.
+files change. The one difference: drover's first statement of each (its
+OPENING) also reads the database clock, and a claim's the process's gate
+columns and top pending priority; here the time is fixed and only the
+session is read, since Python's SQLite may predate `unixepoch('subsec')`. Prints `drain KEYS_PER_S` and the seconds spent in each step.
 
     python3 scripts/bare/sqlite_drover_sql.py [PATH]   (default /tmp/drover-sql.db, replaced)
 

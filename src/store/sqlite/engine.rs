@@ -87,11 +87,16 @@ impl SqliteStore {
     #[must_use]
     pub fn candidate_filter(&self, process: &str, key: &str) -> String {
         format!(
-            "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
-             WHERE drover_i.process = {process} AND drover_i.key = {key} \
-             AND drover_i.state <> 'idle' AND (drover_i.state <> 'pending' \
-             OR MAX(drover_i.ready_at, COALESCE(drover_i.backoff_until, 0)) > \
-             CAST(unixepoch('subsec') * 1000 AS INTEGER) + {offset}))",
+            concat!(
+                "NOT EXISTS (SELECT 1 FROM drover_items drover_i \
+                 WHERE drover_i.process = {process} AND drover_i.key = {key} \
+                 AND drover_i.state <> 'idle' AND (drover_i.state <> 'pending' \
+                 OR MAX(drover_i.ready_at, COALESCE(drover_i.backoff_until, 0)) > ",
+                clock_ms!(),
+                " + {offset}))"
+            ),
+            process = process,
+            key = key,
             offset = self.clock.offset_ms()
         )
     }

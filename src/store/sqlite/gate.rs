@@ -16,7 +16,7 @@ use crate::store::fleet::{ClaimGate, ProcessPause};
 use crate::store::gate::{Admission, GateRow};
 use crate::store::key::validate_process;
 
-/// The process row's fleet-control columns, as [`COLUMNS`] lists them.
+/// The process row's fleet-control columns, as [`gate_columns!`] lists them.
 pub(super) type Columns = (
     bool,
     Option<i64>,
@@ -26,23 +26,11 @@ pub(super) type Columns = (
     Option<i64>,
 );
 
-/// The fleet-control columns of `drover_processes`, in [`Columns`]' order.
+/// The fleet-control columns of `drover_processes`, in [`Columns`]' order
+/// (no other table a claim reads has columns of these names).
 macro_rules! gate_columns {
-    ($p:literal) => {
-        concat!(
-            $p,
-            ".paused, ",
-            $p,
-            ".concurrency, ",
-            $p,
-            ".rate_per_s, ",
-            $p,
-            ".rate_burst, ",
-            $p,
-            ".rate_tokens, ",
-            $p,
-            ".rate_tokens_at"
-        )
+    () => {
+        "paused, concurrency, rate_per_s, rate_burst, rate_tokens, rate_tokens_at"
     };
 }
 pub(super) use gate_columns;
@@ -64,8 +52,8 @@ pub(super) async fn admit(
 ) -> Result<Option<(GateRow, Admission)>, StoreError> {
     let row: Option<Columns> = sqlx::query_as(concat!(
         "SELECT ",
-        gate_columns!("p"),
-        " FROM drover_processes p WHERE p.process = ?1"
+        gate_columns!(),
+        " FROM drover_processes WHERE process = ?1"
     ))
     .bind(process)
     .fetch_optional(&mut **tx)

@@ -9,7 +9,7 @@
 
 use sqlx::SqliteConnection;
 
-use super::engine::{SqliteStore, Tx};
+use super::engine::{SqliteStore, Tx, clock_ms};
 use super::error::Db as _;
 use super::rows::duration_ms;
 use crate::store::StoreError;
@@ -26,11 +26,14 @@ use crate::store::types::EnqueueReport;
 /// earliest ready time and highest priority asked for. Every key counts the
 /// enqueue. The view's trigger (migrations 0006 and 0010) says the same per
 /// key; the contract suite runs through both.
-pub(super) const UPSERT: &str = "
+pub(super) const UPSERT: &str = concat!(
+    "
 INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
     first_enqueued_at, last_enqueued_at, enqueue_count)
 SELECT ?1, j.value, 'pending', ?2, t.now + ?3, t.now, t.now, t.now, 1
-FROM (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?4 AS now) AS t, json_each(?5) AS j
+FROM (SELECT ",
+    clock_ms!(),
+    " + ?4 AS now) AS t, json_each(?5) AS j
 WHERE true
 ON CONFLICT (process, key) DO UPDATE SET
   priority = CASE i.state WHEN 'pending' THEN MAX(i.priority, excluded.priority)
@@ -53,13 +56,18 @@ ON CONFLICT (process, key) DO UPDATE SET
   first_enqueued_at = COALESCE(i.first_enqueued_at, excluded.enqueued_at),
   last_enqueued_at = excluded.enqueued_at,
   enqueue_count = i.enqueue_count + 1,
-  state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END";
+  state = CASE i.state WHEN 'running' THEN 'running' ELSE 'pending' END"
+);
 
 /// Makes the process of the batch known (`?2`: the test clock's offset).
-const PROCESS: &str = "
+const PROCESS: &str = concat!(
+    "
 INSERT INTO drover_processes (process, created_at)
-VALUES (?1, CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?2)
-ON CONFLICT (process) DO NOTHING";
+VALUES (?1, ",
+    clock_ms!(),
+    " + ?2)
+ON CONFLICT (process) DO NOTHING"
+);
 
 /// DESIGN.md rule 2, as the view `drover_enqueue`'s `INSTEAD OF INSERT`
 /// trigger (migrations 0006 and 0010) writes it, one key per row: the same SQL

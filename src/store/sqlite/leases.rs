@@ -141,7 +141,7 @@ pub(super) const OPENING: &str = concat!(
     " + ?1)
 SELECT t.now, EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?2 AND deadline > t.now) AS alive,
     ",
-    gate_columns!("p"),
+    gate_columns!(),
     ", (SELECT priority FROM drover_items WHERE process = ?3 AND state = 'pending'
         ORDER BY priority DESC LIMIT 1) AS top
 FROM t LEFT JOIN drover_processes p ON p.process = ?3"

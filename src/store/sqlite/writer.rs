@@ -264,6 +264,14 @@ mod tests {
         n
     }
 
+    /// Makes `other` wait for a lock (up to ten seconds) instead of giving up.
+    async fn patient(other: &mut sqlx::SqliteConnection) {
+        sqlx::query("PRAGMA busy_timeout = 10000")
+            .execute(other)
+            .await
+            .expect("a busy timeout");
+    }
+
     async fn insert_process(tx: &mut super::Tx, name: &str) {
         sqlx::query("INSERT INTO drover_processes (process, created_at) VALUES (?1, 0)")
             .bind(name)
@@ -286,10 +294,7 @@ mod tests {
         drop(tx);
         // Nothing else writes in this process: the rollback alone must let go
         // of the lock, which the other connection now waits for.
-        sqlx::query("PRAGMA busy_timeout = 10000")
-            .execute(&mut other)
-            .await
-            .expect("a busy timeout");
+        patient(&mut other).await;
         let kept = processes_under_the_lock(&mut other).await;
         assert_eq!(kept, 0, "a dropped insert was kept");
         store
@@ -360,10 +365,7 @@ mod tests {
         let mut tx = store.writer.begin().await.expect("a fresh transaction");
         insert_process(&mut tx, "after").await;
         tx.commit().await.expect("commit");
-        sqlx::query("PRAGMA busy_timeout = 10000")
-            .execute(&mut other)
-            .await
-            .expect("a busy timeout");
+        patient(&mut other).await;
         assert_eq!(processes_under_the_lock(&mut other).await, 1);
     }
 
