@@ -379,6 +379,88 @@ async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_its_timeout_is_cancelled_and_retried_as_a_transient_failure() {
+    each_backend(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reconciler = move |task: Task| {
+            let tx = tx.clone();
+            async move {
+                if task.attempt() == 1 {
+                    // Returns only once cancelled, and then says "done":
+                    // a result after the timeout is not the run's outcome.
+                    let _stopped = OnDrop(Some({
+                        let tx = tx.clone();
+                        move || tx.send("dropped".to_owned()).unwrap()
+                    }));
+                    task.cancelled().await;
+                    tx.send("cancelled".to_owned()).unwrap();
+                } else {
+                    tx.send(format!("attempt {}", task.attempt())).unwrap();
+                }
+                Ok::<_, BoxError>(Action::Done)
+            }
+        };
+        let running = Running::start(
+            controller(&db.worker, reconciler)
+                .timeout(ms(100))
+                .backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
+        );
+        enqueue(&db.store, &["t"]).await;
+        assert_eq!(recv(&mut rx).await, "cancelled");
+        assert_eq!(recv(&mut rx).await, "dropped", "its future is gone");
+        assert_eq!(recv(&mut rx).await, "attempt 2");
+        running.stop().await;
+        let runs = runs_of(&db, "t").await;
+        assert_eq!(runs[0].outcome, RunOutcome::Retry);
+        let error = runs[0].error.as_deref().unwrap_or_default();
+        assert!(error.contains("timed out after 100ms"), "{error}");
+        assert_eq!(runs[1].outcome, RunOutcome::Done);
+    })
+    .await;
+}
+
+/// A reconcile that blocks its thread cannot be cancelled or dropped until it
+/// gives the thread back; its key must not run again meanwhile. Judged from
+/// what the work itself logs: each run's start and end, by the test's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reconcile_blocking_its_thread_past_its_timeout_never_overlaps_its_next_run() {
+    each_backend(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reconciler = move |task: Task| {
+            let tx = tx.clone();
+            async move {
+                let started = std::time::Instant::now();
+                if task.attempt() == 1 {
+                    std::thread::sleep(ms(700));
+                    task.cancelled().await;
+                }
+                tx.send((task.attempt(), started, std::time::Instant::now()))
+                    .unwrap();
+                Ok::<_, BoxError>(Action::Done)
+            }
+        };
+        let running = Running::start(
+            controller(&db.worker, reconciler)
+                .timeout(ms(100))
+                .backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
+        );
+        enqueue(&db.store, &["b"]).await;
+        let (first, _, first_end) = recv(&mut rx).await;
+        let (second, second_start, _) = recv(&mut rx).await;
+        running.stop().await;
+        assert_eq!((first, second), (1, 2));
+        assert!(
+            second_start >= first_end,
+            "the retry started {:?} before the blocked run ended",
+            first_end - second_start
+        );
+        let runs = runs_of(&db, "b").await;
+        assert_eq!(runs[0].outcome, RunOutcome::Retry);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cancels_runs_at_the_deadline_and_releases_their_keys() {
     each_backend(|db| async move {
         let (tx, mut rx) = mpsc::unbounded_channel();

@@ -89,6 +89,32 @@ async fn serve_announces_its_address_and_dashboard_and_stops_on_sigterm() {
     stop(child, lines).await;
 }
 
+/// The binary turns transparent huge pages off for itself (`src/main.rs`:
+/// mimalloc asked for them and the kernel zeroed two megabytes per first
+/// touch); the kernel reports the process's setting in `/proc/PID/status`.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn serve_runs_without_transparent_huge_pages() {
+    let ours = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    if !ours.contains("THP_enabled:") {
+        eprintln!("skipping: this kernel does not report THP_enabled");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = serve(&format!("sqlite://{}", dir.path().join("d.db").display()));
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    banner(&mut lines).await;
+    let pid = child.id().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status.lines().find(|l| l.starts_with("THP_enabled:"));
+    assert_eq!(
+        line.map(|l| l.split_whitespace().nth(1)),
+        Some(Some("0")),
+        "{line:?}"
+    );
+    stop(child, lines).await;
+}
+
 #[tokio::test]
 async fn serve_hides_the_database_password_in_its_banner() {
     let Some(base) = support::postgres_url() else {

@@ -3,7 +3,7 @@
 //! `drover_leases_reclaimed_total`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -15,6 +15,17 @@ use super::{InFlight, MetricsHandle, QueueMetrics};
 use crate::store::FencingToken;
 
 type OutcomeLabels = [(&'static str, String); 2];
+
+/// The outcomes a controller counts (`Outcome::name`, then the two a run can
+/// end with before one is written), each given its own cached counter.
+const OUTCOMES: [&str; 6] = [
+    "done",
+    "requeue_after",
+    "transient",
+    "permanent",
+    "canceled",
+    "lost",
+];
 
 /// The runner's metric families, registered once per registry.
 #[derive(Debug, Clone)]
@@ -71,6 +82,10 @@ pub(crate) struct RunnerMetrics {
     pub(crate) sessions_active: Gauge,
     pub(crate) leases_reclaimed: Counter,
     pub(crate) in_flight: Arc<Runs>,
+    /// This process's counter of each of [`OUTCOMES`], once first counted:
+    /// looked up in the family by its labels, a count cost two strings and a
+    /// hash of both per run.
+    outcomes: Arc<[OnceLock<Counter>; OUTCOMES.len()]>,
 }
 
 impl RunnerMetrics {
@@ -81,7 +96,7 @@ impl RunnerMetrics {
         let families = super::runner().clone();
         let in_flight = Arc::new(Runs {
             process: process.to_owned(),
-            started: Mutex::new(HashMap::new()),
+            started: Mutex::new(Started::default()),
         });
         let weak: std::sync::Weak<dyn InFlight> = Arc::downgrade(&in_flight) as _;
         queue.track(weak);
@@ -92,25 +107,38 @@ impl RunnerMetrics {
             leases_reclaimed: families.leases_reclaimed.clone(),
             families,
             in_flight,
+            outcomes: Arc::default(),
         }
     }
 
     /// Counts one run's end.
     pub(crate) fn outcome(&self, outcome: &'static str) {
-        let labels = [
-            ("process", self.process.clone()),
-            ("outcome", outcome.to_owned()),
-        ];
-        self.families.outcomes.get_or_create(&labels).inc();
+        let counter = || {
+            let labels = [
+                ("process", self.process.clone()),
+                ("outcome", outcome.to_owned()),
+            ];
+            self.families.outcomes.get_or_create(&labels).clone()
+        };
+        match OUTCOMES.iter().position(|known| *known == outcome) {
+            Some(at) => self.outcomes[at].get_or_init(counter).inc(),
+            None => counter().inc(),
+        };
     }
 }
+
+/// Runs by fencing token: foldhash rather than SipHash, since the tokens come
+/// from the database, not from anyone who could pick colliding ones, and a run
+/// is added and removed once each (SipHash was 4 % of a burn-down's runner
+/// samples, with the store's maps).
+type Started = HashMap<FencingToken, Instant, foldhash::fast::RandomState>;
 
 /// The runs in flight, for `workqueue_unfinished_work_seconds` and
 /// `workqueue_longest_running_processor_seconds`.
 #[derive(Debug)]
 pub(crate) struct Runs {
     process: String,
-    started: Mutex<HashMap<FencingToken, Instant>>,
+    started: Mutex<Started>,
 }
 
 impl Runs {
@@ -122,7 +150,7 @@ impl Runs {
         self.lock().remove(&token);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, Instant>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Started> {
         self.started.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -464,9 +464,13 @@ fn start<R: Reconciler, B: WorkerBackend>(
         };
         // Boxed: the run future is kilobytes, and tokio would copy it into the
         // task and again at each stage change (9 % of a burn-down's samples).
+        // The session's own token, not a child: nothing cancels one run's
+        // token alone here (a timeout cancels the reconcile's own child, in
+        // `Run::reconcile`), and a child is an allocation and two locks of
+        // the session token's tree per run.
         runs.spawn(Box::pin(Arc::clone(run).execute(
             lease,
-            session.token.child_token(),
+            session.token.clone(),
             permit,
         )));
     }

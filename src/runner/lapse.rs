@@ -24,7 +24,7 @@ use crate::store::StoreError;
 /// keeper task waits for a thread on a busy runtime: milliseconds, tens under
 /// heavy load), then stopping every run (a reconcile watching
 /// [`Task::cancelled`](super::Task::cancelled) gets [`STOP_GRACE`] to return,
-/// then it is aborted; `drover work --exec` kills the command's process group
+/// then its future is dropped; `drover work --exec` kills the command's process group
 /// and waits for it to be reaped, a few milliseconds). 100 ms of grace plus
 /// lateness and kill stays well inside 250 ms. The database side only adds
 /// slack: its deadline counts from when it ran the heartbeat, after the send,
@@ -32,7 +32,8 @@ use crate::store::StoreError;
 pub const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(250);
 
 /// How long a cancelled reconcile may take to return on its own (to kill and
-/// reap what it started) before it is aborted. Part of the [`MIN_SAFETY_MARGIN`].
+/// reap what it started) before its future is dropped. Part of the
+/// [`MIN_SAFETY_MARGIN`].
 pub const STOP_GRACE: Duration = Duration::from_millis(100);
 
 /// The shortest session TTL a controller accepts: 750 ms, three times the

@@ -1,12 +1,15 @@
-//! One run of one key: reconcile it in a task of its own (panic isolation), bound
-//! it by the timeout and the cancellation token, and write its outcome through
-//! the lease.
+//! One run of one key: reconcile it with its panics caught (panic isolation),
+//! bound it by the timeout and the cancellation token, and write its outcome
+//! through the lease.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
@@ -110,28 +113,38 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
                 Ended::Lost
             };
         }
-        // The task's own token: a timeout cancels this run alone.
-        let cancel = token.child_token();
+        let limit = self.settings.timeout;
+        // With a timeout, the task gets its own token, so the timeout cancels
+        // this run alone; without one, only the session's token can stop it.
+        let cancel = match limit {
+            Some(_) => token.child_token(),
+            None => token.clone(),
+        };
         let store = self.backend.local_store().cloned();
         let task = Task::new(lease.clone(), cancel.clone(), store);
-        let reconciler = Arc::clone(&self.reconciler);
-        let mut handle = tokio::spawn(async move { reconciler.reconcile(task).await });
-        let limit = self.settings.timeout;
+        // Polled here, in the run's own task, with a panic caught as the
+        // run's failure: a task of its own per run cost a spawn and a wake-up
+        // per key, and could outlive its run (a reconcile that blocks its
+        // thread past the grace kept running while its key was leased again).
+        // Here a run ends only when its reconcile has returned or been
+        // dropped.
+        let work = AssertUnwindSafe(self.reconciler.reconcile(task)).catch_unwind();
+        let mut work = pin!(work);
         let result = tokio::select! {
-            result = &mut handle => result,
+            result = &mut work => result,
             () = token.cancelled() => {
-                stop_reconcile(handle, &cancel).await;
+                stop_reconcile(work, &cancel).await;
                 return if self.force.is_cancelled() { Ended::Released } else { Ended::Lost };
             }
             () = sleep_for(limit) => {
-                stop_reconcile(handle, &cancel).await;
+                stop_reconcile(work, &cancel).await;
                 let limit = limit.unwrap_or_default();
                 return Ended::Outcome(Outcome::Transient(format!("timed out after {limit:?}")));
             }
         };
         Ended::Outcome(match result {
             Ok(result) => outcome_of(result),
-            Err(join) => Outcome::Transient(panic_message(join)),
+            Err(panic) => Outcome::Transient(panic_message(&*panic)),
         })
     }
 
@@ -211,19 +224,16 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     }
 }
 
-/// Stops a reconcile that must end: cancels its task, lets it return on its
-/// own for [`STOP_GRACE`] (a reconciler watching
+/// Stops a reconcile that must end: cancels its task and lets it return on
+/// its own for [`STOP_GRACE`] (a reconciler watching
 /// [`Task::cancelled`](super::Task::cancelled) kills and reaps what it
-/// started), then aborts it. Returns once its future is gone (its drop guards
-/// have run), or a grace later if it blocks its thread and cannot be dropped.
-async fn stop_reconcile<T>(mut handle: JoinHandle<T>, cancel: &CancellationToken) {
+/// started); the caller then drops it where it stands, which runs its drop
+/// guards. A reconcile that blocks its thread cannot be stopped by either, and
+/// holds its run (and its key's lease) until it returns.
+async fn stop_reconcile<F: Future>(work: Pin<&mut F>, cancel: &CancellationToken) {
     cancel.cancel();
-    if timeout(STOP_GRACE, &mut handle).await.is_ok() {
-        return;
-    }
-    handle.abort();
-    if timeout(STOP_GRACE, handle).await.is_err() {
-        tracing::error!("a cancelled reconcile blocks its thread and cannot be stopped");
+    if timeout(STOP_GRACE, work).await.is_err() {
+        tracing::warn!("a cancelled reconcile did not return within {STOP_GRACE:?}; dropping it");
     }
 }
 
@@ -235,11 +245,7 @@ async fn sleep_for(limit: Option<Duration>) {
 }
 
 /// The panic's message, for the history.
-fn panic_message(join: tokio::task::JoinError) -> String {
-    if !join.is_panic() {
-        return "reconcile was aborted".to_owned();
-    }
-    let payload = join.into_panic();
+fn panic_message(payload: &(dyn Any + Send)) -> String {
     let text = payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
