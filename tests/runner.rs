@@ -37,6 +37,14 @@ fn controller<R: Reconciler>(
         .ttl(Duration::from_secs(3))
 }
 
+/// [`controller`] retrying a failed key after a fixed 10 ms.
+fn retrying<R: Reconciler>(
+    backend: &TestBackend,
+    reconciler: R,
+) -> ControllerBuilder<R, TestBackend> {
+    controller(backend, reconciler).backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap())
+}
+
 struct Running {
     stop: CancellationToken,
     handle: JoinHandle<()>,
@@ -358,9 +366,7 @@ async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() 
             }
             Ok(Action::Done)
         });
-        let running = Running::start(
-            controller(&db.worker, reconciler).backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
-        );
+        let running = Running::start(retrying(&db.worker, reconciler));
         enqueue(&db.store, &["p"]).await;
         assert_eq!(recv(&mut rx).await.1, 1);
         assert_eq!(recv(&mut rx).await.1, 2, "the worker survived and retried");
@@ -400,11 +406,7 @@ async fn a_run_past_its_timeout_is_cancelled_and_retried_as_a_transient_failure(
                 Ok::<_, BoxError>(Action::Done)
             }
         };
-        let running = Running::start(
-            controller(&db.worker, reconciler)
-                .timeout(ms(100))
-                .backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
-        );
+        let running = Running::start(retrying(&db.worker, reconciler).timeout(ms(100)));
         enqueue(&db.store, &["t"]).await;
         assert_eq!(recv(&mut rx).await, "cancelled");
         assert_eq!(recv(&mut rx).await, "dropped", "its future is gone");
@@ -439,11 +441,7 @@ async fn a_reconcile_blocking_its_thread_past_its_timeout_never_overlaps_its_nex
                 Ok::<_, BoxError>(Action::Done)
             }
         };
-        let running = Running::start(
-            controller(&db.worker, reconciler)
-                .timeout(ms(100))
-                .backoff(Backoff::new(ms(10), 2.0, ms(10)).unwrap()),
-        );
+        let running = Running::start(retrying(&db.worker, reconciler).timeout(ms(100)));
         enqueue(&db.store, &["b"]).await;
         let (first, _, first_end) = recv(&mut rx).await;
         let (second, second_start, _) = recv(&mut rx).await;
