@@ -65,11 +65,16 @@ impl RunnerFamilies {
     /// (a controller here, or a worker reporting over HTTP).
     #[cfg(feature = "server")] // called by the server only
     pub(crate) fn count_outcome(&self, process: &str, outcome: &str) {
+        self.outcome_counter(process, outcome).inc();
+    }
+
+    /// The counter of runs of `process` that ended with `outcome`.
+    fn outcome_counter(&self, process: &str, outcome: &str) -> Counter {
         let labels = [
             ("process", process.to_owned()),
             ("outcome", outcome.to_owned()),
         ];
-        self.outcomes.get_or_create(&labels).inc();
+        self.outcomes.get_or_create(&labels).clone()
     }
 }
 
@@ -113,13 +118,7 @@ impl RunnerMetrics {
 
     /// Counts one run's end.
     pub(crate) fn outcome(&self, outcome: &'static str) {
-        let counter = || {
-            let labels = [
-                ("process", self.process.clone()),
-                ("outcome", outcome.to_owned()),
-            ];
-            self.families.outcomes.get_or_create(&labels).clone()
-        };
+        let counter = || self.families.outcome_counter(&self.process, outcome);
         match OUTCOMES.iter().position(|known| *known == outcome) {
             Some(at) => self.outcomes[at].get_or_init(counter).inc(),
             None => counter().inc(),
@@ -129,8 +128,8 @@ impl RunnerMetrics {
 
 /// Runs by fencing token: foldhash rather than SipHash, since the tokens come
 /// from the database, not from anyone who could pick colliding ones, and a run
-/// is added and removed once each (SipHash was 4 % of a burn-down's runner
-/// samples, with the store's maps).
+/// is added and removed once each (SipHash, here and in the store's own maps,
+/// was 4 % of a burn-down's runner samples).
 type Started = HashMap<FencingToken, Instant, foldhash::fast::RandomState>;
 
 /// The runs in flight, for `workqueue_unfinished_work_seconds` and
