@@ -35,7 +35,13 @@ MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "
 START = """UPDATE drover_items SET state = 'running', lease_session = ?2,
     lease_token = ?3 + id, started_at = ?4, counts_mark = counts_mark + 1
 WHERE id IN (SELECT value FROM json_each(?1)) AND +state = 'pending' AND +process = ?5"""
-QUICK = """SELECT i.lease_token, i.id, i.key FROM json_each(?1) AS j CROSS JOIN drover_items AS i
+READY = """SELECT json_group_array(json_array(ready_at, json_array(id, key, priority, failures,
+    enqueued_at)))
+FROM (SELECT id, key, priority, failures, enqueued_at, ready_at FROM drover_items
+      WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
+      ORDER BY ready_at, id LIMIT ?4)"""
+QUICK = """SELECT json_group_array(json_array(i.lease_token, i.id, i.key))
+FROM json_each(?1) AS j CROSS JOIN drover_items AS i
     ON i.lease_session = ?2 AND i.lease_token = j.value
 WHERE i.state = 'running' AND +i.process = ?3 AND i.dirty_since IS NULL"""
 LOG = """INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
@@ -83,10 +89,8 @@ def main() -> None:
         c.execute("BEGIN IMMEDIATE")
         step("claim_session", lambda: c.execute(
             "SELECT 1 FROM drover_sessions WHERE id = ? AND deadline > ?", (SESSION, NOW)).fetchall())
-        ready = step("claim_ids", lambda: c.execute(
-            "SELECT id, key, priority, failures, enqueued_at FROM drover_items"
-            " WHERE process = ? AND state = 'pending' AND priority = 0"
-            " AND ready_at <= ? ORDER BY ready_at, id LIMIT ?", (PROCESS, NOW, CLAIM)).fetchall())
+        ready = step("claim_ids", lambda: [row for _, row in sorted(json.loads(c.execute(
+            READY, (PROCESS, 0, NOW, CLAIM)).fetchone()[0]))])
         if not ready:
             c.execute("COMMIT")
             break
@@ -107,8 +111,8 @@ def main() -> None:
             "SELECT id FROM drover_sessions WHERE id IN (SELECT value FROM json_each(?))"
             " AND deadline > ?", (json.dumps([SESSION]), NOW)).fetchall())
         keys = {token: key for key, token in leases}
-        found = step("done_quick", lambda: c.execute(
-            QUICK, (json.dumps(list(keys)), SESSION, PROCESS)).fetchall())
+        found = step("done_quick", lambda: json.loads(c.execute(
+            QUICK, (json.dumps(list(keys)), SESSION, PROCESS)).fetchone()[0]))
         held = json.dumps([id_ for token, id_, key in found if keys[token] == key])
         step("done_runs", lambda: c.execute(LOG, (NOW, "done", held)))
         idle = step("done_idle", lambda: c.execute(IDLE, (NOW, held, PROCESS)).rowcount)

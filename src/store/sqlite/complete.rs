@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::counted;
 use super::engine::{SqliteStore, Tx, clock_ms};
 use super::error::Db as _;
-use super::rows::{RunningRow, duration_ms, running_columns, to_ms, to_time};
+use super::rows::{RunningRow, duration_ms, json_rows, running_columns, to_ms, to_time};
 use super::runs::{log_from_rows, log_with_errors};
 use crate::store::StoreError;
 use crate::store::decode::corrupt;
@@ -83,7 +83,8 @@ pub(super) async fn complete_batch(
 
 /// The running rows that clean `done` outcomes leave idle as they are: `?1` is
 /// a JSON array of lease tokens of session `?2` and process `?3`, and a row
-/// comes back (token, id, key) when it is running under that token and
+/// is listed, as `[token, id, key]` in one JSON array ([`json_rows`] says why
+/// one value), when it is running under that token and
 /// session, for that process, with no enqueue during the run (`dirty_since`),
 /// which is all [`settle`](crate::store::settle::settle) looks at for `done`;
 /// the caller checks the key. One probe of the lease index per token (the
@@ -92,7 +93,8 @@ pub(super) async fn complete_batch(
 /// every element back into text and parsed it again for each field (about 9 %
 /// of a burn-down's instructions, `scripts/bare/instructions.sh`).
 pub(super) const QUICK: &str = "
-SELECT i.lease_token, i.id, i.key FROM json_each(?1) AS j CROSS JOIN drover_items AS i
+SELECT json_group_array(json_array(i.lease_token, i.id, i.key))
+FROM json_each(?1) AS j CROSS JOIN drover_items AS i
     ON i.lease_session = ?2 AND i.lease_token = j.value
 WHERE i.state = 'running' AND +i.process = ?3 AND i.dirty_since IS NULL";
 
@@ -121,13 +123,14 @@ async fn quick(
     }
     let mut quick = HashMap::with_capacity(batch.len());
     for ((session, process), tokens) in asked {
-        let found: Vec<(i64, i64, String)> = sqlx::query_as(QUICK)
+        let found: String = sqlx::query_scalar(QUICK)
             .bind(Value::from(tokens).to_string())
             .bind(session)
             .bind(process)
-            .fetch_all(&mut **tx)
+            .fetch_one(&mut **tx)
             .await
             .db()?;
+        let found: Vec<(i64, i64, String)> = json_rows(&found, "a completion's quick rows")?;
         for (token, id, key) in found {
             if let Some(&n) = first.get(&token)
                 && batch[n].lease.key == key

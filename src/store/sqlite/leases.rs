@@ -6,7 +6,7 @@ use super::engine::{SqliteStore, Tx, clock_ms};
 use super::error::Db as _;
 use super::gate::{self, gate_columns};
 use super::items::ensure_process;
-use super::rows::{RunningRow, running_columns, to_time};
+use super::rows::{RunningRow, json_rows, running_columns, to_time};
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::decode::corrupt;
@@ -95,19 +95,19 @@ async fn ready_rows(
     let mut rows = Vec::new();
     let mut next = top.filter(|_| max > 0);
     while let Some(priority) = next {
-        let more: Vec<ReadyRow> = sqlx::query_as(
-            "SELECT id, key, priority, failures, enqueued_at FROM drover_items
-             WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
-             ORDER BY ready_at, id LIMIT ?4",
-        )
-        .bind(process)
-        .bind(priority)
-        .bind(now)
-        .bind(i64::from(max) - rows.len() as i64)
-        .fetch_all(&mut **tx)
-        .await
-        .db()?;
-        rows.extend(more);
+        let more: String = sqlx::query_scalar(READY)
+            .bind(process)
+            .bind(priority)
+            .bind(now)
+            .bind(i64::from(max) - rows.len() as i64)
+            .fetch_one(&mut **tx)
+            .await
+            .db()?;
+        let mut more: Vec<(i64, ReadyRow)> = json_rows(&more, "a claim's ready rows")?;
+        // In the order SQLite aggregated them, which is the subquery's; sorted
+        // again here, on the task's side, so the claim order never rests on it.
+        more.sort_unstable_by_key(|(ready_at, row)| (*ready_at, row.0));
+        rows.extend(more.into_iter().map(|(_, row)| row));
         if rows.len() >= max as usize {
             break;
         }
@@ -124,6 +124,15 @@ async fn ready_rows(
     }
     Ok(rows)
 }
+
+/// Up to `?4` ready rows of process `?1` at priority `?2` at time `?3`, the
+/// earliest ready first, as one JSON array of `[ready_at, [id, key, priority,
+/// failures, enqueued_at]]` ([`json_rows`] says why one value).
+const READY: &str = "
+SELECT json_group_array(json_array(ready_at, json_array(id, key, priority, failures, enqueued_at)))
+FROM (SELECT id, key, priority, failures, enqueued_at, ready_at FROM drover_items
+      WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
+      ORDER BY ready_at, id LIMIT ?4)";
 
 /// A ready item as a claim reads it: its id, and what its lease carries. The
 /// claim's `UPDATE` changes none of these, and the write lock is held from

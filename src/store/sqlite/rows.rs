@@ -5,7 +5,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use serde::de::DeserializeOwned;
+
 use crate::backoff::clamp_delay;
+use crate::store::StoreError;
+use crate::store::decode::corrupt;
 use crate::store::rows::Stamp as _;
 pub(super) use crate::store::rows::{item_columns, run_columns, running_columns};
 
@@ -30,3 +34,19 @@ pub(super) type ItemRow = crate::store::rows::ItemRow<i64>;
 pub(super) type RunningRow = crate::store::rows::RunningRow<i64>;
 /// A `drover_runs` row.
 pub(super) type RunRow = crate::store::rows::RunRow<i64>;
+
+/// The rows a statement returned as one JSON array (`json_group_array`), one
+/// array per row, read back as `T`s; `what` names them in the error if the
+/// text is not such an array.
+///
+/// The claim's ready rows and the completion's quick rows come back this way:
+/// one value instead of a thousand rows of three to six. sqlx copies each
+/// value of each row (`sqlite3_value_dup`, an allocation) on the thread of the
+/// connection, which every write waits for, and the rows cross to the task
+/// one by one, each freed there: with the runs' task on the other core, the
+/// copies, the frees coming back and the hand-over of each row cost the
+/// writer's thread about 10 % of a burn-down, and tokio's about a fifth of
+/// its share (`perf`, 2026-12-02). The JSON is parsed where the rows are used.
+pub(super) fn json_rows<T: DeserializeOwned>(json: &str, what: &str) -> Result<Vec<T>, StoreError> {
+    serde_json::from_str(json).map_err(|e| corrupt(format!("{what} came back malformed: {e}")))
+}
