@@ -12,8 +12,8 @@ use std::time::Duration;
 use drover::backoff::Backoff;
 use drover::store::{
     ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
-    MAX_TEXT_BYTES, Outcome, ProcessConfigure, RunOutcome, SessionHeartbeat, StoreEngine as _,
-    StoreError,
+    MAX_NAME_BYTES, MAX_TEXT_BYTES, Outcome, ProcessConfigure, RunOutcome, SessionHeartbeat,
+    StoreEngine as _, StoreError,
 };
 use support::each_enqueue_path_and_pooler;
 use support::store::{P, claim, complete, configure, enqueue, events, history, item, keys, secs};
@@ -626,6 +626,58 @@ async fn a_batch_of_clean_dones_settles_each_lease_once_and_refuses_repeats_and_
         assert_eq!(events(&db.store, "c").await, [Done]);
         let again = claim(&db.store, s.id, 10).await;
         assert_eq!(keys(&again), ["b"]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn keys_json_has_to_escape_are_claimed_and_completed_exactly_as_written() {
+    // SQLite returns a claim's rows and a completion's quick rows as one JSON
+    // text (`json_group_array`): every character a key may hold must come back
+    // as it went in.
+    let written: Vec<String> = [
+        "quote\"d",
+        "back\\slash",
+        "new\nline\r\ttab",
+        "\u{1}control\u{1f}\u{7f}",
+        "ünïcødé ∑ 🦀",
+        "[1, 2]",
+        "{\"a\": 1}",
+        "null",
+        "  spaced  ",
+        "\u{2028}\u{2029}\u{feff}",
+        &"k".repeat(MAX_NAME_BYTES),
+    ]
+    .map(String::from)
+    .to_vec();
+    each_enqueue_path_and_pooler(|db| {
+        let written = written.clone();
+        async move {
+            let written: Vec<&str> = written.iter().map(String::as_str).collect();
+            let s = db.session().await;
+            enqueue(&db.store, &written).await;
+            let leases = claim(&db.store, s.id, 100).await;
+            let mut claimed = keys(&leases);
+            claimed.sort_unstable();
+            let mut expected = written.clone();
+            expected.sort_unstable();
+            assert_eq!(claimed, expected, "every key, as written");
+            let done = Outcome::Done;
+            let batch: Vec<LeaseComplete<'_>> = leases
+                .iter()
+                .map(|lease| LeaseComplete {
+                    lease,
+                    outcome: &done,
+                })
+                .collect();
+            let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+            for key in &written {
+                let it = item(&db.store, key).await.expect("known");
+                assert_eq!((it.state, it.key.as_str()), (ItemState::Idle, *key));
+                assert_eq!(events(&db.store, key).await, [RunOutcome::Done], "{key:?}");
+            }
+        }
     })
     .await;
 }
