@@ -82,12 +82,12 @@ pub(super) async fn complete_batch(
 }
 
 /// The running rows that clean `done` outcomes leave idle as they are: `?1` is
-/// a JSON array of lease tokens of session `?2` and process `?3`, and a row
-/// is listed, as `[token, id, key]` in one JSON array ([`json_rows`] says why
-/// one value), when it is running under that token and
-/// session, for that process, with no enqueue during the run (`dirty_since`),
-/// which is all [`settle`](crate::store::settle::settle) looks at for `done`;
-/// the caller checks the key. One probe of the lease index per token (the
+/// a JSON array of lease tokens of session `?2` and process `?3`, and a row is
+/// listed, as `[token, id, key]` in one JSON array ([`json_rows`] says why one
+/// value), when it is running under that token and session, for that process,
+/// with no enqueue during the run (`dirty_since`), which is all
+/// [`settle`](crate::store::settle::settle) looks at for `done`; the caller
+/// checks the key. One probe of the lease index per token (the
 /// `CROSS JOIN` keeps the array outside), and an array of plain integers: with
 /// each lease passed as a `[token, session, process, key]` array, SQLite turned
 /// every element back into text and parsed it again for each field (about 9 %

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-
 use serde::de::DeserializeOwned;
 
 use crate::backoff::clamp_delay;
