@@ -11,12 +11,14 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
+    ErrorGroups, ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
     MAX_NAME_BYTES, MAX_TEXT_BYTES, Outcome, ProcessConfigure, RunOutcome, SessionHeartbeat,
     StoreEngine as _, StoreError,
 };
 use support::each_enqueue_path_and_pooler;
-use support::store::{P, claim, complete, configure, enqueue, events, history, item, keys, secs};
+use support::store::{
+    P, batch, claim, complete, configure, enqueue, events, history, item, keys, secs,
+};
 
 #[tokio::test]
 async fn enqueued_key_is_claimed_once_and_idle_after_done() {
@@ -585,14 +587,11 @@ async fn a_batch_of_clean_dones_settles_each_lease_once_and_refuses_repeats_and_
             ..c.clone()
         };
         let done = Outcome::Done;
-        let batch: Vec<LeaseComplete<'_>> = [a, a, b, &forged]
-            .into_iter()
-            .map(|lease| LeaseComplete {
-                lease,
-                outcome: &done,
-            })
-            .collect();
-        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        let results = db
+            .store
+            .lease_complete_batch(&batch([a, a, b, &forged], &done))
+            .await
+            .expect("batch");
         assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
         for refused in [1, 3] {
             assert!(
@@ -663,14 +662,11 @@ async fn keys_json_has_to_escape_are_claimed_and_completed_exactly_as_written() 
             expected.sort_unstable();
             assert_eq!(claimed, expected, "every key, as written");
             let done = Outcome::Done;
-            let batch: Vec<LeaseComplete<'_>> = leases
-                .iter()
-                .map(|lease| LeaseComplete {
-                    lease,
-                    outcome: &done,
-                })
-                .collect();
-            let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+            let results = db
+                .store
+                .lease_complete_batch(&batch(&leases, &done))
+                .await
+                .expect("batch");
             assert!(results.iter().all(Result::is_ok), "{results:?}");
             for key in &written {
                 let it = item(&db.store, key).await.expect("known");
@@ -680,6 +676,56 @@ async fn keys_json_has_to_escape_are_claimed_and_completed_exactly_as_written() 
         }
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_key_sql_wrote_as_invalid_utf8_is_parked_and_the_keys_behind_it_still_run() {
+    // SQLite takes any bytes as text from SQL (the `drover_enqueue` view, a
+    // watch trigger) and cannot check them at the door; such a key used to
+    // fail every claim of its process, so no key of it ran again.
+    let (db, _dir) = support::sqlite().await;
+    db.execute(&format!(
+        "INSERT INTO drover_enqueue (process, key) VALUES ('{P}', CAST(X'66FF' AS TEXT))"
+    ))
+    .await;
+    enqueue(&db.store, &["after"]).await;
+    let s = db.session().await;
+    let leases = claim(&db.store, s.id, 10).await;
+    assert_eq!(keys(&leases), ["after"], "the key behind the poison runs");
+    complete(&db.store, &leases[0], Outcome::Done)
+        .await
+        .expect("done");
+    assert!(claim(&db.store, s.id, 10).await.is_empty(), "nothing left");
+    let counts = db.store.process_counts().await.expect("counts");
+    let counts = counts.iter().find(|c| c.process == P).expect("counted");
+    assert_eq!((counts.pending, counts.parked, counts.idle), (0, 1, 1));
+    let groups = db
+        .store
+        .error_groups(ErrorGroups {
+            process: P.into(),
+            limit: 10,
+        })
+        .await
+        .expect("groups");
+    let [group] = groups.as_slice() else {
+        panic!("one group: {groups:?}")
+    };
+    assert!(
+        group.sample.contains("not valid Unicode text")
+            && group
+                .sample
+                .contains("DELETE FROM drover_items WHERE id = 1"),
+        "{}",
+        group.sample
+    );
+    db.execute("DELETE FROM drover_items WHERE id = 1").await;
+    let counts = db.store.process_counts().await.expect("counts");
+    let counts = counts.iter().find(|c| c.process == P).expect("counted");
+    assert_eq!(
+        (counts.parked, counts.idle),
+        (0, 1),
+        "the SQL it names removes it"
+    );
 }
 
 /// Claims `keys` (enqueued first) for a fresh session, in key order.

@@ -35,9 +35,8 @@ MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "
 START = """UPDATE drover_items SET state = 'running', lease_session = ?2,
     lease_token = ?3 + id, started_at = ?4, counts_mark = counts_mark + 1
 WHERE id IN (SELECT value FROM json_each(?1)) AND +state = 'pending' AND +process = ?5"""
-READY = """SELECT json_group_array(json_array(ready_at, json_array(id, key, priority, failures,
-    enqueued_at)))
-FROM (SELECT id, key, priority, failures, enqueued_at, ready_at FROM drover_items
+READY = """SELECT json_group_array(json_array(ready_at, id, key, failures, enqueued_at))
+FROM (SELECT id, key, failures, enqueued_at, ready_at FROM drover_items
       WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
       ORDER BY ready_at, id LIMIT ?4)"""
 QUICK = """SELECT json_group_array(json_array(i.lease_token, i.id, i.key))
@@ -89,8 +88,9 @@ def main() -> None:
         c.execute("BEGIN IMMEDIATE")
         step("claim_session", lambda: c.execute(
             "SELECT 1 FROM drover_sessions WHERE id = ? AND deadline > ?", (SESSION, NOW)).fetchall())
-        ready = step("claim_ids", lambda: [row for _, row in sorted(json.loads(c.execute(
-            READY, (PROCESS, 0, NOW, CLAIM)).fetchone()[0]))])
+        ready = step("claim_ids", lambda: [(id_, key, 0, failures, enqueued_at) for
+                                           _, id_, key, failures, enqueued_at in sorted(json.loads(
+                                               c.execute(READY, (PROCESS, 0, NOW, CLAIM)).fetchone()[0]))])
         if not ready:
             c.execute("COMMIT")
             break

@@ -56,13 +56,23 @@ pub(crate) async fn run_ready(
         max,
     };
     let leases = store.lease_claim(claim).await.expect("claim").leases;
-    let batch: Vec<_> = leases
-        .iter()
-        .map(|lease| LeaseComplete { lease, outcome })
-        .collect();
-    let results = store.lease_complete_batch(&batch).await.expect("complete");
+    let results = store
+        .lease_complete_batch(&batch(&leases, outcome))
+        .await
+        .expect("complete");
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     leases.into_iter().map(|l| l.key).collect()
+}
+
+/// One completion batch: `outcome` for each of `leases`, in order.
+pub(crate) fn batch<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    outcome: &'a Outcome,
+) -> Vec<LeaseComplete<'a>> {
+    leases
+        .into_iter()
+        .map(|lease| LeaseComplete { lease, outcome })
+        .collect()
 }
 
 /// The leases' keys, in order.

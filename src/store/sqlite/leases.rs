@@ -3,7 +3,7 @@
 
 use super::counted;
 use super::engine::{SqliteStore, Tx, clock_ms};
-use super::error::Db as _;
+use super::error::{Db as _, map};
 use super::gate::{self, gate_columns};
 use super::items::ensure_process;
 use super::rows::{RunningRow, json_rows, running_columns, to_time};
@@ -11,6 +11,7 @@ use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::decode::corrupt;
 use crate::store::fleet::{ClaimGate, Claimed};
+use crate::store::groups::error_signature;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::refusal::{Unlockable, lock_refusal};
@@ -95,19 +96,35 @@ async fn ready_rows(
     let mut rows = Vec::new();
     let mut next = top.filter(|_| max > 0);
     while let Some(priority) = next {
-        let more: String = sqlx::query_scalar(READY)
+        let limit = i64::from(max) - rows.len() as i64;
+        let read = sqlx::query_scalar::<_, String>(READY)
             .bind(process)
             .bind(priority)
             .bind(now)
-            .bind(i64::from(max) - rows.len() as i64)
+            .bind(limit)
             .fetch_one(&mut **tx)
-            .await
-            .db()?;
-        let mut more: Vec<(i64, ReadyRow)> = json_rows(&more, "a claim's ready rows")?;
+            .await;
+        let more = match read {
+            Ok(more) => more,
+            Err(e @ sqlx::Error::ColumnDecode { .. }) => {
+                // Not UTF-8: a key only SQL can have written. Parked, the
+                // priority is read again; anything else is the database's.
+                if park_undecodable(tx, now, process, priority, limit).await? == 0 {
+                    return Err(map(e));
+                }
+                continue;
+            }
+            Err(e) => return Err(map(e)),
+        };
+        let mut more: Vec<(i64, i64, String, i64, i64)> = json_rows(&more, "a claim's ready rows")?;
         // In the order SQLite aggregated them, which is the subquery's; sorted
         // again here, on the task's side, so the claim order never rests on it.
-        more.sort_unstable_by_key(|(ready_at, row)| (*ready_at, row.0));
-        rows.extend(more.into_iter().map(|(_, row)| row));
+        more.sort_unstable_by_key(|&(ready_at, id, ..)| (ready_at, id));
+        rows.extend(
+            more.into_iter().map(|(_, id, key, failures, enqueued_at)| {
+                (id, key, priority, failures, enqueued_at)
+            }),
+        );
         if rows.len() >= max as usize {
             break;
         }
@@ -125,14 +142,82 @@ async fn ready_rows(
     Ok(rows)
 }
 
+/// The rows [`READY`] reads, which [`park_undecodable`] reads again when they
+/// do not decode: `?4` ready rows of process `?1` at priority `?2` at time
+/// `?3`, the earliest ready first.
+macro_rules! ready_front {
+    () => {
+        "FROM drover_items
+         WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
+         ORDER BY ready_at, id LIMIT ?4"
+    };
+}
+
 /// Up to `?4` ready rows of process `?1` at priority `?2` at time `?3`, the
-/// earliest ready first, as one JSON array of `[ready_at, [id, key, priority,
-/// failures, enqueued_at]]` ([`json_rows`] says why one value).
-const READY: &str = "
-SELECT json_group_array(json_array(ready_at, json_array(id, key, priority, failures, enqueued_at)))
-FROM (SELECT id, key, priority, failures, enqueued_at, ready_at FROM drover_items
-      WHERE process = ?1 AND state = 'pending' AND priority = ?2 AND ready_at <= ?3
-      ORDER BY ready_at, id LIMIT ?4)";
+/// earliest ready first, as one JSON array of `[ready_at, id, key, failures,
+/// enqueued_at]` ([`json_rows`] says why one value; the priority is `?2`).
+const READY: &str = concat!(
+    "SELECT json_group_array(json_array(ready_at, id, key, failures, enqueued_at))
+FROM (SELECT id, key, failures, enqueued_at, ready_at ",
+    ready_front!(),
+    ")"
+);
+
+/// Parks the keys among the first `limit` ready ones of `process` at
+/// `priority` that are not UTF-8 text, and returns how many.
+///
+/// drover's own API only takes UTF-8, but SQL can write any bytes as text (a
+/// `drover_enqueue` insert, a watched table's trigger), and SQLite has no way
+/// to check them at the door. Such a key cannot be handed to a worker, and
+/// left pending it failed every claim of its process, so the keys behind it
+/// never ran either. Parked with the reason (and the SQL that removes it) as
+/// its error, it shows in the counts and the error groups; a retry of it is
+/// parked again here rather than wedging the claims. Called only when a
+/// claim's read failed to decode: nothing is checked on the claim's common
+/// path.
+async fn park_undecodable(
+    tx: &mut Tx,
+    now: i64,
+    process: &str,
+    priority: i32,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    let ready: Vec<(i64, Vec<u8>)> =
+        sqlx::query_as(concat!("SELECT id, CAST(key AS BLOB) ", ready_front!()))
+            .bind(process)
+            .bind(priority)
+            .bind(now)
+            .bind(limit)
+            .fetch_all(&mut **tx)
+            .await
+            .db()?;
+    let mut parked = 0;
+    for (id, key) in ready {
+        if std::str::from_utf8(&key).is_ok() {
+            continue;
+        }
+        let shown = String::from_utf8_lossy(&key);
+        let error = format!(
+            "the key {shown:?} is not valid Unicode text, so no worker can be handed it: \
+             it was written by SQL; remove it with `DELETE FROM drover_items WHERE id = {id}` \
+             and enqueue the key again as text"
+        );
+        parked += sqlx::query(
+            "UPDATE drover_items SET state = 'parked', backoff_until = NULL, backoff_ms = NULL,
+                 last_error = ?2, error_signature = ?3, last_outcome = 'parked', last_ended_at = ?4
+             WHERE id = ?1 AND state = 'pending'",
+        )
+        .bind(id)
+        .bind(&error)
+        .bind(error_signature(&shown, &error))
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .db()?
+        .rows_affected();
+    }
+    Ok(parked)
+}
 
 /// A ready item as a claim reads it: its id, and what its lease carries. The
 /// claim's `UPDATE` changes none of these, and the write lock is held from

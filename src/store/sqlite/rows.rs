@@ -42,10 +42,10 @@ pub(super) type RunRow = crate::store::rows::RunRow<i64>;
 /// one value instead of a thousand rows of three to six. sqlx copies each
 /// value of each row (`sqlite3_value_dup`, an allocation) on the thread of the
 /// connection, which every write waits for, and the rows cross to the task
-/// one by one, each freed there: with the runs' task on the other core, the
-/// copies, the frees coming back and the hand-over of each row cost the
-/// writer's thread about 10 % of a burn-down, and tokio's about a fifth of
-/// its share (`perf`, 2026-12-02). The JSON is parsed where the rows are used.
+/// one by one, each freed there: with the runs' task on the other core, one
+/// value instead took 6 % off the writer's thread's samples in a burn-down,
+/// and a fifth off tokio's (`perf`, 2026-12-02, `docs/performance.md`). The
+/// JSON is parsed where the rows are used.
 pub(super) fn json_rows<T: DeserializeOwned>(json: &str, what: &str) -> Result<Vec<T>, StoreError> {
     serde_json::from_str(json).map_err(|e| corrupt(format!("{what} came back malformed: {e}")))
 }
