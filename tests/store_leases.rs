@@ -680,15 +680,17 @@ async fn keys_json_has_to_escape_are_claimed_and_completed_exactly_as_written() 
 
 #[tokio::test]
 async fn a_key_sql_wrote_as_invalid_utf8_is_parked_and_the_keys_behind_it_still_run() {
-    // SQLite takes any bytes as text from SQL (the `drover_enqueue` view, a
-    // watch trigger) and cannot check them at the door; such a key used to
-    // fail every claim of its process, so no key of it ran again.
+    // SQLite takes any bytes as text from SQL. The `drover_enqueue` view
+    // refuses them since migration 0014, but a key written before it, or into
+    // the table directly, used to fail every claim of its process, so no key
+    // of it ran again. Ready before the good key, it is met first.
     let (db, _dir) = support::sqlite().await;
+    enqueue(&db.store, &["after"]).await;
     db.execute(&format!(
-        "INSERT INTO drover_enqueue (process, key) VALUES ('{P}', CAST(X'66FF' AS TEXT))"
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         VALUES ('{P}', CAST(X'66FF' AS TEXT), 'pending', 0, 0)"
     ))
     .await;
-    enqueue(&db.store, &["after"]).await;
     let s = db.session().await;
     let leases = claim(&db.store, s.id, 10).await;
     assert_eq!(keys(&leases), ["after"], "the key behind the poison runs");
@@ -714,11 +716,11 @@ async fn a_key_sql_wrote_as_invalid_utf8_is_parked_and_the_keys_behind_it_still_
         group.sample.contains("not valid Unicode text")
             && group
                 .sample
-                .contains("DELETE FROM drover_items WHERE id = 1"),
+                .contains("DELETE FROM drover_items WHERE id = 2"),
         "{}",
         group.sample
     );
-    db.execute("DELETE FROM drover_items WHERE id = 1").await;
+    db.execute("DELETE FROM drover_items WHERE id = 2").await;
     let counts = db.store.process_counts().await.expect("counts");
     let counts = counts.iter().find(|c| c.process == P).expect("counted");
     assert_eq!(

@@ -9,10 +9,11 @@ mod support;
 use std::process::Stdio;
 
 use drover::store::{
-    ItemDelete, ItemEnqueue, Outcome, PostgresStore, RunList, RunOutcome, StoreEngine as _,
+    ItemDelete, ItemEnqueue, Outcome, PostgresStore, RunList, RunOutcome, Store, StoreEngine as _,
     StoreError,
 };
 use nix::sys::signal::Signal;
+use proptest::strategy::Strategy as _;
 use support::caller_tx::CallerTx;
 use support::store::{P, claim, complete, enqueue, item, keys};
 use support::{TestDb, each_enqueue_path};
@@ -128,6 +129,122 @@ async fn the_sql_enqueue_refuses_bad_names_and_writes_nothing() {
     })
     .await;
 }
+
+/// Enqueues `process` and `key`, given as bytes and cast to text, through
+/// SQLite's `drover_enqueue` view, as SQL in another program can.
+async fn enqueue_bytes(pool: &sqlx::SqlitePool, process: &[u8], key: &[u8]) -> Result<(), String> {
+    sqlx::query(
+        "INSERT INTO drover_enqueue (process, key) VALUES (CAST(?1 AS TEXT), CAST(?2 AS TEXT))",
+    )
+    .bind(process)
+    .bind(key)
+    .execute(pool)
+    .await
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn the_sql_enqueue_on_sqlite_refuses_text_that_is_not_utf8_and_writes_nothing() {
+    // SQLite stores any bytes SQL casts to text; such a key could never be
+    // handed to a worker, and every list that met it failed to decode it.
+    let (db, _dir) = support::sqlite().await;
+    let pool = db.store.sqlite_pool().expect("SQLite").clone();
+    enqueue(&db.store, &["before"]).await;
+    // Lone bytes, a surrogate, past U+10FFFF, a cut sequence; a process name.
+    for (process, key) in [
+        (P.as_bytes(), &b"f\xff"[..]),
+        (P.as_bytes(), b"\xed\xa0\x80"),
+        (P.as_bytes(), b"\xf4\x90\x80\x80"),
+        (P.as_bytes(), b"ok \xc3"),
+        (b"p\x80", b"k"),
+    ] {
+        let error = enqueue_bytes(&pool, process, key)
+            .await
+            .expect_err("refused");
+        assert!(
+            error.contains("drover_enqueue: a process name and a key must be valid UTF-8 text"),
+            "{process:?} {key:?}: {error}"
+        );
+    }
+    let counts = db.store.process_counts().await.expect("counts");
+    assert_eq!(
+        counts.len(),
+        1,
+        "no process named by a refused enqueue: {counts:?}"
+    );
+    assert_eq!((counts[0].process.as_str(), counts[0].pending), (P, 1));
+    // Valid text that is not plain ASCII goes through, exactly as written.
+    for key in [
+        "caf\u{e9}",
+        "tab\there",
+        "\u{1F600}",
+        "\u{FFFD}",
+        "\u{10FFFF}",
+    ] {
+        enqueue_bytes(&pool, P.as_bytes(), key.as_bytes())
+            .await
+            .expect(key);
+    }
+    let s = db.session().await;
+    let leases = claim(&db.store, s.id, 10).await;
+    let mut claimed = keys(&leases);
+    claimed.sort_unstable();
+    let mut expected = vec![
+        "before",
+        "caf\u{e9}",
+        "tab\there",
+        "\u{1F600}",
+        "\u{FFFD}",
+        "\u{10FFFF}",
+    ];
+    expected.sort_unstable();
+    assert_eq!(claimed, expected);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, ..Default::default() })]
+
+    /// The view's check agrees with Rust's own UTF-8 decoding on any bytes:
+    /// arbitrary ones, and valid text with bytes spliced in.
+    #[test]
+    fn the_sql_enqueue_on_sqlite_takes_a_key_exactly_when_it_is_utf8(
+        key in proptest::prop_oneof![
+            proptest::collection::vec(1u8.., 1..12),
+            ("[a-z\u{e9}\u{20ac}\u{1F600}\u{FFFD}]{0,6}", proptest::collection::vec(1u8.., 0..3), 0usize..8)
+                .prop_map(|(text, bytes, at)| {
+                    let mut key = text.into_bytes();
+                    let at = at.min(key.len());
+                    key.splice(at..at, bytes);
+                    if key.is_empty() { key.push(b'k'); }
+                    key
+                }),
+        ]
+    ) {
+        use proptest::prop_assert;
+        let pool = POOL.get_or_init(|| {
+            let url = format!("sqlite://{}", DIR.path().join("utf8.db").display());
+            let store = RUNTIME.block_on(Store::connect(&url)).expect("connect");
+            store.sqlite_pool().expect("SQLite").clone()
+        });
+        let taken = RUNTIME.block_on(enqueue_bytes(pool, b"p", &key));
+        let valid = std::str::from_utf8(&key).is_ok();
+        match taken {
+            Ok(()) => prop_assert!(valid, "{key:x?} was taken"),
+            Err(e) => {
+                prop_assert!(!valid, "{key:x?} was refused: {e}");
+                prop_assert!(e.contains("must be valid UTF-8 text"), "{e}");
+            }
+        }
+    }
+}
+
+/// One runtime, database and pool for all the cases of the property above.
+static RUNTIME: std::sync::LazyLock<tokio::runtime::Runtime> =
+    std::sync::LazyLock::new(|| tokio::runtime::Runtime::new().expect("runtime"));
+static DIR: std::sync::LazyLock<tempfile::TempDir> =
+    std::sync::LazyLock::new(|| tempfile::tempdir().expect("tempdir"));
+static POOL: std::sync::OnceLock<sqlx::SqlitePool> = std::sync::OnceLock::new();
 
 /// The producer, in the SQL client of the engine: begins, changes `m1`,
 /// enqueues it, says `ready` and waits for more input that never comes.

@@ -104,6 +104,12 @@ async fn a_watched_table_enqueues_each_change_in_its_transaction_and_filters_upd
             !succeeds(&db, empty).await,
             "a key drover refuses fails the change"
         );
+        // Only SQLite's text can hold bytes that are not UTF-8.
+        let bytes = "INSERT INTO machines VALUES (CAST(X'6DFF' AS TEXT), 'on', '')";
+        assert!(
+            db.engine != "sqlite" || !succeeds(&db, bytes).await,
+            "a key that is not UTF-8 fails the change"
+        );
         assert_eq!(drain(&db).await, Vec::<String>::new());
         let listed = db.store.table_watches().await.expect("list");
         assert_eq!(listed.len(), 1);
