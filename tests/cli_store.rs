@@ -15,7 +15,12 @@ use support::each_engine;
 
 /// Runs `drover ARGS…` against `url` (through `DROVER_DATABASE_URL`), feeding
 /// `stdin` when given.
-fn drover(url: Option<&str>, dir: Option<&std::path::Path>, args: &[&str], stdin: &str) -> Output {
+fn drover(
+    url: Option<&str>,
+    dir: Option<&std::path::Path>,
+    args: &[&str],
+    stdin: impl AsRef<[u8]>,
+) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_drover"));
     cmd.args(args)
         .env_remove("DROVER_DATABASE_URL")
@@ -30,7 +35,7 @@ fn drover(url: Option<&str>, dir: Option<&std::path::Path>, args: &[&str], stdin
     }
     let mut child = cmd.spawn().expect("spawn drover");
     let mut input = child.stdin.take().expect("stdin");
-    input.write_all(stdin.as_bytes()).expect("write stdin");
+    input.write_all(stdin.as_ref()).expect("write stdin");
     drop(input);
     child.wait_with_output().expect("drover runs")
 }
@@ -127,6 +132,8 @@ async fn bad_input_fails_with_one_line_and_writes_nothing() {
         for (args, stdin, needle) in cases {
             fails_with(&drover(url, None, args, stdin), needle);
         }
+        let not_text = drover(url, None, &["enqueue", "p", "-"], b"a\nb\xffc\nd\n");
+        fails_with(&not_text, "line 2 of stdin is not valid UTF-8 text");
         let status = json(&drover(url, None, &["status", "--json"], ""));
         assert_eq!(status, Value::Array(vec![]), "nothing was written");
     })

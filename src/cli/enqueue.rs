@@ -41,8 +41,14 @@ fn collect_keys(args: &[String]) -> anyhow::Result<Vec<String>> {
             keys.push(arg.clone());
             continue;
         }
-        for line in std::io::stdin().lock().lines() {
+        for (n, line) in std::io::stdin().lock().split(b'\n').enumerate() {
             let line = line.context("cannot read keys from stdin")?;
+            let line = String::from_utf8(line).map_err(|_| {
+                anyhow::anyhow!(
+                    "line {} of stdin is not valid UTF-8 text (keys are text): nothing was enqueued",
+                    n + 1
+                )
+            })?;
             let key = line.strip_suffix('\r').unwrap_or(&line);
             if !key.is_empty() {
                 keys.push(key.to_owned());
