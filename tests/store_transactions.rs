@@ -167,6 +167,16 @@ async fn the_sql_enqueue_on_sqlite_refuses_text_that_is_not_utf8_and_writes_noth
             "{process:?} {key:?}: {error}"
         );
     }
+    // A huge name is refused for its length before any character is walked.
+    let mut huge = "\u{e9}".repeat(512 * 1024).into_bytes();
+    huge.push(0xff);
+    let error = enqueue_bytes(&pool, P.as_bytes(), &huge)
+        .await
+        .expect_err("refused");
+    assert!(
+        error.contains("a key is text of 1 to 1024 bytes"),
+        "{error}"
+    );
     let counts = db.store.process_counts().await.expect("counts");
     assert_eq!(
         counts.len(),
