@@ -17,6 +17,15 @@ session is read, since Python's SQLite may predate `unixepoch('subsec')`. Prints
     python3 scripts/bare/sqlite_drover_sql.py [PATH]   (default /tmp/drover-sql.db, replaced)
 
 `DROVER_BARE_KEYS` and `DROVER_BARE_FILL_ONLY` as in `sqlite.py`.
+
+`DROVER_BARE_WITHOUT` (a comma-separated list) takes pieces of the schema or of
+the loop away, to price each: `count_trigger` (migration 0011's trigger; the
+counts are then wrong for other writers), `ended_index` (the runs' end-time
+index that retention and the dashboard's chart read), `partial_indexes` (the
+parked and backing-off rows' indexes, which each claim and completion must
+test), `claim_commit` (a claim and the completion after it in one transaction,
+one commit per cycle instead of two). None of these is a change drover has
+made; they bound what it could gain by making them.
 """
 
 import glob
@@ -31,6 +40,14 @@ from fresh import fresh
 N = int(os.environ.get("DROVER_BARE_KEYS", "100000"))
 CLAIM, NOW, PROCESS, SESSION = 1_024, 1_000_000, "p", 1
 MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "sqlite")
+WITHOUT = {piece for piece in os.environ.get("DROVER_BARE_WITHOUT", "").split(",") if piece}
+DROPS = {
+    "count_trigger": ("DROP TRIGGER drover_items_counted_update",),
+    "ended_index": ("DROP INDEX drover_runs_ended",),
+    "partial_indexes": ("DROP INDEX drover_items_parked_errors", "DROP INDEX drover_items_backoff",
+                        "DROP INDEX drover_items_parked"),
+    "claim_commit": (),
+}
 
 START = """UPDATE drover_items SET state = 'running', lease_session = ?2,
     lease_token = ?3 + id, started_at = ?4, counts_mark = counts_mark + 1
@@ -60,6 +77,12 @@ def open_db(path: str) -> sqlite3.Connection:
     c = fresh(path)
     for migration in sorted(glob.glob(os.path.join(MIGRATIONS, "*.sql"))):
         c.executescript(open(migration).read())
+    unknown = WITHOUT - DROPS.keys()
+    if unknown:
+        sys.exit(f"DROVER_BARE_WITHOUT: unknown {', '.join(sorted(unknown))}; known: {', '.join(DROPS)}")
+    for piece in sorted(WITHOUT):
+        for statement in DROPS[piece]:
+            c.execute(statement)
     c.execute("INSERT INTO drover_processes (process, created_at) VALUES (?, 0)", (PROCESS,))
     c.execute("INSERT INTO drover_sessions (id, component, ttl_ms, started_at, heartbeat_at,"
               " deadline) VALUES (?, 'bare', 1, 0, 0, ?)", (SESSION, NOW * 10))
@@ -105,8 +128,9 @@ def main() -> None:
         assert started == len(ids)
         leases = [(key, base + id_) for id_, key, *_ in ready]
         step("claim_counts", lambda: c.execute(SHIFT, (PROCESS, "pending", "running", started)))
-        step("claim_commit", lambda: c.execute("COMMIT"))
-        c.execute("BEGIN IMMEDIATE")
+        if "claim_commit" not in WITHOUT:
+            step("claim_commit", lambda: c.execute("COMMIT"))
+            c.execute("BEGIN IMMEDIATE")
         step("done_sessions", lambda: c.execute(
             "SELECT id FROM drover_sessions WHERE id IN (SELECT value FROM json_each(?))"
             " AND deadline > ?", (json.dumps([SESSION]), NOW)).fetchall())
