@@ -7,12 +7,13 @@
 use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
+use sqlx::Row as _;
 
 use super::counted;
-use super::engine::{SqliteStore, Tx, clock_ms};
+use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, json_rows, running_columns, to_ms, to_time};
-use super::runs::{log_from_rows, log_with_errors};
+use super::runs::{log_from_rows, log_from_rows_sql, log_with_errors};
 use crate::store::StoreError;
 use crate::store::decode::corrupt;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
@@ -45,11 +46,12 @@ pub(super) async fn complete_batch(
     store: &SqliteStore,
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-    let mut tx = store.begin().await?;
-    let (now, live, expired) = sessions(&mut tx, store.clock().offset_ms(), batch).await?;
+    let mut tx = store.lock().await?;
+    let asked = Asked::of(batch);
+    let (now, live, expired, first) = opening(&mut tx, store.clock().offset_ms(), &asked).await?;
     let mut writes = Writes::default();
     let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
-    let quick = quick(&mut tx, &live, batch).await?;
+    let quick = quick(&mut tx, &live, batch, asked, first).await?;
     let mut rest = Vec::new();
     for (n, params) in batch.iter().enumerate() {
         match quick.get(&params.lease.token.0) {
@@ -70,8 +72,7 @@ pub(super) async fn complete_batch(
     for (n, answer) in rest.into_iter().zip(settling.results) {
         answers[n] = Some(answer);
     }
-    writes.flush(&mut tx, now).await?;
-    tx.commit().await.db()?;
+    writes.flush_and_commit(tx, now).await?;
     for process in settling.ready {
         wakeup::notify(process);
     }
@@ -87,52 +88,97 @@ pub(super) async fn complete_batch(
 /// value), when it is running under that token and session, for that process,
 /// with no enqueue during the run (`dirty_since`), which is all
 /// [`settle`](crate::store::settle::settle) looks at for `done`; the caller
-/// checks the key. One probe of the lease index per token (the
-/// `CROSS JOIN` keeps the array outside), and an array of plain integers: with
-/// each lease passed as a `[token, session, process, key]` array, SQLite turned
-/// every element back into text and parsed it again for each field (about 9 %
-/// of a burn-down's instructions, `scripts/bare/instructions.sh`).
-pub(super) const QUICK: &str = "
-SELECT json_group_array(json_array(i.lease_token, i.id, i.key))
-FROM json_each(?1) AS j CROSS JOIN drover_items AS i
-    ON i.lease_session = ?2 AND i.lease_token = j.value
-WHERE i.state = 'running' AND +i.process = ?3 AND i.dirty_since IS NULL";
+/// checks the key and that the session is alive. One probe of the lease index
+/// per token (the `CROSS JOIN` keeps the array outside), and an array of plain
+/// integers: with each lease passed as a `[token, session, process, key]`
+/// array, SQLite turned every element back into text and parsed it again for
+/// each field (about 9 % of a burn-down's instructions,
+/// `scripts/bare/instructions.sh`).
+pub(super) const QUICK: &str = quick_sql!("?1", "?2", "?3");
+
+/// [`QUICK`]'s text with its three parameters named by the caller, so that it
+/// can follow [`OPENING`] in one query ([`OPENING_QUICK`]), whose parameters
+/// are numbered across its statements.
+macro_rules! quick_sql {
+    ($tokens:literal, $session:literal, $process:literal) => {
+        concat!(
+            "SELECT json_group_array(json_array(i.lease_token, i.id, i.key))
+FROM json_each(",
+            $tokens,
+            ") AS j CROSS JOIN drover_items AS i
+    ON i.lease_session = ",
+            $session,
+            " AND i.lease_token = j.value
+WHERE i.state = 'running' AND +i.process = ",
+            $process,
+            " AND i.dirty_since IS NULL"
+        )
+    };
+}
+use quick_sql;
+
+/// What a batch asks of [`QUICK`]: each lease's first position in the batch,
+/// by token, and the tokens of its clean `done`s by session and process (one
+/// group in the common batch).
+struct Asked<'a> {
+    sessions: Vec<i64>,
+    first: HashMap<i64, usize>,
+    groups: Vec<((i64, &'a str), Vec<i64>)>,
+}
+
+impl<'a> Asked<'a> {
+    fn of(batch: &'a [LeaseComplete<'a>]) -> Self {
+        let mut first = HashMap::with_capacity(batch.len());
+        let mut groups: HashMap<(i64, &str), Vec<i64>> = HashMap::new();
+        for (n, params) in batch.iter().enumerate() {
+            let lease = params.lease;
+            let seen = first.contains_key(&lease.token.0);
+            first.entry(lease.token.0).or_insert(n);
+            if !seen && matches!(params.outcome, Outcome::Done) {
+                let group = (lease.session.0, lease.process.as_str());
+                groups.entry(group).or_default().push(lease.token.0);
+            }
+        }
+        Self {
+            sessions: asked_sessions(batch),
+            first,
+            groups: groups.into_iter().collect(),
+        }
+    }
+}
 
 /// The leases of `batch` that [`QUICK`] settles: each clean `done` of a live
 /// session, at the first position its token has in the batch, by token:
 /// (that position, the row's id). A lease that does not qualify (its row was
 /// lost, re-enqueued during the run, its key or process differ) is not here
-/// and goes the general way, which decides it with the full row.
+/// and goes the general way, which decides it with the full row. `first` is
+/// what [`opening`] read for the first group.
 async fn quick(
     tx: &mut Tx,
     live: &[i64],
     batch: &[LeaseComplete<'_>],
+    asked: Asked<'_>,
+    mut first: Option<String>,
 ) -> Result<HashMap<i64, (usize, i64)>, StoreError> {
-    let mut first = HashMap::with_capacity(batch.len());
-    // Tokens by session and process: one group in the common batch.
-    let mut asked: HashMap<(i64, &str), Vec<i64>> = HashMap::new();
-    for (n, params) in batch.iter().enumerate() {
-        let lease = params.lease;
-        let clean = matches!(params.outcome, Outcome::Done) && live.contains(&lease.session.0);
-        let seen = first.contains_key(&lease.token.0);
-        first.entry(lease.token.0).or_insert(n);
-        if !seen && clean {
-            let group = (lease.session.0, lease.process.as_str());
-            asked.entry(group).or_default().push(lease.token.0);
-        }
-    }
     let mut quick = HashMap::with_capacity(batch.len());
-    for ((session, process), tokens) in asked {
-        let found: String = sqlx::query_scalar(QUICK)
-            .bind(Value::from(tokens).to_string())
-            .bind(session)
-            .bind(process)
-            .fetch_one(&mut **tx)
-            .await
-            .db()?;
+    for ((session, process), tokens) in asked.groups {
+        let found = match first.take() {
+            Some(found) => found,
+            None if !live.contains(&session) => continue,
+            None => sqlx::query_scalar(QUICK)
+                .bind(Value::from(tokens).to_string())
+                .bind(session)
+                .bind(process)
+                .fetch_one(&mut **tx)
+                .await
+                .db()?,
+        };
+        if !live.contains(&session) {
+            continue;
+        }
         let found: Vec<(i64, i64, String)> = json_rows(&found, "a completion's quick rows")?;
         for (token, id, key) in found {
-            if let Some(&n) = first.get(&token)
+            if let Some(&n) = asked.first.get(&token)
                 && batch[n].lease.key == key
             {
                 quick.insert(token, (n, id));
@@ -166,35 +212,67 @@ async fn held(
 /// `?2` (a JSON array) that is alive then: one statement, the completion's
 /// first (see [`OPENING`](super::leases::OPENING)), with one row for the
 /// clock when none is.
-pub(super) const OPENING: &str = concat!(
-    "WITH t(now) AS (SELECT ",
-    clock_ms!(),
-    " + ?1)
+pub(super) const OPENING: &str = concat!(begin_immediate!(), opening_sql!());
+
+/// [`OPENING`]'s text, after its `BEGIN`.
+macro_rules! opening_sql {
+    () => {
+        concat!(
+            "WITH t(now) AS (SELECT ",
+            clock_ms!(),
+            " + ?1)
 SELECT t.now, s.id FROM t LEFT JOIN drover_sessions s
     ON s.id IN (SELECT value FROM json_each(?2)) AND s.deadline > t.now"
+        )
+    };
+}
+use opening_sql;
+
+/// [`OPENING`], then [`QUICK`] for one group of clean `done`s, in one trip to
+/// the connection's thread: [`QUICK`] does not depend on what [`OPENING`]
+/// reads (the caller drops its rows if their session is not alive).
+pub(super) const OPENING_QUICK: &str = concat!(
+    begin_immediate!(),
+    opening_sql!(),
+    ";\n",
+    quick_sql!("?3", "?4", "?5")
 );
 
-/// The time the batch is written at, and its sessions split into those
-/// alive then and those gone or past their deadline.
-async fn sessions(
+/// The time the batch is written at, its sessions split into those alive
+/// then and those gone or past their deadline, and [`QUICK`]'s answer for
+/// the batch's first group of clean `done`s, if it has one.
+async fn opening(
     tx: &mut Tx,
     offset_ms: i64,
-    batch: &[LeaseComplete<'_>],
-) -> Result<(i64, Vec<i64>, HashSet<SessionId>), StoreError> {
-    let asked = asked_sessions(batch);
-    let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(OPENING)
-        .bind(offset_ms)
-        .bind(Value::from(asked.clone()).to_string())
-        .fetch_all(&mut **tx)
-        .await
-        .db()?;
-    let now = rows
-        .first()
-        .map(|&(now, _)| now)
-        .ok_or_else(|| corrupt("the completion's opening read no clock".to_owned()))?;
-    let live: Vec<i64> = rows.into_iter().filter_map(|(_, id)| id).collect();
-    let expired = expired_sessions(asked, &live);
-    Ok((now, live, expired))
+    asked: &Asked<'_>,
+) -> Result<(i64, Vec<i64>, HashSet<SessionId>, Option<String>), StoreError> {
+    let sessions = Value::from(asked.sessions.clone()).to_string();
+    let rows = match asked.groups.first() {
+        Some(((session, process), tokens)) => sqlx::query(OPENING_QUICK)
+            .bind(offset_ms)
+            .bind(sessions)
+            .bind(Value::from(tokens.clone()).to_string())
+            .bind(*session)
+            .bind(*process),
+        None => sqlx::query(OPENING).bind(offset_ms).bind(sessions),
+    }
+    .fetch_all(&mut **tx)
+    .await
+    .db()?;
+    let mut now = None;
+    let mut live = Vec::new();
+    let mut found = None;
+    for row in rows {
+        if row.len() == 1 {
+            found = Some(row.try_get::<String, _>(0).db()?);
+        } else {
+            now = Some(row.try_get::<i64, _>(0).db()?);
+            live.extend(row.try_get::<Option<i64>, _>(1).db()?);
+        }
+    }
+    let now = now.ok_or_else(|| corrupt("the completion's opening read no clock".to_owned()))?;
+    let expired = expired_sessions(asked.sessions.clone(), &live);
+    Ok((now, live, expired, found))
 }
 
 /// What a batch writes: each run's history row, each item's next row.
@@ -238,6 +316,28 @@ impl<'a> Writes<'a> {
         }
     }
 
+    /// Writes the batch and commits: in one trip when the batch is the
+    /// common one, clean `done`s of one process only ([`CLEAN`]).
+    async fn flush_and_commit(self, mut tx: Tx, now: i64) -> Result<(), StoreError> {
+        let clean = self.failed.is_empty()
+            && self.updated.is_empty()
+            && self.idle.len() == 1
+            && self.plain.len() == 1
+            && self.plain.contains_key(&RunOutcome::Done);
+        if clean
+            && let Some((&process, ids)) = self.idle.iter().next()
+            && self.plain.get(&RunOutcome::Done) == Some(ids)
+        {
+            let ids = Value::from(ids.clone()).to_string();
+            return tx
+                .commit_with(CLEAN, |query| query.bind(now).bind(ids).bind(process))
+                .await
+                .db();
+        }
+        self.flush(&mut tx, now).await?;
+        tx.commit().await.db()
+    }
+
     async fn flush(self, tx: &mut Tx, now: i64) -> Result<(), StoreError> {
         for (outcome, ids) in self.plain {
             log_from_rows(tx, now, outcome, &Value::from(ids).to_string()).await?;
@@ -261,12 +361,33 @@ impl<'a> Writes<'a> {
 /// Leaves the running items of process `?3` whose ids are in `?2` (a JSON
 /// array) idle at `?1`, marked as counted by the statement ([`counted`]); the
 /// unary `+` keeps each row found by its id (see [`START`](super::leases::START)).
-pub(super) const IDLE: &str = "
-UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
+pub(super) const IDLE: &str = idle_sql!();
+
+/// [`IDLE`]'s text.
+macro_rules! idle_sql {
+    () => {
+        "UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
     backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
     lease_session = NULL, lease_token = NULL, started_at = NULL,
     last_outcome = 'done', last_ended_at = ?1, counts_mark = counts_mark + 1
-WHERE id IN (SELECT value FROM json_each(?2)) AND +state = 'running' AND +process = ?3";
+WHERE id IN (SELECT value FROM json_each(?2)) AND +state = 'running' AND +process = ?3"
+    };
+}
+use idle_sql;
+
+/// A batch of clean `done`s of process `?3` (item ids in `?2`, a JSON array),
+/// ended at `?1`, written and committed in one trip: their runs, the items left
+/// idle ([`IDLE`]), the counts moved by as many rows as that changed
+/// (`changes()`, read before the counts' own update completes), `COMMIT`.
+pub(super) const CLEAN: &str = concat!(
+    log_from_rows_sql!("'done'", "?2"),
+    ";\n",
+    idle_sql!(),
+    ";
+UPDATE drover_item_counts SET n = n + CASE state WHEN 'idle' THEN changes() ELSE -changes() END
+WHERE process = ?3 AND state IN ('running', 'idle');
+COMMIT"
+);
 
 /// Leaves converged items of `process` idle: no lease, no failures, no error;
 /// their last outcome `done`. What [`settle`](crate::store::settle::settle)

@@ -13,6 +13,30 @@ use super::engine::Tx;
 use super::error::Db as _;
 use crate::store::StoreError;
 
+/// Moves `?4` items of process `?1` from state `?2` to state `?3`.
+macro_rules! shift_sql {
+    () => {
+        "UPDATE drover_item_counts SET n = n + CASE state WHEN ?3 THEN ?4 ELSE -?4 END
+         WHERE process = ?1 AND state IN (?2, ?3)"
+    };
+}
+
+/// [`shift`] and `COMMIT` in one trip ([`Tx::commit_with`]): the last write
+/// of a transaction that counts its rows itself.
+pub(super) async fn shift_and_commit(
+    tx: Tx,
+    process: &str,
+    (from, to): (&str, &str),
+    n: u64,
+) -> Result<(), StoreError> {
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    tx.commit_with(concat!(shift_sql!(), ";\nCOMMIT"), |query| {
+        query.bind(process).bind(from).bind(to).bind(n)
+    })
+    .await
+    .db()
+}
+
 /// Moves `n` items of `process` from state `from` to state `to` in the counts,
 /// for the rows a marked statement changed.
 pub(super) async fn shift(
@@ -25,16 +49,13 @@ pub(super) async fn shift(
         return Ok(());
     }
     let n = i64::try_from(n).unwrap_or(i64::MAX);
-    sqlx::query(
-        "UPDATE drover_item_counts SET n = n + CASE state WHEN ?3 THEN ?4 ELSE -?4 END
-         WHERE process = ?1 AND state IN (?2, ?3)",
-    )
-    .bind(process)
-    .bind(from)
-    .bind(to)
-    .bind(n)
-    .execute(&mut **tx)
-    .await
-    .db()?;
+    sqlx::query(shift_sql!())
+        .bind(process)
+        .bind(from)
+        .bind(to)
+        .bind(n)
+        .execute(&mut **tx)
+        .await
+        .db()?;
     Ok(())
 }

@@ -127,7 +127,23 @@ impl SqliteStore {
     pub(super) async fn begin(&self) -> Result<Tx, StoreError> {
         self.writer.begin().await.db()
     }
+
+    /// The writer, with no statement sent: the caller's first statement
+    /// starts with [`begin_immediate!`] (see [`Writer::lock`](super::writer::Writer::lock)).
+    pub(super) async fn lock(&self) -> Result<Tx, StoreError> {
+        self.writer.lock().await.db()
+    }
 }
+
+/// The head of a write transaction's first statement when it is opened by
+/// [`SqliteStore::lock`]: `BEGIN IMMEDIATE` takes SQLite's write lock at once,
+/// so the transaction can never fail half-way on a lock upgrade.
+macro_rules! begin_immediate {
+    () => {
+        "BEGIN IMMEDIATE;\n"
+    };
+}
+pub(super) use begin_immediate;
 
 /// The database clock in milliseconds, as SQL; add the store's test offset
 /// ([`Clock::offset_ms`]) to it.

@@ -2,7 +2,7 @@
 //! session and the fencing token inside one write transaction.
 
 use super::counted;
-use super::engine::{SqliteStore, Tx, clock_ms};
+use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::{Db as _, map};
 use super::gate::{self, gate_columns};
 use super::items::ensure_process;
@@ -91,19 +91,24 @@ async fn ready_rows(
     now: i64,
     process: &str,
     max: u32,
-    top: Option<i32>,
+    (top, mut first): (Option<i32>, Option<String>),
 ) -> Result<Vec<ReadyRow>, StoreError> {
     let mut rows = Vec::new();
     let mut next = top.filter(|_| max > 0);
     while let Some(priority) = next {
         let limit = i64::from(max) - rows.len() as i64;
-        let read = sqlx::query_scalar::<_, String>(READY)
-            .bind(process)
-            .bind(priority)
-            .bind(now)
-            .bind(limit)
-            .fetch_one(&mut **tx)
-            .await;
+        let read = match first.take() {
+            Some(read) => Ok(read),
+            None => {
+                sqlx::query_scalar::<_, String>(READY)
+                    .bind(process)
+                    .bind(priority)
+                    .bind(now)
+                    .bind(limit)
+                    .fetch_one(&mut **tx)
+                    .await
+            }
+        };
         let more = match read {
             Ok(more) => more,
             Err(e @ sqlx::Error::ColumnDecode { .. }) => {
@@ -120,6 +125,7 @@ async fn ready_rows(
         // In the order SQLite aggregated them, which is the subquery's; sorted
         // again here, on the task's side, so the claim order never rests on it.
         more.sort_unstable_by_key(|&(ready_at, id, ..)| (ready_at, id));
+        more.truncate(usize::try_from(limit).unwrap_or(0));
         rows.extend(
             more.into_iter().map(|(_, id, key, failures, enqueued_at)| {
                 (id, key, priority, failures, enqueued_at)
@@ -224,21 +230,35 @@ async fn park_undecodable(
 /// this read to the commit, so the lease is built from this row.
 type ReadyRow = (i64, String, i32, i64, i64);
 
-/// A claim's first read, one statement where it was four (each a wait for the
-/// connection's thread, and under load for a CPU): the database clock shifted
-/// by the test offset `?1`, whether session `?2` is alive, process `?3`'s
-/// fleet-control columns (NULL without a process row) and its highest pending
-/// priority (NULL with nothing pending).
+/// A claim's `BEGIN` and first read, in one trip to the connection's thread
+/// where they were six (each trip a wait for that thread, and right after a
+/// commit released a thousand runs, for a CPU): the database clock shifted by
+/// the test offset `?1`, whether session `?2` is alive, process `?3`'s
+/// fleet-control columns (NULL without a process row), its highest pending
+/// priority (NULL with nothing pending), the last fencing token taken, and up
+/// to `?4` ready rows of that priority as [`READY`] reads them, as bytes (a
+/// key SQL wrote as text that is not UTF-8 fails to decode only there, and
+/// sends the claim the way that parks it). The rows are read before the
+/// session and the fleet controls are checked, which may refuse them or admit
+/// fewer.
 pub(super) const OPENING: &str = concat!(
+    begin_immediate!(),
     "WITH t(now) AS (SELECT ",
     clock_ms!(),
     " + ?1)
 SELECT t.now, EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?2 AND deadline > t.now) AS alive,
     ",
     gate_columns!(),
-    ", (SELECT priority FROM drover_items WHERE process = ?3 AND state = 'pending'
+    ", top.priority AS top,
+    (SELECT value FROM drover_counters WHERE name = 'lease_token') AS tokens,
+    (SELECT CAST(json_group_array(json_array(ready_at, id, key, failures, enqueued_at)) AS BLOB)
+     FROM (SELECT id, key, failures, enqueued_at, ready_at FROM drover_items
+           WHERE process = ?3 AND state = 'pending' AND priority = top.priority
+               AND ready_at <= t.now
+           ORDER BY ready_at, id LIMIT ?4)) AS ready
+FROM t LEFT JOIN (SELECT priority FROM drover_items WHERE process = ?3 AND state = 'pending'
         ORDER BY priority DESC LIMIT 1) AS top
-FROM t LEFT JOIN drover_processes p ON p.process = ?3"
+    LEFT JOIN drover_processes p ON p.process = ?3"
 );
 
 /// What [`OPENING`] reads.
@@ -253,6 +273,8 @@ struct Opening {
     rate_tokens: Option<f64>,
     rate_tokens_at: Option<i64>,
     top: Option<i32>,
+    tokens: i64,
+    ready: Option<Vec<u8>>,
 }
 
 impl Opening {
@@ -272,11 +294,12 @@ impl Opening {
 
 pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Claimed, StoreError> {
     validate_process(&params.process)?;
-    let mut tx = store.begin().await?;
+    let mut tx = store.lock().await?;
     let opening: Opening = sqlx::query_as(OPENING)
         .bind(store.clock().offset_ms())
         .bind(params.session.0)
         .bind(&params.process)
+        .bind(i64::from(params.max))
         .fetch_one(&mut *tx)
         .await
         .db()?;
@@ -288,8 +311,16 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
     let now = opening.now;
     let decided = gate::decide(&mut tx, now, &params.process, opening.gate(), params.max).await?;
     let max = decided.map_or(params.max, |(_, admission)| admission.allowed);
-    let ready = ready_rows(&mut tx, now, &params.process, max, opening.top).await?;
-    let leases = start_runs(&mut tx, now, &params.process, params.session, ready).await?;
+    let first = opening.ready.and_then(|json| String::from_utf8(json).ok());
+    let ready = ready_rows(&mut tx, now, &params.process, max, (opening.top, first)).await?;
+    let leases = start_runs(
+        &mut tx,
+        now,
+        &params.process,
+        params.session,
+        (ready, opening.tokens),
+    )
+    .await?;
     let gate = match decided {
         Some(decided) => {
             let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);
@@ -302,13 +333,15 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
         tx.rollback().await.db()?;
         return Ok(Claimed { leases, gate });
     }
-    tx.commit().await.db()?;
+    let started = leases.len() as u64;
+    counted::shift_and_commit(tx, &params.process, ("pending", "running"), started).await?;
     Ok(Claimed { leases, gate })
 }
 
-/// Starts the claimed items whose ids are in `?1` (a JSON array) under
-/// session `?2`, each with token `?3 + id`, at `?4`: only the pending rows of
-/// process `?5`, marked as counted by the statement ([`counted`]). The unary
+/// Takes `?6` fencing tokens from the counter and starts the claimed items
+/// whose ids are in `?1` (a JSON array) under session `?2`, each with token
+/// `?3 + id`, at `?4`: only the pending rows of process `?5`, marked as
+/// counted by the statement ([`counted`]); reads how many it started. The unary
 /// `+` keeps those two checks off the indexes: each row is found by its id,
 /// where `state = 'pending' AND process = ?5` would lead SQLite to walk the
 /// claim index over the whole backlog.
@@ -319,12 +352,16 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
 /// twice as long, 4.1 against 2.0 µs per key, when it was a third of a drain's
 /// SQL time (`scripts/bare/sqlite_drover_sql.py`).
 pub(super) const START: &str = "
+UPDATE drover_counters SET value = value + ?6 WHERE name = 'lease_token';
 UPDATE drover_items SET state = 'running', lease_session = ?2,
     lease_token = ?3 + id, started_at = ?4, counts_mark = counts_mark + 1
-WHERE id IN (SELECT value FROM json_each(?1)) AND +state = 'pending' AND +process = ?5";
+WHERE id IN (SELECT value FROM json_each(?1)) AND +state = 'pending' AND +process = ?5;
+SELECT changes()";
 
-/// Starts the `ready` items of `process` (one `UPDATE`, counted once: see
-/// [`counted`]) and returns their leases in `ready`'s order.
+/// Starts the `ready` items of `process` (one `UPDATE`; the claim counts
+/// them as it commits: see [`counted`]) and returns their leases in `ready`'s
+/// order. `tokens` is the last token taken, read under this transaction's
+/// write lock by [`OPENING`].
 ///
 /// The tokens are `first + (id - lowest id)`: each item's differs, all exceed
 /// every token taken before, and the claim takes the whole span from the
@@ -337,31 +374,30 @@ async fn start_runs(
     now: i64,
     process: &str,
     session: SessionId,
-    ready: Vec<ReadyRow>,
+    (ready, tokens): (Vec<ReadyRow>, i64),
 ) -> Result<Vec<Lease>, StoreError> {
     let ids: Vec<i64> = ready.iter().map(|row| row.0).collect();
     let (Some(&low), Some(&high)) = (ids.iter().min(), ids.iter().max()) else {
         return Ok(Vec::new());
     };
-    let first = take_tokens(tx, high - low + 1).await?;
-    let started = sqlx::query(START)
+    let first = tokens + 1;
+    let started: i64 = sqlx::query_scalar(START)
         .bind(serde_json::Value::from(ids).to_string())
         .bind(session.0)
         .bind(first - low)
         .bind(now)
         .bind(process)
-        .execute(&mut **tx)
+        .bind(high - low + 1)
+        .fetch_one(&mut **tx)
         .await
-        .db()?
-        .rows_affected();
-    if started != ready.len() as u64 {
+        .db()?;
+    if started != ready.len() as i64 {
         // The rows were read under this transaction's write lock a moment ago.
         return Err(corrupt(format!(
             "a claim of {} ready items of {process} started {started}",
             ready.len()
         )));
     }
-    counted::shift(tx, process, ("pending", "running"), started).await?;
     Ok(ready
         .into_iter()
         .map(|(id, key, priority, failures, enqueued_at)| Lease {

@@ -5,17 +5,39 @@
 use super::SqliteStore;
 use crate::store::StoreOptions;
 
-/// The `EXPLAIN QUERY PLAN` details of `sql` (each `?` bound to NULL), joined.
+/// The `EXPLAIN QUERY PLAN` details of each statement of `sql` (each `?`
+/// bound to NULL), joined; the `BEGIN` and `COMMIT` that a transaction's
+/// first and last queries carry have no plan.
 async fn plan(store: &SqliteStore, sql: &str) -> String {
-    let rows: Vec<(i64, i64, i64, String)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-            .fetch_all(store.pool())
-            .await
-            .expect("the statement prepares against the migrated schema");
-    rows.into_iter()
-        .map(|(.., detail)| detail)
-        .collect::<Vec<_>>()
-        .join("; ")
+    let mut details = Vec::new();
+    for statement in sql.split(';').map(str::trim) {
+        if statement.is_empty() || statement.starts_with("BEGIN") || statement == "COMMIT" {
+            continue;
+        }
+        let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN QUERY PLAN {statement}"
+        )))
+        .fetch_all(store.pool())
+        .await
+        .expect("the statement prepares against the migrated schema");
+        details.extend(rows.into_iter().map(|(.., detail)| detail));
+    }
+    details.join("; ")
+}
+
+#[test]
+fn no_statement_hides_a_semicolon_in_its_text() {
+    // `plan` splits queries of several statements at each `;`.
+    for sql in [
+        super::leases::OPENING,
+        super::leases::START,
+        super::complete::OPENING_QUICK,
+        super::complete::CLEAN,
+    ] {
+        for statement in sql.split(';') {
+            assert_eq!(statement.matches('\'').count() % 2, 0, "{statement}");
+        }
+    }
 }
 
 /// The plan of `sql` on a freshly migrated store.
@@ -108,6 +130,30 @@ async fn a_claims_opening_probes_the_claim_index_and_each_row_by_its_key() {
 async fn a_completions_opening_probes_each_session_by_its_id() {
     let step = "SEARCH s USING INTEGER PRIMARY KEY (rowid=?)";
     assert_plan(super::complete::OPENING, step).await;
+}
+
+#[tokio::test]
+async fn a_completions_opening_and_quick_read_probe_sessions_and_leases() {
+    let plan = plan_of(super::complete::OPENING_QUICK).await;
+    let steps = [
+        "SEARCH s USING INTEGER PRIMARY KEY (rowid=?)",
+        "SEARCH i USING INDEX drover_items_leases (lease_session=? AND lease_token=?)",
+    ];
+    for step in steps {
+        assert!(plan.contains(step), "expected `{step}` in: {plan}");
+    }
+}
+
+#[tokio::test]
+async fn a_clean_batch_logs_idles_and_counts_each_item_by_its_id() {
+    let plan = plan_of(super::complete::CLEAN).await;
+    let by_id = "SEARCH drover_items USING INTEGER PRIMARY KEY (rowid=?)";
+    assert_eq!(plan.matches(by_id).count(), 2, "{plan}");
+    assert!(
+        plan.contains("SEARCH drover_item_counts USING"),
+        "the counts row by its key in: {plan}"
+    );
+    assert!(!plan.contains("drover_items_claim"), "{plan}");
 }
 
 #[tokio::test]

@@ -19,11 +19,26 @@ use crate::store::types::{Run, RunOutcome};
 /// lease, the attempt (nothing changes a running row's failures, so
 /// `failures + 1` is the lease's attempt), when the key became pending and
 /// when the run started. Must run before the rows change.
-const LOG_FROM_ROWS: &str = "
-INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
-    started_at, ended_at)
-SELECT process, key, ?2, failures + 1, lease_session, lease_token, enqueued_at, started_at, ?1
-FROM drover_items WHERE id IN (SELECT value FROM json_each(?3)) ORDER BY lease_token";
+const LOG_FROM_ROWS: &str = log_from_rows_sql!("?2", "?3");
+
+/// [`LOG_FROM_ROWS`] with its outcome and its JSON array of ids given as SQL
+/// (a literal or a parameter), for a query that runs it beside other
+/// statements; the end time is `?1`.
+macro_rules! log_from_rows_sql {
+    ($outcome:literal, $ids:literal) => {
+        concat!(
+            "INSERT INTO drover_runs (process, key, outcome, attempt, session, token,
+    pending_since, started_at, ended_at)
+SELECT process, key, ",
+            $outcome,
+            ", failures + 1, lease_session, lease_token, enqueued_at, started_at, ?1
+FROM drover_items WHERE id IN (SELECT value FROM json_each(",
+            $ids,
+            ")) ORDER BY lease_token"
+        )
+    };
+}
+pub(super) use log_from_rows_sql;
 
 /// Like [`LOG_FROM_ROWS`] for runs that carry an error: `?2` is a JSON array
 /// of `[id, outcome, error]`.

@@ -54,6 +54,23 @@ impl Writer {
     /// it holds SQLite's write lock from its first statement, so it can never
     /// fail half-way on a lock upgrade.
     pub(super) async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        let mut tx = self.lock().await?;
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *tx).await?;
+        Ok(tx)
+    }
+
+    /// Waits for the connection and hands it over with no statement sent: the
+    /// caller's first query starts with `BEGIN IMMEDIATE` (as [`begin`](Self::begin)
+    /// sends it alone), so the transaction opens in the same trip to the
+    /// connection's thread as its first read (each trip, right after a commit
+    /// released a thousand runs, is a wait for a CPU).
+    ///
+    /// The transaction counts as open from before its `BEGIN` is sent: a
+    /// caller that stops waiting for it (a shutdown, a client gone) leaves a
+    /// `BEGIN` that may still run, and the drop's rollback, queued behind it,
+    /// ends what it began. A `BEGIN` that failed or was never sent leaves
+    /// nothing open, and that rollback only finds no transaction.
+    pub(super) async fn lock(&self) -> Result<Tx, sqlx::Error> {
         let conn = match self {
             Self::Held(slot) => {
                 let mut slot = Arc::clone(slot).lock_owned().await;
@@ -67,17 +84,10 @@ impl Writer {
             }
             Self::Pooled(pool) => Conn::Pooled(pool.acquire().await?),
         };
-        // Open from before `BEGIN` is sent: a caller that stops waiting for
-        // it (a shutdown, a client gone) leaves a `BEGIN` that may still run,
-        // and the drop's rollback, queued behind it, ends what it began. A
-        // `BEGIN` that failed leaves nothing open, and that rollback only
-        // finds no transaction.
-        let mut tx = Tx {
+        Ok(Tx {
             conn: Some(conn),
             open: true,
-        };
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut *tx).await?;
-        Ok(tx)
+        })
     }
 
     /// Closes the connection once the transaction in progress (if any) ends;
@@ -97,6 +107,9 @@ impl Writer {
     }
 }
 
+/// A query on the writer, before its arguments are bound.
+pub(crate) type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>;
+
 /// A transaction's hold on the connection.
 enum Conn {
     Held(OwnedMutexGuard<Slot>),
@@ -110,7 +123,8 @@ enum Conn {
 pub(crate) struct Tx {
     /// `Some` until dropped.
     conn: Option<Conn>,
-    /// `BEGIN` was sent, and neither `COMMIT` nor `ROLLBACK` has run since.
+    /// `BEGIN` was sent (or may have been: see [`Writer::lock`]), and neither
+    /// `COMMIT` nor `ROLLBACK` has run since.
     open: bool,
 }
 
@@ -122,8 +136,24 @@ impl fmt::Debug for Tx {
 
 impl Tx {
     /// Commits. On an error the transaction is rolled back when dropped.
-    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
-        sqlx::query("COMMIT").execute(&mut *self).await?;
+    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
+        self.commit_with("COMMIT", |query| query).await
+    }
+
+    /// Runs `sql`, whose last statement is `COMMIT`, with the arguments
+    /// `bind` gives it: the transaction's last writes and its commit in one
+    /// trip to the connection's thread. On an error (in a write or in the
+    /// commit) the transaction is rolled back when dropped.
+    pub(crate) async fn commit_with<'q>(
+        mut self,
+        sql: &'static str,
+        bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
+    ) -> Result<(), sqlx::Error> {
+        debug_assert!(
+            sql.trim_end().ends_with("COMMIT"),
+            "a query that commits ends with COMMIT: {sql}"
+        );
+        bind(sqlx::query(sql)).execute(&mut *self).await?;
         self.open = false;
         drop(self);
         // Let the next transaction, woken by the drop, take the connection
@@ -367,6 +397,60 @@ mod tests {
         tx.commit().await.expect("commit");
         patient(&mut other).await;
         assert_eq!(processes_under_the_lock(&mut other).await, 1);
+    }
+
+    /// A `lock`ed transaction opened by its first statement, which inserts
+    /// `name`.
+    async fn opened_by_its_first_statement(store: &SqliteStore, name: &str) -> super::Tx {
+        let mut tx = store.writer.lock().await.expect("lock");
+        sqlx::query(concat!(
+            super::super::engine::begin_immediate!(),
+            "INSERT INTO drover_processes (process, created_at) VALUES (?1, 0)"
+        ))
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .expect("begin and insert");
+        tx
+    }
+
+    #[tokio::test]
+    async fn a_transaction_opened_by_its_first_statement_holds_the_lock_and_rolls_back() {
+        let (_dir, store, mut other) = store_and_other().await;
+        let tx = opened_by_its_first_statement(&store, "dropped").await;
+        let refused = sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await;
+        assert!(refused.is_err(), "the first statement took no write lock");
+        drop(tx);
+        patient(&mut other).await;
+        assert_eq!(processes_under_the_lock(&mut other).await, 0);
+        // Dropped before any statement: nothing to roll back, and the
+        // writer goes on.
+        drop(store.writer.lock().await.expect("lock"));
+        let tx = opened_by_its_first_statement(&store, "kept").await;
+        tx.commit().await.expect("commit");
+        assert_eq!(processes_under_the_lock(&mut other).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_commit_with_its_last_writes_commits_them_all_or_none() {
+        let (_dir, store, mut other) = store_and_other().await;
+        let insert_and_commit = "INSERT INTO drover_processes (process, created_at) VALUES (?1, 0);
+            INSERT INTO drover_processes (process, created_at) VALUES (?2, 0);
+            COMMIT";
+        // The second insert repeats the first's key: the query fails before
+        // its COMMIT, and the drop rolls the first insert back.
+        let tx = opened_by_its_first_statement(&store, "a").await;
+        let failed = tx
+            .commit_with(insert_and_commit, |query| query.bind("b").bind("b"))
+            .await;
+        assert!(failed.is_err(), "a repeated key was inserted twice");
+        patient(&mut other).await;
+        assert_eq!(processes_under_the_lock(&mut other).await, 0);
+        let tx = opened_by_its_first_statement(&store, "a").await;
+        tx.commit_with(insert_and_commit, |query| query.bind("b").bind("c"))
+            .await
+            .expect("commit");
+        assert_eq!(processes_under_the_lock(&mut other).await, 3);
     }
 
     #[tokio::test]
