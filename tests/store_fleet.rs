@@ -168,6 +168,9 @@ async fn the_concurrency_limit_caps_running_keys_and_frees_a_slot_when_a_run_end
             .await
             .expect("claim");
         assert_eq!(first.leases.len(), 2, "at most the limit");
+        // The first two in claim order, of the ten ready ones the claim read.
+        let keys: Vec<&str> = first.leases.iter().map(|l| l.key.as_str()).collect();
+        assert_eq!(keys, ["k0000", "k0001"]);
         assert!(first.gate.concurrency_limited);
         assert_eq!(first.gate.next_token_in, None);
         let full = db
