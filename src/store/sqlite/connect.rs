@@ -20,10 +20,20 @@ use crate::store::{Clock, StoreError, StoreOptions, migrate};
 /// waiting beats surfacing "database is locked" to a worker.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Each connection's page cache, in KiB (SQLite's negative form): 64 MiB
-/// rather than the 2 MiB default, so the claim and lease indexes of a large
-/// backlog stay in memory instead of being re-read on every batch.
-const CACHE_SIZE: &str = "-65536";
+/// Each connection's page cache, in KiB (SQLite's negative form): 8 MiB, four
+/// times SQLite's default, and no more. A commit that followed a b-tree
+/// rebalance (most of drover's: random inserts into the runs' key index)
+/// walks the connection's whole page cache, because the rebalance parked a
+/// page at a number past the end of the file (`balance_nonroot` swaps page
+/// numbers through the page after the lock byte) and the commit drops every
+/// cached page past the end; the walk touches each cached page's header, so
+/// it costs in proportion to the cache. At 64 MiB it was 12 % of a burn-down's
+/// samples (`perf`), and 8 MiB drained 5–30 % faster and enqueued 60–110 %
+/// faster (session 17, `docs/performance.md`). A small cache costs little
+/// here: reads of the file go through the memory map ([`MMAP_SIZE`]), not the
+/// page cache, which holds the pages being written and those read back from
+/// the WAL.
+const CACHE_SIZE: &str = "-8192";
 
 /// The page size of a new database file, in bytes: twice SQLite's default.
 /// A claim or a completion touches several indexes at scattered places, and
@@ -239,6 +249,17 @@ mod tests {
         let store = SqliteStore::connect(&url, &fast).await.expect("connect");
         assert_eq!(writer_pragma(&store, "synchronous").await, 1);
         assert_eq!(pragma(&store.pool, "synchronous").await, 1);
+    }
+
+    #[tokio::test]
+    async fn every_connection_keeps_a_page_cache_of_eight_mebibytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("d.db").display());
+        let store = SqliteStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("connect");
+        assert_eq!(writer_pragma(&store, "cache_size").await, -8192);
+        assert_eq!(pragma(&store.pool, "cache_size").await, -8192);
     }
 
     #[tokio::test]
