@@ -240,7 +240,7 @@ type ReadyRow = (i64, String, i32, i64, i64);
 /// key SQL wrote as text that is not UTF-8 fails to decode only there, and
 /// sends the claim the way that parks it). The rows are read before the
 /// session and the fleet controls are checked, which may refuse them or admit
-/// fewer.
+/// fewer; a paused process's are not read at all (its workers poll it).
 pub(super) const OPENING: &str = concat!(
     begin_immediate!(),
     "WITH t(now) AS (SELECT ",
@@ -254,7 +254,7 @@ SELECT t.now, EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?2 AND deadline >
     (SELECT CAST(json_group_array(json_array(ready_at, id, key, failures, enqueued_at)) AS BLOB)
      FROM (SELECT id, key, failures, enqueued_at, ready_at FROM drover_items
            WHERE process = ?3 AND state = 'pending' AND priority = top.priority
-               AND ready_at <= t.now
+               AND ready_at <= t.now AND NOT COALESCE(p.paused, 0)
            ORDER BY ready_at, id LIMIT ?4)) AS ready
 FROM t LEFT JOIN (SELECT priority FROM drover_items WHERE process = ?3 AND state = 'pending'
         ORDER BY priority DESC LIMIT 1) AS top
