@@ -26,6 +26,19 @@ async fn plan(store: &SqliteStore, sql: &str) -> String {
 }
 
 #[test]
+fn the_queries_that_open_a_locked_transaction_begin_it() {
+    // `SqliteStore::lock` sends no `BEGIN`: the transaction's first query
+    // must, or its statements would each commit on their own.
+    for sql in [
+        super::leases::OPENING,
+        super::complete::OPENING,
+        super::complete::OPENING_QUICK,
+    ] {
+        assert!(sql.starts_with(super::engine::begin_immediate!()), "{sql}");
+    }
+}
+
+#[test]
 fn no_statement_hides_a_semicolon_in_its_text() {
     // `plan` splits queries of several statements at each `;`.
     for sql in [
