@@ -246,12 +246,12 @@ async fn opening(
     offset_ms: i64,
     asked: &Asked<'_>,
 ) -> Result<(i64, Vec<i64>, HashSet<SessionId>, Option<String>), StoreError> {
-    let sessions = Value::from(asked.sessions.clone()).to_string();
+    let sessions = Value::from(asked.sessions.as_slice()).to_string();
     let rows = match asked.groups.first() {
         Some(((session, process), tokens)) => sqlx::query(OPENING_QUICK)
             .bind(offset_ms)
             .bind(sessions)
-            .bind(Value::from(tokens.clone()).to_string())
+            .bind(Value::from(tokens.as_slice()).to_string())
             .bind(*session)
             .bind(*process),
         None => sqlx::query(OPENING).bind(offset_ms).bind(sessions),
@@ -262,6 +262,8 @@ async fn opening(
     let mut now = None;
     let mut live = Vec::new();
     let mut found = None;
+    // OPENING's rows have two columns (the clock, a live session or NULL),
+    // QUICK's one row one (its JSON array).
     for row in rows {
         if row.len() == 1 {
             found = Some(row.try_get::<String, _>(0).db()?);
@@ -319,16 +321,16 @@ impl<'a> Writes<'a> {
     /// Writes the batch and commits: in one trip when the batch is the
     /// common one, clean `done`s of one process only ([`CLEAN`]).
     async fn flush_and_commit(self, mut tx: Tx, now: i64) -> Result<(), StoreError> {
-        let clean = self.failed.is_empty()
+        // Clean: every run's row logged as `done` and every item left idle,
+        // the same ids, all of one process.
+        if self.failed.is_empty()
             && self.updated.is_empty()
-            && self.idle.len() == 1
             && self.plain.len() == 1
-            && self.plain.contains_key(&RunOutcome::Done);
-        if clean
+            && self.idle.len() == 1
             && let Some((&process, ids)) = self.idle.iter().next()
             && self.plain.get(&RunOutcome::Done) == Some(ids)
         {
-            let ids = Value::from(ids.clone()).to_string();
+            let ids = Value::from(ids.as_slice()).to_string();
             return tx
                 .commit_with(CLEAN, |query| query.bind(now).bind(ids).bind(process))
                 .await
@@ -383,10 +385,9 @@ pub(super) const CLEAN: &str = concat!(
     log_from_rows_sql!("'done'", "?2"),
     ";\n",
     idle_sql!(),
-    ";
-UPDATE drover_item_counts SET n = n + CASE state WHEN 'idle' THEN changes() ELSE -changes() END
-WHERE process = ?3 AND state IN ('running', 'idle');
-COMMIT"
+    ";\n",
+    counted::shift_sql!("?3", "'running'", "'idle'", "changes()"),
+    ";\nCOMMIT"
 );
 
 /// Leaves converged items of `process` idle: no lease, no failures, no error;

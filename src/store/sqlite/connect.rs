@@ -28,8 +28,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// numbers through the page after the lock byte) and the commit drops every
 /// cached page past the end; the walk touches each cached page's header, so
 /// it costs in proportion to the cache. At 64 MiB it was 12 % of a burn-down's
-/// samples (`perf`), and 8 MiB drained 5–30 % faster and enqueued 60–110 %
-/// faster (session 17, `docs/performance.md`). A small cache costs little
+/// samples (`perf`); at 8 MiB a burn-down drained a median 9 % faster in five
+/// alternating rounds and enqueues ran 60–110 % faster in two (session 17,
+/// `docs/performance.md`). A small cache costs little
 /// here: reads of the file go through the memory map ([`MMAP_SIZE`]), not the
 /// page cache, which holds the pages being written and those read back from
 /// the WAL.
@@ -234,13 +235,19 @@ mod tests {
         value
     }
 
-    #[tokio::test]
-    async fn the_writer_and_the_readers_sync_every_commit_unless_asked_not_to() {
+    /// A store on a fresh file with default options, and the file's URL.
+    async fn file_store() -> (tempfile::TempDir, String, SqliteStore) {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("d.db").display());
         let store = SqliteStore::connect(&url, &StoreOptions::default())
             .await
             .expect("connect");
+        (dir, url, store)
+    }
+
+    #[tokio::test]
+    async fn the_writer_and_the_readers_sync_every_commit_unless_asked_not_to() {
+        let (_dir, url, store) = file_store().await;
         // 2 = FULL, 1 = NORMAL.
         assert_eq!(writer_pragma(&store, "synchronous").await, 2);
         assert_eq!(pragma(&store.pool, "synchronous").await, 2);
@@ -253,22 +260,14 @@ mod tests {
 
     #[tokio::test]
     async fn every_connection_keeps_a_page_cache_of_eight_mebibytes() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}", dir.path().join("d.db").display());
-        let store = SqliteStore::connect(&url, &StoreOptions::default())
-            .await
-            .expect("connect");
+        let (_dir, _url, store) = file_store().await;
         assert_eq!(writer_pragma(&store, "cache_size").await, -8192);
         assert_eq!(pragma(&store.pool, "cache_size").await, -8192);
     }
 
     #[tokio::test]
     async fn only_the_writer_keeps_its_statement_journals_in_memory() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}", dir.path().join("d.db").display());
-        let store = SqliteStore::connect(&url, &StoreOptions::default())
-            .await
-            .expect("connect");
+        let (_dir, _url, store) = file_store().await;
         // 2 = MEMORY, 0 = SQLite's default (files, unless built otherwise).
         assert_eq!(writer_pragma(&store, "temp_store").await, 2);
         assert_eq!(pragma(&store.pool, "temp_store").await, 0);

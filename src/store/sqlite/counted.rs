@@ -13,13 +13,33 @@ use super::engine::Tx;
 use super::error::Db as _;
 use crate::store::StoreError;
 
-/// Moves `?4` items of process `?1` from state `?2` to state `?3`.
+/// Moves `$n` items of process `$process` from state `$from` to state `$to`,
+/// each operand given as SQL (a parameter, a literal or an expression), so
+/// that a query of several statements, whose parameters are numbered across
+/// them, can end with it.
 macro_rules! shift_sql {
-    () => {
-        "UPDATE drover_item_counts SET n = n + CASE state WHEN ?3 THEN ?4 ELSE -?4 END
-         WHERE process = ?1 AND state IN (?2, ?3)"
+    ($process:literal, $from:literal, $to:literal, $n:literal) => {
+        concat!(
+            "UPDATE drover_item_counts SET n = n + CASE state WHEN ",
+            $to,
+            " THEN ",
+            $n,
+            " ELSE -",
+            $n,
+            " END WHERE process = ",
+            $process,
+            " AND state IN (",
+            $from,
+            ", ",
+            $to,
+            ")"
+        )
     };
 }
+pub(super) use shift_sql;
+
+/// Moves `?4` items of process `?1` from state `?2` to state `?3`.
+const SHIFT: &str = shift_sql!("?1", "?2", "?3", "?4");
 
 /// [`shift`] and `COMMIT` in one trip ([`Tx::commit_with`]): the last write
 /// of a transaction that counts its rows itself.
@@ -30,9 +50,10 @@ pub(super) async fn shift_and_commit(
     n: u64,
 ) -> Result<(), StoreError> {
     let n = i64::try_from(n).unwrap_or(i64::MAX);
-    tx.commit_with(concat!(shift_sql!(), ";\nCOMMIT"), |query| {
-        query.bind(process).bind(from).bind(to).bind(n)
-    })
+    tx.commit_with(
+        concat!(shift_sql!("?1", "?2", "?3", "?4"), ";\nCOMMIT"),
+        |query| query.bind(process).bind(from).bind(to).bind(n),
+    )
     .await
     .db()
 }
@@ -49,7 +70,7 @@ pub(super) async fn shift(
         return Ok(());
     }
     let n = i64::try_from(n).unwrap_or(i64::MAX);
-    sqlx::query(shift_sql!())
+    sqlx::query(SHIFT)
         .bind(process)
         .bind(from)
         .bind(to)
