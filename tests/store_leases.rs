@@ -630,6 +630,70 @@ async fn a_batch_of_clean_dones_settles_each_lease_once_and_refuses_repeats_and_
 }
 
 #[tokio::test]
+async fn a_batch_of_distinct_clean_dones_answers_the_odd_ones_as_if_each_were_alone() {
+    // On SQLite a batch of clean `done`s of one session and process, no lease
+    // twice, is written in one trip that settles only the leases it can; the
+    // rest (re-enqueued during the run, lost, naming another key) go the
+    // general way after it, and each must be answered as if completed alone.
+    each_enqueue_path_and_pooler(|db| async move {
+        let s = db.session().await;
+        let leases = claimed(&db, &["a", "b", "c", "d"]).await;
+        let (a, b, c, d) = (&leases[0], &leases[1], &leases[2], &leases[3]);
+        enqueue(&db.store, &["b"]).await; // b is running: dirty
+        let forged = Lease {
+            key: "a".into(),
+            ..c.clone()
+        };
+        let lost = Lease {
+            token: drover::store::FencingToken(d.token.0 + 1000),
+            ..d.clone()
+        };
+        let done = Outcome::Done;
+        let results = db
+            .store
+            .lease_complete_batch(&batch([&forged, a, &lost, b], &done))
+            .await
+            .expect("batch");
+        assert!(results[1].is_ok() && results[3].is_ok(), "{results:?}");
+        for refused in [0, 2] {
+            assert!(
+                matches!(results[refused], Err(StoreError::LeaseLost { .. })),
+                "{refused}: {results:?}"
+            );
+        }
+        use RunOutcome::Done;
+        assert_eq!(events(&db.store, "a").await, [Done]);
+        assert_eq!(events(&db.store, "b").await, [Done]);
+        for (key, state) in [
+            ("a", ItemState::Idle),
+            ("b", ItemState::Pending),
+            ("c", ItemState::Running),
+            ("d", ItemState::Running),
+        ] {
+            assert_eq!(item(&db.store, key).await.expect(key).state, state, "{key}");
+        }
+        for key in ["c", "d"] {
+            assert!(events(&db.store, key).await.is_empty(), "{key}: no run");
+        }
+        let counts = db.store.process_counts().await.expect("counts");
+        let counts = counts.iter().find(|c| c.process == P).expect("counted");
+        assert_eq!(
+            (counts.pending, counts.running, counts.idle),
+            (1, 2, 1),
+            "the counts moved with the rows"
+        );
+        let results = db
+            .store
+            .lease_complete_batch(&batch([c, d], &done))
+            .await
+            .expect("the rest");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(keys(&claim(&db.store, s.id, 10).await), ["b"]);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn keys_json_has_to_escape_are_claimed_and_completed_exactly_as_written() {
     // SQLite returns a claim's rows and a completion's quick rows as one JSON
     // text (`json_group_array`): every character a key may hold must come back

@@ -5,6 +5,7 @@
 //! handful of statements and one commit however many outcomes it carries.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
 
 use serde_json::{Value, json};
 use sqlx::Row as _;
@@ -43,6 +44,138 @@ WHERE i.state = 'running' AND i.lease_session IN (SELECT value FROM json_each(?1
 /// settled without reading its row ([`QUICK`]); every other lease goes the
 /// general way: its running row is read and [`settle_batch`] decides.
 pub(super) async fn complete_batch(
+    store: &SqliteStore,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let Some(clean) = Clean::of(batch) else {
+        return complete_general(store, batch).await;
+    };
+    let settled = clean.write(store).await?;
+    let rest: Vec<usize> = (0..batch.len())
+        .filter(|&n| !settled.contains(&batch[n].lease.token.0))
+        .collect();
+    let mut answers: Vec<Result<(), StoreError>> = batch.iter().map(|_| Ok(())).collect();
+    if rest.is_empty() {
+        return Ok(answers);
+    }
+    let general: Vec<LeaseComplete<'_>> = rest.iter().map(|&n| batch[n]).collect();
+    match complete_general(store, &general).await {
+        Ok(got) => {
+            for (n, answer) in rest.into_iter().zip(got) {
+                answers[n] = answer;
+            }
+        }
+        // Nothing was written: the caller may split the batch or retry it.
+        Err(e) if settled.is_empty() => return Err(e),
+        // The clean part has committed: the rest is answered with the error.
+        Err(e) => {
+            for n in rest {
+                answers[n] = Err(e.duplicate());
+            }
+        }
+    }
+    Ok(answers)
+}
+
+/// The common batch, settled in one trip to the connection's thread
+/// ([`ONE_TRIP`]): clean `done`s, all of one session and one process, no
+/// lease twice.
+struct Clean<'a> {
+    session: i64,
+    process: &'a str,
+    /// `{"token": "key", …}`: one JSON object, whose labels and values
+    /// `json_each` hands over as they are, where an array of `[token, key]`
+    /// pairs would be parsed again for each field.
+    leases: String,
+}
+
+impl<'a> Clean<'a> {
+    /// The batch as [`ONE_TRIP`] takes it, if it is the common one.
+    fn of(batch: &'a [LeaseComplete<'a>]) -> Option<Self> {
+        let first = batch.first()?.lease;
+        let mut tokens = HashSet::with_capacity(batch.len());
+        let mut leases = Vec::with_capacity(batch.len() * 24);
+        leases.push(b'{');
+        for params in batch {
+            let lease = params.lease;
+            let common = matches!(params.outcome, Outcome::Done)
+                && lease.session == first.session
+                && lease.process == first.process
+                && tokens.insert(lease.token.0);
+            if !common {
+                return None;
+            }
+            if leases.len() > 1 {
+                leases.push(b',');
+            }
+            write!(leases, "\"{}\":", lease.token.0).ok()?;
+            serde_json::to_writer(&mut leases, &lease.key).ok()?;
+        }
+        leases.push(b'}');
+        Some(Self {
+            session: first.session.0,
+            process: &first.process,
+            leases: String::from_utf8(leases).ok()?,
+        })
+    }
+
+    /// Runs [`ONE_TRIP`]; returns the tokens it settled.
+    async fn write(self, store: &SqliteStore) -> Result<HashSet<i64>, StoreError> {
+        let tx = store.lock().await?;
+        let (settled,): (String,) = tx
+            .commit_with_row(ONE_TRIP, |query| {
+                query
+                    .bind(store.clock().offset_ms())
+                    .bind(self.session)
+                    .bind(self.process)
+                    .bind(self.leases)
+            })
+            .await
+            .db()?;
+        let settled: Vec<i64> = json_rows(&settled, "a completion's settled tokens")?;
+        Ok(settled.into_iter().collect())
+    }
+}
+
+/// A batch of clean `done`s of session `?2` and process `?3` (`?4`: a JSON
+/// object of their keys by lease token) at the database clock shifted by the
+/// test offset `?1`, settled in one trip: each lease whose row is running
+/// under that session and token, for that key and process, with no enqueue
+/// during the run, while the session is alive, gets its run row; then the
+/// tokens of the runs just written (the rows after `last_insert_rowid() -
+/// changes()`, consecutive, as one statement inserts them) are read back,
+/// those items are left idle and the counts moved by as many (`changes()`
+/// again), and the transaction commits. The leases it did not settle go the
+/// general way.
+pub(super) const ONE_TRIP: &str = concat!(
+    begin_immediate!(),
+    "INSERT INTO drover_runs (process, key, outcome, attempt, session, token,
+    pending_since, started_at, ended_at)
+SELECT i.process, i.key, 'done', i.failures + 1, i.lease_session, i.lease_token,
+    i.enqueued_at, i.started_at, t.now
+FROM (SELECT ",
+    clock_ms!(),
+    " + ?1 AS now) AS t
+    CROSS JOIN json_each(?4) AS j
+    CROSS JOIN drover_items AS i
+        ON i.lease_session = ?2 AND i.lease_token = CAST(j.key AS INTEGER)
+WHERE i.state = 'running' AND +i.process = ?3 AND i.dirty_since IS NULL AND i.key = j.value
+    AND EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?2 AND deadline > t.now)
+ORDER BY i.lease_token;
+SELECT json_group_array(token) FROM drover_runs
+WHERE changes() > 0 AND id > last_insert_rowid() - changes();
+",
+    idle_sql!("(SELECT ended_at FROM drover_runs WHERE id = last_insert_rowid())"),
+    "state = 'running' AND lease_session = ?2 AND +process = ?3 AND lease_token IN
+    (SELECT token FROM drover_runs WHERE changes() > 0 AND id > last_insert_rowid() - changes());
+",
+    counted::shift_sql!("?3", "'running'", "'idle'", "changes()"),
+    ";\nCOMMIT"
+);
+
+/// Settles `batch` the general way: every lease's row read, [`settle_batch`]
+/// deciding, one transaction.
+async fn complete_general(
     store: &SqliteStore,
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
@@ -363,16 +496,35 @@ impl<'a> Writes<'a> {
 /// Leaves the running items of process `?3` whose ids are in `?2` (a JSON
 /// array) idle at `?1`, marked as counted by the statement ([`counted`]); the
 /// unary `+` keeps each row found by its id (see [`START`](super::leases::START)).
-pub(super) const IDLE: &str = idle_sql!();
+pub(super) const IDLE: &str = idle_by_ids!();
 
 /// [`IDLE`]'s text.
-macro_rules! idle_sql {
+macro_rules! idle_by_ids {
     () => {
-        "UPDATE drover_items SET state = 'idle', ready_at = ?1, failures = 0,
+        concat!(
+            idle_sql!("?1"),
+            "id IN (SELECT value FROM json_each(?2)) AND +state = 'running' AND +process = ?3"
+        )
+    };
+}
+use idle_by_ids;
+
+/// [`IDLE`]'s text up to its `WHERE`, with the time given by the caller (a
+/// parameter or an expression); the caller's condition follows, and must
+/// name the rows' old state, `running` ([`counted`]).
+macro_rules! idle_sql {
+    ($now:literal) => {
+        concat!(
+            "UPDATE drover_items SET state = 'idle', ready_at = ",
+            $now,
+            ", failures = 0,
     backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
     lease_session = NULL, lease_token = NULL, started_at = NULL,
-    last_outcome = 'done', last_ended_at = ?1, counts_mark = counts_mark + 1
-WHERE id IN (SELECT value FROM json_each(?2)) AND +state = 'running' AND +process = ?3"
+    last_outcome = 'done', last_ended_at = ",
+            $now,
+            ", counts_mark = counts_mark + 1
+WHERE "
+        )
     };
 }
 use idle_sql;
@@ -384,7 +536,7 @@ use idle_sql;
 pub(super) const CLEAN: &str = concat!(
     log_from_rows_sql!("'done'", "?2"),
     ";\n",
-    idle_sql!(),
+    idle_by_ids!(),
     ";\n",
     counted::shift_sql!("?3", "'running'", "'idle'", "changes()"),
     ";\nCOMMIT"

@@ -32,7 +32,9 @@ macro_rules! shift_sql {
             $from,
             ", ",
             $to,
-            ")"
+            ") AND ",
+            $n,
+            " <> 0"
         )
     };
 }

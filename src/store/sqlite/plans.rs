@@ -31,10 +31,15 @@ fn the_queries_that_open_a_locked_transaction_begin_it() {
     // must, or its statements would each commit on their own.
     for sql in [
         super::leases::OPENING,
+        super::leases::QUICK,
         super::complete::OPENING,
         super::complete::OPENING_QUICK,
+        super::complete::ONE_TRIP,
     ] {
         assert!(sql.starts_with(super::engine::begin_immediate!()), "{sql}");
+    }
+    for sql in [super::leases::QUICK, super::complete::ONE_TRIP] {
+        assert!(sql.ends_with("COMMIT"), "{sql}");
     }
 }
 
@@ -44,8 +49,10 @@ fn no_statement_hides_a_semicolon_in_its_text() {
     for sql in [
         super::leases::OPENING,
         super::leases::START,
+        super::leases::QUICK,
         super::complete::OPENING_QUICK,
         super::complete::CLEAN,
+        super::complete::ONE_TRIP,
     ] {
         for statement in sql.split(';') {
             assert_eq!(statement.matches('\'').count() % 2, 0, "{statement}");
@@ -137,6 +144,39 @@ async fn a_claims_opening_probes_the_claim_index_and_each_row_by_its_key() {
         assert!(plan.contains(step), "expected `{step}` in: {plan}");
     }
     assert!(!plan.contains("TEMP B-TREE"), "a sort in: {plan}");
+}
+
+#[tokio::test]
+async fn a_quick_claim_probes_the_claim_index_and_reads_back_through_the_lease_index() {
+    let plan = plan_of(super::leases::QUICK).await;
+    let steps = [
+        "SEARCH drover_items USING INDEX drover_items_claim (process=? AND priority=? AND ready_at<?)",
+        // Each ready row started by its id, not found again by the claim index.
+        "SEARCH drover_items USING INTEGER PRIMARY KEY (rowid=?)",
+        "SEARCH drover_sessions USING INTEGER PRIMARY KEY (rowid=?)",
+        "SEARCH drover_processes USING INDEX sqlite_autoindex_drover_processes_1 (process=?)",
+        "SEARCH drover_items USING INDEX drover_items_leases (lease_session=? AND lease_token>?)",
+        "SEARCH drover_item_counts USING",
+    ];
+    for step in steps {
+        assert!(plan.contains(step), "expected `{step}` in: {plan}");
+    }
+    assert!(!plan.contains("TEMP B-TREE"), "a sort in: {plan}");
+}
+
+#[tokio::test]
+async fn a_one_trip_completion_probes_the_lease_index_per_lease_and_each_run_by_its_id() {
+    let plan = plan_of(super::complete::ONE_TRIP).await;
+    let steps = [
+        "SEARCH i USING INDEX drover_items_leases (lease_session=? AND lease_token=?)",
+        "SEARCH drover_runs USING INTEGER PRIMARY KEY (rowid>?)",
+        "SEARCH drover_items USING INDEX drover_items_leases (lease_session=? AND lease_token=?)",
+        "SEARCH drover_item_counts USING",
+    ];
+    for step in steps {
+        assert!(plan.contains(step), "expected `{step}` in: {plan}");
+    }
+    assert!(!plan.contains("drover_items_claim"), "{plan}");
 }
 
 #[tokio::test]

@@ -110,6 +110,19 @@ impl Writer {
 /// A query on the writer, before its arguments are bound.
 pub(crate) type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>;
 
+/// A query on the writer that reads rows as `T`, before its arguments are
+/// bound.
+pub(crate) type SqliteQueryAs<'q, T> =
+    sqlx::query::QueryAs<'q, Sqlite, T, sqlx::sqlite::SqliteArguments>;
+
+/// Checks, in debug builds, that `sql` ends with its transaction's `COMMIT`.
+fn ends_with_commit(sql: &str) {
+    debug_assert!(
+        sql.trim_end().ends_with("COMMIT"),
+        "a query that commits ends with COMMIT: {sql}"
+    );
+}
+
 /// A transaction's hold on the connection.
 enum Conn {
     Held(OwnedMutexGuard<Slot>),
@@ -149,11 +162,33 @@ impl Tx {
         sql: &'static str,
         bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
     ) -> Result<(), sqlx::Error> {
-        debug_assert!(
-            sql.trim_end().ends_with("COMMIT"),
-            "a query that commits ends with COMMIT: {sql}"
-        );
+        ends_with_commit(sql);
         bind(sqlx::query(sql)).execute(&mut *self).await?;
+        self.committed().await;
+        Ok(())
+    }
+
+    /// Like [`commit_with`](Self::commit_with) for `sql` that also reads
+    /// one row before its `COMMIT`.
+    pub(crate) async fn commit_with_row<'q, T>(
+        mut self,
+        sql: &'static str,
+        bind: impl FnOnce(SqliteQueryAs<'q, T>) -> SqliteQueryAs<'q, T>,
+    ) -> Result<T, sqlx::Error>
+    where
+        T: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+    {
+        ends_with_commit(sql);
+        // Every row fetched, not the first alone: the statements after the
+        // one that reads run only as the results are drained.
+        let rows = bind(sqlx::query_as(sql)).fetch_all(&mut *self).await?;
+        self.committed().await;
+        rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// After a query that ended with `COMMIT` succeeded: hands the
+    /// connection on.
+    async fn committed(mut self) {
         self.open = false;
         drop(self);
         // Let the next transaction, woken by the drop, take the connection
@@ -162,7 +197,6 @@ impl Tx {
         // thousand runs or answer a thousand completions kept the writer idle
         // for that long.
         tokio::task::yield_now().await;
-        Ok(())
     }
 
     /// Rolls back now, rather than on a task after the drop: for a
