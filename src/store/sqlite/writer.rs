@@ -115,6 +115,37 @@ pub(crate) type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::S
 pub(crate) type SqliteQueryAs<'q, T> =
     sqlx::query::QueryAs<'q, Sqlite, T, sqlx::sqlite::SqliteArguments>;
 
+/// Unused arguments bound after a query's own, so that every statement of
+/// a query of several gets all of its parameters.
+///
+/// sqlx binds each statement of such a query by its parameters' numbers,
+/// but takes a number the statement skips (it uses `?3` and not `?1`) as an
+/// unnumbered `?`, bound to the query's next argument in turn across all its
+/// statements; once those run out it leaves the rest of that statement's
+/// parameters unbound, that is NULL, without an error. The numbers skipped
+/// by the statements of one query add up: a claim made in the same query as
+/// a completion skipped more than it had arguments, and updated the counts
+/// and the fencing counter for a NULL process and session. Spare arguments,
+/// never named by a statement, take those turns
+/// ([`plans`](super::plans) checks that these are enough).
+pub(super) const SPARE_ARGUMENTS: usize = 16;
+
+/// `query` with [`SPARE_ARGUMENTS`] bound after its own arguments.
+fn padded(mut query: SqliteQuery<'_>) -> SqliteQuery<'_> {
+    for _ in 0..SPARE_ARGUMENTS {
+        query = query.bind(None::<i64>);
+    }
+    query
+}
+
+/// [`padded`] for a query that reads rows as `T`.
+fn padded_as<T>(mut query: SqliteQueryAs<'_, T>) -> SqliteQueryAs<'_, T> {
+    for _ in 0..SPARE_ARGUMENTS {
+        query = query.bind(None::<i64>);
+    }
+    query
+}
+
 /// Checks, in debug builds, that `sql` ends with its transaction's `COMMIT`.
 fn ends_with_commit(sql: &str) {
     debug_assert!(
@@ -163,7 +194,7 @@ impl Tx {
         bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
     ) -> Result<(), sqlx::Error> {
         ends_with_commit(sql);
-        bind(sqlx::query(sql)).execute(&mut *self).await?;
+        padded(bind(sqlx::query(sql))).execute(&mut *self).await?;
         self.committed().await;
         Ok(())
     }
@@ -181,7 +212,9 @@ impl Tx {
         ends_with_commit(sql);
         // Every row fetched, not the first alone: the statements after the
         // one that reads run only as the results are drained.
-        let rows = bind(sqlx::query_as(sql)).fetch_all(&mut *self).await?;
+        let rows = padded_as(bind(sqlx::query_as(sql)))
+            .fetch_all(&mut *self)
+            .await?;
         self.committed().await;
         rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
     }
