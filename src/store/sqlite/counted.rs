@@ -13,8 +13,9 @@ use super::engine::Tx;
 use super::error::Db as _;
 use crate::store::StoreError;
 
-/// Moves `$n` items of process `$process` from state `$from` to state `$to`,
-/// each operand given as SQL (a parameter, a literal or an expression), so
+/// Moves `$n` items of process `$process` from state `$from` to state `$to`
+/// (writing nothing when `$n` is 0, so that a transaction that moved none
+/// commits without a page to write), each operand given as SQL (a parameter, a literal or an expression), so
 /// that a query of several statements, whose parameters are numbered across
 /// them, can end with it.
 macro_rules! shift_sql {

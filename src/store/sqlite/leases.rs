@@ -292,6 +292,10 @@ impl Opening {
     }
 }
 
+/// Leases up to `params.max` ready keys: the common claim in one trip
+/// ([`QUICK`]), then the general way ([`claim_general`]) for the rest when
+/// [`QUICK`] left ready keys it does not take (fleet controls, keys that are
+/// not printable ASCII, lower priorities), in a transaction of its own.
 pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Claimed, StoreError> {
     validate_process(&params.process)?;
     if params.max == 0 {

@@ -110,11 +110,6 @@ impl Writer {
 /// A query on the writer, before its arguments are bound.
 pub(crate) type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>;
 
-/// A query on the writer that reads rows as `T`, before its arguments are
-/// bound.
-pub(crate) type SqliteQueryAs<'q, T> =
-    sqlx::query::QueryAs<'q, Sqlite, T, sqlx::sqlite::SqliteArguments>;
-
 /// Unused arguments bound after a query's own, so that every statement of
 /// a query of several gets all of its parameters.
 ///
@@ -132,14 +127,6 @@ pub(super) const SPARE_ARGUMENTS: usize = 16;
 
 /// `query` with [`SPARE_ARGUMENTS`] bound after its own arguments.
 fn padded(mut query: SqliteQuery<'_>) -> SqliteQuery<'_> {
-    for _ in 0..SPARE_ARGUMENTS {
-        query = query.bind(None::<i64>);
-    }
-    query
-}
-
-/// [`padded`] for a query that reads rows as `T`.
-fn padded_as<T>(mut query: SqliteQueryAs<'_, T>) -> SqliteQueryAs<'_, T> {
     for _ in 0..SPARE_ARGUMENTS {
         query = query.bind(None::<i64>);
     }
@@ -204,19 +191,18 @@ impl Tx {
     pub(crate) async fn commit_with_row<'q, T>(
         mut self,
         sql: &'static str,
-        bind: impl FnOnce(SqliteQueryAs<'q, T>) -> SqliteQueryAs<'q, T>,
+        bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
     ) -> Result<T, sqlx::Error>
     where
-        T: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+        T: for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
     {
         ends_with_commit(sql);
         // Every row fetched, not the first alone: the statements after the
         // one that reads run only as the results are drained.
-        let rows = padded_as(bind(sqlx::query_as(sql)))
-            .fetch_all(&mut *self)
-            .await?;
+        let rows = padded(bind(sqlx::query(sql))).fetch_all(&mut *self).await?;
         self.committed().await;
-        rows.into_iter().next().ok_or(sqlx::Error::RowNotFound)
+        let first = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+        T::from_row(first)
     }
 
     /// After a query that ended with `COMMIT` succeeded: hands the
