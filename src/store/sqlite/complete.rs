@@ -15,6 +15,7 @@ use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, json_rows, running_columns, to_ms, to_time};
 use super::runs::{log_from_rows, log_from_rows_sql, log_with_errors};
+use super::writer::padded;
 use crate::store::StoreError;
 use crate::store::decode::corrupt;
 use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
@@ -48,7 +49,7 @@ pub(super) async fn complete_batch(
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let Some(clean) = Clean::of(batch) else {
-        return complete_general(store, batch).await;
+        return complete_general(store, batch, QuickRead::Try).await;
     };
     let settled = clean.write(store).await?;
     let rest: Vec<usize> = (0..batch.len())
@@ -59,7 +60,8 @@ pub(super) async fn complete_batch(
         return Ok(answers);
     }
     let general: Vec<LeaseComplete<'_>> = rest.iter().map(|&n| batch[n]).collect();
-    match complete_general(store, &general).await {
+    // What the one trip did not settle would not qualify for QUICK either.
+    match complete_general(store, &general, QuickRead::Skip).await {
         Ok(got) => {
             for (n, answer) in rest.into_iter().zip(got) {
                 answers[n] = answer;
@@ -178,9 +180,10 @@ WHERE changes() > 0 AND id > last_insert_rowid() - changes();
 async fn complete_general(
     store: &SqliteStore,
     batch: &[LeaseComplete<'_>],
+    quick_read: QuickRead,
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let mut tx = store.lock().await?;
-    let asked = Asked::of(batch);
+    let asked = Asked::of(batch, quick_read);
     let (now, live, expired, first) = opening(&mut tx, store.clock().offset_ms(), &asked).await?;
     let mut writes = Writes::default();
     let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
@@ -259,15 +262,24 @@ struct Asked<'a> {
     groups: Vec<((i64, &'a str), Vec<i64>)>,
 }
 
+/// Whether the general way looks for clean `done`s to settle without their
+/// rows ([`QUICK`]): not for the leases [`ONE_TRIP`] left, which it already
+/// looked for with the same conditions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum QuickRead {
+    Try,
+    Skip,
+}
+
 impl<'a> Asked<'a> {
-    fn of(batch: &'a [LeaseComplete<'a>]) -> Self {
+    fn of(batch: &'a [LeaseComplete<'a>], quick_read: QuickRead) -> Self {
         let mut first = HashMap::with_capacity(batch.len());
         let mut groups: HashMap<(i64, &str), Vec<i64>> = HashMap::new();
         for (n, params) in batch.iter().enumerate() {
             let lease = params.lease;
             let seen = first.contains_key(&lease.token.0);
             first.entry(lease.token.0).or_insert(n);
-            if !seen && matches!(params.outcome, Outcome::Done) {
+            if !seen && quick_read == QuickRead::Try && matches!(params.outcome, Outcome::Done) {
                 let group = (lease.session.0, lease.process.as_str());
                 groups.entry(group).or_default().push(lease.token.0);
             }
@@ -388,10 +400,8 @@ async fn opening(
             .bind(*session)
             .bind(*process),
         None => sqlx::query(OPENING).bind(offset_ms).bind(sessions),
-    }
-    .fetch_all(&mut **tx)
-    .await
-    .db()?;
+    };
+    let rows = padded(rows).fetch_all(&mut **tx).await.db()?;
     let mut now = None;
     let mut live = Vec::new();
     let mut found = None;

@@ -8,6 +8,7 @@ use super::gate::{self, gate_columns};
 use super::items::ensure_process;
 use super::rows::{RunningRow, json_rows, running_columns, to_time};
 use super::sessions::requeue;
+use super::writer::padded;
 use crate::store::StoreError;
 use crate::store::decode::corrupt;
 use crate::store::fleet::{ClaimGate, Claimed};
@@ -67,17 +68,35 @@ async fn start_run(
         .fetch_one(&mut **tx)
         .await
         .db()?;
-    let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
-    Ok(Lease {
+    Ok(lease(
+        session,
+        process,
+        key,
+        token,
+        (priority, failures, enqueued_at, now),
+    ))
+}
+
+/// The lease of an item just started under `session` with `token`: its
+/// attempt is one more than the failures before it; `row` is its priority,
+/// failures, enqueue time and start time.
+fn lease(
+    session: SessionId,
+    process: String,
+    key: String,
+    token: i64,
+    (priority, failures, enqueued_at, started_at): (i32, i64, i64, i64),
+) -> Lease {
+    Lease {
         session,
         process,
         key,
         token: FencingToken(token),
-        attempt,
+        attempt: u32::try_from(failures).unwrap_or(0).saturating_add(1),
         priority,
         enqueued_at: to_time(enqueued_at),
-        started_at: to_time(now),
-    })
+        started_at: to_time(started_at),
+    }
 }
 
 /// Up to `max` ready items in claim order, from priority `top` (the highest
@@ -316,13 +335,10 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
         ..params
     };
     match claim_general(store, rest).await {
-        Ok(mut claimed) if !quick.leases.is_empty() => {
-            let mut leases = quick.leases;
-            leases.append(&mut claimed.leases);
-            claimed.leases = leases;
+        Ok(mut claimed) => {
+            claimed.leases.splice(0..0, quick.leases);
             Ok(claimed)
         }
-        Ok(claimed) => Ok(claimed),
         Err(e) if quick.leases.is_empty() => Err(e),
         // The quick part has committed: its leases are this session's, and
         // the caller claims again for the rest.
@@ -369,17 +385,12 @@ async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, 
         .into_iter()
         .map(
             |(ready_at, id, token, key, priority, failures, enqueued_at, started_at)| {
-                let lease = Lease {
-                    session: params.session,
-                    process: params.process.clone(),
-                    key,
-                    token: FencingToken(token),
-                    attempt: u32::try_from(failures).unwrap_or(0).saturating_add(1),
-                    priority,
-                    enqueued_at: to_time(enqueued_at),
-                    started_at: to_time(started_at),
-                };
-                ((ready_at, id), lease)
+                let row = (priority, failures, enqueued_at, started_at);
+                let process = params.process.clone();
+                (
+                    (ready_at, id),
+                    lease(params.session, process, key, token, row),
+                )
             },
         )
         .collect();
@@ -462,14 +473,12 @@ COMMIT"
 /// the priorities walked, undecodable keys parked.
 async fn claim_general(store: &SqliteStore, params: LeaseClaim) -> Result<Claimed, StoreError> {
     let mut tx = store.lock().await?;
-    let opening: Opening = sqlx::query_as(OPENING)
+    let opening = sqlx::query_as::<_, Opening>(OPENING)
         .bind(store.clock().offset_ms())
         .bind(params.session.0)
         .bind(&params.process)
-        .bind(i64::from(params.max))
-        .fetch_one(&mut *tx)
-        .await
-        .db()?;
+        .bind(i64::from(params.max));
+    let opening = padded(opening).fetch_one(&mut *tx).await.db()?;
     if !opening.alive {
         return Err(StoreError::SessionExpired {
             session: params.session,
@@ -548,16 +557,14 @@ async fn start_runs(
         return Ok(Vec::new());
     };
     let first = tokens + 1;
-    let started: i64 = sqlx::query_scalar(START)
+    let start = sqlx::query_scalar::<_, i64>(START)
         .bind(serde_json::Value::from(ids).to_string())
         .bind(session.0)
         .bind(first - low)
         .bind(now)
         .bind(process)
-        .bind(high - low + 1)
-        .fetch_one(&mut **tx)
-        .await
-        .db()?;
+        .bind(high - low + 1);
+    let started = padded(start).fetch_one(&mut **tx).await.db()?;
     if started != ready.len() as i64 {
         // The rows were read under this transaction's write lock a moment ago.
         return Err(corrupt(format!(
@@ -567,15 +574,9 @@ async fn start_runs(
     }
     Ok(ready
         .into_iter()
-        .map(|(id, key, priority, failures, enqueued_at)| Lease {
-            session,
-            process: process.to_owned(),
-            key,
-            token: FencingToken(first - low + id),
-            attempt: u32::try_from(failures).unwrap_or(0).saturating_add(1),
-            priority,
-            enqueued_at: to_time(enqueued_at),
-            started_at: to_time(now),
+        .map(|(id, key, priority, failures, enqueued_at)| {
+            let row = (priority, failures, enqueued_at, now);
+            lease(session, process.to_owned(), key, first - low + id, row)
         })
         .collect())
 }

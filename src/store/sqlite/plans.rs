@@ -98,19 +98,18 @@ fn binds_every_parameter(sql: &str, args: usize) -> Result<(), String> {
 #[test]
 fn every_statement_of_a_query_of_several_gets_all_its_parameters() {
     use super::writer::SPARE_ARGUMENTS;
-    // (query, its own arguments, whether it is bound with spares: those that
-    // commit, through `Tx::commit_with` and `Tx::commit_with_row`).
+    // Each query with its own arguments, which suffice without the spares
+    // every query of several statements is bound with (`writer::padded`).
     let queries = [
-        (super::leases::OPENING, 4, false),
-        (super::leases::START, 6, false),
-        (super::leases::QUICK, 4, true),
-        (super::complete::OPENING, 2, false),
-        (super::complete::OPENING_QUICK, 5, false),
-        (super::complete::CLEAN, 3, true),
-        (super::complete::ONE_TRIP, 4, true),
+        (super::leases::OPENING, 4),
+        (super::leases::START, 6),
+        (super::leases::QUICK, 4),
+        (super::complete::OPENING, 2),
+        (super::complete::OPENING_QUICK, 5),
+        (super::complete::CLEAN, 3),
+        (super::complete::ONE_TRIP, 4),
     ];
-    for (sql, own, spare) in queries {
-        let args = own + if spare { SPARE_ARGUMENTS } else { 0 };
+    for (sql, args) in queries {
         if let Err(e) = binds_every_parameter(sql, args) {
             panic!("{e}");
         }
@@ -150,6 +149,13 @@ async fn plan_of(sql: &str) -> String {
         .await
         .expect("an in-memory store opens");
     plan(&store, sql).await
+}
+
+/// Fails unless `plan` contains every one of `steps`.
+fn assert_steps(plan: &str, steps: &[&str]) {
+    for step in steps {
+        assert!(plan.contains(step), "expected `{step}` in: {plan}");
+    }
 }
 
 /// Fails unless the plan of `sql` on a freshly migrated store contains `step`.
@@ -224,9 +230,7 @@ async fn a_claims_opening_probes_the_claim_index_and_each_row_by_its_key() {
         "SEARCH p USING INDEX sqlite_autoindex_drover_processes_1 (process=?)",
         "INDEX drover_items_claim (process=?)",
     ];
-    for step in steps {
-        assert!(plan.contains(step), "expected `{step}` in: {plan}");
-    }
+    assert_steps(&plan, &steps);
     assert!(!plan.contains("TEMP B-TREE"), "a sort in: {plan}");
 }
 
@@ -242,9 +246,7 @@ async fn a_quick_claim_probes_the_claim_index_and_reads_back_through_the_lease_i
         "SEARCH drover_items USING INDEX drover_items_leases (lease_session=? AND lease_token>?)",
         "SEARCH drover_item_counts USING",
     ];
-    for step in steps {
-        assert!(plan.contains(step), "expected `{step}` in: {plan}");
-    }
+    assert_steps(&plan, &steps);
     assert!(!plan.contains("TEMP B-TREE"), "a sort in: {plan}");
 }
 
@@ -257,9 +259,7 @@ async fn a_one_trip_completion_probes_the_lease_index_per_lease_and_each_run_by_
         "SEARCH drover_items USING INDEX drover_items_leases (lease_session=? AND lease_token=?)",
         "SEARCH drover_item_counts USING",
     ];
-    for step in steps {
-        assert!(plan.contains(step), "expected `{step}` in: {plan}");
-    }
+    assert_steps(&plan, &steps);
     assert!(!plan.contains("drover_items_claim"), "{plan}");
 }
 
@@ -276,9 +276,7 @@ async fn a_completions_opening_and_quick_read_probe_sessions_and_leases() {
         "SEARCH s USING INTEGER PRIMARY KEY (rowid=?)",
         "SEARCH i USING INDEX drover_items_leases (lease_session=? AND lease_token=?)",
     ];
-    for step in steps {
-        assert!(plan.contains(step), "expected `{step}` in: {plan}");
-    }
+    assert_steps(&plan, &steps);
 }
 
 #[tokio::test]
@@ -367,12 +365,11 @@ async fn error_groups_count_signatures_from_the_indexes_without_reading_a_row_pe
         .await
         .expect("an in-memory store opens");
     let plan = plan(&store, super::groups::SIGNATURES).await;
-    for step in [
+    let steps = [
         "USING COVERING INDEX drover_items_parked_errors (process=?)",
         "USING COVERING INDEX drover_items_backoff (process=? AND backoff_until>?)",
         // Only the sample of each of the largest groups reads its row.
         "SEARCH i USING INTEGER PRIMARY KEY (rowid=?)",
-    ] {
-        assert!(plan.contains(step), "expected `{step}` in: {plan}");
-    }
+    ];
+    assert_steps(&plan, &steps);
 }

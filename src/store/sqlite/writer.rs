@@ -110,25 +110,51 @@ impl Writer {
 /// A query on the writer, before its arguments are bound.
 pub(crate) type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>;
 
-/// Unused arguments bound after a query's own, so that every statement of
-/// a query of several gets all of its parameters.
+/// Unused arguments bound after each query of several statements, so that
+/// every statement gets all of its parameters.
 ///
 /// sqlx binds each statement of such a query by its parameters' numbers,
 /// but takes a number the statement skips (it uses `?3` and not `?1`) as an
 /// unnumbered `?`, bound to the query's next argument in turn across all its
 /// statements; once those run out it leaves the rest of that statement's
 /// parameters unbound, that is NULL, without an error. The numbers skipped
-/// by the statements of one query add up: a claim made in the same query as
-/// a completion skipped more than it had arguments, and updated the counts
-/// and the fencing counter for a NULL process and session. Spare arguments,
-/// never named by a statement, take those turns
-/// ([`plans`](super::plans) checks that these are enough).
+/// by the statements of one query add up: no query here skips more than it
+/// has arguments ([`plans`](super::plans) checks each, with these spares
+/// and without), but a claim merged into a completion's query (session 18,
+/// not kept) did, and counted its rows for a NULL process. Spare arguments,
+/// never named by a statement, take those turns.
 pub(super) const SPARE_ARGUMENTS: usize = 16;
 
-/// `query` with [`SPARE_ARGUMENTS`] bound after its own arguments.
-fn padded(mut query: SqliteQuery<'_>) -> SqliteQuery<'_> {
+/// A query whose arguments can be padded with [`SPARE_ARGUMENTS`]: sqlx's
+/// three query types, which share `bind` but no trait for it.
+pub(super) trait Spares: Sized {
+    /// Binds one more (NULL) argument.
+    fn spare(self) -> Self;
+}
+
+impl Spares for SqliteQuery<'_> {
+    fn spare(self) -> Self {
+        self.bind(None::<i64>)
+    }
+}
+
+impl<T> Spares for sqlx::query::QueryAs<'_, Sqlite, T, sqlx::sqlite::SqliteArguments> {
+    fn spare(self) -> Self {
+        self.bind(None::<i64>)
+    }
+}
+
+impl<T> Spares for sqlx::query::QueryScalar<'_, Sqlite, T, sqlx::sqlite::SqliteArguments> {
+    fn spare(self) -> Self {
+        self.bind(None::<i64>)
+    }
+}
+
+/// `query` (a query of several statements) with [`SPARE_ARGUMENTS`] bound
+/// after its own arguments.
+pub(super) fn padded<Q: Spares>(mut query: Q) -> Q {
     for _ in 0..SPARE_ARGUMENTS {
-        query = query.bind(None::<i64>);
+        query = query.spare();
     }
     query
 }
