@@ -1055,3 +1055,34 @@ async fn writes_that_waited_for_a_lock_measure_their_times_from_after_the_wait()
     })
     .await;
 }
+
+/// SQLite claims the top priority in one trip and the rest in a transaction
+/// of its own. When that second one fails, what the first committed is the
+/// session's: the claim answers with those leases (an error would leave them
+/// running, unknown to the worker, until the session expires), and the rest
+/// stays pending for the next claim.
+#[tokio::test]
+async fn a_sqlite_claim_whose_rest_fails_answers_with_what_it_committed() {
+    let (db, _dir) = support::sqlite().await;
+    let s = db.session().await;
+    let urgent = ItemEnqueue::new(P, ["urgent-1", "urgent-2"]).priority(10);
+    db.store.item_enqueue(urgent).await.expect("enqueue");
+    enqueue(&db.store, &["later"]).await;
+    db.execute(
+        "CREATE TRIGGER drover_test_refuse_later BEFORE UPDATE OF state ON drover_items
+             WHEN NEW.state = 'running' AND NEW.priority < 10
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+    )
+    .await;
+    let leases = claim(&db.store, s.id, 10).await;
+    assert_eq!(keys(&leases), ["urgent-1", "urgent-2"]);
+    for lease in &leases {
+        complete(&db.store, lease, Outcome::Done)
+            .await
+            .expect("a lease the claim answered with is the session's");
+    }
+    let later = item(&db.store, "later").await.expect("later");
+    assert_eq!((later.state, later.lease_token), (ItemState::Pending, None));
+    db.execute("DROP TRIGGER drover_test_refuse_later").await;
+    assert_eq!(keys(&claim(&db.store, s.id, 10).await), ["later"]);
+}
