@@ -794,6 +794,31 @@ async fn a_key_sql_wrote_as_invalid_utf8_is_parked_and_the_keys_behind_it_still_
     );
 }
 
+#[tokio::test]
+async fn a_claim_that_meets_only_an_invalid_utf8_key_parks_it_for_good() {
+    // Behind a good key this time: the claim that meets it starts nothing, and
+    // rolling that claim back undid the parking, so the key stayed pending
+    // and every claim of its process met it again.
+    let (db, _dir) = support::sqlite().await;
+    enqueue(&db.store, &["first"]).await;
+    db.execute(&format!(
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         SELECT process, CAST(X'66FF' AS TEXT), 'pending', ready_at, enqueued_at
+         FROM drover_items WHERE process = '{P}' AND key = 'first'"
+    ))
+    .await;
+    let s = db.session().await;
+    assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["first"]);
+    assert!(claim(&db.store, s.id, 10).await.is_empty());
+    let counts = db.store.process_counts().await.expect("counts");
+    let counts = counts.iter().find(|c| c.process == P).expect("counted");
+    assert_eq!(
+        (counts.pending, counts.parked),
+        (0, 1),
+        "parked, and it stays"
+    );
+}
+
 /// Claims `keys` (enqueued first) for a fresh session, in key order.
 async fn claimed(db: &support::TestDb, keys: &[&str]) -> Vec<Lease> {
     let s = db.session().await;

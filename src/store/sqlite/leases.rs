@@ -101,7 +101,9 @@ fn lease(
 
 /// Up to `max` ready items in claim order, from priority `top` (the highest
 /// pending one, read by [`OPENING`]) down, one index probe per priority, each
-/// priority's ready rows by (ready time, id). Walking the priorities keeps a
+/// priority's ready rows by (ready time, id), and how many undecodable keys it
+/// parked on the way ([`park_undecodable`]: a write the transaction must
+/// commit even when it starts nothing). Walking the priorities keeps a
 /// claim O(P log n) for P distinct priorities, where one `ORDER BY priority
 /// DESC, ready_at` scan would step over every not-yet-ready row of a higher
 /// priority (a million keys in backoff after an outage) on each poll.
@@ -111,8 +113,9 @@ async fn ready_rows(
     process: &str,
     max: u32,
     (top, mut first): (Option<i32>, Option<String>),
-) -> Result<Vec<ReadyRow>, StoreError> {
+) -> Result<(Vec<ReadyRow>, u64), StoreError> {
     let mut rows = Vec::new();
+    let mut parked = 0;
     let mut next = top.filter(|_| max > 0);
     while let Some(priority) = next {
         let limit = i64::from(max) - rows.len() as i64;
@@ -133,8 +136,9 @@ async fn ready_rows(
             Err(e @ sqlx::Error::ColumnDecode { .. }) => {
                 // Not UTF-8: a key only SQL can have written. Parked, the
                 // priority is read again; anything else is the database's.
-                if park_undecodable(tx, now, process, priority, limit).await? == 0 {
-                    return Err(map(e));
+                match park_undecodable(tx, now, process, priority, limit).await? {
+                    0 => return Err(map(e)),
+                    n => parked += n,
                 }
                 continue;
             }
@@ -164,7 +168,7 @@ async fn ready_rows(
         .await
         .db()?;
     }
-    Ok(rows)
+    Ok((rows, parked))
 }
 
 /// The rows [`READY`] reads, which [`park_undecodable`] reads again when they
@@ -488,7 +492,8 @@ async fn claim_general(store: &SqliteStore, params: LeaseClaim) -> Result<Claime
     let decided = gate::decide(&mut tx, now, &params.process, opening.gate(), params.max).await?;
     let max = decided.map_or(params.max, |(_, admission)| admission.allowed);
     let first = opening.ready.and_then(|json| String::from_utf8(json).ok());
-    let ready = ready_rows(&mut tx, now, &params.process, max, (opening.top, first)).await?;
+    let (ready, parked) =
+        ready_rows(&mut tx, now, &params.process, max, (opening.top, first)).await?;
     let leases = start_runs(
         &mut tx,
         now,
@@ -505,8 +510,14 @@ async fn claim_general(store: &SqliteStore, params: LeaseClaim) -> Result<Claime
         None => ClaimGate::default(),
     };
     if leases.is_empty() {
-        // Nothing to write: a bucket's refill is recomputed from what is stored.
-        tx.rollback().await.db()?;
+        if parked > 0 {
+            // The keys it parked stay parked, or every claim would meet them
+            // again, park them again and roll that back.
+            tx.commit().await.db()?;
+        } else {
+            // Nothing to write: a bucket's refill is recomputed from what is stored.
+            tx.rollback().await.db()?;
+        }
         return Ok(Claimed { leases, gate });
     }
     let started = leases.len() as u64;
