@@ -8,8 +8,8 @@
 mod support;
 
 use drover::store::{
-    ErrorGroup, ErrorGroups, ItemFilter, ItemPark, ItemState, ItemsDelete, ItemsPark, ItemsRetry,
-    Outcome, RunOutcome, Store, StoreEngine as _, StoreError,
+    ErrorGroup, ErrorGroups, ItemFilter, ItemList, ItemPark, ItemState, ItemTriage, ItemsDelete,
+    ItemsPark, ItemsRetry, Outcome, RunList, RunOutcome, Store, StoreEngine as _, StoreError,
 };
 use support::store::{P, claim, complete, configure, enqueue, events, history, item, secs};
 use support::{TestDb, each_engine_and_pooler};
@@ -383,4 +383,99 @@ async fn a_bulk_retry_wakes_the_process_workers() {
             .expect("a worker waiting on the process is woken");
     })
     .await;
+}
+
+/// SQLite keeps any bytes SQL writes as text. A key that is not UTF-8 (written
+/// into the table by hand, or through `drover_enqueue` before migration 0014)
+/// is parked by the claim that meets it; the operator must then be able to
+/// see it and act on it. Every list that met it failed with an internal
+/// error, and a bulk walk going on from it as read (U+FFFD sorts before its
+/// bad byte) read it again forever.
+#[tokio::test]
+async fn a_key_that_is_not_utf8_is_listed_and_bulk_actions_walk_past_it() {
+    let (db, _dir) = support::sqlite().await;
+    fail(&db, &["g"], |_| Outcome::Permanent("g broke".into())).await;
+    db.execute(&format!(
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         VALUES ('{P}', CAST(X'66FF' AS TEXT), 'pending', 0, 0)"
+    ))
+    .await;
+    let s = db.session().await;
+    assert!(
+        claim(&db.store, s.id, 10).await.is_empty(),
+        "parked, not run"
+    );
+    let shown = "f\u{FFFD}";
+
+    let listed = db
+        .store
+        .item_list(ItemList {
+            process: P.into(),
+            state: Some(ItemState::Parked),
+            after_key: None,
+            limit: 10,
+        })
+        .await
+        .expect("the parked list");
+    let listed: Vec<_> = listed.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(listed, [shown, "g"]);
+    let triage = ItemTriage {
+        process: P.into(),
+        state: None,
+        key_prefix: None,
+        after: None,
+        limit: 10,
+    };
+    let page = db
+        .store
+        .item_triage(triage)
+        .await
+        .expect("the process page");
+    assert!(page.items.iter().any(|i| i.key == shown), "{page:?}");
+
+    // One key per window: the walk must go on from the bad key's own bytes to
+    // reach the key the filter matches behind it.
+    let g = ItemFilter::new(P).error_signature("<key> broke");
+    let retry = ItemsRetry::new(g, "admin").batch(1);
+    let retried = tokio::time::timeout(secs(10), db.store.items_retry_where(retry))
+        .await
+        .expect("the walk ends")
+        .expect("retry");
+    assert_eq!(retried, 1);
+    assert_eq!(state(&db.store, "g").await, Some(ItemState::Pending));
+
+    let parked = ItemFilter::new(P).state(ItemState::Parked);
+    let retry = ItemsRetry::new(parked, "admin").batch(1);
+    assert_eq!(db.store.items_retry_where(retry).await.expect("retry"), 1);
+    let runs = db
+        .store
+        .run_list(RunList {
+            process: Some(P.into()),
+            limit: 10,
+            ..RunList::default()
+        })
+        .await
+        .expect("the process's runs");
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r.outcome == RunOutcome::Retried)
+            .map(|r| r.key.as_str())
+            .collect::<Vec<_>>(),
+        [shown, "g"],
+        "newest first"
+    );
+    assert!(
+        claim(&db.store, s.id, 10)
+            .await
+            .iter()
+            .all(|l| l.key == "g")
+    );
+    let delete = ItemsDelete::new(ItemFilter::new(P).state(ItemState::Parked), "admin");
+    assert_eq!(
+        db.store.items_delete_where(delete).await.expect("delete"),
+        1
+    );
+    let counts = db.store.process_counts().await.expect("counts");
+    let counts = counts.iter().find(|c| c.process == P).expect("counted");
+    assert_eq!((counts.parked, counts.running), (0, 1), "gone; g runs");
 }

@@ -77,7 +77,7 @@ mod engine {
     use crate::store::error_signature;
     use crate::store::key::validate_process;
     use crate::store::params::{ItemFilter, ItemsDelete, ItemsPark, ItemsRetry};
-    use crate::store::rows::Stamp;
+    use crate::store::rows::{Lossy, Stamp};
     use crate::store::text::clean_text;
     use crate::store::types::{ErrorGroup, ItemState, RunOutcome};
 
@@ -235,7 +235,7 @@ mod engine {
     #[derive(Debug, sqlx::FromRow)]
     pub(crate) struct CandidateRow<T> {
         id: i64,
-        key: String,
+        key: Lossy,
         error_signature: Option<String>,
         state: String,
         backoff_until: Option<T>,
@@ -265,7 +265,7 @@ mod engine {
             && filter
                 .key_prefix
                 .as_deref()
-                .is_none_or(|p| row.key.starts_with(p))
+                .is_none_or(|p| row.key.0.starts_with(p))
             && filter.error_signature.as_deref().is_none_or(|sig| {
                 (filter.state.is_some() || failing)
                     && row.error_signature.as_deref().unwrap_or("") == sig
@@ -287,7 +287,7 @@ mod engine {
             .map(|reason| {
                 chosen
                     .iter()
-                    .map(|r| (r.id.to_string(), error_signature(&r.key, reason).into()))
+                    .map(|r| (r.id.to_string(), error_signature(&r.key.0, reason).into()))
                     .collect()
             })
             .unwrap_or_default();
@@ -300,9 +300,9 @@ mod engine {
                     .filter
                     .key_prefix
                     .as_deref()
-                    .is_none_or(|p| last.key.starts_with(p))
+                    .is_none_or(|p| last.key.0.starts_with(p))
             })
-            .map(|last| last.key.clone());
+            .map(|last| last.key.0.clone());
         Window {
             ids,
             next,
@@ -319,7 +319,9 @@ mod engine {
         /// after `after` (key order, from the key prefix on, in the filter's
         /// [`stored_states`], never running), picks the matching ones with
         /// [`window`], applies the action to them and writes a history row
-        /// for each changed key. The keys changed and where the walk goes on.
+        /// for each changed key. The keys changed and where the walk goes on:
+        /// a cursor of the engine's own, which only comes back as `after`
+        /// (the last key on PostgreSQL, its bytes in hex on SQLite).
         fn bulk_batch(
             &self,
             bulk: &Bulk,

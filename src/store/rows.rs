@@ -34,11 +34,62 @@ impl Stamp for i64 {
     }
 }
 
+/// Text as an engine stores it, read with any bytes that are not UTF-8
+/// replaced by U+FFFD.
+///
+/// drover writes only UTF-8, and PostgreSQL stores nothing else, but SQLite
+/// keeps whatever bytes SQL hands it as text: a key written into
+/// `drover_items` by hand, or through `drover_enqueue` before migration 0014
+/// refused it. Read as a `String`, one such key failed every list that met it
+/// (the process page, triage, runs, bulk actions) with an internal error, so
+/// the operator could not even see it. Read this way it shows as the claim
+/// that parks it describes it. Only where keys are listed: where a key is
+/// matched or handed to a worker, an exact decode still refuses it.
+#[derive(Debug)]
+pub(crate) struct Lossy(pub(crate) String);
+
+#[cfg(feature = "sqlite")]
+impl sqlx::Type<sqlx::Sqlite> for Lossy {
+    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
+        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
+        <[u8] as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for Lossy {
+    fn decode(value: sqlx::sqlite::SqliteValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let bytes = <&[u8] as sqlx::Decode<sqlx::Sqlite>>::decode(value)?;
+        Ok(Self(String::from_utf8_lossy(bytes).into_owned()))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl sqlx::Type<sqlx::Postgres> for Lossy {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Lossy {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        <String as sqlx::Decode<sqlx::Postgres>>::decode(value).map(Self)
+    }
+}
+
 /// Every column of `drover_items` that the domain [`Item`] shows.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct ItemRow<T> {
     process: String,
-    key: String,
+    key: Lossy,
     state: String,
     priority: i32,
     ready_at: T,
@@ -75,7 +126,7 @@ impl<T: Stamp> ItemRow<T> {
         Ok(Item {
             state: item_state(&self.state, backing_off)?,
             process: self.process,
-            key: self.key,
+            key: self.key.0,
             priority: self.priority,
             ready_at: self.ready_at.time(),
             enqueued_at: self.enqueued_at.time(),
@@ -154,7 +205,7 @@ impl<T: Stamp> Held for RunningRow<T> {
 pub(crate) struct RunRow<T> {
     id: i64,
     process: String,
-    key: String,
+    key: Lossy,
     outcome: String,
     attempt: Option<i32>,
     session: Option<i64>,
@@ -182,7 +233,7 @@ impl<T: Stamp> RunRow<T> {
             id: self.id,
             outcome: run_outcome(&self.outcome)?,
             process: self.process,
-            key: self.key,
+            key: self.key.0,
             attempt: self.attempt.and_then(|a| u32::try_from(a).ok()),
             session: self.session.map(SessionId),
             token: self.token.map(FencingToken),

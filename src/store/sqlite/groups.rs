@@ -32,12 +32,30 @@ SELECT g.signature, g.state, g.count, COALESCE(i.last_error, '') AS sample FROM 
     ORDER BY count DESC, signature LIMIT ?3) g
 LEFT JOIN drover_items i ON i.id = g.first";
 
-/// One window of a bulk action's walk: `?5` rows after `?2`, from the prefix
-/// `?3` on, in the stored states `?4` (a JSON array), in key order.
-const WINDOW: &str = "
-SELECT id, key, error_signature, state, backoff_until FROM drover_items
-WHERE process = ?1 AND key > ?2 AND key >= ?3 AND state IN (SELECT value FROM json_each(?4))
+/// One window of a bulk action's walk: `?5` rows after the key whose bytes
+/// are the hex `?2`, from the prefix `?3` on, in the stored states `?4` (a
+/// JSON array), in key order; each row with its key's bytes in hex, where the
+/// next window starts.
+///
+/// The walk goes on from the exact bytes of the last key, not from the key as
+/// read: a key SQL wrote as text that is not UTF-8 is read with U+FFFD in
+/// place of its bad bytes ([`Lossy`](crate::store::rows::Lossy)), which sorts
+/// before them, so a walk going on from that would read the same key again,
+/// forever if the action leaves it in the window.
+pub(super) const WINDOW: &str = "
+SELECT id, key, error_signature, state, backoff_until, hex(key) AS cursor FROM drover_items
+WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT) AND key >= ?3
+    AND state IN (SELECT value FROM json_each(?4))
 ORDER BY key LIMIT ?5";
+
+/// A row of [`WINDOW`].
+#[derive(sqlx::FromRow)]
+struct Candidate {
+    #[sqlx(flatten)]
+    row: CandidateRow<i64>,
+    /// The key's bytes in hex.
+    cursor: String,
+}
 
 /// The history rows of the chosen rows `?5` (a JSON array of ids).
 const LOG: &str = "
@@ -93,7 +111,7 @@ impl BulkSteps for SqliteStore {
         let states = serde_json::to_string(&stored_states(filter))
             .expect("a list of strings always serializes");
         let (mut tx, now) = self.write().await?;
-        let rows: Vec<CandidateRow<i64>> = sqlx::query_as(WINDOW)
+        let candidates: Vec<Candidate> = sqlx::query_as(WINDOW)
             .bind(&filter.process)
             .bind(after.unwrap_or(""))
             .bind(filter.key_prefix.as_deref().unwrap_or(""))
@@ -102,9 +120,12 @@ impl BulkSteps for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .db()?;
+        let (rows, mut cursors): (Vec<_>, Vec<_>) =
+            candidates.into_iter().map(|c| (c.row, c.cursor)).unzip();
         let window = window(bulk, &rows, now);
+        let next = window.next.and(cursors.pop());
         if window.ids.is_empty() {
-            return Ok((0, window.next));
+            return Ok((0, next));
         }
         let ids = serde_json::to_string(&window.ids).expect("a list of ids always serializes");
         sqlx::query(LOG)
@@ -126,6 +147,6 @@ impl BulkSteps for SqliteStore {
         };
         let changed = change.execute(&mut *tx).await.db()?.rows_affected();
         tx.commit().await.db()?;
-        Ok((changed, window.next))
+        Ok((changed, next))
     }
 }

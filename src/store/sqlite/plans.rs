@@ -360,6 +360,12 @@ async fn a_keys_runs_walk_the_key_index_not_every_run() {
 }
 
 #[tokio::test]
+async fn a_bulk_actions_window_goes_on_from_its_cursor_through_the_key_index() {
+    let step = "USING INDEX sqlite_autoindex_drover_items_1 (process=? AND key>?)";
+    assert_plan(super::groups::WINDOW, step).await;
+}
+
+#[tokio::test]
 async fn error_groups_count_signatures_from_the_indexes_without_reading_a_row_per_key() {
     let store = SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
         .await
