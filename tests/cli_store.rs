@@ -599,3 +599,43 @@ fn a_bulk_action_takes_keys_or_a_filter_never_both_nor_neither() {
     let out = ok(&drover(url, None, &["errors", "p"], ""));
     assert!(out.contains("no parked"), "{out}");
 }
+
+/// An upgrade can take minutes on a large file (some migrations rebuild a
+/// table), so drover says it is upgrading before it starts, at the default
+/// log level (without colour codes, its standard error not being a terminal);
+/// a database already current, or a new one, gets no such line.
+#[tokio::test]
+async fn an_upgrade_of_an_older_schema_is_announced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    let old_dir = tempfile::tempdir().expect("tempdir");
+    for name in ["0001_store.sql", "0002_lease_lookup.sql"] {
+        std::fs::copy(source.join(name), old_dir.path().join(name)).expect("copy");
+    }
+    let mut old = sqlx::migrate::Migrator::new(old_dir.path())
+        .await
+        .expect("old migrations");
+    old.dangerous_set_table_name("drover_migrations");
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("connect");
+    old.run(&pool).await.expect("migrate to 2");
+    pool.close().await;
+    let announced = |output: &Output| {
+        String::from_utf8_lossy(&output.stderr).contains("upgrading the database schema")
+    };
+    let upgrade = drover(Some(&url), None, &["migrate"], "");
+    ok(&upgrade);
+    assert!(announced(&upgrade), "{upgrade:?}");
+    let stderr = String::from_utf8_lossy(&upgrade.stderr);
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no colour codes off a terminal: {stderr:?}"
+    );
+    let again = drover(Some(&url), None, &["migrate"], "");
+    ok(&again);
+    assert!(!announced(&again), "{again:?}");
+    let fresh = format!("sqlite://{}?mode=rwc", dir.path().join("new.db").display());
+    let new = drover(Some(&fresh), None, &["migrate"], "");
+    ok(&new);
+    assert!(!announced(&new), "{new:?}");
+}

@@ -32,6 +32,11 @@ pub(crate) fn supported(m: &Migrator) -> i64 {
 
 /// Refuses a schema newer than this binary, and (when not migrating) one that is
 /// older. `found` is the newest applied version, 0 for an empty database.
+///
+/// An upgrade of a database that has a schema is announced first: some
+/// migrations rewrite a table (SQLite's 0012 rebuilds the items), which on a
+/// file of millions of keys takes minutes, and a `drover serve` that says
+/// nothing meanwhile looks hung.
 pub(crate) fn check_version(found: i64, m: &Migrator, migrating: bool) -> Result<(), StoreError> {
     let supported = supported(m);
     if found > supported {
@@ -39,6 +44,14 @@ pub(crate) fn check_version(found: i64, m: &Migrator, migrating: bool) -> Result
     }
     if found < supported && !migrating {
         return Err(StoreError::SchemaBehind { found, supported });
+    }
+    if 0 < found && found < supported {
+        tracing::warn!(
+            from = found,
+            to = supported,
+            "upgrading the database schema; on a database of millions of keys this can take \
+             minutes, and drover starts when it is done"
+        );
     }
     Ok(())
 }
