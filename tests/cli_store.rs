@@ -150,6 +150,10 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
         ("drover.db", "invalid database URL"),
         ("postgres://:::", "invalid database URL"),
         ("postgres://postgres@127.0.0.1:1/test", "cannot connect"),
+        (
+            "sqlite:///nonexistent-drover-dir/x.db",
+            "the directory /nonexistent-drover-dir does not exist: create it",
+        ),
     ];
     for (url, needle) in cases {
         let started = Instant::now();

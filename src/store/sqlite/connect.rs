@@ -102,6 +102,9 @@ impl SqliteStore {
             .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT)
             .row_buffer_size(ROW_BUFFER_SIZE);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
+        if !memory {
+            missing_directory(url, connect.get_filename())?;
+        }
         if memory {
             let one = SqlitePoolOptions::new()
                 .max_connections(1)
@@ -144,6 +147,22 @@ impl SqliteStore {
 
 /// Waits for `opening` (a pool or a connection) at most the caller's connect
 /// timeout.
+/// Refuses a file whose directory does not exist, which SQLite reports only
+/// as "unable to open database file": drover creates the file, not the
+/// directories above it.
+fn missing_directory(url: &str, file: &std::path::Path) -> Result<(), StoreError> {
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(StoreError::InvalidUrl {
+            url: url.to_owned(),
+            reason: format!(
+                "the directory {} does not exist: create it, or give a file in one that does",
+                dir.display()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 async fn within<T>(
     url: &str,
     options: &StoreOptions,
