@@ -227,4 +227,14 @@ mod tests {
         let unknown = ApiError::from(StoreError::UnknownProcess("p".into()));
         assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
     }
+
+    #[test]
+    fn a_full_database_is_a_503_that_says_so_not_an_internal_error() {
+        let disk = crate::store::DriverError(sqlx::Error::Protocol("disk full".into()));
+        let full = ApiError::from(StoreError::Full(disk));
+        assert_eq!(full.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = full.body();
+        assert_eq!(body.error, "unavailable");
+        assert!(body.message.contains("no room left"), "{}", body.message);
+    }
 }

@@ -177,6 +177,15 @@ pub enum StoreError {
     #[cfg(feature = "_engine")]
     #[error("the database connection failed while committing; the outcome is unknown")]
     CommitUnknown(#[source] DriverError),
+    /// The database has no room left for the write: its disk is full (SQLite's
+    /// `SQLITE_FULL`, PostgreSQL's `disk_full`) or a SQLite file reached its
+    /// size limit. The transaction was rolled back, so nothing was written;
+    /// the same operation may succeed once space is freed.
+    #[cfg(feature = "_engine")]
+    #[error(
+        "the database has no room left (its disk is full): nothing was written; free space, then retry"
+    )]
+    Full(#[source] DriverError),
     /// Any other database error.
     #[cfg(feature = "_engine")]
     #[error("database error")]
@@ -295,6 +304,7 @@ impl StoreError {
             Self::Busy(e) => Self::Busy(text(e)),
             Self::Unavailable(e) => Self::Unavailable(text(e)),
             Self::CommitUnknown(e) => Self::CommitUnknown(text(e)),
+            Self::Full(e) => Self::Full(text(e)),
             Self::Database(e) => Self::Database(text(e)),
             Self::Remote(remote) => Self::Remote(remote.clone()),
             other => Self::Database(DriverError(sqlx::Error::Protocol(other.to_string()))),
@@ -309,7 +319,7 @@ impl StoreError {
         match self {
             Self::ConnectTimeout { .. } => true,
             #[cfg(feature = "_engine")]
-            Self::Busy(_) | Self::Unavailable(_) => true,
+            Self::Busy(_) | Self::Unavailable(_) | Self::Full(_) => true,
             Self::Remote(remote) => {
                 !remote.unknown && remote.status.is_none_or(|s| s >= 500 || s == 429)
             }

@@ -10,9 +10,12 @@ const RETRYABLE: [&str; 3] = ["40001", "40P01", "55P03"];
 /// cannot_connect_now (class 08, connection exceptions, is matched by prefix).
 const GONE: [&str; 3] = ["57P01", "57P02", "57P03"];
 
+/// The SQLSTATE of a full disk (disk_full).
+const DISK_FULL: &str = "53100";
+
 /// Maps a driver error: lost races and pool exhaustion become
-/// [`StoreError::Busy`], broken connections [`StoreError::Unavailable`], the rest
-/// [`StoreError::Database`].
+/// [`StoreError::Busy`], broken connections [`StoreError::Unavailable`], a full
+/// disk [`StoreError::Full`], the rest [`StoreError::Database`].
 pub(super) fn map(e: sqlx::Error) -> StoreError {
     let code = match &e {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
@@ -23,6 +26,7 @@ pub(super) fn map(e: sqlx::Error) -> StoreError {
         (_, Some(c)) if c.starts_with("08") || GONE.contains(&c) => {
             StoreError::Unavailable(e.into())
         }
+        (_, Some(DISK_FULL)) => StoreError::Full(e.into()),
         (sqlx::Error::PoolTimedOut, _) => StoreError::Busy(e.into()),
         (sqlx::Error::Io(_) | sqlx::Error::Tls(_), _) => StoreError::Unavailable(e.into()),
         _ => StoreError::Database(e.into()),
