@@ -2,7 +2,9 @@
 //! reconcile → complete path.
 
 use super::Figure;
-use super::store::{BenchError, StoreBench, cleanup, drain, fill, fresh_process, idle_keys, per_s};
+use super::store::{
+    BenchError, StoreBench, cleanup, drain, fill, fresh_process, idle_keys, per_s, settle,
+};
 use crate::store::{LimitChanges, ProcessConfigure, StoreEngine as _};
 
 /// How many keys `backlog` drains from the front of each backlog.
@@ -75,6 +77,7 @@ async fn rate(b: &StoreBench, size: u64, front: u64, idle: u64) -> Result<f64, B
         b.phase("making keys idle", 1);
         idle_keys(&b.store, &process, idle).await?;
     }
+    settle(&b.store).await?;
     let elapsed = drain(b, &process, front).await;
     cleanup(&b.store, &process).await?;
     Ok(per_s(front, elapsed?))
