@@ -145,8 +145,6 @@ impl SqliteStore {
     }
 }
 
-/// Waits for `opening` (a pool or a connection) at most the caller's connect
-/// timeout.
 /// Refuses a file whose directory does not exist, which SQLite reports only
 /// as "unable to open database file": drover creates the file, not the
 /// directories above it.
@@ -163,6 +161,8 @@ fn missing_directory(url: &str, file: &std::path::Path) -> Result<(), StoreError
     }
 }
 
+/// Waits for `opening` (a pool or a connection) at most the caller's connect
+/// timeout.
 async fn within<T>(
     url: &str,
     options: &StoreOptions,
