@@ -611,18 +611,7 @@ fn a_bulk_action_takes_keys_or_a_filter_never_both_nor_neither() {
 #[tokio::test]
 async fn an_upgrade_of_an_older_schema_is_announced() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
-    let old_dir = tempfile::tempdir().expect("tempdir");
-    for name in ["0001_store.sql", "0002_lease_lookup.sql"] {
-        std::fs::copy(source.join(name), old_dir.path().join(name)).expect("copy");
-    }
-    let mut old = sqlx::migrate::Migrator::new(old_dir.path())
-        .await
-        .expect("old migrations");
-    old.dangerous_set_table_name("drover_migrations");
-    let pool = sqlx::SqlitePool::connect(&url).await.expect("connect");
-    old.run(&pool).await.expect("migrate to 2");
+    let (url, pool) = support::old_sqlite(dir.path(), "old.db", "0003").await;
     pool.close().await;
     let announced = |output: &Output| {
         String::from_utf8_lossy(&output.stderr).contains("upgrading the database schema")

@@ -17,7 +17,8 @@ use drover::store::{
 };
 use support::each_enqueue_path_and_pooler;
 use support::store::{
-    P, batch, claim, complete, configure, enqueue, events, history, item, keys, secs,
+    P, batch, claim, complete, configure, enqueue, events, history, item, keys, p_counts, secs,
+    write_key_not_utf8,
 };
 
 #[tokio::test]
@@ -675,8 +676,7 @@ async fn a_batch_of_distinct_clean_dones_answers_the_odd_ones_as_if_each_were_al
         for key in ["c", "d"] {
             assert!(events(&db.store, key).await.is_empty(), "{key}: no run");
         }
-        let counts = db.store.process_counts().await.expect("counts");
-        let counts = counts.iter().find(|c| c.process == P).expect("counted");
+        let counts = p_counts(&db.store).await;
         assert_eq!(
             (counts.pending, counts.running, counts.idle),
             (1, 2, 1),
@@ -750,11 +750,7 @@ async fn a_key_sql_wrote_as_invalid_utf8_is_parked_and_the_keys_behind_it_still_
     // of it ran again. Ready before the good key, it is met first.
     let (db, _dir) = support::sqlite().await;
     enqueue(&db.store, &["after"]).await;
-    db.execute(&format!(
-        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
-         VALUES ('{P}', CAST(X'66FF' AS TEXT), 'pending', 0, 0)"
-    ))
-    .await;
+    write_key_not_utf8(&db, None).await;
     let s = db.session().await;
     let leases = claim(&db.store, s.id, 10).await;
     assert_eq!(keys(&leases), ["after"], "the key behind the poison runs");
@@ -762,8 +758,7 @@ async fn a_key_sql_wrote_as_invalid_utf8_is_parked_and_the_keys_behind_it_still_
         .await
         .expect("done");
     assert!(claim(&db.store, s.id, 10).await.is_empty(), "nothing left");
-    let counts = db.store.process_counts().await.expect("counts");
-    let counts = counts.iter().find(|c| c.process == P).expect("counted");
+    let counts = p_counts(&db.store).await;
     assert_eq!((counts.pending, counts.parked, counts.idle), (0, 1, 1));
     let groups = db
         .store
@@ -785,8 +780,7 @@ async fn a_key_sql_wrote_as_invalid_utf8_is_parked_and_the_keys_behind_it_still_
         group.sample
     );
     db.execute("DELETE FROM drover_items WHERE id = 2").await;
-    let counts = db.store.process_counts().await.expect("counts");
-    let counts = counts.iter().find(|c| c.process == P).expect("counted");
+    let counts = p_counts(&db.store).await;
     assert_eq!(
         (counts.parked, counts.idle),
         (0, 1),
@@ -801,17 +795,11 @@ async fn a_claim_that_meets_only_an_invalid_utf8_key_parks_it_for_good() {
     // and every claim of its process met it again.
     let (db, _dir) = support::sqlite().await;
     enqueue(&db.store, &["first"]).await;
-    db.execute(&format!(
-        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
-         SELECT process, CAST(X'66FF' AS TEXT), 'pending', ready_at, enqueued_at
-         FROM drover_items WHERE process = '{P}' AND key = 'first'"
-    ))
-    .await;
+    write_key_not_utf8(&db, Some("first")).await;
     let s = db.session().await;
     assert_eq!(keys(&claim(&db.store, s.id, 1).await), ["first"]);
     assert!(claim(&db.store, s.id, 10).await.is_empty());
-    let counts = db.store.process_counts().await.expect("counts");
-    let counts = counts.iter().find(|c| c.process == P).expect("counted");
+    let counts = p_counts(&db.store).await;
     assert_eq!(
         (counts.pending, counts.parked),
         (0, 1),

@@ -118,17 +118,7 @@ fn old_rows(engine: &str) -> Vec<String> {
 
 /// Rebuilds `db` at schema version 2 with [`OLD_ROWS`] in it.
 async fn old_database(db: &support::TestDb) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("migrations")
-        .join(db.engine);
-    for name in ["0001_store.sql", "0002_lease_lookup.sql"] {
-        std::fs::copy(source.join(name), dir.path().join(name)).expect("copy");
-    }
-    let mut old = sqlx::migrate::Migrator::new(dir.path())
-        .await
-        .expect("old migrations");
-    old.dangerous_set_table_name("drover_migrations");
+    let (old, _dir) = support::migrations_before(db.engine, "0003").await;
     match db.engine {
         "postgres" => {
             let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
@@ -264,22 +254,7 @@ async fn an_old_database_is_converted_to_known_keys_and_one_row_per_run() {
 #[tokio::test]
 async fn sqlite_items_rebuilt_for_a_cheap_state_check_keep_rows_counts_and_ids() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("v11.db").display());
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
-    let old_dir = tempfile::tempdir().expect("tempdir");
-    for entry in std::fs::read_dir(&source).expect("migrations") {
-        let path = entry.expect("entry").path();
-        let name = path.file_name().expect("name").to_owned();
-        if name.to_string_lossy().as_ref() < "0012" {
-            std::fs::copy(&path, old_dir.path().join(name)).expect("copy");
-        }
-    }
-    let mut old = sqlx::migrate::Migrator::new(old_dir.path())
-        .await
-        .expect("migrations to 11");
-    old.dangerous_set_table_name("drover_migrations");
-    let pool = sqlx::SqlitePool::connect(&url).await.expect("connect");
-    old.run(&pool).await.expect("migrate to 11");
+    let (url, pool) = support::old_sqlite(dir.path(), "v11.db", "0012").await;
     let run = |sql: &'static str| sqlx::query(sql).execute(&pool);
     run("INSERT INTO drover_processes (process, created_at) VALUES ('provision', 0)")
         .await

@@ -1,13 +1,13 @@
 //! PostgreSQL-only behaviour, beyond the shared contract: `NOTIFY` on enqueue,
 //! the all-new-keys enqueue losing a race to a concurrent one, and statistics
-//! refreshed after bulk enqueues. Skipped
+//! refreshed after bulk enqueues, a full disk reported as such. Skipped
 //! (with a message) unless `DROVER_TEST_POSTGRES_URL` is set.
 
 mod support;
 
 use std::time::Duration;
 
-use drover::store::{ItemEnqueue, ItemList, PostgresStore, StoreEngine as _};
+use drover::store::{ItemEnqueue, ItemList, PostgresStore, StoreEngine as _, StoreError};
 
 #[tokio::test]
 async fn an_enqueue_notifies_the_process_channel_on_commit() {
@@ -178,6 +178,44 @@ async fn the_server_ends_a_drover_transaction_whose_client_went_silent() {
     let after = sqlx::query("SELECT 1").execute(&mut *tx).await;
     assert!(after.is_err(), "the server ended the idle transaction");
     drop(tx);
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// A full disk is [`StoreError::Full`] (nothing written, worth retrying once
+/// space is freed), not an opaque database error. The test cannot fill the
+/// server's disk, so a trigger raises PostgreSQL's `disk_full` as the server
+/// would.
+#[tokio::test]
+async fn a_full_disk_is_reported_as_full() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    db.execute(
+        "CREATE FUNCTION drover_test_full() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'
+             USING ERRCODE = 'disk_full'; END $$",
+    )
+    .await;
+    db.execute(
+        "CREATE TRIGGER drover_test_full BEFORE INSERT ON drover_items
+         FOR EACH ROW EXECUTE FUNCTION drover_test_full()",
+    )
+    .await;
+    let e = db
+        .store
+        .item_enqueue(ItemEnqueue::new("provision", ["m1"]))
+        .await
+        .expect_err("the insert is refused");
+    assert!(matches!(e, StoreError::Full(_)), "{e:?}");
+    assert!(e.is_transient(), "worth retrying");
+    db.execute("DROP TRIGGER drover_test_full ON drover_items")
+        .await;
+    db.store
+        .item_enqueue(ItemEnqueue::new("provision", ["m1"]))
+        .await
+        .expect("space again: the same enqueue goes through");
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

@@ -363,3 +363,43 @@ where
     eprintln!("again through a server");
     each_engine(|db| test(db.served())).await;
 }
+
+/// A migrator of `engine`'s migrations whose file names sort before `before`
+/// (`"0003"`: the first two), recording in drover's table, as an older drover
+/// would have migrated; the directory holding their copies lives as long as
+/// the returned guard.
+pub(crate) async fn migrations_before(
+    engine: &str,
+    before: &str,
+) -> (sqlx::migrate::Migrator, tempfile::TempDir) {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(engine);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(&source).expect("migrations") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        if name.to_string_lossy().as_ref() < before {
+            std::fs::copy(&path, dir.path().join(name)).expect("copy");
+        }
+    }
+    let mut old = sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("old migrations");
+    old.dangerous_set_table_name("drover_migrations");
+    (old, dir)
+}
+
+/// A SQLite file `name` in `dir` migrated as far as [`migrations_before`]
+/// `before` goes, its URL and a pool on it.
+pub(crate) async fn old_sqlite(
+    dir: &std::path::Path,
+    name: &str,
+    before: &str,
+) -> (String, sqlx::SqlitePool) {
+    let url = format!("sqlite://{}?mode=rwc", dir.join(name).display());
+    let (old, _old_dir) = migrations_before("sqlite", before).await;
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("connect");
+    old.run(&pool).await.expect("the old migrations run");
+    (url, pool)
+}

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    Item, ItemEnqueue, ItemGet, Lease, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure, Run,
-    RunList, RunOutcome, SessionId, SessionStart, Store, StoreEngine as _, StoreError,
+    Item, ItemEnqueue, ItemGet, Lease, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure,
+    ProcessCounts, Run, RunList, RunOutcome, SessionId, SessionStart, Store, StoreEngine as _,
+    StoreError,
 };
 
 /// The process every contract test works on.
@@ -146,4 +147,33 @@ pub(crate) async fn configure(store: &Store, initial: u64, max: u64) {
 /// onto an engine's bulk path (PostgreSQL's `COPY`, from 1,000 keys).
 pub(crate) fn filler(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i:04}")).collect()
+}
+
+/// [`P`]'s stored counts.
+pub(crate) async fn p_counts(store: &Store) -> ProcessCounts {
+    store
+        .process_counts()
+        .await
+        .expect("counts")
+        .into_iter()
+        .find(|c| c.process == P)
+        .expect("P is counted")
+}
+
+/// Writes into `drover_items` of SQLite, as hand-written SQL can, a pending
+/// key of [`P`] that is not UTF-8 (`f` and the byte 0xFF): ready before every
+/// other key, or with `behind`'s ready and enqueue times (so after it).
+pub(crate) async fn write_key_not_utf8(db: &super::TestDb, behind: Option<&str>) {
+    let times = match behind {
+        None => "0, 0".to_owned(),
+        Some(key) => format!(
+            "(SELECT ready_at FROM drover_items WHERE process = '{P}' AND key = '{key}'),
+             (SELECT enqueued_at FROM drover_items WHERE process = '{P}' AND key = '{key}')"
+        ),
+    };
+    db.execute(&format!(
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         VALUES ('{P}', CAST(X'66FF' AS TEXT), 'pending', {times})"
+    ))
+    .await;
 }
