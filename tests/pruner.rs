@@ -7,10 +7,11 @@ mod support;
 use std::time::Duration;
 
 use drover::metrics::PruneMetrics;
+use drover::runner::Pruner;
 use drover::runner::{Action, Controller, Task};
 use drover::store::{
     Item, ItemEnqueue, ItemGet, ItemState, Lease, LeaseClaim, LeaseComplete, Outcome,
-    ProcessConfigure, Pruner, RunList, SessionStart, Store, StoreEngine as _,
+    ProcessConfigure, RunList, SessionStart, Store, StoreEngine as _,
 };
 use prometheus_client::registry::Registry;
 use support::each_engine;

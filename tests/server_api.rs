@@ -563,7 +563,7 @@ async fn the_dashboard_shows_each_process_resync_and_when_the_next_is_due() {
             page.text
         );
         // A pass finds `a` idle and due in an hour: the next resync then.
-        drover::store::Resyncer::new(db.store.clone())
+        drover::runner::Resyncer::new(db.store.clone())
             .resync_process(P)
             .await
             .expect("resync");

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::metrics::ResyncMetrics;
+use drover::runner::Resyncer;
 use drover::store::{
-    ItemEnqueue, ItemState, Outcome, ProcessConfigure, ResyncBatch, Resyncer, SessionStart,
-    StoreEngine as _,
+    ItemEnqueue, ItemState, Outcome, ProcessConfigure, ResyncBatch, SessionStart, StoreEngine as _,
 };
 use support::store::{P, claim, complete, enqueue, item, keys, run_ready, secs};
 use support::{TestDb, each_engine_and_pooler};

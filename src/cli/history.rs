@@ -3,7 +3,8 @@
 //! retention by hand.
 
 use clap::{Args as ClapArgs, Subcommand};
-use drover::store::{Pruner, Run, RunList, RunOutcome, StoreEngine as _, validate_process};
+use drover::runner::Pruner;
+use drover::store::{Run, RunList, RunOutcome, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
 

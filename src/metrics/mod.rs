@@ -8,14 +8,17 @@
 //!   `drover_leases_reclaimed_total` ([`RunnerFamilies`]);
 //! - server: `drover_http_requests_total` and `drover_http_request_duration_seconds`;
 //! - store: `drover_items{process,state}`, `drover_oldest_pending_age_seconds`
-//!   `drover_process_paused{process}` and the connection pool's gauges, read
-//!   from the database at scrape time;
+//!   `drover_process_paused{process}` and the connection pool's gauges, set at
+//!   scrape time from what the server read in the database;
 //!   `drover_history_pruned_total{what}` ([`PruneMetrics`]),
 //!   `drover_resync_enqueued_total{process}` ([`ResyncMetrics`]).
 //!
-//! The queue, the runner and the server import their families from here; this
-//! module imports nothing from them, so metrics never form a cycle between
-//! layers.
+//! The queue, the runner, the maintenance loops and the server import their
+//! families from here; this module imports nothing from any layer (it is the
+//! floor they all stand on), so metrics never form a cycle between layers. What
+//! a family records comes in as plain values: a run's fencing token as its
+//! number, a claim's queue wait as a duration, the database's counts as set by
+//! the server's `/metrics` handler.
 //!
 //! Named queues ([`QueueBuilder::name`](crate::queue::QueueBuilder::name)) and
 //! controllers report to [`registry`] unless given other metrics.
@@ -39,7 +42,7 @@ pub use runner::RunnerFamilies;
 #[cfg(feature = "_store")]
 pub(crate) use runner::RunnerMetrics;
 #[cfg(feature = "server")]
-pub(crate) use server::ServerMetrics;
+pub(crate) use server::{ServerMetrics, StoreFamilies};
 #[cfg(feature = "_store")]
 pub use store::{PruneMetrics, ResyncMetrics};
 

@@ -12,7 +12,6 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use super::{InFlight, MetricsHandle, QueueMetrics};
-use crate::store::FencingToken;
 
 type OutcomeLabels = [(&'static str, String); 2];
 
@@ -130,7 +129,7 @@ impl RunnerMetrics {
 /// from the database, not from anyone who could pick colliding ones, and a run
 /// is added and removed once each (SipHash, here and in the store's own maps,
 /// was 4 % of a burn-down's runner samples).
-type Started = HashMap<FencingToken, Instant, foldhash::fast::RandomState>;
+type Started = HashMap<i64, Instant, foldhash::fast::RandomState>;
 
 /// The runs in flight, for `workqueue_unfinished_work_seconds` and
 /// `workqueue_longest_running_processor_seconds`.
@@ -141,11 +140,11 @@ pub(crate) struct Runs {
 }
 
 impl Runs {
-    pub(crate) fn start(&self, token: FencingToken) {
+    pub(crate) fn start(&self, token: i64) {
         self.lock().insert(token, Instant::now());
     }
 
-    pub(crate) fn end(&self, token: FencingToken) {
+    pub(crate) fn end(&self, token: i64) {
         self.lock().remove(&token);
     }
 

@@ -15,8 +15,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Mutex;
 
 use super::QueueMetrics;
-use super::store::StoreFamilies;
-use crate::store::{Lease, Store};
+pub(crate) use super::store::StoreFamilies;
 
 type RequestLabels = [(&'static str, String); 3];
 type RouteLabels = [(&'static str, String); 2];
@@ -79,11 +78,16 @@ impl ServerMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Refreshes the scrape-time gauges from `store` and encodes both registries
-    /// as OpenMetrics text.
-    pub(crate) async fn render(&self, store: &Store) -> Result<String, std::fmt::Error> {
+    /// Lets `refresh` set the scrape-time gauges (the server reads the
+    /// database; this module reads nothing), then encodes both registries as
+    /// OpenMetrics text. Scrapes are serialised, so two never interleave
+    /// clearing and setting gauges.
+    pub(crate) async fn render(
+        &self,
+        refresh: impl AsyncFnOnce(&StoreFamilies),
+    ) -> Result<String, std::fmt::Error> {
         let _scrape = self.scrape.lock().await;
-        self.store.refresh(store).await;
+        refresh(&self.store).await;
         let mut text = String::new();
         encode_registry(&mut text, super::registry())?;
         encode_registry(&mut text, &self.registry)?;
@@ -100,17 +104,12 @@ impl ServerMetrics {
         QueueMetrics::global().handle(process).adds.inc_by(keys);
     }
 
-    /// `workqueue_queue_duration_seconds`: how long each claimed key waited.
-    pub(crate) fn claimed(&self, leases: &[Lease]) {
-        for lease in leases {
-            let waited = (lease.started_at - lease.enqueued_at)
-                .to_std()
-                .unwrap_or_default();
-            QueueMetrics::global()
-                .handle(&lease.process)
-                .queue_duration
-                .observe(waited.as_secs_f64());
-        }
+    /// `workqueue_queue_duration_seconds`: how long a claimed key waited.
+    pub(crate) fn claimed(&self, process: &str, waited: Duration) {
+        QueueMetrics::global()
+            .handle(process)
+            .queue_duration
+            .observe(waited.as_secs_f64());
     }
 
     /// `workqueue_work_duration_seconds` (when the worker sent the start time

@@ -1,6 +1,6 @@
-//! The store's families: what the database holds, read from it at scrape time
-//! (so every node reports the shared truth), and the connection pool's gauges,
-//! which a server registers in its own registry; and what this process's
+//! The store's families: what the database holds, set at scrape time by the
+//! server from what it read there (so every node reports the shared truth), and
+//! the connection pool's gauges, which a server registers in its own registry; and what this process's
 //! retention removed ([`PruneMetrics`]), in the process-wide registry.
 
 #[cfg(feature = "server")]
@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 #[cfg(feature = "server")]
 use super::QueueMetrics;
 #[cfg(feature = "server")]
-use crate::store::{PoolStats, ProcessCounts, Store, StoreEngine as _};
+use std::time::Duration;
 
 #[cfg(feature = "server")]
 type TwoLabels = [(&'static str, String); 2];
@@ -23,7 +23,7 @@ type OneLabel = [(&'static str, String); 1];
 
 /// `drover_history_pruned_total{what}`: the history runs (`what="runs"`) and
 /// idle keys (`what="idle_keys"`) that retention in this process removed, by
-/// a [`Pruner`](crate::store::Pruner) or `drover history prune`.
+/// a [`Pruner`](crate::runner::Pruner) or `drover history prune`.
 ///
 /// Every node prunes the same database, so each counts only its own share;
 /// sum over nodes for the total. Register once per registry; clones share the
@@ -64,7 +64,7 @@ impl PruneMetrics {
 }
 
 /// `drover_resync_enqueued_total{process}`: the idle keys this process's
-/// [`Resyncer`](crate::store::Resyncer) made pending again. Every node walks
+/// [`Resyncer`](crate::runner::Resyncer) made pending again. Every node walks
 /// its share of the shared resync walk, so sum over nodes for the total.
 /// Register once per registry; clones share the counters.
 #[derive(Debug, Clone)]
@@ -153,59 +153,48 @@ impl StoreFamilies {
         }
     }
 
-    /// Sets every gauge from `store`. A failing count query leaves the item
-    /// gauges out rather than failing the scrape (the pool figures still help).
-    pub(crate) async fn refresh(&self, store: &Store) {
-        self.refresh_pool(store);
-        let counts = store.process_counts().await;
+    /// Forgets every process's item gauges, before a scrape sets them again
+    /// (so a process deleted since the last scrape disappears).
+    pub(crate) fn clear_items(&self) {
         self.items.clear();
         self.oldest.clear();
-        match counts {
-            Ok(counts) => counts.iter().for_each(|c| self.set_counts(c)),
-            Err(e) => tracing::warn!(error = %e, "cannot count items for /metrics"),
-        }
-        let settings = store.process_list().await;
-        self.paused.clear();
-        match settings {
-            Ok(settings) => {
-                for s in settings {
-                    let labels = [("process", s.process)];
-                    self.paused
-                        .get_or_create(&labels)
-                        .set(i64::from(s.limits.paused));
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot read process settings for /metrics"),
-        }
     }
 
-    fn set_counts(&self, c: &ProcessCounts) {
-        for (state, n) in [
-            ("pending", c.pending),
-            ("backoff", c.backoff),
-            ("running", c.running),
-            ("parked", c.parked),
-        ] {
-            let labels = [("process", c.process.clone()), ("state", state.to_owned())];
+    /// Sets one process's item counts per state (`pending`, `backoff`,
+    /// `running`, `parked`), its queue depth (the pending count) and how long
+    /// its oldest ready item has waited.
+    pub(crate) fn set_items(&self, process: &str, states: [(&str, u64); 4], oldest: Duration) {
+        for (state, n) in states {
+            let labels = [("process", process.to_owned()), ("state", state.to_owned())];
             self.items
                 .get_or_create(&labels)
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
+            if state == "pending" {
+                QueueMetrics::global()
+                    .handle(process)
+                    .depth
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
         }
-        QueueMetrics::global()
-            .handle(&c.process)
-            .depth
-            .set(i64::try_from(c.pending).unwrap_or(i64::MAX));
-        let age = c.oldest_pending_age.unwrap_or_default().as_secs_f64();
         self.oldest
-            .get_or_create(&[("process", c.process.clone())])
-            .set(age);
+            .get_or_create(&[("process", process.to_owned())])
+            .set(oldest.as_secs_f64());
     }
 
-    fn refresh_pool(&self, store: &Store) {
-        let PoolStats {
-            size, idle, max, ..
-        } = store.pool_stats();
-        let in_use = size.saturating_sub(idle);
+    /// Forgets every process's pause gauge, before a scrape sets them again.
+    pub(crate) fn clear_paused(&self) {
+        self.paused.clear();
+    }
+
+    /// Sets whether `process` is paused.
+    pub(crate) fn set_paused(&self, process: &str, paused: bool) {
+        self.paused
+            .get_or_create(&[("process", process.to_owned())])
+            .set(i64::from(paused));
+    }
+
+    /// Sets the connection pool's gauges.
+    pub(crate) fn set_pool(&self, idle: u32, in_use: u32, max: u32) {
         for (state, n) in [("idle", idle), ("in_use", in_use)] {
             self.pool
                 .get_or_create(&[("state", state.to_owned())])

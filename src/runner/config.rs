@@ -3,12 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Pruner;
 use super::controller::Controller;
 use super::reconciler::Reconciler;
 use super::source::Source;
 use crate::backoff::Backoff;
 use crate::queue::rate_limit::{Bucket, RateLimitError};
-use crate::store::{Pruner, Store, StoreError, WorkerBackend, validate_process};
+use crate::store::{Store, StoreError, WorkerBackend, validate_process};
 
 /// Why a [`ControllerBuilder`] refused its settings.
 #[derive(Debug, thiserror::Error)]

@@ -17,11 +17,12 @@ use super::reconciler::Reconciler;
 use super::run::Run;
 use super::session::{Keeper, Live};
 use super::source::Source;
+use super::{Pruner, Resyncer};
 use crate::metrics::RunnerMetrics;
 use crate::queue::rate_limit::{Bucket, RateLimiter as _};
 use crate::store::{
-    Claimed, Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, Pruner, Resyncer,
-    SessionId, SessionStart, Store, StoreEngine, StoreError, WorkerBackend,
+    Claimed, Lease, LeaseClaim, LeaseLock, LeaseRelease, ProcessConfigure, SessionId, SessionStart,
+    Store, StoreEngine, StoreError, WorkerBackend,
 };
 
 /// A control loop: workers that claim keys of one process from a backend and run

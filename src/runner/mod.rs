@@ -22,6 +22,7 @@ mod controller;
 mod error;
 mod finished;
 mod lapse;
+pub mod maintenance;
 mod reconciler;
 mod run;
 mod session;
@@ -35,5 +36,6 @@ pub use error::{
     transient,
 };
 pub use lapse::{MIN_SAFETY_MARGIN, MIN_TTL, STOP_GRACE, safety_margin};
+pub use maintenance::{Pruned, Pruner, Resyncer};
 pub use reconciler::{Action, Reconciler, Task};
 pub use source::Source;

@@ -74,10 +74,10 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
         if let Ok(waited) = (lease.started_at - lease.enqueued_at).to_std() {
             queue.queue_duration.observe(waited.as_secs_f64());
         }
-        self.metrics.in_flight.start(lease.token);
+        self.metrics.in_flight.start(lease.token.0);
         let started = Instant::now();
         let ended = self.reconcile(&lease, &token).await;
-        self.metrics.in_flight.end(lease.token);
+        self.metrics.in_flight.end(lease.token.0);
         queue.work_duration.observe(started.elapsed().as_secs_f64());
         match ended {
             Ended::Outcome(outcome) => {

@@ -19,7 +19,8 @@ use super::origin;
 use super::routes;
 use super::state::AppState;
 use crate::metrics::ServerMetrics;
-use crate::store::{DepthSample, Pruner, Resyncer, Store, StoreEngine as _};
+use crate::runner::{Pruner, Resyncer};
+use crate::store::{DepthSample, Store, StoreEngine as _};
 
 /// drover's HTTP server over one store: the JSON API under `/v1`, `/openapi.json`,
 /// `/metrics`, `/healthz`, `/readyz` and the dashboard at `/`.

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::auth::Tokens;
-use crate::store::{Pruner, Store};
+use crate::runner::Pruner;
+use crate::store::Store;
 
 /// How the server behaves.
 #[derive(Debug, Clone)]

@@ -65,9 +65,10 @@
 //! Times always come from the database clock. Tests shift it through
 //! [`Store::clock`] instead of sleeping.
 
-// What every build with a store holds: the seam, its words and `Store`, which
-// has an arm per engine compiled in (none in a `client`-only build, where
-// `Store::connect` refuses every URL and the runner runs on a `Client`).
+// The face: what every build with a store holds. The seam, its words and
+// `Store`, which has an arm per engine compiled in (none in a `client`-only
+// build, where `Store::connect` refuses every URL and the runner runs on a
+// `Client`).
 mod any;
 mod backend;
 mod clock;
@@ -75,54 +76,25 @@ mod cursor;
 mod engine;
 mod error;
 mod fleet;
-mod groups;
 mod key;
 mod options;
 mod params;
-mod pruner;
-mod refusal;
-mod resyncer;
 mod text;
-mod ticks;
 mod types;
 mod url;
 pub(crate) mod wakeup;
 mod watch;
 
-// What both engines share: migrations, the settle state machine, the rules
-// applied in Rust to the rows each engine reads.
-#[cfg(feature = "_engine")]
-mod admin;
-#[cfg(feature = "_engine")]
-mod counts;
-#[cfg(feature = "_engine")]
-mod decode;
-#[cfg(feature = "_engine")]
-mod enqueue;
-#[cfg(feature = "_engine")]
-mod gate;
-#[cfg(feature = "_engine")]
-mod holding;
+// What both engines share: the embedded migrations and the caller's own
+// transaction over either engine.
 #[cfg(feature = "_engine")]
 mod migrate;
 #[cfg(feature = "_engine")]
-mod parts;
-#[cfg(feature = "_engine")]
-mod processes;
-#[cfg(feature = "_engine")]
-mod resync;
-#[cfg(feature = "_engine")]
-mod retention;
-#[cfg(feature = "_engine")]
-mod rows;
-#[cfg(feature = "_engine")]
-mod series;
-#[cfg(feature = "_engine")]
-mod settle;
-#[cfg(feature = "_engine")]
 mod transaction;
-#[cfg(feature = "_engine")]
-pub(crate) mod triage;
+
+// The rules both engines decide alike, in Rust, once: each engine reads rows
+// with its own SQL and hands them to a rule, then writes what the rule decided.
+pub(crate) mod rules;
 
 // The engines, each with its own SQL.
 #[cfg(feature = "postgres")]
@@ -142,7 +114,6 @@ pub use error::{RemoteError, StoreError};
 pub use fleet::{
     ClaimGate, Claimed, FleetLimits, LimitChanges, MAX_RATE_PER_S, ProcessPause, RateLimit,
 };
-pub use groups::error_signature;
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
 pub use params::{
@@ -154,8 +125,7 @@ pub use params::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
-pub use pruner::{Pruned, Pruner};
-pub use resyncer::Resyncer;
+pub use rules::error_signature;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};

@@ -10,12 +10,13 @@ use axum::response::{IntoResponse, Response};
 
 use serde_json::Value;
 
+use crate::metrics::StoreFamilies;
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::{ApiError, ErrorBody};
 use crate::server::model::Health;
 use crate::server::openapi;
 use crate::server::state::AppState;
-use crate::store::StoreEngine as _;
+use crate::store::{Store, StoreEngine as _};
 
 /// The process is up (no database call; never needs a token).
 #[utoipa::path(
@@ -74,7 +75,11 @@ pub(crate) async fn metrics(
     _: Authorized<Read>,
     State(state): State<AppState>,
 ) -> Result<Response, ApiError> {
-    let text = state.metrics.render(&state.store).await.map_err(|_| {
+    let store = &state.store;
+    let text = state
+        .metrics
+        .render(async |families| read_store(store, families).await);
+    let text = text.await.map_err(|_| {
         tracing::error!("cannot encode metrics");
         ApiError::Internal
     })?;
@@ -107,4 +112,39 @@ pub(crate) async fn not_found() -> ApiError {
 /// A known route with a method it does not take: a JSON 405.
 pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
+}
+
+/// Sets the store's scrape-time gauges from what the database holds now. A
+/// failing query leaves its gauges out rather than failing the scrape (the
+/// pool figures and the rest still help).
+async fn read_store(store: &Store, families: &StoreFamilies) {
+    let pool = store.pool_stats();
+    families.set_pool(pool.idle, pool.size.saturating_sub(pool.idle), pool.max);
+    let counts = store.process_counts().await;
+    families.clear_items();
+    match counts {
+        Ok(counts) => {
+            for c in counts {
+                let states = [
+                    ("pending", c.pending),
+                    ("backoff", c.backoff),
+                    ("running", c.running),
+                    ("parked", c.parked),
+                ];
+                let oldest = c.oldest_pending_age.unwrap_or_default();
+                families.set_items(&c.process, states, oldest);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot count items for /metrics"),
+    }
+    let settings = store.process_list().await;
+    families.clear_paused();
+    match settings {
+        Ok(settings) => {
+            for s in settings {
+                families.set_paused(&s.process, s.limits.paused);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read process settings for /metrics"),
+    }
 }

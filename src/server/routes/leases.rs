@@ -64,7 +64,12 @@ pub(crate) async fn claim(
     let wait = Duration::from_millis(body.wait_ms).min(state.options.max_wait);
     validate_process(&body.process)?;
     let claimed = wait_for_leases(&state, session, &body, wait).await?;
-    state.metrics.claimed(&claimed.leases);
+    for lease in &claimed.leases {
+        let waited = (lease.started_at - lease.enqueued_at).to_std();
+        state
+            .metrics
+            .claimed(&lease.process, waited.unwrap_or_default());
+    }
     let next_token_in = claimed.gate.next_token_in;
     Ok(Json(ClaimResponse {
         leases: claimed.leases.into_iter().map(Into::into).collect(),

@@ -13,10 +13,12 @@ use super::retry::retry;
 use super::rows::{RunningRow, duration_ms, running_columns};
 use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
-use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
-use crate::store::parts::{Answers, CompleteOnce};
-use crate::store::settle::{NextRow, NextState, Settled};
+use crate::store::rules::holding::{
+    Found, asked_sessions, expired_sessions, match_leases, settle_batch,
+};
+use crate::store::rules::parts::{Answers, CompleteOnce};
+use crate::store::rules::settle::{NextRow, NextState, Settled};
 use crate::store::types::{RunOutcome, SessionId};
 use crate::store::wakeup;
 
@@ -137,7 +139,7 @@ impl Writes {
 }
 
 /// Leaves converged items idle: no lease, no failures, no error; their last
-/// outcome `done`. What [`settle`](crate::store::settle::settle) returns for a
+/// outcome `done`. What [`settle`](crate::store::rules::settle::settle) returns for a
 /// clean `done`, written for a whole batch at once.
 async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreError> {
     sqlx::query(

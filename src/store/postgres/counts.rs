@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::engine::PostgresStore;
 use super::error::Db as _;
 use crate::store::StoreError;
-use crate::store::counts::CountsRow;
+use crate::store::rules::counts::CountsRow;
 use crate::store::types::ProcessCounts;
 
 /// Folds the appended deltas into the counts: one statement, so a reader sees

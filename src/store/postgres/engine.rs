@@ -15,21 +15,21 @@ use super::{
     admin, counts, enqueue, gate, groups, inspect, leases, processes, runs, series, sessions,
 };
 use crate::store::fleet::{Claimed, ProcessPause};
-use crate::store::groups::act_where;
 use crate::store::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
     LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
     SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
-use crate::store::parts::complete_in_parts;
+use crate::store::rules::groups::act_where;
+use crate::store::rules::parts::complete_in_parts;
+use crate::store::rules::{resync, retention};
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
     ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
     TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
-use crate::store::{resync, retention};
 
 pub(crate) use super::tx::Tx;
 
@@ -263,7 +263,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
-        crate::store::triage::page(self, &inspect::TRIAGE, params).await
+        crate::store::rules::triage::page(self, &inspect::TRIAGE, params).await
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {

@@ -17,9 +17,9 @@ use super::error::{Db as _, commit, map};
 use super::items::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
-use crate::store::enqueue::checked_keys;
 use crate::store::params::ItemEnqueue;
-use crate::store::settle::later;
+use crate::store::rules::enqueue::checked_keys;
+use crate::store::rules::settle::later;
 use crate::store::types::EnqueueReport;
 
 /// Whether the process has an item whose key lies between the batch's least

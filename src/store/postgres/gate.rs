@@ -18,8 +18,8 @@ use super::items::ensure_process;
 use super::runs::log_action;
 use crate::store::StoreError;
 use crate::store::fleet::{ClaimGate, ProcessPause};
-use crate::store::gate::{Admission, GateRow};
 use crate::store::key::validate_process;
+use crate::store::rules::gate::{Admission, GateRow};
 
 /// The process row's fleet-control columns (`$2`: lock it).
 type Columns = (

@@ -19,8 +19,8 @@ use super::engine::PostgresStore;
 use super::leases::{ClaimedKey, claim_rows};
 use crate::store::StoreError;
 use crate::store::fleet::Claimed;
-use crate::store::gate::GateRow;
 use crate::store::params::LeaseClaim;
+use crate::store::rules::gate::GateRow;
 use crate::store::types::Lease;
 
 /// The processes whose last claim through this store found them paused or

@@ -12,10 +12,10 @@ use super::retry::retry;
 use chrono::{DateTime, Utc};
 
 use crate::store::StoreError;
-use crate::store::groups::{
+use crate::store::params::ErrorGroups;
+use crate::store::rules::groups::{
     Bulk, BulkSteps, CandidateRow, MAX_TEXTS, SignatureCount, merge, stored_states, window,
 };
-use crate::store::params::ErrorGroups;
 use crate::store::types::{ErrorGroup, RunOutcome};
 
 /// The failing keys counted per stored signature: parked ones from the

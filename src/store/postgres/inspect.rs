@@ -5,10 +5,10 @@ use super::error::Db as _;
 use super::rows::{ItemRow, item_columns};
 use super::runs;
 use crate::store::StoreError;
-use crate::store::decode::{backing_off, stored_state};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{ItemGet, ItemList, RunList};
-use crate::store::triage::{Arg, Dialect, PageSteps, SectionQuery};
+use crate::store::rules::decode::{backing_off, stored_state};
+use crate::store::rules::triage::{Arg, Dialect, PageSteps, SectionQuery};
 use crate::store::types::{Item, ItemDetail, ItemState};
 
 /// Fails with `UnknownProcess` unless the process was ever enqueued to or

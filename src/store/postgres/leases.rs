@@ -12,10 +12,10 @@ use super::rows::{RunningRow, running_columns};
 use super::sessions::requeue;
 use crate::store::StoreError;
 use crate::store::fleet::Claimed;
-use crate::store::gate::{Admission, GateRow};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
-use crate::store::refusal::{Unlockable, lock_refusal};
+use crate::store::rules::gate::{Admission, GateRow};
+use crate::store::rules::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 
 /// The whole claim in one statement: check the session, walk the process's

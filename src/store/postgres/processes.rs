@@ -7,7 +7,7 @@ use super::items::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
-use crate::store::processes::{SettingsRow, checked, clamp_i32, settings_columns};
+use crate::store::rules::processes::{SettingsRow, checked, clamp_i32, settings_columns};
 use crate::store::types::ProcessSettings;
 
 /// Writes the settings given, leaving the others as stored.

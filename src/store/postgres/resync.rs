@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use crate::store::StoreError;
-use crate::store::resync::{ResyncSteps, Rules, Seen, Walk};
+use crate::store::rules::resync::{ResyncSteps, Rules, Seen, Walk};
 
 /// The walk's row, as stored.
 #[derive(Debug, sqlx::FromRow)]

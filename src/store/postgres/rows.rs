@@ -1,4 +1,4 @@
-//! PostgreSQL's rows: the shared rows ([`crate::store::rows`]) with times as
+//! PostgreSQL's rows: the shared rows ([`crate::store::rules::rows`]) with times as
 //! `TIMESTAMPTZ`.
 
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::backoff::clamp_delay;
-pub(super) use crate::store::rows::{item_columns, run_columns, running_columns};
+pub(super) use crate::store::rules::rows::{item_columns, run_columns, running_columns};
 
 /// A duration as whole milliseconds, clamped to drover's maximum delay.
 pub(super) fn duration_ms(d: Duration) -> i64 {
@@ -14,8 +14,8 @@ pub(super) fn duration_ms(d: Duration) -> i64 {
 }
 
 /// An item row.
-pub(super) type ItemRow = crate::store::rows::ItemRow<DateTime<Utc>>;
+pub(super) type ItemRow = crate::store::rules::rows::ItemRow<DateTime<Utc>>;
 /// A running item with its process's backoff policy.
-pub(super) type RunningRow = crate::store::rows::RunningRow<DateTime<Utc>>;
+pub(super) type RunningRow = crate::store::rules::rows::RunningRow<DateTime<Utc>>;
 /// A `drover_runs` row.
-pub(super) type RunRow = crate::store::rows::RunRow<DateTime<Utc>>;
+pub(super) type RunRow = crate::store::rules::rows::RunRow<DateTime<Utc>>;

@@ -12,9 +12,9 @@ use super::inspect::check_process;
 use super::rows::{RunRow, run_columns};
 use crate::store::StoreError;
 use crate::store::params::RunList;
-use crate::store::retention::{PruneSteps, Rules, runs_window};
-use crate::store::rows::runs;
-use crate::store::settle::earlier;
+use crate::store::rules::retention::{PruneSteps, Rules, runs_window};
+use crate::store::rules::rows::runs;
+use crate::store::rules::settle::earlier;
 use crate::store::types::{Run, RunOutcome};
 
 /// Ends the runs of the running rows whose ids are in `$3`, with the outcome

@@ -9,7 +9,7 @@ use super::error::{Db as _, commit};
 use super::inspect::check_process;
 use crate::store::StoreError;
 use crate::store::params::{DepthSample, ProcessSeries};
-use crate::store::series::{SampleRow, assemble, window_start};
+use crate::store::rules::series::{SampleRow, assemble, window_start};
 use crate::store::types::Series;
 
 /// Runs of `$1` that ended since `$2`, per minute from `$2` and outcome:

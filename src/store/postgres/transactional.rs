@@ -10,8 +10,8 @@ use super::enqueue::coalesce;
 use super::error::{Db as _, map_commit};
 use super::tx::{Passed, pooled_begin};
 use crate::store::StoreError;
-use crate::store::enqueue::checked_keys;
 use crate::store::params::{ItemDelete, ItemEnqueue};
+use crate::store::rules::enqueue::checked_keys;
 use crate::store::types::EnqueueReport;
 
 impl PostgresStore {

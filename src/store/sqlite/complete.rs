@@ -17,11 +17,13 @@ use super::rows::{RunningRow, duration_ms, json_rows, running_columns, to_ms, to
 use super::runs::{log_from_rows, log_from_rows_sql, log_with_errors};
 use super::writer::padded;
 use crate::store::StoreError;
-use crate::store::decode::corrupt;
-use crate::store::holding::{Found, asked_sessions, expired_sessions, match_leases, settle_batch};
 use crate::store::params::LeaseComplete;
-use crate::store::parts::{Answers, CompleteOnce};
-use crate::store::settle::{NextRow, NextState, Settled};
+use crate::store::rules::decode::corrupt;
+use crate::store::rules::holding::{
+    Found, asked_sessions, expired_sessions, match_leases, settle_batch,
+};
+use crate::store::rules::parts::{Answers, CompleteOnce};
+use crate::store::rules::settle::{NextRow, NextState, Settled};
 use crate::store::types::{Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
 
@@ -223,7 +225,7 @@ async fn complete_general(
 /// listed, as `[token, id, key]` in one JSON array ([`json_rows`] says why one
 /// value), when it is running under that token and session, for that process,
 /// with no enqueue during the run (`dirty_since`), which is all
-/// [`settle`](crate::store::settle::settle) looks at for `done`; the caller
+/// [`settle`](crate::store::rules::settle::settle) looks at for `done`; the caller
 /// checks the key and that the session is alive. One probe of the lease index
 /// per token (the `CROSS JOIN` keeps the array outside), and an array of plain
 /// integers: with each lease passed as a `[token, session, process, key]`
@@ -553,7 +555,7 @@ pub(super) const CLEAN: &str = concat!(
 );
 
 /// Leaves converged items of `process` idle: no lease, no failures, no error;
-/// their last outcome `done`. What [`settle`](crate::store::settle::settle)
+/// their last outcome `done`. What [`settle`](crate::store::rules::settle::settle)
 /// returns for a clean `done`, written for a whole batch at once and counted
 /// once ([`counted`]): only running rows change.
 async fn idle(tx: &mut Tx, now: i64, process: &str, ids: &str) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::engine::SqliteStore;
 use super::error::Db as _;
 use crate::store::StoreError;
-use crate::store::counts::CountsRow;
+use crate::store::rules::counts::CountsRow;
 use crate::store::types::ProcessCounts;
 
 /// The stored counts of every known process, and its keys backing off at `?1`.

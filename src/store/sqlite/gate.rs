@@ -13,8 +13,8 @@ use super::rows::to_time;
 use super::runs::log_action;
 use crate::store::StoreError;
 use crate::store::fleet::{ClaimGate, ProcessPause};
-use crate::store::gate::{Admission, GateRow};
 use crate::store::key::validate_process;
+use crate::store::rules::gate::{Admission, GateRow};
 
 /// The process row's fleet-control columns, as [`gate_columns!`] lists them.
 pub(super) type Columns = (

@@ -7,10 +7,10 @@ use super::engine::SqliteStore;
 use super::error::Db as _;
 use super::inspect::check_process;
 use crate::store::StoreError;
-use crate::store::groups::{
+use crate::store::params::ErrorGroups;
+use crate::store::rules::groups::{
     Bulk, BulkSteps, CandidateRow, MAX_TEXTS, SignatureCount, merge, stored_states, window,
 };
-use crate::store::params::ErrorGroups;
 use crate::store::types::{ErrorGroup, RunOutcome};
 
 /// The failing keys counted per stored signature: parked ones walking the
@@ -39,7 +39,7 @@ LEFT JOIN drover_items i ON i.id = g.first";
 ///
 /// The walk goes on from the exact bytes of the last key, not from the key as
 /// read: a key SQL wrote as text that is not UTF-8 is read with U+FFFD in
-/// place of its bad bytes ([`Lossy`](crate::store::rows::Lossy)), which sorts
+/// place of its bad bytes ([`Lossy`](crate::store::rules::rows::Lossy)), which sorts
 /// before them, so a walk going on from that would read the same key again,
 /// forever if the action leaves it in the window.
 pub(super) const WINDOW: &str = "

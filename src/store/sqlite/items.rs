@@ -13,8 +13,8 @@ use super::engine::{SqliteStore, Tx, clock_ms};
 use super::error::Db as _;
 use super::rows::duration_ms;
 use crate::store::StoreError;
-use crate::store::enqueue::checked_keys;
 use crate::store::params::ItemEnqueue;
+use crate::store::rules::enqueue::checked_keys;
 use crate::store::types::EnqueueReport;
 
 /// DESIGN.md rule 2 in one statement for the whole batch `?5` (a JSON array),

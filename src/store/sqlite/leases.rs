@@ -10,12 +10,12 @@ use super::rows::{RunningRow, json_rows, running_columns, to_time};
 use super::sessions::requeue;
 use super::writer::padded;
 use crate::store::StoreError;
-use crate::store::decode::corrupt;
 use crate::store::fleet::{ClaimGate, Claimed};
-use crate::store::groups::error_signature;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
-use crate::store::refusal::{Unlockable, lock_refusal};
+use crate::store::rules::decode::corrupt;
+use crate::store::rules::groups::error_signature;
+use crate::store::rules::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is

@@ -305,7 +305,7 @@ async fn a_batch_of_next_rows_finds_each_item_by_its_id() {
 
 /// The first query of a triage section, unbounded or under a prefix.
 fn triage_sql(section: crate::store::ItemState, prefix: Option<&str>) -> String {
-    let queries = crate::store::triage::section_queries(
+    let queries = crate::store::rules::triage::section_queries(
         &super::inspect::TRIAGE,
         "p",
         section,

@@ -8,7 +8,7 @@ use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::{to_ms, to_time};
 use crate::store::StoreError;
-use crate::store::resync::{ResyncSteps, Rules, Seen, Walk};
+use crate::store::rules::resync::{ResyncSteps, Rules, Seen, Walk};
 
 /// The walk's row, as stored.
 #[derive(Debug, sqlx::FromRow)]

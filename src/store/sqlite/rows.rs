@@ -1,4 +1,4 @@
-//! SQLite's rows: the shared rows ([`crate::store::rows`]) with times as
+//! SQLite's rows: the shared rows ([`crate::store::rules::rows`]) with times as
 //! integer milliseconds since the Unix epoch.
 
 use std::time::Duration;
@@ -8,9 +8,9 @@ use serde::de::DeserializeOwned;
 
 use crate::backoff::clamp_delay;
 use crate::store::StoreError;
-use crate::store::decode::corrupt;
-use crate::store::rows::Stamp as _;
-pub(super) use crate::store::rows::{item_columns, run_columns, running_columns};
+use crate::store::rules::decode::corrupt;
+use crate::store::rules::rows::Stamp as _;
+pub(super) use crate::store::rules::rows::{item_columns, run_columns, running_columns};
 
 /// Milliseconds since the epoch as a time (out-of-range values saturate).
 pub(super) fn to_time(ms: i64) -> DateTime<Utc> {
@@ -28,11 +28,11 @@ pub(super) fn duration_ms(d: Duration) -> i64 {
 }
 
 /// An item row.
-pub(super) type ItemRow = crate::store::rows::ItemRow<i64>;
+pub(super) type ItemRow = crate::store::rules::rows::ItemRow<i64>;
 /// A running item with its process's backoff policy.
-pub(super) type RunningRow = crate::store::rows::RunningRow<i64>;
+pub(super) type RunningRow = crate::store::rules::rows::RunningRow<i64>;
 /// A `drover_runs` row.
-pub(super) type RunRow = crate::store::rows::RunRow<i64>;
+pub(super) type RunRow = crate::store::rules::rows::RunRow<i64>;
 
 /// The rows a statement returned as one JSON array (`json_group_array`), one
 /// array per row, read back as `T`s; `what` names them in the error if the

@@ -10,8 +10,8 @@ use super::inspect::check_process;
 use super::rows::{RunRow, run_columns};
 use crate::store::StoreError;
 use crate::store::params::RunList;
-use crate::store::retention::{PruneSteps, Rules, runs_window};
-use crate::store::rows::runs;
+use crate::store::rules::retention::{PruneSteps, Rules, runs_window};
+use crate::store::rules::rows::runs;
 use crate::store::types::{Run, RunOutcome};
 
 /// Ends the runs of the running rows whose ids are in `?3` (a JSON array) with

@@ -8,7 +8,7 @@ use super::inspect::check_process;
 use super::rows::{duration_ms, to_ms, to_time};
 use crate::store::StoreError;
 use crate::store::params::{DepthSample, ProcessSeries};
-use crate::store::series::{SampleRow, assemble, window_start};
+use crate::store::rules::series::{SampleRow, assemble, window_start};
 use crate::store::types::Series;
 
 /// Runs of `?1` that ended since `?2`, per minute from `?2` and outcome:

@@ -8,7 +8,7 @@ use super::rows::{duration_ms, to_time};
 use super::runs::log_from_rows;
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
-use crate::store::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
+use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
 use crate::store::text::clean_text;
 use crate::store::types::{ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 

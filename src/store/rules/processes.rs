@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use super::StoreError;
 use super::decode::backoff_policy;
-use super::fleet::{FleetLimits, RateLimit};
-use super::key::validate_process;
-use super::params::ProcessConfigure;
 use super::resync::{Rules, next_pass};
 use super::rows::Stamp;
-use super::types::{ProcessSettings, Resync, Retention};
+use crate::store::StoreError;
+use crate::store::fleet::{FleetLimits, RateLimit};
+use crate::store::key::validate_process;
+use crate::store::params::ProcessConfigure;
+use crate::store::types::{ProcessSettings, Resync, Retention};
 
 /// `drover_processes` as both engines store it (durations in milliseconds),
 /// with the next resync from `drover_resync` (times as the engine keeps them).

@@ -2,8 +2,8 @@
 
 use std::collections::HashSet;
 
-use super::error::StoreError;
-use super::key::{validate_key, validate_process};
+use crate::store::error::StoreError;
+use crate::store::key::{validate_key, validate_process};
 
 /// The batch's distinct keys in first-seen order, after checking the process name
 /// and every key: one bad key rejects the whole batch, so nothing is written.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::fleet::ClaimGate;
+use crate::store::fleet::ClaimGate;
 
 /// A process's fleet controls and its rate bucket, as an engine read them
 /// (with the process row locked).

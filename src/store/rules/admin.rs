@@ -1,7 +1,7 @@
 //! The rule every engine applies to an operator's retry, park or delete: only an
 //! item no lease holds may be changed, so an operator never races a worker.
 
-use super::error::StoreError;
+use crate::store::error::StoreError;
 
 /// Decides from the item's stored state (`None` = no row) whether the action may
 /// go ahead: `Ok(false)` when there is no item, [`StoreError::AlreadyLeased`] when

@@ -4,9 +4,9 @@
 
 use std::future::Future;
 
-use super::StoreError;
-use super::params::RetentionPrune;
-use super::types::{PruneCursor, PruneReport};
+use crate::store::StoreError;
+use crate::store::params::RetentionPrune;
+use crate::store::types::{PruneCursor, PruneReport};
 
 /// A process's retention, as both engines store it.
 #[derive(Debug, sqlx::FromRow)]

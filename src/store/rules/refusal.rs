@@ -5,8 +5,8 @@
 #[cfg(feature = "_engine")]
 use chrono::{DateTime, Utc};
 
-use super::error::StoreError;
-use super::types::Lease;
+use crate::store::error::StoreError;
+use crate::store::types::Lease;
 
 impl StoreError {
     /// The lease no longer holds its key (reclaimed, released, superseded):

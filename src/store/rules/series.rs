@@ -4,9 +4,9 @@
 
 use chrono::{DateTime, Duration as Span, DurationRound as _, Utc};
 
-use super::StoreError;
 use super::decode::run_outcome;
-use super::types::{DepthPoint, RunBucket, Series};
+use crate::store::StoreError;
+use crate::store::types::{DepthPoint, RunBucket, Series};
 
 /// The start of a window of `window` ending at `now`: the whole minute at or
 /// before `now - window`.

@@ -4,12 +4,12 @@
 
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
 use super::decode::{backoff_policy, item_state, run_outcome};
 use super::holding::Held;
-use super::params::WorkerIdentity;
 use super::settle::{Dirty, Running};
-use super::types::{FencingToken, HeldLease, Item, Run, SessionId, SessionInfo};
+use crate::store::StoreError;
+use crate::store::params::WorkerIdentity;
+use crate::store::types::{FencingToken, HeldLease, Item, Run, SessionId, SessionInfo};
 
 /// A time as an engine stores it.
 pub(crate) trait Stamp: Copy + Ord {

@@ -1,5 +1,5 @@
 //! [`Pruner`]: retention that runs. Every interval it walks every process and
-//! applies the process's [`Retention`](super::Retention) a small batch at a
+//! applies the process's [`Retention`](crate::store::Retention) a small batch at a
 //! time, so it never holds the database long and claims go on meanwhile.
 
 use std::collections::HashMap;
@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::any::Store;
-use super::engine::StoreEngine;
-use super::error::StoreError;
-use super::params::RetentionPrune;
 use super::ticks::Ticks;
-use super::types::{PruneCursor, PruneReport};
 use crate::metrics::PruneMetrics;
+use crate::store::RetentionPrune;
+use crate::store::Store;
+use crate::store::StoreEngine;
+use crate::store::StoreError;
+use crate::store::{PruneCursor, PruneReport};
 
 /// The pause between two batches, so writers waiting for the database (a
 /// claim, a completion, another process on the same SQLite file) go first.

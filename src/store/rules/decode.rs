@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::error::StoreError;
-use super::types::{ItemState, RunOutcome};
 use crate::backoff::Backoff;
+use crate::store::error::StoreError;
+use crate::store::types::{ItemState, RunOutcome};
 
 /// An item's state from its stored name; a pending item still inside its backoff
 /// is reported as [`ItemState::Backoff`].

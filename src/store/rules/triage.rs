@@ -17,11 +17,11 @@ use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
-use super::cursor::{Position, TriageCursor};
-use super::key::validate_process;
-use super::params::ItemTriage;
-use super::types::{Item, ItemState, TriagePage};
+use crate::store::StoreError;
+use crate::store::cursor::{Position, TriageCursor};
+use crate::store::key::validate_process;
+use crate::store::params::ItemTriage;
+use crate::store::types::{Item, ItemState, TriagePage};
 
 /// The sections in the order a page walks them.
 const SECTIONS: [ItemState; 5] = [

@@ -10,10 +10,10 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
-use super::params::LeaseComplete;
 use super::settle::{Running, Settled, settle};
-use super::types::{Lease, SessionId};
+use crate::store::StoreError;
+use crate::store::params::LeaseComplete;
+use crate::store::types::{Lease, SessionId};
 
 /// What an engine found at one lease's key: a row of its lease query (the
 /// engine's own running-row type flattened into `row`).

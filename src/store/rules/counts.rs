@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::types::ProcessCounts;
+use crate::store::types::ProcessCounts;
 
 /// One process's stored counts, before the ready / backoff split.
 #[derive(Debug, Clone, sqlx::FromRow)]

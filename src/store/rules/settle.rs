@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::text::clean_text;
-use super::types::{Outcome, RunOutcome};
 use crate::backoff::{Backoff, clamp_delay};
+use crate::store::text::clean_text;
+use crate::store::types::{Outcome, RunOutcome};
 
 /// `at + delay`, with the delay clamped to [`crate::backoff::MAX_DELAY`] so the sum
 /// can never overflow.

@@ -1,5 +1,5 @@
 //! [`Resyncer`]: resync that runs. On a timer it gives every process with a
-//! [`Resync`](super::Resync) a few batches of its walk, so each idle key is
+//! [`Resync`](crate::store::Resync) a few batches of its walk, so each idle key is
 //! looked at again about once per interval without any transaction holding
 //! more than one small window of keys.
 
@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::any::Store;
-use super::engine::StoreEngine;
-use super::error::StoreError;
-use super::params::ResyncBatch;
 use super::ticks::Ticks;
 use crate::metrics::ResyncMetrics;
+use crate::store::ResyncBatch;
+use crate::store::Store;
+use crate::store::StoreEngine;
+use crate::store::StoreError;
 
 /// The pause between two batches, so claims and completions waiting for the
 /// database go first.
@@ -178,7 +178,7 @@ impl<S: StoreEngine> Resyncer<S> {
         &self,
         process: &str,
         start: bool,
-    ) -> Result<super::types::ResyncReport, StoreError> {
+    ) -> Result<crate::store::ResyncReport, StoreError> {
         let report = self
             .store
             .resync_batch(ResyncBatch {

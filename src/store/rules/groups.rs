@@ -73,11 +73,11 @@ mod engine {
     use std::future::Future;
 
     use crate::store::StoreError;
-    use crate::store::decode::item_state;
     use crate::store::error_signature;
     use crate::store::key::validate_process;
     use crate::store::params::{ItemFilter, ItemsDelete, ItemsPark, ItemsRetry};
-    use crate::store::rows::{Lossy, Stamp};
+    use crate::store::rules::decode::item_state;
+    use crate::store::rules::rows::{Lossy, Stamp};
     use crate::store::text::clean_text;
     use crate::store::types::{ErrorGroup, ItemState, RunOutcome};
 

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
-use super::key::validate_process;
-use super::params::ResyncBatch;
 use super::settle::later;
-use super::types::ResyncReport;
+use crate::store::StoreError;
+use crate::store::key::validate_process;
+use crate::store::params::ResyncBatch;
+use crate::store::types::ResyncReport;
 
 /// The shortest gap between two passes, as a fraction of the interval: a key
 /// is resynced at most this late after it is due (plus the walk's own time),
@@ -255,7 +255,7 @@ pub(crate) trait ResyncSteps: Sync {
 }
 
 /// One batch of a process's resync
-/// ([`resync_batch`](super::StoreEngine::resync_batch)) in one transaction.
+/// ([`resync_batch`](crate::store::StoreEngine::resync_batch)) in one transaction.
 pub(crate) async fn batch<S: ResyncSteps>(
     store: &S,
     params: &ResyncBatch,

@@ -8,11 +8,11 @@
 use std::future::Future;
 use std::ops::Range;
 
-use super::StoreError;
-use super::error::error_chain;
-use super::params::LeaseComplete;
-use super::text::clean_text;
-use super::types::Outcome;
+use crate::store::StoreError;
+use crate::store::error::error_chain;
+use crate::store::params::LeaseComplete;
+use crate::store::text::clean_text;
+use crate::store::types::Outcome;
 
 /// Each lease's answer, by position in the batch.
 pub(crate) type Answers = Vec<Result<(), StoreError>>;
@@ -20,7 +20,7 @@ pub(crate) type Answers = Vec<Result<(), StoreError>>;
 /// An engine's one-transaction completion.
 pub(crate) trait CompleteOnce: Sync {
     /// Writes `batch` in one transaction, as
-    /// [`lease_complete_batch`](super::StoreEngine::lease_complete_batch) does
+    /// [`lease_complete_batch`](crate::store::StoreEngine::lease_complete_batch) does
     /// (with the engine's own retries of lost races).
     fn complete_once(
         &self,
