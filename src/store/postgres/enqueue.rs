@@ -14,7 +14,7 @@ use sqlx::{Executor, Postgres};
 use super::copy_rows::{CopyRows, int4, timestamptz};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map};
-use super::items::ensure_process;
+use super::processes::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ItemEnqueue;

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
-use super::items::ensure_process;
+use super::processes::ensure_process;
 use super::runs::log_action;
 use crate::store::StoreError;
 use crate::store::fleet::{ClaimGate, ProcessPause};

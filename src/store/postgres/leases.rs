@@ -7,7 +7,7 @@ use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map, map_commit};
 use super::gate;
 use super::gated;
-use super::items::ensure_process;
+use super::processes::ensure_process;
 use super::rows::{RunningRow, running_columns};
 use super::sessions::requeue;
 use crate::store::StoreError;

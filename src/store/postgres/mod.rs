@@ -16,7 +16,6 @@ mod gate;
 mod gated;
 mod groups;
 mod inspect;
-mod items;
 mod leases;
 mod listen;
 mod processes;

@@ -1,9 +1,10 @@
-//! Processes on PostgreSQL: their stored settings, changed by `process
-//! configure` and read by every node.
+//! Processes on PostgreSQL: made known by their first enqueue, their stored
+//! settings changed by `process configure` and read by every node.
 
-use super::engine::PostgresStore;
+use chrono::{DateTime, Utc};
+
+use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
-use super::items::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
@@ -81,4 +82,22 @@ pub(super) async fn list(store: &PostgresStore) -> Result<Vec<ProcessSettings>, 
     .db()?;
     tx.commit().await.db()?;
     Ok(rows.into_iter().map(SettingsRow::into_settings).collect())
+}
+
+/// Makes a process known (so queries about it are not refused as unknown).
+pub(super) async fn ensure_process(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    process: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO drover_processes (process, created_at) VALUES ($1, $2)
+         ON CONFLICT (process) DO NOTHING",
+    )
+    .bind(process)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .db()?;
+    Ok(())
 }

@@ -9,7 +9,7 @@ use super::error::Db as _;
 use super::rows::to_time;
 use super::writer::Writer;
 use super::{
-    admin, counts, gate, groups, inspect, items, leases, processes, runs, series, sessions,
+    admin, counts, enqueue, gate, groups, inspect, leases, processes, runs, series, sessions,
 };
 use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::params::{
@@ -179,7 +179,7 @@ impl StoreEngine for SqliteStore {
     }
 
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
-        items::enqueue(self, params).await
+        enqueue::enqueue(self, params).await
     }
 
     async fn lease_claim(&self, params: LeaseClaim) -> Result<Claimed, StoreError> {

@@ -8,7 +8,7 @@
 
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
-use super::items::ensure_process;
+use super::processes::ensure_process;
 use super::rows::to_time;
 use super::runs::log_action;
 use crate::store::StoreError;

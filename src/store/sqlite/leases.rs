@@ -5,7 +5,7 @@ use super::counted;
 use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::{Db as _, map};
 use super::gate::{self, gate_columns};
-use super::items::ensure_process;
+use super::processes::ensure_process;
 use super::rows::{RunningRow, json_rows, running_columns, to_time};
 use super::sessions::requeue;
 use super::writer::padded;

@@ -10,11 +10,11 @@ mod connect;
 mod counted;
 mod counts;
 mod engine;
+mod enqueue;
 mod error;
 mod gate;
 mod groups;
 mod inspect;
-mod items;
 mod leases;
 #[cfg(test)]
 mod plans;

@@ -170,7 +170,7 @@ async fn assert_plan(sql: &str, step: &str) {
 
 #[tokio::test]
 async fn the_enqueue_probes_each_key_of_the_batch_not_the_backlog() {
-    let plan = plan_of(super::items::RUNNING).await;
+    let plan = plan_of(super::enqueue::RUNNING).await;
     let steps = [
         "SCAN j VIRTUAL TABLE",
         "SEARCH i USING INDEX sqlite_autoindex_drover_items_1 (process=? AND key=?)",
@@ -194,7 +194,7 @@ async fn the_bulk_upsert_reads_the_batch_once_and_no_item_but_each_keys_own() {
     let store = SqliteStore::connect("sqlite::memory:", &StoreOptions::default())
         .await
         .expect("an in-memory store opens");
-    let plan = plan(&store, super::items::UPSERT).await;
+    let plan = plan(&store, super::enqueue::UPSERT).await;
     assert!(plan.contains("SCAN j VIRTUAL TABLE"), "{plan}");
     assert!(!plan.contains("drover_items"), "{plan}");
 }

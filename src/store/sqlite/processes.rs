@@ -1,9 +1,8 @@
-//! Processes on SQLite: their stored settings, changed by `process configure`
-//! and read by every node.
+//! Processes on SQLite: made known by their first enqueue, their stored
+//! settings changed by `process configure` and read by every node.
 
-use super::engine::SqliteStore;
+use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
-use super::items::ensure_process;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
@@ -76,4 +75,18 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<ProcessSettings>, St
     .await
     .db()?;
     Ok(rows.into_iter().map(SettingsRow::into_settings).collect())
+}
+
+/// Makes a process known (so queries about it are not refused as unknown).
+pub(super) async fn ensure_process(tx: &mut Tx, now: i64, process: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO drover_processes (process, created_at) VALUES (?1, ?2)
+         ON CONFLICT (process) DO NOTHING",
+    )
+    .bind(process)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
 }

@@ -6,8 +6,8 @@ use sqlx::SqliteConnection;
 
 use super::admin;
 use super::engine::SqliteStore;
+use super::enqueue::coalesce;
 use super::error::Db as _;
-use super::items::coalesce;
 use crate::store::StoreError;
 use crate::store::params::{ItemDelete, ItemEnqueue};
 use crate::store::types::EnqueueReport;

@@ -9,7 +9,7 @@
 
 use sqlx::SqliteConnection;
 
-use super::engine::{SqliteStore, Tx, clock_ms};
+use super::engine::{SqliteStore, clock_ms};
 use super::error::Db as _;
 use super::rows::duration_ms;
 use crate::store::StoreError;
@@ -158,18 +158,4 @@ pub(super) async fn coalesce(
         pending: count - dirty,
         dirty,
     })
-}
-
-/// Makes a process known (so queries about it are not refused as unknown).
-pub(super) async fn ensure_process(tx: &mut Tx, now: i64, process: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO drover_processes (process, created_at) VALUES (?1, ?2)
-         ON CONFLICT (process) DO NOTHING",
-    )
-    .bind(process)
-    .bind(now)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
 }
