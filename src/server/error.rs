@@ -5,7 +5,7 @@
 //! request never changes state; only database trouble is a 5xx (503 when
 //! retrying may help, 500 otherwise).
 
-pub use crate::api::ErrorBody;
+use crate::api::ErrorBody;
 use crate::store::{StoreError, error_chain as chain};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -43,21 +43,9 @@ mod origin;
 mod routes;
 mod state;
 
-pub(crate) use crate::api as model;
-
 pub use app::Server;
 pub use auth::{Role, Tokens, TokensError};
-pub use error::{ApiError, ErrorBody};
-pub use model::{
-    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
-    CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
-    DepthPointBody, EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health,
-    HeartbeatResponse, HeldLeaseBody, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
-    MAX_CLAIM, MAX_PAGE, MAX_TTL_MS, OutcomeBody, OutcomeName, PauseResponse,
-    ProcessConfigureRequest, ProcessList, ProcessSettingsBody, ProcessSummary, ReleaseRequest,
-    RunBody, RunBucketBody, RunPage, SeriesBody, SessionBody, SessionInfoBody, SessionListBody,
-    SessionRequest, StateName, TriagePageBody,
-};
+pub use error::ApiError;
 pub use openapi::{ApiDoc, document, document_without_tokens};
 pub use options::ServerOptions;
 pub use origin::CrossOrigin;

@@ -6,8 +6,9 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::auth::Role;
-use super::error::ErrorBody;
-use super::model::{
+use super::routes::{groups, health, items, leases, processes, runs, series, sessions, settings};
+use crate::api::ErrorBody;
+use crate::api::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
     CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
     DepthPointBody, EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health,
@@ -16,8 +17,7 @@ use super::model::{
     RunPage, SeriesBody, SessionBody, SessionInfoBody, SessionListBody, SessionRequest, StateName,
     TriagePageBody,
 };
-use super::model::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
-use super::routes::{groups, health, items, leases, processes, runs, series, sessions, settings};
+use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
 
 /// The API description served at `/openapi.json`.
 #[derive(Debug, OpenApi)]

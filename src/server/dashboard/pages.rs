@@ -6,10 +6,10 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
 use super::{item_path, segment, view};
+use crate::api::{MAX_PAGE, TriageQuery};
 use crate::server::auth::{Authorized, Read, Role};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
-use crate::server::model::{MAX_PAGE, TriageQuery};
 use crate::server::routes::items::triage_page;
 use crate::server::routes::processes::summaries;
 use crate::server::state::AppState;

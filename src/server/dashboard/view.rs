@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 
 use super::{item_path, segment};
-use crate::server::model::ProcessSummary;
+use crate::api::ProcessSummary;
 use crate::store::{ErrorGroup, Item, ItemState, ProcessSettings, Run, Series, SessionInfo};
 
 /// How often pages reload themselves, in seconds.

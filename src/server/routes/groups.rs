@@ -5,13 +5,14 @@
 use axum::Json;
 use axum::extract::State;
 
-use crate::server::auth::{Authorized, Manage, Read, Role};
-use crate::server::error::{ApiError, ErrorBody};
-use crate::server::extract::{JsonBody, PathParams, QueryParams};
-use crate::server::model::{
+use crate::api::ErrorBody;
+use crate::api::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ErrorGroupList, ErrorGroupsQuery,
     MAX_PAGE,
 };
+use crate::server::auth::{Authorized, Manage, Read, Role};
+use crate::server::error::ApiError;
+use crate::server::extract::{JsonBody, PathParams, QueryParams};
 use crate::server::state::AppState;
 use crate::store::{
     ErrorGroups, ItemFilter, ItemsDelete, ItemsPark, ItemsRetry, StoreEngine as _, validate_process,

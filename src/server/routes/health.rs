@@ -10,10 +10,11 @@ use axum::response::{IntoResponse, Response};
 
 use serde_json::Value;
 
+use crate::api::ErrorBody;
+use crate::api::Health;
 use crate::metrics::StoreFamilies;
 use crate::server::auth::{Authorized, Read};
-use crate::server::error::{ApiError, ErrorBody};
-use crate::server::model::Health;
+use crate::server::error::ApiError;
 use crate::server::openapi;
 use crate::server::state::AppState;
 use crate::store::{Store, StoreEngine as _};

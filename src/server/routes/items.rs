@@ -7,13 +7,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use crate::server::auth::{Authorized, Manage, Read, Role, Work};
-use crate::server::error::{ApiError, ErrorBody};
-use crate::server::extract::{JsonBody, PathParams, QueryParams};
-use crate::server::model::{
+use crate::api::ErrorBody;
+use crate::api::{
     EnqueueRequest, EnqueueResponse, ItemBody, ItemDetailBody, ItemGetQuery, ItemListQuery,
     ItemPage, MAX_PAGE, TriagePageBody, TriageQuery, max_delay_ms, ms,
 };
+use crate::server::auth::{Authorized, Manage, Read, Role, Work};
+use crate::server::error::ApiError;
+use crate::server::extract::{JsonBody, PathParams, QueryParams};
 use crate::server::state::AppState;
 use crate::store::{
     ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, MAX_NAME_BYTES,

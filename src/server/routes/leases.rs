@@ -9,13 +9,14 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use tokio::time::Instant;
 
-use crate::server::auth::{Authorized, Work};
-use crate::server::error::{ApiError, ErrorBody};
-use crate::server::extract::{JsonBody, PathParams, session_id};
-use crate::server::model::{
+use crate::api::ErrorBody;
+use crate::api::{
     ClaimRequest, ClaimResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest,
     CompletionResult, MAX_CLAIM, MAX_COMPLETE_BATCH, OutcomeBody, ReleaseRequest, max_delay_ms,
 };
+use crate::server::auth::{Authorized, Work};
+use crate::server::error::ApiError;
+use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,

@@ -6,9 +6,10 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 
+use crate::api::ErrorBody;
+use crate::api::{ProcessList, ProcessSummary};
 use crate::server::auth::{Authorized, Read};
-use crate::server::error::{ApiError, ErrorBody};
-use crate::server::model::{ProcessList, ProcessSummary};
+use crate::server::error::ApiError;
 use crate::server::state::AppState;
 use crate::store::{HistoryActivity, StoreEngine as _};
 

@@ -4,10 +4,11 @@
 use axum::Json;
 use axum::extract::State;
 
+use crate::api::ErrorBody;
+use crate::api::{MAX_PAGE, RunListQuery, RunPage};
 use crate::server::auth::{Authorized, Read};
-use crate::server::error::{ApiError, ErrorBody};
+use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
-use crate::server::model::{MAX_PAGE, RunListQuery, RunPage};
 use crate::server::state::AppState;
 use crate::store::{RunList, StoreEngine as _, validate_key, validate_process};
 

@@ -4,10 +4,11 @@
 use axum::Json;
 use axum::extract::State;
 
+use crate::api::ErrorBody;
+use crate::api::SeriesBody;
 use crate::server::auth::{Authorized, Read};
-use crate::server::error::{ApiError, ErrorBody};
+use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
-use crate::server::model::SeriesBody;
 use crate::server::state::AppState;
 use crate::store::{ProcessSeries, StoreEngine as _, validate_process};
 

@@ -6,12 +6,13 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 
-use crate::server::auth::{Authorized, Read, Work};
-use crate::server::error::{ApiError, ErrorBody};
-use crate::server::extract::{JsonBody, PathParams, session_id};
-use crate::server::model::{
+use crate::api::ErrorBody;
+use crate::api::{
     CloseResponse, HeartbeatResponse, MAX_TTL_MS, SessionBody, SessionListBody, SessionRequest,
 };
+use crate::server::auth::{Authorized, Read, Work};
+use crate::server::error::ApiError;
+use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
 use crate::store::{
     SessionClose, SessionHeartbeat, SessionList, SessionStart, StoreEngine as _, WorkerIdentity,

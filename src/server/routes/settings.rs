@@ -7,11 +7,12 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 
+use crate::api::ErrorBody;
+use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody, ms};
 use crate::backoff::{Backoff, MAX_DELAY};
 use crate::server::auth::{Authorized, Manage, Read, Role};
-use crate::server::error::{ApiError, ErrorBody};
+use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams};
-use crate::server::model::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody, ms};
 use crate::server::state::AppState;
 use crate::store::{
     LimitChanges, ProcessConfigure, ProcessPause, ProcessSettings, StoreEngine as _, StoreError,

@@ -1,0 +1,263 @@
+//! Leases on the wire: claiming keys, and completing or releasing them by
+//! fencing token.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::limits::millis;
+#[cfg(feature = "server")]
+use super::limits::ms;
+use crate::store::{Lease, Outcome};
+
+/// Body of `POST /v1/sessions/{session}/claim`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// The process to claim from.
+    pub process: String,
+    /// At most this many leases (at least 1, default 1). One answer holds at
+    /// most 1000 (`MAX_CLAIM`): ask again for the rest.
+    #[serde(default = "one")]
+    #[schema(minimum = 1, default = 1, format = Int64, maximum = 4294967295_u64)]
+    pub max: u32,
+    /// When nothing is ready, wait up to this many milliseconds for work
+    /// (default 0; a longer wait than the server's maximum, 60 s unless
+    /// configured, is cut to it).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A lease: proof that its holder alone may work on the key.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LeaseBody {
+    /// The holding session.
+    pub session: i64,
+    /// The process.
+    pub process: String,
+    /// The key to work on.
+    pub key: String,
+    /// The fencing token completions are checked against.
+    pub token: i64,
+    /// Which consecutive attempt this is.
+    pub attempt: u32,
+    /// The item's priority.
+    pub priority: i32,
+    /// When the enqueue this run answers arrived.
+    pub enqueued_at: DateTime<Utc>,
+    /// When the run started.
+    pub started_at: DateTime<Utc>,
+}
+
+impl From<Lease> for LeaseBody {
+    fn from(l: Lease) -> Self {
+        Self {
+            session: l.session.0,
+            process: l.process,
+            key: l.key,
+            token: l.token.0,
+            attempt: l.attempt,
+            priority: l.priority,
+            enqueued_at: l.enqueued_at,
+            started_at: l.started_at,
+        }
+    }
+}
+
+/// Response of a claim.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ClaimResponse {
+    /// The leases; empty when nothing became ready within the wait.
+    pub leases: Vec<LeaseBody>,
+    /// The process is paused: nothing is claimed until it is resumed.
+    #[serde(default)]
+    pub paused: bool,
+    /// The process's rate limit held the claim back (fewer leases than asked
+    /// though more may be ready): its next token comes in this many
+    /// milliseconds. Claim again then, not at the next poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub next_token_in_ms: Option<u64>,
+}
+
+/// A lease as a worker sends it back: the object a claim returned (the fields
+/// that only describe it may be left out).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRef {
+    /// The holding session.
+    pub session: i64,
+    /// The process.
+    pub process: String,
+    /// The key.
+    pub key: String,
+    /// The fencing token.
+    pub token: i64,
+    /// The attempt (recorded in the history).
+    #[schema(minimum = 1, format = Int64, maximum = 4294967295_u64)]
+    pub attempt: u32,
+    /// Ignored.
+    #[serde(default)]
+    pub priority: Option<i32>,
+    /// Ignored.
+    #[serde(default)]
+    pub enqueued_at: Option<DateTime<Utc>>,
+    /// When the run started; used for the work-duration metric.
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+}
+
+impl From<&Lease> for LeaseRef {
+    fn from(l: &Lease) -> Self {
+        Self {
+            session: l.session.0,
+            process: l.process.clone(),
+            key: l.key.clone(),
+            token: l.token.0,
+            attempt: l.attempt,
+            priority: Some(l.priority),
+            enqueued_at: Some(l.enqueued_at),
+            started_at: Some(l.started_at),
+        }
+    }
+}
+
+impl From<LeaseBody> for Lease {
+    fn from(l: LeaseBody) -> Self {
+        Self {
+            session: crate::store::SessionId(l.session),
+            process: l.process,
+            key: l.key,
+            token: crate::store::FencingToken(l.token),
+            attempt: l.attempt,
+            priority: l.priority,
+            enqueued_at: l.enqueued_at,
+            started_at: l.started_at,
+        }
+    }
+}
+
+impl LeaseRef {
+    /// The store's lease; the described-only fields are filled with neutral
+    /// values the store does not check.
+    #[cfg(feature = "server")] // read by the server only
+    pub(crate) fn to_lease(&self) -> Lease {
+        Lease {
+            session: crate::store::SessionId(self.session),
+            process: self.process.clone(),
+            key: self.key.clone(),
+            token: crate::store::FencingToken(self.token),
+            attempt: self.attempt,
+            priority: self.priority.unwrap_or(0),
+            enqueued_at: self.enqueued_at.unwrap_or_default(),
+            started_at: self.started_at.unwrap_or_default(),
+        }
+    }
+}
+
+/// What processing a key returned.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OutcomeBody {
+    /// Converged: the item stays, idle (or pending again if it was enqueued
+    /// meanwhile). A variant with no fields rather than a unit one, so that
+    /// unknown fields are refused here too (serde ignores them beside the tag
+    /// of a unit variant).
+    Done {},
+    /// Converged for now; look again after `after_ms`.
+    RequeueAfter {
+        /// The delay in milliseconds (at most 180 days).
+        #[schema(maximum = 15552000000_u64)]
+        after_ms: u64,
+    },
+    /// Failed, worth retrying after the process's backoff.
+    Transient {
+        /// What went wrong.
+        error: String,
+    },
+    /// Failed for good: parked until the next enqueue.
+    Permanent {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+impl From<&Outcome> for OutcomeBody {
+    fn from(o: &Outcome) -> Self {
+        match o {
+            Outcome::Done => Self::Done {},
+            Outcome::RequeueAfter(after) => Self::RequeueAfter {
+                after_ms: millis(*after),
+            },
+            Outcome::Transient(error) => Self::Transient {
+                error: error.clone(),
+            },
+            Outcome::Permanent(error) => Self::Permanent {
+                error: error.clone(),
+            },
+        }
+    }
+}
+
+impl OutcomeBody {
+    /// The store's outcome.
+    #[cfg(feature = "server")] // read by the server only
+    pub(crate) fn to_outcome(&self) -> Outcome {
+        match self {
+            Self::Done {} => Outcome::Done,
+            Self::RequeueAfter { after_ms } => Outcome::RequeueAfter(ms(*after_ms)),
+            Self::Transient { error } => Outcome::Transient(error.clone()),
+            Self::Permanent { error } => Outcome::Permanent(error.clone()),
+        }
+    }
+}
+
+/// Body of `POST /v1/leases/complete`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The lease, as the claim returned it.
+    pub lease: LeaseRef,
+    /// How the run went.
+    pub outcome: OutcomeBody,
+}
+
+/// Body of `POST /v1/leases/complete-batch`: many outcomes, one transaction.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteBatchRequest {
+    /// The completions (1–4096), each checked against its own lease.
+    #[schema(min_items = 1, max_items = 4096)]
+    pub completions: Vec<CompleteRequest>,
+}
+
+/// What became of one completion of a batch.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CompletionResult {
+    /// Null when the outcome was recorded; otherwise why this lease alone
+    /// changed nothing: `lease_lost` or `session_expired` (final), or the code
+    /// of an error that kept it from being written (`internal`, `unavailable`:
+    /// it may be sent again).
+    pub error: Option<String>,
+    /// The refusal's message, when refused.
+    pub message: Option<String>,
+}
+
+/// Response of `POST /v1/leases/complete-batch`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CompleteBatchResponse {
+    /// One result per completion, in the request's order.
+    pub results: Vec<CompletionResult>,
+}
+
+/// Body of `POST /v1/leases/release`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The lease, as the claim returned it.
+    pub lease: LeaseRef,
+}

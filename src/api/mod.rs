@@ -1,0 +1,51 @@
+//! The HTTP API's wire format: the JSON shapes [`server`](crate::server) answers
+//! with and [`client`](crate::client) sends, defined once for both. They are
+//! separate from the store's domain types so the format is stable and documented
+//! (every type here appears in `/openapi.json`). Durations are whole
+//! milliseconds (`*_ms`); times are RFC 3339 in UTC.
+//!
+//! One file per noun, as the server's routes are: items,
+//! leases, sessions, processes, runs, series, error groups, settings, health;
+//! with the error body and the limits every route shares.
+
+mod error;
+mod groups;
+mod health;
+mod items;
+mod leases;
+mod limits;
+mod processes;
+mod runs;
+mod series;
+mod sessions;
+mod settings;
+
+pub use error::ErrorBody;
+#[cfg(feature = "server")]
+pub(crate) use groups::ErrorGroupsQuery;
+pub use groups::{
+    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ErrorGroupBody, ErrorGroupList,
+};
+pub use health::Health;
+pub use items::{
+    EnqueueRequest, EnqueueResponse, ItemBody, ItemDetailBody, ItemPage, StateName, TriagePageBody,
+};
+#[cfg(feature = "server")]
+pub(crate) use items::{ItemGetQuery, ItemListQuery, TriageQuery};
+pub use leases::{
+    ClaimRequest, ClaimResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest,
+    CompletionResult, LeaseBody, LeaseRef, OutcomeBody, ReleaseRequest,
+};
+pub use limits::{MAX_CLAIM, MAX_COMPLETE_BATCH, MAX_PAGE, MAX_TTL_MS};
+#[cfg(feature = "server")]
+pub(crate) use limits::{max_delay_ms, ms};
+pub use processes::{ProcessList, ProcessSummary};
+#[cfg(feature = "server")]
+pub(crate) use runs::RunListQuery;
+pub use runs::{OutcomeName, RunBody, RunPage};
+pub use series::{DepthPointBody, RunBucketBody, SeriesBody};
+pub use sessions::{
+    CloseResponse, HeartbeatResponse, HeldLeaseBody, SessionBody, SessionInfoBody, SessionListBody,
+    SessionRequest,
+};
+pub use settings::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};

@@ -1,0 +1,56 @@
+//! Processes on the wire: the list of processes with their counts.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[cfg(feature = "server")]
+use super::limits::millis;
+
+/// One process's counts and recent activity.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessSummary {
+    /// The process.
+    pub process: String,
+    /// Items waiting to run.
+    pub pending: u64,
+    /// Items waiting for their backoff to end.
+    pub backoff: u64,
+    /// Items held by a lease.
+    pub running: u64,
+    /// Items parked after a permanent error.
+    pub parked: u64,
+    /// Known, converged keys (0 from servers older than this field).
+    #[serde(default)]
+    pub idle: u64,
+    /// How long the longest-waiting ready item has been ready; null when none is.
+    pub oldest_pending_age_ms: Option<u64>,
+    /// Runs finished (done or requeue-after) in the last five minutes.
+    pub recent_finished: u64,
+    /// Runs failed in the last five minutes.
+    pub recent_failed: u64,
+}
+
+impl ProcessSummary {
+    /// Joins counts with the recent activity.
+    #[cfg(feature = "server")] // read by the server only
+    pub(crate) fn new(c: crate::store::ProcessCounts, finished: u64, failed: u64) -> Self {
+        Self {
+            oldest_pending_age_ms: c.oldest_pending_age.map(millis),
+            process: c.process,
+            pending: c.pending,
+            backoff: c.backoff,
+            running: c.running,
+            parked: c.parked,
+            idle: c.idle,
+            recent_finished: finished,
+            recent_failed: failed,
+        }
+    }
+}
+
+/// Response of `GET /v1/processes`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    /// Every known process, by name.
+    pub processes: Vec<ProcessSummary>,
+}
