@@ -52,8 +52,8 @@ impl Server {
     /// `tower::ServiceExt::oneshot`.
     pub fn router(&self) -> Router {
         let state = self.state.clone();
-        routes::api()
-            .merge(dashboard::routes())
+        let (api, _) = routes::api().split_for_parts();
+        api.merge(dashboard::routes())
             .fallback(routes::health::not_found)
             .method_not_allowed_fallback(routes::health::method_not_allowed)
             .layer(DefaultBodyLimit::max(state.options.body_limit))

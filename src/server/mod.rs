@@ -2,11 +2,11 @@
 //! enqueue, claim, heartbeat and complete, and operators can watch.
 //!
 //! - [`Server`] serves one [`Store`](crate::store::Store): the JSON API under
-//!   `/v1` (described by [`ApiDoc`] at `/openapi.json`), `/metrics`, `/healthz`,
+//!   `/v1` (described at `/openapi.json`, [`document`]), `/metrics`, `/healthz`,
 //!   `/readyz` and a server-rendered dashboard at `/`.
 //! - [`Tokens`] and [`Role`]: bearer-token authentication; viewer reads, worker
 //!   also enqueues and works, admin also retries, parks and deletes.
-//! - [`ApiError`]: every failure as one status and one JSON [`ErrorBody`]. A
+//! - [`ApiError`]: every failure as one status and one JSON [`ErrorBody`](crate::api::ErrorBody). A
 //!   client error (4xx) is decided before anything is written, so it never
 //!   changes state.
 //! - [`CrossOrigin`]: why a browser's state-changing request for another
@@ -46,6 +46,6 @@ mod state;
 pub use app::Server;
 pub use auth::{Role, Tokens, TokensError};
 pub use error::ApiError;
-pub use openapi::{ApiDoc, document, document_without_tokens};
+pub use openapi::{document, document_without_tokens};
 pub use options::ServerOptions;
 pub use origin::CrossOrigin;

@@ -1,25 +1,19 @@
-//! The OpenAPI 3 document, generated from the handlers' annotations and the
-//! model's types, so it cannot drift from the code.
+//! The OpenAPI 3 document, generated from the router itself (each handler's
+//! `#[utoipa::path]` gives its route and its entry here, see
+//! [`routes::api`](super::routes::api)) and the wire types in [`crate::api`],
+//! so it cannot drift from the code. What every operation shares is declared
+//! once ([`shared_responses`]); what annotations cannot say is added on the
+//! JSON ([`truthful`]).
 
 use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::auth::Role;
-use super::routes::{groups, health, items, leases, processes, runs, series, sessions, settings};
 use crate::api::ErrorBody;
-use crate::api::{
-    BulkParkRequest, BulkRequest, BulkResponse, BulkState, ClaimRequest, ClaimResponse,
-    CloseResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest, CompletionResult,
-    DepthPointBody, EnqueueRequest, EnqueueResponse, ErrorGroupBody, ErrorGroupList, Health,
-    HeartbeatResponse, HeldLeaseBody, ItemBody, ItemDetailBody, ItemPage, LeaseBody, LeaseRef,
-    OutcomeBody, OutcomeName, ProcessList, ProcessSummary, ReleaseRequest, RunBody, RunBucketBody,
-    RunPage, SeriesBody, SessionBody, SessionInfoBody, SessionListBody, SessionRequest, StateName,
-    TriagePageBody,
-};
-use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
 
-/// The API description served at `/openapi.json`.
+/// The document's frame: its title, description, tags, security scheme and
+/// the schemas no path names. The router adds the paths.
 #[derive(Debug, OpenApi)]
 #[openapi(
     info(
@@ -34,27 +28,10 @@ use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
             `cross_origin` before authentication; programs that send neither header \
             are not affected."
     ),
-    paths(
-        processes::list,
-        items::enqueue, items::list, items::triage, items::get, items::retry, items::park, items::delete,
-        runs::list, series::get,
-        groups::list, groups::retry, groups::park, groups::delete,
-        settings::get, settings::configure, settings::pause, settings::resume,
-        sessions::list, sessions::start, sessions::heartbeat, sessions::close,
-        leases::claim, leases::complete, leases::complete_batch, leases::release,
-        health::healthz, health::readyz, health::metrics, health::openapi,
-    ),
-    components(schemas(
-        ErrorBody, Role, EnqueueRequest, EnqueueResponse, ProcessList, ProcessSummary,
-        StateName, ItemBody, ItemPage, TriagePageBody, RunBody, RunPage, OutcomeName,
-        ItemDetailBody, SessionRequest, SessionBody, SessionListBody, SessionInfoBody,
-        HeldLeaseBody, SeriesBody, RunBucketBody, DepthPointBody,
-        HeartbeatResponse, CloseResponse, ClaimRequest, ClaimResponse, LeaseBody, LeaseRef,
-        OutcomeBody, CompleteRequest, CompleteBatchRequest, CompleteBatchResponse,
-        CompletionResult, ReleaseRequest, Health, ErrorGroupBody, ErrorGroupList, BulkRequest,
-        BulkParkRequest, BulkState, BulkResponse,
-        ProcessSettingsBody, ProcessConfigureRequest, PauseResponse,
-    )),
+    // The schemas the paths name are collected from them; these two are named
+    // by no path's annotation: the error body (added to operations by
+    // `shared_responses`) and the roles.
+    components(schemas(ErrorBody, Role)),
     modifiers(&BearerAuth),
     tags(
         (name = "work", description = "Producers and workers: enqueue, sessions, leases"),
@@ -63,7 +40,7 @@ use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
         (name = "ops", description = "Health, readiness, metrics, this document"),
     )
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// Declares the `bearer` security scheme the paths refer to.
 #[derive(Debug)]
@@ -79,15 +56,69 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The document as JSON: [`ApiDoc`] with what its annotations cannot say
+/// The document as JSON: the router's description with what its annotations cannot say
 /// added ([`truthful`]): names constrained as the server checks them, request
 /// bodies closed, and the links from an enqueue to its keys. JSON rather than
 /// utoipa's type, because those additions are made on the JSON.
 #[must_use]
 pub fn document() -> Value {
-    let mut document = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+    let (_, described) = super::routes::api().split_for_parts();
+    let mut document = serde_json::to_value(described).expect("the document serializes");
+    shared_responses(&mut document);
     truthful(&mut document);
     document
+}
+
+/// The answers most operations share, declared here once rather than on
+/// each handler: 401 on every operation that asks for a token; 403 on every
+/// operation a role guards, by its tag (`work`: a worker's, `admin`: an
+/// admin's); 503 on every `/v1` operation that does not say more about its
+/// own. Each has the error body.
+fn shared_responses(document: &mut Value) {
+    let paths = document["paths"]
+        .as_object_mut()
+        .expect("the document has paths");
+    for (path, item) in paths.iter_mut() {
+        let operations = item
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|o| o.values_mut());
+        for operation in operations.filter_map(Value::as_object_mut) {
+            let role = match operation["tags"][0].as_str() {
+                Some("work") => Some("The token is not a worker's"),
+                Some("admin") => Some("The token is not an admin's"),
+                _ => None,
+            };
+            let secured = operation.contains_key("security");
+            let responses = operation["responses"]
+                .as_object_mut()
+                .expect("an operation has responses");
+            let shared = [
+                ("401", secured.then_some("No or unknown token")),
+                ("403", role),
+                (
+                    "503",
+                    path.starts_with("/v1/")
+                        .then_some("The database is unavailable"),
+                ),
+            ];
+            for (status, description) in shared {
+                if let Some(description) = description {
+                    responses
+                        .entry(status)
+                        .or_insert_with(|| error_response(description));
+                }
+            }
+        }
+    }
+}
+
+/// A response with drover's error body.
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ErrorBody" } } },
+    })
 }
 
 /// The document as a server with no tokens serves it: no operation asks for
@@ -335,6 +366,33 @@ mod tests {
         assert_eq!(
             links["GetItem"]["parameters"]["key"],
             "$request.body#/keys/0"
+        );
+    }
+
+    #[test]
+    fn shared_answers_are_on_every_operation_they_apply_to() {
+        let mut document = document();
+        let mut v1 = 0;
+        for (path, item) in document["paths"].as_object_mut().expect("paths").iter_mut() {
+            for (method, operation) in item.as_object_mut().expect("an item").iter_mut() {
+                let responses = &operation["responses"];
+                let secured = operation.get("security").is_some();
+                assert_eq!(secured, responses.get("401").is_some(), "{method} {path}");
+                let guarded = matches!(operation["tags"][0].as_str(), Some("work" | "admin"));
+                assert_eq!(guarded, responses.get("403").is_some(), "{method} {path}");
+                if path.starts_with("/v1/") {
+                    v1 += 1;
+                    assert!(responses.get("503").is_some(), "{method} {path}");
+                }
+            }
+        }
+        assert!(v1 > 20, "{v1} operations under /v1");
+        let batch = &document["paths"]["/v1/leases/complete-batch"]["post"]["responses"]["503"];
+        assert!(
+            batch["description"]
+                .as_str()
+                .is_some_and(|d| d.contains("nothing was written")),
+            "an operation's own 503 is kept: {batch}"
         );
     }
 

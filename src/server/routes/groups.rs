@@ -29,10 +29,8 @@ const PARK_REASON: &str = "parked by an operator";
     responses(
         (status = 200, description = "The groups", body = ErrorGroupList),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(
@@ -82,12 +80,9 @@ fn filter(
     responses(
         (status = 200, description = "How many keys changed", body = BulkResponse),
         (status = 400, description = "Malformed body or no condition", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn retry(
@@ -108,16 +103,13 @@ pub(crate) async fn retry(
     post, operation_id = "park_items", path = "/v1/processes/{process}/items:park", tag = "admin",
     security(("bearer" = [])),
     params(("process" = String, Path, description = "The process")),
-    request_body = BulkRequest,
+    request_body = BulkParkRequest,
     responses(
         (status = 200, description = "How many keys changed", body = BulkResponse),
         (status = 400, description = "Malformed body or no condition", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn park(
@@ -142,12 +134,9 @@ pub(crate) async fn park(
     responses(
         (status = 200, description = "How many keys changed", body = BulkResponse),
         (status = 400, description = "Malformed body or no condition", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn delete(

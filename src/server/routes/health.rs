@@ -10,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 
 use serde_json::Value;
 
-use crate::api::ErrorBody;
 use crate::api::Health;
 use crate::metrics::StoreFamilies;
 use crate::server::auth::{Authorized, Read};
@@ -69,7 +68,6 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<H
     responses(
         (status = 200, description = "OpenMetrics text", body = String,
          content_type = "application/openmetrics-text"),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
     )
 )]
 pub(crate) async fn metrics(

@@ -34,11 +34,8 @@ const PARK_REASON: &str = "parked by an operator";
     responses(
         (status = 200, description = "Enqueued", body = EnqueueResponse),
         (status = 400, description = "Malformed body", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid key or process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn enqueue(
@@ -83,10 +80,8 @@ pub(crate) async fn enqueue(
     responses(
         (status = 200, description = "A page of items", body = ItemPage),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(
@@ -170,10 +165,8 @@ pub(crate) async fn triage_page(
     responses(
         (status = 200, description = "A page of items", body = TriagePageBody),
         (status = 400, description = "Bad query parameter or cursor", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn triage(
@@ -201,10 +194,8 @@ pub(crate) async fn triage(
     responses(
         (status = 200, description = "The item and its runs", body = ItemDetailBody),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
         (status = 422, description = "Invalid key or process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn get(
@@ -248,12 +239,9 @@ fn no_item() -> ApiError {
     responses(
         (status = 200, description = "The item, pending now", body = ItemBody),
         (status = 400, description = "Malformed path", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
         (status = 409, description = "The item is running", body = ErrorBody),
         (status = 422, description = "Invalid key or process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn retry(
@@ -285,12 +273,9 @@ pub(crate) async fn retry(
     responses(
         (status = 200, description = "The item, parked", body = ItemBody),
         (status = 400, description = "Malformed path", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
         (status = 409, description = "The item is running", body = ErrorBody),
         (status = 422, description = "Invalid key or process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn park(
@@ -320,12 +305,9 @@ pub(crate) async fn park(
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "Malformed path", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
         (status = 409, description = "The item is running", body = ErrorBody),
         (status = 422, description = "Invalid key or process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn delete(

@@ -42,12 +42,9 @@ use crate::store::{
     responses(
         (status = 200, description = "The leases (maybe none)", body = ClaimResponse),
         (status = 400, description = "Malformed body, or a max of 0", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 409, description = "The session expired or never existed", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn claim(
@@ -140,11 +137,8 @@ async fn give_up(state: &AppState, session: SessionId, unknown: StoreError) -> A
     responses(
         (status = 204, description = "Recorded"),
         (status = 400, description = "Malformed body", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 409, description = "The lease was lost or the session expired", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn complete(
@@ -196,8 +190,6 @@ fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
     responses(
         (status = 200, description = "One result per completion, in order", body = CompleteBatchResponse),
         (status = 400, description = "Malformed body, or no or too many completions", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 503, description = "The database is unavailable; nothing was written", body = ErrorBody),
     )
@@ -272,11 +264,8 @@ pub(crate) async fn complete_batch(
     responses(
         (status = 204, description = "Released"),
         (status = 400, description = "Malformed body", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 409, description = "The lease was lost or the session expired", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn release(

@@ -17,56 +17,44 @@ pub(crate) mod series;
 pub(crate) mod sessions;
 pub(crate) mod settings;
 
-use axum::Router;
-use axum::routing::{delete, get, post};
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use super::openapi::ApiDoc;
 use super::state::AppState;
 
-/// The JSON API and the operators' routes (the dashboard is added separately).
-pub(crate) fn api() -> Router<AppState> {
-    Router::new()
-        .route("/v1/processes", get(processes::list))
-        .route(
-            "/v1/processes/{process}/items",
-            get(items::list).post(items::enqueue),
-        )
-        .route(
-            "/v1/processes/{process}/items/{key}",
-            get(items::get).delete(items::delete),
-        )
-        .route("/v1/processes/{process}/triage", get(items::triage))
-        .route("/v1/processes/{process}/runs", get(runs::list))
-        .route("/v1/processes/{process}/series", get(series::get))
-        .route(
-            "/v1/processes/{process}/settings",
-            get(settings::get).patch(settings::configure),
-        )
-        .route("/v1/processes/{process}/pause", post(settings::pause))
-        .route("/v1/processes/{process}/resume", post(settings::resume))
-        .route("/v1/processes/{process}/error-groups", get(groups::list))
-        .route("/v1/processes/{process}/items:retry", post(groups::retry))
-        .route("/v1/processes/{process}/items:park", post(groups::park))
-        .route("/v1/processes/{process}/items:delete", post(groups::delete))
-        .route(
-            "/v1/processes/{process}/items/{key}/retry",
-            post(items::retry),
-        )
-        .route(
-            "/v1/processes/{process}/items/{key}/park",
-            post(items::park),
-        )
-        .route("/v1/sessions", get(sessions::list).post(sessions::start))
-        .route("/v1/sessions/{session}", delete(sessions::close))
-        .route(
-            "/v1/sessions/{session}/heartbeat",
-            post(sessions::heartbeat),
-        )
-        .route("/v1/sessions/{session}/claim", post(leases::claim))
-        .route("/v1/leases/complete", post(leases::complete))
-        .route("/v1/leases/complete-batch", post(leases::complete_batch))
-        .route("/v1/leases/release", post(leases::release))
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
-        .route("/openapi.json", get(health::openapi))
+/// The JSON API and the operators' routes (the dashboard is added separately),
+/// with their OpenAPI description. Each handler's path, method and responses
+/// are written once, in its `#[utoipa::path]`: `routes!` takes the route from
+/// there, and the document ([`openapi::document`](super::openapi::document))
+/// is what this router describes. Handlers of one path go in one `routes!`.
+pub(crate) fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(processes::list))
+        .routes(routes!(items::list, items::enqueue))
+        .routes(routes!(items::get, items::delete))
+        .routes(routes!(items::triage))
+        .routes(routes!(runs::list))
+        .routes(routes!(series::get))
+        .routes(routes!(settings::get, settings::configure))
+        .routes(routes!(settings::pause))
+        .routes(routes!(settings::resume))
+        .routes(routes!(groups::list))
+        .routes(routes!(groups::retry))
+        .routes(routes!(groups::park))
+        .routes(routes!(groups::delete))
+        .routes(routes!(items::retry))
+        .routes(routes!(items::park))
+        .routes(routes!(sessions::list, sessions::start))
+        .routes(routes!(sessions::close))
+        .routes(routes!(sessions::heartbeat))
+        .routes(routes!(leases::claim))
+        .routes(routes!(leases::complete))
+        .routes(routes!(leases::complete_batch))
+        .routes(routes!(leases::release))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .routes(routes!(health::openapi))
 }

@@ -6,7 +6,6 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 
-use crate::api::ErrorBody;
 use crate::api::{ProcessList, ProcessSummary};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
@@ -43,8 +42,6 @@ pub(crate) async fn summaries(state: &AppState) -> Result<Vec<ProcessSummary>, A
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Every known process", body = ProcessList),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(

@@ -22,10 +22,8 @@ use crate::store::{RunList, StoreEngine as _, validate_key, validate_process};
     responses(
         (status = 200, description = "A page of runs, newest first", body = RunPage),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 422, description = "Invalid process name or key", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(

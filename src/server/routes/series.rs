@@ -24,10 +24,8 @@ pub(crate) const WINDOW: std::time::Duration = std::time::Duration::from_secs(36
     params(("process" = String, Path, description = "The process")),
     responses(
         (status = 200, description = "The last hour's series", body = SeriesBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn get(

@@ -30,8 +30,6 @@ pub(crate) const LEASES_SHOWN: u32 = 100;
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Every session", body = SessionListBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(
@@ -59,10 +57,7 @@ pub(crate) async fn list(
     responses(
         (status = 201, description = "Started", body = SessionBody),
         (status = 400, description = "Malformed body or TTL out of range", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn start(
@@ -108,10 +103,7 @@ pub(crate) async fn start(
     responses(
         (status = 200, description = "Renewed", body = HeartbeatResponse),
         (status = 400, description = "Malformed session id", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
         (status = 409, description = "The session expired or never existed", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn heartbeat(
@@ -136,9 +128,6 @@ pub(crate) async fn heartbeat(
     responses(
         (status = 200, description = "Closed", body = CloseResponse),
         (status = 400, description = "Malformed session id", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not a worker's", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn close(

@@ -35,10 +35,8 @@ async fn stored(state: &AppState, process: &str) -> Result<ProcessSettings, ApiE
     params(("process" = String, Path, description = "The process")),
     responses(
         (status = 200, description = "Its settings", body = ProcessSettingsBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn get(
@@ -60,11 +58,8 @@ pub(crate) async fn get(
     responses(
         (status = 200, description = "The settings now", body = ProcessSettingsBody),
         (status = 400, description = "Malformed body or a value out of range", body = ErrorBody),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn configure(
@@ -138,10 +133,7 @@ fn changes(
     params(("process" = String, Path, description = "The process")),
     responses(
         (status = 200, description = "Paused (changed: false if it already was)", body = PauseResponse),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn pause(
@@ -160,10 +152,7 @@ pub(crate) async fn pause(
     params(("process" = String, Path, description = "The process")),
     responses(
         (status = 200, description = "Resumed (changed: false if it was not paused)", body = PauseResponse),
-        (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "The token is not an admin's", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
     )
 )]
 pub(crate) async fn resume(
