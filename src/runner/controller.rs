@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
@@ -227,7 +228,8 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
     /// slots) and start as slots free up; a claim is made only when `ready`
     /// cannot fill the free slots. Leases of a session that was lost are
     /// dropped unstarted (another node reclaims them); those still waiting at
-    /// shutdown go back to pending when the session is closed.
+    /// shutdown go back to pending when the session is closed. Each turn is
+    /// [`claim_turn`](Self::claim_turn).
     async fn claim_loop(
         &self,
         shutdown: &CancellationToken,
@@ -236,124 +238,137 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         run: &Arc<Run<R, B>>,
         runs: &TaskTracker,
     ) {
-        let slots = Arc::new(Semaphore::new(self.settings.parallelism));
-        let prefetch = self.settings.prefetch;
-        let mut ready: VecDeque<Lease> = VecDeque::new();
-        let mut idle = false;
-        loop {
-            let permits = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                permits = free_slots(&slots) => permits,
-            };
-            let session = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                session = current(&mut live) => session,
-            };
-            // Claims come in order and a new session only replaces an old one,
-            // so a lost session's leases are the oldest: drop them from the front.
-            while ready
-                .front()
-                .is_some_and(|lease| lease.session != session.id)
-            {
-                ready.pop_front();
-            }
-            if ready.len() >= permits.len() {
-                start(&mut ready, permits, &session, run, runs);
-                continue;
-            }
-            // Registered before the claim, so an enqueue during it is not missed.
-            let woken = wake.map(Notify::notified);
-            let asked = permits.len() + prefetch - ready.len();
-            // Without a subscription, the backend waits for work itself
-            // (a long-poll) once a claim found less than it asked for; the
-            // server watches the database meanwhile, so the wait can be long.
-            let wait = if wake.is_none() && idle {
-                self.settings.idle_poll.max(LONG_POLL)
-            } else {
-                Duration::ZERO
-            };
-            let claim = self.claim(&session, asked, wait, run.finished.as_ref());
-            let claimed = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                claimed = claim => claimed,
-            };
-            let claimed = match claimed {
-                Ok(claimed) => claimed,
-                Err(e) => {
-                    tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
-                    if abandon_if_unknown(&session, &e) {
-                        // The keeper closes it (handing its leases back) before it
-                        // publishes the next one: claim again under that at once.
-                        tokio::select! {
-                            biased;
-                            () = shutdown.cancelled() => return,
-                            () = replaced(&mut live, session.id) => {}
-                        }
-                        continue;
-                    }
-                    if wake.is_none() {
-                        // No wait below: pause before asking a failing backend again.
-                        tokio::select! {
-                            biased;
-                            () = shutdown.cancelled() => return,
-                            () = sleep(self.settings.idle_poll.min(Duration::from_secs(1))) => {}
-                        }
-                    }
-                    Claimed::default()
+        let mut loop_state = Claiming {
+            slots: Arc::new(Semaphore::new(self.settings.parallelism)),
+            ready: VecDeque::new(),
+            idle: false,
+        };
+        while self
+            .claim_turn(shutdown, &mut loop_state, &mut live, wake, run, runs)
+            .await
+            .is_some()
+        {}
+    }
+
+    /// One turn of the claim loop: start what is ready if it fills the free
+    /// slots, else claim more (handling a failed claim on its own), start what
+    /// came, and wait when nothing more is ready. `None` once `shutdown` fires.
+    async fn claim_turn(
+        &self,
+        shutdown: &CancellationToken,
+        loop_state: &mut Claiming,
+        live: &mut watch::Receiver<Option<Live>>,
+        wake: Option<&Notify>,
+        run: &Arc<Run<R, B>>,
+        runs: &TaskTracker,
+    ) -> Option<()> {
+        let permits = or_stop(shutdown, free_slots(&loop_state.slots)).await?;
+        let session = or_stop(shutdown, current(live)).await?;
+        loop_state.drop_lost(session.id);
+        let ready = &mut loop_state.ready;
+        if ready.len() >= permits.len() {
+            start(ready, permits, &session, run, runs);
+            return Some(());
+        }
+        // Registered before the claim, so an enqueue during it is not missed.
+        let woken = wake.map(Notify::notified);
+        let asked = permits.len() + self.settings.prefetch - ready.len();
+        // Without a subscription, the backend waits for work itself (a
+        // long-poll) once a claim found less than it asked for; the server
+        // watches the database meanwhile, so the wait can be long.
+        let wait = if wake.is_none() && loop_state.idle {
+            self.settings.idle_poll.max(LONG_POLL)
+        } else {
+            Duration::ZERO
+        };
+        let claim = self.claim(&session, asked, wait, run.finished.as_ref());
+        let claimed = match or_stop(shutdown, claim).await? {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                if self
+                    .claim_failed(shutdown, &session, &e, live, wake)
+                    .await?
+                {
+                    return Some(());
                 }
-            };
-            let next_token_in = claimed.gate.next_token_in;
-            let claimed = {
-                let n = claimed.leases.len();
-                ready.extend(claimed.leases);
-                n
-            };
-            start(&mut ready, permits, &session, run, runs);
-            if claimed == asked || !ready.is_empty() {
-                idle = false;
-                continue;
+                Claimed::default()
             }
-            if let Some(token) = next_token_in {
-                // The process's rate limit, not an empty queue, held the claim
-                // back: claim again when its next token comes, not at a poll.
-                idle = false;
+        };
+        let next_token_in = claimed.gate.next_token_in;
+        let got = claimed.leases.len();
+        ready.extend(claimed.leases);
+        start(ready, permits, &session, run, runs);
+        if got == asked || !ready.is_empty() {
+            loop_state.idle = false;
+            return Some(());
+        }
+        if let Some(token) = next_token_in {
+            // The process's rate limit, not an empty queue, held the claim
+            // back: claim again when its next token comes, not at a poll.
+            loop_state.idle = false;
+            return or_stop(shutdown, sleep(token)).await;
+        }
+        self.wait_for_work(shutdown, loop_state, got, woken).await
+    }
+
+    /// After a failed claim: logs it, then, when the error says the session
+    /// is gone or unknown, waits for the keeper to replace it (it closes the
+    /// old one first, handing its leases back) and answers `true`: claim again
+    /// at once under the new one. Otherwise, without wake-ups (so with no wait
+    /// of its own ahead), pauses before asking a failing backend again and
+    /// answers `false`. `None` once `shutdown` fires.
+    async fn claim_failed(
+        &self,
+        shutdown: &CancellationToken,
+        session: &Live,
+        e: &StoreError,
+        live: &mut watch::Receiver<Option<Live>>,
+        wake: Option<&Notify>,
+    ) -> Option<bool> {
+        tracing::warn!(process = %self.settings.process, error = %e, "claim failed");
+        if abandon_if_unknown(session, e) {
+            or_stop(shutdown, replaced(live, session.id)).await?;
+            return Some(true);
+        }
+        if wake.is_none() {
+            let pause = self.settings.idle_poll.min(Duration::from_secs(1));
+            or_stop(shutdown, sleep(pause)).await?;
+        }
+        Some(false)
+    }
+
+    /// Nothing more is ready: waits for an enqueue (`woken`) or the idle poll.
+    /// Only a poll that found nothing right after another one that found
+    /// nothing costs a token of the poll bucket: idle loops (and nodes that
+    /// keep losing the race for woken keys) cannot hammer the database, while
+    /// busy ones, and wake-ups that find work, are never slowed down. `None`
+    /// once `shutdown` fires.
+    async fn wait_for_work(
+        &self,
+        shutdown: &CancellationToken,
+        loop_state: &mut Claiming,
+        got: usize,
+        woken: Option<Notified<'_>>,
+    ) -> Option<()> {
+        // Counted from now, so it overlaps the wait for a wake-up below.
+        let pause = sleep(if got == 0 && loop_state.idle {
+            self.poll.when(&())
+        } else {
+            Duration::ZERO
+        });
+        // Without a subscription a partial claim, too, makes the next claim
+        // wait (long-poll) for more.
+        loop_state.idle = got == 0 || woken.is_none();
+        if let Some(woken) = woken {
+            let wake_or_poll = async {
                 tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return,
-                    () = sleep(token) => {}
-                }
-                continue;
-            }
-            // Nothing more is ready: wait for an enqueue or the idle poll. Only a
-            // poll that found nothing right after another one that found nothing
-            // costs a token of the poll bucket: idle loops (and nodes that keep
-            // losing the race for woken keys) cannot hammer the database, while
-            // busy ones, and wake-ups that find work, are never slowed down.
-            let pause = sleep(if claimed == 0 && idle {
-                self.poll.when(&())
-            } else {
-                Duration::ZERO
-            });
-            // Without a subscription a partial claim, too, makes the next
-            // claim wait (long-poll) for more.
-            idle = claimed == 0 || wake.is_none();
-            if let Some(woken) = woken {
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return,
                     () = woken => {}
                     () = sleep(self.settings.idle_poll) => {}
                 }
-            }
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                () = pause => {}
-            }
+            };
+            or_stop(shutdown, wake_or_poll).await?;
         }
+        or_stop(shutdown, pause).await
     }
 
     async fn claim(
@@ -447,6 +462,42 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             }
         }
         Ok(leases)
+    }
+}
+
+/// What the claim loop keeps from one turn to the next.
+#[derive(Debug)]
+struct Claiming {
+    /// One permit per run the controller may have in flight.
+    slots: Arc<Semaphore>,
+    /// Claimed leases not started yet (the prefetch), oldest first.
+    ready: VecDeque<Lease>,
+    /// Whether the last claim found less than it asked for.
+    idle: bool,
+}
+
+impl Claiming {
+    /// Drops the ready leases of a lost session. Claims come in order and a
+    /// new session only replaces an old one, so they are the oldest: at the
+    /// front.
+    fn drop_lost(&mut self, session: SessionId) {
+        while self
+            .ready
+            .front()
+            .is_some_and(|lease| lease.session != session)
+        {
+            self.ready.pop_front();
+        }
+    }
+}
+
+/// `future`'s output, unless `shutdown` fires first (checked first, so a loop
+/// that is told to stop starts nothing more).
+async fn or_stop<T>(shutdown: &CancellationToken, future: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => None,
+        out = future => Some(out),
     }
 }
 
