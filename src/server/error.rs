@@ -5,13 +5,14 @@
 //! request never changes state; only database trouble is a 5xx (503 when
 //! retrying may help, 500 otherwise).
 
+use std::fmt;
+
 use crate::api::ErrorBody;
 use crate::store::{StoreError, error_chain as chain};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::auth::Role;
-use super::origin::CrossOrigin;
+use super::role::Role;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +200,38 @@ fn conflict(code: &'static str, e: &StoreError) -> ApiError {
     ApiError::Conflict {
         code,
         message: e.to_string(),
+    }
+}
+
+/// Why a state-changing request was taken for another site's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CrossOrigin {
+    /// `Sec-Fetch-Site` was neither `same-origin` nor `none` (the value as
+    /// sent, or `None` when it was not readable text).
+    FetchSite(Option<String>),
+    /// `Origin` names another host than the request's (`None`s as above).
+    Origin {
+        /// The `Origin` header.
+        origin: Option<String>,
+        /// The request's host (`Host`, or the authority of an absolute URI).
+        host: Option<String>,
+    },
+}
+
+impl fmt::Display for CrossOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |value: &Option<String>| value.clone().unwrap_or_else(|| "unreadable".into());
+        match self {
+            Self::FetchSite(site) => write!(f, "Sec-Fetch-Site is {}", shown(site)),
+            Self::Origin { origin, host: None } => {
+                write!(f, "Origin {} and the request names no host", shown(origin))
+            }
+            Self::Origin {
+                origin,
+                host: Some(host),
+            } => write!(f, "Origin {} is not this server ({host})", shown(origin)),
+        }
     }
 }
 

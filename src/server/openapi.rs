@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::auth::Role;
+use super::role::Role;
 use crate::api::ErrorBody;
 
 /// The document's frame: its title, description, tags, security scheme and

@@ -28,50 +28,16 @@
 //! authentication and before the body is read: a refused request costs no
 //! database work and never touches the handler.
 
-use std::fmt;
-
 use axum::extract::Request;
 use axum::http::uri::Authority;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 
-use super::error::ApiError;
+use super::error::{ApiError, CrossOrigin};
 
 /// The fetch-metadata header naming where the request came from.
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
-
-/// Why a state-changing request was taken for another site's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CrossOrigin {
-    /// `Sec-Fetch-Site` was neither `same-origin` nor `none` (the value as
-    /// sent, or `None` when it was not readable text).
-    FetchSite(Option<String>),
-    /// `Origin` names another host than the request's (`None`s as above).
-    Origin {
-        /// The `Origin` header.
-        origin: Option<String>,
-        /// The request's host (`Host`, or the authority of an absolute URI).
-        host: Option<String>,
-    },
-}
-
-impl fmt::Display for CrossOrigin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = |value: &Option<String>| value.clone().unwrap_or_else(|| "unreadable".into());
-        match self {
-            Self::FetchSite(site) => write!(f, "Sec-Fetch-Site is {}", shown(site)),
-            Self::Origin { origin, host: None } => {
-                write!(f, "Origin {} and the request names no host", shown(origin))
-            }
-            Self::Origin {
-                origin,
-                host: Some(host),
-            } => write!(f, "Origin {} is not this server ({host})", shown(origin)),
-        }
-    }
-}
 
 /// Middleware: answers a cross-origin state-changing request with 403
 /// `cross_origin` and passes every other one on.

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::Role;
 use super::error::ApiError;
 use super::options::ServerOptions;
+use super::role::Role;
 use crate::metrics::ServerMetrics;
 use crate::store::Store;
 

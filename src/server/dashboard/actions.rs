@@ -12,11 +12,13 @@ use axum::extract::State;
 use axum::response::Redirect;
 use serde::Deserialize;
 
-use super::pages::HtmlError;
+use super::layout::HtmlError;
 use super::{item_path, segment};
-use crate::server::auth::{Authorized, Manage, Role};
+use crate::server::auth::{Authorized, Manage};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
+use crate::server::operations::process_pause;
+use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{
     ItemFilter, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, StoreEngine as _,
@@ -109,5 +111,35 @@ pub(super) async fn group(
         _ => return Err(ApiError::NotFound("no such action".into()).into()),
     }
     .map_err(ApiError::from)?;
+    Ok(Redirect::to(&back))
+}
+
+/// `POST /ui/processes/{process}/pause`: pauses it, then back to its page.
+pub(super) async fn pause(
+    auth: Result<Authorized<Manage>, ApiError>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+) -> Result<Redirect, HtmlError> {
+    switched(auth, &state, process, true).await
+}
+
+/// `POST /ui/processes/{process}/resume`: resumes it, then back to its page.
+pub(super) async fn resume(
+    auth: Result<Authorized<Manage>, ApiError>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+) -> Result<Redirect, HtmlError> {
+    switched(auth, &state, process, false).await
+}
+
+async fn switched(
+    auth: Result<Authorized<Manage>, ApiError>,
+    state: &AppState,
+    process: String,
+    paused: bool,
+) -> Result<Redirect, HtmlError> {
+    auth?;
+    let back = format!("/ui/processes/{}", segment(&process));
+    process_pause(state, process, paused).await?;
     Ok(Redirect::to(&back))
 }

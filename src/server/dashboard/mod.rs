@@ -19,13 +19,16 @@
 //! It uses the API's route classes: viewers see it, admins get the buttons. In a
 //! browser the token is the password of HTTP Basic auth (any user name).
 
+// One file per page, the buttons' posts in one, and the pieces pages share.
 mod actions;
+mod item;
+mod overview;
+mod process;
+mod workers;
+
 mod cache;
 mod charts;
-mod fleet;
-mod pages;
-mod view;
-mod workers;
+mod layout;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -33,15 +36,16 @@ use axum::routing::{get, post};
 use super::state::AppState;
 
 pub(crate) use cache::SlowReads;
+pub(crate) use layout::{item_path, segment};
 
 /// The dashboard's routes.
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
-        .route("/", get(pages::overview))
-        .route("/ui/search", get(pages::search))
+        .route("/", get(overview::overview))
+        .route("/ui/search", get(overview::search))
         .route("/ui/workers", get(workers::workers))
-        .route("/ui/processes/{process}", get(pages::process))
-        .route("/ui/processes/{process}/items/{key}", get(pages::item))
+        .route("/ui/processes/{process}", get(process::process))
+        .route("/ui/processes/{process}/items/{key}", get(item::item))
         .route(
             "/ui/processes/{process}/items/{key}/retry",
             post(actions::retry),
@@ -54,38 +58,6 @@ pub(crate) fn routes() -> Router<AppState> {
             "/ui/processes/{process}/errors/{action}",
             post(actions::group),
         )
-        .route("/ui/processes/{process}/pause", post(fleet::pause))
-        .route("/ui/processes/{process}/resume", post(fleet::resume))
-}
-
-/// A path segment, percent-encoded (everything but RFC 3986's unreserved
-/// characters), so any key round-trips through a link.
-pub(crate) fn segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// The item page's path.
-pub(crate) fn item_path(process: &str, key: &str) -> String {
-    format!("/ui/processes/{}/items/{}", segment(process), segment(key))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn segments_escape_everything_but_unreserved_characters() {
-        assert_eq!(segment("ns/name"), "ns%2Fname");
-        assert_eq!(segment("<a b>"), "%3Ca%20b%3E");
-        assert_eq!(segment("ü"), "%C3%BC");
-        assert_eq!(segment("a-b_c.d~"), "a-b_c.d~");
-    }
+        .route("/ui/processes/{process}/pause", post(actions::pause))
+        .route("/ui/processes/{process}/resume", post(actions::resume))
 }

@@ -8,11 +8,10 @@ use axum::response::Html;
 use maud::{Markup, html};
 
 use super::item_path;
-use super::pages::HtmlError;
-use super::view::{at, at_or_dash, page};
+use super::layout::{HtmlError, at, at_or_dash, page};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
-use crate::server::routes::sessions::LEASES_SHOWN;
+use crate::server::operations::LEASES_SHOWN;
 use crate::server::state::AppState;
 use crate::store::{SessionInfo, SessionList, StoreEngine as _};
 

@@ -10,9 +10,10 @@ use crate::api::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ErrorGroupList, ErrorGroupsQuery,
     MAX_PAGE,
 };
-use crate::server::auth::{Authorized, Manage, Read, Role};
+use crate::server::auth::{Authorized, Manage, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
+use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{
     ErrorGroups, ItemFilter, ItemsDelete, ItemsPark, ItemsRetry, StoreEngine as _, validate_process,

@@ -12,13 +12,15 @@ use crate::api::{
     EnqueueRequest, EnqueueResponse, ItemBody, ItemDetailBody, ItemGetQuery, ItemListQuery,
     ItemPage, MAX_PAGE, TriagePageBody, TriageQuery, max_delay_ms, ms,
 };
-use crate::server::auth::{Authorized, Manage, Read, Role, Work};
+use crate::server::auth::{Authorized, Manage, Read, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
+use crate::server::operations::triage_page;
+use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{
-    ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, MAX_NAME_BYTES,
-    StoreEngine as _, TriagePage, validate_key, validate_process,
+    ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, StoreEngine as _,
+    validate_key, validate_process,
 };
 
 /// The reason an operator's park records.
@@ -111,46 +113,6 @@ pub(crate) async fn list(
         items: items.into_iter().map(Into::into).collect(),
         next_after_key,
     }))
-}
-
-/// One page of the triage listing, as the API and the dashboard ask for it.
-pub(crate) async fn triage_page(
-    state: &AppState,
-    process: String,
-    query: TriageQuery,
-) -> Result<TriagePage, ApiError> {
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
-    }
-    validate_process(&process)?;
-    if query
-        .prefix
-        .as_ref()
-        .is_some_and(|p| p.len() > MAX_NAME_BYTES || p.contains('\0'))
-    {
-        return Err(ApiError::field(
-            "prefix",
-            "a key prefix is at most 1024 bytes, without NUL",
-        ));
-    }
-    let after = query
-        .after
-        .as_deref()
-        .map(str::parse)
-        .transpose()
-        .map_err(|e: crate::store::StoreError| ApiError::field("after", e.to_string()))?;
-    let page = state
-        .store
-        .item_triage(ItemTriage {
-            process,
-            state: query.state.map(Into::into),
-            key_prefix: query.prefix,
-            after,
-            limit,
-        })
-        .await?;
-    Ok(page)
 }
 
 /// Lists a process's items in the order an operator looks at them: parked

@@ -9,11 +9,9 @@ use crate::api::SeriesBody;
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
+use crate::server::operations::SERIES_WINDOW;
 use crate::server::state::AppState;
 use crate::store::{ProcessSeries, StoreEngine as _, validate_process};
-
-/// The window the charts and this route cover.
-pub(crate) const WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Runs per minute by outcome over the last hour (from the runs table;
 /// operator actions are not counted) and the queue depth over the same hour
@@ -38,7 +36,7 @@ pub(crate) async fn get(
         .store
         .process_series(ProcessSeries {
             process,
-            window: WINDOW,
+            window: SERIES_WINDOW,
         })
         .await?;
     Ok(Json(series.into()))

@@ -13,13 +13,11 @@ use crate::api::{
 use crate::server::auth::{Authorized, Read, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, session_id};
+use crate::server::operations::LEASES_SHOWN;
 use crate::server::state::AppState;
 use crate::store::{
     SessionClose, SessionHeartbeat, SessionList, SessionStart, StoreEngine as _, WorkerIdentity,
 };
-
-/// The most leases listed per session.
-pub(crate) const LEASES_SHOWN: u32 = 100;
 
 /// Lists every session, live or expired and awaiting reclaim, oldest first:
 /// its component, host, pid and version (as the worker reported them), when

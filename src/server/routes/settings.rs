@@ -10,13 +10,13 @@ use axum::extract::State;
 use crate::api::ErrorBody;
 use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody, ms};
 use crate::backoff::{Backoff, MAX_DELAY};
-use crate::server::auth::{Authorized, Manage, Read, Role};
+use crate::server::auth::{Authorized, Manage, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams};
+use crate::server::operations::process_pause;
 use crate::server::state::AppState;
 use crate::store::{
-    LimitChanges, ProcessConfigure, ProcessPause, ProcessSettings, StoreEngine as _, StoreError,
-    validate_process,
+    LimitChanges, ProcessConfigure, ProcessSettings, StoreEngine as _, StoreError, validate_process,
 };
 
 /// The stored settings of `process`; 404 if it is unknown.
@@ -141,7 +141,7 @@ pub(crate) async fn pause(
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
 ) -> Result<Json<PauseResponse>, ApiError> {
-    switch(&state, process, true).await.map(Json)
+    process_pause(&state, process, true).await.map(Json)
 }
 
 /// Resumes a paused process: workers on every node claim its keys again
@@ -160,25 +160,5 @@ pub(crate) async fn resume(
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
 ) -> Result<Json<PauseResponse>, ApiError> {
-    switch(&state, process, false).await.map(Json)
-}
-
-/// Pauses or resumes, as the admin role; shared with the dashboard's button.
-pub(crate) async fn switch(
-    state: &AppState,
-    process: String,
-    paused: bool,
-) -> Result<PauseResponse, ApiError> {
-    validate_process(&process)?;
-    let params = ProcessPause {
-        process: process.clone(),
-        paused,
-        actor: Role::Admin.to_string(),
-    };
-    let changed = state.store.process_pause(params).await?;
-    Ok(PauseResponse {
-        process,
-        paused,
-        changed,
-    })
+    process_pause(&state, process, false).await.map(Json)
 }

@@ -1,0 +1,114 @@
+//! `/ui/processes/{process}/items/{key}`: any known key, converged ones included:
+//! its current run, its runs and last error, with retry and park buttons for
+//! admins.
+
+use axum::extract::State;
+use axum::response::Html;
+use maud::{Markup, html};
+
+use super::layout::{HtmlError, at, at_or_dash, item_path, page, segment, span};
+use crate::server::auth::{Authorized, Read};
+use crate::server::error::ApiError;
+use crate::server::extract::PathParams;
+use crate::server::role::Role;
+use crate::server::state::AppState;
+use crate::store::{Item, ItemGet, ItemState, Run, SessionInfo, SessionList, StoreEngine as _};
+
+/// Runs on an item page.
+const RUNS: u32 = 50;
+
+/// `/ui/processes/{process}/items/{key}`: one item and its runs.
+pub(super) async fn item(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+    PathParams((process, key)): PathParams<(String, String)>,
+) -> Result<Html<String>, HtmlError> {
+    let auth = auth?;
+    let detail = state
+        .store
+        .item_get(ItemGet {
+            process,
+            key,
+            runs_limit: RUNS,
+        })
+        .await
+        .map_err(ApiError::from)?
+        .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
+    let admin = auth.role >= Role::Admin;
+    let worker = match detail.item.lease_session {
+        Some(id) => {
+            let sessions = state
+                .store
+                .session_list(SessionList {
+                    leases_per_session: 0,
+                })
+                .await
+                .map_err(ApiError::from)?;
+            sessions.into_iter().find(|s| s.id == id)
+        }
+        None => None,
+    };
+    let page = view(&detail.item, &detail.runs, worker.as_ref(), admin);
+    Ok(Html(page.into_string()))
+}
+
+/// One known key with its runs, converged or not; admins get the retry and
+/// park buttons.
+fn view(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) -> Markup {
+    let path = item_path(&item.process, &item.key);
+    let running = item.state == ItemState::Running;
+    let body = html! {
+        p { "Process " a href=(format!("/ui/processes/{}", segment(&item.process))) { (item.process) } }
+        table id="item" {
+            tr { th { "key" } td.key { (item.key) } }
+            tr { th { "state" } td.state { (item.state) } }
+            tr { th { "priority" } td { (item.priority) } }
+            tr { th { "failed attempts" } td.failures { (item.failures) } }
+            tr { th { "pending since" } td { (at(item.enqueued_at)) } }
+            @if item.state == ItemState::Pending || item.state == ItemState::Backoff {
+                tr { th { "ready at" } td { (at(item.ready_at)) } }
+            }
+            tr { th { "enqueues" } td.n { (item.enqueue_count) " (first " (at_or_dash(item.first_enqueued_at))
+                 ", last " (at_or_dash(item.last_enqueued_at)) ")" } }
+            tr { th { "last outcome" } td.outcome {
+                (item.last_outcome.map_or("-", |o| o.as_str())) " " (at_or_dash(item.last_ended_at)) } }
+            tr { th { "last error" } td.err { (item.last_error.as_deref().unwrap_or("-")) } }
+            @if running {
+                tr { th { "current run" } td.current {
+                    "attempt " (item.failures + 1) ", started " (at_or_dash(item.started_at))
+                    ", fencing token " span.token { (item.lease_token.map(|t| t.to_string()).unwrap_or_default()) }
+                    ", worker " a.worker href="/ui/workers" {
+                        "session " (item.lease_session.map(|s| s.to_string()).unwrap_or_default())
+                        @if let Some(w) = worker {
+                            " (" (w.component)
+                            @if let Some(host) = &w.identity.host { " on " (host) }
+                            @if let Some(pid) = w.identity.pid { ", pid " (pid) }
+                            ")"
+                        }
+                    }
+                    @if item.dirty { ", runs again after it (changed while running)" } } }
+            }
+        }
+        @if admin && !running {
+            form.inline method="post" action=(format!("{path}/retry")) { button type="submit" { "Retry now" } }
+            " "
+            @if item.state != ItemState::Parked {
+                form.inline method="post" action=(format!("{path}/park")) { button type="submit" { "Park" } }
+            }
+        }
+        h2 { "Runs" }
+        table id="runs" {
+            tr { th { "ended" } th { "outcome" } th { "attempt" } th { "queue wait" } th { "duration" }
+                 th { "token" } th { "by" } th { "error" } }
+            @for r in runs {
+                tr { td { (at(r.ended_at)) } td.outcome { (r.outcome) }
+                     td.n { (r.attempt.map(|a| a.to_string()).unwrap_or_default()) }
+                     td.n { (span(r.queue_wait())) } td.n { (span(r.duration())) }
+                     td.n { (r.token.map(|t| t.to_string()).unwrap_or_default()) }
+                     td { (r.actor.as_deref().unwrap_or("")) }
+                     td.err { (r.error.as_deref().unwrap_or("")) } }
+            }
+        }
+    };
+    page(&format!("{} / {}", item.process, item.key), true, body)
+}

@@ -1,0 +1,168 @@
+//! The frame and the pieces every dashboard page shares: the page frame, how
+//! times and durations read, an error as a page, links to items, and a
+//! process's resync line.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, html};
+
+use crate::server::error::ApiError;
+use crate::store::ProcessSettings;
+
+/// How often pages reload themselves, in seconds.
+const REFRESH_SECONDS: u32 = 5;
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#222}\
+table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}.err{color:#a00;white-space:pre-wrap}\
+form.inline{display:inline}figure.chart{margin:1rem 0;max-width:60rem}.legend{margin-right:.5rem}.hint{color:#666}nav a{margin-right:1rem}code{background:#f4f4f4;padding:0 .2rem}";
+
+/// The frame every page shares.
+pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                @if refresh { meta http-equiv="refresh" content=(REFRESH_SECONDS); }
+                title { (title) " · drover" }
+                style { (maud::PreEscaped(STYLE)) }
+            }
+            body {
+                nav { a href="/" { "drover" } a href="/ui/workers" { "workers" } a href="/openapi.json" { "API" } a href="/metrics" { "metrics" } }
+                h1 { (title) }
+                (body)
+            }
+        }
+    }
+}
+
+/// A duration as `1h 2m 3s`, whole seconds.
+pub(super) fn age(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+/// A time as the dashboard prints it (UTC, milliseconds).
+pub(super) fn at(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+}
+
+/// An optional time, or a dash.
+pub(super) fn at_or_dash(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(|| "-".to_owned(), at)
+}
+
+/// A duration as the dashboard prints it: milliseconds below 10 s, seconds above.
+pub(super) fn span(d: Option<Duration>) -> String {
+    match d {
+        None => String::new(),
+        Some(d) if d < Duration::from_secs(10) => format!("{} ms", d.as_millis()),
+        Some(d) => format!("{:.1} s", d.as_secs_f64()),
+    }
+}
+
+/// Every process's resync, and the database clock to show it against.
+#[derive(Debug)]
+pub(super) struct Resyncs<'a> {
+    /// Every process's stored settings.
+    pub(super) settings: &'a [ProcessSettings],
+    /// The database clock when the page was read.
+    pub(super) now: DateTime<Utc>,
+}
+
+impl Resyncs<'_> {
+    /// A process's resync in a few words: `every 1h +10%, next in 12m`,
+    /// `every 1h +10%, next now` (a pass is due or under way), or `never`.
+    pub(super) fn describe(&self, process: &str) -> String {
+        let Some(s) = self.settings.iter().find(|s| s.process == process) else {
+            return "never".to_owned();
+        };
+        let Some(r) = s.resync else {
+            return "never".to_owned();
+        };
+        let every = age(r.every);
+        let jitter = (r.jitter * 100.0).round();
+        let next = match s.next_resync {
+            Some(at) if at > self.now => {
+                format!(
+                    "next in {}",
+                    age((at - self.now).to_std().unwrap_or_default())
+                )
+            }
+            Some(_) => "next now".to_owned(),
+            None => "first pass pending".to_owned(),
+        };
+        format!("every {every} +{jitter}%, priority {}, {next}", r.priority)
+    }
+}
+
+/// A page for an error (404, 403, …), with its message escaped.
+pub(super) fn error(title: &str, message: &str) -> Markup {
+    page(
+        title,
+        false,
+        html! { p.err { (message) } p { a href="/" { "Back to the overview" } } },
+    )
+}
+
+/// An [`ApiError`] shown as an HTML page (with the Basic-auth challenge on 401,
+/// so a browser asks for the token).
+#[derive(Debug)]
+pub(super) struct HtmlError(pub(super) ApiError);
+
+impl From<ApiError> for HtmlError {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for HtmlError {
+    fn into_response(self) -> Response {
+        let status = self.0.status();
+        let title = status.canonical_reason().unwrap_or("Error");
+        let page = error(title, &self.0.to_string());
+        let mut response = (status, Html(page.into_string())).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(r#"Basic realm="drover""#),
+            );
+        }
+        response
+    }
+}
+
+/// A path segment, percent-encoded (everything but RFC 3986's unreserved
+/// characters), so any key round-trips through a link.
+pub(crate) fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The item page's path.
+pub(crate) fn item_path(process: &str, key: &str) -> String {
+    format!("/ui/processes/{}/items/{}", segment(process), segment(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_escape_everything_but_unreserved_characters() {
+        assert_eq!(segment("ns/name"), "ns%2Fname");
+        assert_eq!(segment("<a b>"), "%3Ca%20b%3E");
+        assert_eq!(segment("ü"), "%C3%BC");
+        assert_eq!(segment("a-b_c.d~"), "a-b_c.d~");
+    }
+}

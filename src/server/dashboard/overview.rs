@@ -1,0 +1,109 @@
+//! `/`: every process with its counts, recent throughput and failures, and the
+//! key search (`/ui/search`).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{Html, Redirect};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::layout::{HtmlError, Resyncs, age, item_path, page, segment};
+use crate::api::ProcessSummary;
+use crate::server::auth::{Authorized, Read};
+use crate::server::error::ApiError;
+use crate::server::extract::QueryParams;
+use crate::server::operations::process_summaries;
+use crate::server::state::AppState;
+use crate::store::StoreEngine as _;
+
+/// `/`: every process and the key search.
+pub(super) async fn overview(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+) -> Result<Html<String>, HtmlError> {
+    auth?;
+    let processes = process_summaries(&state).await?;
+    let settings = state.store.process_list().await.map_err(ApiError::from)?;
+    let now = state.store.clock_now().await.map_err(ApiError::from)?;
+    let resyncs = Resyncs {
+        settings: &settings,
+        now,
+    };
+    Ok(Html(view(&processes, &resyncs).into_string()))
+}
+
+/// The overview: one row per process, and the key search.
+fn view(processes: &[ProcessSummary], resyncs: &Resyncs<'_>) -> Markup {
+    let body = html! {
+        (search_form(processes))
+        @if processes.is_empty() {
+            p { "No processes yet: enqueue keys with " code { "drover enqueue PROCESS KEY" } " or "
+                code { "POST /v1/processes/{process}/items" } "." }
+        } @else {
+            table id="processes" {
+                tr { th { "process" } th { "pending" } th { "backoff" } th { "running" } th { "parked" }
+                     th { "oldest pending" } th { "finished (5 min)" } th { "failed (5 min)" } th { "failure rate" }
+                     th { "resync" } }
+                @for p in processes { (process_row(p, resyncs)) }
+            }
+        }
+    };
+    page("Processes", true, body)
+}
+
+fn process_row(p: &ProcessSummary, resyncs: &Resyncs<'_>) -> Markup {
+    let ended = p.recent_finished + p.recent_failed;
+    let rate = if ended == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.0}%", p.recent_failed as f64 * 100.0 / ended as f64)
+    };
+    let oldest = p
+        .oldest_pending_age_ms
+        .map_or_else(|| "-".to_owned(), |ms| age(Duration::from_millis(ms)));
+    html! {
+        tr data-process=(p.process) {
+            td { a href=(format!("/ui/processes/{}", segment(&p.process))) { (p.process) } }
+            td.n.pending { (p.pending) } td.n.backoff { (p.backoff) } td.n.running { (p.running) }
+            td.n.parked { (p.parked) } td.n { (oldest) } td.n { (p.recent_finished) }
+            td.n { (p.recent_failed) } td.n { (rate) } td.resync { (resyncs.describe(&p.process)) }
+        }
+    }
+}
+
+fn search_form(processes: &[ProcessSummary]) -> Markup {
+    html! {
+        form action="/ui/search" method="get" {
+            label { "Find a key in " select name="process" {
+                @for p in processes { option value=(p.process) { (p.process) } }
+            } }
+            " " input type="search" name="key" placeholder="key" required;
+            " " button type="submit" { "Find" }
+        }
+    }
+}
+
+/// The key search form's parameters.
+#[derive(Debug, Deserialize)]
+pub(super) struct Search {
+    process: String,
+    #[serde(default)]
+    key: String,
+}
+
+/// `/ui/search`: to the item's page (or the process's, without a key).
+pub(super) async fn search(
+    auth: Result<Authorized<Read>, ApiError>,
+    QueryParams(search): QueryParams<Search>,
+) -> Result<Redirect, HtmlError> {
+    auth?;
+    let key = search.key.trim();
+    if key.is_empty() {
+        return Ok(Redirect::to(&format!(
+            "/ui/processes/{}",
+            segment(&search.process)
+        )));
+    }
+    Ok(Redirect::to(&item_path(&search.process, key)))
+}

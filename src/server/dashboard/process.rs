@@ -1,0 +1,249 @@
+//! `/ui/processes/{process}`: a process's fleet controls, resync, charts, error
+//! groups and items, by state, paged.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::Html;
+use maud::{Markup, html};
+
+use super::layout::{HtmlError, Resyncs, at, item_path, page, segment};
+use crate::api::{MAX_PAGE, TriageQuery};
+use crate::server::auth::{Authorized, Read};
+use crate::server::error::ApiError;
+use crate::server::extract::{PathParams, QueryParams};
+use crate::server::operations::{SERIES_WINDOW, triage_page};
+use crate::server::role::Role;
+use crate::server::state::AppState;
+use crate::store::{
+    ErrorGroup, ErrorGroups, FleetLimits, Item, ItemState, ProcessSeries, Series, StoreEngine as _,
+};
+
+/// Items per process page.
+const PAGE: u32 = 100;
+
+/// Error groups on a process page.
+const GROUPS: u32 = 20;
+
+/// `/ui/processes/{process}`: its error groups and its items.
+pub(super) async fn process(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+    PathParams(process): PathParams<String>,
+    QueryParams(mut query): QueryParams<TriageQuery>,
+) -> Result<Html<String>, HtmlError> {
+    let admin = auth?.role >= Role::Admin;
+    query.limit = Some(query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE));
+    query.prefix = query.prefix.filter(|p| !p.is_empty());
+    let filter = Filter {
+        state: query.state.map(Into::into),
+        prefix: query.prefix.clone(),
+    };
+    let page = triage_page(&state, process.clone(), query).await?;
+    let reads = &state.slow_reads;
+    let store = &state.store;
+    let groups = reads.groups(
+        &process,
+        store.error_groups(ErrorGroups {
+            process: process.clone(),
+            limit: GROUPS,
+        }),
+    );
+    let series = reads.series(
+        &process,
+        store.process_series(ProcessSeries {
+            process: process.clone(),
+            window: SERIES_WINDOW,
+        }),
+    );
+    let ((groups, age), (series, _)) = tokio::try_join!(groups, series).map_err(ApiError::from)?;
+    let next = page.next.map(|c| c.to_string());
+    let listing = Listing {
+        filter,
+        items: &page.items,
+        next: next.as_deref(),
+    };
+    let settings = state.store.process_list().await.map_err(ApiError::from)?;
+    let limits = settings
+        .iter()
+        .find(|s| s.process == process)
+        .map(|s| &s.limits);
+    let fleet = section(&process, limits, admin);
+    let now = state.store.clock_now().await.map_err(ApiError::from)?;
+    let resyncs = Resyncs {
+        settings: &settings,
+        now,
+    };
+    let page = view(
+        &process,
+        fleet,
+        (&groups, age),
+        &series,
+        admin,
+        &listing,
+        &resyncs,
+    );
+    Ok(Html(page.into_string()))
+}
+
+/// What a process page lists.
+#[derive(Debug, Default)]
+pub(super) struct Filter {
+    /// Only this state (all when `None`).
+    pub(super) state: Option<ItemState>,
+    /// Only keys starting with this.
+    pub(super) prefix: Option<String>,
+}
+
+impl Filter {
+    /// The page's URL with these filters and `after`, every value encoded.
+    fn url(&self, base: &str, after: Option<&str>) -> String {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if let Some(s) = self.state {
+            q.append_pair("state", s.as_str());
+        }
+        if let Some(p) = &self.prefix {
+            q.append_pair("prefix", p);
+        }
+        if let Some(a) = after {
+            q.append_pair("after", a);
+        }
+        let q = q.finish();
+        if q.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{q}")
+        }
+    }
+}
+
+/// One page of a process's items.
+#[derive(Debug)]
+pub(super) struct Listing<'a> {
+    /// The filters.
+    pub(super) filter: Filter,
+    /// The items, parked first, then backing off, pending, running, idle.
+    pub(super) items: &'a [Item],
+    /// The next page's cursor, if any.
+    pub(super) next: Option<&'a str>,
+}
+
+/// A process's error groups (with the bulk buttons for admins) and its
+/// items, a page at a time.
+fn view(
+    process: &str,
+    fleet: Markup,
+    (groups, age): (&[ErrorGroup], Option<Duration>),
+    series: &Series,
+    admin: bool,
+    listing: &Listing<'_>,
+    resyncs: &Resyncs<'_>,
+) -> Markup {
+    let base = format!("/ui/processes/{}", segment(process));
+    let body = html! {
+        (fleet)
+        p id="resync" { "Resync: " (resyncs.describe(process)) }
+        (super::charts::charts(series))
+        (errors(&base, groups, age, admin))
+        h2 { "Items" }
+        (filters(&base, &listing.filter))
+        p.hint { "Parked first, then backing off (soonest retry first), then pending in the order workers take them, then running and idle"
+            @if listing.filter.prefix.is_some() { "; each state in key order under a prefix" } "." }
+        table id="items" {
+            tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "ready at" } th { "last error" } }
+            @for i in listing.items {
+                tr { td.key { a href=(item_path(process, &i.key)) { (i.key) } } td.state { (i.state) } td.n { (i.priority) }
+                     td.n { (i.failures) } td { (ready(i)) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
+            }
+        }
+        @if listing.items.is_empty() { p { "No items match." } }
+        @if let Some(next) = listing.next {
+            a id="next" href=(listing.filter.url(&base, Some(next))) { "next page" }
+        }
+    };
+    page(process, true, body)
+}
+
+/// The "Errors" section: what the parked and backing-off keys failed with,
+/// grouped by signature; admins get a retry, park and delete button for every
+/// key of a group (running keys are never touched).
+fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool) -> Markup {
+    html! {
+        h2 { "Errors" }
+        @if let Some(age) = age { p.hint { "As of " (age.as_secs()) " s ago (grouping this many failing keys is slow, so it is reused for 10 s)." } }
+        @if groups.is_empty() {
+            p id="errors" { "No parked or backing-off keys." }
+        } @else {
+            table id="errors" {
+                tr { th { "keys" } th { "state" } th { "error (key as <key>, numbers as <n>)" } th { "sample" }
+                     @if admin { th { "all of these" } } }
+                @for g in groups {
+                    tr.group {
+                        td.n.count { (g.count) }
+                        td.states { (g.states.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")) }
+                        td.signature { code { (g.signature) } }
+                        td.err.sample { (g.sample) }
+                        @if admin { td { @for (action, label) in [("retry", "retry all"), ("park", "park all"), ("delete", "delete all")] {
+                            form.inline method="post" action=(format!("{base}/errors/{action}")) {
+                                input type="hidden" name="signature" value=(g.signature);
+                                button type="submit" { (label) }
+                            } " "
+                        } } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The state and key-prefix filter form (a GET, so the URL can be shared).
+fn filters(base: &str, filter: &Filter) -> Markup {
+    html! {
+        form id="filters" action=(base) method="get" {
+            label { "State " select name="state" {
+                option value="" { "all" }
+                @for s in [ItemState::Parked, ItemState::Backoff, ItemState::Pending, ItemState::Running, ItemState::Idle] {
+                    option value=(s.as_str()) selected[filter.state == Some(s)] { (s.as_str()) }
+                }
+            } }
+            " " label { "Key prefix " input type="search" name="prefix" value=(filter.prefix.as_deref().unwrap_or("")); }
+            " " button type="submit" { "Filter" }
+        }
+    }
+}
+
+/// When a waiting item may run (a dash for the others).
+fn ready(i: &Item) -> String {
+    match i.state {
+        ItemState::Pending | ItemState::Backoff => {
+            at(i.ready_at.max(i.backoff_until.unwrap_or(i.ready_at)))
+        }
+        _ => "-".to_owned(),
+    }
+}
+
+/// The section; `limits` is `None` for a process with no stored settings.
+pub(super) fn section(process: &str, limits: Option<&FleetLimits>, admin: bool) -> Markup {
+    let limits = limits.copied().unwrap_or_default();
+    let base = format!("/ui/processes/{}", segment(process));
+    let concurrency = limits.concurrency.map_or_else(
+        || "none".to_owned(),
+        |n| format!("at most {n} running at once"),
+    );
+    let rate = limits.rate.map_or_else(
+        || "none".to_owned(),
+        |r| format!("{} runs/s, burst {}", r.per_second, r.burst),
+    );
+    html! {
+        h2 { "Fleet controls" }
+        table id="fleet" {
+            tr { th { "state" } td.paused { @if limits.paused { strong { "paused" } " (no worker claims its keys)" } @else { "running" } }
+                 @if admin { td {
+                     @let (action, label) = if limits.paused { ("resume", "Resume") } else { ("pause", "Pause") };
+                     form.inline method="post" action=(format!("{base}/{action}")) {
+                         button type="submit" id=(action) { (label) } } } } }
+            tr { th { "concurrency limit" } td.concurrency { (concurrency) } }
+            tr { th { "rate limit" } td.rate { (rate) } }
+        }
+    }
+}
