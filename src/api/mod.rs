@@ -7,6 +7,17 @@
 //! One file per noun, as the server's routes are: items,
 //! leases, sessions, processes, runs, series, error groups, settings, health;
 //! with the error body and the limits every route shares.
+//!
+//! One concept keeps one name from the store to the wire, with a suffix that
+//! says the layer wherever the shapes differ: the store's domain type is the
+//! bare noun ([`ProcessSettings`](crate::store::ProcessSettings)), its
+//! parameters noun-then-verb ([`ProcessConfigure`](crate::store::ProcessConfigure)),
+//! an engine's row `…Row`; here a resource as shown is `…Body`
+//! ([`ProcessSettingsBody`]), an operation's input `…Request`
+//! ([`ProcessConfigureRequest`]) and its answer, when it is not a resource,
+//! `…Response` ([`PauseResponse`]). The wire shapes differ from the store's
+//! where the wire needs it: durations as whole milliseconds, optional fields
+//! that distinguish "unset" from "clear".
 
 mod error;
 mod groups;

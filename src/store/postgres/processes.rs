@@ -8,7 +8,7 @@ use super::error::{Db as _, commit};
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
-use crate::store::rules::processes::{SettingsRow, checked, clamp_i32, settings_columns};
+use crate::store::rules::processes::{ProcessSettingsRow, checked, clamp_i32, settings_columns};
 use crate::store::types::ProcessSettings;
 
 /// Writes the settings given, leaving the others as stored.
@@ -71,7 +71,7 @@ pub(super) async fn configure(
 /// Every known process with its settings.
 pub(super) async fn list(store: &PostgresStore) -> Result<Vec<ProcessSettings>, StoreError> {
     let mut tx = store.read().await?;
-    let rows: Vec<SettingsRow<chrono::DateTime<chrono::Utc>>> = sqlx::query_as(concat!(
+    let rows: Vec<ProcessSettingsRow<chrono::DateTime<chrono::Utc>>> = sqlx::query_as(concat!(
         "SELECT ",
         settings_columns!(),
         " FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process
@@ -81,7 +81,10 @@ pub(super) async fn list(store: &PostgresStore) -> Result<Vec<ProcessSettings>, 
     .await
     .db()?;
     tx.commit().await.db()?;
-    Ok(rows.into_iter().map(SettingsRow::into_settings).collect())
+    Ok(rows
+        .into_iter()
+        .map(ProcessSettingsRow::into_settings)
+        .collect())
 }
 
 /// Makes a process known (so queries about it are not refused as unknown).

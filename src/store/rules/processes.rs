@@ -14,7 +14,7 @@ use crate::store::types::{ProcessSettings, Resync, Retention};
 /// `drover_processes` as both engines store it (durations in milliseconds),
 /// with the next resync from `drover_resync` (times as the engine keeps them).
 #[derive(Debug, sqlx::FromRow)]
-pub(crate) struct SettingsRow<T> {
+pub(crate) struct ProcessSettingsRow<T> {
     process: String,
     backoff_initial_ms: i64,
     backoff_factor: f64,
@@ -54,7 +54,7 @@ impl LimitsRow {
     }
 }
 
-/// The columns of a [`SettingsRow`], from `drover_processes p LEFT JOIN
+/// The columns of a [`ProcessSettingsRow`], from `drover_processes p LEFT JOIN
 /// drover_resync r ON r.process = p.process`.
 macro_rules! settings_columns {
     () => {
@@ -72,7 +72,7 @@ fn ms(v: i64) -> Duration {
     Duration::from_millis(u64::try_from(v).unwrap_or(0))
 }
 
-impl<T: Stamp> SettingsRow<T> {
+impl<T: Stamp> ProcessSettingsRow<T> {
     /// The domain settings.
     pub(crate) fn into_settings(self) -> ProcessSettings {
         let resync = self.resync.every().map(|every| Resync {

@@ -6,7 +6,7 @@ use super::error::Db as _;
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
-use crate::store::rules::processes::{SettingsRow, checked, clamp_i32, settings_columns};
+use crate::store::rules::processes::{ProcessSettingsRow, checked, clamp_i32, settings_columns};
 use crate::store::types::ProcessSettings;
 
 /// Writes the settings given, leaving the others as stored.
@@ -65,7 +65,7 @@ pub(super) async fn configure(
 
 /// Every known process with its settings.
 pub(super) async fn list(store: &SqliteStore) -> Result<Vec<ProcessSettings>, StoreError> {
-    let rows: Vec<SettingsRow<i64>> = sqlx::query_as(concat!(
+    let rows: Vec<ProcessSettingsRow<i64>> = sqlx::query_as(concat!(
         "SELECT ",
         settings_columns!(),
         " FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process
@@ -74,7 +74,10 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<ProcessSettings>, St
     .fetch_all(&store.pool)
     .await
     .db()?;
-    Ok(rows.into_iter().map(SettingsRow::into_settings).collect())
+    Ok(rows
+        .into_iter()
+        .map(ProcessSettingsRow::into_settings)
+        .collect())
 }
 
 /// Makes a process known (so queries about it are not refused as unknown).
