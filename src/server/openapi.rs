@@ -70,10 +70,11 @@ pub fn document() -> Value {
 }
 
 /// The answers most operations share, declared here once rather than on
-/// each handler: 401 on every operation that asks for a token; 403 on every
-/// operation a role guards, by its tag (`work`: a worker's, `admin`: an
-/// admin's); 503 on every `/v1` operation that does not say more about its
-/// own. Each has the error body.
+/// each handler (an operation that says more about one keeps its own): 401 on
+/// every operation that asks for a token; 403 on every operation a role
+/// guards, by its tag (`work`: a worker's, `admin`: an admin's); 413 on every
+/// operation with a body; 422 on every operation whose path names a process
+/// (or a key); 503 on every `/v1` operation. Each has the error body.
 fn shared_responses(document: &mut Value) {
     let paths = document["paths"]
         .as_object_mut()
@@ -90,12 +91,20 @@ fn shared_responses(document: &mut Value) {
                 _ => None,
             };
             let secured = operation.contains_key("security");
+            let body = operation.contains_key("requestBody");
+            let names = if path.contains("{key}") {
+                Some("Invalid key or process name")
+            } else {
+                path.contains("{process}").then_some("Invalid process name")
+            };
             let responses = operation["responses"]
                 .as_object_mut()
                 .expect("an operation has responses");
             let shared = [
                 ("401", secured.then_some("No or unknown token")),
                 ("403", role),
+                ("413", body.then_some("Body over the limit")),
+                ("422", names),
                 (
                     "503",
                     path.starts_with("/v1/")
@@ -380,6 +389,11 @@ mod tests {
                 assert_eq!(secured, responses.get("401").is_some(), "{method} {path}");
                 let guarded = matches!(operation["tags"][0].as_str(), Some("work" | "admin"));
                 assert_eq!(guarded, responses.get("403").is_some(), "{method} {path}");
+                let body = operation.get("requestBody").is_some();
+                assert_eq!(body, responses.get("413").is_some(), "{method} {path}");
+                if path.contains("{process}") {
+                    assert!(responses.get("422").is_some(), "{method} {path}");
+                }
                 if path.starts_with("/v1/") {
                     v1 += 1;
                     assert!(responses.get("503").is_some(), "{method} {path}");

@@ -31,7 +31,6 @@ const PARK_REASON: &str = "parked by an operator";
         (status = 200, description = "The groups", body = ErrorGroupList),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(
@@ -82,8 +81,6 @@ fn filter(
         (status = 200, description = "How many keys changed", body = BulkResponse),
         (status = 400, description = "Malformed body or no condition", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn retry(
@@ -109,8 +106,6 @@ pub(crate) async fn retry(
         (status = 200, description = "How many keys changed", body = BulkResponse),
         (status = 400, description = "Malformed body or no condition", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn park(
@@ -136,8 +131,6 @@ pub(crate) async fn park(
         (status = 200, description = "How many keys changed", body = BulkResponse),
         (status = 400, description = "Malformed body or no condition", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn delete(

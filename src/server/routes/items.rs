@@ -36,7 +36,6 @@ const PARK_REASON: &str = "parked by an operator";
     responses(
         (status = 200, description = "Enqueued", body = EnqueueResponse),
         (status = 400, description = "Malformed body", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid key or process name", body = ErrorBody),
     )
 )]
@@ -83,7 +82,6 @@ pub(crate) async fn enqueue(
         (status = 200, description = "A page of items", body = ItemPage),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(
@@ -128,7 +126,6 @@ pub(crate) async fn list(
         (status = 200, description = "A page of items", body = TriagePageBody),
         (status = 400, description = "Bad query parameter or cursor", body = ErrorBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn triage(
@@ -157,7 +154,6 @@ pub(crate) async fn triage(
         (status = 200, description = "The item and its runs", body = ItemDetailBody),
         (status = 400, description = "Bad query parameter", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
-        (status = 422, description = "Invalid key or process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn get(
@@ -203,7 +199,6 @@ fn no_item() -> ApiError {
         (status = 400, description = "Malformed path", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
         (status = 409, description = "The item is running", body = ErrorBody),
-        (status = 422, description = "Invalid key or process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn retry(
@@ -237,7 +232,6 @@ pub(crate) async fn retry(
         (status = 400, description = "Malformed path", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
         (status = 409, description = "The item is running", body = ErrorBody),
-        (status = 422, description = "Invalid key or process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn park(
@@ -269,7 +263,6 @@ pub(crate) async fn park(
         (status = 400, description = "Malformed path", body = ErrorBody),
         (status = 404, description = "No such item", body = ErrorBody),
         (status = 409, description = "The item is running", body = ErrorBody),
-        (status = 422, description = "Invalid key or process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn delete(

@@ -43,7 +43,6 @@ use crate::store::{
         (status = 200, description = "The leases (maybe none)", body = ClaimResponse),
         (status = 400, description = "Malformed body, or a max of 0", body = ErrorBody),
         (status = 409, description = "The session expired or never existed", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
@@ -138,7 +137,6 @@ async fn give_up(state: &AppState, session: SessionId, unknown: StoreError) -> A
         (status = 204, description = "Recorded"),
         (status = 400, description = "Malformed body", body = ErrorBody),
         (status = 409, description = "The lease was lost or the session expired", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
     )
 )]
 pub(crate) async fn complete(
@@ -190,7 +188,6 @@ fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
     responses(
         (status = 200, description = "One result per completion, in order", body = CompleteBatchResponse),
         (status = 400, description = "Malformed body, or no or too many completions", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 503, description = "The database is unavailable; nothing was written", body = ErrorBody),
     )
 )]
@@ -265,7 +262,6 @@ pub(crate) async fn complete_batch(
         (status = 204, description = "Released"),
         (status = 400, description = "Malformed body", body = ErrorBody),
         (status = 409, description = "The lease was lost or the session expired", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
     )
 )]
 pub(crate) async fn release(

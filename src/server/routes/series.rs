@@ -23,7 +23,6 @@ use crate::store::{ProcessSeries, StoreEngine as _, validate_process};
     responses(
         (status = 200, description = "The last hour's series", body = SeriesBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn get(

@@ -55,7 +55,6 @@ pub(crate) async fn list(
     responses(
         (status = 201, description = "Started", body = SessionBody),
         (status = 400, description = "Malformed body or TTL out of range", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
     )
 )]
 pub(crate) async fn start(

@@ -36,7 +36,6 @@ async fn stored(state: &AppState, process: &str) -> Result<ProcessSettings, ApiE
     responses(
         (status = 200, description = "Its settings", body = ProcessSettingsBody),
         (status = 404, description = "Unknown process", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn get(
@@ -58,8 +57,6 @@ pub(crate) async fn get(
     responses(
         (status = 200, description = "The settings now", body = ProcessSettingsBody),
         (status = 400, description = "Malformed body or a value out of range", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn configure(
@@ -133,7 +130,6 @@ fn changes(
     params(("process" = String, Path, description = "The process")),
     responses(
         (status = 200, description = "Paused (changed: false if it already was)", body = PauseResponse),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn pause(
@@ -152,7 +148,6 @@ pub(crate) async fn pause(
     params(("process" = String, Path, description = "The process")),
     responses(
         (status = 200, description = "Resumed (changed: false if it was not paused)", body = PauseResponse),
-        (status = 422, description = "Invalid process name", body = ErrorBody),
     )
 )]
 pub(crate) async fn resume(
