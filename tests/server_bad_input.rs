@@ -219,3 +219,33 @@ async fn triage_refuses_a_nul_in_its_prefix_or_cursor_with_400() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_session_label_over_1024_bytes_is_400_naming_it_and_starts_no_session() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        let long = "w".repeat(1025);
+        for field in ["component", "host", "version"] {
+            let mut body = json!({ "component": "c", "ttl_ms": 30_000 });
+            body[field] = json!(long);
+            let reply = api
+                .send(POST, "/v1/sessions", Some(body.to_string()), None)
+                .await;
+            let refused = rejected(&reply, StatusCode::BAD_REQUEST, Some(field));
+            assert!(
+                refused["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("1024 bytes")),
+                "{refused}"
+            );
+        }
+        let sessions = api.get_ok("/v1/sessions").await;
+        assert_eq!(sessions["sessions"], json!([]), "{sessions}");
+        let fits = json!({ "component": "w".repeat(1024), "ttl_ms": 30_000 });
+        let reply = api
+            .send(POST, "/v1/sessions", Some(fits.to_string()), None)
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    })
+    .await;
+}

@@ -414,6 +414,9 @@ async fn limits_no_process_can_run_with_are_refused_and_change_nothing() {
             ProcessConfigure::new(P).rate(Some(f64::NAN)),
             ProcessConfigure::new(P).rate(Some(f64::INFINITY)),
             ProcessConfigure::new(P).burst(0),
+            // Past the engines' 32-bit columns: refused, not stored as another value.
+            ProcessConfigure::new(P).concurrency(Some(2_147_483_648)),
+            ProcessConfigure::new(P).burst(u32::MAX),
         ];
         for params in bad {
             let err = db.store.process_configure(params.clone()).await;

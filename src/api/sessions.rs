@@ -89,7 +89,9 @@ impl From<crate::store::SessionInfo> for SessionInfoBody {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRequest {
-    /// Who is starting it, for operators ("billing-worker").
+    /// Who is starting it, for operators ("billing-worker"); at most 1024
+    /// bytes.
+    #[schema(max_length = 1024)]
     pub component: String,
     /// How long the session lives without a heartbeat (1 ms – 1 day); heartbeat
     /// every third of it.

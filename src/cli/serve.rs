@@ -30,6 +30,12 @@ pub(crate) struct Args {
     /// an admin.
     #[arg(long)]
     insecure: bool,
+    /// A host name a server without tokens answers to, besides IP addresses
+    /// and localhost (repeat for more): the name browsers use to reach it.
+    /// Other names are refused, so a page cannot reach it by rebinding a name
+    /// of its own to this machine.
+    #[arg(long = "allowed-host", value_name = "NAME", value_parser = host_name)]
+    allowed_hosts: Vec<String>,
     /// The longest a claim may wait for work.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     max_wait: Duration,
@@ -46,6 +52,23 @@ pub(crate) struct Args {
     max_body: usize,
     #[command(flatten)]
     db: DbArgs,
+}
+
+/// A `--allowed-host` value: a host name alone (no scheme, port or path),
+/// since the name is what a request's `Host` is compared with.
+fn host_name(value: &str) -> Result<String, String> {
+    let valid = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if valid {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a host name: give the name alone, like drover.example.com \
+             (no scheme, port or path)"
+        ))
+    }
 }
 
 /// The tokens from `--tokens` and `DROVER_TOKENS`, merged.
@@ -87,7 +110,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let local = listener.local_addr()?;
     let auth = if tokens.is_empty() {
-        "open: no tokens, every caller is an admin".to_owned()
+        "open: no tokens, every caller is an admin (answers IP addresses and localhost names only)"
+            .to_owned()
     } else {
         format!("{} bearer token(s)", tokens.len())
     };
@@ -108,7 +132,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .max_wait(args.max_wait)
         .body_limit(args.max_body)
         .prune_interval(args.prune_every)
-        .sample_interval(args.sample_every);
+        .sample_interval(args.sample_every)
+        .allowed_hosts(args.allowed_hosts);
     let served = Server::new(store.clone(), options)
         .serve(listener, shutdown)
         .await;

@@ -5,15 +5,17 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::Method;
+use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
 use super::dashboard;
+use super::host;
 use super::options::ServerOptions;
 use super::origin;
 use super::routes;
@@ -59,6 +61,17 @@ impl Server {
             .layer(DefaultBodyLimit::max(state.options.body_limit))
             // Inside `record`, so refusals are counted like any response.
             .layer(middleware::from_fn(origin::guard))
+            .layer(middleware::from_fn_with_state(state.clone(), host::guard))
+            // No page of drover's may be framed: a click in a framed page is
+            // same-origin to the cross-origin guard (clickjacking).
+            .layer(SetResponseHeaderLayer::if_not_present(
+                header::X_FRAME_OPTIONS,
+                HeaderValue::from_static("DENY"),
+            ))
+            .layer(SetResponseHeaderLayer::if_not_present(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static("frame-ancestors 'none'"),
+            ))
             .layer(middleware::from_fn_with_state(state.clone(), record))
             .layer(TraceLayer::new_for_http())
             .with_state(state)

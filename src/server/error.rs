@@ -44,6 +44,13 @@ pub enum ApiError {
          or without a browser"
     )]
     CrossOrigin(CrossOrigin),
+    /// 403: an open server (no tokens) was addressed by a name it does not
+    /// answer to, as a DNS-rebinding page would address it (see `host.rs`).
+    #[error(
+        "this server has no tokens, so it answers only requests to an IP address or a \
+         localhost name, not to {0:?}; add the name with --allowed-host, or give the server tokens"
+    )]
+    HostNotAllowed(String),
     /// 404: no such route, process, item or session.
     #[error("{0}")]
     NotFound(String),
@@ -104,7 +111,9 @@ impl ApiError {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } | Self::CrossOrigin(_) => StatusCode::FORBIDDEN,
+            Self::Forbidden { .. } | Self::CrossOrigin(_) | Self::HostNotAllowed(_) => {
+                StatusCode::FORBIDDEN
+            }
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -123,6 +132,7 @@ impl ApiError {
             Self::Unauthorized => ("unauthorized", None),
             Self::Forbidden { .. } => ("forbidden", None),
             Self::CrossOrigin(_) => ("cross_origin", None),
+            Self::HostNotAllowed(_) => ("host_not_allowed", None),
             Self::NotFound(_) => ("not_found", None),
             Self::MethodNotAllowed => ("method_not_allowed", None),
             Self::Conflict { code, .. } => (*code, None),

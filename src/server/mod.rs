@@ -37,6 +37,7 @@ mod auth;
 mod dashboard;
 mod error;
 mod extract;
+mod host;
 mod openapi;
 mod operations;
 mod options;

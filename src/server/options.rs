@@ -17,6 +17,7 @@ pub struct ServerOptions {
     pub(crate) reclaim_interval: Duration,
     pub(crate) prune_interval: Duration,
     pub(crate) sample_interval: Duration,
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerOptions {
@@ -29,6 +30,7 @@ impl Default for ServerOptions {
             reclaim_interval: Duration::from_secs(5),
             prune_interval: Pruner::<Store>::EVERY,
             sample_interval: Duration::from_secs(60),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -40,6 +42,22 @@ impl ServerOptions {
     pub fn tokens(self, tokens: Tokens) -> Self {
         Self {
             tokens: (!tokens.is_empty()).then_some(tokens),
+            ..self
+        }
+    }
+
+    /// Host names an open server (one without tokens) answers to besides IP
+    /// addresses and `localhost` (default: none). Every other name is refused
+    /// with 403, since a page can make any name it owns resolve to this
+    /// machine (DNS rebinding) and an open server takes every caller for an
+    /// admin. Names are compared without case or port; a server with tokens
+    /// answers to any name.
+    #[must_use]
+    pub fn allowed_hosts(self, hosts: impl IntoIterator<Item = String>) -> Self {
+        let hosts = hosts.into_iter();
+        let allowed_hosts = hosts.map(|h| h.trim_end_matches('.').to_ascii_lowercase());
+        Self {
+            allowed_hosts: allowed_hosts.collect(),
             ..self
         }
     }

@@ -83,6 +83,18 @@ impl LimitChanges {
         if self.burst == Some(0) {
             return Some("a rate limit's burst must be at least 1");
         }
+        // The engines store both as 32-bit integers: a larger value is refused
+        // rather than silently stored as another one.
+        if self
+            .concurrency
+            .flatten()
+            .is_some_and(|n| i32::try_from(n).is_err())
+        {
+            return Some("a concurrency limit must be at most 2147483647 (remove it for no limit)");
+        }
+        if self.burst.is_some_and(|n| i32::try_from(n).is_err()) {
+            return Some("a rate limit's burst must be at most 2147483647");
+        }
         None
     }
 }

@@ -52,7 +52,8 @@ impl Pruned {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use drover::store::{Pruner, Store};
+/// use drover::runner::Pruner;
+/// use drover::store::Store;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # async fn run() -> Result<(), drover::store::StoreError> {

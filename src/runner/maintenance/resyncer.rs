@@ -32,7 +32,8 @@ const BETWEEN_BATCHES: Duration = Duration::from_millis(5);
 /// and tried again at the next tick; only the [`CancellationToken`] stops it.
 ///
 /// ```no_run
-/// use drover::store::{Resyncer, Store};
+/// use drover::runner::Resyncer;
+/// use drover::store::Store;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # async fn run() -> Result<(), drover::store::StoreError> {

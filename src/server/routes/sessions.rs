@@ -19,6 +19,10 @@ use crate::store::{
     SessionClose, SessionHeartbeat, SessionList, SessionStart, StoreEngine as _, WorkerIdentity,
 };
 
+/// The longest `component`, `host` or `version` a session may carry: labels
+/// for the workers page, not documents (every session is listed to viewers).
+const MAX_LABEL_BYTES: usize = 1024;
+
 /// Lists every session, live or expired and awaiting reclaim, oldest first:
 /// its component, host, pid and version (as the worker reported them), when
 /// it started and last heartbeated, its deadline, and the leases it holds
@@ -68,11 +72,16 @@ pub(crate) async fn start(
             format!("ttl_ms must be between 1 and {MAX_TTL_MS}"),
         ));
     }
-    for (field, value) in [("host", &body.host), ("version", &body.version)] {
-        if value.as_ref().is_some_and(|v| v.len() > 1024) {
+    let labels = [
+        ("component", Some(&body.component)),
+        ("host", body.host.as_ref()),
+        ("version", body.version.as_ref()),
+    ];
+    for (field, value) in labels {
+        if value.is_some_and(|v| v.len() > MAX_LABEL_BYTES) {
             return Err(ApiError::field(
                 field,
-                format!("{field} must be at most 1024 bytes"),
+                format!("{field} must be at most {MAX_LABEL_BYTES} bytes"),
             ));
         }
     }
