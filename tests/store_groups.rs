@@ -490,3 +490,51 @@ async fn a_key_that_is_not_utf8_is_listed_and_bulk_actions_walk_past_it() {
     let counts = p_counts(&db.store).await;
     assert_eq!((counts.parked, counts.running), (0, 1), "gone; g runs");
 }
+
+/// An error too long for an index entry (PostgreSQL refuses one past about
+/// 2.7 KB) that does not compress: letters from a fixed pseudo-random walk.
+fn incompressible(seed: u64, len: usize) -> String {
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            char::from(b'a' + u8::try_from((x >> 33) % 26).expect("a letter"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_long_error_is_stored_whole_and_groups_by_a_bounded_signature() {
+    each_engine_and_pooler(|db| async move {
+        configure(&db.store, 60, 600).await;
+        let first = incompressible(7, 3500);
+        // The same start, a different end: two groups, not one.
+        let second = format!("{}{}", &first[..3000], incompressible(8, 500));
+        let errors = [("long-1", first.clone()), ("long-2", second.clone())];
+        fail(&db, &["long-1", "long-2"], |key| {
+            let error = &errors.iter().find(|(k, _)| *k == key).expect("a key").1;
+            Outcome::Permanent(error.clone())
+        })
+        .await;
+        for (key, error) in &errors {
+            let stored = item(&db.store, key).await.expect("the item");
+            assert_eq!(stored.last_error.as_deref(), Some(error.as_str()), "{key}");
+            let runs = history(&db.store, key, 5).await;
+            assert_eq!(runs[0].error.as_deref(), Some(error.as_str()), "{key}");
+        }
+        let found = groups(&db.store, 10).await;
+        assert_eq!(found.len(), 2, "{found:?}");
+        for group in &found {
+            assert!(group.signature.len() <= drover::store::MAX_SIGNATURE_BYTES);
+            assert_eq!(group.count, 1);
+        }
+        let park = ItemFilter::new(P).error_signature(found[0].signature.clone());
+        let parked = db
+            .store
+            .items_park_where(ItemsPark::new(park, "test", "parked"))
+            .await
+            .expect("park by signature");
+        assert_eq!(parked, 1, "the action matches exactly its group");
+    })
+    .await;
+}

@@ -125,7 +125,7 @@ pub use params::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
-pub use rules::error_signature;
+pub use rules::{MAX_SIGNATURE_BYTES, error_signature};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};

@@ -34,6 +34,12 @@ const NUMBER_MARK: &str = "<n>";
 /// replaced by `<key>`, then every run of ASCII digits by `<n>`. Errors that
 /// differ only by their key or their numbers have the same signature.
 ///
+/// A signature is at most [`MAX_SIGNATURE_BYTES`]: a longer one keeps its
+/// start and ends in `…#` and a hash of the whole, so long errors that differ
+/// only past the cut still group apart. (The signature is indexed, and
+/// PostgreSQL refuses an index entry past about 2.7 KB; the error itself is
+/// stored whole.)
+///
 /// ```
 /// use drover::store::error_signature;
 /// assert_eq!(
@@ -43,7 +49,29 @@ const NUMBER_MARK: &str = "<n>";
 /// ```
 #[must_use]
 pub fn error_signature(key: &str, error: &str) -> String {
-    numbers(&error.replace(key, KEY_MARK))
+    bounded(numbers(&error.replace(key, KEY_MARK)))
+}
+
+/// The longest [`error_signature`], in bytes.
+pub const MAX_SIGNATURE_BYTES: usize = 1024;
+
+/// `signature` cut to [`MAX_SIGNATURE_BYTES`] (at a character boundary) with
+/// `…#` and the 64-bit FNV-1a hash of the whole in hex, if it is longer.
+fn bounded(signature: String) -> String {
+    if signature.len() <= MAX_SIGNATURE_BYTES {
+        return signature;
+    }
+    // "…" (3 bytes), "#" and 16 hex digits.
+    let mut cut = MAX_SIGNATURE_BYTES - 20;
+    while !signature.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let hash = signature
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    format!("{}…#{hash:016x}", &signature[..cut])
 }
 
 /// `text` with every run of ASCII digits replaced by `<n>`.
@@ -363,6 +391,27 @@ mod tests {
         );
         assert_eq!(error_signature("k", "no digits here"), "no digits here");
         assert_eq!(error_signature("x", ""), "");
+    }
+
+    #[test]
+    fn a_long_signature_is_cut_with_a_hash_of_the_whole() {
+        let long = "é".repeat(1500);
+        let signature = error_signature("k", &long);
+        assert!(
+            signature.len() <= MAX_SIGNATURE_BYTES,
+            "{}",
+            signature.len()
+        );
+        assert!(long.starts_with(signature.split('…').next().expect("a start")));
+        let other = format!("{long}!");
+        assert_ne!(
+            error_signature("k", &other),
+            signature,
+            "differs past the cut"
+        );
+        assert_eq!(error_signature("k", &long), signature, "stable");
+        let fits = "a".repeat(MAX_SIGNATURE_BYTES);
+        assert_eq!(error_signature("k", &fits), fits);
         assert_eq!(numbers("a123b4"), "a<n>b<n>");
         assert_eq!(numbers("٣ is not ASCII"), "٣ is not ASCII");
     }

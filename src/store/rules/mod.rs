@@ -52,4 +52,4 @@ pub(crate) mod settle;
 #[cfg(feature = "_engine")]
 pub(crate) mod triage;
 
-pub use groups::error_signature;
+pub use groups::{MAX_SIGNATURE_BYTES, error_signature};
