@@ -134,6 +134,43 @@ async fn a_watched_table_enqueues_each_change_in_its_transaction_and_filters_upd
     .await;
 }
 
+#[tokio::test]
+async fn a_key_that_moves_is_seen_under_a_filter_and_a_truncate_enqueues_every_key() {
+    each_enqueue_path(|db| async move {
+        machines(&db).await;
+        let watch = TableWatch::new("machines", P, "id").columns(["wanted"]);
+        db.store.table_watch(&watch).await.expect("watch");
+        db.execute("INSERT INTO machines VALUES ('m1', 'on', ''), ('m2', 'on', '')")
+            .await;
+        assert_eq!(drain(&db).await, ["m1", "m2"]);
+        db.execute("UPDATE machines SET id = 'm9' WHERE id = 'm1'")
+            .await;
+        assert_eq!(
+            drain(&db).await,
+            ["m1", "m9"],
+            "only the key changed, outside the filter: both keys run"
+        );
+        if db.engine == "postgres" {
+            db.execute("TRUNCATE machines").await;
+            assert_eq!(
+                drain(&db).await,
+                ["m2", "m9"],
+                "a truncate enqueues every key"
+            );
+            db.execute("INSERT INTO machines VALUES ('m5', 'on', '')")
+                .await;
+            drain(&db).await;
+            db.store.table_unwatch("machines").await.expect("unwatch");
+            db.execute("TRUNCATE machines").await;
+            assert!(
+                drain(&db).await.is_empty(),
+                "unwatched, a truncate enqueues nothing"
+            );
+        }
+    })
+    .await;
+}
+
 /// Asserts `watch` is refused with a one-line [`StoreError::Watch`] that
 /// contains `needle`.
 async fn refused(db: &TestDb, watch: TableWatch, needle: &str) {

@@ -43,13 +43,14 @@ fn create_triggers(id: i64, table: &str, watch: &TableWatch) -> [String; 3] {
              SELECT {process}, CAST({row}.{key} AS TEXT) WHERE {row}.{key} IS NOT NULL;"
         )
     };
-    let changed = watch
-        .columns
-        .iter()
+    // With a filter, an update fires when the key or a filtered column
+    // changed: a key that moves is always seen (the old and the new key).
+    let changed = std::iter::once(&watch.key_column)
+        .chain(&watch.columns)
         .map(|c| format!("OLD.{0} IS NOT NEW.{0}", ident(c)))
         .collect::<Vec<_>>()
         .join(" OR ");
-    let when = if changed.is_empty() {
+    let when = if watch.columns.is_empty() {
         String::new()
     } else {
         format!("WHEN {changed}")
