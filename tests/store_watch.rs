@@ -171,6 +171,61 @@ async fn a_key_that_moves_is_seen_under_a_filter_and_a_truncate_enqueues_every_k
     .await;
 }
 
+/// A writer whose `search_path` does not name drover's schema, and names one
+/// with a `drover_enqueue` of its own, changes a watched table: drover's
+/// enqueue runs, the impostor does not.
+#[tokio::test]
+async fn a_writer_with_another_search_path_is_seen_and_cannot_redirect_the_trigger() {
+    each_enqueue_path(|db| async move {
+        if db.engine != "postgres" {
+            return; // SQLite has no schemas or search path.
+        }
+        machines(&db).await;
+        let watch = TableWatch::new("machines", P, "id");
+        db.store.table_watch(&watch).await.expect("watch");
+        let pool = db.store.postgres_pool().expect("postgres");
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(pool)
+            .await
+            .expect("schema");
+        let impostor = format!("{schema}_impostor");
+        let writer = sqlx::PgPool::connect(&db.sql_url).await.expect("connect");
+        let setup = [
+            format!("CREATE SCHEMA \"{impostor}\""),
+            format!(
+                "CREATE FUNCTION \"{impostor}\".drover_enqueue(p text, k text[]) RETURNS void \
+                 LANGUAGE sql AS $$ SELECT 1/0 $$"
+            ),
+        ];
+        for sql in setup {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&writer)
+                .await
+                .expect("set-up");
+        }
+        let mut conn = writer.acquire().await.expect("a connection");
+        let path = format!("SET search_path = \"{impostor}\"");
+        sqlx::query(sqlx::AssertSqlSafe(path))
+            .execute(&mut *conn)
+            .await
+            .expect("path");
+        let insert = format!("INSERT INTO \"{schema}\".machines VALUES ('w1', 'on', '')");
+        sqlx::query(sqlx::AssertSqlSafe(insert))
+            .execute(&mut *conn)
+            .await
+            .expect("the writer's change succeeds");
+        drop(conn);
+        let drop_it = format!("DROP SCHEMA \"{impostor}\" CASCADE");
+        sqlx::query(sqlx::AssertSqlSafe(drop_it))
+            .execute(&writer)
+            .await
+            .expect("clean-up");
+        writer.close().await;
+        assert_eq!(drain(&db).await, ["w1"], "drover's enqueue ran");
+    })
+    .await;
+}
+
 /// Asserts `watch` is refused with a one-line [`StoreError::Watch`] that
 /// contains `needle`.
 async fn refused(db: &TestDb, watch: TableWatch, needle: &str) {

@@ -149,3 +149,16 @@ BEGIN
         END IF;
     END LOOP;
 END $$;
+
+-- The trigger functions run in the writer's session, whose search_path need
+-- not name drover's schema (the writer's change then failed) and could name a
+-- schema with a drover_enqueue of its own (which would then run): they
+-- resolve drover's names in the schema drover was migrated into, whatever the
+-- writer's path.
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION drover_watch_row() SET search_path = %I, pg_temp',
+                   current_schema());
+    EXECUTE format('ALTER FUNCTION drover_watch_truncate() SET search_path = %I, pg_temp',
+                   current_schema());
+END $$;
