@@ -149,13 +149,8 @@ async fn no_page_or_answer_may_be_framed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_a_socket_a_rebound_name_is_refused() {
     let (db, _dir) = support::sqlite().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = drover::server::Server::new(db.store.clone(), ServerOptions::default());
-    let serving = tokio::spawn(server.serve(listener, shutdown.clone()));
+    let socket = server_support::Socket::serve(&db.store).await;
+    let addr = socket.addr;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/processes");
     let own = client.get(&url).send().await.expect("sent");
@@ -169,6 +164,5 @@ async fn over_a_socket_a_rebound_name_is_refused() {
     assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
     let body: serde_json::Value = rebound.json().await.expect("JSON");
     assert_eq!(body["error"], json!("host_not_allowed"));
-    shutdown.cancel();
-    serving.await.expect("server task").expect("served");
+    socket.stop().await;
 }

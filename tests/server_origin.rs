@@ -320,13 +320,8 @@ async fn refusals_are_counted_in_the_request_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_a_socket_the_origin_is_compared_with_the_host_the_client_sent() {
     let (db, _dir) = support::sqlite().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = drover::server::Server::new(db.store.clone(), ServerOptions::default());
-    let serving = tokio::spawn(server.serve(listener, shutdown.clone()));
+    let socket = server_support::Socket::serve(&db.store).await;
+    let addr = socket.addr;
     let client = reqwest::Client::new();
     let post = |origin: String, key: &str| {
         client
@@ -343,8 +338,7 @@ async fn over_a_socket_the_origin_is_compared_with_the_host_the_client_sent() {
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     let body: serde_json::Value = refused.json().await.expect("JSON");
     assert_eq!(body["error"], json!("cross_origin"));
-    shutdown.cancel();
-    serving.await.expect("server task").expect("served");
+    socket.stop().await;
     let items = db
         .store
         .item_list(drover::store::ItemList {

@@ -183,3 +183,36 @@ pub(crate) const GET: Method = Method::GET;
 pub(crate) const POST: Method = Method::POST;
 /// `DELETE`.
 pub(crate) const DELETE: Method = Method::DELETE;
+
+/// A server on a real socket on 127.0.0.1, for tests that need what the HTTP
+/// stack delivers (the `Host` a client sent). [`stop`](Self::stop) ends it.
+pub(crate) struct Socket {
+    /// Where it listens.
+    pub(crate) addr: std::net::SocketAddr,
+    shutdown: tokio_util::sync::CancellationToken,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Socket {
+    /// Serves `store` with default options on a free port.
+    pub(crate) async fn serve(store: &Store) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let server = Server::new(store.clone(), ServerOptions::default());
+        let serving = tokio::spawn(server.serve(listener, shutdown.clone()));
+        Self {
+            addr,
+            shutdown,
+            serving,
+        }
+    }
+
+    /// Stops serving and waits for the server to finish.
+    pub(crate) async fn stop(self) {
+        self.shutdown.cancel();
+        self.serving.await.expect("server task").expect("served");
+    }
+}
