@@ -13,7 +13,7 @@ use drover::store::{
     ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, Outcome, RunList, SessionStart,
     Store, StoreEngine as _,
 };
-use support::each_engine;
+use support::each_engine_and_pooler;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
@@ -92,7 +92,7 @@ async fn drain(store: Store, in_flight: Arc<Mutex<HashSet<String>>>) -> Vec<Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_claimers_never_share_a_key_and_together_drain_every_key() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let keys = key_names(400);
         let enqueue = ItemEnqueue::new(P, keys.iter().cloned());
         db.store.item_enqueue(enqueue).await.expect("enqueue");
@@ -148,7 +148,7 @@ async fn work_until_stopped(store: Store, stop: Arc<std::sync::atomic::AtomicBoo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_enqueue_during_concurrent_runs_is_followed_by_a_later_run() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let keys = key_names(12);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let claimers: Vec<_> = (0..6)

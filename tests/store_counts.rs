@@ -15,7 +15,7 @@ use drover::store::{
     StoreEngine as _,
 };
 use support::store::{P, claim};
-use support::{each_engine, each_enqueue_path};
+use support::{each_engine_and_pooler, each_enqueue_path_and_pooler};
 
 /// A small deterministic generator (xorshift), so a failing seed replays.
 struct Dice(u64);
@@ -227,7 +227,7 @@ async fn new_session(store: &Store) -> i64 {
 
 #[tokio::test]
 async fn counts_equal_a_real_count_after_random_operations() {
-    each_enqueue_path(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let store = &db.store;
         let forget = ProcessConfigure::new(P).forget_idle_after(Some(Duration::from_secs(2)));
         store.process_configure(forget).await.expect("configure");
@@ -249,7 +249,7 @@ async fn counts_equal_a_real_count_after_random_operations() {
 
 #[tokio::test]
 async fn counts_of_a_state_no_item_is_in_are_zero_not_missing() {
-    each_enqueue_path(|db| async move {
+    each_enqueue_path_and_pooler(|db| async move {
         let store = &db.store;
         store
             .item_enqueue(ItemEnqueue::new(P, ["a"]))
@@ -272,7 +272,7 @@ async fn counts_of_a_state_no_item_is_in_are_zero_not_missing() {
 
 #[tokio::test]
 async fn a_batch_over_two_processes_counts_each_process_once_per_key() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let store = &db.store;
         let session = drover::store::SessionId(new_session(store).await);
         let mut leases = Vec::new();
