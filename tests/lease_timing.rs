@@ -1,7 +1,8 @@
 //! What a run knows of its lease, and how a controller's timing holds when the
 //! database misbehaves: the fencing token reaches the work (library and
 //! `drover work --exec`), a TTL too short for the safety margin is refused, and
-//! a database that refuses every write cannot hold shutdown up.
+//! a database that refuses every write, or does not answer at all (a frozen
+//! link), cannot hold shutdown up.
 
 mod support;
 
@@ -13,6 +14,7 @@ use drover::runner::{Action, BoxError, ConfigError, Controller, MIN_TTL, Task};
 use drover::store::{
     FencingToken, ItemEnqueue, ItemGet, ItemState, RunList, RunOutcome, Store, StoreEngine as _,
 };
+use support::fault_proxy::FaultProxy;
 use support::process::{eventually, stop};
 use support::{TestDb, each_engine};
 use tokio::process::Command;
@@ -325,4 +327,58 @@ async fn an_outcome_the_database_cannot_store_is_dropped_after_a_ttl_and_its_key
         running.await.expect("task").expect("controller runs");
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_within_its_deadline_plus_a_second_when_the_database_does_not_answer() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    // The controller reaches the database through a link the test freezes:
+    // no answer, no error, no reset, as behind a dead switch.
+    let (proxy, store) = FaultProxy::in_front_of(&base, &db.url).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let gate = Arc::new(Semaphore::new(0));
+    let reconciler = {
+        let gate = Arc::clone(&gate);
+        move |_task: Task| {
+            let (tx, gate) = (tx.clone(), Arc::clone(&gate));
+            async move {
+                tx.send(()).expect("test alive");
+                gate.acquire().await?.forget();
+                Ok::<_, BoxError>(Action::Done)
+            }
+        }
+    };
+    let deadline = Duration::from_secs(1);
+    // A TTL past the test: only the shutdown deadline can end the wait for
+    // the outcome's write and the session's close.
+    let controller = Controller::builder(store.clone(), PROCESS, reconciler)
+        .ttl(Duration::from_secs(60))
+        .shutdown_deadline(deadline)
+        .build()
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(controller.run(shutdown.clone()));
+    enqueue(&db.store, "k").await;
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("the run started");
+    proxy.freeze();
+    gate.add_permits(1); // the outcome goes into a link that never answers
+    shutdown.cancel();
+    tokio::time::timeout(deadline + Duration::from_secs(1), running)
+        .await
+        .expect("shutdown ended within its deadline plus a second")
+        .expect("task")
+        .expect("controller runs");
+    assert_eq!(
+        state(&db.store, "k").await,
+        Some(ItemState::Running),
+        "the outcome never reached the database: the lease is left to expire"
+    );
+    drop(store);
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
 }
