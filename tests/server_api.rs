@@ -397,6 +397,34 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
 }
 
 #[tokio::test]
+async fn a_waiting_claim_held_back_by_the_rate_limit_returns_at_the_next_token() {
+    each_engine(|db| async move {
+        // Polling once a minute: only the wait for the next token can answer
+        // within the test.
+        let process = support::process_name("paced");
+        let limit = drover::store::ProcessConfigure::new(process.as_str())
+            .rate(Some(1.0))
+            .burst(1);
+        db.store.process_configure(limit).await.expect("limit");
+        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+        let api = Api::with(&db.store, options);
+        api.enqueue(&process, &["a", "b"]).await;
+        let session = api.session(60_000).await;
+        assert_eq!(api.claim(session, &process, 1).await.len(), 1, "the burst");
+        let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
+        let uri = format!("/v1/sessions/{session}/claim");
+        let claimed = tokio::time::timeout(
+            Duration::from_secs(20),
+            api.post(&uri, body, StatusCode::OK),
+        )
+        .await
+        .expect("answered at the next token (a second away), not at the poll or the wait's end");
+        assert_eq!(claimed["leases"][0]["key"], "b");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_waiting_claim_with_nothing_to_do_returns_empty_after_its_wait() {
     each_engine(|db| async move {
         let api = Api::new(&db.store);
