@@ -1,7 +1,8 @@
 //! What a run knows of its lease, and how a controller's timing holds when the
 //! database misbehaves: the fencing token reaches the work (library and
 //! `drover work --exec`), a TTL too short for the safety margin is refused, and
-//! a database that refuses every write cannot hold shutdown up.
+//! a database that refuses every write, or does not answer at all (a frozen
+//! link), cannot hold shutdown up.
 
 mod support;
 
@@ -10,7 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover::runner::{Action, BoxError, ConfigError, Controller, MIN_TTL, Task};
-use drover::store::{FencingToken, ItemEnqueue, ItemGet, ItemState, Store, StoreEngine as _};
+use drover::store::{
+    FencingToken, ItemEnqueue, ItemGet, ItemState, RunList, RunOutcome, Store, StoreEngine as _,
+};
+use support::fault_proxy::FaultProxy;
 use support::process::{eventually, stop};
 use support::{TestDb, each_engine};
 use tokio::process::Command;
@@ -231,9 +235,43 @@ async fn shutdown_ends_within_its_deadline_plus_a_second_when_the_database_refus
         .expect("drop the database");
 }
 
+/// Makes the database refuse, on every try (drover's own retry without the
+/// error text included), to store a run of the key [`UNSTORABLE`] that ended
+/// in a retry: a trigger on the runs table, in the test's own database.
+async fn refuse_unstorable_runs(db: &TestDb) {
+    if db.engine == "postgres" {
+        db.execute(&format!(
+            "CREATE FUNCTION drover_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.key = '{UNSTORABLE}' AND NEW.outcome = 'retry' THEN
+                 RAISE EXCEPTION 'the test refuses this run';
+               END IF;
+               RETURN NEW;
+             END $$"
+        ))
+        .await;
+        db.execute(
+            "CREATE TRIGGER drover_test_refuse BEFORE INSERT ON drover_runs
+             FOR EACH ROW EXECUTE FUNCTION drover_test_refuse()",
+        )
+        .await;
+    } else {
+        db.execute(&format!(
+            "CREATE TRIGGER drover_test_refuse BEFORE INSERT ON drover_runs
+             WHEN NEW.key = '{UNSTORABLE}' AND NEW.outcome = 'retry'
+             BEGIN SELECT RAISE(ABORT, 'the test refuses this run'); END"
+        ))
+        .await;
+    }
+}
+
+/// The key whose failed runs [`refuse_unstorable_runs`] refuses to store.
+const UNSTORABLE: &str = "unstorable";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_the_database_cannot_store_is_dropped_after_a_ttl_and_its_key_runs_again() {
     each_engine(|db| async move {
+        refuse_unstorable_runs(&db).await;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let reconciler = move |_task: Task| {
@@ -242,8 +280,8 @@ async fn an_outcome_the_database_cannot_store_is_dropped_after_a_ttl_and_its_key
                 let run = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 tx.send(run).expect("test alive");
                 if run == 1 {
-                    // PostgreSQL refuses U+0000 in text (22021), on every retry.
-                    return Err::<Action, BoxError>("bad\0byte".into());
+                    // The database refuses this outcome's run, on every retry.
+                    return Err::<Action, BoxError>("a failure".into());
                 }
                 Ok(Action::Done)
             }
@@ -255,7 +293,7 @@ async fn an_outcome_the_database_cannot_store_is_dropped_after_a_ttl_and_its_key
             .expect("valid settings");
         let shutdown = CancellationToken::new();
         let running = tokio::spawn(controller.run(shutdown.clone()));
-        enqueue(&db.store, "k").await;
+        enqueue(&db.store, UNSTORABLE).await;
         for expected in [1, 2] {
             let run = tokio::time::timeout(Duration::from_secs(20), rx.recv())
                 .await
@@ -264,11 +302,83 @@ async fn an_outcome_the_database_cannot_store_is_dropped_after_a_ttl_and_its_key
             assert_eq!(run, expected);
         }
         eventually("the second run's outcome written", || async {
-            state(&db.store, "k").await == Some(ItemState::Idle)
+            state(&db.store, UNSTORABLE).await == Some(ItemState::Idle)
         })
         .await;
+        // The first outcome was dropped, not stored in some other form, and
+        // its lease handed back (a canceled run): then the second run.
+        let history = db
+            .store
+            .run_list(RunList {
+                process: Some(PROCESS.into()),
+                key: Some(UNSTORABLE.into()),
+                limit: 10,
+                ..RunList::default()
+            })
+            .await
+            .expect("history");
+        let outcomes: Vec<_> = history.iter().map(|r| r.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [RunOutcome::Done, RunOutcome::Canceled],
+            "{history:?}"
+        );
         shutdown.cancel();
         running.await.expect("task").expect("controller runs");
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_within_its_deadline_plus_a_second_when_the_database_does_not_answer() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    // The controller reaches the database through a link the test freezes:
+    // no answer, no error, no reset, as behind a dead switch.
+    let (proxy, store) = FaultProxy::in_front_of(&base, &db.url).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let gate = Arc::new(Semaphore::new(0));
+    let reconciler = {
+        let gate = Arc::clone(&gate);
+        move |_task: Task| {
+            let (tx, gate) = (tx.clone(), Arc::clone(&gate));
+            async move {
+                tx.send(()).expect("test alive");
+                gate.acquire().await?.forget();
+                Ok::<_, BoxError>(Action::Done)
+            }
+        }
+    };
+    let deadline = Duration::from_secs(1);
+    // A TTL past the test: only the shutdown deadline can end the wait for
+    // the outcome's write and the session's close.
+    let controller = Controller::builder(store.clone(), PROCESS, reconciler)
+        .ttl(Duration::from_secs(60))
+        .shutdown_deadline(deadline)
+        .build()
+        .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(controller.run(shutdown.clone()));
+    enqueue(&db.store, "k").await;
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("the run started");
+    proxy.freeze();
+    gate.add_permits(1); // the outcome goes into a link that never answers
+    shutdown.cancel();
+    tokio::time::timeout(deadline + Duration::from_secs(1), running)
+        .await
+        .expect("shutdown ended within its deadline plus a second")
+        .expect("task")
+        .expect("controller runs");
+    assert_eq!(
+        state(&db.store, "k").await,
+        Some(ItemState::Running),
+        "the outcome never reached the database: the lease is left to expire"
+    );
+    drop(store);
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
 }

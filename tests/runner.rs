@@ -16,7 +16,7 @@ use drover::store::{
 };
 use support::backend::TestBackend;
 use support::{TestDb, each_backend, each_engine};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -180,49 +180,6 @@ async fn every_enqueued_key_is_reconciled_exactly_once() {
         let counts = db.store.process_counts().await.unwrap();
         let counts = counts.iter().find(|c| c.process == PROCESS).unwrap();
         assert_eq!((counts.pending, counts.running, counts.parked), (0, 0, 0));
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_enqueues_during_a_run_gives_exactly_one_more_run() {
-    each_backend(|db| async move {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let gate = Arc::new(Semaphore::new(0));
-        let reconciler = {
-            let gate = Arc::clone(&gate);
-            move |task: Task| {
-                let (tx, gate) = (tx.clone(), Arc::clone(&gate));
-                async move {
-                    tx.send(task.key().to_owned()).unwrap();
-                    gate.acquire().await.unwrap().forget();
-                    Ok::<_, BoxError>(Action::Done)
-                }
-            }
-        };
-        // No idle poll to fall back on: the completion itself must wake the
-        // claim loop for the re-run.
-        let running =
-            Running::start(controller(&db.worker, reconciler).idle_poll(Duration::from_secs(3600)));
-        enqueue(&db.store, &["a"]).await;
-        assert_eq!(recv(&mut rx).await, "a");
-        for _ in 0..100 {
-            enqueue(&db.store, &["a"]).await;
-        }
-        gate.add_permits(1);
-        assert_eq!(
-            recv(&mut rx).await,
-            "a",
-            "the enqueues during the run give one more run"
-        );
-        gate.add_permits(1);
-        running.stop().await;
-        assert!(rx.try_recv().is_err(), "not one run per enqueue");
-        let a = item(&db, "a").await.expect("a stays known");
-        assert_eq!(a.item.state, ItemState::Idle, "nothing left pending");
-        assert_eq!(a.item.enqueue_count, 101, "every enqueue counted");
-        let outcomes: Vec<_> = runs_of(&db, "a").await.iter().map(|r| r.outcome).collect();
-        assert_eq!(outcomes, [RunOutcome::Done, RunOutcome::Done]);
     })
     .await;
 }
@@ -591,26 +548,6 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_controller_wakes_on_an_enqueue_without_polling() {
-    each_backend(|db| async move {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let builder = controller(&db.worker, reporting(tx, |_| Ok(Action::Done)))
-            .idle_poll(Duration::from_secs(3600));
-        let running = Running::start(builder);
-        enqueue(&db.store, &["warm"]).await;
-        assert_eq!(recv(&mut rx).await.0, "warm");
-        enqueue(&db.store, &["later"]).await;
-        assert_eq!(
-            recv(&mut rx).await.0,
-            "later",
-            "woken, not polled (the poll is an hour away)"
-        );
-        running.stop().await;
-    })
-    .await;
-}
-
 /// Runs `sql` on the store's own database.
 async fn exec(store: &Store, sql: &str) {
     if let Some(pool) = store.sqlite_pool() {
@@ -702,35 +639,6 @@ async fn a_query_source_locks_candidates_from_the_users_table_and_backs_off_fail
         );
     })
     .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_controller_hears_an_enqueue_from_another_process_through_listen() {
-    let Some(base) = support::postgres_url() else {
-        return;
-    };
-    let (db, schema) = support::postgres(&base).await;
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let builder = controller(&db.worker, reporting(tx, |_| Ok(Action::Done)))
-        .idle_poll(Duration::from_secs(3600));
-    let running = Running::start(builder);
-    enqueue(&db.store, &["warm"]).await;
-    assert_eq!(recv(&mut rx).await.0, "warm");
-    // Another OS process: only LISTEN/NOTIFY can tell this one about it.
-    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
-        .args(["enqueue", PROCESS, "from-elsewhere", "--db", &db.url])
-        .status()
-        .await
-        .unwrap();
-    assert!(status.success());
-    assert_eq!(
-        recv(&mut rx).await.0,
-        "from-elsewhere",
-        "woken by NOTIFY, not by the hourly poll"
-    );
-    running.stop().await;
-    db.store.close().await;
-    support::drop_schema(&base, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

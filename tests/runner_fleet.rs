@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use drover::runner::{Action, BoxError, Controller, Task};
 use drover::store::{ItemEnqueue, ProcessConfigure, ProcessPause, StoreEngine as _};
-use support::each_backend;
 use support::process::eventually_within;
+use support::{each_backend, each_backend_unpolled};
 use tokio_util::sync::CancellationToken;
 
 const PROCESS: &str = "paced";
@@ -39,7 +39,7 @@ fn counting(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limited_worker_claims_at_each_token_not_at_its_idle_poll() {
-    each_backend(|db| async move {
+    each_backend_unpolled(|db| async move {
         const KEYS: u32 = 20;
         let configure = ProcessConfigure::new(PROCESS).rate(Some(20.0)).burst(1);
         db.store.process_configure(configure).await.expect("limit");

@@ -317,31 +317,33 @@ async fn completing_after_the_session_expired_is_refused_and_changes_nothing() {
 async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
     each_engine(|db| async move {
         // Polling once a minute: only the wake-up can answer within the test.
+        // A process name of its own: no neighbour's enqueue can wake it.
+        let process = support::process_name("woken");
         let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
         let api = std::sync::Arc::new(Api::with(&db.store, options));
         let session = api.session(60_000).await;
         let waiting = {
             let api = std::sync::Arc::clone(&api);
+            let process = process.clone();
             tokio::spawn(async move {
-                let body = json!({ "process": P, "max": 1, "wait_ms": 30_000 });
+                let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
                 let uri = format!("/v1/sessions/{session}/claim");
                 api.post(&uri, body, StatusCode::OK).await
             })
         };
-        tokio::task::yield_now().await;
+        // The claim waits (it found nothing): only a wake-up can answer it.
+        api.until_claims_waiting(1).await;
         // Enqueue through another connection, as another node would.
         let other = db.reconnect().await;
         other
-            .item_enqueue(ItemEnqueue::new(P, ["a"]))
+            .item_enqueue(ItemEnqueue::new(process.as_str(), ["a"]))
             .await
             .expect("enqueue");
-        let started = std::time::Instant::now();
         let claimed = tokio::time::timeout(Duration::from_secs(20), waiting)
             .await
             .expect("woken before the poll")
             .expect("claim task");
         assert_eq!(claimed["leases"][0]["key"], "a");
-        assert!(started.elapsed() < Duration::from_secs(20));
         other.close().await;
     })
     .await;
@@ -357,13 +359,15 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
             );
             return;
         }
+        let process = support::process_name("listen");
         let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
         let api = std::sync::Arc::new(Api::with(&db.store, options));
         let session = api.session(60_000).await;
         let waiting = {
             let api = std::sync::Arc::clone(&api);
+            let process = process.clone();
             tokio::spawn(async move {
-                let body = json!({ "process": P, "max": 1, "wait_ms": 30_000 });
+                let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
                 api.post(
                     &format!("/v1/sessions/{session}/claim"),
                     body,
@@ -372,8 +376,9 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
                 .await
             })
         };
+        api.until_claims_waiting(1).await;
         let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
-            .args(["enqueue", P, "from-elsewhere", "--db", &db.url])
+            .args(["enqueue", &process, "from-elsewhere", "--db", &db.url])
             .output()
             .await
             .expect("run drover enqueue");
@@ -387,6 +392,34 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
             .expect("woken by NOTIFY, long before the 60 s poll")
             .expect("claim task");
         assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiting_claim_held_back_by_the_rate_limit_returns_at_the_next_token() {
+    each_engine(|db| async move {
+        // Polling once a minute: only the wait for the next token can answer
+        // within the test.
+        let process = support::process_name("paced");
+        let limit = drover::store::ProcessConfigure::new(process.as_str())
+            .rate(Some(1.0))
+            .burst(1);
+        db.store.process_configure(limit).await.expect("limit");
+        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+        let api = Api::with(&db.store, options);
+        api.enqueue(&process, &["a", "b"]).await;
+        let session = api.session(60_000).await;
+        assert_eq!(api.claim(session, &process, 1).await.len(), 1, "the burst");
+        let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
+        let uri = format!("/v1/sessions/{session}/claim");
+        let claimed = tokio::time::timeout(
+            Duration::from_secs(20),
+            api.post(&uri, body, StatusCode::OK),
+        )
+        .await
+        .expect("answered at the next token (a second away), not at the poll or the wait's end");
+        assert_eq!(claimed["leases"][0]["key"], "b");
     })
     .await;
 }

@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use drover::store::{
-    ItemEnqueue, LeaseClaim, LeaseComplete, LeaseLock, Outcome, ProcessConfigure, ProcessPause,
-    RunList, RunOutcome, SessionId, Store, StoreEngine as _, StoreError,
+    ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, LeaseLock, Outcome,
+    ProcessConfigure, ProcessPause, RunList, RunOutcome, SessionId, Store, StoreEngine as _,
+    StoreError,
 };
 use support::locks::Holder;
 use support::{TestDb, each_engine, each_engine_and_pooler};
@@ -152,6 +153,31 @@ async fn a_run_in_progress_finishes_normally_while_its_process_is_paused() {
             .lease_complete(done)
             .await
             .expect("a paused process's run completes");
+        let key = &leases[0].key;
+        let item = db
+            .store
+            .item_get(ItemGet {
+                process: P.into(),
+                key: key.clone(),
+                runs_limit: 0,
+            })
+            .await
+            .expect("item_get")
+            .expect("the key is known")
+            .item;
+        assert_eq!(item.state, ItemState::Idle, "the run's key converged");
+        let runs = db
+            .store
+            .run_list(RunList {
+                process: Some(P.into()),
+                key: Some(key.clone()),
+                limit: 10,
+                ..RunList::default()
+            })
+            .await
+            .expect("runs");
+        let outcomes: Vec<_> = runs.iter().map(|r| r.outcome).collect();
+        assert_eq!(outcomes, [RunOutcome::Done], "one run, ended done");
     })
     .await;
 }

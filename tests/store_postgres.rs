@@ -18,10 +18,13 @@ async fn an_enqueue_notifies_the_process_channel_on_commit() {
     let mut listener = sqlx::postgres::PgListener::connect(&db.url)
         .await
         .expect("listener connects");
-    let channel = PostgresStore::notify_channel("provision");
+    // A process of its own: channels are per database, and the tests of
+    // other schemas (and other runs) enqueue to "provision" meanwhile.
+    let process = support::process_name("notified");
+    let channel = PostgresStore::notify_channel(&process);
     listener.listen(&channel).await.expect("listen");
     db.store
-        .item_enqueue(ItemEnqueue::new("provision", ["m1"]))
+        .item_enqueue(ItemEnqueue::new(process.as_str(), ["m1"]))
         .await
         .expect("enqueue");
     let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())

@@ -10,7 +10,7 @@ use std::time::Duration;
 use drover::store::{
     ItemEnqueue, ItemState, ItemTriage, Outcome, Store, StoreEngine as _, StoreError, TriageCursor,
 };
-use support::each_engine;
+use support::each_engine_and_pooler;
 use support::store::{P, claim, complete, configure, secs};
 
 /// Every page of the listing, `limit` items at a time: (state, key) in order.
@@ -89,7 +89,7 @@ fn names(list: &[(ItemState, String)]) -> Vec<String> {
 
 #[tokio::test]
 async fn pages_list_parked_then_backoff_then_pending_in_claim_order_then_running_and_idle() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         every_state(&db.store, s.id).await;
         let expected = [
@@ -121,7 +121,7 @@ async fn pages_list_parked_then_backoff_then_pending_in_claim_order_then_running
 
 #[tokio::test]
 async fn a_key_prefix_narrows_every_section_to_its_keys_in_key_order() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         every_state(&db.store, s.id).await;
         let w = walk(&db.store, None, Some("w"), 2).await;
@@ -142,7 +142,7 @@ async fn a_key_prefix_narrows_every_section_to_its_keys_in_key_order() {
 
 #[tokio::test]
 async fn deep_pages_of_a_large_backlog_follow_the_claim_order_across_priorities() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let keys: Vec<String> = (0..300).map(|n| format!("k{n:03}")).collect();
         for (n, chunk) in keys.chunks(100).enumerate() {
             let e = ItemEnqueue::new(P, chunk.iter().cloned())
@@ -166,7 +166,7 @@ async fn deep_pages_of_a_large_backlog_follow_the_claim_order_across_priorities(
 
 #[tokio::test]
 async fn a_cursor_of_another_listing_or_garbage_is_refused() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         every_state(&db.store, s.id).await;
         let page = |state, after| ItemTriage {
@@ -206,7 +206,7 @@ async fn a_cursor_of_another_listing_or_garbage_is_refused() {
 /// no index of running keys by key (migration 0013): it sorts them.
 #[tokio::test]
 async fn running_and_parked_keys_are_listed_in_key_order_whatever_order_they_started_in() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let s = db.session().await;
         let store = &db.store;
         for key in ["r3", "x2", "r1", "x1", "r4", "x3", "r2"] {

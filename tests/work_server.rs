@@ -290,17 +290,16 @@ async fn a_remote_worker_with_a_parallelism_over_one_claims_answer_drains_everyt
     each_engine(|db| async move {
         let dir = tempfile::tempdir().unwrap();
         let (server, url) = serve(&db, dir.path()).await;
-        let keys: Vec<String> = (0..1500).map(|i| format!("k{i:04}")).collect();
+        let keys: Vec<String> = (0..2500).map(|i| format!("k{i:04}")).collect();
         db.store
             .item_enqueue(ItemEnqueue::new(PROCESS, keys))
             .await
             .unwrap();
-        // 1,001 slots: more than one claim answer holds (1,000), which the
-        // server once refused with a 400 for ever. (The library controller
-        // drains 5,000 keys with 2,000 slots in tests/runner.rs.)
-        let worker = remote_worker(&url, "true", &["--parallelism", "1001"]);
+        // 2,000 slots (as the README says): more than one claim answer holds
+        // (1,000), which the server once refused with a 400 for ever.
+        let worker = remote_worker(&url, "true", &["--parallelism", "2000"]);
         support::process::eventually_within(
-            "1,500 keys drained",
+            "2,500 keys drained",
             Duration::from_secs(120),
             || async { counts(&db.store).await == (0, 0, 0) },
         )
@@ -316,7 +315,7 @@ async fn a_remote_worker_with_a_parallelism_over_one_claims_answer_drains_everyt
             .iter()
             .filter(|e| e.outcome == RunOutcome::Done)
             .count();
-        assert_eq!(finished, 1500, "every key ran once");
+        assert_eq!(finished, 2500, "every key ran once");
         drop(server);
     })
     .await;

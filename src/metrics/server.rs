@@ -10,6 +10,7 @@ use std::time::Duration;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::Mutex;
@@ -27,6 +28,8 @@ pub(crate) struct ServerMetrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
+    /// Claims waiting for work (long-polls) right now.
+    claims_waiting: Gauge,
     store: StoreFamilies,
     /// Serialises scrapes, so two never interleave clearing and setting gauges.
     scrape: Mutex<()>,
@@ -54,11 +57,18 @@ impl ServerMetrics {
             "HTTP request latency, by method and route template",
             latency.clone(),
         );
+        let claims_waiting = Gauge::default();
+        registry.register(
+            "drover_claims_waiting",
+            "Claims waiting on this server for work to come (long-polls)",
+            claims_waiting.clone(),
+        );
         let store = StoreFamilies::new(&mut registry);
         Self {
             registry,
             requests,
             latency,
+            claims_waiting,
             store,
             scrape: Mutex::new(()),
         }
@@ -102,6 +112,19 @@ impl ServerMetrics {
     /// `workqueue_adds_total` for keys enqueued over HTTP.
     pub(crate) fn enqueued(&self, process: &str, keys: u64) {
         QueueMetrics::global().handle(process).adds.inc_by(keys);
+    }
+
+    /// Counts one claim waiting for work (`drover_claims_waiting`) until the
+    /// returned guard drops.
+    pub(crate) fn claim_waiting(&self) -> impl Drop + use<> {
+        struct Waiting(Gauge);
+        impl Drop for Waiting {
+            fn drop(&mut self) {
+                self.0.dec();
+            }
+        }
+        self.claims_waiting.inc();
+        Waiting(self.claims_waiting.clone())
     }
 
     /// `workqueue_queue_duration_seconds`: how long a claimed key waited.

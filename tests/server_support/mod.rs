@@ -152,6 +152,30 @@ impl Api {
         reply["leases"].as_array().expect("leases").clone()
     }
 
+    /// Returns once `n` claims wait on this server for work, as its
+    /// `drover_claims_waiting` gauge says (the server tells no one when a
+    /// claim starts to wait, so `/metrics` is read again every 5 ms); fails
+    /// after 10 s.
+    pub(crate) async fn until_claims_waiting(&self, n: i64) {
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                let metrics = self.call(Method::GET, "/metrics", None).await;
+                let waiting = metrics
+                    .text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("drover_claims_waiting "))
+                    .and_then(|v| v.trim().parse::<i64>().ok())
+                    .expect("the server reports drover_claims_waiting");
+                if waiting >= n {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_| panic!("{n} claims never waited on the server"));
+    }
+
     /// The counts of one process from `GET /v1/processes`.
     pub(crate) async fn counts(&self, process: &str) -> Option<Value> {
         let list = self.get_ok("/v1/processes").await;

@@ -40,8 +40,20 @@ impl TestBackend {
 /// (until the backend's last clone drops), with short poll and reclaim
 /// intervals so tests do not wait for them.
 pub(crate) fn served(store: &Store) -> TestBackend {
+    served_polling(store, Duration::from_millis(50))
+}
+
+/// [`served`] with a server whose waiting claims look at the database again
+/// only once an hour: a claim waits until a wake-up comes (or its wait ends),
+/// so a test judging wake-ups through it cannot be passed by the server's
+/// polling.
+pub(crate) fn served_unpolled(store: &Store) -> TestBackend {
+    served_polling(store, Duration::from_secs(3600))
+}
+
+fn served_polling(store: &Store, poll: Duration) -> TestBackend {
     let options = ServerOptions::default()
-        .poll_interval(Duration::from_millis(50))
+        .poll_interval(poll)
         .reclaim_interval(Duration::from_millis(100));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     listener.set_nonblocking(true).expect("non-blocking");

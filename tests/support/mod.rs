@@ -29,6 +29,7 @@ pub(crate) mod process;
 pub(crate) mod serve;
 pub(crate) mod store;
 pub(crate) mod ticks;
+pub(crate) mod wakeups;
 
 use backend::TestBackend;
 
@@ -77,6 +78,14 @@ impl TestDb {
     /// started in front of it (which lives as long as the returned value).
     pub(crate) fn served(mut self) -> Self {
         self.worker = backend::served(&self.store);
+        self
+    }
+
+    /// [`served`](Self::served), through a server that never polls while a
+    /// claim waits (see [`backend::served_unpolled`]): for the tests of
+    /// wake-ups.
+    pub(crate) fn served_unpolled(mut self) -> Self {
+        self.worker = backend::served_unpolled(&self.store);
         self
     }
 
@@ -199,6 +208,14 @@ fn unique_name(prefix: &str) -> String {
         NEXT.fetch_add(1, Ordering::SeqCst),
         rand::random::<u32>()
     )
+}
+
+/// A process name no other test of any run uses (`{prefix}_{pid}_{n}_{random}`):
+/// for the tests of wake-ups and notifications, which a neighbour enqueueing
+/// to the same name could otherwise satisfy (a wake-up in this process, and
+/// PostgreSQL's channels, go by process name, not by database or schema).
+pub(crate) fn process_name(prefix: &str) -> String {
+    unique_name(prefix)
 }
 
 /// Runs one administrative statement on the server at `url` through a
@@ -362,6 +379,19 @@ where
     each_engine(&test).await;
     eprintln!("again through a server");
     each_engine(|db| test(db.served())).await;
+}
+
+/// [`each_backend`] for the tests of wake-ups: the server it starts never
+/// polls while a claim waits ([`TestDb::served_unpolled`]), so only a wake-up
+/// can hand the worker its key in time.
+pub(crate) async fn each_backend_unpolled<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    each_engine(&test).await;
+    eprintln!("again through a server that does not poll");
+    each_engine(|db| test(db.served_unpolled())).await;
 }
 
 /// A migrator of `engine`'s migrations whose file names sort before `before`

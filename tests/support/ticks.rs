@@ -45,7 +45,10 @@ impl TickLog {
             .append(true)
             .open(&self.path)
             .expect("open the tick log");
-        writeln!(file, "{tag} {}", now_nanos()).expect("write a tick");
+        // One write per line: ticks of runs on other threads append to the
+        // same file, and a line written in pieces could be split by theirs.
+        let line = format!("{tag} {}\n", now_nanos());
+        file.write_all(line.as_bytes()).expect("write a tick");
     }
 
     /// Every tick of `tag`, in the order written.

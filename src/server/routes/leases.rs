@@ -93,6 +93,7 @@ async fn wait_for_leases(
     };
     let mut pause = Duration::ZERO;
     loop {
+        let _waiting = (!pause.is_zero()).then(|| state.metrics.claim_waiting());
         let claim = state.store.lease_claim_wait(params.clone(), pause);
         let claimed = tokio::select! {
             claimed = claim => claimed,
