@@ -1,8 +1,10 @@
 //! [`PostgresStore`] and its [`StoreEngine`] implementation, which delegates each
 //! operation to the file named for its noun, retrying lost races.
 
+use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -42,6 +44,10 @@ pub(crate) use super::tx::Tx;
 /// that may wait on row locks, so a delay or a backoff it stores is measured
 /// from when it is written, not shortened by the wait.
 pub(super) const NOW: &str = "SELECT clock_timestamp() + $1::float8 * interval '1 millisecond'";
+
+/// How long a transaction may wait for a connection before the store looks
+/// for another host (see [`PostgresStore::connecting`]).
+const SLOW_BEGIN: Duration = Duration::from_secs(1);
 
 /// The PostgreSQL engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]
@@ -186,8 +192,10 @@ impl PostgresStore {
 
     /// Starts a transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
-        self.failover.follow(&self.pool, &self.at);
-        let mut tx = Tx::begin(&self.pool, self.pooled).await.db()?;
+        let mut tx = self
+            .connecting(Tx::begin(&self.pool, self.pooled))
+            .await
+            .db()?;
         let now = self.now(&mut tx).await?;
         Ok((tx, now))
     }
@@ -195,8 +203,27 @@ impl PostgresStore {
     /// A connection for reads (a transaction through a pooler, see [`Tx`]);
     /// end it with `commit`.
     pub(super) async fn read(&self) -> Result<Tx, StoreError> {
+        self.connecting(Tx::read(&self.pool, self.pooled))
+            .await
+            .db()
+    }
+
+    /// Awaits `begin` (a transaction's start, which takes a pooled
+    /// connection); one that waits longer than [`SLOW_BEGIN`] (the pool
+    /// cannot connect: a dead primary refuses, and the pool retries it)
+    /// starts a search for the host that now accepts writes, when the URL
+    /// names several.
+    pub(super) async fn connecting<T>(&self, begin: impl Future<Output = T>) -> T {
         self.failover.follow(&self.pool, &self.at);
-        Tx::read(&self.pool, self.pooled).await.db()
+        let begin = std::pin::pin!(begin);
+        let mut begin = begin;
+        tokio::select! {
+            done = &mut begin => done,
+            () = tokio::time::sleep(SLOW_BEGIN) => {
+                self.failover.search(&self.pool, &self.at);
+                begin.await
+            }
+        }
     }
 
     /// The database clock, read on its own.

@@ -27,6 +27,12 @@ use crate::store::{DriverError, StoreError};
 /// host that fits.
 const HOST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often a search for the host that fits tries the hosts again.
+const SEARCH_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a search goes on (the next notice starts another).
+const SEARCH_FOR: Duration = Duration::from_secs(120);
+
 /// Why a statement says its connection must go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cause {
@@ -91,6 +97,8 @@ pub(crate) struct Failover {
     /// Between a notice and the next good connection (so the notice is
     /// logged once).
     reconnecting: AtomicBool,
+    /// Whether a search for the host that fits runs.
+    searching: AtomicBool,
     /// Whether the host reached was logged.
     announced: AtomicBool,
     /// Counts notices, for the `LISTEN` connection to follow.
@@ -107,6 +115,7 @@ impl Failover {
             since: Mutex::new(None),
             reconnecting: AtomicBool::new(false),
             announced: AtomicBool::new(false),
+            searching: AtomicBool::new(false),
             notices: watch::Sender::new(0),
         })
     }
@@ -261,6 +270,31 @@ impl Failover {
                 let fresh = release.fresh(&meta);
                 Box::pin(async move { Ok(fresh) })
             })
+    }
+
+    /// After a notice, when the URL names several hosts, looks in the
+    /// background (one search at a time, every [`SEARCH_PAUSE`], for at most
+    /// [`SEARCH_FOR`]) for the host that now fits and points `pool` at it:
+    /// the pool keeps retrying the host it knows (a dead primary refuses
+    /// connections and never reaches the check of a new connection) and
+    /// picks the new host up at its next attempt.
+    pub(crate) fn search(self: &Arc<Self>, pool: &PgPool, at: &Arc<AtomicUsize>) {
+        if self.hosts.len() < 2 || self.searching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (failover, pool, at) = (Arc::clone(self), pool.clone(), Arc::clone(at));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            while started.elapsed() < SEARCH_FOR && !pool.is_closed() {
+                if let Ok(i) = failover.find(HOST_TIMEOUT).await {
+                    at.store(i, Ordering::Relaxed);
+                    pool.set_connect_options(failover.hosts[i].1.clone());
+                    break;
+                }
+                tokio::time::sleep(SEARCH_PAUSE).await;
+            }
+            failover.searching.store(false, Ordering::Release);
+        });
     }
 
     /// Points `pool` at the current host if a check moved it elsewhere.

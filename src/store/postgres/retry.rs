@@ -35,7 +35,7 @@ where
                 e @ (StoreError::Busy(DriverError(sqlx::Error::Database(_)))
                 | StoreError::Unavailable(_)),
             ) => {
-                store.failover.notice(&e);
+                notice(store, &e);
                 tracing::debug!(error = %crate::store::error_chain(&e), "postgres transaction failed before commit; retrying");
                 tokio::time::sleep(pause).await;
                 pause *= 2;
@@ -57,7 +57,15 @@ pub(super) async fn watched<T>(
 
 fn noticed<T>(store: &PostgresStore, result: Result<T, StoreError>) -> Result<T, StoreError> {
     if let Err(e) = &result {
-        store.failover.notice(e);
+        notice(store, e);
     }
     result
+}
+
+/// Tells the store's failover about `e`; a notice starts a search for the
+/// host that now accepts writes.
+fn notice(store: &PostgresStore, e: &StoreError) {
+    if store.failover.notice(e) {
+        store.failover.search(&store.pool, &store.at);
+    }
 }
