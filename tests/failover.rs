@@ -1,5 +1,7 @@
 //! drover across a PostgreSQL failover (DESIGN.md rule 12): a primary and a
-//! streaming standby (see `support::ha`), reached through a multi-host URL;
+//! streaming standby (see `support::ha`), reached through a multi-host URL or
+//! through one address (a proxy moved to the new primary after the promotion,
+//! like a virtual IP or a DNS name, its open connections left where they were);
 //! two library `Controller`s (two nodes, each with its own store) run keys
 //! whose work ticks into a log while a client enqueues; the primary is killed,
 //! or left running read-only (a demoted writer whose pooled connections stay),
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use drover::runner::{Action, BoxError, Controller, Task};
 use drover::store::{ItemEnqueue, Store, StoreEngine as _};
+use support::fault_proxy::FaultProxy;
 use support::ha::{self, Replication};
 use support::ticks::TickLog;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +28,16 @@ use tokio_util::sync::CancellationToken;
 const PROCESS: &str = "failover";
 const KEYS: usize = 12;
 const TTL: Duration = Duration::from_secs(2);
+
+/// How the workers reach the database.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    /// A multi-host URL naming the primary, then the standby.
+    MultiHost,
+    /// One address, a proxy moved to the new primary after the promotion
+    /// (connections already open stay on the old one).
+    Proxy,
+}
 
 /// How the old primary goes away.
 #[derive(Debug, Clone, Copy)]
@@ -145,7 +158,7 @@ async fn enqueue_until(
     refused
 }
 
-async fn failover(replication: Replication, loss: Loss) {
+async fn failover(replication: Replication, loss: Loss, route: Route) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
@@ -154,7 +167,11 @@ async fn failover(replication: Replication, loss: Loss) {
         return;
     };
     cluster.wait_streaming(replication).await;
-    let url = cluster.multi_host_url();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], cluster.primary).into()).await;
+    let url = match route {
+        Route::MultiHost => cluster.multi_host_url(),
+        Route::Proxy => format!("postgres://postgres@{}/postgres", proxy.addr),
+    };
     let client = Store::connect(&url)
         .await
         .expect("connect through the multi-host URL");
@@ -183,6 +200,7 @@ async fn failover(replication: Replication, loss: Loss) {
         Loss::ReadOnly => cluster.make_primary_read_only().await,
     }
     cluster.promote();
+    proxy.move_to(([127, 0, 0, 1], cluster.standby).into());
     let promoted = now_nanos();
     let promoted_at = Instant::now();
     tokio::time::sleep(TTL * 2).await;
@@ -203,7 +221,7 @@ async fn failover(replication: Replication, loss: Loss) {
         }
         assert!(
             promoted_at.elapsed() < Duration::from_secs(40),
-            "{replication:?}/{loss:?}: not converged 40 s after the promotion ({counts:?})"
+            "{replication:?}/{loss:?}/{route:?}: not converged 40 s after the promotion ({counts:?})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -247,7 +265,7 @@ async fn failover(replication: Replication, loss: Loss) {
         .map(|(key, _)| *key)
         .collect();
     eprintln!(
-        "{replication:?}/{loss:?}: resumed {resumed:?} after the promotion; {} enqueues acknowledged, \
+        "{replication:?}/{loss:?}/{route:?}: resumed {resumed:?} after the promotion; {} enqueues acknowledged, \
          {refused} refused; {} runs; overlaps {}; keys whose last acknowledged enqueue never ran: {}",
         acked.len(),
         runs.values().map(Vec::len).sum::<usize>(),
@@ -256,37 +274,61 @@ async fn failover(replication: Replication, loss: Loss) {
     );
     assert!(
         overlaps.is_empty(),
-        "{replication:?}/{loss:?}: runs overlapped: {overlaps:?}"
+        "{replication:?}/{loss:?}/{route:?}: runs overlapped: {overlaps:?}"
     );
     assert!(
         resumed.is_some(),
-        "{replication:?}/{loss:?}: no run after the promotion"
+        "{replication:?}/{loss:?}/{route:?}: no run after the promotion"
     );
     if replication == Replication::Sync {
         assert!(
             lost.is_empty(),
-            "{replication:?}/{loss:?}: acknowledged and never run: {lost:?}"
+            "{replication:?}/{loss:?}/{route:?}: acknowledged and never run: {lost:?}"
         );
     }
     client.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_primary_sync_replication_loses_nothing_and_never_overlaps() {
-    failover(Replication::Sync, Loss::Killed).await;
+async fn killed_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps()
+{
+    failover(Replication::Sync, Loss::Killed, Route::MultiHost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn read_only_primary_sync_replication_loses_nothing_and_never_overlaps() {
-    failover(Replication::Sync, Loss::ReadOnly).await;
+async fn killed_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps() {
+    failover(Replication::Sync, Loss::Killed, Route::Proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_primary_async_replication_converges_and_never_overlaps() {
-    failover(Replication::Async, Loss::Killed).await;
+async fn read_only_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps()
+ {
+    failover(Replication::Sync, Loss::ReadOnly, Route::MultiHost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn read_only_primary_async_replication_converges_and_never_overlaps() {
-    failover(Replication::Async, Loss::ReadOnly).await;
+async fn read_only_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps()
+ {
+    failover(Replication::Sync, Loss::ReadOnly, Route::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps() {
+    failover(Replication::Async, Loss::Killed, Route::MultiHost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps() {
+    failover(Replication::Async, Loss::Killed, Route::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps()
+{
+    failover(Replication::Async, Loss::ReadOnly, Route::MultiHost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps() {
+    failover(Replication::Async, Loss::ReadOnly, Route::Proxy).await;
 }

@@ -47,7 +47,7 @@ pub(super) const NOW: &str = "SELECT clock_timestamp() + $1::float8 * interval '
 
 /// How long a transaction may wait for a connection before the store looks
 /// for another host (see [`PostgresStore::connecting`]).
-const SLOW_BEGIN: Duration = Duration::from_secs(1);
+const SLOW_BEGIN: Duration = Duration::from_millis(300);
 
 /// The PostgreSQL engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]

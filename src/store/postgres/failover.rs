@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::sync::watch;
@@ -212,13 +211,9 @@ impl Failover {
     }
 
     /// Whether a connection of this age was opened after the last notice.
-    fn fresh(&self, meta: &PoolConnectionMetadata) -> bool {
+    fn fresh(&self, age: Duration) -> bool {
         let since = *self.since.lock().unwrap_or_else(PoisonError::into_inner);
-        since.is_none_or(|since| {
-            Instant::now()
-                .checked_sub(meta.age)
-                .is_some_and(|t| t > since)
-        })
+        since.is_none_or(|since| Instant::now().checked_sub(age).is_some_and(|t| t > since))
     }
 
     /// Checks a new connection against the target, swapping it for one to the
@@ -263,11 +258,11 @@ impl Failover {
                 Box::pin(async move { failover.check(conn).await })
             })
             .before_acquire(move |_, meta| -> BoxFuture<'_, Result<bool, sqlx::Error>> {
-                let fresh = acquire.fresh(&meta);
+                let fresh = acquire.fresh(meta.age);
                 Box::pin(async move { Ok(fresh) })
             })
             .after_release(move |_, meta| -> BoxFuture<'_, Result<bool, sqlx::Error>> {
-                let fresh = release.fresh(&meta);
+                let fresh = release.fresh(meta.age);
                 Box::pin(async move { Ok(fresh) })
             })
     }
@@ -313,4 +308,44 @@ async fn role(conn: &mut PgConnection) -> Result<(bool, bool), sqlx::Error> {
         .persistent(false)
         .fetch_one(conn)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> StoreError {
+        StoreError::Unavailable(DriverError(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        ))))
+    }
+
+    #[test]
+    fn only_a_lost_or_refusing_server_retires_connections() {
+        assert_eq!(Cause::of(&io()), Some(Cause::Unreachable));
+        assert_eq!(
+            Cause::of(&StoreError::Busy(DriverError(sqlx::Error::PoolTimedOut))),
+            None
+        );
+        assert_eq!(Cause::of(&StoreError::InvalidArgument("x".into())), None);
+        assert!(Cause::ReadOnly.words().starts_with(
+            "the database is read-only (a standby, or a primary that was demoted): reconnecting"
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_notice_retires_older_connections_and_is_announced_to_listeners() {
+        let options = PgConnectOptions::new();
+        let failover = Failover::new(vec![("h:5432".into(), options)], Target::Any);
+        let old = Duration::from_secs(5);
+        assert!(failover.fresh(old), "nothing noticed yet");
+        let notices = failover.subscribe();
+        assert!(!failover.notice(&StoreError::InvalidArgument("x".into())));
+        assert!(failover.notice(&io()));
+        assert!(notices.has_changed().expect("sender alive"));
+        assert!(!failover.fresh(old), "opened before the notice");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let new = Duration::ZERO;
+        assert!(failover.fresh(new), "opened after the notice");
+    }
 }
