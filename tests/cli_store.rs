@@ -151,6 +151,18 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
         ("postgres://:::", "invalid database URL"),
         ("postgres://postgres@127.0.0.1:1/test", "cannot connect"),
         (
+            "postgres://u@127.0.0.1:5432,127.0.0.1:54x2/test",
+            "host 2 of 2 (\"127.0.0.1:54x2\") has an invalid port \"54x2\"",
+        ),
+        (
+            "postgres://u@h1,h2/test?target_session_attrs=standby",
+            "target_session_attrs=standby would reach a server drover cannot write to",
+        ),
+        (
+            "postgres://postgres@127.0.0.1:1,127.0.0.1:2/test",
+            "no host accepts read-write sessions: 127.0.0.1:1 refused",
+        ),
+        (
             "sqlite:///nonexistent-drover-dir/x.db",
             "the directory /nonexistent-drover-dir does not exist: create it",
         ),

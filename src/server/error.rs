@@ -83,13 +83,16 @@ pub enum ApiError {
         /// What is wrong.
         message: String,
     },
-    /// 503: the database is busy or unreachable; nothing was written and
-    /// retrying later may succeed.
+    /// 503: the database is busy, unreachable, read-only or shutting down
+    /// (the message says which); nothing was written and retrying later may
+    /// succeed.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
     /// 503 `commit_unknown`: the database connection broke while committing,
     /// so the request may or may not have been applied.
-    #[error("the database connection failed while committing; the outcome is unknown")]
+    #[error(
+        "the database connection failed while committing; the outcome is unknown: the write may have committed, check before repeating it"
+    )]
     CommitUnknown,
     /// 500: anything else (logged with its cause).
     #[error("internal error")]

@@ -32,7 +32,7 @@ pub enum StoreError {
     },
     /// The database could not be reached or refused the connection.
     #[cfg(feature = "_engine")]
-    #[error("cannot connect to {url}")]
+    #[error("cannot connect to {url}{}", connect_hint(source))]
     Connect {
         /// The URL, with any password removed.
         url: String,
@@ -165,17 +165,22 @@ pub enum StoreError {
     #[cfg(feature = "_engine")]
     #[error("the database is busy")]
     Busy(#[source] DriverError),
-    /// The connection to the database failed before the operation committed, so
-    /// nothing was written; retrying (on a fresh connection) may succeed. The
-    /// PostgreSQL engine retries these itself a few times before reporting one.
+    /// The connection to the database failed before the operation committed,
+    /// or the server refused it as read-only (a standby, a demoted primary) or
+    /// shutting down, so nothing was written; retrying (on a fresh connection,
+    /// to whichever host then accepts writes) may succeed. The PostgreSQL
+    /// engine retries these itself a few times before reporting one. The
+    /// message names the cause.
     #[cfg(feature = "_engine")]
-    #[error("the database connection failed")]
+    #[error("{}", unavailable(.0))]
     Unavailable(#[source] DriverError),
     /// The connection failed while committing: the operation may or may not have
     /// been applied. Not retried, since applying it twice could be wrong; a lost
     /// claim's leases stay with the session until it is closed or reclaimed.
     #[cfg(feature = "_engine")]
-    #[error("the database connection failed while committing; the outcome is unknown")]
+    #[error(
+        "the database connection failed while committing; the outcome is unknown: the write may have committed"
+    )]
     CommitUnknown(#[source] DriverError),
     /// The database has no room left for the write: its disk is full (SQLite's
     /// `SQLITE_FULL`, PostgreSQL's `disk_full`) or a SQLite file reached its
@@ -197,6 +202,44 @@ pub enum StoreError {
     /// [`CommitUnknown`](Self::CommitUnknown) on a database.
     #[error("drover server: {0}")]
     Remote(RemoteError),
+}
+
+/// What an [`StoreError::Unavailable`] means, in words, from its SQLSTATE.
+#[cfg(feature = "_engine")]
+fn unavailable(e: &DriverError) -> &'static str {
+    let code = match e.get() {
+        sqlx::Error::Database(db) => db.code().map(std::borrow::Cow::into_owned),
+        _ => None,
+    };
+    match code.as_deref() {
+        Some("25006") => {
+            "the database is read-only (a standby, or a primary that was demoted): nothing was \
+             written; drover reconnects to the host that accepts writes, retry"
+        }
+        Some(c) if c.starts_with("57P") => {
+            "the database server is shutting down or restarting: nothing was written; retry \
+             once it (or its promoted standby) accepts connections"
+        }
+        _ => {
+            "the database connection failed (host unreachable or the link broke) before \
+             committing: nothing was written; retry"
+        }
+    }
+}
+
+/// A hint after "cannot connect to URL" naming the cause: a refused login, an
+/// unreachable host.
+#[cfg(feature = "_engine")]
+fn connect_hint(e: &DriverError) -> &'static str {
+    match e.get() {
+        sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("28")) => {
+            " (authentication refused: check the user and password)"
+        }
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+            " (host unreachable: check the host, the port and that the server runs)"
+        }
+        _ => "",
+    }
 }
 
 /// The database URLs this build accepts, for error messages.

@@ -9,6 +9,9 @@
 //! - [`delay`](FaultProxy::delay): each chunk is held this long before it is
 //!   passed on (order kept);
 //! - [`heal`](FaultProxy::heal): bytes flow again, held ones first;
+//! - [`move_to`](FaultProxy::move_to): new connections go to another
+//!   upstream while open ones stay where they were (a virtual IP or a DNS
+//!   name moved to a new primary);
 //! - one way only: [`delay_answers`](FaultProxy::delay_answers) holds what the
 //!   upstream sends back, [`freeze_requests`](FaultProxy::freeze_requests)
 //!   stops what the client sends while answers still come back.
@@ -50,6 +53,8 @@ pub(crate) struct FaultProxy {
     answers: Arc<watch::Sender<Mode>>,
     /// The pumps of every open connection, aborted by a reset.
     pumps: Arc<Mutex<Vec<AbortHandle>>>,
+    /// Where new connections go.
+    upstream: Arc<Mutex<SocketAddr>>,
 }
 
 impl FaultProxy {
@@ -61,10 +66,12 @@ impl FaultProxy {
             mode: Arc::new(watch::Sender::new(Mode::Flow)),
             answers: Arc::new(watch::Sender::new(Mode::Flow)),
             pumps: Arc::default(),
+            upstream: Arc::new(Mutex::new(upstream)),
         };
         let serving = proxy.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                let upstream = *serving.upstream.lock();
                 serving.serve(client, upstream).await;
             }
         });
@@ -85,6 +92,11 @@ impl FaultProxy {
     /// proxy.
     pub(crate) fn url_for(&self, url: &str) -> String {
         super::through_proxy(url, self.addr)
+    }
+
+    /// Sends new connections to `upstream`; open ones stay where they are.
+    pub(crate) fn move_to(&self, upstream: SocketAddr) {
+        *self.upstream.lock() = upstream;
     }
 
     /// Stops every byte both ways, keeping the sockets open.

@@ -23,6 +23,7 @@ pub(crate) mod caller_tx;
 pub(crate) mod cli;
 pub(crate) mod commit_cut;
 pub(crate) mod fault_proxy;
+pub(crate) mod ha;
 pub(crate) mod locks;
 pub(crate) mod partition;
 pub(crate) mod process;

@@ -45,8 +45,9 @@ impl TickLog {
             .append(true)
             .open(&self.path)
             .expect("open the tick log");
-        // One write per line: ticks of runs on other threads append to the
-        // same file, and a line written in pieces could be split by theirs.
+        // One write of the whole line: the file is opened to append, so
+        // concurrent writers' lines never interleave (`writeln!` would
+        // write the pieces separately).
         let line = format!("{tag} {}\n", now_nanos());
         file.write_all(line.as_bytes()).expect("write a tick");
     }

@@ -239,7 +239,7 @@ const DATA_ERROR_CLASSES: [&str; 4] = ["22", "23", "54", "P0"];
 
 impl CompleteOnce for PostgresStore {
     async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
-        retry(|| complete_batch(self, batch)).await
+        retry(self, || complete_batch(self, batch)).await
     }
 
     fn from_data(e: &StoreError) -> bool {

@@ -2,13 +2,16 @@
 
 use std::str::FromStr as _;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
 
 use super::engine::PostgresStore;
 use super::error::{Db as _, map};
+use super::failover::Failover;
+use super::hosts;
 use crate::store::url::{PoolMode, pool_mode, redact_url as redact};
 use crate::store::{Clock, StoreError, StoreOptions, migrate};
 
@@ -28,38 +31,49 @@ pub(super) const IDLE_IN_TRANSACTION: &str = "5s";
 /// `drover_migrations`, any fixed number would do.
 const MIGRATE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('drover_migrations'))";
 
-/// Parses a URL (and its `pool_mode`) into connect options. Through a pooler
-/// in transaction mode nothing is set at startup that the pooler would refuse
-/// (`options`, `extra_float_digits`): the timeout is set per transaction.
-fn connect_options(url: &str) -> Result<(PgConnectOptions, PoolMode), StoreError> {
+/// Parses a URL (its hosts, `target_session_attrs` and `pool_mode`) into one
+/// set of connect options per host. Through a pooler in transaction mode
+/// nothing is set at startup that the pooler would refuse (`options`,
+/// `extra_float_digits`): the timeout is set per transaction.
+fn connect_options(url: &str) -> Result<(Arc<Failover>, PoolMode), StoreError> {
     let shown = redact(url);
     let invalid = |reason: String| StoreError::InvalidUrl {
         url: shown.clone(),
         reason,
     };
     let (url, mode) = pool_mode(url).map_err(invalid)?;
-    let options = PgConnectOptions::from_str(&url).map_err(|e| invalid(e.to_string()))?;
-    let options = match mode {
-        PoolMode::Session => {
-            options.options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)])
-        }
-        PoolMode::Transaction => options.extra_float_digits(None),
-    };
-    Ok((options, mode))
+    let split = hosts::split(&url).map_err(invalid)?;
+    let mut hosts = Vec::with_capacity(split.hosts.len());
+    for (name, url) in split.hosts {
+        let options = PgConnectOptions::from_str(&url).map_err(|e| invalid(e.to_string()))?;
+        let options = match mode {
+            PoolMode::Session => {
+                options.options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)])
+            }
+            PoolMode::Transaction => options.extra_float_digits(None),
+        };
+        hosts.push((name, options));
+    }
+    Ok((Failover::new(hosts, split.target), mode))
 }
 
 impl PostgresStore {
-    /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?options=…]`)
-    /// and checks or applies the migrations. An unreachable server or a refused
-    /// login fails within the connect timeout, never hangs.
+    /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST[:PORT][,HOST[:PORT]…]/DB[?options=…]`)
+    /// and checks or applies the migrations. With several hosts (libpq's
+    /// form) they are tried in order and the first whose sessions can write
+    /// is kept (`target_session_attrs`: `read-write` by default, `primary`
+    /// or `any`); after a failover the store moves to whichever host then
+    /// fits. An unreachable server or a refused login fails within the
+    /// connect timeout, never hangs.
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let shown = redact(url);
-        let (connect, mode) = connect_options(url)?;
-        probe(&connect, &shown, options.connect_timeout).await?;
-        let pool = PgPoolOptions::new()
+        let (failover, mode) = connect_options(url)?;
+        let first = probe(&failover, &shown, options.connect_timeout).await?;
+        let pool = failover
+            .pool_options()
             .max_connections(options.max_connections)
             .acquire_timeout(options.connect_timeout.max(ACQUIRE_TIMEOUT))
-            .connect_lazy_with(connect.clone());
+            .connect_lazy_with(failover.options());
         let pooled = mode == PoolMode::Transaction;
         let listen = match (&options.listen_url, pooled) {
             (_, false) => Some(pool.clone()),
@@ -73,7 +87,8 @@ impl PostgresStore {
             listener: Arc::default(),
             pooled,
             listen,
-            connect: Arc::new(connect),
+            failover,
+            at: Arc::new(AtomicUsize::new(first)),
             gated: Arc::default(),
         };
         store.migrate_or_check(options.migrate).await?;
@@ -88,7 +103,7 @@ impl PostgresStore {
 
     async fn migrate_or_check(&self, migrating: bool) -> Result<(), StoreError> {
         if self.pooled {
-            migrate_pooled(&self.connect, migrating).await
+            migrate_pooled(&self.failover.options(), migrating).await
         } else {
             migrate_pool(&self.pool, migrating).await
         }
@@ -97,7 +112,7 @@ impl PostgresStore {
 
 /// A pool of one direct connection for `LISTEN`, connected when first used.
 fn listen_pool(url: &str) -> Result<PgPool, StoreError> {
-    let (connect, mode) = connect_options(url)?;
+    let (failover, mode) = connect_options(url)?;
     if mode == PoolMode::Transaction {
         return Err(StoreError::InvalidUrl {
             url: redact(url),
@@ -106,31 +121,38 @@ fn listen_pool(url: &str) -> Result<PgPool, StoreError> {
                 .into(),
         });
     }
-    Ok(PgPoolOptions::new()
+    Ok(failover
+        .pool_options()
         .max_connections(1)
-        .connect_lazy_with(connect))
+        .connect_lazy_with(failover.options()))
 }
 
-/// Opens and closes one connection, so a refused connection or login is reported
-/// at once with the server's reason (a pool would keep retrying until its
-/// timeout) and a silent server within `timeout`.
-async fn probe(
-    connect: &PgConnectOptions,
-    shown: &str,
-    timeout: Duration,
-) -> Result<(), StoreError> {
-    let conn = tokio::time::timeout(timeout, PgConnection::connect_with(connect))
+/// Finds the host to connect to, opening and closing one connection, so a
+/// refused connection or login is reported at once with the server's reason
+/// (a pool would keep retrying until its timeout) and a silent server within
+/// `timeout`. Returns the host's index.
+async fn probe(failover: &Failover, shown: &str, timeout: Duration) -> Result<usize, StoreError> {
+    if failover.hosts() == 1 {
+        let conn = tokio::time::timeout(timeout, PgConnection::connect_with(&failover.options()))
+            .await
+            .map_err(|_| StoreError::ConnectTimeout {
+                url: shown.to_owned(),
+                timeout,
+            })?
+            .map_err(|e| StoreError::Connect {
+                url: shown.to_owned(),
+                source: e.into(),
+            })?;
+        conn.close().await.ok();
+        return Ok(0);
+    }
+    failover
+        .find(timeout)
         .await
-        .map_err(|_| StoreError::ConnectTimeout {
+        .map_err(|why| StoreError::Connect {
             url: shown.to_owned(),
-            timeout,
-        })?
-        .map_err(|e| StoreError::Connect {
-            url: shown.to_owned(),
-            source: e.into(),
-        })?;
-    conn.close().await.ok();
-    Ok(())
+            source: sqlx::Error::Protocol(why).into(),
+        })
 }
 
 /// Checks or applies the migrations through a pooler in transaction mode:

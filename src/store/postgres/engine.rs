@@ -1,15 +1,19 @@
 //! [`PostgresStore`] and its [`StoreEngine`] implementation, which delegates each
 //! operation to the file named for its noun, retrying lost races.
 
+use std::future::Future;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::error::Db as _;
+use super::failover::Failover;
 use super::gated::GatedProcesses;
 use super::listen::Listener;
-use super::retry::retry;
+use super::retry::{retry, watched};
 use super::statistics::Statistics;
 use super::{
     admin, counts, enqueue, gate, groups, inspect, leases, processes, runs, series, sessions,
@@ -41,6 +45,10 @@ pub(crate) use super::tx::Tx;
 /// from when it is written, not shortened by the wait.
 pub(super) const NOW: &str = "SELECT clock_timestamp() + $1::float8 * interval '1 millisecond'";
 
+/// How long a transaction may wait for a connection before the store looks
+/// for another host (see [`PostgresStore::connecting`]).
+const SLOW_BEGIN: Duration = Duration::from_millis(300);
+
 /// The PostgreSQL engine. Cheap to clone; clones share the pool and the clock.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -57,8 +65,10 @@ pub struct PostgresStore {
     /// direct connection's pool (`StoreOptions::listen_url`) through a
     /// pooler, or none (waiters then poll).
     pub(super) listen: Option<PgPool>,
-    /// How the pool connects, for what needs a connection of its own.
-    pub(super) connect: Arc<sqlx::postgres::PgConnectOptions>,
+    /// The URL's hosts and which pooled connections may be reused.
+    pub(super) failover: Arc<Failover>,
+    /// The host the pool's connect options point at.
+    pub(super) at: Arc<AtomicUsize>,
     /// The processes whose claims go straight to `drover_claim_gated`.
     pub(super) gated: Arc<GatedProcesses>,
 }
@@ -97,7 +107,7 @@ impl PostgresStore {
     pub fn subscribe(&self, process: &str) {
         let Some(listen) = &self.listen else { return };
         self.listener
-            .get_or_init(|| Listener::start(listen.clone()))
+            .get_or_init(|| Listener::start(listen.clone(), self.failover.subscribe()))
             .subscribe(process);
     }
 
@@ -182,7 +192,10 @@ impl PostgresStore {
 
     /// Starts a transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
-        let mut tx = Tx::begin(&self.pool, self.pooled).await.db()?;
+        let mut tx = self
+            .connecting(Tx::begin(&self.pool, self.pooled))
+            .await
+            .db()?;
         let now = self.now(&mut tx).await?;
         Ok((tx, now))
     }
@@ -190,7 +203,27 @@ impl PostgresStore {
     /// A connection for reads (a transaction through a pooler, see [`Tx`]);
     /// end it with `commit`.
     pub(super) async fn read(&self) -> Result<Tx, StoreError> {
-        Tx::read(&self.pool, self.pooled).await.db()
+        self.connecting(Tx::read(&self.pool, self.pooled))
+            .await
+            .db()
+    }
+
+    /// Awaits `begin` (a transaction's start, which takes a pooled
+    /// connection); one that waits longer than [`SLOW_BEGIN`] (the pool
+    /// cannot connect: a dead primary refuses, and the pool retries it)
+    /// starts a search for the host that now accepts writes, when the URL
+    /// names several.
+    pub(super) async fn connecting<T>(&self, begin: impl Future<Output = T>) -> T {
+        self.failover.follow(&self.pool, &self.at);
+        let begin = std::pin::pin!(begin);
+        let mut begin = begin;
+        tokio::select! {
+            done = &mut begin => done,
+            () = tokio::time::sleep(SLOW_BEGIN) => {
+                self.failover.search(&self.pool, &self.at);
+                begin.await
+            }
+        }
     }
 
     /// The database clock, read on its own.
@@ -204,42 +237,42 @@ impl PostgresStore {
 
 impl StoreEngine for PostgresStore {
     async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
-        retry(|| sessions::start(self, &params)).await
+        retry(self, || sessions::start(self, &params)).await
     }
 
     async fn session_heartbeat(
         &self,
         params: SessionHeartbeat,
     ) -> Result<DateTime<Utc>, StoreError> {
-        retry(|| sessions::heartbeat(self, params.session)).await
+        retry(self, || sessions::heartbeat(self, params.session)).await
     }
 
     async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
-        retry(|| sessions::close(self, params.session)).await
+        retry(self, || sessions::close(self, params.session)).await
     }
 
     async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
-        sessions::list(self, params).await
+        watched(self, sessions::list(self, params)).await
     }
 
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
-        let report = retry(|| sessions::reclaim(self)).await?;
+        let report = retry(self, || sessions::reclaim(self)).await?;
         // Housekeeping every live node already runs every few seconds: keeps
         // the item counts' deltas short even when nobody reads the counts.
-        retry(|| counts::fold(self)).await?;
+        retry(self, || counts::fold(self)).await?;
         Ok(report)
     }
 
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
-        retry(|| enqueue::enqueue(self, &params)).await
+        retry(self, || enqueue::enqueue(self, &params)).await
     }
 
     async fn lease_claim(&self, params: LeaseClaim) -> Result<Claimed, StoreError> {
-        retry(|| leases::claim(self, &params)).await
+        retry(self, || leases::claim(self, &params)).await
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        let answers = complete_in_parts(self, &[params]).await?;
+        let answers = watched(self, complete_in_parts(self, &[params])).await?;
         answers.into_iter().next().unwrap_or(Ok(()))
     }
 
@@ -247,101 +280,105 @@ impl StoreEngine for PostgresStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        complete_in_parts(self, batch).await
+        watched(self, complete_in_parts(self, batch)).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
-        retry(|| leases::release(self, params)).await
+        retry(self, || leases::release(self, params)).await
     }
 
     async fn lease_lock(&self, params: LeaseLock) -> Result<Lease, StoreError> {
-        retry(|| leases::lock(self, &params)).await
+        retry(self, || leases::lock(self, &params)).await
     }
 
     async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {
-        inspect::item_list(self, &params).await
+        watched(self, inspect::item_list(self, &params)).await
     }
 
     async fn item_triage(&self, params: ItemTriage) -> Result<TriagePage, StoreError> {
-        crate::store::rules::triage::page(self, &inspect::TRIAGE, params).await
+        watched(
+            self,
+            crate::store::rules::triage::page(self, &inspect::TRIAGE, params),
+        )
+        .await
     }
 
     async fn item_get(&self, params: ItemGet) -> Result<Option<ItemDetail>, StoreError> {
-        inspect::item_get(self, &params).await
+        watched(self, inspect::item_get(self, &params)).await
     }
 
     async fn item_retry(&self, params: ItemRetry) -> Result<Option<Item>, StoreError> {
-        retry(|| admin::retry(self, &params)).await
+        retry(self, || admin::retry(self, &params)).await
     }
 
     async fn item_park(&self, params: ItemPark) -> Result<Option<Item>, StoreError> {
-        retry(|| admin::park(self, &params)).await
+        retry(self, || admin::park(self, &params)).await
     }
 
     async fn item_delete(&self, params: ItemDelete) -> Result<bool, StoreError> {
-        retry(|| admin::delete(self, &params)).await
+        retry(self, || admin::delete(self, &params)).await
     }
 
     async fn error_groups(&self, params: ErrorGroups) -> Result<Vec<ErrorGroup>, StoreError> {
-        groups::error_groups(self, &params).await
+        watched(self, groups::error_groups(self, &params)).await
     }
 
     async fn items_retry_where(&self, params: ItemsRetry) -> Result<u64, StoreError> {
-        act_where(self, params.into()).await
+        watched(self, act_where(self, params.into())).await
     }
 
     async fn items_park_where(&self, params: ItemsPark) -> Result<u64, StoreError> {
-        act_where(self, params.into()).await
+        watched(self, act_where(self, params.into())).await
     }
 
     async fn items_delete_where(&self, params: ItemsDelete) -> Result<u64, StoreError> {
-        act_where(self, params.into()).await
+        watched(self, act_where(self, params.into())).await
     }
 
     async fn history_activity(
         &self,
         params: HistoryActivity,
     ) -> Result<Vec<ProcessActivity>, StoreError> {
-        admin::activity(self, params).await
+        watched(self, admin::activity(self, params)).await
     }
 
     async fn run_list(&self, params: RunList) -> Result<Vec<Run>, StoreError> {
-        runs::list(self, &params).await
+        watched(self, runs::list(self, &params)).await
     }
 
     async fn retention_prune(&self, params: RetentionPrune) -> Result<PruneReport, StoreError> {
-        retry(|| retention::prune(self, params.clone())).await
+        retry(self, || retention::prune(self, params.clone())).await
     }
 
     async fn resync_batch(&self, params: ResyncBatch) -> Result<ResyncReport, StoreError> {
-        retry(|| resync::batch(self, &params)).await
+        retry(self, || resync::batch(self, &params)).await
     }
 
     async fn process_series(&self, params: ProcessSeries) -> Result<Series, StoreError> {
-        series::process_series(self, params).await
+        watched(self, series::process_series(self, params)).await
     }
 
     async fn depth_sample(&self, params: DepthSample) -> Result<u64, StoreError> {
-        series::depth_sample(self, params).await
+        watched(self, series::depth_sample(self, params)).await
     }
 
     async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
-        counts::process_counts(self).await
+        watched(self, counts::process_counts(self)).await
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
-        retry(|| processes::configure(self, &params)).await
+        retry(self, || processes::configure(self, &params)).await
     }
 
     async fn process_pause(&self, params: ProcessPause) -> Result<bool, StoreError> {
-        retry(|| gate::pause(self, &params)).await
+        retry(self, || gate::pause(self, &params)).await
     }
 
     async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {
-        processes::list(self).await
+        watched(self, processes::list(self)).await
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {
-        self.clock_read().await
+        watched(self, self.clock_read()).await
     }
 }

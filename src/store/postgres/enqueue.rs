@@ -106,7 +106,10 @@ async fn attempt(
     keys: &[&str],
     fast: bool,
 ) -> Result<Attempt, StoreError> {
-    let mut tx = Tx::begin(&store.pool, store.pooled).await.db()?;
+    let mut tx = store
+        .connecting(Tx::begin(&store.pool, store.pooled))
+        .await
+        .db()?;
     let bulk = keys.len() >= COPY_MIN_KEYS;
     let report = if bulk && fast && !overlaps(&mut tx, &params.process, keys).await? {
         let now = store.now(&mut tx).await?;

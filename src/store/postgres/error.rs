@@ -6,15 +6,18 @@ use crate::store::StoreError;
 /// serialization_failure, deadlock_detected, lock_not_available.
 const RETRYABLE: [&str; 3] = ["40001", "40P01", "55P03"];
 
-/// SQLSTATEs meaning "the server went away": admin_shutdown, crash_shutdown,
-/// cannot_connect_now (class 08, connection exceptions, is matched by prefix).
-const GONE: [&str; 3] = ["57P01", "57P02", "57P03"];
+/// SQLSTATEs meaning "this server cannot take the write now": admin_shutdown,
+/// crash_shutdown, cannot_connect_now, and read_only_sql_transaction (a
+/// standby, or a primary that was demoted). Class 08, connection exceptions,
+/// is matched by prefix. Each refuses the statement, so nothing was written.
+const GONE: [&str; 4] = ["57P01", "57P02", "57P03", "25006"];
 
 /// The SQLSTATE of a full disk (disk_full).
 const DISK_FULL: &str = "53100";
 
 /// Maps a driver error: lost races and pool exhaustion become
-/// [`StoreError::Busy`], broken connections [`StoreError::Unavailable`], a full
+/// [`StoreError::Busy`], broken connections and servers that cannot write
+/// (read-only, shutting down) [`StoreError::Unavailable`], a full
 /// disk [`StoreError::Full`], the rest [`StoreError::Database`].
 pub(super) fn map(e: sqlx::Error) -> StoreError {
     let code = match &e {
@@ -34,12 +37,18 @@ pub(super) fn map(e: sqlx::Error) -> StoreError {
 }
 
 /// Maps an error from the statement that commits (`COMMIT`, or an autocommit
-/// write): a broken connection there leaves the outcome unknown.
+/// write): a broken connection or a shutdown there leaves the outcome
+/// unknown; a write refused as read-only committed nothing.
 pub(super) fn map_commit(e: sqlx::Error) -> StoreError {
     match map(e) {
-        StoreError::Unavailable(e) => StoreError::CommitUnknown(e),
+        StoreError::Unavailable(e) if !read_only(&e.0) => StoreError::CommitUnknown(e),
         other => other,
     }
+}
+
+/// Whether the server refused a write as read-only (25006).
+fn read_only(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
 }
 
 /// Commits, mapping with [`map_commit`].

@@ -147,6 +147,6 @@ impl BulkSteps for PostgresStore {
         bulk: &Bulk,
         after: Option<&str>,
     ) -> Result<(u64, Option<String>), StoreError> {
-        retry(|| batch(self, bulk, after)).await
+        retry(self, || batch(self, bulk, after)).await
     }
 }

@@ -6,7 +6,10 @@
 //! completion commits on any node) fires the process's in-process signal
 //! ([`wakeup::notify`]). Notifications are hints: waiters poll as well, and
 //! after the connection breaks every subscribed process is woken once, since
-//! anything may have been missed.
+//! anything may have been missed. When the store retires its connections (a
+//! read-only or shutting-down server, see `failover.rs`), the `LISTEN`
+//! connection goes too: it re-subscribes wherever the pool now connects (the
+//! new primary) and wakes every process once, so no wake-up sent there is lost.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, PoisonError};
@@ -14,11 +17,15 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::PostgresStore;
 use crate::store::wakeup;
+
+/// The pause before reconnecting after a first failure; doubled (up to 5 s)
+/// while failures repeat.
+const FIRST_DELAY: Duration = Duration::from_millis(100);
 
 /// The most channels one store listens on; waits on further processes poll.
 const MAX_CHANNELS: usize = 1024;
@@ -35,10 +42,12 @@ pub(super) struct Listener {
 impl Listener {
     /// Starts the listening task on `pool`; it connects when the first process
     /// is subscribed. Must be called inside a Tokio runtime.
-    pub(super) fn start(pool: PgPool) -> Self {
+    /// A change of `notices` (the store retired its connections) makes it
+    /// reconnect.
+    pub(super) fn start(pool: PgPool, notices: watch::Receiver<u64>) -> Self {
         let (requests, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
-        tokio::spawn(listen(pool, rx, stop.clone()));
+        tokio::spawn(listen(pool, rx, notices, stop.clone()));
         Self {
             subscribed: Mutex::new(HashSet::new()),
             requests,
@@ -73,20 +82,27 @@ impl Drop for Listener {
 async fn listen(
     pool: PgPool,
     mut requests: mpsc::UnboundedReceiver<String>,
+    mut notices: watch::Receiver<u64>,
     stop: CancellationToken,
 ) {
     // channel → process
     let mut channels: HashMap<String, String> = HashMap::new();
-    let mut delay = Duration::from_millis(100);
+    let mut delay = FIRST_DELAY;
     loop {
+        notices.mark_unchanged();
         let result = tokio::select! {
             () = stop.cancelled() => return,
             result = relay(&pool, &mut requests, &mut channels) => result,
+            Ok(()) = notices.changed() => Err(None),
         };
         match result {
             Ok(()) => return, // every handle is gone
-            Err(e) => {
+            Err(Some(e)) => {
                 tracing::warn!(error = %e, "LISTEN failed; waiters poll until it reconnects");
+            }
+            Err(None) => {
+                tracing::debug!("LISTEN follows the store to a fresh connection");
+                delay = FIRST_DELAY;
             }
         }
         for process in channels.values() {
@@ -102,11 +118,13 @@ async fn listen(
 
 /// Listens on every known channel and on each newly requested one, relaying
 /// notifications until the connection fails (`Err`) or the handle is dropped.
+/// A connection the driver replaced on its own wakes every process, since
+/// notifications sent meanwhile were lost.
 async fn relay(
     pool: &PgPool,
     requests: &mut mpsc::UnboundedReceiver<String>,
     channels: &mut HashMap<String, String>,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), Option<sqlx::Error>> {
     // Nothing to listen on yet: connect only once something waits.
     if channels.is_empty() {
         let Some(process) = requests.recv().await else {
@@ -131,9 +149,16 @@ async fn relay(
                 wakeup::notify(&process);
                 channels.insert(channel, process);
             }
-            notification = listener.recv() => {
-                if let Some(process) = channels.get(notification?.channel()) {
-                    wakeup::notify(process);
+            notification = listener.try_recv() => match notification? {
+                Some(notification) => {
+                    if let Some(process) = channels.get(notification.channel()) {
+                        wakeup::notify(process);
+                    }
+                }
+                None => {
+                    for process in channels.values() {
+                        wakeup::notify(process);
+                    }
                 }
             }
         }

@@ -1,8 +1,10 @@
-//! Retrying operations that lost a race or found the pool exhausted.
+//! Retrying operations that lost a race, found the pool exhausted or met a
+//! server whose role changed.
 
 use std::future::Future;
 use std::time::Duration;
 
+use super::PostgresStore;
 use crate::store::{DriverError, StoreError};
 
 /// Attempts per operation, the first included.
@@ -16,9 +18,12 @@ const FIRST_PAUSE: Duration = Duration::from_millis(20);
 /// committed are retried, so running the operation again cannot apply it twice:
 /// a `Busy` from PostgreSQL itself (serialization failure, deadlock, lock
 /// timeout: the transaction was aborted) and `Unavailable` (the connection broke
-/// before the commit; the server rolls the transaction back). A broken connection
-/// at the commit is `CommitUnknown` and is not retried.
-pub(super) async fn retry<T, F, Fut>(op: F) -> Result<T, StoreError>
+/// before the commit, or the server refused the write as read-only or shutting
+/// down; the transaction is rolled back). A broken connection at the commit is
+/// `CommitUnknown` and is not retried. An error saying the server's role may
+/// have changed retires the store's connections first (see [`watched`]), so
+/// the next attempt runs on a fresh one.
+pub(super) async fn retry<T, F, Fut>(store: &PostgresStore, op: F) -> Result<T, StoreError>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -27,15 +32,40 @@ where
     for _ in 1..ATTEMPTS {
         match op().await {
             Err(
-                StoreError::Busy(DriverError(e @ sqlx::Error::Database(_)))
-                | StoreError::Unavailable(DriverError(e)),
+                e @ (StoreError::Busy(DriverError(sqlx::Error::Database(_)))
+                | StoreError::Unavailable(_)),
             ) => {
-                tracing::debug!(error = %e, "postgres transaction failed before commit; retrying");
+                notice(store, &e);
+                tracing::debug!(error = %crate::store::error_chain(&e), "postgres transaction failed before commit; retrying");
                 tokio::time::sleep(pause).await;
                 pause *= 2;
             }
-            other => return other,
+            other => return noticed(store, other),
         }
     }
-    op().await
+    noticed(store, op().await)
+}
+
+/// Awaits `op`, retiring the store's connections when its error says their
+/// server is read-only, shutting down or gone.
+pub(super) async fn watched<T>(
+    store: &PostgresStore,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    noticed(store, op.await)
+}
+
+fn noticed<T>(store: &PostgresStore, result: Result<T, StoreError>) -> Result<T, StoreError> {
+    if let Err(e) = &result {
+        notice(store, e);
+    }
+    result
+}
+
+/// Tells the store's failover about `e`; a notice starts a search for the
+/// host that now accepts writes.
+fn notice(store: &PostgresStore, e: &StoreError) {
+    if store.failover.notice(e) {
+        store.failover.search(&store.pool, &store.at);
+    }
 }

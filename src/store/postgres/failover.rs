@@ -1,0 +1,351 @@
+//! Following the primary across a failover: which host the pool connects to,
+//! and which pooled connections may still be used.
+//!
+//! Every new connection is checked against the URL's `target_session_attrs`
+//! (`read-write` by default with several hosts); one that reached the wrong
+//! kind of server is swapped, before anything uses it, for a connection to
+//! the first host in the URL's order that fits. When a statement finds its
+//! server read-only, shutting down or gone ([`Failover::notice`]), every
+//! connection opened before that moment is closed when next released or
+//! acquired (none is returned to the pool), so no connection outlives its
+//! server's role; the `LISTEN` connection is told to reconnect as well.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection as _, PgConnection, PgPool};
+use tokio::sync::watch;
+
+use super::hosts::Target;
+use crate::store::{DriverError, StoreError};
+
+/// How long a connection attempt to one host may take while looking for the
+/// host that fits.
+const HOST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a search for the host that fits tries the hosts again.
+const SEARCH_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a search goes on (the next notice starts another).
+const SEARCH_FOR: Duration = Duration::from_secs(120);
+
+/// Why a statement says its connection must go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// SQLSTATE 25006: the server refuses writes.
+    ReadOnly,
+    /// SQLSTATE 57P01–57P03: the server is shutting down or starting.
+    ShuttingDown,
+    /// The link broke (an I/O error, SQLSTATE class 08).
+    Unreachable,
+}
+
+impl Cause {
+    /// What happened and what drover does about it, in words.
+    pub(crate) fn words(self) -> &'static str {
+        match self {
+            Self::ReadOnly => {
+                "the database is read-only (a standby, or a primary that was demoted): reconnecting"
+            }
+            Self::ShuttingDown => {
+                "the database server is shutting down or restarting: reconnecting"
+            }
+            Self::Unreachable => "the database connection broke (host unreachable): reconnecting",
+        }
+    }
+
+    /// The cause of `e`, when it is one that retires connections.
+    pub(crate) fn of(e: &StoreError) -> Option<Self> {
+        let (StoreError::Unavailable(DriverError(e)) | StoreError::CommitUnknown(DriverError(e))) =
+            e
+        else {
+            return None;
+        };
+        Self::of_driver(e)
+    }
+
+    /// The cause of a driver error, when it is one that retires connections.
+    pub(crate) fn of_driver(e: &sqlx::Error) -> Option<Self> {
+        match e {
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                Some("25006") => Some(Self::ReadOnly),
+                Some("57P01" | "57P02" | "57P03") => Some(Self::ShuttingDown),
+                Some(c) if c.starts_with("08") => Some(Self::Unreachable),
+                _ => None,
+            },
+            sqlx::Error::Io(_) | sqlx::Error::Tls(_) => Some(Self::Unreachable),
+            _ => None,
+        }
+    }
+}
+
+/// The hosts of one URL and the state of the connections to them.
+#[derive(Debug)]
+pub(crate) struct Failover {
+    /// `HOST:PORT` and connect options of each host, in the URL's order.
+    hosts: Vec<(String, PgConnectOptions)>,
+    target: Target,
+    /// The host new connections go to.
+    current: AtomicUsize,
+    /// Connections opened before this were made to a server whose role may
+    /// have changed: they are closed instead of reused.
+    since: Mutex<Option<Instant>>,
+    /// Between a notice and the next good connection (so the notice is
+    /// logged once).
+    reconnecting: AtomicBool,
+    /// Whether a search for the host that fits runs.
+    searching: AtomicBool,
+    /// Whether the host reached was logged.
+    announced: AtomicBool,
+    /// Counts notices, for the `LISTEN` connection to follow.
+    notices: watch::Sender<u64>,
+}
+
+impl Failover {
+    /// The failover state of `hosts` (at least one).
+    pub(crate) fn new(hosts: Vec<(String, PgConnectOptions)>, target: Target) -> Arc<Self> {
+        Arc::new(Self {
+            hosts,
+            target,
+            current: AtomicUsize::new(0),
+            since: Mutex::new(None),
+            reconnecting: AtomicBool::new(false),
+            announced: AtomicBool::new(false),
+            searching: AtomicBool::new(false),
+            notices: watch::Sender::new(0),
+        })
+    }
+
+    /// How many hosts the URL names.
+    pub(crate) fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// The options of the host new connections go to.
+    pub(crate) fn options(&self) -> PgConnectOptions {
+        self.hosts[self.current.load(Ordering::Relaxed)].1.clone()
+    }
+
+    /// The host that fits, first in the URL's order, as its index; logged when
+    /// the URL names several. Errors say what each host answered.
+    pub(crate) async fn find(&self, timeout: Duration) -> Result<usize, String> {
+        let mut answers = Vec::new();
+        for (i, (name, options)) in self.hosts.iter().enumerate() {
+            match self.try_host(options, timeout).await {
+                Ok(conn) => {
+                    conn.close().await.ok();
+                    self.reached(i);
+                    return Ok(i);
+                }
+                Err(why) => answers.push(format!("{name} {why}")),
+            }
+        }
+        Err(format!(
+            "no host accepts {} sessions: {}",
+            self.target.name(),
+            answers.join("; ")
+        ))
+    }
+
+    /// A connection to `options`' host if it fits the target; otherwise what
+    /// the host is.
+    async fn try_host(
+        &self,
+        options: &PgConnectOptions,
+        timeout: Duration,
+    ) -> Result<PgConnection, String> {
+        let mut conn =
+            match tokio::time::timeout(timeout, PgConnection::connect_with(options)).await {
+                Err(_) => return Err(format!("did not answer within {timeout:?}")),
+                Ok(Err(e)) => return Err(format!("refused: {e}")),
+                Ok(Ok(conn)) => conn,
+            };
+        if self.target == Target::Any {
+            return Ok(conn);
+        }
+        match role(&mut conn).await {
+            Ok((recovery, read_only)) if self.target.fits(recovery, read_only) => Ok(conn),
+            Ok((true, _)) => Err("is a standby".into()),
+            Ok((false, _)) => Err("is read-only".into()),
+            Err(e) => Err(format!("failed: {e}")),
+        }
+    }
+
+    /// Records that new connections go to host `i`, logging a change.
+    fn reached(&self, i: usize) {
+        let before = self.current.swap(i, Ordering::Relaxed);
+        let many = self.hosts.len() > 1;
+        if self.reconnecting.swap(false, Ordering::Relaxed) {
+            tracing::warn!(host = %self.hosts[i].0, "reconnected to the database");
+        } else if many && (!self.announced.swap(true, Ordering::Relaxed) || before != i) {
+            tracing::info!(host = %self.hosts[i].0, target = self.target.name(), "connected to the database");
+        }
+    }
+
+    /// Which host new connections go to.
+    pub(crate) fn current(&self) -> usize {
+        self.current.load(Ordering::Relaxed)
+    }
+
+    /// Retires every connection opened so far when `e` says their server's
+    /// role may have changed; logs the cause once per outage. Returns whether
+    /// it did.
+    pub(crate) fn notice(&self, e: &StoreError) -> bool {
+        let Some(cause) = Cause::of(e) else {
+            return false;
+        };
+        *self.since.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        if !self.reconnecting.swap(true, Ordering::Relaxed) {
+            tracing::warn!(cause = ?cause, "{}", cause.words());
+        }
+        self.notices.send_modify(|n| *n += 1);
+        true
+    }
+
+    /// A receiver that changes at each [`notice`](Self::notice).
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.notices.subscribe()
+    }
+
+    /// Whether a connection of this age was opened after the last notice.
+    fn fresh(&self, age: Duration) -> bool {
+        let since = *self.since.lock().unwrap_or_else(PoisonError::into_inner);
+        since.is_none_or(|since| Instant::now().checked_sub(age).is_some_and(|t| t > since))
+    }
+
+    /// Checks a new connection against the target, swapping it for one to the
+    /// first host that fits when it reached the wrong kind of server.
+    async fn check(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        if self.target == Target::Any {
+            if self.reconnecting.swap(false, Ordering::Relaxed) {
+                tracing::warn!("reconnected to the database");
+            }
+            return Ok(());
+        }
+        let (recovery, read_only) = role(conn).await?;
+        if self.target.fits(recovery, read_only) {
+            if self.reconnecting.swap(false, Ordering::Relaxed) {
+                tracing::warn!(host = %self.hosts[self.current()].0, "reconnected to the database");
+            }
+            return Ok(());
+        }
+        self.reconnecting.store(true, Ordering::Relaxed);
+        for (i, (_, options)) in self.hosts.iter().enumerate() {
+            if let Ok(found) = self.try_host(options, HOST_TIMEOUT).await {
+                let wrong = std::mem::replace(conn, found);
+                wrong.close().await.ok();
+                self.reached(i);
+                return Ok(());
+            }
+        }
+        Err(sqlx::Error::Protocol(format!(
+            "no host accepts {} sessions yet",
+            self.target.name()
+        )))
+    }
+
+    /// Pool options whose hooks keep this failover's rules.
+    pub(crate) fn pool_options(self: &Arc<Self>) -> PgPoolOptions {
+        let connect = Arc::clone(self);
+        let acquire = Arc::clone(self);
+        let release = Arc::clone(self);
+        PgPoolOptions::new()
+            .after_connect(move |conn, _| -> BoxFuture<'_, Result<(), sqlx::Error>> {
+                let failover = Arc::clone(&connect);
+                Box::pin(async move { failover.check(conn).await })
+            })
+            .before_acquire(move |_, meta| -> BoxFuture<'_, Result<bool, sqlx::Error>> {
+                let fresh = acquire.fresh(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            })
+            .after_release(move |_, meta| -> BoxFuture<'_, Result<bool, sqlx::Error>> {
+                let fresh = release.fresh(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            })
+    }
+
+    /// After a notice, when the URL names several hosts, looks in the
+    /// background (one search at a time, every [`SEARCH_PAUSE`], for at most
+    /// [`SEARCH_FOR`]) for the host that now fits and points `pool` at it:
+    /// the pool keeps retrying the host it knows (a dead primary refuses
+    /// connections and never reaches the check of a new connection) and
+    /// picks the new host up at its next attempt.
+    pub(crate) fn search(self: &Arc<Self>, pool: &PgPool, at: &Arc<AtomicUsize>) {
+        if self.hosts.len() < 2 || self.searching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (failover, pool, at) = (Arc::clone(self), pool.clone(), Arc::clone(at));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            while started.elapsed() < SEARCH_FOR && !pool.is_closed() {
+                if let Ok(i) = failover.find(HOST_TIMEOUT).await {
+                    at.store(i, Ordering::Relaxed);
+                    pool.set_connect_options(failover.hosts[i].1.clone());
+                    break;
+                }
+                tokio::time::sleep(SEARCH_PAUSE).await;
+            }
+            failover.searching.store(false, Ordering::Release);
+        });
+    }
+
+    /// Points `pool` at the current host if a check moved it elsewhere.
+    pub(crate) fn follow(&self, pool: &PgPool, at: &AtomicUsize) {
+        let current = self.current();
+        if at.swap(current, Ordering::Relaxed) != current {
+            pool.set_connect_options(self.hosts[current].1.clone());
+        }
+    }
+}
+
+/// Whether the server is in recovery (a standby) and whether its sessions
+/// are read-only.
+async fn role(conn: &mut PgConnection) -> Result<(bool, bool), sqlx::Error> {
+    sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'")
+        .persistent(false)
+        .fetch_one(conn)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> StoreError {
+        StoreError::Unavailable(DriverError(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        ))))
+    }
+
+    #[test]
+    fn only_a_lost_or_refusing_server_retires_connections() {
+        assert_eq!(Cause::of(&io()), Some(Cause::Unreachable));
+        assert_eq!(
+            Cause::of(&StoreError::Busy(DriverError(sqlx::Error::PoolTimedOut))),
+            None
+        );
+        assert_eq!(Cause::of(&StoreError::InvalidArgument("x".into())), None);
+        assert!(Cause::ReadOnly.words().starts_with(
+            "the database is read-only (a standby, or a primary that was demoted): reconnecting"
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_notice_retires_older_connections_and_is_announced_to_listeners() {
+        let options = PgConnectOptions::new();
+        let failover = Failover::new(vec![("h:5432".into(), options)], Target::Any);
+        let old = Duration::from_secs(5);
+        assert!(failover.fresh(old), "nothing noticed yet");
+        let notices = failover.subscribe();
+        assert!(!failover.notice(&StoreError::InvalidArgument("x".into())));
+        assert!(failover.notice(&io()));
+        assert!(notices.has_changed().expect("sender alive"));
+        assert!(!failover.fresh(old), "opened before the notice");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let new = Duration::ZERO;
+        assert!(failover.fresh(new), "opened after the notice");
+    }
+}

@@ -1,0 +1,334 @@
+//! drover across a PostgreSQL failover (DESIGN.md rule 12): a primary and a
+//! streaming standby (see `support::ha`), reached through a multi-host URL or
+//! through one address (a proxy moved to the new primary after the promotion,
+//! like a virtual IP or a DNS name, its open connections left where they were);
+//! two library `Controller`s (two nodes, each with its own store) run keys
+//! whose work ticks into a log while a client enqueues; the primary is killed,
+//! or left running read-only (a demoted writer whose pooled connections stay),
+//! and the standby is promoted. Every key must converge, no two runs of a key
+//! may overlap (judged from the ticks), and with synchronous replication every
+//! acknowledged enqueue must be followed by a run. Each round prints how long
+//! work took to resume after the promotion (a figure, not asserted). PostgreSQL only (skipped with the
+//! reason printed when `DROVER_TEST_POSTGRES_URL` is not set).
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use drover::runner::{Action, BoxError, Controller, Task};
+use drover::store::{ItemEnqueue, Store, StoreEngine as _};
+use support::fault_proxy::FaultProxy;
+use support::ha::{self, Replication};
+use support::ticks::TickLog;
+use tokio_util::sync::CancellationToken;
+
+const PROCESS: &str = "failover";
+const KEYS: usize = 12;
+const TTL: Duration = Duration::from_secs(2);
+
+/// How the workers reach the database.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    /// A multi-host URL naming the primary, then the standby.
+    MultiHost,
+    /// One address, a proxy moved to the new primary after the promotion
+    /// (connections already open stay on the old one).
+    Proxy,
+}
+
+/// How the old primary goes away.
+#[derive(Debug, Clone, Copy)]
+enum Loss {
+    /// Stopped at once (`pg_ctl stop -m immediate`).
+    Killed,
+    /// Left running, read-only for every session, its connections open.
+    ReadOnly,
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos()
+}
+
+/// Work that ticks as `KEY#RUN` every 20 ms for 100 ms, or until cancelled.
+fn ticking(
+    log: TickLog,
+    runs: Arc<AtomicU64>,
+    worker: &'static str,
+) -> impl drover::runner::Reconciler {
+    move |task: Task| {
+        let (log, runs) = (log.clone(), runs.clone());
+        async move {
+            let tag = format!(
+                "{}#{}-{worker}-{}",
+                task.key(),
+                runs.fetch_add(1, Ordering::Relaxed),
+                task.fencing_token()
+            );
+            for _ in 0..6 {
+                log.tick(&tag);
+                tokio::select! {
+                    () = task.cancelled() => return Err::<Action, BoxError>("cancelled".into()),
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            log.tick(&tag);
+            Ok(Action::Done)
+        }
+    }
+}
+
+fn start(
+    store: Store,
+    log: TickLog,
+    runs: Arc<AtomicU64>,
+    worker: &'static str,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let controller = Controller::builder(store, PROCESS, ticking(log, runs, worker))
+        .ttl(TTL)
+        .idle_poll(Duration::from_millis(100))
+        .shutdown_deadline(Duration::from_secs(1))
+        .build()
+        .expect("valid settings");
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let stop = stop.clone();
+        async move { controller.run(stop).await.expect("controller runs") }
+    });
+    (stop, handle)
+}
+
+/// Each run of each key as (start, end) in nanoseconds, from the tick log.
+fn runs_by_key(log: &TickLog) -> HashMap<String, Vec<(u128, u128, String)>> {
+    let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+    let mut spans: HashMap<String, (u128, u128, String)> = HashMap::new();
+    for line in text.lines() {
+        let Some((tag, at)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(at) = at.parse::<u128>() else { continue };
+        let span = spans
+            .entry(tag.to_owned())
+            .or_insert((at, at, tag.to_owned()));
+        span.0 = span.0.min(at);
+        span.1 = span.1.max(at);
+    }
+    let mut keys: HashMap<String, Vec<(u128, u128, String)>> = HashMap::new();
+    for (tag, span) in spans {
+        let key = tag
+            .split_once('#')
+            .map_or(tag.as_str(), |(k, _)| k)
+            .to_owned();
+        keys.entry(key).or_default().push(span);
+    }
+    for runs in keys.values_mut() {
+        runs.sort_unstable();
+    }
+    keys
+}
+
+/// Enqueues the keys round-robin every 20 ms until `stop`, recording when
+/// each acknowledged enqueue was sent; returns (acknowledged, refused).
+async fn enqueue_until(
+    store: Store,
+    stop: CancellationToken,
+    acked: Arc<Mutex<Vec<(String, u128)>>>,
+) -> u64 {
+    let mut refused = 0;
+    for i in 0.. {
+        if stop.is_cancelled() {
+            break;
+        }
+        let key = format!("k{}", i % KEYS);
+        let sent = now_nanos();
+        match store
+            .item_enqueue(ItemEnqueue::new(PROCESS, [key.as_str()]))
+            .await
+        {
+            Ok(_) => acked.lock().expect("lock").push((key, sent)),
+            Err(_) => refused += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    refused
+}
+
+async fn failover(replication: Replication, loss: Loss, route: Route) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let Some(cluster) = ha::cluster(replication) else {
+        return;
+    };
+    cluster.wait_streaming(replication).await;
+    let proxy = FaultProxy::start(([127, 0, 0, 1], cluster.primary).into()).await;
+    let url = match route {
+        Route::MultiHost => cluster.multi_host_url(),
+        Route::Proxy => format!("postgres://postgres@{}/postgres", proxy.addr),
+    };
+    let client = Store::connect(&url)
+        .await
+        .expect("connect through the multi-host URL");
+    let log = TickLog::new();
+    let runs = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = [
+        (Store::connect(&url).await.expect("worker a"), "a"),
+        (Store::connect(&url).await.expect("worker b"), "b"),
+    ]
+    .into_iter()
+    .map(|(store, name)| start(store, log.clone(), runs.clone(), name))
+    .collect();
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let stop_enqueues = CancellationToken::new();
+    let enqueuer = tokio::spawn(enqueue_until(
+        client.clone(),
+        stop_enqueues.clone(),
+        acked.clone(),
+    ));
+    while runs.load(Ordering::Relaxed) < 2 * KEYS as u64 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    match loss {
+        Loss::Killed => cluster.kill_primary(),
+        Loss::ReadOnly => cluster.make_primary_read_only().await,
+    }
+    cluster.promote();
+    proxy.move_to(([127, 0, 0, 1], cluster.standby).into());
+    let promoted = now_nanos();
+    let promoted_at = Instant::now();
+    tokio::time::sleep(TTL * 2).await;
+    stop_enqueues.cancel();
+    let refused = enqueuer.await.expect("enqueuer");
+
+    // Every key converges: nothing pending, running or backing off.
+    loop {
+        let counts = client.process_counts().await;
+        let busy = counts.as_ref().map_or(u64::MAX, |c| {
+            c.iter()
+                .filter(|c| c.process == PROCESS)
+                .map(|c| c.pending + c.running + c.backoff)
+                .sum()
+        });
+        if busy == 0 {
+            break;
+        }
+        assert!(
+            promoted_at.elapsed() < Duration::from_secs(40),
+            "{replication:?}/{loss:?}/{route:?}: not converged 40 s after the promotion ({counts:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (stop, handle) in workers {
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), handle)
+            .await
+            .expect("controller stops")
+            .expect("controller task");
+    }
+
+    let runs = runs_by_key(&log);
+    let mut overlaps = Vec::new();
+    for (key, spans) in &runs {
+        for pair in spans.windows(2) {
+            if pair[1].0 <= pair[0].1 {
+                overlaps.push(format!("{key}: {:?} then {:?}", pair[0], pair[1]));
+            }
+        }
+    }
+    let resumed = runs
+        .values()
+        .flatten()
+        .map(|(start, _, _)| *start)
+        .filter(|start| *start > promoted)
+        .min()
+        .map(|start| Duration::from_nanos(u64::try_from(start - promoted).expect("fits")));
+    let acked = acked.lock().expect("lock").clone();
+    let mut last_ack: HashMap<&str, u128> = HashMap::new();
+    for (key, sent) in &acked {
+        let at = last_ack.entry(key.as_str()).or_default();
+        *at = (*at).max(*sent);
+    }
+    let lost: Vec<&str> = last_ack
+        .iter()
+        .filter(|(key, sent)| {
+            !runs
+                .get(**key)
+                .is_some_and(|s| s.iter().any(|(start, _, _)| start > *sent))
+        })
+        .map(|(key, _)| *key)
+        .collect();
+    eprintln!(
+        "{replication:?}/{loss:?}/{route:?}: resumed {resumed:?} after the promotion; {} enqueues acknowledged, \
+         {refused} refused; {} runs; overlaps {}; keys whose last acknowledged enqueue never ran: {}",
+        acked.len(),
+        runs.values().map(Vec::len).sum::<usize>(),
+        overlaps.len(),
+        lost.len()
+    );
+    assert!(
+        overlaps.is_empty(),
+        "{replication:?}/{loss:?}/{route:?}: runs overlapped: {overlaps:?}"
+    );
+    assert!(
+        resumed.is_some(),
+        "{replication:?}/{loss:?}/{route:?}: no run after the promotion"
+    );
+    if replication == Replication::Sync {
+        assert!(
+            lost.is_empty(),
+            "{replication:?}/{loss:?}/{route:?}: acknowledged and never run: {lost:?}"
+        );
+    }
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps()
+{
+    failover(Replication::Sync, Loss::Killed, Route::MultiHost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps() {
+    failover(Replication::Sync, Loss::Killed, Route::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps()
+ {
+    failover(Replication::Sync, Loss::ReadOnly, Route::MultiHost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps()
+ {
+    failover(Replication::Sync, Loss::ReadOnly, Route::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps() {
+    failover(Replication::Async, Loss::Killed, Route::MultiHost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps() {
+    failover(Replication::Async, Loss::Killed, Route::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps()
+{
+    failover(Replication::Async, Loss::ReadOnly, Route::MultiHost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps() {
+    failover(Replication::Async, Loss::ReadOnly, Route::Proxy).await;
+}
