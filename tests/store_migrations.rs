@@ -125,7 +125,7 @@ async fn old_database(db: &support::TestDb) {
             let drop_sequence = [
                 "DROP SEQUENCE drover_lease_tokens",
                 "DROP FUNCTION drover_watch, drover_unwatch, drover_watch_row, drover_enqueue, \
-                 drover_claim_gated, \
+                 drover_claim_gated, drover_watch_truncate, drover_watch_install, \
                  drover_channel",
             ];
             for sql in DROP_ALL.into_iter().chain(drop_sequence) {
