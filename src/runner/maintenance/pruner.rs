@@ -137,11 +137,18 @@ impl<S: StoreEngine> Pruner<S> {
 
     /// Prunes every process on a timer until `stop` fires. The first tick comes
     /// after a random part of the interval.
+    ///
+    /// A tick in flight when `stop` fires is dropped where it stands (its
+    /// batch rolls back, and the next node's tick does it again), so a
+    /// database that does not answer never holds shutdown up.
     pub async fn run(self, stop: CancellationToken) {
         let mut passes = HashMap::new();
         let mut ticks = Ticks::new(self.every);
         while ticks.next(&stop).await {
-            self.tick(&mut passes, &stop).await;
+            let tick = self.tick(&mut passes, &stop);
+            if stop.run_until_cancelled(tick).await.is_none() {
+                return;
+            }
         }
     }
 

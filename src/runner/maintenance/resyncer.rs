@@ -115,10 +115,16 @@ impl<S: StoreEngine> Resyncer<S> {
 
     /// Resyncs on a timer until `stop` fires. The first tick comes after a
     /// random part of the interval.
+    ///
+    /// A tick in flight when `stop` fires is dropped where it stands (its
+    /// batch rolls back; the walk goes on from its stored place), so a
+    /// database that does not answer never holds shutdown up.
     pub async fn run(self, stop: CancellationToken) {
         let mut ticks = Ticks::new(self.every);
         while ticks.next(&stop).await {
-            self.tick(&stop).await;
+            if stop.run_until_cancelled(self.tick(&stop)).await.is_none() {
+                return;
+            }
         }
     }
 
