@@ -492,36 +492,3 @@ async fn a_delete_in_a_transaction_forgets_the_key_only_when_it_commits_and_neve
     })
     .await;
 }
-
-/// The store's own transactions are cut after 5 s idle (a dead worker's locks
-/// must not outlive it); a caller's transaction is the caller's to bound, so
-/// a program that waits between its statements keeps its transaction.
-#[tokio::test]
-async fn a_callers_transaction_is_not_cut_by_the_stores_idle_timeout() {
-    each_enqueue_path(|db| async move {
-        if db.engine != "postgres" {
-            return; // SQLite has no idle timeout.
-        }
-        let show = "SHOW idle_in_transaction_session_timeout";
-        let pool = db.store.postgres_pool().expect("postgres");
-        let own: String = sqlx::query_scalar(show)
-            .fetch_one(pool)
-            .await
-            .expect("show");
-        assert_eq!(own, "5s", "the store's own connections");
-        let mut tx = db.store.begin().await.expect("begin");
-        let conn = tx.postgres().expect("a PostgreSQL transaction");
-        let callers: String = sqlx::query_scalar(show)
-            .fetch_one(&mut *conn)
-            .await
-            .expect("show");
-        assert_eq!(callers, "0", "the caller's transaction");
-        tx.rollback().await.expect("rollback");
-        let after: String = sqlx::query_scalar(show)
-            .fetch_one(pool)
-            .await
-            .expect("show");
-        assert_eq!(after, "5s", "SET LOCAL ends with the transaction");
-    })
-    .await;
-}

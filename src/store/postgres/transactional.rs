@@ -8,7 +8,7 @@ use super::admin;
 use super::engine::PostgresStore;
 use super::enqueue::coalesce;
 use super::error::{Db as _, map_commit};
-use super::tx::Passed;
+use super::tx::{Passed, pooled_begin};
 use crate::store::StoreError;
 use crate::store::params::{ItemDelete, ItemEnqueue};
 use crate::store::rules::enqueue::checked_keys;
@@ -85,21 +85,15 @@ impl PostgresStore {
     }
 }
 
-/// How a caller's transaction begins: without the store's idle timeout (set
-/// at startup on a direct connection, per transaction through a pooler).
-const CALLER_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0";
-
 /// A caller's transaction on this store's pool, for [`StoreTx`](crate::store::StoreTx).
 pub(crate) type CallerTx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 impl PostgresStore {
-    /// Begins a caller's transaction (READ COMMITTED, as the store's own).
-    /// The caller's transaction is the caller's to bound: the idle timeout
-    /// that cuts the store's own transactions after 5 s (so a dead worker's
-    /// locks do not outlive it) is lifted for it, since a program may well
-    /// wait between its own statements.
+    /// Begins a caller's transaction (READ COMMITTED, as the store's own;
+    /// through a pooler in transaction mode with the store's
+    /// idle-in-transaction timeout, which a direct connection sets at startup).
     pub(crate) async fn caller_begin(&self) -> Result<CallerTx, StoreError> {
-        self.pool.begin_with(CALLER_BEGIN).await.db()
+        pooled_begin(&self.pool, self.pooled).await.db()
     }
 
     /// Commits a caller's transaction; a connection lost while committing is
