@@ -180,6 +180,31 @@ async fn refuse_writes(admin: &sqlx::PgPool, name: &str) {
         .expect("end its connections");
 }
 
+/// A run of [`held_run`]'s reconciler.
+type HeldRun =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Action, BoxError>> + Send>>;
+
+/// A reconciler whose runs say they started (on the receiver) and then wait
+/// for a permit of the semaphore before they end done.
+fn held_run() -> (
+    impl Fn(Task) -> HeldRun + Send + Sync + 'static,
+    mpsc::UnboundedReceiver<()>,
+    Arc<Semaphore>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let gate = Arc::new(Semaphore::new(0));
+    let held = Arc::clone(&gate);
+    let reconciler = move |_task: Task| -> HeldRun {
+        let (tx, gate) = (tx.clone(), Arc::clone(&held));
+        Box::pin(async move {
+            tx.send(()).expect("test alive");
+            gate.acquire().await?.forget();
+            Ok::<_, BoxError>(Action::Done)
+        })
+    };
+    (reconciler, rx, gate)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_within_its_deadline_plus_a_second_when_the_database_refuses_every_write() {
     let Some(base) = support::postgres_url() else {
@@ -188,19 +213,7 @@ async fn shutdown_ends_within_its_deadline_plus_a_second_when_the_database_refus
     let admin = sqlx::PgPool::connect(&base).await.expect("connect");
     let (name, url) = fresh_database(&admin, &base).await;
     let store = Store::connect(&url).await.expect("connect and migrate");
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let gate = Arc::new(Semaphore::new(0));
-    let reconciler = {
-        let gate = Arc::clone(&gate);
-        move |_task: Task| {
-            let (tx, gate) = (tx.clone(), Arc::clone(&gate));
-            async move {
-                tx.send(()).expect("test alive");
-                gate.acquire().await?.forget();
-                Ok::<_, BoxError>(Action::Done)
-            }
-        }
-    };
+    let (reconciler, mut rx, gate) = held_run();
     let deadline = Duration::from_secs(1);
     // A TTL past the test: only the shutdown deadline can end the run's retries.
     let controller = Controller::builder(store.clone(), PROCESS, reconciler)
@@ -338,19 +351,7 @@ async fn shutdown_ends_within_its_deadline_plus_a_second_when_the_database_does_
     // The controller reaches the database through a link the test freezes:
     // no answer, no error, no reset, as behind a dead switch.
     let (proxy, store) = FaultProxy::in_front_of(&base, &db.url).await;
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let gate = Arc::new(Semaphore::new(0));
-    let reconciler = {
-        let gate = Arc::clone(&gate);
-        move |_task: Task| {
-            let (tx, gate) = (tx.clone(), Arc::clone(&gate));
-            async move {
-                tx.send(()).expect("test alive");
-                gate.acquire().await?.forget();
-                Ok::<_, BoxError>(Action::Done)
-            }
-        }
-    };
+    let (reconciler, mut rx, gate) = held_run();
     let deadline = Duration::from_secs(1);
     // A TTL past the test: only the shutdown deadline can end the wait for
     // the outcome's write and the session's close.

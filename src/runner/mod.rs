@@ -22,7 +22,7 @@ mod controller;
 mod error;
 mod finished;
 mod lapse;
-pub mod maintenance;
+mod maintenance;
 mod reconciler;
 mod run;
 mod session;
