@@ -83,13 +83,39 @@ fn ticking(
     }
 }
 
-fn start(
-    store: Store,
+/// Work that ticks as `KEY#RUN-WORKER-TOKEN` every 20 ms for as long as its
+/// worker holds the key (until cancelled, at most 20 s).
+fn holding(
     log: TickLog,
     runs: Arc<AtomicU64>,
     worker: &'static str,
+) -> impl drover::runner::Reconciler {
+    move |task: Task| {
+        let (log, runs) = (log.clone(), runs.clone());
+        async move {
+            let tag = format!(
+                "{}#{}-{worker}-{}",
+                task.key(),
+                runs.fetch_add(1, Ordering::Relaxed),
+                task.fencing_token()
+            );
+            for _ in 0..1000 {
+                log.tick(&tag);
+                tokio::select! {
+                    () = task.cancelled() => return Err::<Action, BoxError>("cancelled".into()),
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            Ok(Action::Done)
+        }
+    }
+}
+
+fn start<R: drover::runner::Reconciler>(
+    store: Store,
+    reconciler: R,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let controller = Controller::builder(store, PROCESS, ticking(log, runs, worker))
+    let controller = Controller::builder(store, PROCESS, reconciler)
         .ttl(TTL)
         .idle_poll(Duration::from_millis(100))
         .shutdown_deadline(Duration::from_secs(1))
@@ -182,7 +208,7 @@ async fn failover(replication: Replication, loss: Loss, route: Route) {
         (Store::connect(&url).await.expect("worker b"), "b"),
     ]
     .into_iter()
-    .map(|(store, name)| start(store, log.clone(), runs.clone(), name))
+    .map(|(store, name)| start(store, ticking(log.clone(), runs.clone(), name)))
     .collect();
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop_enqueues = CancellationToken::new();
@@ -331,4 +357,113 @@ async fn read_only_primary_async_replication_through_a_multi_host_url_converges_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn read_only_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps() {
     failover(Replication::Async, Loss::ReadOnly, Route::Proxy).await;
+}
+
+/// Polls `done` every 20 ms for up to `within`; panics with `what` after.
+async fn wait_until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The asynchronous hand-out, forced (DESIGN.md rule 12): node a claims key
+/// `k` on the primary after the standby was cut off, so the promoted standby
+/// has `k` pending and knows nothing of the claim. Node a's link then
+/// freezes (a node cut off while both sides live), so its work goes on until
+/// its own clock says its session is gone, one TTL after its last heartbeat.
+/// Node b, started on the new primary, must not run `k` before that: the new
+/// primary noticed the fork and paused claims for the longest TTL. Without
+/// the pause node b runs `k` at once, while node a's work still ticks.
+/// Judged from the ticks the work itself wrote; prints what the pause cost
+/// (from the promotion to node b's run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_lost_with_the_old_primary_is_not_handed_out_again_until_its_worker_gave_it_up() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let Some(cluster) = ha::cluster(Replication::Async) else {
+        return;
+    };
+    cluster.wait_streaming(Replication::Async).await;
+    let proxy = FaultProxy::start(([127, 0, 0, 1], cluster.primary).into()).await;
+    let url = format!("postgres://postgres@{}/postgres", proxy.addr);
+    let log = TickLog::new();
+    let runs = Arc::new(AtomicU64::new(0));
+    let a_store = Store::connect(&url).await.expect("node a");
+    let (stop_a, a) = start(a_store.clone(), holding(log.clone(), runs.clone(), "a"));
+    let list = drover::store::SessionList {
+        leases_per_session: 0,
+    };
+    wait_until("node a's session", Duration::from_secs(10), async || {
+        a_store
+            .session_list(list)
+            .await
+            .is_ok_and(|s| !s.is_empty())
+    })
+    .await;
+    // `k` and node a's session reach the standby; then the standby is cut
+    // off, before `k` is ready.
+    a_store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]).after(Duration::from_secs(3)))
+        .await
+        .expect("enqueue");
+    cluster.wait_replayed().await;
+    cluster.disconnect_standby().await;
+    let cut = now_nanos();
+    wait_until("node a runs k", Duration::from_secs(10), async || {
+        runs_by_key(&log).contains_key("k")
+    })
+    .await;
+    let first = runs_by_key(&log)["k"][0].0;
+    assert!(
+        first > cut,
+        "k ran before the standby was cut off: the set-up was too slow"
+    );
+
+    proxy.freeze();
+    cluster.kill_primary();
+    cluster.promote();
+    let promoted = now_nanos();
+    let b_store = Store::connect(&cluster.url(cluster.standby))
+        .await
+        .expect("node b on the new primary");
+    let (stop_b, b) = start(b_store.clone(), holding(log.clone(), runs.clone(), "b"));
+    wait_until("node b runs k", Duration::from_secs(30), async || {
+        runs_by_key(&log)["k"].len() > 1
+    })
+    .await;
+    for (stop, handle) in [(stop_a, a), (stop_b, b)] {
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), handle)
+            .await
+            .expect("controller stops")
+            .expect("controller task");
+    }
+    let spans = runs_by_key(&log).remove("k").expect("k ran");
+    let (a_run, b_run) = (&spans[0], &spans[1]);
+    assert!(
+        a_run.2.contains("-a-") && b_run.2.contains("-b-"),
+        "{spans:?}"
+    );
+    let pause = Duration::from_nanos(u64::try_from(b_run.0 - promoted).expect("fits"));
+    let gap = b_run.0.saturating_sub(a_run.1);
+    eprintln!(
+        "node a gave k up {:?} after the promotion; node b ran it {pause:?} after the promotion ({:?} later, {})",
+        Duration::from_nanos(u64::try_from(a_run.1.saturating_sub(promoted)).unwrap_or(0)),
+        Duration::from_nanos(u64::try_from(gap).unwrap_or(0)),
+        b_run.2
+    );
+    assert!(
+        b_run.0 > a_run.1,
+        "k ran twice at once: node a until {}, node b from {} ({spans:?})",
+        a_run.1,
+        b_run.0
+    );
+    // Node a's store keeps its frozen connections: dropped, not closed
+    // (closing waits for them).
+    drop(a_store);
+    b_store.close().await;
 }

@@ -193,3 +193,60 @@ async fn without_migrating_an_unmigrated_database_is_refused_with_a_hint() {
         .await
         .expect("up to date now");
 }
+
+/// A store's connections carry its application name: PostgreSQL shows it in
+/// `pg_stat_activity` (`drover` by default; a name in the URL wins), and a
+/// SQLite store names the threads its connections run on after it (on
+/// Linux, where `/proc` shows them).
+#[tokio::test]
+async fn connections_carry_the_stores_application_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("named.db").display());
+    let name = format!("n{:06x}", rand::random::<u32>() >> 8);
+    let options = StoreOptions::default().application_name(name.clone());
+    let store = Store::connect_with(&url, &options).await.expect("connect");
+    store.process_counts().await.expect("a read");
+    if cfg!(target_os = "linux") {
+        let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .map(|comm| comm.trim_end().to_owned())
+            .filter(|comm| comm.starts_with(&format!("{name}-")))
+            .collect();
+        assert!(threads.contains(&format!("{name}-w")), "{threads:?}");
+        assert!(
+            threads.iter().any(|t| t.starts_with(&format!("{name}-r"))),
+            "{threads:?}"
+        );
+    }
+    store.close().await;
+
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let in_url = format!("{}{sep}application_name=from-url", db.url);
+    let cases = [
+        (db.url.clone(), StoreOptions::default(), "drover"),
+        (db.url.clone(), options.clone(), name.as_str()),
+        (in_url, options.clone(), "from-url"),
+    ];
+    for (url, options, expected) in cases {
+        let store = Store::connect_with(&url, &options).await.expect("connect");
+        let mut tx = store.begin().await.expect("begin");
+        let conn = tx.postgres().expect("a PostgreSQL transaction");
+        let shown: String = sqlx::query_scalar(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+        )
+        .fetch_one(conn)
+        .await
+        .expect("pg_stat_activity");
+        assert_eq!(shown, expected, "{url}");
+        drop(tx);
+        store.close().await;
+    }
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

@@ -60,7 +60,8 @@ async fn sqlx_insert_future_migration(db: &support::TestDb) {
 }
 
 /// The tables of a database at schema version 2 (before known keys and runs).
-const DROP_ALL: [&str; 12] = [
+const DROP_ALL: [&str; 13] = [
+    "DROP TABLE IF EXISTS drover_lineage",
     "DROP TABLE IF EXISTS drover_resync",
     "DROP VIEW IF EXISTS drover_enqueue",
     "DROP TABLE IF EXISTS drover_watches",
@@ -126,7 +127,7 @@ async fn old_database(db: &support::TestDb) {
                 "DROP SEQUENCE drover_lease_tokens",
                 "DROP FUNCTION drover_watch, drover_unwatch, drover_watch_row, drover_enqueue, \
                  drover_claim_gated, drover_watch_truncate, drover_watch_install, \
-                 drover_channel",
+                 drover_channel, drover_observe_lineage",
             ];
             for sql in DROP_ALL.into_iter().chain(drop_sequence) {
                 sqlx::query(sql).execute(&pool).await.expect(sql);

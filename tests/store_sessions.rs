@@ -297,12 +297,12 @@ async fn a_reclaim_that_wins_the_session_row_refuses_the_heartbeat_behind_it() {
 
 /// SQLite's equivalent, as far as its single writer allows: a test connection
 /// holds the write lock while the heartbeat and the reclaim (each on its own
-/// store, so its own writer connection) are started; which one gets it next is
-/// up to SQLite's busy handler, but exactly one of them wins, and the database
-/// agrees with the winner. SQLite tells no one that a writer waits for its
-/// lock, so the test cannot know both queued before the release (a single
-/// `yield_now` here once pretended to): what it checks holds in whichever
-/// order they take the lock, queued or not.
+/// store, so its own writer connection) are started, and is let go only once
+/// both are seen waiting for it (their threads sleep in SQLite's busy
+/// handler, see `support::locks`). Which one gets the lock next is up to
+/// SQLite (the first to wake and try), not the order they queued in, so the
+/// test cannot choose the winner; it checks that exactly one of them wins
+/// and the database agrees with the winner.
 #[tokio::test]
 async fn a_heartbeat_and_a_reclaim_queued_on_the_sqlite_write_lock_never_both_win() {
     let (db, _dir) = support::sqlite().await;
@@ -318,6 +318,7 @@ async fn a_heartbeat_and_a_reclaim_queued_on_the_sqlite_write_lock_never_both_wi
         worker.session_heartbeat(beat).await
     });
     let reclaim = tokio::spawn(async move { reaper.session_reclaim().await });
+    support::locks::wait_for_sqlite_writers(&db.sqlite_writer_thread(), 2).await;
     holder.commit().await.expect("release the write lock");
     let heartbeat = heartbeat.await.expect("joined");
     let report = reclaim.await.expect("joined").expect("reclaim");

@@ -20,6 +20,7 @@ pub struct StoreOptions {
     // Read by the SQLite engine only.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) sqlite_enqueue_through_view: bool,
+    pub(crate) application_name: String,
 }
 
 impl Default for StoreOptions {
@@ -31,6 +32,7 @@ impl Default for StoreOptions {
             durable: true,
             listen_url: None,
             sqlite_enqueue_through_view: false,
+            application_name: "drover".to_owned(),
         }
     }
 }
@@ -103,6 +105,20 @@ impl StoreOptions {
     pub fn sqlite_enqueue_through_view(self, through_view: bool) -> Self {
         Self {
             sqlite_enqueue_through_view: through_view,
+            ..self
+        }
+    }
+
+    /// The name this store's connections show to whoever looks (default
+    /// `drover`). On PostgreSQL it is the connection's `application_name`, as
+    /// `pg_stat_activity` shows it, unless the URL sets one; on SQLite it
+    /// names the threads that run the connections (`NAME-w` the writer,
+    /// `NAME-rN` the readers), as `top -H`, `ps -L` and a debugger show them.
+    /// Linux keeps the first 15 bytes of a thread's name, so keep it short.
+    #[must_use]
+    pub fn application_name(self, name: impl Into<String>) -> Self {
+        Self {
+            application_name: name.into(),
             ..self
         }
     }

@@ -204,6 +204,76 @@ impl Cluster {
         conn.close().await.ok();
     }
 
+    /// Waits until the standby has replayed everything the primary has
+    /// written so far.
+    pub(crate) async fn wait_replayed(&self) {
+        let mut primary = PgConnection::connect(&self.url(self.primary))
+            .await
+            .expect("primary");
+        let written: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&mut primary)
+            .await
+            .expect("pg_current_wal_lsn");
+        primary.close().await.ok();
+        let mut standby = PgConnection::connect(&self.url(self.standby))
+            .await
+            .expect("standby");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let replayed: bool =
+                sqlx::query_scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn")
+                    .bind(&written)
+                    .fetch_one(&mut standby)
+                    .await
+                    .expect("pg_last_wal_replay_lsn");
+            if replayed {
+                break;
+            }
+            assert!(Instant::now() < deadline, "standby behind for 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        standby.close().await.ok();
+    }
+
+    /// Cuts the standby off its primary (its WAL receiver stops; both servers
+    /// stay up): what the primary commits from now on never reaches it, as a
+    /// commit inside the replication lag of an asynchronous standby. Returns
+    /// once the primary no longer sees it.
+    pub(crate) async fn disconnect_standby(&self) {
+        let mut standby = PgConnection::connect(&self.url(self.standby))
+            .await
+            .expect("standby");
+        for sql in [
+            "ALTER SYSTEM SET primary_conninfo = ''",
+            "SELECT pg_reload_conf()",
+        ] {
+            sqlx::query(sql)
+                .execute(&mut standby)
+                .await
+                .expect("standby settings");
+        }
+        standby.close().await.ok();
+        let mut primary = PgConnection::connect(&self.url(self.primary))
+            .await
+            .expect("primary");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let senders: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_replication")
+                .fetch_one(&mut primary)
+                .await
+                .expect("pg_stat_replication");
+            if senders == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "standby still connected after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        primary.close().await.ok();
+    }
+
     /// Promotes the standby and waits until it accepts writes.
     pub(crate) fn promote(&self) {
         self.ctl(&["promote", "-w", "-D", s(&self.data("standby"))]);

@@ -70,8 +70,9 @@ impl Holder {
 pub(crate) enum Blocker {
     /// A held row and the pool to watch its waiters from.
     Postgres(Holder, PgPool),
-    /// A held write lock.
-    Sqlite(Transaction<'static, sqlx::Sqlite>),
+    /// A held write lock, and the name of the thread whose wait for it
+    /// [`wait_for_a_waiter`](Self::wait_for_a_waiter) watches.
+    Sqlite(Transaction<'static, sqlx::Sqlite>, String),
 }
 
 impl Blocker {
@@ -88,17 +89,17 @@ impl Blocker {
                 .begin_with("BEGIN IMMEDIATE")
                 .await
                 .expect("write lock");
-            Self::Sqlite(tx)
+            Self::Sqlite(tx, db.sqlite_writer_thread())
         }
     }
 
-    /// Returns once an operation waits for the lock. SQLite tells no one who
-    /// waits for its lock; there this only yields, and what the tests check
-    /// holds whenever the waiter started.
+    /// Returns once an operation waits for the lock: on SQLite, once the
+    /// database's writer thread sleeps in SQLite's busy handler (see
+    /// [`wait_for_sqlite_writers`]).
     pub(crate) async fn wait_for_a_waiter(&self) {
         match self {
             Self::Postgres(holder, pool) => holder.wait_for_waiters(pool, 1).await,
-            Self::Sqlite(_) => tokio::task::yield_now().await,
+            Self::Sqlite(_, thread) => wait_for_sqlite_writers(thread, 1).await,
         }
     }
 
@@ -106,7 +107,64 @@ impl Blocker {
     pub(crate) async fn release(self) {
         match self {
             Self::Postgres(holder, _) => holder.release().await,
-            Self::Sqlite(tx) => tx.commit().await.expect("release the write lock"),
+            Self::Sqlite(tx, _) => tx.commit().await.expect("release the write lock"),
         }
     }
+}
+
+/// Returns once `n` threads named `thread` (a SQLite store's writer, see
+/// [`TestDb::sqlite_writer_thread`](super::TestDb::sqlite_writer_thread))
+/// sleep at once. SQLite tells no one that a connection waits for its write
+/// lock: the waiting connection's busy handler sleeps and tries again, on the
+/// thread sqlx runs that connection on, and a writer's thread sleeps for
+/// nothing else (an idle one waits on a futex for its next command). So on
+/// Linux the wait is seen in `/proc`: the thread's current system call is a
+/// `nanosleep`. Elsewhere (another OS or CPU) this only
+/// yields, and says so.
+pub(crate) async fn wait_for_sqlite_writers(thread: &str, n: usize) {
+    let seen = cfg!(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ));
+    if !seen {
+        eprintln!(
+            "cannot see a SQLite writer wait here (Linux on x86-64 or ARM64 only): the test only yields"
+        );
+        tokio::task::yield_now().await;
+        return;
+    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while sleeping_threads(thread) < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} writers named {thread} never waited for the write lock"));
+}
+
+/// How many of this process's threads named `name` are in a sleep system
+/// call right now.
+fn sleeping_threads(name: &str) -> usize {
+    // nanosleep and clock_nanosleep (glibc's usleep uses either).
+    #[cfg(target_arch = "x86_64")]
+    const SLEEPS: [&str; 2] = ["35", "230"];
+    #[cfg(target_arch = "aarch64")]
+    const SLEEPS: [&str; 2] = ["101", "115"];
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    const SLEEPS: [&str; 0] = [];
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            comm.trim_end() == name
+        })
+        .filter(|task| {
+            let call = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+            let number = call.split_whitespace().next().unwrap_or_default();
+            SLEEPS.contains(&number)
+        })
+        .count()
 }

@@ -57,6 +57,10 @@ pub(crate) struct TestDb {
     pub(crate) engine: &'static str,
     /// How [`store`](Self::store) was connected, for [`reconnect`](Self::reconnect).
     pub(crate) options: StoreOptions,
+    /// The name its connections carry ([`StoreOptions::application_name`]),
+    /// unique in this test process on SQLite, where it names the threads
+    /// that [`locks::Blocker`] watches for a writer waiting.
+    pub(crate) name: String,
     /// Where controllers under test work: [`store`](Self::store) itself, or a
     /// server in front of it (see [`each_backend`]), which lives as long as
     /// this value does.
@@ -72,7 +76,21 @@ impl TestDb {
             url,
             engine,
             options: StoreOptions::default(),
+            name: "drover".to_owned(),
         }
+    }
+
+    /// Records how the store was connected: `options`, naming it `name`.
+    fn with_options(mut self, options: StoreOptions, name: String) -> Self {
+        self.options = options;
+        self.name = name;
+        self
+    }
+
+    /// The name of the thread that runs a SQLite store's write connection
+    /// (all of this database's stores share it).
+    pub(crate) fn sqlite_writer_thread(&self) -> String {
+        format!("{}-w", self.name)
     }
 
     /// The same database with its controllers working through a server
@@ -131,9 +149,21 @@ impl TestDb {
 pub(crate) async fn sqlite() -> (TestDb, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("drover.db").display());
-    let store = Store::connect(&url).await.expect("connect to SQLite");
-    let db = TestDb::new(store, url, "sqlite");
+    let (options, name) = named(StoreOptions::default());
+    let store = Store::connect_with(&url, &options)
+        .await
+        .expect("connect to SQLite");
+    let db = TestDb::new(store, url, "sqlite").with_options(options, name);
     (db, dir)
+}
+
+/// `options` with an application name no other store of this test process
+/// has (and the name): it names a SQLite store's connection threads.
+fn named(options: StoreOptions) -> (StoreOptions, String) {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("t{n}");
+    (options.application_name(name.clone()), name)
 }
 
 /// A fresh SQLite database as [`sqlite`] makes, whose store enqueues through
@@ -142,12 +172,11 @@ pub(crate) async fn sqlite() -> (TestDb, tempfile::TempDir) {
 pub(crate) async fn sqlite_through_view() -> (TestDb, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("drover.db").display());
-    let options = StoreOptions::default().sqlite_enqueue_through_view(true);
+    let (options, name) = named(StoreOptions::default().sqlite_enqueue_through_view(true));
     let store = Store::connect_with(&url, &options)
         .await
         .expect("connect to SQLite");
-    let mut db = TestDb::new(store, url, "sqlite");
-    db.options = options;
+    let db = TestDb::new(store, url, "sqlite").with_options(options, name);
     (db, dir)
 }
 

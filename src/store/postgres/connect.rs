@@ -12,8 +12,9 @@ use super::engine::PostgresStore;
 use super::error::{Db as _, map};
 use super::failover::Failover;
 use super::hosts;
+use super::lineage;
 use crate::store::url::{PoolMode, pool_mode, redact_url as redact};
-use crate::store::{Clock, StoreError, StoreOptions, migrate};
+use crate::store::{StoreError, StoreOptions, migrate};
 
 /// How long an operation waits for a free pooled connection once connected.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,8 +35,9 @@ const MIGRATE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('drover_migrat
 /// Parses a URL (its hosts, `target_session_attrs` and `pool_mode`) into one
 /// set of connect options per host. Through a pooler in transaction mode
 /// nothing is set at startup that the pooler would refuse (`options`,
-/// `extra_float_digits`): the timeout is set per transaction.
-fn connect_options(url: &str) -> Result<(Arc<Failover>, PoolMode), StoreError> {
+/// `extra_float_digits`): the timeout is set per transaction. Connections
+/// name themselves `app_name` unless the URL names them.
+fn connect_options(url: &str, app_name: &str) -> Result<(Arc<Failover>, PoolMode), StoreError> {
     let shown = redact(url);
     let invalid = |reason: String| StoreError::InvalidUrl {
         url: shown.clone(),
@@ -45,7 +47,10 @@ fn connect_options(url: &str) -> Result<(Arc<Failover>, PoolMode), StoreError> {
     let split = hosts::split(&url).map_err(invalid)?;
     let mut hosts = Vec::with_capacity(split.hosts.len());
     for (name, url) in split.hosts {
-        let options = PgConnectOptions::from_str(&url).map_err(|e| invalid(e.to_string()))?;
+        let mut options = PgConnectOptions::from_str(&url).map_err(|e| invalid(e.to_string()))?;
+        if options.get_application_name().is_none() {
+            options = options.application_name(app_name);
+        }
         let options = match mode {
             PoolMode::Session => {
                 options.options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)])
@@ -67,7 +72,7 @@ impl PostgresStore {
     /// connect timeout, never hangs.
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let shown = redact(url);
-        let (failover, mode) = connect_options(url)?;
+        let (failover, mode) = connect_options(url, &options.application_name)?;
         let first = probe(&failover, &shown, options.connect_timeout).await?;
         let pool = failover
             .pool_options()
@@ -77,12 +82,12 @@ impl PostgresStore {
         let pooled = mode == PoolMode::Transaction;
         let listen = match (&options.listen_url, pooled) {
             (_, false) => Some(pool.clone()),
-            (Some(listen), true) => Some(listen_pool(listen)?),
+            (Some(listen), true) => Some(listen_pool(listen, &options.application_name)?),
             (None, true) => None,
         };
         let store = Self {
             pool,
-            clock: Clock::default(),
+            clock: failover.clock().clone(),
             statistics: Arc::default(),
             listener: Arc::default(),
             pooled,
@@ -92,6 +97,11 @@ impl PostgresStore {
             gated: Arc::default(),
         };
         store.migrate_or_check(options.migrate).await?;
+        // The connections opened so far may predate the migration that
+        // records the server's identity: record it now (see `lineage`).
+        lineage::observe(&store.pool, store.clock.offset_ms())
+            .await
+            .db()?;
         Ok(store)
     }
 
@@ -111,8 +121,8 @@ impl PostgresStore {
 }
 
 /// A pool of one direct connection for `LISTEN`, connected when first used.
-fn listen_pool(url: &str) -> Result<PgPool, StoreError> {
-    let (failover, mode) = connect_options(url)?;
+fn listen_pool(url: &str, name: &str) -> Result<PgPool, StoreError> {
+    let (failover, mode) = connect_options(url, name)?;
     if mode == PoolMode::Transaction {
         return Err(StoreError::InvalidUrl {
             url: redact(url),

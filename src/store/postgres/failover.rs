@@ -20,7 +20,8 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::sync::watch;
 
 use super::hosts::Target;
-use crate::store::{DriverError, StoreError};
+use super::lineage;
+use crate::store::{Clock, DriverError, StoreError};
 
 /// How long a connection attempt to one host may take while looking for the
 /// host that fits.
@@ -102,6 +103,9 @@ pub(crate) struct Failover {
     announced: AtomicBool,
     /// Counts notices, for the `LISTEN` connection to follow.
     notices: watch::Sender<u64>,
+    /// The store's clock, which the check of a new connection reads the
+    /// database's lineage with.
+    clock: Clock,
 }
 
 impl Failover {
@@ -116,7 +120,13 @@ impl Failover {
             announced: AtomicBool::new(false),
             searching: AtomicBool::new(false),
             notices: watch::Sender::new(0),
+            clock: Clock::default(),
         })
+    }
+
+    /// The clock of the store these connections serve (clones share it).
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// How many hosts the URL names.
@@ -216,9 +226,18 @@ impl Failover {
         since.is_none_or(|since| Instant::now().checked_sub(age).is_some_and(|t| t > since))
     }
 
-    /// Checks a new connection against the target, swapping it for one to the
-    /// first host that fits when it reached the wrong kind of server.
+    /// Checks a new connection before anything uses it: against the target,
+    /// swapping it for one to the first host that fits when it reached the
+    /// wrong kind of server; then against the database's lineage, so the
+    /// first connection to a promoted standby starts the pause of claims.
     async fn check(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        self.fit(conn).await?;
+        lineage::observe(&mut *conn, self.clock.offset_ms()).await?;
+        Ok(())
+    }
+
+    /// The check of a new connection against the target.
+    async fn fit(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         if self.target == Target::Any {
             if self.reconnecting.swap(false, Ordering::Relaxed) {
                 tracing::warn!("reconnected to the database");

@@ -54,8 +54,17 @@ impl GatedProcesses {
 }
 
 /// The claim, one statement; directly connected it is its own transaction,
-/// through a pooler [`Tx`](super::engine::Tx) wraps it in one.
-const CLAIM_GATED: &str = "SELECT * FROM drover_claim_gated($1, $2, $3, $4)";
+/// through a pooler [`Tx`](super::engine::Tx) wraps it in one. During the
+/// pause after a fork in the database's history (see `lineage`) it asks for
+/// no key, and says so in `forked`.
+const CLAIM_GATED: &str = "
+SELECT g.*, f.forked
+FROM (SELECT EXISTS (SELECT 1 FROM drover_lineage
+        WHERE paused_until > clock_timestamp() + $4::float8 * interval '1 millisecond')
+      AS forked) f
+CROSS JOIN LATERAL drover_claim_gated($1, $2, CASE WHEN f.forked THEN 0 ELSE $3 END, $4)
+    WITH ORDINALITY g
+ORDER BY g.ordinality";
 
 /// One row of `drover_claim_gated`: the gate as the function read it under
 /// the lock (repeated on every row), and one claimed key (all `None` when
@@ -73,6 +82,8 @@ struct GatedRow {
     decided_at: DateTime<Utc>,
     running: i64,
     allowed: i64,
+    /// Claims are paused after a fork: the function was asked for none.
+    forked: bool,
     #[sqlx(flatten)]
     claimed: ClaimedKey,
 }
@@ -114,7 +125,8 @@ pub(super) async fn claim(
     let binds = first.binds;
     store.gated.remember(&params.process, binds);
     let gate = first.gate();
-    let admission = gate.admit(first.decided_at, first.running, params.max);
+    let max = if first.forked { 0 } else { params.max };
+    let admission = gate.admit(first.decided_at, first.running, max);
     debug_assert_eq!(
         i64::from(admission.allowed),
         first.allowed,

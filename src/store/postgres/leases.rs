@@ -35,6 +35,9 @@ use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 /// The final outer join yields one row even when nothing was claimed, so `live`
 /// tells an expired session apart from an empty queue.
 ///
+/// `forked` is the pause after a fork in the database's history (see
+/// `lineage`): while it lasts nothing is claimed.
+///
 /// `gate` is the fleet controls' fast path (one primary-key probe): a process
 /// that is paused or has a limit claims nothing here and reports `held`, and
 /// the caller claims again through [`gated::claim`] (the SQL function
@@ -49,10 +52,12 @@ gate AS (
   SELECT 1 FROM drover_processes g
   WHERE g.process = $2
     AND (g.paused OR g.concurrency IS NOT NULL OR g.rate_per_s IS NOT NULL)),
+forked AS (
+  SELECT 1 FROM drover_lineage WHERE paused_until > (SELECT now FROM clock)),
 prios AS (
   SELECT max(priority) AS p FROM drover_items
   WHERE process = $2 AND state = 'pending' AND EXISTS (SELECT 1 FROM live)
-    AND NOT EXISTS (SELECT 1 FROM gate)
+    AND NOT EXISTS (SELECT 1 FROM gate) AND NOT EXISTS (SELECT 1 FROM forked)
   UNION ALL
   SELECT (SELECT max(priority) FROM drover_items
           WHERE process = $2 AND state = 'pending' AND priority < prios.p)

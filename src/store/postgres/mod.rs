@@ -19,6 +19,7 @@ mod groups;
 mod hosts;
 mod inspect;
 mod leases;
+mod lineage;
 mod listen;
 mod processes;
 mod resync;

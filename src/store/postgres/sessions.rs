@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
+use super::lineage;
 use super::rows::duration_ms;
 use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
@@ -24,11 +25,18 @@ pub(super) async fn start(
     }
     let component = clean_text(&params.component).into_owned();
     let (mut tx, now) = store.write().await?;
+    // The longest TTL ever started is kept apart (see `lineage`): a pause
+    // after a fork covers it even if this session's row is lost with it.
     let (id, deadline): (i64, DateTime<Utc>) = sqlx::query_as(
-        "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
-             host, pid, version)
-         VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond', $4, $5, $6)
-         RETURNING id, deadline",
+        "WITH started AS (
+           INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
+               host, pid, version)
+           VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond', $4, $5, $6)
+           RETURNING id, deadline),
+         longest AS (
+           UPDATE drover_lineage SET longest_ttl_ms = $2
+           WHERE longest_ttl_ms IS NULL OR longest_ttl_ms < $2)
+         SELECT id, deadline FROM started",
     )
     .bind(&component)
     .bind(ttl_ms)
@@ -105,6 +113,13 @@ pub(super) async fn close(store: &PostgresStore, session: SessionId) -> Result<u
 /// deleted sessions (waiting for completions in flight, which settle them
 /// first), and any orphan whose session row is gone ([`orphans`]).
 pub(super) async fn reclaim(store: &PostgresStore) -> Result<ReclaimReport, StoreError> {
+    // A fork this store's connections did not see (see `lineage`) is
+    // noticed here: its sessions expire, and this reclaim requeues them.
+    let mut tx = store.read().await?;
+    lineage::observe(&mut tx, store.clock.offset_ms())
+        .await
+        .db()?;
+    commit(tx).await?;
     let (mut tx, now) = store.write().await?;
     let expired: Vec<i64> =
         sqlx::query_scalar("DELETE FROM drover_sessions WHERE deadline <= $1 RETURNING id")

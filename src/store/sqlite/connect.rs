@@ -101,6 +101,9 @@ impl SqliteStore {
             .pragma("mmap_size", MMAP_SIZE)
             .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT)
             .row_buffer_size(ROW_BUFFER_SIZE);
+        let name = options.application_name.clone();
+        let writer_name = format!("{name}-w");
+        let writer_thread = move |_| writer_name.clone();
         let memory = url.contains(":memory:") || url.contains("mode=memory");
         if !memory {
             missing_directory(url, connect.get_filename())?;
@@ -111,6 +114,7 @@ impl SqliteStore {
                 .min_connections(1)
                 .idle_timeout(None)
                 .max_lifetime(None);
+            let connect = connect.thread_name(writer_thread);
             let opening = while_locked(|| one.clone().connect_with(connect.clone()));
             let pool = within(url, options, opening).await?;
             migrate_pool(&pool, options.migrate).await?;
@@ -123,12 +127,14 @@ impl SqliteStore {
             });
         }
         let readers = SqlitePoolOptions::new().max_connections(options.max_connections);
+        let connect = connect.thread_name(move |id| format!("{name}-r{id}"));
         let opening = while_locked(|| readers.clone().connect_with(connect.clone()));
         let pool = within(url, options, opening).await?;
         migrate_pool(&pool, options.migrate).await?;
         let writer = connect
             .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)
-            .pragma("temp_store", WRITER_TEMP_STORE);
+            .pragma("temp_store", WRITER_TEMP_STORE)
+            .thread_name(writer_thread);
         let writer = within(url, options, while_locked(|| writer.connect())).await?;
         Ok(Self {
             _checkpoints: Some(Checkpoints::start(pool.clone())),

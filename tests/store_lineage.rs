@@ -1,0 +1,130 @@
+//! The pause after a fork in the database's history (DESIGN.md rule 12), on
+//! one PostgreSQL server: the test makes drover's record of the server's
+//! identity disagree with the server (as a promoted standby's new timeline
+//! would), so the next new connection notices a fork. `tests/failover.rs`
+//! drives the same through a real promotion. PostgreSQL only (skipped with
+//! the reason printed when `DROVER_TEST_POSTGRES_URL` is not set).
+
+mod support;
+
+use drover::store::{
+    ItemEnqueue, LeaseClaim, ProcessConfigure, SessionHeartbeat, SessionStart, StoreEngine as _,
+    StoreError,
+};
+use support::store::{P, secs};
+
+/// A process with a concurrency limit: its claims take the gated path.
+const LIMITED: &str = "limited";
+
+#[tokio::test]
+async fn after_a_fork_old_sessions_expire_and_nothing_is_claimed_for_the_longest_ttl() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let store = db.store.clone();
+    // A worker with a 60 s TTL came and went; one with 20 s is running.
+    let long = store
+        .session_start(SessionStart::new("long gone", secs(60)))
+        .await
+        .expect("session");
+    store
+        .session_close(drover::store::SessionClose { session: long.id })
+        .await
+        .expect("close");
+    let old = store
+        .session_start(SessionStart::new("old", secs(20)))
+        .await
+        .expect("session");
+    store
+        .process_configure(ProcessConfigure::new(LIMITED).concurrency(Some(5)))
+        .await
+        .expect("configure");
+    for process in [P, LIMITED] {
+        store
+            .item_enqueue(ItemEnqueue::new(process, ["a", "b"]))
+            .await
+            .expect("enqueue");
+    }
+    let claim = |session, process: &str| LeaseClaim {
+        session,
+        process: process.into(),
+        max: 1,
+    };
+    let before = store.lease_claim(claim(old.id, P)).await.expect("claim");
+    assert_eq!(before.leases.len(), 1, "no pause before a fork");
+
+    // The server's identity changes under drover; a new store's first
+    // connection meets it.
+    db.execute("UPDATE drover_lineage SET timeline = timeline + 1")
+        .await;
+    let node = db.reconnect().await;
+    let err = node
+        .session_heartbeat(SessionHeartbeat { session: old.id })
+        .await
+        .expect_err("a session of before the fork is expired");
+    assert!(matches!(err, StoreError::SessionExpired { .. }), "{err}");
+    let report = node.session_reclaim().await.expect("reclaim");
+    assert_eq!(
+        (report.sessions, report.leases),
+        (1, 1),
+        "its lease goes back"
+    );
+    let new = node
+        .session_start(SessionStart::new("new", secs(20)))
+        .await
+        .expect("a new session starts during the pause");
+    for process in [P, LIMITED] {
+        let claimed = node
+            .lease_claim(claim(new.id, process))
+            .await
+            .expect("claim");
+        assert!(
+            claimed.leases.is_empty(),
+            "{process}: claimed during the pause"
+        );
+    }
+    // A third store does not notice the same fork again.
+    let third = db.reconnect().await;
+    third.clock().advance(secs(59));
+    node.clock().advance(secs(59));
+    let late = node
+        .session_start(SessionStart::new("late", secs(20)))
+        .await
+        .expect("session");
+    let claimed = node.lease_claim(claim(late.id, P)).await.expect("claim");
+    assert!(
+        claimed.leases.is_empty(),
+        "the pause is the longest TTL ever started, 60 s"
+    );
+
+    third.clock().advance(secs(2));
+    node.clock().advance(secs(2));
+    let alive = node
+        .session_start(SessionStart::new("after", secs(20)))
+        .await
+        .expect("session");
+    for process in [P, LIMITED] {
+        let claimed = node
+            .lease_claim(claim(alive.id, process))
+            .await
+            .expect("claim");
+        assert_eq!(
+            claimed.leases.len(),
+            1,
+            "{process}: claims resume after the pause"
+        );
+    }
+    third
+        .session_reclaim()
+        .await
+        .expect("a reclaim on the third store");
+    let still = node
+        .session_heartbeat(SessionHeartbeat { session: alive.id })
+        .await;
+    assert!(still.is_ok(), "no second fork: {still:?}");
+    node.close().await;
+    third.close().await;
+    store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
