@@ -3,7 +3,9 @@
 //! through one address (a proxy moved to the new primary after the promotion,
 //! like a virtual IP or a DNS name, its open connections left where they were);
 //! two library `Controller`s (two nodes, each with its own store) run keys
-//! whose work ticks into a log while a client enqueues; the primary is killed,
+//! whose work ticks into a log while a client enqueues, or (the `cli_`
+//! rounds) three `drover work --exec` processes whose shell command ticks
+//! while HTTP enqueues go to a `drover serve`; the primary is killed,
 //! or left running read-only (a demoted writer whose pooled connections stay),
 //! and the standby is promoted. Every key must converge, no two runs of a key
 //! may overlap (judged from the ticks), and with synchronous replication every
@@ -46,6 +48,16 @@ enum Loss {
     Killed,
     /// Left running, read-only for every session, its connections open.
     ReadOnly,
+}
+
+/// Who does the work and who enqueues.
+#[derive(Debug, Clone, Copy)]
+enum Fleet {
+    /// Two library `Controller`s; a client `Store` enqueues.
+    Library,
+    /// Three `drover work --exec` processes whose shell command ticks; HTTP
+    /// enqueues to a `drover serve`.
+    Cli,
 }
 
 fn now_nanos() -> u128 {
@@ -158,13 +170,18 @@ fn runs_by_key(log: &TickLog) -> HashMap<String, Vec<(u128, u128, String)>> {
     keys
 }
 
-/// Enqueues the keys round-robin every 20 ms until `stop`, recording when
-/// each acknowledged enqueue was sent; returns (acknowledged, refused).
-async fn enqueue_until(
-    store: Store,
+/// Enqueues the keys round-robin every 20 ms until `stop` through `send`
+/// (true when acknowledged), recording when each acknowledged enqueue was
+/// sent; returns how many were refused.
+async fn enqueue_until<F, Fut>(
+    send: F,
     stop: CancellationToken,
     acked: Arc<Mutex<Vec<(String, u128)>>>,
-) -> u64 {
+) -> u64
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = bool>,
+{
     let mut refused = 0;
     for i in 0.. {
         if stop.is_cancelled() {
@@ -172,19 +189,32 @@ async fn enqueue_until(
         }
         let key = format!("k{}", i % KEYS);
         let sent = now_nanos();
-        match store
-            .item_enqueue(ItemEnqueue::new(PROCESS, [key.as_str()]))
-            .await
-        {
-            Ok(_) => acked.lock().expect("lock").push((key, sent)),
-            Err(_) => refused += 1,
+        if send(key.clone()).await {
+            acked.lock().expect("lock").push((key, sent));
+        } else {
+            refused += 1;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     refused
 }
 
-async fn failover(replication: Replication, loss: Loss, route: Route) {
+/// The shell command of the CLI fleet: ticks `KEY#PID` into `log` every
+/// 20 ms, seven times, as the library fleet's work does.
+fn ticking_exec(log: &TickLog) -> String {
+    format!(
+        r#"sh -c 'for i in 1 2 3 4 5 6 7; do echo "$1#$$ $(date +%s%N)" >> {0}; sleep 0.02; done' sh"#,
+        log.path().display()
+    )
+}
+
+/// What runs the keys during a round, to stop at its end.
+enum Working {
+    Library(Vec<(CancellationToken, tokio::task::JoinHandle<()>)>),
+    Cli(Vec<tokio::process::Child>, Box<support::serve::Serve>),
+}
+
+async fn failover(replication: Replication, loss: Loss, route: Route, fleet: Fleet) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
@@ -202,24 +232,68 @@ async fn failover(replication: Replication, loss: Loss, route: Route) {
         .await
         .expect("connect through the multi-host URL");
     let log = TickLog::new();
-    let runs = Arc::new(AtomicU64::new(0));
-    let workers: Vec<_> = [
-        (Store::connect(&url).await.expect("worker a"), "a"),
-        (Store::connect(&url).await.expect("worker b"), "b"),
-    ]
-    .into_iter()
-    .map(|(store, name)| start(store, ticking(log.clone(), runs.clone(), name)))
-    .collect();
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop_enqueues = CancellationToken::new();
-    let enqueuer = tokio::spawn(enqueue_until(
-        client.clone(),
-        stop_enqueues.clone(),
-        acked.clone(),
-    ));
-    while runs.load(Ordering::Relaxed) < 2 * KEYS as u64 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (working, enqueuer) = match fleet {
+        Fleet::Library => {
+            let runs = Arc::new(AtomicU64::new(0));
+            let workers = [
+                (Store::connect(&url).await.expect("worker a"), "a"),
+                (Store::connect(&url).await.expect("worker b"), "b"),
+            ]
+            .into_iter()
+            .map(|(store, name)| start(store, ticking(log.clone(), runs.clone(), name)))
+            .collect();
+            let store = client.clone();
+            let send = move |key: String| {
+                let store = store.clone();
+                async move {
+                    store
+                        .item_enqueue(ItemEnqueue::new(PROCESS, [key.as_str()]))
+                        .await
+                        .is_ok()
+                }
+            };
+            let enqueuer = tokio::spawn(enqueue_until(send, stop_enqueues.clone(), acked.clone()));
+            (Working::Library(workers), enqueuer)
+        }
+        Fleet::Cli => {
+            let exec = ticking_exec(&log);
+            let workers = (0..3)
+                .map(|_| {
+                    support::cli::worker(
+                        &url,
+                        PROCESS,
+                        &exec,
+                        &["--ttl", "2s", "--parallelism", "4"],
+                    )
+                })
+                .collect();
+            let serve = support::serve::Serve::start(&url).await;
+            let http = reqwest::Client::new();
+            let items = format!("{}/v1/processes/{PROCESS}/items", serve.url);
+            let send = move |key: String| {
+                let (http, items) = (http.clone(), items.clone());
+                async move {
+                    let sent = http
+                        .post(&items)
+                        .json(&serde_json::json!({ "keys": [key] }))
+                        .timeout(Duration::from_secs(10))
+                        .send()
+                        .await;
+                    sent.is_ok_and(|r| r.status().is_success())
+                }
+            };
+            let enqueuer = tokio::spawn(enqueue_until(send, stop_enqueues.clone(), acked.clone()));
+            (Working::Cli(workers, Box::new(serve)), enqueuer)
+        }
+    };
+    wait_until(
+        "two runs of every key",
+        Duration::from_secs(60),
+        async || runs_by_key(&log).values().map(Vec::len).sum::<usize>() >= 2 * KEYS,
+    )
+    .await;
 
     match loss {
         Loss::Killed => cluster.kill_primary(),
@@ -247,16 +321,26 @@ async fn failover(replication: Replication, loss: Loss, route: Route) {
         }
         assert!(
             promoted_at.elapsed() < Duration::from_secs(40),
-            "{replication:?}/{loss:?}/{route:?}: not converged 40 s after the promotion ({counts:?})"
+            "{fleet:?}/{replication:?}/{loss:?}/{route:?}: not converged 40 s after the promotion ({counts:?})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for (stop, handle) in workers {
-        stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), handle)
-            .await
-            .expect("controller stops")
-            .expect("controller task");
+    match working {
+        Working::Library(workers) => {
+            for (stop, handle) in workers {
+                stop.cancel();
+                tokio::time::timeout(Duration::from_secs(20), handle)
+                    .await
+                    .expect("controller stops")
+                    .expect("controller task");
+            }
+        }
+        Working::Cli(workers, serve) => {
+            for worker in workers {
+                support::process::stop(worker).await;
+            }
+            drop(serve);
+        }
     }
 
     let runs = runs_by_key(&log);
@@ -291,7 +375,7 @@ async fn failover(replication: Replication, loss: Loss, route: Route) {
         .map(|(key, _)| *key)
         .collect();
     eprintln!(
-        "{replication:?}/{loss:?}/{route:?}: resumed {resumed:?} after the promotion; {} enqueues acknowledged, \
+        "{fleet:?}/{replication:?}/{loss:?}/{route:?}: resumed {resumed:?} after the promotion; {} enqueues acknowledged, \
          {refused} refused; {} runs; overlaps {}; keys whose last acknowledged enqueue never ran: {}",
         acked.len(),
         runs.values().map(Vec::len).sum::<usize>(),
@@ -300,63 +384,54 @@ async fn failover(replication: Replication, loss: Loss, route: Route) {
     );
     assert!(
         overlaps.is_empty(),
-        "{replication:?}/{loss:?}/{route:?}: runs overlapped: {overlaps:?}"
+        "{fleet:?}/{replication:?}/{loss:?}/{route:?}: runs overlapped: {overlaps:?}"
     );
     assert!(
         resumed.is_some(),
-        "{replication:?}/{loss:?}/{route:?}: no run after the promotion"
+        "{fleet:?}/{replication:?}/{loss:?}/{route:?}: no run after the promotion"
     );
     if replication == Replication::Sync {
         assert!(
             lost.is_empty(),
-            "{replication:?}/{loss:?}/{route:?}: acknowledged and never run: {lost:?}"
+            "{fleet:?}/{replication:?}/{loss:?}/{route:?}: acknowledged and never run: {lost:?}"
         );
     }
     client.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps()
-{
-    failover(Replication::Sync, Loss::Killed, Route::MultiHost).await;
+/// One round per combination: `NAME: FLEET REPLICATION LOSS ROUTE`.
+macro_rules! rounds {
+    ($($name:ident: $fleet:ident $replication:ident $loss:ident $route:ident;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            failover(
+                Replication::$replication,
+                Loss::$loss,
+                Route::$route,
+                Fleet::$fleet,
+            )
+            .await;
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps() {
-    failover(Replication::Sync, Loss::Killed, Route::Proxy).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn read_only_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps()
- {
-    failover(Replication::Sync, Loss::ReadOnly, Route::MultiHost).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn read_only_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps()
- {
-    failover(Replication::Sync, Loss::ReadOnly, Route::Proxy).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps() {
-    failover(Replication::Async, Loss::Killed, Route::MultiHost).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps() {
-    failover(Replication::Async, Loss::Killed, Route::Proxy).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn read_only_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps()
-{
-    failover(Replication::Async, Loss::ReadOnly, Route::MultiHost).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn read_only_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps() {
-    failover(Replication::Async, Loss::ReadOnly, Route::Proxy).await;
+rounds! {
+    killed_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps: Library Sync Killed MultiHost;
+    killed_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps: Library Sync Killed Proxy;
+    read_only_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps: Library Sync ReadOnly MultiHost;
+    read_only_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps: Library Sync ReadOnly Proxy;
+    killed_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps: Library Async Killed MultiHost;
+    killed_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps: Library Async Killed Proxy;
+    read_only_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps: Library Async ReadOnly MultiHost;
+    read_only_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps: Library Async ReadOnly Proxy;
+    cli_killed_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps: Cli Sync Killed MultiHost;
+    cli_killed_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps: Cli Sync Killed Proxy;
+    cli_read_only_primary_sync_replication_through_a_multi_host_url_loses_nothing_and_never_overlaps: Cli Sync ReadOnly MultiHost;
+    cli_read_only_primary_sync_replication_through_a_moving_proxy_loses_nothing_and_never_overlaps: Cli Sync ReadOnly Proxy;
+    cli_killed_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps: Cli Async Killed MultiHost;
+    cli_killed_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps: Cli Async Killed Proxy;
+    cli_read_only_primary_async_replication_through_a_multi_host_url_converges_and_never_overlaps: Cli Async ReadOnly MultiHost;
+    cli_read_only_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps: Cli Async ReadOnly Proxy;
 }
 
 /// Polls `done` every 20 ms for up to `within`; panics with `what` after.
