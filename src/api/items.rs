@@ -144,7 +144,7 @@ pub struct ItemBody {
     pub dirty: bool,
     /// The lease's session, while running.
     pub lease_session: Option<i64>,
-    /// The lease's fencing token, while running.
+    /// The lease's fencing token, while running (null for a viewer token).
     pub lease_token: Option<i64>,
     /// When the current run started.
     pub started_at: Option<DateTime<Utc>>,

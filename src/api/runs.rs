@@ -85,7 +85,7 @@ pub struct RunBody {
     pub failed: bool,
     /// The session that held the lease (null for an action).
     pub session: Option<i64>,
-    /// The lease's fencing token (null for an action).
+    /// The lease's fencing token (null for an action, and for a viewer token).
     pub token: Option<i64>,
     /// When the key became pending for this run.
     pub pending_since: Option<DateTime<Utc>>,

@@ -45,8 +45,9 @@ pub struct HeldLeaseBody {
     pub key: String,
     /// When its run started.
     pub started_at: Option<DateTime<Utc>>,
-    /// Its fencing token.
-    pub token: i64,
+    /// Its fencing token; null for a viewer token, which may look at the
+    /// workers but not at what would let it act for them.
+    pub token: Option<i64>,
 }
 
 /// Response of `GET /v1/sessions`.
@@ -78,7 +79,7 @@ impl From<crate::store::SessionInfo> for SessionInfoBody {
                     process: l.process,
                     key: l.key,
                     started_at: l.started_at,
-                    token: l.token.0,
+                    token: Some(l.token.0),
                 })
                 .collect(),
         }

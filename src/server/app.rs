@@ -46,6 +46,7 @@ impl Server {
             options: Arc::new(options),
             metrics: Arc::new(ServerMetrics::new()),
             shutdown: CancellationToken::new(),
+            owners: Arc::default(),
         };
         Self { state }
     }

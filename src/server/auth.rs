@@ -88,7 +88,14 @@ impl Tokens {
 
     /// The caller's role from the request headers; `None` for no or an unknown
     /// token.
+    #[cfg(test)]
     pub(crate) fn role_of(&self, headers: &HeaderMap) -> Option<Role> {
+        self.caller_of(headers).map(|(role, _)| role)
+    }
+
+    /// The caller's role and token from the request headers; `None` for no
+    /// or an unknown token.
+    pub(crate) fn caller_of(&self, headers: &HeaderMap) -> Option<(Role, String)> {
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
         let (scheme, credentials) = value.split_once(' ')?;
         let token = if scheme.eq_ignore_ascii_case("bearer") {
@@ -102,7 +109,8 @@ impl Tokens {
         } else {
             return None;
         };
-        self.roles.get(&token).copied()
+        let role = self.roles.get(&token).copied()?;
+        Some((role, token))
     }
 }
 
@@ -139,6 +147,9 @@ impl Class for Manage {
 pub(crate) struct Authorized<C> {
     /// The caller's role.
     pub(crate) role: Role,
+    /// The fingerprint of the caller's token (`None` on an open server): who
+    /// owns the sessions it starts (see `owner.rs`).
+    pub(crate) owner: Option<String>,
     class: PhantomData<C>,
 }
 
@@ -146,7 +157,7 @@ impl<C: Class> FromRequestParts<AppState> for Authorized<C> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let role = state.role_of(&parts.headers)?;
+        let (role, owner) = state.caller(&parts.headers)?;
         if role < C::NEEDS {
             return Err(ApiError::Forbidden {
                 needed: C::NEEDS,
@@ -155,6 +166,7 @@ impl<C: Class> FromRequestParts<AppState> for Authorized<C> {
         }
         Ok(Self {
             role,
+            owner,
             class: PhantomData,
         })
     }

@@ -51,6 +51,13 @@ pub enum ApiError {
          localhost name, not to {0:?}; add the name with --allowed-host, or give the server tokens"
     )]
     HostNotAllowed(String),
+    /// 403 `not_your_session`: a token acted on a session another token
+    /// started (see `owner.rs`).
+    #[error(
+        "session {0} was started with another token: only that token may heartbeat, claim, \
+         complete or close it"
+    )]
+    NotYourSession(crate::store::SessionId),
     /// 404: no such route, process, item or session.
     #[error("{0}")]
     NotFound(String),
@@ -114,9 +121,10 @@ impl ApiError {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } | Self::CrossOrigin(_) | Self::HostNotAllowed(_) => {
-                StatusCode::FORBIDDEN
-            }
+            Self::Forbidden { .. }
+            | Self::CrossOrigin(_)
+            | Self::HostNotAllowed(_)
+            | Self::NotYourSession(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -136,6 +144,7 @@ impl ApiError {
             Self::Forbidden { .. } => ("forbidden", None),
             Self::CrossOrigin(_) => ("cross_origin", None),
             Self::HostNotAllowed(_) => ("host_not_allowed", None),
+            Self::NotYourSession(_) => ("not_your_session", None),
             Self::NotFound(_) => ("not_found", None),
             Self::MethodNotAllowed => ("method_not_allowed", None),
             Self::Conflict { code, .. } => (*code, None),

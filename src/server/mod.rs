@@ -42,6 +42,8 @@ mod openapi;
 mod operations;
 mod options;
 mod origin;
+mod owner;
+mod redact;
 mod role;
 mod routes;
 mod state;

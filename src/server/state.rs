@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
 use super::options::ServerOptions;
+use super::owner::{SessionOwners, fingerprint};
 use super::role::Role;
 use crate::metrics::ServerMetrics;
 use crate::store::Store;
@@ -24,15 +25,32 @@ pub(crate) struct AppState {
     pub(crate) metrics: Arc<ServerMetrics>,
     /// Fires on shutdown, ending waiting claims at once.
     pub(crate) shutdown: CancellationToken,
+    /// Which token owns each session this server has seen.
+    pub(crate) owners: Arc<SessionOwners>,
 }
 
 impl AppState {
-    /// The caller's role: admin on an open server, else the token's role;
-    /// 401 for a missing or unknown token.
-    pub(crate) fn role_of(&self, headers: &HeaderMap) -> Result<Role, ApiError> {
+    /// The caller's role and its token's fingerprint (see `owner.rs`):
+    /// admin and no fingerprint on an open server; 401 for a missing or
+    /// unknown token.
+    pub(crate) fn caller(&self, headers: &HeaderMap) -> Result<(Role, Option<String>), ApiError> {
         match &self.options.tokens {
-            None => Ok(Role::Admin),
-            Some(tokens) => tokens.role_of(headers).ok_or(ApiError::Unauthorized),
+            None => Ok((Role::Admin, None)),
+            Some(tokens) => tokens
+                .caller_of(headers)
+                .map(|(role, token)| (role, Some(fingerprint(&token))))
+                .ok_or(ApiError::Unauthorized),
         }
+    }
+
+    /// Refuses `auth`'s caller unless it started `session` (see `owner.rs`).
+    pub(crate) async fn check_owner<C>(
+        &self,
+        auth: &super::auth::Authorized<C>,
+        session: crate::store::SessionId,
+    ) -> Result<(), ApiError> {
+        self.owners
+            .check(&self.store, auth.owner.as_deref(), session)
+            .await
     }
 }

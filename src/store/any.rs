@@ -267,6 +267,13 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.session_list(params).await)
     }
 
+    async fn session_owner(
+        &self,
+        session: crate::store::SessionId,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        dispatch!(self, s => s.session_owner(session).await)
+    }
+
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
         dispatch!(self, s => s.session_reclaim().await)
     }

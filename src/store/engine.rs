@@ -64,6 +64,15 @@ pub trait StoreEngine: Send + Sync {
     /// [`StoreError::SessionExpired`]; the two never both win.
     fn session_reclaim(&self) -> impl Future<Output = Result<ReclaimReport, StoreError>> + Send;
 
+    /// Who may act on `session` through a server (see [`SessionStart::owner`]):
+    /// `None` when there is no such session, `Some(None)` for one started
+    /// without an owner. A session's owner never changes, so a server may
+    /// keep the answer.
+    fn session_owner(
+        &self,
+        session: super::types::SessionId,
+    ) -> impl Future<Output = Result<Option<Option<String>>, StoreError>> + Send;
+
     /// Every session, live or expired and not yet reclaimed, oldest first,
     /// each with who runs it and the leases it holds: what the workers page
     /// shows.

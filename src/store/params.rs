@@ -21,6 +21,10 @@ pub struct SessionStart {
     /// version ([`WorkerIdentity::current`] for this process). Each part is
     /// optional, so older clients that send none still start sessions.
     pub identity: WorkerIdentity,
+    /// Who may act on the session through a server: a fingerprint of the
+    /// bearer token that started it (`None`: anyone who reaches the store).
+    /// The store keeps it; `drover serve` compares it ([`session_owner`](super::StoreEngine::session_owner)).
+    pub owner: Option<String>,
 }
 
 impl SessionStart {
@@ -32,6 +36,7 @@ impl SessionStart {
             component: component.into(),
             ttl,
             identity: WorkerIdentity::current(),
+            owner: None,
         }
     }
 }

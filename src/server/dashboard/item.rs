@@ -10,6 +10,7 @@ use super::layout::{HtmlError, at, at_or_dash, item_path, page, segment, span};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
+use crate::server::redact;
 use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{Item, ItemGet, ItemState, Run, SessionInfo, SessionList, StoreEngine as _};
@@ -24,7 +25,7 @@ pub(super) async fn item(
     PathParams((process, key)): PathParams<(String, String)>,
 ) -> Result<Html<String>, HtmlError> {
     let auth = auth?;
-    let detail = state
+    let mut detail = state
         .store
         .item_get(ItemGet {
             process,
@@ -35,6 +36,12 @@ pub(super) async fn item(
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
     let admin = auth.role >= Role::Admin;
+    if !redact::shows_tokens(&auth) {
+        detail.item.lease_token = None;
+        for run in &mut detail.runs {
+            run.token = None;
+        }
+    }
     let worker = match detail.item.lease_session {
         Some(id) => {
             let sessions = state
@@ -104,7 +111,7 @@ fn view(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) ->
                 tr { td { (at(r.ended_at)) } td.outcome { (r.outcome) }
                      td.n { (r.attempt.map(|a| a.to_string()).unwrap_or_default()) }
                      td.n { (span(r.queue_wait())) } td.n { (span(r.duration())) }
-                     td.n { (r.token.map(|t| t.to_string()).unwrap_or_default()) }
+                     td.n.token { (r.token.map(|t| t.to_string()).unwrap_or_default()) }
                      td { (r.actor.as_deref().unwrap_or("")) }
                      td.err { (r.error.as_deref().unwrap_or("")) } }
             }

@@ -12,6 +12,7 @@ use super::layout::{HtmlError, at, at_or_dash, page};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::operations::LEASES_SHOWN;
+use crate::server::redact;
 use crate::server::state::AppState;
 use crate::store::{SessionInfo, SessionList, StoreEngine as _};
 
@@ -20,7 +21,7 @@ pub(super) async fn workers(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
 ) -> Result<Html<String>, HtmlError> {
-    auth?;
+    let shown = redact::shows_tokens(&auth?);
     let sessions = state
         .store
         .session_list(SessionList {
@@ -28,11 +29,11 @@ pub(super) async fn workers(
         })
         .await
         .map_err(ApiError::from)?;
-    Ok(Html(view(&sessions).into_string()))
+    Ok(Html(view(&sessions, shown).into_string()))
 }
 
-/// The page.
-fn view(sessions: &[SessionInfo]) -> Markup {
+/// The page; fencing tokens only when `shown` (see `redact.rs`).
+fn view(sessions: &[SessionInfo], shown: bool) -> Markup {
     let body = html! {
         @if sessions.is_empty() {
             p { "No sessions: no worker is running (start one with "
@@ -41,14 +42,14 @@ fn view(sessions: &[SessionInfo]) -> Markup {
             table id="workers" {
                 tr { th { "session" } th { "component" } th { "host" } th { "pid" } th { "version" }
                      th { "since" } th { "last heartbeat" } th { "deadline" } th { "leases" } }
-                @for s in sessions { (row(s)) }
+                @for s in sessions { (row(s, shown)) }
             }
         }
     };
     page("Workers", true, body)
 }
 
-fn row(s: &SessionInfo) -> Markup {
+fn row(s: &SessionInfo, shown: bool) -> Markup {
     let dash = || "-".to_owned();
     html! {
         tr.session data-session=(s.id.0) {
@@ -69,7 +70,7 @@ fn row(s: &SessionInfo) -> Markup {
                     tr { th { "process" } th { "key" } th { "since" } th { "fencing token" } }
                     @for l in &s.leases {
                         tr { td { (l.process) } td.key { a href=(item_path(&l.process, &l.key)) { (l.key) } }
-                             td { (at_or_dash(l.started_at)) } td.n.token { (l.token) } }
+                             td { (at_or_dash(l.started_at)) } td.n.token { @if shown { (l.token) } @else { "hidden" } } }
                     }
                 }
                 @if s.lease_count > s.leases.len() as u64 {

@@ -16,6 +16,7 @@ use crate::server::auth::{Authorized, Manage, Read, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
 use crate::server::operations::triage_page;
+use crate::server::redact;
 use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{
@@ -157,7 +158,7 @@ pub(crate) async fn triage(
     )
 )]
 pub(crate) async fn get(
-    _: Authorized<Read>,
+    auth: Authorized<Read>,
     State(state): State<AppState>,
     PathParams((process, key)): PathParams<(String, String)>,
     QueryParams(query): QueryParams<ItemGetQuery>,
@@ -178,7 +179,10 @@ pub(crate) async fn get(
         })
         .await?
         .ok_or_else(no_item)?;
-    Ok(Json(detail.into()))
+    Ok(Json(redact::item(
+        detail.into(),
+        redact::shows_tokens(&auth),
+    )))
 }
 
 fn no_item() -> ApiError {

@@ -47,12 +47,13 @@ use crate::store::{
     )
 )]
 pub(crate) async fn claim(
-    _: Authorized<Work>,
+    auth: Authorized<Work>,
     State(state): State<AppState>,
     PathParams(session): PathParams<String>,
     JsonBody(body): JsonBody<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     let session = session_id(&session)?;
+    state.check_owner(&auth, session).await?;
     if body.max == 0 {
         return Err(ApiError::field("max", "max must be at least 1"));
     }
@@ -141,12 +142,13 @@ async fn give_up(state: &AppState, session: SessionId, unknown: StoreError) -> A
     )
 )]
 pub(crate) async fn complete(
-    _: Authorized<Work>,
+    auth: Authorized<Work>,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<CompleteRequest>,
 ) -> Result<StatusCode, ApiError> {
     check_outcome(&body.outcome, "outcome.after_ms")?;
     let lease = body.lease.to_lease();
+    state.check_owner(&auth, lease.session).await?;
     let outcome = body.outcome.to_outcome();
     state
         .store
@@ -193,7 +195,7 @@ fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
     )
 )]
 pub(crate) async fn complete_batch(
-    _: Authorized<Work>,
+    auth: Authorized<Work>,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<CompleteBatchRequest>,
 ) -> Result<Json<CompleteBatchResponse>, ApiError> {
@@ -215,6 +217,12 @@ pub(crate) async fn complete_batch(
         .iter()
         .map(|c| (c.lease.to_lease(), c.outcome.to_outcome()))
         .collect();
+    let mut sessions: Vec<SessionId> = runs.iter().map(|(lease, _)| lease.session).collect();
+    sessions.sort_unstable_by_key(|s| s.0);
+    sessions.dedup();
+    for session in sessions {
+        state.check_owner(&auth, session).await?;
+    }
     let batch: Vec<LeaseComplete<'_>> = runs
         .iter()
         .map(|(lease, outcome)| LeaseComplete { lease, outcome })
@@ -266,11 +274,12 @@ pub(crate) async fn complete_batch(
     )
 )]
 pub(crate) async fn release(
-    _: Authorized<Work>,
+    auth: Authorized<Work>,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<ReleaseRequest>,
 ) -> Result<StatusCode, ApiError> {
     let lease = body.lease.to_lease();
+    state.check_owner(&auth, lease.session).await?;
     state
         .store
         .lease_release(LeaseRelease { lease: &lease })

@@ -9,6 +9,7 @@ use crate::api::{MAX_PAGE, RunListQuery, RunPage};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
+use crate::server::redact;
 use crate::server::state::AppState;
 use crate::store::{RunList, StoreEngine as _, validate_key, validate_process};
 
@@ -27,7 +28,7 @@ use crate::store::{RunList, StoreEngine as _, validate_key, validate_process};
     )
 )]
 pub(crate) async fn list(
-    _: Authorized<Read>,
+    auth: Authorized<Read>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
     QueryParams(query): QueryParams<RunListQuery>,
@@ -53,8 +54,9 @@ pub(crate) async fn list(
     let next_before = (runs.len() == limit as usize)
         .then(|| runs.last().map(|r| r.id))
         .flatten();
+    let runs = runs.into_iter().map(Into::into).collect();
     Ok(Json(RunPage {
-        runs: runs.into_iter().map(Into::into).collect(),
+        runs: redact::runs(runs, redact::shows_tokens(&auth)),
         next_before,
     }))
 }

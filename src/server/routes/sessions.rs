@@ -14,6 +14,7 @@ use crate::server::auth::{Authorized, Read, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::operations::LEASES_SHOWN;
+use crate::server::redact;
 use crate::server::state::AppState;
 use crate::store::{
     SessionClose, SessionHeartbeat, SessionList, SessionStart, StoreEngine as _, WorkerIdentity,
@@ -35,7 +36,7 @@ const MAX_LABEL_BYTES: usize = 1024;
     )
 )]
 pub(crate) async fn list(
-    _: Authorized<Read>,
+    auth: Authorized<Read>,
     State(state): State<AppState>,
 ) -> Result<Json<SessionListBody>, ApiError> {
     let sessions = state
@@ -44,9 +45,10 @@ pub(crate) async fn list(
             leases_per_session: LEASES_SHOWN,
         })
         .await?;
-    Ok(Json(SessionListBody {
+    let body = SessionListBody {
         sessions: sessions.into_iter().map(Into::into).collect(),
-    }))
+    };
+    Ok(Json(redact::sessions(body, redact::shows_tokens(&auth))))
 }
 
 /// Starts a session; its deadline is now + ttl on the database clock. Heartbeat
@@ -62,7 +64,7 @@ pub(crate) async fn list(
     )
 )]
 pub(crate) async fn start(
-    _: Authorized<Work>,
+    auth: Authorized<Work>,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<(StatusCode, Json<SessionBody>), ApiError> {
@@ -95,8 +97,10 @@ pub(crate) async fn start(
                 pid: body.pid,
                 version: body.version,
             },
+            owner: auth.owner.clone(),
         })
         .await?;
+    state.owners.remember(session.id, auth.owner);
     Ok((StatusCode::CREATED, Json(session.into())))
 }
 
@@ -113,11 +117,12 @@ pub(crate) async fn start(
     )
 )]
 pub(crate) async fn heartbeat(
-    _: Authorized<Work>,
+    auth: Authorized<Work>,
     State(state): State<AppState>,
     PathParams(session): PathParams<String>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let session = session_id(&session)?;
+    state.check_owner(&auth, session).await?;
     let deadline = state
         .store
         .session_heartbeat(SessionHeartbeat { session })
@@ -137,11 +142,12 @@ pub(crate) async fn heartbeat(
     )
 )]
 pub(crate) async fn close(
-    _: Authorized<Work>,
+    auth: Authorized<Work>,
     State(state): State<AppState>,
     PathParams(session): PathParams<String>,
 ) -> Result<Json<CloseResponse>, ApiError> {
     let session = session_id(&session)?;
+    state.check_owner(&auth, session).await?;
     let released = state.store.session_close(SessionClose { session }).await?;
     Ok(Json(CloseResponse { released }))
 }

@@ -255,6 +255,13 @@ impl StoreEngine for PostgresStore {
         watched(self, sessions::list(self, params)).await
     }
 
+    async fn session_owner(
+        &self,
+        session: crate::store::SessionId,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        watched(self, sessions::owner(self, session)).await
+    }
+
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
         let report = retry(self, || sessions::reclaim(self)).await?;
         // Housekeeping every live node already runs every few seconds: keeps

@@ -30,8 +30,8 @@ pub(super) async fn start(
     let (id, deadline): (i64, DateTime<Utc>) = sqlx::query_as(
         "WITH started AS (
            INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
-               host, pid, version)
-           VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond', $4, $5, $6)
+               host, pid, version, owner)
+           VALUES ($1, $2, $3, $3, $3 + $2::float8 * interval '1 millisecond', $4, $5, $6, $7)
            RETURNING id, deadline),
          longest AS (
            UPDATE drover_lineage SET longest_ttl_ms = $2
@@ -44,6 +44,7 @@ pub(super) async fn start(
     .bind(params.identity.host.as_deref().map(clean_text))
     .bind(params.identity.pid.map(i64::from))
     .bind(params.identity.version.as_deref().map(clean_text))
+    .bind(params.owner.as_deref())
     .fetch_one(&mut tx)
     .await
     .db()?;
@@ -251,4 +252,19 @@ pub(super) async fn list(
     }
     tx.commit().await.db()?;
     Ok(out)
+}
+
+/// The owner of `session`: `None` when there is no such session.
+pub(super) async fn owner(
+    store: &PostgresStore,
+    session: SessionId,
+) -> Result<Option<Option<String>>, StoreError> {
+    let mut tx = store.read().await?;
+    let owner = sqlx::query_scalar("SELECT owner FROM drover_sessions WHERE id = $1")
+        .bind(session.0)
+        .fetch_optional(&mut tx)
+        .await
+        .db()?;
+    commit(tx).await?;
+    Ok(owner)
 }

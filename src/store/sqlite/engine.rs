@@ -174,6 +174,13 @@ impl StoreEngine for SqliteStore {
         sessions::list(self, params).await
     }
 
+    async fn session_owner(
+        &self,
+        session: crate::store::SessionId,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        sessions::owner(self, session).await
+    }
+
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
         sessions::reclaim(self).await
     }

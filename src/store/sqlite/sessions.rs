@@ -26,8 +26,8 @@ pub(super) async fn start(
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, i64) = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
-             host, pid, version)
-         VALUES (?1, ?2, ?3, ?3, ?3 + ?2, ?4, ?5, ?6) RETURNING id, deadline",
+             host, pid, version, owner)
+         VALUES (?1, ?2, ?3, ?3, ?3 + ?2, ?4, ?5, ?6, ?7) RETURNING id, deadline",
     )
     .bind(&component)
     .bind(ttl_ms)
@@ -35,6 +35,7 @@ pub(super) async fn start(
     .bind(params.identity.host.as_deref().map(clean_text))
     .bind(params.identity.pid.map(i64::from))
     .bind(params.identity.version.as_deref().map(clean_text))
+    .bind(params.owner.as_deref())
     .fetch_one(&mut *tx)
     .await
     .db()?;
@@ -174,4 +175,16 @@ pub(super) async fn list(
         out.push(row.into_info(now, held.into_iter().map(Into::into).collect()));
     }
     Ok(out)
+}
+
+/// The owner of `session`: `None` when there is no such session.
+pub(super) async fn owner(
+    store: &SqliteStore,
+    session: SessionId,
+) -> Result<Option<Option<String>>, StoreError> {
+    sqlx::query_scalar("SELECT owner FROM drover_sessions WHERE id = ?1")
+        .bind(session.0)
+        .fetch_optional(&store.pool)
+        .await
+        .db()
 }

@@ -1,0 +1,100 @@
+//! Sessions belong to the token that started them (DESIGN.md rule 13).
+//!
+//! Session ids are sequential and fencing tokens are shown on the workers
+//! page, so a worker that could act on any session could heartbeat, claim,
+//! complete or close another worker's. A session started through the server
+//! stores a fingerprint of its caller's bearer token (SHA-256: the token
+//! itself is never stored), and every later act on the session must come with
+//! the same token; any other, admin tokens included, is refused with 403
+//! `not_your_session`. An open server (no tokens) has one caller and checks
+//! nothing. Sessions started on the database directly (a library worker) have
+//! no owner, and no token may act on them through the server.
+//!
+//! A session's owner never changes, so the server keeps what it learnt
+//! ([`SessionOwners`]): an act costs a database read only the first time this
+//! server sees its session.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use sha2::{Digest as _, Sha256};
+
+use super::error::ApiError;
+use crate::store::{SessionId, Store, StoreEngine as _};
+
+/// The most sessions whose owner is kept; past it the memory starts over
+/// (each session is then read once more).
+const KEPT: usize = 100_000;
+
+/// The fingerprint of a bearer token, as stored with the sessions it starts.
+pub(crate) fn fingerprint(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The owners of the sessions this server has seen.
+#[derive(Debug, Default)]
+pub(crate) struct SessionOwners {
+    known: Mutex<HashMap<SessionId, Option<String>>>,
+}
+
+impl SessionOwners {
+    /// Records the owner of a session this server just started.
+    pub(crate) fn remember(&self, session: SessionId, owner: Option<String>) {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.len() >= KEPT {
+            known.clear();
+        }
+        known.insert(session, owner);
+    }
+
+    /// Refuses `caller` (a token's fingerprint; `None` on an open server)
+    /// unless it started `session`. An unknown session passes: the act itself
+    /// answers that it expired.
+    pub(crate) async fn check(
+        &self,
+        store: &Store,
+        caller: Option<&str>,
+        session: SessionId,
+    ) -> Result<(), ApiError> {
+        let Some(caller) = caller else {
+            return Ok(());
+        };
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&session)
+            .cloned();
+        let owner = match known {
+            Some(owner) => owner,
+            None => match store.session_owner(session).await? {
+                None => return Ok(()),
+                Some(owner) => {
+                    self.remember(session, owner.clone());
+                    owner
+                }
+            },
+        };
+        if owner.as_deref() == Some(caller) {
+            Ok(())
+        } else {
+            Err(ApiError::NotYourSession(session))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fingerprint_is_sha256_in_hex_and_hides_the_token() {
+        // SHA-256 of "abc", from FIPS 180-2's examples.
+        assert_eq!(
+            fingerprint("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(!fingerprint("secret-token").contains("secret"));
+    }
+}

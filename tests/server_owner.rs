@@ -1,0 +1,225 @@
+//! A session belongs to the token that started it (DESIGN.md rule 13): no
+//! other token (admin included) may heartbeat, claim, complete, release or
+//! close on it, on this server or on another over the same database; a
+//! session started on the database directly belongs to no token; and a
+//! viewer sees no fencing tokens, in the API or on the dashboard. On every
+//! engine.
+
+mod server_support;
+mod support;
+
+use axum::http::{Method, StatusCode};
+use drover::server::{ServerOptions, Tokens};
+use drover::store::{SessionStart, StoreEngine as _};
+use serde_json::{Value, json};
+use server_support::{Api, DELETE, GET, POST};
+use support::each_engine;
+
+const P: &str = "provision";
+
+fn tokens() -> Tokens {
+    Tokens::parse("viewer:v\nworker:w1\nworker:w2\nadmin:a").expect("tokens")
+}
+
+/// Every act on `session` (with `lease`, one of its leases), as
+/// (method, uri, body).
+fn acts(session: i64, lease: &Value) -> Vec<(Method, String, Option<String>)> {
+    let done = json!({ "lease": lease, "outcome": { "type": "done" } });
+    vec![
+        (POST, format!("/v1/sessions/{session}/heartbeat"), None),
+        (
+            POST,
+            format!("/v1/sessions/{session}/claim"),
+            Some(json!({ "process": P, "max": 1 }).to_string()),
+        ),
+        (POST, "/v1/leases/complete".into(), Some(done.to_string())),
+        (
+            POST,
+            "/v1/leases/complete-batch".into(),
+            Some(json!({ "completions": [done] }).to_string()),
+        ),
+        (
+            POST,
+            "/v1/leases/release".into(),
+            Some(json!({ "lease": lease }).to_string()),
+        ),
+        (DELETE, format!("/v1/sessions/{session}"), None),
+    ]
+}
+
+/// Asserts that every act of [`acts`] by `token` is refused with 403
+/// `not_your_session`, and that the session and its lease are untouched.
+async fn refused(api: &Api, token: &str, session: i64, lease: &Value) {
+    for (method, uri, body) in acts(session, lease) {
+        let reply = api.send(method.clone(), &uri, body, Some(token)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::FORBIDDEN,
+            "{method} {uri} as {token}: {}",
+            reply.text
+        );
+        assert_eq!(reply.json()["error"], "not_your_session", "{}", reply.text);
+    }
+    let item = api
+        .send(GET, &format!("/v1/processes/{P}/items/a"), None, Some("a"))
+        .await
+        .json();
+    assert_eq!(
+        item["item"]["state"], "running",
+        "the lease still holds: {item}"
+    );
+    assert_eq!(item["item"]["lease_session"], session, "{item}");
+}
+
+#[tokio::test]
+async fn only_the_token_that_started_a_session_may_act_on_it() {
+    each_engine(|db| async move {
+        let mut api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
+        api.token = Some("w1".into());
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(30_000).await;
+        let lease = api.claim(session, P, 1).await.remove(0);
+        for token in ["w2", "a"] {
+            refused(&api, token, session, &lease).await;
+        }
+        // Another server over the same database knows the owner too.
+        let other = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
+        refused(&other, "w2", session, &lease).await;
+        // The owner may do everything, on either server.
+        let reply = other
+            .send(
+                POST,
+                &format!("/v1/sessions/{session}/heartbeat"),
+                None,
+                Some("w1"),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        let done = json!({ "lease": lease, "outcome": { "type": "done" } });
+        let reply = api
+            .send(
+                POST,
+                "/v1/leases/complete",
+                Some(done.to_string()),
+                Some("w1"),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text);
+        let reply = api
+            .send(DELETE, &format!("/v1/sessions/{session}"), None, Some("w1"))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_session_started_on_the_database_belongs_to_no_token() {
+    each_engine(|db| async move {
+        let api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
+        api.send(
+            POST,
+            &format!("/v1/processes/{P}/items"),
+            Some(json!({ "keys": ["a"] }).to_string()),
+            Some("w1"),
+        )
+        .await;
+        let session = db
+            .store
+            .session_start(SessionStart::new(
+                "library",
+                std::time::Duration::from_secs(30),
+            ))
+            .await
+            .expect("session");
+        let lease = support::store::claim(&db.store, session.id, 1)
+            .await
+            .remove(0);
+        let lease = json!({
+            "session": session.id.0, "process": P, "key": "a",
+            "token": lease.token.0, "attempt": 1,
+        });
+        refused(&api, "w1", session.id.0, &lease).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_open_server_checks_no_owner() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = db
+            .store
+            .session_start(SessionStart::new(
+                "library",
+                std::time::Duration::from_secs(30),
+            ))
+            .await
+            .expect("session");
+        let reply = api
+            .send(
+                POST,
+                &format!("/v1/sessions/{}/heartbeat", session.id.0),
+                None,
+                None,
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_viewer_sees_no_fencing_tokens() {
+    each_engine(|db| async move {
+        let mut api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
+        api.token = Some("w1".into());
+        api.enqueue(P, &["a", "b"]).await;
+        let session = api.session(30_000).await;
+        let leases = api.claim(session, P, 2).await;
+        let done = json!({ "lease": leases[1], "outcome": { "type": "done" } });
+        api.post("/v1/leases/complete", done, StatusCode::NO_CONTENT)
+            .await;
+        let token = leases[0]["token"].as_i64().expect("a token");
+        let finished = leases[1]["token"].as_i64().expect("a token");
+        let key = leases[0]["key"].as_str().expect("a key").to_owned();
+        let done_key = leases[1]["key"].as_str().expect("a key").to_owned();
+        let reads = [
+            "/v1/sessions".to_owned(),
+            format!("/v1/processes/{P}/items/{key}"),
+            format!("/v1/processes/{P}/items/{done_key}"),
+            format!("/v1/processes/{P}/runs"),
+            "/ui/workers".to_owned(),
+            format!("/ui/processes/{P}/items/{key}"),
+            format!("/ui/processes/{P}/items/{done_key}"),
+        ];
+        let shows = |text: &str, t: i64| {
+            text.contains(&format!("\"token\":{t}"))
+                || text.contains(&format!("\"lease_token\":{t}"))
+                || text.contains(&format!("token\">{t}<"))
+        };
+        let mut seen_by_worker = 0;
+        for uri in &reads {
+            let viewer = api.send(GET, uri, None, Some("v")).await;
+            assert_eq!(viewer.status, StatusCode::OK, "{uri}: {}", viewer.text);
+            for t in [token, finished] {
+                assert!(
+                    !shows(&viewer.text, t),
+                    "{uri} shows token {t} to a viewer: {}",
+                    viewer.text
+                );
+            }
+            let worker = api.send(GET, uri, None, Some("w1")).await;
+            if shows(&worker.text, token) || shows(&worker.text, finished) {
+                seen_by_worker += 1;
+            }
+        }
+        assert_eq!(
+            seen_by_worker,
+            reads.len(),
+            "a worker sees the tokens on every read"
+        );
+    })
+    .await;
+}
