@@ -30,6 +30,8 @@ pub(crate) struct ServerMetrics {
     latency: Family<RouteLabels, Histogram>,
     /// Claims waiting for work (long-polls) right now.
     claims_waiting: Gauge,
+    /// Claims sent to the database for HTTP workers.
+    claim_attempts: Counter,
     store: StoreFamilies,
     /// Serialises scrapes, so two never interleave clearing and setting gauges.
     scrape: Mutex<()>,
@@ -63,12 +65,19 @@ impl ServerMetrics {
             "Claims waiting on this server for work to come (long-polls)",
             claims_waiting.clone(),
         );
+        let claim_attempts = Counter::default();
+        registry.register(
+            "drover_claim_attempts",
+            "Claims this server sent to the database for HTTP workers: first tries and turns of waiting claims",
+            claim_attempts.clone(),
+        );
         let store = StoreFamilies::new(&mut registry);
         Self {
             registry,
             requests,
             latency,
             claims_waiting,
+            claim_attempts,
             store,
             scrape: Mutex::new(()),
         }
@@ -125,6 +134,11 @@ impl ServerMetrics {
         }
         self.claims_waiting.inc();
         Waiting(self.claims_waiting.clone())
+    }
+
+    /// Counts one claim sent to the database (`drover_claim_attempts_total`).
+    pub(crate) fn claim_attempted(&self) {
+        self.claim_attempts.inc();
     }
 
     /// `workqueue_queue_duration_seconds`: how long a claimed key waited.

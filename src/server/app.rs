@@ -40,6 +40,7 @@ impl Server {
     /// [`stop`](Self::stop) or the end of [`serve`](Self::serve).
     #[must_use]
     pub fn new(store: Store, options: ServerOptions) -> Self {
+        let waiting = Arc::new(super::waiting::Waiting::new(options.max_waiting_claims));
         let state = AppState {
             store,
             slow_reads: super::dashboard::SlowReads::default(),
@@ -47,6 +48,7 @@ impl Server {
             metrics: Arc::new(ServerMetrics::new()),
             shutdown: CancellationToken::new(),
             owners: Arc::default(),
+            waiting,
         };
         Self { state }
     }

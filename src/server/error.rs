@@ -58,6 +58,10 @@ pub enum ApiError {
          complete or close it"
     )]
     NotYourSession(crate::store::SessionId),
+    /// 429 `too_many_waiting_claims`: a claim that would wait is over the
+    /// server's or its session's cap of waiting claims (see `waiting.rs`).
+    #[error("{0}: claim again later, or with wait_ms 0")]
+    TooManyWaiting(String),
     /// 404: no such route, process, item or session.
     #[error("{0}")]
     NotFound(String),
@@ -125,6 +129,7 @@ impl ApiError {
             | Self::CrossOrigin(_)
             | Self::HostNotAllowed(_)
             | Self::NotYourSession(_) => StatusCode::FORBIDDEN,
+            Self::TooManyWaiting(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -145,6 +150,7 @@ impl ApiError {
             Self::CrossOrigin(_) => ("cross_origin", None),
             Self::HostNotAllowed(_) => ("host_not_allowed", None),
             Self::NotYourSession(_) => ("not_your_session", None),
+            Self::TooManyWaiting(_) => ("too_many_waiting_claims", None),
             Self::NotFound(_) => ("not_found", None),
             Self::MethodNotAllowed => ("method_not_allowed", None),
             Self::Conflict { code, .. } => (*code, None),

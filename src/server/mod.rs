@@ -47,6 +47,7 @@ mod redact;
 mod role;
 mod routes;
 mod state;
+mod waiting;
 
 pub use app::Server;
 pub use auth::{Tokens, TokensError};

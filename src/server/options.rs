@@ -18,6 +18,7 @@ pub struct ServerOptions {
     pub(crate) prune_interval: Duration,
     pub(crate) sample_interval: Duration,
     pub(crate) allowed_hosts: Vec<String>,
+    pub(crate) max_waiting_claims: usize,
 }
 
 impl Default for ServerOptions {
@@ -31,6 +32,7 @@ impl Default for ServerOptions {
             prune_interval: Pruner::<Store>::EVERY,
             sample_interval: Duration::from_secs(60),
             allowed_hosts: Vec::new(),
+            max_waiting_claims: 10_000,
         }
     }
 }
@@ -128,5 +130,18 @@ impl ServerOptions {
     #[must_use]
     pub fn requires_tokens(&self) -> bool {
         self.tokens.is_some()
+    }
+
+    /// The most claims that may wait for work on this server at once
+    /// (default 10,000; at least 1). Waiting claims share one claim per
+    /// process per poll interval, so this bounds memory and connections, not
+    /// database load; a claim over it is answered 429 at once. Each session
+    /// may also have at most 16 waiting.
+    #[must_use]
+    pub fn max_waiting_claims(self, max: usize) -> Self {
+        Self {
+            max_waiting_claims: max.max(1),
+            ..self
+        }
     }
 }

@@ -9,6 +9,7 @@ use super::error::ApiError;
 use super::options::ServerOptions;
 use super::owner::{SessionOwners, fingerprint};
 use super::role::Role;
+use super::waiting::Waiting;
 use crate::metrics::ServerMetrics;
 use crate::store::Store;
 
@@ -27,6 +28,8 @@ pub(crate) struct AppState {
     pub(crate) shutdown: CancellationToken,
     /// Which token owns each session this server has seen.
     pub(crate) owners: Arc<SessionOwners>,
+    /// The claims waiting for work, by process.
+    pub(crate) waiting: Arc<Waiting>,
 }
 
 impl AppState {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use futures_util::FutureExt as _;
 use tokio::time::Instant;
 
 use crate::api::ErrorBody;
@@ -44,6 +45,7 @@ use crate::store::{
         (status = 400, description = "Malformed body, or a max of 0", body = ErrorBody),
         (status = 409, description = "The session expired or never existed", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
+        (status = 429, description = "Nothing was ready, and too many claims wait already (on this server, or of this session)", body = ErrorBody),
     )
 )]
 pub(crate) async fn claim(
@@ -76,10 +78,12 @@ pub(crate) async fn claim(
     }))
 }
 
-/// Claims until something is leased, the wait is over or the server shuts down,
-/// waking on the store's subscription to the process (so an enqueue between an
-/// empty claim and the wait is never missed) and polling every
-/// `poll_interval`.
+/// The claim, and when it finds nothing, the wait: in its process's line
+/// (see `waiting.rs`), claiming again at its turn, until it gets keys or
+/// `wait` passes. A wake-up sent between the first claim and entering the
+/// line is caught by the store's signal, armed before that claim. When the
+/// process's rate limit held the claim back, the claim is tried again when
+/// the next token comes instead, since no wake-up can come sooner.
 async fn wait_for_leases(
     state: &AppState,
     session: SessionId,
@@ -92,25 +96,59 @@ async fn wait_for_leases(
         process: body.process.clone(),
         max: body.max.min(MAX_CLAIM),
     };
-    let mut pause = Duration::ZERO;
+    let signal = state.store.subscribe(&params.process);
+    let before = signal.notified();
+    tokio::pin!(before);
+    before.as_mut().enable();
+    let mut claimed = claim_once(state, &params).await?;
+    if !claimed.leases.is_empty() || wait.is_zero() {
+        return Ok(claimed);
+    }
+    let place = state.waiting.enter(
+        &state.store,
+        &params.process,
+        session,
+        state.options.poll_interval,
+        &state.shutdown,
+    )?;
+    let _waiting = state.metrics.claim_waiting();
+    let mut missed = before.now_or_never().is_some();
     loop {
-        let _waiting = (!pause.is_zero()).then(|| state.metrics.claim_waiting());
-        let claim = state.store.lease_claim_wait(params.clone(), pause);
-        let claimed = tokio::select! {
-            claimed = claim => claimed,
-            // Only a wait is cut short: a claim statement in flight finishes.
-            () = state.shutdown.cancelled(), if !pause.is_zero() => return Ok(Claimed::default()),
-        };
-        let claimed = match claimed {
-            Ok(claimed) => claimed,
-            Err(e) if e.is_commit_unknown() => return Err(give_up(state, session, e).await),
-            Err(e) => return Err(e.into()),
-        };
-        let now = Instant::now();
-        if !claimed.leases.is_empty() || now >= deadline {
+        if !missed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(claimed);
+            }
+            let next = match claimed.gate.next_token_in {
+                Some(token) if token >= left => return Ok(claimed),
+                Some(token) => futures_util::future::Either::Left(tokio::time::sleep(token)),
+                None => futures_util::future::Either::Right(place.turn()),
+            };
+            tokio::select! {
+                () = next => {}
+                () = tokio::time::sleep(left) => return Ok(claimed),
+                () = state.shutdown.cancelled() => return Ok(Claimed::default()),
+            }
+        }
+        missed = false;
+        claimed = claim_once(state, &params).await?;
+        if !claimed.leases.is_empty() {
+            if claimed.leases.len() >= params.max as usize {
+                place.pass_on();
+            }
             return Ok(claimed);
         }
-        pause = (deadline - now).min(state.options.poll_interval);
+    }
+}
+
+/// One claim statement; a claim whose commit is unknown closes its session
+/// (see [`give_up`]).
+async fn claim_once(state: &AppState, params: &LeaseClaim) -> Result<Claimed, ApiError> {
+    state.metrics.claim_attempted();
+    match state.store.lease_claim(params.clone()).await {
+        Ok(claimed) => Ok(claimed),
+        Err(e) if e.is_commit_unknown() => Err(give_up(state, params.session, e).await),
+        Err(e) => Err(e.into()),
     }
 }
 

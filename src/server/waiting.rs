@@ -1,0 +1,188 @@
+//! Waiting claims (long-polls) share one wake-up per process per server, and
+//! are capped (DESIGN.md rule 13).
+//!
+//! A claim that finds nothing waits in its process's [`Line`]. One task per
+//! process with waiters (the line's dispatcher) listens for the process's
+//! wake-ups (an enqueue, a retry, a dirty completion, a resume: the store's
+//! signal, fed on PostgreSQL by `NOTIFY` from every node) and, every poll
+//! interval, for work that became ready on its own (a backoff or a delay that
+//! ran out); each time, it gives the turn to one waiter, which claims. A
+//! waiter that got a full batch passes the turn on at once, since more may be
+//! ready; one that got less ends the chain. So a thousand idle long-polls on
+//! a process cost one claim per poll interval, not a thousand, and an enqueue
+//! of one key wakes one waiter, not all of them.
+//!
+//! Over [`MAX_PER_SESSION`] waiting claims of one session, or over the
+//! server's `max_waiting_claims`, a claim that would wait is answered at once
+//! with 429 `too_many_waiting_claims`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::error::ApiError;
+use crate::store::{SessionId, Store};
+
+/// The most claims of one session that may wait at once on a server. A
+/// worker claims from one loop per process it works on; the rest is room for
+/// a claim whose answer is still on its way.
+pub(crate) const MAX_PER_SESSION: usize = 16;
+
+/// The claims of one process waiting on this server.
+#[derive(Debug, Default)]
+struct Line {
+    /// Given to one waiter at a time.
+    turn: Notify,
+    /// How many wait in it; changed under [`Waiting`]'s lock.
+    waiters: AtomicUsize,
+}
+
+/// Every line of this server, and the counts its caps are kept by.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    counts: Mutex<Counts>,
+    max_total: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    lines: HashMap<String, Arc<Line>>,
+    sessions: HashMap<SessionId, usize>,
+    total: usize,
+}
+
+impl Waiting {
+    /// No claim waits yet; at most `max_total` will at once.
+    pub(crate) fn new(max_total: usize) -> Self {
+        Self {
+            counts: Mutex::default(),
+            max_total,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts a claim of `session` in `process`'s line, starting the line's
+    /// dispatcher (listening already when this returns) if it has none; 429
+    /// over a cap. The claim waits until its [`Place`] drops.
+    pub(crate) fn enter(
+        self: &Arc<Self>,
+        store: &Store,
+        process: &str,
+        session: SessionId,
+        poll: Duration,
+        shutdown: &CancellationToken,
+    ) -> Result<Place, ApiError> {
+        let mut counts = self.lock();
+        if counts.total >= self.max_total {
+            return Err(ApiError::TooManyWaiting(format!(
+                "this server already holds {} waiting claims, its limit",
+                self.max_total
+            )));
+        }
+        let of_session = counts.sessions.get(&session).copied().unwrap_or(0);
+        if of_session >= MAX_PER_SESSION {
+            return Err(ApiError::TooManyWaiting(format!(
+                "session {session} already has {MAX_PER_SESSION} claims waiting, its limit"
+            )));
+        }
+        counts.sessions.insert(session, of_session + 1);
+        counts.total += 1;
+        let line = match counts.lines.get(process) {
+            Some(line) => Arc::clone(line),
+            None => {
+                let line = Arc::new(Line::default());
+                counts.lines.insert(process.to_owned(), Arc::clone(&line));
+                self.dispatch(store, process, &line, poll, shutdown);
+                line
+            }
+        };
+        line.waiters.fetch_add(1, Ordering::Relaxed);
+        Ok(Place {
+            waiting: Arc::clone(self),
+            line,
+            session,
+        })
+    }
+
+    /// Starts `line`'s dispatcher, listening for `process`'s wake-ups before
+    /// this returns, so none sent after a waiter entered is missed.
+    fn dispatch(
+        self: &Arc<Self>,
+        store: &Store,
+        process: &str,
+        line: &Arc<Line>,
+        poll: Duration,
+        shutdown: &CancellationToken,
+    ) {
+        let signal = store.subscribe(process);
+        let mut woke = Box::pin(Arc::clone(&signal).notified_owned());
+        woke.as_mut().enable();
+        let (waiting, line, process) = (Arc::clone(self), Arc::clone(line), process.to_owned());
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = &mut woke => {}
+                    () = tokio::time::sleep(poll) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                // Listening again before the turn is given: a wake-up sent
+                // while the waiter claims is not missed.
+                woke = Box::pin(Arc::clone(&signal).notified_owned());
+                woke.as_mut().enable();
+                {
+                    let mut counts = waiting.lock();
+                    if line.waiters.load(Ordering::Relaxed) == 0 {
+                        counts.lines.remove(&process);
+                        return;
+                    }
+                }
+                line.turn.notify_one();
+            }
+        });
+    }
+}
+
+/// A claim's place in its process's line; leaving it (dropping) frees it.
+#[derive(Debug)]
+pub(crate) struct Place {
+    waiting: Arc<Waiting>,
+    line: Arc<Line>,
+    session: SessionId,
+}
+
+impl Place {
+    /// Waits for this claim's turn to claim again.
+    pub(crate) async fn turn(&self) {
+        self.line.turn.notified().await;
+    }
+
+    /// Gives the turn to the next waiter at once (this claim took a full
+    /// batch, so more may be ready).
+    pub(crate) fn pass_on(&self) {
+        self.line.turn.notify_one();
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut counts = self.waiting.lock();
+        self.line.waiters.fetch_sub(1, Ordering::Relaxed);
+        counts.total -= 1;
+        match counts.sessions.get(&self.session).copied() {
+            Some(n) if n > 1 => {
+                counts.sessions.insert(self.session, n - 1);
+            }
+            _ => {
+                counts.sessions.remove(&self.session);
+            }
+        }
+    }
+}

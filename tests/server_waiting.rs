@@ -1,0 +1,141 @@
+//! Waiting claims (long-polls) share one wake-up per process per server and
+//! are capped (DESIGN.md rule 13): hundreds of idle long-polls cost about one
+//! claim per poll interval, an enqueue of one key wakes one of them, and a
+//! claim over the server's or its session's cap is answered 429 at once. On
+//! every engine.
+
+mod server_support;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use drover::server::ServerOptions;
+use serde_json::json;
+use server_support::{Api, POST};
+use support::each_engine;
+
+const P: &str = "idle";
+
+/// The server's `drover_claim_attempts_total`.
+async fn attempts(api: &Api) -> u64 {
+    let metrics = api.call(Method::GET, "/metrics", None).await;
+    metrics
+        .text
+        .lines()
+        .find_map(|l| l.strip_prefix("drover_claim_attempts_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the server reports drover_claim_attempts_total")
+}
+
+/// Starts a claim of `max` keys of `process` that waits up to 20 s.
+fn waiting_claim(
+    api: &Arc<Api>,
+    session: i64,
+    process: &str,
+    max: u32,
+) -> tokio::task::JoinHandle<(StatusCode, serde_json::Value)> {
+    let (api, process) = (Arc::clone(api), process.to_owned());
+    tokio::spawn(async move {
+        let body = json!({ "process": process, "max": max, "wait_ms": 20_000 });
+        let uri = format!("/v1/sessions/{session}/claim");
+        let reply = api.call(POST, &uri, Some(body)).await;
+        (reply.status, reply.json())
+    })
+}
+
+/// 200 claims wait on an empty process for one second with a 50 ms poll
+/// interval: each polling on its own they would send about 4,000 claims; in
+/// one line they send one per poll interval. The second is time passing, not
+/// a synchronisation: nothing is waited for but the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_long_polls_cost_one_claim_per_poll_interval_and_one_key_wakes_one_claim() {
+    each_engine(|db| async move {
+        let options = ServerOptions::default().poll_interval(Duration::from_millis(50));
+        let api = Arc::new(Api::with(&db.store, options));
+        let mut claims = Vec::new();
+        for _ in 0..20 {
+            let session = api.session(60_000).await;
+            for _ in 0..10 {
+                claims.push(waiting_claim(&api, session, P, 1));
+            }
+        }
+        api.until_claims_waiting(200).await;
+        let before = attempts(&api).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let polled = attempts(&api).await - before;
+        eprintln!(
+            "{}: 200 waiting claims sent {polled} claims in 1 s",
+            db.engine
+        );
+        assert!(
+            (1..=45).contains(&polled),
+            "one claim per 50 ms interval, about 20 in a second; got {polled}"
+        );
+
+        let before = attempts(&api).await;
+        api.enqueue(P, &["k"]).await;
+        let mut done = Vec::new();
+        while done.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let finished: Vec<usize> = (0..claims.len())
+                .filter(|&i| claims[i].is_finished())
+                .collect();
+            done = finished;
+        }
+        let (status, body) = claims.remove(done[0]).await.expect("joined");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body["leases"].as_array().expect("leases").len(),
+            1,
+            "{body}"
+        );
+        api.until_claims_waiting(199).await;
+        assert!(
+            claims.iter().all(|c| !c.is_finished()),
+            "one key wakes one claim"
+        );
+        let woken = attempts(&api).await - before;
+        assert!(woken < 40, "an enqueue of one key cost {woken} claims");
+        for claim in claims {
+            claim.abort();
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_over_the_servers_or_a_sessions_cap_are_refused_at_once_and_ready_work_never_is() {
+    each_engine(|db| async move {
+        let options = ServerOptions::default().max_waiting_claims(20);
+        let api = Arc::new(Api::with(&db.store, options));
+        let one = api.session(60_000).await;
+        let mut claims: Vec<_> = (0..16).map(|_| waiting_claim(&api, one, P, 1)).collect();
+        api.until_claims_waiting(16).await;
+        let (status, body) = waiting_claim(&api, one, P, 1).await.expect("joined");
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(body["error"], "too_many_waiting_claims", "{body}");
+        let two = api.session(60_000).await;
+        claims.extend((0..4).map(|_| waiting_claim(&api, two, P, 1)));
+        api.until_claims_waiting(20).await;
+        let three = api.session(60_000).await;
+        let (status, body) = waiting_claim(&api, three, P, 1).await.expect("joined");
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("20 waiting claims")),
+            "{body}"
+        );
+        // A claim that finds work is answered whatever the caps.
+        api.enqueue("busy", &["ready"]).await;
+        let (status, body) = waiting_claim(&api, three, "busy", 1).await.expect("joined");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["leases"][0]["key"], "ready", "{body}");
+        for claim in claims {
+            claim.abort();
+        }
+    })
+    .await;
+}
