@@ -302,3 +302,57 @@ async fn a_second_signal_exits_at_once() {
         .unwrap();
     assert_eq!(status.code(), Some(130));
 }
+
+/// Two thousand commands at once on a two-core machine (issue 35): spawning
+/// them must not stall the worker's runtime (a blocked thread misses the
+/// heartbeat and the lapse timer, the session is given up and keys run
+/// again). Every key of 5,000 runs exactly once, all under the worker's one
+/// session: no run is `canceled` or `expired`, none has a second session.
+/// On SQLite only: what is tested is how the worker starts commands, which
+/// does not depend on the engine (and the run takes about 45 s per engine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_commands_at_once_run_every_key_once_under_one_session() {
+    let (db, _dir) = support::sqlite().await;
+    let all: Vec<String> = (0..5000).map(|i| format!("k{i:04}")).collect();
+    enqueue(&db.store, &all).await;
+    let started = std::time::Instant::now();
+    let child = worker(&db, "true", &["--parallelism", "2000", "--ttl", "3s"]);
+    support::process::eventually_within("5,000 keys ran", Duration::from_secs(300), || async {
+        counts(&db.store).await == (0, 0, 0)
+    })
+    .await;
+    let took = started.elapsed();
+    stop(child).await;
+    let runs = db
+        .store
+        .run_list(RunList {
+            process: Some(PROCESS.into()),
+            limit: 10_000,
+            ..RunList::default()
+        })
+        .await
+        .unwrap();
+    let other: Vec<&Run> = runs
+        .iter()
+        .filter(|r| r.outcome != RunOutcome::Done)
+        .collect();
+    assert!(
+        other.is_empty(),
+        "runs that did not end done: {:?}",
+        &other[..other.len().min(5)]
+    );
+    assert_eq!(runs.len(), 5000, "every key ran exactly once");
+    let mut sessions: Vec<_> = runs.iter().map(|r| r.session).collect();
+    sessions.sort_unstable();
+    sessions.dedup();
+    assert_eq!(
+        sessions.len(),
+        1,
+        "one session, never given up: {sessions:?}"
+    );
+    eprintln!(
+        "{}: 5,000 keys of `true` at --parallelism 2000 ran in {took:?} ({:.0} keys/s), one session",
+        db.engine,
+        5000.0 / took.as_secs_f64()
+    );
+}

@@ -94,10 +94,19 @@ impl Exec {
         job: Job,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Action, BoxError> {
-        let mut child = self
-            .command(&job)
-            .spawn()
-            .map_err(|e| transient(format!("cannot start {}: {e}", self.program)))?;
+        // Started on a blocking thread: `spawn` waits until the child has
+        // called `exec` (it reports an exec failure through a pipe), and with
+        // a thousand commands starting at once on two cores that wait kept
+        // the runtime's threads from heartbeats and the lapse timer. A run
+        // dropped meanwhile drops the child when the spawn returns (killed:
+        // `kill_on_drop`).
+        let mut command = self.command(&job);
+        let cannot =
+            |e: &dyn std::fmt::Display| transient(format!("cannot start {}: {e}", self.program));
+        let mut child = tokio::task::spawn_blocking(move || command.spawn())
+            .await
+            .map_err(|e| cannot(&e))?
+            .map_err(|e| cannot(&e))?;
         // Kills the whole group when the run ends, however it ends (a dropped
         // future included), so nothing the command started outlives the run.
         let group = child.id().map(GroupKill);
@@ -148,6 +157,21 @@ impl Exec {
 /// newline) is cut into pieces of this size, so memory stays bounded.
 const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// `key` as a log line's prefix shows it: control characters (a newline, an
+/// escape sequence) written as Rust escapes (`\n`, `\u{1b}`), so a key can
+/// neither start a line of its own nor recolour the terminal.
+fn shown(key: &str) -> String {
+    let mut shown = String::with_capacity(key.len());
+    for c in key.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}
+
 /// Copies the command's stderr to ours, prefixed with the key, and returns its
 /// last [`TAIL_BYTES`] as one line. Whatever the command writes is read to the
 /// end: invalid UTF-8 and NUL bytes become U+FFFD ([`text_from_bytes`]).
@@ -155,6 +179,7 @@ async fn tail(stderr: Option<ChildStderr>, key: String) -> String {
     let Some(mut stderr) = stderr else {
         return String::new();
     };
+    let key = shown(&key);
     let mut tail = Tail::default();
     let mut buf = vec![0; 8192];
     while let Ok(n @ 1..) = stderr.read(&mut buf).await {
@@ -328,5 +353,14 @@ mod tests {
             assert!(tail.partial.len() < MAX_LINE_BYTES);
         }
         assert_eq!(tail.finish("k").len(), TAIL_BYTES);
+    }
+
+    #[test]
+    fn a_key_shown_in_a_log_prefix_cannot_start_a_line_or_send_escapes() {
+        assert_eq!(shown("vm-42/ü"), "vm-42/ü");
+        assert_eq!(
+            shown("k\n[other] forged\u{1b}[31mred\r"),
+            "k\\n[other] forged\\u{1b}[31mred\\r"
+        );
     }
 }
