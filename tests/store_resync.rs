@@ -286,3 +286,80 @@ async fn the_resyncer_runs_on_its_timer_wakes_workers_and_counts_what_it_resynce
     })
     .await;
 }
+
+/// SQLite keeps any bytes SQL writes as text. An idle key that is not UTF-8
+/// (written by hand) once failed every resync tick of its process ("invalid
+/// utf-8 sequence") and every retention pass; now both walk past it by its
+/// exact bytes, in windows of one key so that it is a window's cursor, and
+/// the resync makes it pending like the others.
+#[tokio::test]
+async fn a_key_that_is_not_utf8_neither_stops_the_resync_nor_retention() {
+    let (db, _dir) = support::sqlite().await;
+    hourly(&db).await;
+    db.store
+        .process_configure(
+            ProcessConfigure::new(P)
+                .keep_runs_per_key(1)
+                .forget_idle_after(Some(secs(7200))),
+        )
+        .await
+        .expect("configure retention");
+    enqueue(&db.store, &["e", "g"]).await;
+    assert_eq!(run_ready(&db.store, P, 10, &Outcome::Done).await.len(), 2);
+    db.execute(&format!(
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         VALUES ('{P}', CAST(X'66FF' AS TEXT), 'idle', 0, 0)"
+    ))
+    .await;
+    db.execute(
+        "INSERT INTO drover_runs (process, key, outcome, ended_at)
+         SELECT process, CAST(X'66FF' AS TEXT), 'done', ended_at + n
+         FROM drover_runs, (SELECT 0 AS n UNION ALL SELECT 1) WHERE key = 'e'",
+    )
+    .await;
+    db.store.clock().advance(HOUR + MINUTE);
+    let batch = |start| ResyncBatch {
+        process: P.into(),
+        batch: 1,
+        start,
+    };
+    let mut reports = vec![db.store.resync_batch(batch(true)).await.expect("batch")];
+    while !reports.last().expect("one").done {
+        assert!(reports.len() < 10, "the walk goes round: {reports:?}");
+        reports.push(db.store.resync_batch(batch(false)).await.expect("batch"));
+    }
+    let resynced: u64 = reports.iter().map(|r| r.resynced).sum();
+    assert_eq!(
+        resynced, 3,
+        "e, the key that is not UTF-8, and g: {reports:?}"
+    );
+
+    let mut cursor = drover::store::PruneCursor::default();
+    for round in 0.. {
+        assert!(round < 10, "the retention pass goes round");
+        let report = db
+            .store
+            .retention_prune(drover::store::RetentionPrune {
+                process: P.into(),
+                cursor,
+                batch: 2,
+            })
+            .await
+            .expect("prune");
+        if report.done {
+            break;
+        }
+        cursor = report.cursor;
+    }
+    let runs = db
+        .store
+        .run_list(drover::store::RunList {
+            process: Some(P.into()),
+            limit: 100,
+            ..drover::store::RunList::default()
+        })
+        .await
+        .expect("runs");
+    let bad = runs.iter().filter(|r| r.key == "f\u{FFFD}").count();
+    assert_eq!(bad, 1, "its runs capped to one like the others': {runs:?}");
+}

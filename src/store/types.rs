@@ -437,11 +437,14 @@ pub struct ResyncReport {
 /// prune to go on from there; [`PruneCursor::default`] starts a pass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PruneCursor {
-    /// The walk over the runs' keys (per-key cap) is past this key.
+    /// The walk over the runs' keys (per-key cap) is past this key (the
+    /// engine's cursor: the key on PostgreSQL, its bytes in hex on SQLite;
+    /// pass it back as it came).
     pub runs_key: Option<String>,
     /// The walk over the runs' keys reached the end in this pass.
     pub runs_finished: bool,
-    /// The walk over the items (idle keys to forget) is past this key.
+    /// The walk over the items (idle keys to forget) is past this key (a
+    /// cursor, as [`runs_key`](Self::runs_key)).
     pub items_key: Option<String>,
     /// The walk over the items reached the end in this pass (or there is
     /// nothing to forget).

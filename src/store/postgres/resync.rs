@@ -109,6 +109,7 @@ impl ResyncSteps for PostgresStore {
         Ok(rows
             .into_iter()
             .map(|r| Seen {
+                cursor: r.key.clone(),
                 key: r.key,
                 idle: r.idle,
                 base: r.base,

@@ -119,6 +119,12 @@ pub(crate) fn due(key: &str, base: DateTime<Utc>, every: Duration, jitter: f64) 
 #[derive(Debug, Clone)]
 pub(crate) struct Seen {
     pub(crate) key: String,
+    /// How the engine names this row's place in key order: where the next
+    /// window starts after it, and what [`ResyncSteps::resync`] is given for
+    /// it. The key itself on PostgreSQL; on SQLite its bytes in hex, since a
+    /// key SQL wrote as text that is not UTF-8 is read with U+FFFD, which
+    /// neither sorts nor matches as the stored bytes do.
+    pub(crate) cursor: String,
     pub(crate) idle: bool,
     pub(crate) base: DateTime<Utc>,
 }
@@ -126,12 +132,12 @@ pub(crate) struct Seen {
 /// What one window of idle keys gave.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Window {
-    /// The keys due now, in key order.
+    /// The keys due now, in key order, as their cursors ([`Seen::cursor`]).
     pub(crate) due: Vec<String>,
     /// The earliest due time of the keys left idle.
     pub(crate) next_due: Option<DateTime<Utc>>,
-    /// Where the walk goes on; `None` when the window was short (the pass
-    /// ends with this batch).
+    /// Where the walk goes on (a cursor); `None` when the window was short
+    /// (the pass ends with this batch).
     pub(crate) next: Option<String>,
 }
 
@@ -144,7 +150,7 @@ pub(crate) fn window(rows: &[Seen], rules: &Rules, now: DateTime<Utc>, batch: u3
     for row in rows.iter().filter(|r| r.idle) {
         let at = due(&row.key, row.base, every, rules.resync_jitter);
         if at <= now {
-            due_keys.push(row.key.clone());
+            due_keys.push(row.cursor.clone());
         } else {
             next_due = Some(next_due.map_or(at, |n| n.min(at)));
         }
@@ -153,7 +159,7 @@ pub(crate) fn window(rows: &[Seen], rules: &Rules, now: DateTime<Utc>, batch: u3
     Window {
         due: due_keys,
         next_due,
-        next: rows.last().filter(|_| full).map(|r| r.key.clone()),
+        next: rows.last().filter(|_| full).map(|r| r.cursor.clone()),
     }
 }
 
@@ -345,6 +351,7 @@ mod tests {
     fn a_window_resyncs_only_due_keys_and_keeps_the_earliest_other() {
         let seen = |key: &str, idle, base| Seen {
             key: key.into(),
+            cursor: key.into(),
             idle,
             base: at(base),
         };

@@ -9,6 +9,7 @@ use super::error::Db as _;
 use super::rows::{to_ms, to_time};
 use crate::store::StoreError;
 use crate::store::rules::resync::{ResyncSteps, Rules, Seen, Walk};
+use crate::store::rules::rows::Lossy;
 
 /// The walk's row, as stored.
 #[derive(Debug, sqlx::FromRow)]
@@ -23,23 +24,29 @@ struct WalkRow {
 /// A row of the window.
 #[derive(Debug, sqlx::FromRow)]
 struct SeenRow {
-    key: String,
+    key: Lossy,
+    /// The key's bytes in hex (see [`Seen::cursor`]).
+    cursor: String,
     idle: bool,
     base: i64,
 }
 
-/// The next `?3` keys of the process after `?2`, in key order, whatever
-/// their state (so the read is bounded by the batch).
+/// The next `?3` keys of the process after the key whose bytes are the hex
+/// `?2`, in key order, whatever their state (so the read is bounded by the
+/// batch). Walked by the exact bytes: a key that is not UTF-8 is read with
+/// U+FFFD, which sorts before its bad bytes, and a walk going on from that
+/// would read it again.
 const WINDOW: &str = "
-SELECT key, state = 'idle' AS idle, COALESCE(last_ended_at, enqueued_at) AS base
-FROM drover_items WHERE process = ?1 AND key > ?2 ORDER BY key LIMIT ?3";
+SELECT key, hex(key) AS cursor, state = 'idle' AS idle,
+    COALESCE(last_ended_at, enqueued_at) AS base
+FROM drover_items WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT) ORDER BY key LIMIT ?3";
 
-/// Makes the due keys (`?2`, a JSON array) pending at priority `?3`, pending
-/// since `?4`, if still idle and not run since `?5`.
+/// Makes the due keys (`?2`, a JSON array of their bytes in hex) pending at
+/// priority `?3`, pending since `?4`, if still idle and not run since `?5`.
 const RESYNC: &str = "
 UPDATE drover_items SET state = 'pending', priority = ?3, ready_at = ?4, enqueued_at = ?4
-WHERE process = ?1 AND key IN (SELECT value FROM json_each(?2)) AND state = 'idle'
-    AND COALESCE(last_ended_at, enqueued_at) <= ?5";
+WHERE process = ?1 AND key IN (SELECT CAST(unhex(value) AS TEXT) FROM json_each(?2))
+    AND state = 'idle' AND COALESCE(last_ended_at, enqueued_at) <= ?5";
 
 /// Stores the walk after a batch; `?7` ends the pass with `?8` keys resynced.
 const SAVE: &str = "
@@ -108,7 +115,8 @@ impl ResyncSteps for SqliteStore {
         Ok(rows
             .into_iter()
             .map(|r| Seen {
-                key: r.key,
+                key: r.key.0,
+                cursor: r.cursor,
                 idle: r.idle,
                 base: to_time(r.base),
             })

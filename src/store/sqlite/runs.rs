@@ -193,9 +193,11 @@ impl PruneSteps for SqliteStore {
         batch: u32,
         keep: u32,
     ) -> Result<(u64, Option<String>), StoreError> {
+        // Walked by the keys' exact bytes, in hex (see `forget_window`).
         let window: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT key, count(*) FROM (
-                 SELECT key FROM drover_runs WHERE process = ?1 AND key > ?2
+            "SELECT hex(key), count(*) FROM (
+                 SELECT key FROM drover_runs
+                 WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT)
                  ORDER BY key LIMIT ?3)
              GROUP BY key ORDER BY key",
         )
@@ -212,10 +214,11 @@ impl PruneSteps for SqliteStore {
         let (mut tx, _) = self.write().await?;
         let deleted = sqlx::query(
             "DELETE FROM drover_runs WHERE id IN (
-                 SELECT r.id FROM json_each(?2) AS k
-                 JOIN drover_runs r ON r.process = ?1 AND r.key = k.value
+                 SELECT r.id FROM (SELECT CAST(unhex(value) AS TEXT) AS key
+                                   FROM json_each(?2)) AS k
+                 JOIN drover_runs r ON r.process = ?1 AND r.key = k.key
                  WHERE r.id <= (SELECT o.id FROM drover_runs o
-                                WHERE o.process = ?1 AND o.key = k.value
+                                WHERE o.process = ?1 AND o.key = k.key
                                 ORDER BY o.id DESC LIMIT 1 OFFSET ?3))",
         )
         .bind(process)
@@ -236,10 +239,14 @@ impl PruneSteps for SqliteStore {
         batch: u32,
         forget_ms: i64,
     ) -> Result<(u64, Option<String>), StoreError> {
+        // The walk's cursors are the keys' exact bytes in hex: a key SQL
+        // wrote as text that is not UTF-8 cannot be read as a `String`, and
+        // read with U+FFFD it would sort before its own bytes.
         let after = after.unwrap_or("");
         let (entries, last): (i64, Option<String>) = sqlx::query_as(
-            "SELECT count(*), max(key) FROM (
-                 SELECT key FROM drover_items WHERE process = ?1 AND key > ?2
+            "SELECT count(*), nullif(hex(max(key)), '') FROM (
+                 SELECT key FROM drover_items
+                 WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT)
                  ORDER BY key LIMIT ?3)",
         )
         .bind(process)
@@ -254,7 +261,8 @@ impl PruneSteps for SqliteStore {
         let (mut tx, now) = self.write().await?;
         let forgotten = sqlx::query(
             "DELETE FROM drover_items
-             WHERE process = ?1 AND key > ?2 AND key <= ?3 AND state = 'idle'
+             WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT)
+                 AND key <= CAST(unhex(?3) AS TEXT) AND state = 'idle'
                  AND COALESCE(last_ended_at, enqueued_at) < ?4",
         )
         .bind(process)
