@@ -232,6 +232,8 @@ async fn failover(replication: Replication, loss: Loss, route: Route, fleet: Fle
         .await
         .expect("connect through the multi-host URL");
     let log = TickLog::new();
+    // The CLI workers' own logs, printed if the round fails.
+    let logs = tempfile::tempdir().expect("a log directory");
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop_enqueues = CancellationToken::new();
     let (working, enqueuer) = match fleet {
@@ -260,12 +262,13 @@ async fn failover(replication: Replication, loss: Loss, route: Route, fleet: Fle
         Fleet::Cli => {
             let exec = ticking_exec(&log);
             let workers = (0..3)
-                .map(|_| {
-                    support::cli::worker(
+                .map(|i| {
+                    support::cli::worker_logged(
                         &url,
                         PROCESS,
                         &exec,
                         &["--ttl", "2s", "--parallelism", "4"],
+                        &logs.path().join(format!("worker-{i}.log")),
                     )
                 })
                 .collect();
@@ -318,6 +321,9 @@ async fn failover(replication: Replication, loss: Loss, route: Route, fleet: Fle
         });
         if busy == 0 {
             break;
+        }
+        if promoted_at.elapsed() >= Duration::from_secs(40) {
+            print_logs(logs.path(), &client).await;
         }
         assert!(
             promoted_at.elapsed() < Duration::from_secs(40),
@@ -397,6 +403,23 @@ async fn failover(replication: Replication, loss: Loss, route: Route, fleet: Fle
         );
     }
     client.close().await;
+}
+
+/// Prints the tail of every worker log in `dir` and the sessions that hold
+/// keys, for a round that did not converge.
+async fn print_logs(dir: &std::path::Path, client: &Store) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("--- {} (last 40 lines)", entry.path().display());
+        for line in &lines[lines.len().saturating_sub(40)..] {
+            eprintln!("{line}");
+        }
+    }
+    let list = drover::store::SessionList {
+        leases_per_session: 20,
+    };
+    eprintln!("--- sessions: {:?}", client.session_list(list).await);
 }
 
 /// One round per combination: `NAME: FLEET REPLICATION LOSS ROUTE`.

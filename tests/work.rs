@@ -356,3 +356,31 @@ async fn two_thousand_commands_at_once_run_every_key_once_under_one_session() {
         5000.0 / took.as_secs_f64()
     );
 }
+
+/// A command outlives the thread that started it: on Linux a command dies
+/// with its worker (`PR_SET_PDEATHSIG`), which the kernel ties to the thread
+/// that forked it, so a command started on a thread that exits (tokio's
+/// blocking pool drops a thread idle for ten seconds) was killed then. A
+/// command of twelve seconds must end `done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_longer_than_ten_seconds_is_not_killed_with_the_thread_that_started_it() {
+    let (db, _dir) = support::sqlite().await;
+    enqueue(&db.store, &["long".to_owned()]).await;
+    let child = worker(&db, "sh -c 'sleep 12' sh", &["--parallelism", "2"]);
+    support::process::eventually_within("the command ended", Duration::from_secs(60), || async {
+        counts(&db.store).await == (0, 0, 0)
+    })
+    .await;
+    stop(child).await;
+    let done = events(&db.store, RunOutcome::Done).await;
+    let all = db
+        .store
+        .run_list(RunList {
+            process: Some(PROCESS.into()),
+            limit: 100,
+            ..RunList::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((done.len(), all.len()), (1, 1), "one run, done: {all:?}");
+}

@@ -94,19 +94,11 @@ impl Exec {
         job: Job,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Action, BoxError> {
-        // Started on a blocking thread: `spawn` waits until the child has
-        // called `exec` (it reports an exec failure through a pipe), and with
-        // a thousand commands starting at once on two cores that wait kept
-        // the runtime's threads from heartbeats and the lapse timer. A run
-        // dropped meanwhile drops the child when the spawn returns (killed:
-        // `kill_on_drop`).
-        let mut command = self.command(&job);
-        let cannot =
-            |e: &dyn std::fmt::Display| transient(format!("cannot start {}: {e}", self.program));
-        let mut child = tokio::task::spawn_blocking(move || command.spawn())
-            .await
-            .map_err(|e| cannot(&e))?
-            .map_err(|e| cannot(&e))?;
+        // Started on the worker's spawner thread, not this runtime thread
+        // (see `spawner.rs`).
+        let child = super::spawner::spawn(self.command(&job)).await;
+        let mut child =
+            child.map_err(|e| transient(format!("cannot start {}: {e}", self.program)))?;
         // Kills the whole group when the run ends, however it ends (a dropped
         // future included), so nothing the command started outlives the run.
         let group = child.id().map(GroupKill);

@@ -17,6 +17,7 @@ mod pause;
 mod process;
 mod serve;
 mod signal;
+mod spawner;
 mod status;
 mod watch;
 mod work;

@@ -55,3 +55,24 @@ pub(crate) fn worker(url: &str, process: &str, exec: &str, flags: &[&str]) -> Ch
             .chain(flags.iter().copied()),
     )
 }
+
+/// [`worker`], its stderr (drover's log) written to `log` instead of
+/// discarded: for tests that print it when they fail.
+pub(crate) fn worker_logged(
+    url: &str,
+    process: &str,
+    exec: &str,
+    flags: &[&str],
+    log: &std::path::Path,
+) -> Child {
+    let file = std::fs::File::create(log).expect("the worker's log file");
+    Command::new(super::process::drover_bin())
+        .args(["work", process, "--db", url, "--exec", exec])
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(file))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover work")
+}

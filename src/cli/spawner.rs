@@ -1,0 +1,53 @@
+//! One thread that starts every `--exec` command, for the life of the worker.
+//!
+//! `spawn` waits until the child has called `exec` (it reports an exec
+//! failure through a pipe). On the runtime's threads that wait, with a
+//! thousand commands starting at once on two cores, kept heartbeats and the
+//! lapse timer from running: sessions were given up and keys ran again. On
+//! tokio's blocking pool it would be worse: a command's `PR_SET_PDEATHSIG`
+//! (see `exec.rs`) fires when the *thread* that forked it exits, and the
+//! pool's idle threads exit after ten seconds, killing the long commands they
+//! started. So one thread of the worker's own, which never exits, starts
+//! them all, one after another.
+
+use std::sync::OnceLock;
+use std::sync::mpsc;
+
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+
+/// A command to start, and where its child (or the error) goes.
+type Request = (Command, oneshot::Sender<std::io::Result<Child>>);
+
+/// The spawner thread's queue, started on first use (`None`: the thread
+/// could not be started).
+static SPAWNER: OnceLock<Option<mpsc::Sender<Request>>> = OnceLock::new();
+
+/// Starts `command` on the spawner thread. Must be called inside the Tokio
+/// runtime the child is then awaited on (the thread registers children with
+/// it). A caller that stops waiting drops the child when it comes back,
+/// which kills it (`kill_on_drop`).
+pub(crate) async fn spawn(command: Command) -> std::io::Result<Child> {
+    let gone = || std::io::Error::other("the command spawner thread could not start or is gone");
+    let queue = SPAWNER.get_or_init(start).as_ref().ok_or_else(gone)?;
+    let (answer, child) = oneshot::channel();
+    queue.send((command, answer)).map_err(|_| gone())?;
+    child.await.map_err(|_| gone())?
+}
+
+/// Starts the spawner thread in the current runtime's context.
+fn start() -> Option<mpsc::Sender<Request>> {
+    let (queue, requests) = mpsc::channel::<Request>();
+    let runtime = tokio::runtime::Handle::current();
+    std::thread::Builder::new()
+        .name("drover-spawner".into())
+        .spawn(move || {
+            let _context = runtime.enter();
+            for (mut command, answer) in requests {
+                // A caller gone meanwhile drops the child here: killed.
+                let _ = answer.send(command.spawn());
+            }
+        })
+        .ok()?;
+    Some(queue)
+}
