@@ -249,3 +249,53 @@ async fn a_session_label_over_1024_bytes_is_400_naming_it_and_starts_no_session(
     })
     .await;
 }
+
+/// A worker token cannot grow the server without bound: once the database
+/// holds `max_processes`, an enqueue to a new process name is refused with
+/// 422 `too_many_processes` (no row, no `/metrics` label for it), while
+/// enqueues to the processes it holds go on; an admin may still create one
+/// through its settings.
+#[tokio::test]
+async fn enqueues_to_new_processes_over_the_cap_are_refused_and_the_known_ones_go_on() {
+    each_engine(|db| async move {
+        let api = Api::with(&db.store, ServerOptions::default().max_processes(3));
+        for process in ["p1", "p2", "p3"] {
+            api.enqueue(process, &["k"]).await;
+        }
+        let reply = api
+            .call(
+                POST,
+                "/v1/processes/p4-spam/items",
+                Some(json!({ "keys": ["k"] })),
+            )
+            .await;
+        let body = rejected(&reply, StatusCode::UNPROCESSABLE_ENTITY, None);
+        assert_eq!(body["error"], "too_many_processes", "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("3 processes")),
+            "{body}"
+        );
+        api.enqueue("p1", &["again"]).await;
+        let processes = api.get_ok("/v1/processes").await;
+        let text = processes.to_string();
+        assert!(!text.contains("p4-spam"), "{text}");
+        let metrics = api.call(GET, "/metrics", None).await.text;
+        assert!(!metrics.contains("p4-spam"), "no label for a refused name");
+        assert!(
+            metrics.contains("drover_enqueues_refused_total 1"),
+            "the refusal is counted"
+        );
+        // The operator's own creation is not a worker's enqueue.
+        let reply = api
+            .call(
+                axum::http::Method::PATCH,
+                "/v1/processes/p5-ops/settings",
+                Some(json!({ "concurrency": 2 })),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    })
+    .await;
+}

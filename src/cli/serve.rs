@@ -50,6 +50,16 @@ pub(crate) struct Args {
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
     max_body: usize,
+    /// The most processes workers' enqueues may create; an enqueue to a new
+    /// process over it is refused (422 too_many_processes).
+    #[arg(long, default_value_t = 1000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_processes: u32,
+    /// The most claims that may wait for work at once (16 per session at
+    /// most); a claim over it is answered 429 too_many_waiting_claims.
+    #[arg(long, default_value_t = 10_000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_waiting_claims: u32,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -133,7 +143,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .body_limit(args.max_body)
         .prune_interval(args.prune_every)
         .sample_interval(args.sample_every)
-        .allowed_hosts(args.allowed_hosts);
+        .allowed_hosts(args.allowed_hosts)
+        .max_processes(args.max_processes as usize)
+        .max_waiting_claims(args.max_waiting_claims as usize);
     let served = Server::new(store.clone(), options)
         .serve(listener, shutdown)
         .await;

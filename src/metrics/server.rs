@@ -32,6 +32,8 @@ pub(crate) struct ServerMetrics {
     claims_waiting: Gauge,
     /// Claims sent to the database for HTTP workers.
     claim_attempts: Counter,
+    /// Enqueues refused because they would create a process over the cap.
+    enqueues_refused: Counter,
     store: StoreFamilies,
     /// Serialises scrapes, so two never interleave clearing and setting gauges.
     scrape: Mutex<()>,
@@ -71,6 +73,12 @@ impl ServerMetrics {
             "Claims this server sent to the database for HTTP workers: first tries and turns of waiting claims",
             claim_attempts.clone(),
         );
+        let enqueues_refused = Counter::default();
+        registry.register(
+            "drover_enqueues_refused",
+            "Enqueues refused because they would create a process over the server's limit",
+            enqueues_refused.clone(),
+        );
         let store = StoreFamilies::new(&mut registry);
         Self {
             registry,
@@ -78,6 +86,7 @@ impl ServerMetrics {
             latency,
             claims_waiting,
             claim_attempts,
+            enqueues_refused,
             store,
             scrape: Mutex::new(()),
         }
@@ -134,6 +143,12 @@ impl ServerMetrics {
         }
         self.claims_waiting.inc();
         Waiting(self.claims_waiting.clone())
+    }
+
+    /// Counts one enqueue refused for creating a process over the cap
+    /// (`drover_enqueues_refused_total`).
+    pub(crate) fn enqueue_refused(&self) {
+        self.enqueues_refused.inc();
     }
 
     /// Counts one claim sent to the database (`drover_claim_attempts_total`).

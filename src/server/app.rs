@@ -49,6 +49,7 @@ impl Server {
             shutdown: CancellationToken::new(),
             owners: Arc::default(),
             waiting,
+            known: Arc::default(),
         };
         Self { state }
     }

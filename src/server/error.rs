@@ -58,6 +58,13 @@ pub enum ApiError {
          complete or close it"
     )]
     NotYourSession(crate::store::SessionId),
+    /// 422 `too_many_processes`: an enqueue would create a process over the
+    /// server's cap (see `known.rs`).
+    #[error(
+        "the database holds {0} processes, this server's limit (--max-processes): enqueue to \
+         a process it holds, or raise the limit"
+    )]
+    TooManyProcesses(usize),
     /// 429 `too_many_waiting_claims`: a claim that would wait is over the
     /// server's or its session's cap of waiting claims (see `waiting.rs`).
     #[error("{0}: claim again later, or with wait_ms 0")]
@@ -130,6 +137,7 @@ impl ApiError {
             | Self::HostNotAllowed(_)
             | Self::NotYourSession(_) => StatusCode::FORBIDDEN,
             Self::TooManyWaiting(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::TooManyProcesses(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -151,6 +159,7 @@ impl ApiError {
             Self::HostNotAllowed(_) => ("host_not_allowed", None),
             Self::NotYourSession(_) => ("not_your_session", None),
             Self::TooManyWaiting(_) => ("too_many_waiting_claims", None),
+            Self::TooManyProcesses(_) => ("too_many_processes", None),
             Self::NotFound(_) => ("not_found", None),
             Self::MethodNotAllowed => ("method_not_allowed", None),
             Self::Conflict { code, .. } => (*code, None),

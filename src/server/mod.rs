@@ -38,6 +38,7 @@ mod dashboard;
 mod error;
 mod extract;
 mod host;
+mod known;
 mod openapi;
 mod operations;
 mod options;

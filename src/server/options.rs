@@ -19,6 +19,7 @@ pub struct ServerOptions {
     pub(crate) sample_interval: Duration,
     pub(crate) allowed_hosts: Vec<String>,
     pub(crate) max_waiting_claims: usize,
+    pub(crate) max_processes: usize,
 }
 
 impl Default for ServerOptions {
@@ -33,6 +34,7 @@ impl Default for ServerOptions {
             sample_interval: Duration::from_secs(60),
             allowed_hosts: Vec::new(),
             max_waiting_claims: 10_000,
+            max_processes: 1_000,
         }
     }
 }
@@ -141,6 +143,20 @@ impl ServerOptions {
     pub fn max_waiting_claims(self, max: usize) -> Self {
         Self {
             max_waiting_claims: max.max(1),
+            ..self
+        }
+    }
+
+    /// The most processes a worker's enqueues may create (default 1,000; at
+    /// least 1). Each process costs rows, `/metrics` labels and a line on
+    /// every list, so a worker token must not make them without bound: once
+    /// the database holds this many, an enqueue to a new process name is
+    /// refused with 422 `too_many_processes`. Enqueues to the processes it
+    /// holds, and an operator's settings, are not limited.
+    #[must_use]
+    pub fn max_processes(self, max: usize) -> Self {
+        Self {
+            max_processes: max.max(1),
             ..self
         }
     }

@@ -6,6 +6,7 @@ use axum::http::HeaderMap;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
+use super::known::KnownProcesses;
 use super::options::ServerOptions;
 use super::owner::{SessionOwners, fingerprint};
 use super::role::Role;
@@ -30,6 +31,8 @@ pub(crate) struct AppState {
     pub(crate) owners: Arc<SessionOwners>,
     /// The claims waiting for work, by process.
     pub(crate) waiting: Arc<Waiting>,
+    /// The processes enqueues may go to without creating one.
+    pub(crate) known: Arc<KnownProcesses>,
 }
 
 impl AppState {

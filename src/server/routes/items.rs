@@ -37,7 +37,7 @@ const PARK_REASON: &str = "parked by an operator";
     responses(
         (status = 200, description = "Enqueued", body = EnqueueResponse),
         (status = 400, description = "Malformed body", body = ErrorBody),
-        (status = 422, description = "Invalid key or process name", body = ErrorBody),
+        (status = 422, description = "Invalid key or process name, or a new process over the server's limit", body = ErrorBody),
     )
 )]
 pub(crate) async fn enqueue(
@@ -59,6 +59,15 @@ pub(crate) async fn enqueue(
             field: "keys",
             message: format!("keys[{i}]: {e}"),
         })?;
+    }
+    let admitted = state
+        .known
+        .admit(&state.store, &process, state.options.max_processes);
+    if let Err(e) = admitted.await {
+        if matches!(e, ApiError::TooManyProcesses(_)) {
+            state.metrics.enqueue_refused();
+        }
+        return Err(e);
     }
     let count = body.keys.len() as u64;
     let params = ItemEnqueue::new(process.clone(), body.keys)
