@@ -67,11 +67,33 @@ fn now_nanos() -> u128 {
         .as_nanos()
 }
 
-/// Work that ticks as `KEY#RUN` every 20 ms for 100 ms, or until cancelled.
+/// Work that ticks as `KEY#RUN-WORKER-TOKEN` every 20 ms for 100 ms, or
+/// until cancelled.
 fn ticking(
     log: TickLog,
     runs: Arc<AtomicU64>,
     worker: &'static str,
+) -> impl drover::runner::Reconciler {
+    ticks(log, runs, worker, 6)
+}
+
+/// Work that ticks as [`ticking`]'s for as long as its worker holds the key
+/// (until cancelled, at most 20 s).
+fn holding(
+    log: TickLog,
+    runs: Arc<AtomicU64>,
+    worker: &'static str,
+) -> impl drover::runner::Reconciler {
+    ticks(log, runs, worker, 1000)
+}
+
+/// Work that ticks every 20 ms, `n` times and once more at the end, unless
+/// cancelled first.
+fn ticks(
+    log: TickLog,
+    runs: Arc<AtomicU64>,
+    worker: &'static str,
+    n: usize,
 ) -> impl drover::runner::Reconciler {
     move |task: Task| {
         let (log, runs) = (log.clone(), runs.clone());
@@ -82,7 +104,7 @@ fn ticking(
                 runs.fetch_add(1, Ordering::Relaxed),
                 task.fencing_token()
             );
-            for _ in 0..6 {
+            for _ in 0..n {
                 log.tick(&tag);
                 tokio::select! {
                     () = task.cancelled() => return Err::<Action, BoxError>("cancelled".into()),
@@ -90,34 +112,6 @@ fn ticking(
                 }
             }
             log.tick(&tag);
-            Ok(Action::Done)
-        }
-    }
-}
-
-/// Work that ticks as `KEY#RUN-WORKER-TOKEN` every 20 ms for as long as its
-/// worker holds the key (until cancelled, at most 20 s).
-fn holding(
-    log: TickLog,
-    runs: Arc<AtomicU64>,
-    worker: &'static str,
-) -> impl drover::runner::Reconciler {
-    move |task: Task| {
-        let (log, runs) = (log.clone(), runs.clone());
-        async move {
-            let tag = format!(
-                "{}#{}-{worker}-{}",
-                task.key(),
-                runs.fetch_add(1, Ordering::Relaxed),
-                task.fencing_token()
-            );
-            for _ in 0..1000 {
-                log.tick(&tag);
-                tokio::select! {
-                    () = task.cancelled() => return Err::<Action, BoxError>("cancelled".into()),
-                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                }
-            }
             Ok(Action::Done)
         }
     }

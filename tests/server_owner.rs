@@ -113,25 +113,24 @@ async fn only_the_token_that_started_a_session_may_act_on_it() {
     .await;
 }
 
+/// A session started on the database directly, as a library worker does.
+async fn library_session(db: &support::TestDb) -> drover::store::Session {
+    db.store
+        .session_start(SessionStart::new(
+            "library",
+            std::time::Duration::from_secs(30),
+        ))
+        .await
+        .expect("session")
+}
+
 #[tokio::test]
 async fn a_session_started_on_the_database_belongs_to_no_token() {
     each_engine(|db| async move {
-        let api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
-        api.send(
-            POST,
-            &format!("/v1/processes/{P}/items"),
-            Some(json!({ "keys": ["a"] }).to_string()),
-            Some("w1"),
-        )
-        .await;
-        let session = db
-            .store
-            .session_start(SessionStart::new(
-                "library",
-                std::time::Duration::from_secs(30),
-            ))
-            .await
-            .expect("session");
+        let mut api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
+        api.token = Some("w1".into());
+        api.enqueue(P, &["a"]).await;
+        let session = library_session(&db).await;
         let lease = support::store::claim(&db.store, session.id, 1)
             .await
             .remove(0);
@@ -149,14 +148,7 @@ async fn an_open_server_checks_no_owner() {
     each_engine(|db| async move {
         let api = Api::new(&db.store);
         api.enqueue(P, &["a"]).await;
-        let session = db
-            .store
-            .session_start(SessionStart::new(
-                "library",
-                std::time::Duration::from_secs(30),
-            ))
-            .await
-            .expect("session");
+        let session = library_session(&db).await;
         let reply = api
             .send(
                 POST,
