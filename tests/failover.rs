@@ -559,3 +559,53 @@ async fn a_claim_lost_with_the_old_primary_is_not_handed_out_again_until_its_wor
     drop(a_store);
     b_store.close().await;
 }
+
+/// A primary that lost its synchronous standby never answers a commit (it
+/// waits for a standby that is gone). A worker's completer waiting on one
+/// such commit held every later outcome behind it, and its keys stayed
+/// running under a live session until the round gave up. The store now
+/// counts a commit unanswered for 10 s as unknown: the completion batch
+/// fails with `CommitUnknown` (the run then writes it again, on a fresh
+/// connection) instead of waiting for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_primary_never_answers_is_unknown_after_a_while_not_awaited_for_ever() {
+    use drover::store::{LeaseClaim, LeaseComplete, Outcome, SessionStart};
+    let Some(cluster) = ha::cluster(Replication::Sync) else {
+        return;
+    };
+    cluster.wait_streaming(Replication::Sync).await;
+    let store = Store::connect(&cluster.url(cluster.primary))
+        .await
+        .expect("primary");
+    store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+        .await
+        .expect("enqueue");
+    let session = store
+        .session_start(SessionStart::new("w", Duration::from_secs(60)))
+        .await
+        .expect("session");
+    let claim = LeaseClaim {
+        session: session.id,
+        process: PROCESS.into(),
+        max: 1,
+    };
+    let lease = store
+        .lease_claim(claim)
+        .await
+        .expect("claim")
+        .leases
+        .remove(0);
+    cluster.disconnect_standby().await;
+    let outcome = Outcome::Done;
+    let batch = [LeaseComplete {
+        lease: &lease,
+        outcome: &outcome,
+    }];
+    let written = tokio::time::timeout(Duration::from_secs(60), store.lease_complete_batch(&batch))
+        .await
+        .expect("the completion answers instead of waiting for ever");
+    let e = written.expect_err("the commit is not acknowledged");
+    assert!(e.is_commit_unknown(), "{e}");
+    drop(store);
+}

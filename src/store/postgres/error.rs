@@ -1,6 +1,8 @@
 //! Maps sqlx/PostgreSQL errors to [`StoreError`].
 
-use crate::store::StoreError;
+use std::time::Duration;
+
+use crate::store::{DriverError, StoreError};
 
 /// SQLSTATEs meaning "this transaction lost a race; running it again may succeed":
 /// serialization_failure, deadlock_detected, lock_not_available.
@@ -51,9 +53,43 @@ fn read_only(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
 }
 
-/// Commits, mapping with [`map_commit`].
+/// How long a commit may go unanswered before its outcome counts as unknown.
+/// A primary that lost its synchronous standby (promoted elsewhere while the
+/// old primary lives on, read-only for new transactions but not for one
+/// already open) never answers a commit: its transaction waits for ever for
+/// a standby that is gone. A worker's completer waiting on one such commit
+/// held every later outcome behind it, and its keys stayed running under a
+/// live session (seen in `tests/failover.rs`'s read-only rounds).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long an abandoned commit keeps its connection checked out before the
+/// connection is let go (and closed: the timeout's error retired it).
+const ABANDONED_COMMIT: Duration = Duration::from_secs(600);
+
+/// Commits, mapping with [`map_commit`]. A commit unanswered for
+/// [`COMMIT_TIMEOUT`] is [`StoreError::CommitUnknown`], a broken link, which
+/// retires the store's connections (see `failover`). Its connection stays
+/// checked out until the commit answers (or [`ABANDONED_COMMIT`] passes),
+/// so no one is handed a connection that still waits for it.
 pub(super) async fn commit(tx: super::engine::Tx) -> Result<(), StoreError> {
-    tx.commit().await.map_err(map_commit)
+    let mut pending = Box::pin(tx.commit());
+    match tokio::time::timeout(COMMIT_TIMEOUT, &mut pending).await {
+        Ok(done) => done.map_err(map_commit),
+        Err(_) => {
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(ABANDONED_COMMIT, pending).await;
+            });
+            Err(StoreError::CommitUnknown(DriverError(sqlx::Error::Io(
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the commit was not answered within {COMMIT_TIMEOUT:?} (a primary that \
+                         lost its synchronous standby waits for ever)"
+                    ),
+                ),
+            ))))
+        }
+    }
 }
 
 /// `.db()?` on driver results.
