@@ -24,6 +24,7 @@ use drover::runner::{Action, BoxError, Controller, Task};
 use drover::store::{ItemEnqueue, Store, StoreEngine as _};
 use support::fault_proxy::FaultProxy;
 use support::ha::{self, Replication};
+use support::process::eventually_within;
 use support::ticks::TickLog;
 use tokio_util::sync::CancellationToken;
 
@@ -127,12 +128,7 @@ fn start<R: drover::runner::Reconciler>(
         .shutdown_deadline(Duration::from_secs(1))
         .build()
         .expect("valid settings");
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let stop = stop.clone();
-        async move { controller.run(stop).await.expect("controller runs") }
-    });
-    (stop, handle)
+    support::running::spawn(controller)
 }
 
 /// Each run of each key as (start, end) in nanoseconds, from the tick log.
@@ -285,7 +281,7 @@ async fn failover(replication: Replication, loss: Loss, route: Route, fleet: Fle
             (Working::Cli(workers, Box::new(serve)), enqueuer)
         }
     };
-    wait_until(
+    eventually_within(
         "two runs of every key",
         Duration::from_secs(60),
         async || runs_by_key(&log).values().map(Vec::len).sum::<usize>() >= 2 * KEYS,
@@ -451,15 +447,6 @@ rounds! {
     cli_read_only_primary_async_replication_through_a_moving_proxy_converges_and_never_overlaps: Cli Async ReadOnly Proxy;
 }
 
-/// Polls `done` every 20 ms for up to `within`; panics with `what` after.
-async fn wait_until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The asynchronous hand-out, forced (DESIGN.md rule 12): node a claims key
 /// `k` on the primary after the standby was cut off, so the promoted standby
 /// has `k` pending and knows nothing of the claim. Node a's link then
@@ -489,7 +476,7 @@ async fn a_claim_lost_with_the_old_primary_is_not_handed_out_again_until_its_wor
     let list = drover::store::SessionList {
         leases_per_session: 0,
     };
-    wait_until("node a's session", Duration::from_secs(10), async || {
+    eventually_within("node a's session", Duration::from_secs(10), || async {
         a_store
             .session_list(list)
             .await
@@ -505,7 +492,7 @@ async fn a_claim_lost_with_the_old_primary_is_not_handed_out_again_until_its_wor
     cluster.wait_replayed().await;
     cluster.disconnect_standby().await;
     let cut = now_nanos();
-    wait_until("node a runs k", Duration::from_secs(10), async || {
+    eventually_within("node a runs k", Duration::from_secs(10), || async {
         runs_by_key(&log).contains_key("k")
     })
     .await;
@@ -523,7 +510,7 @@ async fn a_claim_lost_with_the_old_primary_is_not_handed_out_again_until_its_wor
         .await
         .expect("node b on the new primary");
     let (stop_b, b) = start(b_store.clone(), holding(log.clone(), runs.clone(), "b"));
-    wait_until("node b runs k", Duration::from_secs(30), async || {
+    eventually_within("node b runs k", Duration::from_secs(30), || async {
         runs_by_key(&log)["k"].len() > 1
     })
     .await;

@@ -94,12 +94,7 @@ fn start_controller(
         .shutdown_deadline(Duration::from_secs(1))
         .build()
         .expect("valid settings");
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let stop = stop.clone();
-        async move { controller.run(stop).await.expect("controller runs") }
-    });
-    (stop, handle)
+    support::running::spawn(controller)
 }
 
 async fn stop_controller((stop, handle): (CancellationToken, tokio::task::JoinHandle<()>)) {

@@ -52,12 +52,7 @@ struct Running {
 
 impl Running {
     fn start<R: Reconciler>(builder: ControllerBuilder<R, TestBackend>) -> Self {
-        let controller = builder.build().expect("valid settings");
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn({
-            let stop = stop.clone();
-            async move { controller.run(stop).await.expect("controller runs") }
-        });
+        let (stop, handle) = support::running::spawn(builder.build().expect("valid settings"));
         Self { stop, handle }
     }
 

@@ -36,12 +36,7 @@ fn start<R: Reconciler>(
         .ttl(Duration::from_secs(3))
         .build()
         .expect("valid settings");
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let stop = stop.clone();
-        async move { controller.run(stop).await.expect("controller runs") }
-    });
-    (stop, handle)
+    support::running::spawn(controller)
 }
 
 async fn stop(running: (CancellationToken, tokio::task::JoinHandle<()>)) {

@@ -35,12 +35,17 @@ pub(crate) fn fails_with(output: &Output, needle: &str) {
 /// Starts `drover work ARGS`, its output discarded, killed if the test
 /// drops it: every command-line test's worker child.
 pub(crate) fn work<'a>(args: impl IntoIterator<Item = &'a str>) -> Child {
+    work_logging(args, Stdio::null())
+}
+
+/// [`work`], its stderr (drover's log) going to `stderr`.
+fn work_logging<'a>(args: impl IntoIterator<Item = &'a str>, stderr: Stdio) -> Child {
     Command::new(super::process::drover_bin())
         .arg("work")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn drover work")
@@ -66,13 +71,9 @@ pub(crate) fn worker_logged(
     log: &std::path::Path,
 ) -> Child {
     let file = std::fs::File::create(log).expect("the worker's log file");
-    Command::new(super::process::drover_bin())
-        .args(["work", process, "--db", url, "--exec", exec])
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(file))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover work")
+    let args = [process, "--db", url, "--exec", exec];
+    work_logging(
+        args.into_iter().chain(flags.iter().copied()),
+        Stdio::from(file),
+    )
 }

@@ -27,6 +27,7 @@ pub(crate) mod ha;
 pub(crate) mod locks;
 pub(crate) mod partition;
 pub(crate) mod process;
+pub(crate) mod running;
 pub(crate) mod serve;
 pub(crate) mod store;
 pub(crate) mod ticks;
