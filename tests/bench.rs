@@ -163,3 +163,53 @@ async fn recovery_runs_a_killed_workers_keys_elsewhere() {
     })
     .await;
 }
+
+/// The hostile-callers scenario on a tiny scale: every enqueue attempt is
+/// either a created process or a refusal, the long-polls all waited (else it
+/// fails), and `drover work --exec true` ran every key exactly once under one
+/// session, counted from the runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_measures_metrics_growth_long_polls_and_an_exec_fan_out() {
+    each_engine(|db| async move {
+        let drover = Path::new(env!("CARGO_BIN_EXE_drover"));
+        let figures = bench::hostile(&small(&db, 50, 20), drover)
+            .await
+            .expect("hostile");
+        let [growth, polls, fanout] = &figures[..] else {
+            panic!("three figures: {figures:?}");
+        };
+        assert_figure(
+            growth,
+            "metrics_growth",
+            db.engine,
+            &["bytes_10", "bytes_after"],
+        );
+        let number = |f: &Figure, name: &str| -> u64 {
+            f.get(name)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{f} {name}"))
+        };
+        assert_eq!(number(growth, "created") + number(growth, "refused"), 100);
+        assert!(
+            number(growth, "bytes_after") > number(growth, "bytes_10"),
+            "{growth}"
+        );
+        assert_figure(
+            polls,
+            "long_poll",
+            db.engine,
+            &["claims_per_s", "claims_per_s_idle"],
+        );
+        assert_eq!(number(polls, "long_polls"), 10);
+        assert_eq!(
+            polls.get("xacts_per_s").is_some(),
+            db.engine == "postgres",
+            "{polls}"
+        );
+        assert_figure(fanout, "exec_fanout", db.engine, &["keys_per_s"]);
+        assert_eq!(number(fanout, "runs"), 50, "{fanout}");
+        assert_eq!(number(fanout, "not_done"), 0, "{fanout}");
+        assert_eq!(number(fanout, "sessions"), 1, "{fanout}");
+    })
+    .await;
+}

@@ -492,3 +492,47 @@ async fn a_delete_in_a_transaction_forgets_the_key_only_when_it_commits_and_neve
     })
     .await;
 }
+
+/// A caller's transaction is bounded by its own idle timeout
+/// (`StoreOptions::caller_idle_timeout`, issue 35): past it the database ends
+/// the transaction, so a stalled caller cannot hold its keys' rows locked for
+/// ever, and drover's next call in it says so in words; nothing of it is
+/// written. A caller that sets a longer bound may think between statements.
+/// On PostgreSQL (SQLite's caller holds the one write lock; no such timer).
+/// The waits are time passing on the database's timer, not synchronisation.
+#[tokio::test]
+async fn a_callers_transaction_idle_past_its_own_timeout_is_ended_in_words_and_writes_nothing() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    for (timeout_ms, survives) in [(300, false), (5_000, true)] {
+        let options = drover::store::StoreOptions::default()
+            .caller_idle_timeout(std::time::Duration::from_millis(timeout_ms));
+        let store = Store::connect_with(&db.url, &options)
+            .await
+            .expect("connect");
+        let key = format!("k{timeout_ms}");
+        let mut tx = store.begin().await.expect("begin");
+        tx.item_enqueue(ItemEnqueue::new(P, [key.as_str()]))
+            .await
+            .expect("enqueue in the transaction");
+        tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+        let next = tx.item_enqueue(ItemEnqueue::new(P, ["later"])).await;
+        if survives {
+            next.expect("a longer bound lets the caller wait");
+            tx.commit().await.expect("commit");
+            assert!(item(&store, &key).await.is_some(), "committed");
+        } else {
+            let err = next.expect_err("the database ended the idle transaction");
+            let shown = err.to_string();
+            assert!(matches!(err, StoreError::IdleTimeout(_)), "{err:?}");
+            assert!(shown.contains("caller_idle_timeout"), "{shown}");
+            drop(tx);
+            assert!(item(&store, &key).await.is_none(), "nothing written");
+        }
+        store.close().await;
+    }
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

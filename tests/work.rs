@@ -308,6 +308,41 @@ async fn a_second_signal_exits_at_once() {
     assert_eq!(status.code(), Some(130));
 }
 
+/// A key that looks like an option (issue 35): by default it is the command's
+/// last argument (after a `--` the command line ends with, for programs that
+/// honour it); with `--key-in-env-only` the command gets no argument from
+/// drover at all, so no key reaches its option parser, and still finds the
+/// key in `DROVER_KEY`. Judged from what the command itself saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_looks_like_an_option_reaches_the_command_only_where_asked() {
+    each_engine(|db| async move {
+        let hostile = "--checkpoint-action=exec=sh".to_owned();
+        for (flags, seen) in [
+            (&[][..], format!("1 {hostile} {hostile}")),
+            (&["--key-in-env-only"][..], format!("0 {hostile}")),
+        ] {
+            let log = log_path(&db);
+            let exec = format!(
+                r#"sh -c 'echo "$# $DROVER_KEY $*" >> {}' sh"#,
+                log.display()
+            );
+            let child = worker(&db, &exec, flags);
+            enqueue(&db.store, std::slice::from_ref(&hostile)).await;
+            eventually("the key ran", || async {
+                counts(&db.store).await == (0, 0, 0) && !read_log(&log).is_empty()
+            })
+            .await;
+            stop(child).await;
+            assert_eq!(
+                read_log(&log),
+                [seen.split(' ').map(str::to_owned).collect::<Vec<_>>()],
+                "{flags:?}"
+            );
+        }
+    })
+    .await;
+}
+
 /// Two thousand commands at once on a two-core machine (issue 35): spawning
 /// them must not stall the worker's runtime (a blocked thread misses the
 /// heartbeat and the lapse timer, the session is given up and keys run

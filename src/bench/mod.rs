@@ -6,7 +6,7 @@
 //! `Display` (or as one JSON object by [`Figure::to_json`]).
 //!
 //! Store scenarios ([`enqueue`], [`burn_down`], [`latency`], [`backlog`],
-//! [`recovery`], and with the server `dashboard`) run on any engine and any database: each creates fresh process
+//! [`recovery`], and with the server `dashboard` and `hostile`) run on any engine and any database: each creates fresh process
 //! names (`bench_<scenario>_<pid>_<random>`) and deletes their items and
 //! history when it is done. [`queue_cycle`] measures the in-memory queue.
 
@@ -15,6 +15,8 @@ mod burn_down;
 mod dashboard;
 mod enqueue;
 mod figure;
+#[cfg(feature = "server")]
+mod hostile;
 mod latency;
 mod queue;
 mod recovery;
@@ -26,6 +28,8 @@ pub use burn_down::{BACKLOG_FRONT, backlog, burn_down, burn_down_limited};
 pub use dashboard::dashboard;
 pub use enqueue::enqueue;
 pub use figure::Figure;
+#[cfg(feature = "server")]
+pub use hostile::hostile;
 pub use latency::latency;
 pub use queue::{QueueCycle, queue_cycle};
 pub use recovery::recovery;

@@ -61,6 +61,9 @@ pub enum BenchError {
     /// A child process could not be started or watched.
     #[error("child process: {0}")]
     Child(#[from] std::io::Error),
+    /// A request to the bench's own server failed or was refused.
+    #[error("HTTP: {0}")]
+    Http(String),
     /// The scenario did not finish in time.
     #[error("timed out: {0}")]
     Timeout(String),

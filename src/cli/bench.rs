@@ -27,13 +27,14 @@ pub(crate) struct Args {
     )]
     db: String,
     /// Keys per run. Defaults: enqueue and burn-down 100000, latency 1000,
-    /// backlog 1000000 (the large backlog), recovery 100, queue 200000.
+    /// backlog 1000000 (the large backlog), recovery 100, queue 200000,
+    /// dashboard 1000000, hostile 5000.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     keys: Option<u64>,
     /// Worker counts to measure, comma-separated (one figure each). Defaults:
     /// enqueue 1 (producers), burn-down and backlog 1024 (a no-op run is cheap,
     /// and the runs at once bound the batch a claim takes), latency and
-    /// recovery 4, queue 1,4,16.
+    /// recovery 4, queue 1,4,16, hostile 2000 (its command's parallelism).
     #[arg(long, value_delimiter = ',')]
     workers: Vec<usize>,
     /// latency: keys enqueued per second.
@@ -145,6 +146,11 @@ enum Scenario {
     /// Response times of every dashboard page, `/v1/processes` and `/metrics`
     /// on a process of N items (default 1,000,000) and 5 N runs.
     Dashboard,
+    /// Callers pushing on a server's limits: `/metrics` after 2 N enqueues to
+    /// new process names, idle long-polls (N / 5) against claims and
+    /// transactions per second, and `drover work --exec true` at
+    /// parallelism W over N keys (defaults: N 5000, W 2000).
+    Hostile,
 }
 
 impl Scenario {
@@ -156,6 +162,7 @@ impl Scenario {
             Self::Recovery => 100,
             Self::Queue => 200_000,
             Self::Dashboard => 1_000_000,
+            Self::Hostile => 5_000,
         }
     }
 
@@ -165,6 +172,7 @@ impl Scenario {
             Self::BurnDown | Self::Backlog => vec![1024],
             Self::Latency | Self::Recovery => vec![4],
             Self::Dashboard => vec![1],
+            Self::Hostile => vec![2000],
             Self::Queue => vec![1, 4, 16],
         }
     }
@@ -219,15 +227,18 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    if args.scenario == Scenario::Dashboard {
-        let store = store
-            .as_ref()
-            .context("the dashboard scenario needs a store")?;
-        let b = store_bench(&args, store, None, keys, 1);
-        let figures = bench::dashboard(&b).await;
+    if matches!(args.scenario, Scenario::Dashboard | Scenario::Hostile) {
+        let store = store.as_ref().context("this scenario needs a store")?;
+        let b = store_bench(&args, store, None, keys, workers[0]);
+        let figures = if args.scenario == Scenario::Dashboard {
+            bench::dashboard(&b).await
+        } else {
+            let drover = std::env::current_exe().context("cannot find the drover binary")?;
+            bench::hostile(&b, &drover).await
+        };
         b.progress.finish_and_clear();
         for figure in figures? {
-            print(&args, &figure);
+            print(&args, &tagged(&args, store, figure));
         }
         return Ok(());
     }
@@ -295,8 +306,8 @@ async fn store_figure(
             let drover = std::env::current_exe().context("cannot find the drover binary")?;
             bench::recovery(&b, &drover, args.ttl).await
         }
-        Scenario::Queue | Scenario::Dashboard => {
-            unreachable!("the queue and dashboard scenarios are run on their own")
+        Scenario::Queue | Scenario::Dashboard | Scenario::Hostile => {
+            unreachable!("the queue, dashboard and hostile scenarios are run on their own")
         }
     };
     b.progress.finish_and_clear();

@@ -62,6 +62,9 @@ impl From<&Task> for Job {
 pub(crate) struct Exec {
     program: String,
     args: Vec<String>,
+    /// Whether the key is appended as the last argument (else it is only in
+    /// `DROVER_KEY`; see [`Exec::key_in_env_only`]).
+    key_arg: bool,
 }
 
 /// A failed run: the exit status and the tail of stderr.
@@ -82,7 +85,20 @@ impl Exec {
         Ok(Self {
             program,
             args: words.collect(),
+            key_arg: true,
         })
+    }
+
+    /// This command with the key only in `DROVER_KEY`, not as its last
+    /// argument: for a program whose own option parser would take a key that
+    /// starts with `-` for an option (a key `--checkpoint-action=exec=sh`
+    /// reaching `tar`). Ending the command with `--` is the other way, for
+    /// programs that honour it.
+    pub(crate) fn key_in_env_only(self) -> Self {
+        Self {
+            key_arg: false,
+            ..self
+        }
     }
 
     /// Runs the command for `job`'s key and maps its exit status to an outcome,
@@ -129,9 +145,11 @@ impl Exec {
     /// piped, the job in its arguments and environment.
     fn command(&self, job: &Job) -> Command {
         let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        if self.key_arg {
+            command.arg(&job.key);
+        }
         command
-            .args(&self.args)
-            .arg(&job.key)
             .env("DROVER_KEY", &job.key)
             .env("DROVER_PROCESS", &job.process)
             .env("DROVER_ATTEMPT", job.attempt.to_string())

@@ -24,8 +24,14 @@ pub(crate) struct Args {
     /// The command to run per key, split into words like a shell would (no shell
     /// runs it); the key is appended as the last argument and set in DROVER_KEY.
     /// Exit 0 = done, 75 = retry with backoff, anything else = park the key.
+    /// A key may start with `-`: end CMD with `--` if the program honours it,
+    /// or use --key-in-env-only.
     #[arg(long, value_name = "CMD")]
     exec: String,
+    /// Pass the key only in DROVER_KEY, not as the command's last argument, so
+    /// no key can reach the program's option parser.
+    #[arg(long)]
+    key_in_env_only: bool,
     /// Keys run at once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     parallelism: u16,
@@ -93,7 +99,11 @@ impl Args {
 /// signal exits at once). With `--server` the same controller works through a
 /// drover server's HTTP API instead of the database.
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
-    let exec = Arc::new(Exec::parse(&args.exec)?);
+    let mut exec = Exec::parse(&args.exec)?;
+    if args.key_in_env_only {
+        exec = exec.key_in_env_only();
+    }
+    let exec = Arc::new(exec);
     let backoff = args.backoff()?;
     if let Some(server) = &args.server {
         anyhow::ensure!(

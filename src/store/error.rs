@@ -182,6 +182,18 @@ pub enum StoreError {
         "the database connection failed while committing; the outcome is unknown: the write may have committed"
     )]
     CommitUnknown(#[source] DriverError),
+    /// The database ended the transaction because it sat idle between its
+    /// statements past its bound: a caller's transaction
+    /// ([`Store::begin`](super::Store::begin)) past
+    /// [`StoreOptions::caller_idle_timeout`](super::StoreOptions::caller_idle_timeout),
+    /// or one of drover's own past 5 s (its process was frozen). The
+    /// transaction was rolled back, so nothing of it was written; run it
+    /// again, whole.
+    #[cfg(feature = "_engine")]
+    #[error(
+        "the database ended the transaction after it sat idle too long: nothing of it was written; run it again (for a caller's transaction, keep it busy or raise StoreOptions::caller_idle_timeout)"
+    )]
+    IdleTimeout(#[source] DriverError),
     /// The database has no room left for the write: its disk is full (SQLite's
     /// `SQLITE_FULL`, PostgreSQL's `disk_full`) or a SQLite file reached its
     /// size limit. The transaction was rolled back, so nothing was written;

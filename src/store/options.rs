@@ -21,7 +21,14 @@ pub struct StoreOptions {
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) sqlite_enqueue_through_view: bool,
     pub(crate) application_name: String,
+    // Read by the PostgreSQL engine only.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) caller_idle_timeout: Duration,
 }
+
+/// The default of [`StoreOptions::caller_idle_timeout`]: drover's own
+/// transactions' bound, which the caller's used to share.
+const CALLER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -33,6 +40,7 @@ impl Default for StoreOptions {
             listen_url: None,
             sqlite_enqueue_through_view: false,
             application_name: "drover".to_owned(),
+            caller_idle_timeout: CALLER_IDLE_TIMEOUT,
         }
     }
 }
@@ -119,6 +127,26 @@ impl StoreOptions {
     pub fn application_name(self, name: impl Into<String>) -> Self {
         Self {
             application_name: name.into(),
+            ..self
+        }
+    }
+
+    /// PostgreSQL: how long a transaction of the caller's
+    /// ([`Store::begin`](super::Store::begin)) may sit idle between its
+    /// statements before the database ends it, rolling it back (default 5 s;
+    /// at least 1 ms, at most 24 hours). Enqueues and deletes in it hold
+    /// their keys' rows locked, so a stalled caller would otherwise hold
+    /// those keys back from every worker with no end; a caller that thinks
+    /// between statements sets a longer bound. Its next statement then fails
+    /// with [`StoreError::CallerIdle`](super::StoreError::CallerIdle) (for
+    /// drover's calls) or the connection's error (for its own). drover's own
+    /// transactions keep their 5 s, whatever this says. On SQLite a caller's
+    /// transaction holds the one write lock from its start: keep it short.
+    #[must_use]
+    pub fn caller_idle_timeout(self, timeout: Duration) -> Self {
+        Self {
+            caller_idle_timeout: timeout
+                .clamp(Duration::from_millis(1), Duration::from_secs(86_400)),
             ..self
         }
     }

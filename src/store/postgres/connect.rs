@@ -95,6 +95,11 @@ impl PostgresStore {
             failover,
             at: Arc::new(AtomicUsize::new(first)),
             gated: Arc::default(),
+            caller_begin: format!(
+                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
+                options.caller_idle_timeout.as_millis()
+            )
+            .into(),
         };
         store.migrate_or_check(options.migrate).await?;
         // The connections opened so far may predate the migration that

@@ -71,6 +71,10 @@ pub struct PostgresStore {
     pub(super) at: Arc<AtomicUsize>,
     /// The processes whose claims go straight to `drover_claim_gated`.
     pub(super) gated: Arc<GatedProcesses>,
+    /// What a caller's transaction ([`Store::begin`](crate::store::Store::begin))
+    /// starts with: `BEGIN` and its own idle timeout
+    /// ([`StoreOptions::caller_idle_timeout`](crate::store::StoreOptions::caller_idle_timeout)).
+    pub(super) caller_begin: Arc<str>,
 }
 
 impl PostgresStore {

@@ -17,10 +17,15 @@ const GONE: [&str; 4] = ["57P01", "57P02", "57P03", "25006"];
 /// The SQLSTATE of a full disk (disk_full).
 const DISK_FULL: &str = "53100";
 
+/// `idle_in_transaction_session_timeout`: the server ended a transaction
+/// that sat idle past its bound (and its connection with it).
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
+
 /// Maps a driver error: lost races and pool exhaustion become
 /// [`StoreError::Busy`], broken connections and servers that cannot write
 /// (read-only, shutting down) [`StoreError::Unavailable`], a full
-/// disk [`StoreError::Full`], the rest [`StoreError::Database`].
+/// disk [`StoreError::Full`], a transaction ended for idling
+/// [`StoreError::IdleTimeout`], the rest [`StoreError::Database`].
 pub(super) fn map(e: sqlx::Error) -> StoreError {
     let code = match &e {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
@@ -32,6 +37,7 @@ pub(super) fn map(e: sqlx::Error) -> StoreError {
             StoreError::Unavailable(e.into())
         }
         (_, Some(DISK_FULL)) => StoreError::Full(e.into()),
+        (_, Some(IDLE_IN_TRANSACTION_TIMEOUT)) => StoreError::IdleTimeout(e.into()),
         (sqlx::Error::PoolTimedOut, _) => StoreError::Busy(e.into()),
         (sqlx::Error::Io(_) | sqlx::Error::Tls(_), _) => StoreError::Unavailable(e.into()),
         _ => StoreError::Database(e.into()),

@@ -8,7 +8,7 @@ use super::admin;
 use super::engine::PostgresStore;
 use super::enqueue::coalesce;
 use super::error::{Db as _, map_commit};
-use super::tx::{Passed, pooled_begin};
+use super::tx::Passed;
 use crate::store::StoreError;
 use crate::store::params::{ItemDelete, ItemEnqueue};
 use crate::store::rules::enqueue::checked_keys;
@@ -89,11 +89,13 @@ impl PostgresStore {
 pub(crate) type CallerTx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 impl PostgresStore {
-    /// Begins a caller's transaction (READ COMMITTED, as the store's own;
-    /// through a pooler in transaction mode with the store's
-    /// idle-in-transaction timeout, which a direct connection sets at startup).
+    /// Begins a caller's transaction (READ COMMITTED, as the store's own),
+    /// bounded by its own idle-in-transaction timeout
+    /// ([`StoreOptions::caller_idle_timeout`](crate::store::StoreOptions::caller_idle_timeout)),
+    /// set with `BEGIN` in one round trip, directly or through a pooler.
     pub(crate) async fn caller_begin(&self) -> Result<CallerTx, StoreError> {
-        pooled_begin(&self.pool, self.pooled).await.db()
+        let begin = sqlx::AssertSqlSafe(self.caller_begin.to_string());
+        self.pool.begin_with(begin).await.db()
     }
 
     /// Commits a caller's transaction; a connection lost while committing is
