@@ -153,7 +153,7 @@ async fn run(url: &str) -> Result<String, BoxError> {
 /// Waits until nothing is pending, backing off or running (parked keys stay).
 async fn settle(store: &Store) -> Result<(), BoxError> {
     loop {
-        let counts = store.process_counts().await?;
+        let counts = store.process_counts_all().await?;
         let busy = counts
             .iter()
             .filter(|c| c.process == PROCESS)

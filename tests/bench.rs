@@ -84,7 +84,7 @@ async fn enqueue_transactional_reports_each_mode_and_the_watched_update_rate() {
             db.engine,
             &["updates_per_s", "ratio"],
         );
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         assert!(
             counts.iter().all(|c| c.pending == 0),
             "cleaned up: {counts:?}"
@@ -145,7 +145,7 @@ async fn backlog_compares_a_large_backlog_with_a_small_one() {
         );
         assert_eq!(figure.get("front"), Some("300"));
         assert_eq!(figure.get("idle"), Some("500"));
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         assert!(counts.is_empty(), "cleaned up: {counts:?}");
     })
     .await;

@@ -302,7 +302,7 @@ async fn failover(replication: Replication, loss: Loss, route: Route, fleet: Fle
 
     // Every key converges: nothing pending, running or backing off.
     loop {
-        let counts = client.process_counts().await;
+        let counts = client.process_counts_all().await;
         let busy = counts.as_ref().map_or(u64::MAX, |c| {
             c.iter()
                 .filter(|c| c.process == PROCESS)
@@ -407,6 +407,8 @@ async fn print_logs(dir: &std::path::Path, client: &Store) {
         }
     }
     let list = drover::store::SessionList {
+        after: None,
+        limit: 1000,
         leases_per_session: 20,
     };
     eprintln!("--- sessions: {:?}", client.session_list(list).await);
@@ -474,13 +476,15 @@ async fn a_claim_lost_with_the_old_primary_is_not_handed_out_again_until_its_wor
     let a_store = Store::connect(&url).await.expect("node a");
     let (stop_a, a) = start(a_store.clone(), holding(log.clone(), runs.clone(), "a"));
     let list = drover::store::SessionList {
+        after: None,
+        limit: 1,
         leases_per_session: 0,
     };
     eventually_within("node a's session", Duration::from_secs(10), || async {
         a_store
             .session_list(list)
             .await
-            .is_ok_and(|s| !s.is_empty())
+            .is_ok_and(|s| !s.items.is_empty())
     })
     .await;
     // `k` and node a's session reach the standby; then the standby is cut

@@ -136,7 +136,7 @@ async fn the_callers_own_transaction_names_nothing_and_carries_the_idle_timeout(
     let mut holder = hold_the_server(&name).await;
     assert_eq!(in_tx(&["c", "d"]).await, (2, true));
     holder.execute("COMMIT").await.expect("commit");
-    let counts = db.store.process_counts().await.expect("counts");
+    let counts = db.store.process_counts_all().await.expect("counts");
     let p = counts.iter().find(|c| c.process == "p").expect("p");
     assert_eq!(p.pending, 2, "b and d stay, a and c were forgotten");
     db.store.close().await;

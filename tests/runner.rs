@@ -172,7 +172,7 @@ async fn every_enqueued_key_is_reconciled_exactly_once() {
         assert!(rx.try_recv().is_err(), "no key ran twice");
         seen.sort();
         assert_eq!(seen, keys);
-        let counts = db.store.process_counts().await.unwrap();
+        let counts = db.store.process_counts_all().await.unwrap();
         let counts = counts.iter().find(|c| c.process == PROCESS).unwrap();
         assert_eq!((counts.pending, counts.running, counts.parked), (0, 0, 0));
     })

@@ -63,7 +63,7 @@ async fn an_open_server_refuses_a_rebound_name_on_reads_and_writes_and_changes_n
             let reply = api.request(rebound(Method::GET, read, REBOUND, "")).await;
             assert_host_refused(&reply, read);
         }
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         let victim = counts.iter().find(|c| c.process == P).expect("the process");
         assert_eq!(victim.pending, 2, "nothing was deleted");
     })

@@ -109,7 +109,7 @@ async fn many_claimers_never_share_a_key_and_together_drain_every_key() {
         let tokens = run_tokens(&db.store).await;
         assert_eq!(tokens.len(), keys.len());
         assert_distinct(tokens);
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         assert_eq!((counts[0].pending, counts[0].running), (0, 0));
     })
     .await;
@@ -203,7 +203,7 @@ async fn every_enqueue_during_concurrent_runs_is_followed_by_a_later_run() {
             let started = newest.started_at.expect("started");
             assert!(started >= enqueued, "{key}: no run after its last enqueue");
         }
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         assert_eq!((counts[0].pending, counts[0].running), (0, 0));
     })
     .await;

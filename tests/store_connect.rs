@@ -38,7 +38,7 @@ async fn a_missing_sqlite_file_is_created_and_migrated() {
         .await
         .expect("connect");
     assert!(path.exists());
-    assert!(store.process_counts().await.expect("counts").is_empty());
+    assert!(store.process_counts_all().await.expect("counts").is_empty());
 }
 
 #[tokio::test]
@@ -205,7 +205,7 @@ async fn connections_carry_the_stores_application_name() {
     let name = format!("n{:06x}", rand::random::<u32>() >> 8);
     let options = StoreOptions::default().application_name(name.clone());
     let store = Store::connect_with(&url, &options).await.expect("connect");
-    store.process_counts().await.expect("a read");
+    store.process_counts_all().await.expect("a read");
     if cfg!(target_os = "linux") {
         let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
             .expect("/proc")

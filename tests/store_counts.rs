@@ -61,7 +61,7 @@ async fn real_counts(store: &Store) -> BTreeMap<&'static str, u64> {
 
 /// What the store's counts say for [`P`], in the same shape.
 async fn stored_counts(store: &Store) -> BTreeMap<&'static str, u64> {
-    let counts = store.process_counts().await.expect("counts");
+    let counts = store.process_counts_all().await.expect("counts");
     let c = counts.iter().find(|c| c.process == P).expect("P is known");
     [
         ("pending", c.pending),
@@ -261,7 +261,7 @@ async fn counts_of_a_state_no_item_is_in_are_zero_not_missing() {
             .items_delete_where(ItemsDelete::new(filter, "test"))
             .await
             .expect("delete");
-        let counts = store.process_counts().await.expect("counts");
+        let counts = store.process_counts_all().await.expect("counts");
         let c = &counts[0];
         assert_eq!(
             (c.pending, c.backoff, c.running, c.parked, c.idle),
@@ -291,7 +291,7 @@ async fn a_batch_over_two_processes_counts_each_process_once_per_key() {
             leases.extend(store.lease_claim(claim).await.expect("claim").leases);
         }
         let counts = |c: &drover::store::ProcessCounts| (c.pending, c.running, c.idle);
-        let now: Vec<_> = store.process_counts().await.expect("counts");
+        let now: Vec<_> = store.process_counts_all().await.expect("counts");
         assert_eq!(
             now.iter().map(counts).collect::<Vec<_>>(),
             [(5, 25, 0), (0, 20, 0)]
@@ -308,7 +308,7 @@ async fn a_batch_over_two_processes_counts_each_process_once_per_key() {
         let results = store.lease_complete_batch(&batch).await.expect("batch");
         assert!(results[..45].iter().all(Result::is_ok));
         assert!(results[45].is_err(), "a lease completed twice in one batch");
-        let now: Vec<_> = store.process_counts().await.expect("counts");
+        let now: Vec<_> = store.process_counts_all().await.expect("counts");
         assert_eq!(
             now.iter().map(counts).collect::<Vec<_>>(),
             [(5, 0, 25), (0, 0, 20)]
@@ -379,7 +379,7 @@ async fn counts_stay_exact_under_concurrent_writers() {
             async move {
                 let mut samples = 0_u32;
                 while !stop.is_cancelled() {
-                    let counts = store.process_counts().await.expect("counts");
+                    let counts = store.process_counts_all().await.expect("counts");
                     if let Some(c) = counts.iter().find(|c| c.process == P) {
                         let sum = c.pending + c.backoff + c.running + c.parked + c.idle;
                         assert!(sum <= KEYS, "{c:?}: more items counted than keys");

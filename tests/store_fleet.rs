@@ -60,7 +60,7 @@ fn lock(session: SessionId, key: &str) -> LeaseLock {
 }
 
 async fn pending(store: &Store) -> u64 {
-    let counts = store.process_counts().await.expect("counts");
+    let counts = store.process_counts_all().await.expect("counts");
     counts
         .iter()
         .find(|c| c.process == P)

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use drover::store::{
     HistoryActivity, ItemDelete, ItemGet, ItemPark, ItemRetry, ItemState, Outcome,
-    ProcessConfigure, PruneCursor, Retention, RetentionPrune, RunList, RunOutcome, Store,
-    StoreEngine as _, StoreError,
+    ProcessConfigure, ProcessPage, PruneCursor, Retention, RetentionPrune, RunList, RunOutcome,
+    Store, StoreEngine as _, StoreError,
 };
 use support::each_engine_and_pooler;
 use support::store::{P, claim, complete, enqueue, events, history, item, secs};
@@ -383,12 +383,17 @@ async fn activity_counts_the_runs_that_ended_within_the_window() {
         complete(&db.store, &leases[2], Outcome::Transient("x".into()))
             .await
             .expect("failed");
-        let window = HistoryActivity { window: secs(60) };
-        let activity = db.store.history_activity(window).await.expect("activity");
+        let window = HistoryActivity {
+            window: secs(60),
+            page: ProcessPage::first(10),
+        };
+        let activity = db.store.history_activity(window.clone()).await;
+        let activity = activity.expect("activity").items;
         assert_eq!(activity.len(), 1);
         assert_eq!((activity[0].finished, activity[0].failed), (2, 1));
         db.store.clock().advance(secs(120));
-        let activity = db.store.history_activity(window).await.expect("activity");
+        let activity = db.store.history_activity(window).await;
+        let activity = activity.expect("activity").items;
         assert_eq!((activity[0].finished, activity[0].failed), (0, 0));
     })
     .await;

@@ -280,7 +280,7 @@ async fn counts_report_each_state_and_the_oldest_pending_age() {
         db.store.clock().advance(Duration::from_millis(500));
         let later = ItemEnqueue::new(P, ["later"]).after(secs(60));
         db.store.item_enqueue(later).await.expect("enqueue");
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         let c = counts
             .iter()
             .find(|c| c.process == P)
@@ -362,7 +362,11 @@ async fn bad_keys_and_unknown_processes_are_rejected_and_nothing_is_written() {
             assert!(matches!(err, StoreError::InvalidKey { .. }), "{err}");
         }
         assert!(
-            db.store.process_counts().await.expect("counts").is_empty(),
+            db.store
+                .process_counts_all()
+                .await
+                .expect("counts")
+                .is_empty(),
             "nothing written"
         );
         let query = drover::store::RunList {
@@ -625,7 +629,7 @@ async fn an_enqueue_that_bypasses_the_backoff_clears_it_for_status_and_lock() {
             (ItemState::Pending, None, 1),
             "no longer backing off; the failure count is kept"
         );
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         assert_eq!((counts[0].pending, counts[0].backoff), (1, 0));
         let again = db.store.lease_lock(lock()).await.expect("lock takes it");
         assert_eq!(again.attempt, 2);

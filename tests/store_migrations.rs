@@ -195,7 +195,7 @@ async fn an_old_database_is_converted_to_known_keys_and_one_row_per_run() {
         assert!(c[0].failed());
         let d: Vec<_> = runs("d").await.iter().map(|r| r.outcome).collect();
         assert_eq!(d, [RunOutcome::Retried, RunOutcome::Deleted]);
-        let counts = store.process_counts().await.expect("counts");
+        let counts = store.process_counts_all().await.expect("counts");
         let c = &counts[0];
         assert_eq!(
             (c.pending + c.backoff, c.running, c.parked, c.idle),
@@ -292,7 +292,7 @@ async fn sqlite_items_rebuilt_for_a_cheap_state_check_keep_rows_counts_and_ids()
         check.contains("state = 'pending' OR state = 'running'"),
         "{check}"
     );
-    let counts = store.process_counts().await.expect("counts");
+    let counts = store.process_counts_all().await.expect("counts");
     let counted: Vec<_> = counts.iter().map(|c| (c.pending, c.parked)).collect();
     assert_eq!(counted, [(2, 1)], "{counts:?}");
     enqueue(&store, &["e"]).await;
@@ -312,7 +312,7 @@ async fn sqlite_items_rebuilt_for_a_cheap_state_check_keep_rows_counts_and_ids()
         .execute(&sqlite)
         .await;
     assert!(bogus.is_err(), "the state CHECK still holds");
-    let counts = store.process_counts().await.expect("counts");
+    let counts = store.process_counts_all().await.expect("counts");
     assert_eq!(
         counts[0].pending, 4,
         "{counts:?}: the triggers count the new rows"

@@ -124,7 +124,7 @@ async fn the_sql_enqueue_refuses_bad_names_and_writes_nothing() {
             assert!(message.contains("drover_enqueue"), "{message}");
             tx.rollback().await;
         }
-        let counts = db.store.process_counts().await.expect("counts");
+        let counts = db.store.process_counts_all().await.expect("counts");
         assert!(counts.is_empty(), "{counts:?}");
     })
     .await;
@@ -177,7 +177,7 @@ async fn the_sql_enqueue_on_sqlite_refuses_text_that_is_not_utf8_and_writes_noth
         error.contains("a key is text of 1 to 1024 bytes"),
         "{error}"
     );
-    let counts = db.store.process_counts().await.expect("counts");
+    let counts = db.store.process_counts_all().await.expect("counts");
     assert_eq!(
         counts.len(),
         1,

@@ -281,7 +281,10 @@ async fn bad_watches_are_refused_with_one_line_and_install_nothing() {
         db.execute("INSERT INTO machines VALUES ('m1', 'on', '')")
             .await;
         assert!(pending(&db, "m1").await, "the table survived the attempts");
-        assert_eq!(db.store.process_counts().await.expect("counts").len(), 1);
+        assert_eq!(
+            db.store.process_counts_all().await.expect("counts").len(),
+            1
+        );
     })
     .await;
 }
@@ -318,7 +321,7 @@ async fn names_with_quotes_semicolons_and_schemas_are_quoted_correctly() {
             assert_eq!(name, qualified);
             db.execute("INSERT INTO machines VALUES ('00000000-0000-0000-0000-000000000001', 'a')")
                 .await;
-            let counts = db.store.process_counts().await.expect("counts");
+            let counts = db.store.process_counts_all().await.expect("counts");
             assert!(counts.iter().any(|c| c.process == "uuids"), "{counts:?}");
         }
     })

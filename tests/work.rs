@@ -36,7 +36,7 @@ fn keys(n: usize) -> Vec<String> {
 
 /// (pending + backoff, running, parked) of the process.
 async fn counts(store: &Store) -> (u64, u64, u64) {
-    let all = store.process_counts().await.unwrap();
+    let all = store.process_counts_all().await.unwrap();
     all.iter()
         .find(|c| c.process == PROCESS)
         .map_or((0, 0, 0), |c| (c.pending + c.backoff, c.running, c.parked))

@@ -31,7 +31,7 @@ async fn enqueue(store: &Store, n: usize) {
 
 /// (pending + backoff, running) of the process.
 async fn counts(store: &Store) -> (u64, u64) {
-    let all = store.process_counts().await.expect("counts");
+    let all = store.process_counts_all().await.expect("counts");
     all.iter()
         .find(|c| c.process == PROCESS)
         .map_or((0, 0), |c| (c.pending + c.backoff, c.running))

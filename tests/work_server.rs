@@ -38,7 +38,7 @@ fn remote_worker(url: &str, exec: &str, flags: &[&str]) -> Child {
 }
 
 async fn counts(store: &Store) -> (u64, u64, u64) {
-    let all = store.process_counts().await.unwrap();
+    let all = store.process_counts_all().await.unwrap();
     all.iter()
         .find(|c| c.process == PROCESS)
         .map_or((0, 0, 0), |c| (c.pending + c.backoff, c.running, c.parked))

@@ -13,8 +13,23 @@ pub const MAX_CLAIM: u32 = 1000;
 /// The most completions one batch request carries.
 pub const MAX_COMPLETE_BATCH: usize = 4096;
 
-/// The most items or events one page holds.
+/// The most items, events, processes or sessions one page holds.
 pub const MAX_PAGE: u32 = 1000;
+
+/// How many processes `GET /v1/processes` (and the dashboard's overview)
+/// lists when no `limit` is given: a full page, because a server lets
+/// workers create at most `--max-processes` (1,000 by default) processes, so
+/// a client written before the list was paged, which reads one answer and
+/// knows no `next`, still sees every process of a server with default
+/// options.
+#[cfg(feature = "server")] // read by the server only
+pub(crate) const PROCESS_PAGE: u32 = MAX_PAGE;
+
+/// How many sessions `GET /v1/sessions` (and the workers page) lists when no
+/// `limit` is given: a screenful, as the triage's items; each session carries
+/// up to 100 leases, so a page stays small.
+#[cfg(feature = "server")] // read by the server only
+pub(crate) const SESSION_PAGE: u32 = 100;
 
 /// Milliseconds as a duration.
 #[cfg(feature = "server")] // read by the server only

@@ -49,12 +49,16 @@ pub use leases::{
 };
 pub use limits::{MAX_CLAIM, MAX_COMPLETE_BATCH, MAX_PAGE, MAX_TTL_MS};
 #[cfg(feature = "server")]
-pub(crate) use limits::{max_delay_ms, ms};
+pub(crate) use limits::{PROCESS_PAGE, SESSION_PAGE, max_delay_ms, ms};
+#[cfg(feature = "server")]
+pub(crate) use processes::ProcessListQuery;
 pub use processes::{ProcessList, ProcessSummary};
 #[cfg(feature = "server")]
 pub(crate) use runs::RunListQuery;
 pub use runs::{OutcomeName, RunBody, RunPage};
 pub use series::{DepthPointBody, RunBucketBody, SeriesBody};
+#[cfg(feature = "server")]
+pub(crate) use sessions::SessionListQuery;
 pub use sessions::{
     CloseResponse, HeartbeatResponse, HeldLeaseBody, SessionBody, SessionInfoBody, SessionListBody,
     SessionRequest,

@@ -48,9 +48,30 @@ impl ProcessSummary {
     }
 }
 
-/// Response of `GET /v1/processes`.
+/// Query of `GET /v1/processes` (and of the dashboard's overview): one page
+/// of the processes, by name.
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ProcessListQuery {
+    /// Where the previous page ended: its `next` (a process name; at most
+    /// 1024 bytes, without NUL).
+    #[param(max_length = 1024)]
+    pub(crate) after: Option<String>,
+    /// At most this many processes (1–1000, default 1000: a server lets
+    /// workers create 1,000 processes unless told otherwise, so a client that
+    /// reads one page still sees them all there).
+    #[param(minimum = 1, maximum = 1000)]
+    pub(crate) limit: Option<u32>,
+}
+
+/// Response of `GET /v1/processes`: one page of the known processes.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ProcessList {
-    /// Every known process, by name.
+    /// The page's processes, by name (byte order).
     pub processes: Vec<ProcessSummary>,
+    /// Pass as `after` for the next page; null on the last page (absent from
+    /// servers older than paging, which listed every process at once).
+    #[serde(default)]
+    pub next: Option<String>,
 }

@@ -50,11 +50,28 @@ pub struct HeldLeaseBody {
     pub token: Option<i64>,
 }
 
-/// Response of `GET /v1/sessions`.
+/// Query of `GET /v1/sessions` (and of the dashboard's workers page): one
+/// page of the sessions, oldest first.
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct SessionListQuery {
+    /// Where the previous page ended: its `next` (a session id).
+    pub(crate) after: Option<i64>,
+    /// At most this many sessions (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub(crate) limit: Option<u32>,
+}
+
+/// Response of `GET /v1/sessions`: one page of the sessions.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct SessionListBody {
-    /// Every session, oldest first.
+    /// The page's sessions, oldest (lowest id) first.
     pub sessions: Vec<SessionInfoBody>,
+    /// Pass as `after` for the next page; null on the last page (absent from
+    /// servers older than paging, which listed every session at once).
+    #[serde(default)]
+    pub next: Option<i64>,
 }
 
 #[cfg(feature = "server")] // built by the server only

@@ -30,7 +30,7 @@ pub async fn burn_down_limited(b: &StoreBench, limits: LimitChanges) -> Result<F
     let elapsed = drain(b, &process, b.keys).await?;
     let left = b
         .store
-        .process_counts()
+        .process_counts_all()
         .await?
         .into_iter()
         .find(|c| c.process == process)

@@ -82,7 +82,7 @@ async fn wait_running(b: &StoreBench, process: &str, child: &mut Child) -> Resul
     b.phase("waiting for the worker to hold every key", b.keys);
     let limit = Instant::now() + Duration::from_secs(60);
     loop {
-        let counts = b.store.process_counts().await?;
+        let counts = b.store.process_counts_all().await?;
         let running = counts
             .iter()
             .find(|c| c.process == process)

@@ -64,7 +64,7 @@ pub async fn enqueue_transactional(b: &StoreBench) -> Result<Vec<Figure>, BenchE
             let elapsed = start.elapsed();
             let pending = b
                 .store
-                .process_counts()
+                .process_counts_all()
                 .await?
                 .into_iter()
                 .find(|c| c.process == process)

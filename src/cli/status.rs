@@ -20,7 +20,8 @@ pub(crate) struct Args {
 /// age of the oldest ready item.
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let store = args.db.open().await?;
-    let counts = store.process_counts().await?;
+    // Every process, read a page at a time.
+    let counts = store.process_counts_all().await?;
     store.close().await;
     if args.json {
         let rows: Vec<_> = counts.iter().map(to_json).collect();

@@ -411,6 +411,33 @@ mod tests {
     }
 
     #[test]
+    fn the_process_and_session_lists_are_described_as_paged() {
+        let document = document();
+        for (path, body) in [
+            ("/v1/processes", "ProcessList"),
+            ("/v1/sessions", "SessionListBody"),
+        ] {
+            let operation = &document["paths"][path]["get"];
+            let parameters = operation["parameters"].as_array().expect("parameters");
+            let named = |name: &str| {
+                parameters
+                    .iter()
+                    .find(|p| p["name"] == name)
+                    .unwrap_or_else(|| panic!("{path} takes {name}"))
+            };
+            assert_eq!(named("after")["in"], "query", "{path}");
+            let limit = &named("limit")["schema"];
+            assert_eq!(
+                (&limit["minimum"], &limit["maximum"]),
+                (&json!(1), &json!(1000))
+            );
+            assert!(operation["responses"].get("400").is_some(), "{path}");
+            let next = &document["components"]["schemas"][body]["properties"]["next"];
+            assert!(next.is_object(), "{body} has a next: {next}");
+        }
+    }
+
+    #[test]
     fn without_tokens_no_operation_asks_for_authentication() {
         let text = |d: Value| d.to_string();
         assert!(text(document()).contains("\"security\""));

@@ -22,13 +22,13 @@ use super::fleet::{Claimed, ProcessPause};
 use super::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
+    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, PoolStats, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
-    TriagePage,
+    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, PoolStats, ProcessActivity,
+    ProcessCounts, ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session,
+    SessionId, SessionInfo, TriagePage,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch};
 
@@ -263,7 +263,10 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.session_close(params).await)
     }
 
-    async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
+    async fn session_list(
+        &self,
+        params: SessionList,
+    ) -> Result<Page<SessionInfo, SessionId>, StoreError> {
         dispatch!(self, s => s.session_list(params).await)
     }
 
@@ -371,7 +374,7 @@ impl StoreEngine for Store {
     async fn history_activity(
         &self,
         params: HistoryActivity,
-    ) -> Result<Vec<ProcessActivity>, StoreError> {
+    ) -> Result<Page<ProcessActivity>, StoreError> {
         dispatch!(self, s => s.history_activity(params).await)
     }
 
@@ -400,8 +403,8 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.depth_sample(params).await)
     }
 
-    async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
-        dispatch!(self, s => s.process_counts().await)
+    async fn process_counts(&self, page: ProcessPage) -> Result<Page<ProcessCounts>, StoreError> {
+        dispatch!(self, s => s.process_counts(page).await)
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {

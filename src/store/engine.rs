@@ -10,13 +10,13 @@ use super::fleet::{Claimed, ProcessPause};
 use super::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
+    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
-    TriagePage,
+    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
+    SessionInfo, TriagePage,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
@@ -73,13 +73,15 @@ pub trait StoreEngine: Send + Sync {
         session: super::types::SessionId,
     ) -> impl Future<Output = Result<Option<Option<String>>, StoreError>> + Send;
 
-    /// Every session, live or expired and not yet reclaimed, oldest first,
-    /// each with who runs it and the leases it holds: what the workers page
-    /// shows.
+    /// One page of the sessions, live or expired and not yet reclaimed,
+    /// oldest (lowest id) first, each with who runs it and the leases it
+    /// holds: what the workers page shows. A range of the sessions' key, so
+    /// every page costs the same; a session started or reclaimed between two
+    /// pages may show or not, as in any live listing.
     fn session_list(
         &self,
         params: SessionList,
-    ) -> impl Future<Output = Result<Vec<SessionInfo>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Page<SessionInfo, SessionId>, StoreError>> + Send;
 
     /// Enqueues keys with coalescing (DESIGN.md rule 2); all keys are validated
     /// first, so a bad key means nothing is written.
@@ -233,12 +235,14 @@ pub trait StoreEngine: Send + Sync {
         params: ItemsDelete,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Per known process, how many runs ended (converged / failed) within the
-    /// window: recent throughput and failure rate, from the history.
+    /// Per known process of one page (in name order, as
+    /// [`process_counts`](Self::process_counts) pages them), how many runs
+    /// ended (converged / failed) within the window: recent throughput and
+    /// failure rate, from the history.
     fn history_activity(
         &self,
         params: HistoryActivity,
-    ) -> impl Future<Output = Result<Vec<ProcessActivity>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Page<ProcessActivity>, StoreError>> + Send;
 
     /// A page of history (runs and operator actions), newest first.
     fn run_list(
@@ -283,10 +287,30 @@ pub trait StoreEngine: Send + Sync {
         params: DepthSample,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Counts per known process and state, with the oldest ready item's age.
-    /// Idle keys are not counted: counting them would read every known key.
-    fn process_counts(&self)
-    -> impl Future<Output = Result<Vec<ProcessCounts>, StoreError>> + Send;
+    /// Counts per known process and state, with the oldest ready item's age,
+    /// for one page of processes in name order: a range of the process
+    /// index, so a database with many processes is read a bounded number at
+    /// a time. Idle keys are not counted: counting them would read every
+    /// known key.
+    fn process_counts(
+        &self,
+        page: ProcessPage,
+    ) -> impl Future<Output = Result<Page<ProcessCounts>, StoreError>> + Send;
+
+    /// [`process_counts`](Self::process_counts) of every known process, in
+    /// name order, read a page of 1,000 at a time: for the callers that need
+    /// them all (`/metrics`, `drover status`). Each page is its own read, so
+    /// the pages are not one snapshot.
+    fn process_counts_all(
+        &self,
+    ) -> impl Future<Output = Result<Vec<ProcessCounts>, StoreError>> + Send {
+        super::rules::pages::every(|after| {
+            self.process_counts(ProcessPage {
+                after,
+                limit: super::rules::pages::WALK,
+            })
+        })
+    }
 
     /// Changes a process's settings (creating the process if unknown); the
     /// settings not given keep their values. They apply from then on, on every

@@ -119,9 +119,9 @@ pub use options::StoreOptions;
 pub use params::{
     BULK_BATCH, DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter,
     ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry,
-    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries,
-    ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList,
-    SessionStart, WorkerIdentity,
+    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage,
+    ProcessSeries, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
+    SessionList, SessionStart, WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -133,7 +133,7 @@ pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use transaction::StoreTx;
 pub use types::{
     DepthPoint, EnqueueReport, ErrorGroup, FencingToken, HeldLease, Item, ItemDetail, ItemState,
-    Lease, Outcome, PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor,
+    Lease, Outcome, Page, PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor,
     PruneReport, ReclaimReport, Resync, ResyncReport, Retention, Run, RunBucket, RunOutcome,
     Series, Session, SessionId, SessionInfo, TriagePage,
 };

@@ -194,12 +194,40 @@ pub struct ItemList {
     pub limit: u32,
 }
 
-/// Parameters of [`session_list`](super::StoreEngine::session_list).
+/// Parameters of [`session_list`](super::StoreEngine::session_list): one
+/// page of sessions in id order (oldest first), so a fleet of any size is
+/// listed a bounded number of rows at a time (DESIGN.md rule 13).
 #[derive(Debug, Clone, Copy)]
 pub struct SessionList {
+    /// Only sessions with a greater id: the previous page's
+    /// [`next`](super::Page::next); `None` for the first page.
+    pub after: Option<SessionId>,
+    /// At most this many sessions (0 reads one).
+    pub limit: u32,
     /// The most leases listed per session (their count is always given; 0
     /// reads no lease rows at all).
     pub leases_per_session: u32,
+}
+
+/// One page of processes in name order (byte order on both engines): the
+/// parameters of [`process_counts`](super::StoreEngine::process_counts) and
+/// the page of [`HistoryActivity`]. Each page is one range of the process
+/// index, so the last page costs what the first does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessPage {
+    /// Only processes named after this (the previous page's
+    /// [`next`](super::Page::next)); `None` for the first page.
+    pub after: Option<String>,
+    /// At most this many processes (0 reads one).
+    pub limit: u32,
+}
+
+impl ProcessPage {
+    /// The first page of at most `limit` processes.
+    #[must_use]
+    pub fn first(limit: u32) -> Self {
+        Self { after: None, limit }
+    }
 }
 
 /// Parameters of [`process_series`](super::StoreEngine::process_series).
@@ -454,10 +482,14 @@ pub struct ItemDelete {
 }
 
 /// Parameters of [`history_activity`](super::StoreEngine::history_activity).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct HistoryActivity {
     /// Count the runs that ended within this long before now.
     pub window: Duration,
+    /// Which processes: the same page as a
+    /// [`process_counts`](super::StoreEngine::process_counts) read gives the
+    /// same names, so the two join row for row.
+    pub page: ProcessPage,
 }
 
 /// Parameters of [`error_groups`](super::StoreEngine::error_groups).

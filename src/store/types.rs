@@ -547,6 +547,22 @@ pub struct DepthPoint {
     pub parked: u64,
 }
 
+/// One page of a list read in key order: the processes of
+/// [`process_counts`](super::StoreEngine::process_counts) and
+/// [`history_activity`](super::StoreEngine::history_activity) (by name), the
+/// sessions of [`session_list`](super::StoreEngine::session_list) (by id).
+/// Every list is read a page at a time (DESIGN.md rule 13): a caller that
+/// needs all of it follows `next`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T, A = String> {
+    /// The rows, in key order.
+    pub items: Vec<T>,
+    /// The last row's key, to pass as the next read's `after`, when more rows
+    /// follow; `None` on the last page (a full last page included: the read
+    /// looks one row ahead, so it never sends a caller to an empty page).
+    pub next: Option<A>,
+}
+
 /// One page of [`item_triage`](super::StoreEngine::item_triage).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriagePage {

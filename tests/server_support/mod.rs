@@ -176,15 +176,32 @@ impl Api {
         waited.unwrap_or_else(|_| panic!("{n} claims never waited on the server"));
     }
 
-    /// The counts of one process from `GET /v1/processes`.
+    /// The counts of one process from `GET /v1/processes`, following its
+    /// pages.
     pub(crate) async fn counts(&self, process: &str) -> Option<Value> {
-        let list = self.get_ok("/v1/processes").await;
-        list["processes"]
-            .as_array()
-            .expect("processes")
-            .iter()
+        self.every_page("/v1/processes", "processes")
+            .await
+            .into_iter()
             .find(|p| p["process"] == process)
-            .cloned()
+    }
+
+    /// Every entry of the list `field` that `GET {path}` answers a page at a
+    /// time, following each page's `next` (passed back as `after`,
+    /// percent-encoded) until a page has none.
+    pub(crate) async fn every_page(&self, path: &str, field: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut uri = path.to_owned();
+        loop {
+            let page = self.get_ok(&uri).await;
+            all.extend(page[field].as_array().expect("a list").iter().cloned());
+            let after = match &page["next"] {
+                Value::Null => return all,
+                Value::String(s) => segment(s),
+                other => other.to_string(),
+            };
+            let joiner = if path.contains('?') { '&' } else { '?' };
+            uri = format!("{path}{joiner}after={after}");
+        }
     }
 }
 

@@ -152,7 +152,7 @@ pub(crate) fn filler(prefix: &str, n: usize) -> Vec<String> {
 /// [`P`]'s stored counts.
 pub(crate) async fn p_counts(store: &Store) -> ProcessCounts {
     store
-        .process_counts()
+        .process_counts_all()
         .await
         .expect("counts")
         .into_iter()

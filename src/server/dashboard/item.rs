@@ -13,7 +13,9 @@ use crate::server::extract::PathParams;
 use crate::server::redact;
 use crate::server::role::Role;
 use crate::server::state::AppState;
-use crate::store::{Item, ItemGet, ItemState, Run, SessionInfo, SessionList, StoreEngine as _};
+use crate::store::{
+    Item, ItemGet, ItemState, Run, SessionId, SessionInfo, SessionList, StoreEngine as _,
+};
 
 /// Runs on an item page.
 const RUNS: u32 = 50;
@@ -43,15 +45,19 @@ pub(super) async fn item(
         }
     }
     let worker = match detail.item.lease_session {
+        // The one session from a page of one starting just before it: a seek,
+        // not a read of every session.
         Some(id) => {
             let sessions = state
                 .store
                 .session_list(SessionList {
+                    after: Some(SessionId(id.0.saturating_sub(1))),
+                    limit: 1,
                     leases_per_session: 0,
                 })
                 .await
                 .map_err(ApiError::from)?;
-            sessions.into_iter().find(|s| s.id == id)
+            sessions.items.into_iter().find(|s| s.id == id)
         }
         None => None,
     };

@@ -1,6 +1,6 @@
 //! The frame and the pieces every dashboard page shares: the page frame, how
-//! times and durations read, an error as a page, links to items, and a
-//! process's resync line.
+//! times and durations read, an error as a page, links to items and to a
+//! list's next page, and a process's resync line.
 
 use std::time::Duration;
 
@@ -38,6 +38,20 @@ pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
             }
         }
     }
+}
+
+/// The link to the next page of a list shown a page at a time: `base` with
+/// `after` (the page's `next`) and, when the page was asked for a size, that
+/// `limit`, every value percent-encoded (a process name may hold `&`, `#` or
+/// spaces), the whole escaped as an attribute by maud.
+pub(super) fn next_link(base: &str, limit: Option<u32>, after: &str) -> Markup {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("after", after);
+    if let Some(limit) = limit {
+        query.append_pair("limit", &limit.to_string());
+    }
+    let href = format!("{base}?{}", query.finish());
+    html! { a id="next" href=(href) { "next page" } }
 }
 
 /// A duration as `1h 2m 3s`, whole seconds.

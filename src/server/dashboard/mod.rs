@@ -2,16 +2,18 @@
 //! value, so a key like `<script>` shows as text), no JavaScript, refreshed by a
 //! `<meta http-equiv="refresh">`.
 //!
-//! - `/`: per process — pending, backoff, running, parked, oldest pending age,
-//!   runs finished and failed in the last five minutes — and a key search;
+//! - `/`: per process, a page of them by name with a link to the next —
+//!   pending, backoff, running, parked, oldest pending age, runs finished and
+//!   failed in the last five minutes — and a key search;
 //! - `/ui/processes/{process}`: its fleet controls (paused or not, its
 //!   concurrency and rate limits, with a Pause / Resume button for admins),
 //!   its resync, its charts (runs per minute by outcome and the sampled queue
 //!   depth over the last hour, inline SVG), its error groups (what its parked and
 //!   backing-off keys failed with, with "retry all", "park all" and "delete
 //!   all" buttons for admins) and its items, by state, paged;
-//! - `/ui/workers`: every session, who runs it, its heartbeat and deadline,
-//!   the leases it holds; expired ones shown as awaiting reclaim;
+//! - `/ui/workers`: the sessions, a page of them oldest first with a link to
+//!   the next, who runs each, its heartbeat and deadline, the leases it
+//!   holds; expired ones shown as awaiting reclaim;
 //! - `/ui/processes/{process}/items/{key}`: any known key (converged ones
 //!   included), its current run, its runs and last error, with retry and park
 //!   buttons for admins.

@@ -1,5 +1,5 @@
-//! `/`: every process with its counts, recent throughput and failures, and the
-//! key search (`/ui/search`).
+//! `/`: the processes, a page at a time, with their counts, recent
+//! throughput and failures, and the key search (`/ui/search`).
 
 use std::time::Duration;
 
@@ -8,8 +8,8 @@ use axum::response::{Html, Redirect};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::layout::{HtmlError, Resyncs, age, item_path, page, segment};
-use crate::api::ProcessSummary;
+use super::layout::{HtmlError, Resyncs, age, item_path, next_link, page, segment};
+use crate::api::{MAX_PAGE, PROCESS_PAGE, ProcessList, ProcessListQuery, ProcessSummary};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::QueryParams;
@@ -17,29 +17,42 @@ use crate::server::operations::process_summaries;
 use crate::server::state::AppState;
 use crate::store::StoreEngine as _;
 
-/// `/`: every process and the key search.
+/// `/`: one page of the processes (`after`, `limit` as `GET /v1/processes`
+/// takes them, a limit out of range brought within it as the process page
+/// does) and the key search.
 pub(super) async fn overview(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
+    QueryParams(mut query): QueryParams<ProcessListQuery>,
 ) -> Result<Html<String>, HtmlError> {
     auth?;
-    let processes = process_summaries(&state).await?;
+    let asked = query.limit.map(|l| l.clamp(1, MAX_PAGE));
+    query.limit = Some(asked.unwrap_or(PROCESS_PAGE));
+    let first = query.after.is_none();
+    let list = process_summaries(&state, query).await?;
     let settings = state.store.process_list().await.map_err(ApiError::from)?;
     let now = state.store.clock_now().await.map_err(ApiError::from)?;
     let resyncs = Resyncs {
         settings: &settings,
         now,
     };
-    Ok(Html(view(&processes, &resyncs).into_string()))
+    let next = list.next.as_deref().map(|n| next_link("/", asked, n));
+    Ok(Html(view(&list, first, next, &resyncs).into_string()))
 }
 
-/// The overview: one row per process, and the key search.
-fn view(processes: &[ProcessSummary], resyncs: &Resyncs<'_>) -> Markup {
+/// The overview: one row per process of the page, the link to the next page
+/// (`next`, when there is one), and the key search.
+fn view(list: &ProcessList, first: bool, next: Option<Markup>, resyncs: &Resyncs<'_>) -> Markup {
+    let processes = &list.processes;
     let body = html! {
         (search_form(processes))
         @if processes.is_empty() {
-            p { "No processes yet: enqueue keys with " code { "drover enqueue PROCESS KEY" } " or "
-                code { "POST /v1/processes/{process}/items" } "." }
+            @if first {
+                p { "No processes yet: enqueue keys with " code { "drover enqueue PROCESS KEY" } " or "
+                    code { "POST /v1/processes/{process}/items" } "." }
+            } @else {
+                p { "No more processes." }
+            }
         } @else {
             table id="processes" {
                 tr { th { "process" } th { "pending" } th { "backoff" } th { "running" } th { "parked" }
@@ -48,6 +61,7 @@ fn view(processes: &[ProcessSummary], resyncs: &Resyncs<'_>) -> Markup {
                 @for p in processes { (process_row(p, resyncs)) }
             }
         }
+        @if let Some(next) = next { (next) }
     };
     page("Processes", true, body)
 }
@@ -72,6 +86,8 @@ fn process_row(p: &ProcessSummary, resyncs: &Resyncs<'_>) -> Markup {
     }
 }
 
+/// The key search, over the processes of the page shown (a process of
+/// another page is reached from its page, or by `/ui/search?process=…`).
 fn search_form(processes: &[ProcessSummary]) -> Markup {
     html! {
         form action="/ui/search" method="get" {

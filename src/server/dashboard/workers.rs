@@ -1,43 +1,55 @@
-//! `/ui/workers`: every session — who runs it (component, host, pid,
-//! version), since when, its last heartbeat and deadline — and the leases it
-//! holds (key, since, fencing token); sessions past their deadline are shown
-//! as awaiting reclaim.
+//! `/ui/workers`: the sessions, a page at a time, oldest first — who runs
+//! each (component, host, pid, version), since when, its last heartbeat and
+//! deadline — and the leases it holds (key, since, fencing token); sessions
+//! past their deadline are shown as awaiting reclaim.
 
 use axum::extract::State;
 use axum::response::Html;
 use maud::{Markup, html};
 
 use super::item_path;
-use super::layout::{HtmlError, at, at_or_dash, page};
+use super::layout::{HtmlError, at, at_or_dash, next_link, page};
+use crate::api::{MAX_PAGE, SESSION_PAGE, SessionListQuery};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
-use crate::server::operations::LEASES_SHOWN;
+use crate::server::extract::QueryParams;
+use crate::server::operations::session_page;
 use crate::server::redact;
 use crate::server::state::AppState;
-use crate::store::{SessionInfo, SessionList, StoreEngine as _};
+use crate::store::SessionInfo;
 
-/// `/ui/workers`.
+/// `/ui/workers`: one page of the sessions (`after`, `limit` as `GET
+/// /v1/sessions` takes them, a limit out of range brought within it as the
+/// process page does).
 pub(super) async fn workers(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
+    QueryParams(mut query): QueryParams<SessionListQuery>,
 ) -> Result<Html<String>, HtmlError> {
     let shown = redact::shows_tokens(&auth?);
-    let sessions = state
-        .store
-        .session_list(SessionList {
-            leases_per_session: LEASES_SHOWN,
-        })
-        .await
-        .map_err(ApiError::from)?;
-    Ok(Html(view(&sessions, shown).into_string()))
+    let asked = query.limit.map(|l| l.clamp(1, MAX_PAGE));
+    query.limit = Some(asked.unwrap_or(SESSION_PAGE));
+    let first = query.after.is_none();
+    let sessions = session_page(&state, query).await?;
+    let next = sessions
+        .next
+        .map(|n| next_link("/ui/workers", asked, &n.to_string()));
+    Ok(Html(
+        view(&sessions.items, first, next, shown).into_string(),
+    ))
 }
 
-/// The page; fencing tokens only when `shown` (see `redact.rs`).
-fn view(sessions: &[SessionInfo], shown: bool) -> Markup {
+/// The page: its sessions, the link to the next page (`next`, when there is
+/// one); fencing tokens only when `shown` (see `redact.rs`).
+fn view(sessions: &[SessionInfo], first: bool, next: Option<Markup>, shown: bool) -> Markup {
     let body = html! {
         @if sessions.is_empty() {
-            p { "No sessions: no worker is running (start one with "
-                code { "drover work PROCESS --exec CMD" } ")." }
+            @if first {
+                p { "No sessions: no worker is running (start one with "
+                    code { "drover work PROCESS --exec CMD" } ")." }
+            } @else {
+                p { "No more sessions." }
+            }
         } @else {
             table id="workers" {
                 tr { th { "session" } th { "component" } th { "host" } th { "pid" } th { "version" }
@@ -45,6 +57,7 @@ fn view(sessions: &[SessionInfo], shown: bool) -> Markup {
                 @for s in sessions { (row(s, shown)) }
             }
         }
+        @if let Some(next) = next { (next) }
     };
     page("Workers", true, body)
 }

@@ -119,7 +119,8 @@ pub(crate) async fn method_not_allowed() -> ApiError {
 async fn read_store(store: &Store, families: &StoreFamilies) {
     let pool = store.pool_stats();
     families.set_pool(pool.idle, pool.size.saturating_sub(pool.idle), pool.max);
-    let counts = store.process_counts().await;
+    // Every process is a series: the counts are read a page at a time.
+    let counts = store.process_counts_all().await;
     families.clear_items();
     match counts {
         Ok(counts) => {

@@ -8,45 +8,46 @@ use axum::http::StatusCode;
 
 use crate::api::ErrorBody;
 use crate::api::{
-    CloseResponse, HeartbeatResponse, MAX_TTL_MS, SessionBody, SessionListBody, SessionRequest,
+    CloseResponse, HeartbeatResponse, MAX_TTL_MS, SessionBody, SessionListBody, SessionListQuery,
+    SessionRequest,
 };
 use crate::server::auth::{Authorized, Read, Work};
 use crate::server::error::ApiError;
-use crate::server::extract::{JsonBody, PathParams, session_id};
-use crate::server::operations::LEASES_SHOWN;
+use crate::server::extract::{JsonBody, PathParams, QueryParams, session_id};
+use crate::server::operations::session_page;
 use crate::server::redact;
 use crate::server::state::AppState;
 use crate::store::{
-    SessionClose, SessionHeartbeat, SessionList, SessionStart, StoreEngine as _, WorkerIdentity,
+    SessionClose, SessionHeartbeat, SessionStart, StoreEngine as _, WorkerIdentity,
 };
 
 /// The longest `component`, `host` or `version` a session may carry: labels
 /// for the workers page, not documents (every session is listed to viewers).
 const MAX_LABEL_BYTES: usize = 1024;
 
-/// Lists every session, live or expired and awaiting reclaim, oldest first:
-/// its component, host, pid and version (as the worker reported them), when
-/// it started and last heartbeated, its deadline, and the leases it holds
-/// (at most 100 listed, all counted).
+/// Lists the sessions, live or expired and awaiting reclaim, oldest first, a
+/// page at a time (pass the answer's `next` as `after` for the next page; it
+/// is null on the last): each one's component, host, pid and version (as
+/// the worker reported them), when it started and last heartbeated, its
+/// deadline, and the leases it holds (at most 100 listed, all counted).
 #[utoipa::path(
     get, operation_id = "list_sessions", path = "/v1/sessions", tag = "read",
     security(("bearer" = [])),
+    params(SessionListQuery),
     responses(
-        (status = 200, description = "Every session", body = SessionListBody),
+        (status = 200, description = "A page of the sessions", body = SessionListBody),
+        (status = 400, description = "Bad query parameter", body = ErrorBody),
     )
 )]
 pub(crate) async fn list(
     auth: Authorized<Read>,
     State(state): State<AppState>,
+    QueryParams(query): QueryParams<SessionListQuery>,
 ) -> Result<Json<SessionListBody>, ApiError> {
-    let sessions = state
-        .store
-        .session_list(SessionList {
-            leases_per_session: LEASES_SHOWN,
-        })
-        .await?;
+    let page = session_page(&state, query).await?;
     let body = SessionListBody {
-        sessions: sessions.into_iter().map(Into::into).collect(),
+        sessions: page.items.into_iter().map(Into::into).collect(),
+        next: page.next.map(|s| s.0),
     };
     Ok(Json(redact::sessions(body, redact::shows_tokens(&auth))))
 }

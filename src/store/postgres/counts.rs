@@ -10,8 +10,10 @@ use chrono::{DateTime, Utc};
 use super::engine::PostgresStore;
 use super::error::Db as _;
 use crate::store::StoreError;
+use crate::store::params::ProcessPage;
 use crate::store::rules::counts::CountsRow;
-use crate::store::types::ProcessCounts;
+use crate::store::rules::pages;
+use crate::store::types::{Page, ProcessCounts};
 
 /// Folds the appended deltas into the counts: one statement, so a reader sees
 /// them either as deltas or folded, never both, and two folds never fold the
@@ -23,12 +25,18 @@ INSERT INTO drover_item_counts AS c (process, state, n)
 SELECT process, state, sum(delta) FROM d GROUP BY process, state
 ON CONFLICT (process, state) DO UPDATE SET n = c.n + excluded.n";
 
-/// The stored counts of every known process, and its keys backing off at `$1`.
+/// The stored counts of one page of known processes (named after `$2`, at
+/// most `$3` of them: a range of the process key), and their keys backing
+/// off at `$1`; only the page's counts and deltas are read.
 const COUNTS: &str = "
-WITH c AS (
+WITH page AS (
+    SELECT process FROM drover_processes WHERE process > $2 ORDER BY process LIMIT $3),
+c AS (
     SELECT process, state, sum(n)::bigint AS n FROM (
         SELECT process, state, n FROM drover_item_counts
-        UNION ALL SELECT process, state, delta FROM drover_item_count_deltas) u
+            WHERE process IN (SELECT process FROM page)
+        UNION ALL SELECT process, state, delta FROM drover_item_count_deltas
+            WHERE process IN (SELECT process FROM page)) u
     GROUP BY process, state)
 SELECT p.process,
     COALESCE((SELECT n FROM c WHERE c.process = p.process AND c.state = 'pending'), 0) AS pending,
@@ -38,7 +46,7 @@ SELECT p.process,
     (SELECT count(*) FROM drover_items b WHERE b.process = p.process
          AND b.state = 'pending' AND b.backoff_until IS NOT NULL
          AND b.backoff_until > $1) AS backoff
-FROM drover_processes p ORDER BY p.process";
+FROM page p ORDER BY p.process";
 
 /// The earliest ready time at or before `$2` among process `$1`'s pending
 /// keys: the first entry of each priority in the claim index, priorities
@@ -65,20 +73,24 @@ pub(super) async fn fold(store: &PostgresStore) -> Result<(), StoreError> {
     tx.commit().await.db()
 }
 
-/// Counts per process without reading the backlog.
+/// Counts per process of one page without reading the backlog.
 pub(super) async fn process_counts(
     store: &PostgresStore,
-) -> Result<Vec<ProcessCounts>, StoreError> {
+    page: ProcessPage,
+) -> Result<Page<ProcessCounts>, StoreError> {
     fold(store).await?;
     let mut tx = store.read().await?;
     let now = store.now(&mut tx).await?;
     let rows: Vec<CountsRow> = sqlx::query_as(COUNTS)
         .bind(now)
+        .bind(page.after.unwrap_or_default())
+        .bind(pages::read_limit(page.limit))
         .fetch_all(&mut tx)
         .await
         .db()?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
+    let rows = pages::cut(rows, page.limit, |r| r.process.clone());
+    let mut out = Vec::with_capacity(rows.items.len());
+    for row in rows.items {
         let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(OLDEST)
             .bind(&row.process)
             .bind(now)
@@ -89,5 +101,8 @@ pub(super) async fn process_counts(
         out.push(row.into_counts(age));
     }
     tx.commit().await.db()?;
-    Ok(out)
+    Ok(Page {
+        items: out,
+        next: rows.next,
+    })
 }

@@ -22,16 +22,16 @@ use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
+    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use crate::store::rules::groups::act_where;
 use crate::store::rules::parts::complete_in_parts;
 use crate::store::rules::{resync, retention};
 use crate::store::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
-    TriagePage,
+    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
+    SessionInfo, TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -255,7 +255,10 @@ impl StoreEngine for PostgresStore {
         retry(self, || sessions::close(self, params.session)).await
     }
 
-    async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
+    async fn session_list(
+        &self,
+        params: SessionList,
+    ) -> Result<Page<SessionInfo, SessionId>, StoreError> {
         watched(self, sessions::list(self, params)).await
     }
 
@@ -349,7 +352,7 @@ impl StoreEngine for PostgresStore {
     async fn history_activity(
         &self,
         params: HistoryActivity,
-    ) -> Result<Vec<ProcessActivity>, StoreError> {
+    ) -> Result<Page<ProcessActivity>, StoreError> {
         watched(self, admin::activity(self, params)).await
     }
 
@@ -373,8 +376,8 @@ impl StoreEngine for PostgresStore {
         watched(self, series::depth_sample(self, params)).await
     }
 
-    async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
-        watched(self, counts::process_counts(self)).await
+    async fn process_counts(&self, page: ProcessPage) -> Result<Page<ProcessCounts>, StoreError> {
+        watched(self, counts::process_counts(self, page)).await
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {

@@ -9,9 +9,10 @@ use super::rows::duration_ms;
 use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
+use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
 use crate::store::text::clean_text;
-use crate::store::types::{ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
+use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
 pub(super) async fn start(
     store: &PostgresStore,
@@ -219,22 +220,27 @@ pub(super) async fn requeue(
     Ok(())
 }
 
-/// Every session with its first leases: one query for the sessions (each
-/// with its lease count from the lease index), one per session for its
-/// leases, oldest token first.
+/// One page of sessions with their first leases: one query for the sessions
+/// (a range of their key, each with its lease count from the lease index),
+/// one per session for its leases, oldest token first.
 pub(super) async fn list(
     store: &PostgresStore,
     params: SessionList,
-) -> Result<Vec<SessionInfo>, StoreError> {
+) -> Result<Page<SessionInfo, SessionId>, StoreError> {
     let mut tx = store.read().await?;
     let now = store.now(&mut tx).await?;
-    let sql = format!("SELECT {SESSION_COLUMNS} FROM drover_sessions s ORDER BY s.id");
+    let sql = format!(
+        "SELECT {SESSION_COLUMNS} FROM drover_sessions s WHERE s.id > $1 ORDER BY s.id LIMIT $2"
+    );
     let rows: Vec<SessionRow<DateTime<Utc>>> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(params.after.map_or(i64::MIN, |s| s.0))
+        .bind(pages::read_limit(params.limit))
         .fetch_all(&mut tx)
         .await
         .db()?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
+    let rows = pages::cut(rows, params.limit, |r| SessionId(r.id()));
+    let mut out = Vec::with_capacity(rows.items.len());
+    for row in rows.items {
         if params.leases_per_session == 0 {
             out.push(row.into_info(now, Vec::new()));
             continue;
@@ -251,7 +257,10 @@ pub(super) async fn list(
         out.push(row.into_info(now, held.into_iter().map(Into::into).collect()));
     }
     tx.commit().await.db()?;
-    Ok(out)
+    Ok(Page {
+        items: out,
+        next: rows.next,
+    })
 }
 
 /// The owner of `session`: `None` when there is no such session.

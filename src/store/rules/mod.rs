@@ -14,7 +14,7 @@
 //!   races a worker);
 //! - the background services' decisions: [`resync`], [`retention`];
 //! - what operators read: [`triage`], [`groups`], [`series`], [`counts`],
-//!   [`processes`];
+//!   [`processes`], and how every list is paged: [`pages`];
 //! - the rows both engines read and how their stored names decode: [`rows`],
 //!   [`decode`].
 //!
@@ -34,6 +34,7 @@ pub(crate) mod gate;
 pub(crate) mod groups;
 #[cfg(feature = "_engine")]
 pub(crate) mod holding;
+pub(crate) mod pages;
 #[cfg(feature = "_engine")]
 pub(crate) mod parts;
 #[cfg(feature = "_engine")]

@@ -10,8 +10,9 @@ use super::runs::log_action;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
 use crate::store::rules::admin::admit;
+use crate::store::rules::pages;
 use crate::store::text::clean_text;
-use crate::store::types::{Item, ProcessActivity, RunOutcome};
+use crate::store::types::{Item, Page, ProcessActivity, RunOutcome};
 use crate::store::{StoreError, error_signature};
 
 /// Validates the names, opens the write transaction and applies [`admit`];
@@ -141,29 +142,41 @@ async fn forget(
     log_action(conn, now, names, action, None).await
 }
 
+/// Runs ended since `?1` (not operator actions), converged and failed, per
+/// process of one page: those named after `?2`, at most `?3` (a range of the
+/// process key, then each process's runs since `?1`).
+pub(super) const ACTIVITY: &str = "
+SELECT p.process, COALESCE(SUM(r.outcome IN ('done', 'requeued')), 0),
+    COALESCE(SUM(r.outcome IN ('retry', 'parked')), 0)
+FROM (SELECT process FROM drover_processes WHERE process > ?2 ORDER BY process LIMIT ?3) p
+LEFT JOIN drover_runs r ON +r.process = p.process AND r.ended_at >= ?1 AND r.actor IS NULL
+GROUP BY p.process ORDER BY p.process";
+
+/// Recent runs per process, one page of processes.
 pub(super) async fn activity(
     store: &SqliteStore,
     params: HistoryActivity,
-) -> Result<Vec<ProcessActivity>, StoreError> {
+) -> Result<Page<ProcessActivity>, StoreError> {
     let now = store.now_ms(&store.pool).await?;
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT p.process, COALESCE(SUM(r.outcome IN ('done', 'requeued')), 0),
-             COALESCE(SUM(r.outcome IN ('retry', 'parked')), 0)
-         FROM drover_processes p LEFT JOIN drover_runs r ON +r.process = p.process
-             AND r.ended_at >= ?1 AND r.actor IS NULL
-         GROUP BY p.process ORDER BY p.process",
-    )
-    .bind(now.saturating_sub(duration_ms(params.window)))
-    .fetch_all(&store.pool)
-    .await
-    .db()?;
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(ACTIVITY)
+        .bind(now.saturating_sub(duration_ms(params.window)))
+        .bind(params.page.after.unwrap_or_default())
+        .bind(pages::read_limit(params.page.limit))
+        .fetch_all(&store.pool)
+        .await
+        .db()?;
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    Ok(rows
-        .into_iter()
-        .map(|(process, finished, failed)| ProcessActivity {
-            process,
-            finished: count(finished),
-            failed: count(failed),
-        })
-        .collect())
+    let rows = pages::cut(rows, params.page.limit, |(process, ..)| process.clone());
+    Ok(Page {
+        items: rows
+            .items
+            .into_iter()
+            .map(|(process, finished, failed)| ProcessActivity {
+                process,
+                finished: count(finished),
+                failed: count(failed),
+            })
+            .collect(),
+        next: rows.next,
+    })
 }

@@ -7,10 +7,14 @@ use std::time::Duration;
 use super::engine::SqliteStore;
 use super::error::Db as _;
 use crate::store::StoreError;
+use crate::store::params::ProcessPage;
 use crate::store::rules::counts::CountsRow;
-use crate::store::types::ProcessCounts;
+use crate::store::rules::pages;
+use crate::store::types::{Page, ProcessCounts};
 
-/// The stored counts of every known process, and its keys backing off at `?1`.
+/// The stored counts of one page of known processes (named after `?2`, at
+/// most `?3` of them: a range of the process key), and their keys backing
+/// off at `?1`.
 pub(super) const COUNTS: &str = "
 SELECT p.process,
     COALESCE((SELECT n FROM drover_item_counts c
@@ -24,7 +28,7 @@ SELECT p.process,
     (SELECT count(*) FROM drover_items b WHERE b.process = p.process
          AND b.state = 'pending' AND b.backoff_until IS NOT NULL
          AND b.backoff_until > ?1) AS backoff
-FROM drover_processes p ORDER BY p.process";
+FROM drover_processes p WHERE p.process > ?2 ORDER BY p.process LIMIT ?3";
 
 /// The earliest ready time at or before `?2` among process `?1`'s pending
 /// keys: the first entry of each priority in the claim index, priorities
@@ -42,16 +46,22 @@ SELECT min(first) FROM (
     FROM priorities WHERE priorities.p IS NOT NULL)
 WHERE first <= ?2";
 
-/// Counts per process without reading the backlog.
-pub(super) async fn process_counts(store: &SqliteStore) -> Result<Vec<ProcessCounts>, StoreError> {
+/// Counts per process of one page without reading the backlog.
+pub(super) async fn process_counts(
+    store: &SqliteStore,
+    page: ProcessPage,
+) -> Result<Page<ProcessCounts>, StoreError> {
     let now = store.now_ms(&store.pool).await?;
     let rows: Vec<CountsRow> = sqlx::query_as(COUNTS)
         .bind(now)
+        .bind(page.after.unwrap_or_default())
+        .bind(pages::read_limit(page.limit))
         .fetch_all(&store.pool)
         .await
         .db()?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
+    let rows = pages::cut(rows, page.limit, |r| r.process.clone());
+    let mut out = Vec::with_capacity(rows.items.len());
+    for row in rows.items {
         let oldest: Option<i64> = sqlx::query_scalar(OLDEST)
             .bind(&row.process)
             .bind(now)
@@ -61,5 +71,8 @@ pub(super) async fn process_counts(store: &SqliteStore) -> Result<Vec<ProcessCou
         let age = oldest.map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0)));
         out.push(row.into_counts(age));
     }
-    Ok(out)
+    Ok(Page {
+        items: out,
+        next: rows.next,
+    })
 }

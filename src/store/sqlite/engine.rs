@@ -15,16 +15,16 @@ use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
+    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use crate::store::rules::groups::act_where;
 use crate::store::rules::parts::complete_in_parts;
 use crate::store::rules::{resync, retention};
 use crate::store::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionInfo,
-    TriagePage,
+    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
+    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
+    SessionInfo, TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
@@ -170,7 +170,10 @@ impl StoreEngine for SqliteStore {
         sessions::close(self, params.session).await
     }
 
-    async fn session_list(&self, params: SessionList) -> Result<Vec<SessionInfo>, StoreError> {
+    async fn session_list(
+        &self,
+        params: SessionList,
+    ) -> Result<Page<SessionInfo, SessionId>, StoreError> {
         sessions::list(self, params).await
     }
 
@@ -256,7 +259,7 @@ impl StoreEngine for SqliteStore {
     async fn history_activity(
         &self,
         params: HistoryActivity,
-    ) -> Result<Vec<ProcessActivity>, StoreError> {
+    ) -> Result<Page<ProcessActivity>, StoreError> {
         admin::activity(self, params).await
     }
 
@@ -280,8 +283,8 @@ impl StoreEngine for SqliteStore {
         series::depth_sample(self, params).await
     }
 
-    async fn process_counts(&self) -> Result<Vec<ProcessCounts>, StoreError> {
-        counts::process_counts(self).await
+    async fn process_counts(&self, page: ProcessPage) -> Result<Page<ProcessCounts>, StoreError> {
+        counts::process_counts(self, page).await
     }
 
     async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {

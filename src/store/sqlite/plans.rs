@@ -348,6 +348,15 @@ async fn counts_read_the_small_indexes_not_the_backlog() {
 }
 
 #[tokio::test]
+async fn the_lists_read_one_page_as_a_range_of_their_key() {
+    let processes = "USING COVERING INDEX sqlite_autoindex_drover_processes_1 (process>?)";
+    assert_plan(super::counts::COUNTS, processes).await;
+    assert_plan(super::admin::ACTIVITY, processes).await;
+    let sessions = "SEARCH s USING INTEGER PRIMARY KEY (rowid>?)";
+    assert_plan(&super::sessions::list_sql(), sessions).await;
+}
+
+#[tokio::test]
 async fn the_runs_chart_reads_the_last_hour_by_end_time_not_every_run_of_the_process() {
     let step = "USING INDEX drover_runs_ended (ended_at>?)";
     assert_plan(super::series::RUNS, step).await;

@@ -8,9 +8,10 @@ use super::rows::{duration_ms, to_time};
 use super::runs::log_from_rows;
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
+use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
 use crate::store::text::clean_text;
-use crate::store::types::{ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
+use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
 pub(super) async fn start(
     store: &SqliteStore,
@@ -144,21 +145,23 @@ pub(super) async fn requeue(
     Ok(())
 }
 
-/// Every session with its first leases: one query for the sessions (each
-/// with its lease count from the lease index), one per session for its
-/// leases, oldest token first.
+/// One page of sessions with their first leases: one query for the sessions
+/// (a range of their key, each with its lease count from the lease index),
+/// one per session for its leases, oldest token first.
 pub(super) async fn list(
     store: &SqliteStore,
     params: SessionList,
-) -> Result<Vec<SessionInfo>, StoreError> {
+) -> Result<Page<SessionInfo, SessionId>, StoreError> {
     let now = store.now_ms(&store.pool).await?;
-    let sql = format!("SELECT {SESSION_COLUMNS} FROM drover_sessions s ORDER BY s.id");
-    let rows: Vec<SessionRow<i64>> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let rows: Vec<SessionRow<i64>> = sqlx::query_as(sqlx::AssertSqlSafe(list_sql()))
+        .bind(params.after.map_or(i64::MIN, |s| s.0))
+        .bind(pages::read_limit(params.limit))
         .fetch_all(&store.pool)
         .await
         .db()?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
+    let rows = pages::cut(rows, params.limit, |r| SessionId(r.id()));
+    let mut out = Vec::with_capacity(rows.items.len());
+    for row in rows.items {
         if params.leases_per_session == 0 {
             out.push(row.into_info(now, Vec::new()));
             continue;
@@ -174,7 +177,17 @@ pub(super) async fn list(
         .db()?;
         out.push(row.into_info(now, held.into_iter().map(Into::into).collect()));
     }
-    Ok(out)
+    Ok(Page {
+        items: out,
+        next: rows.next,
+    })
+}
+
+/// The sessions with an id above `?1`, at most `?2` of them, oldest first.
+pub(super) fn list_sql() -> String {
+    format!(
+        "SELECT {SESSION_COLUMNS} FROM drover_sessions s WHERE s.id > ?1 ORDER BY s.id LIMIT ?2"
+    )
 }
 
 /// The owner of `session`: `None` when there is no such session.
