@@ -320,3 +320,132 @@ async fn sqlite_items_rebuilt_for_a_cheap_state_check_keep_rows_counts_and_ids()
     let a = item(&store, "a").await.expect("a is known");
     assert_eq!(a.state, ItemState::Pending);
 }
+
+/// Migration 17 (SQLite): a watch made before it, whose table and key
+/// column were renamed since, is found and listed by its triggers, gains the
+/// triggers that see an `OR REPLACE` (written by the store as it migrates),
+/// and leaves its old name free for another table to be watched.
+#[tokio::test]
+async fn sqlite_watches_made_before_17_follow_renames_and_see_or_replace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (url, pool) = support::old_sqlite(dir.path(), "v16.db", "0017").await;
+    // A watch as drover made it before: a record and three triggers.
+    let enqueue = |row: &str| {
+        format!(
+            "INSERT INTO drover_enqueue (process, key) SELECT 'provision', \
+             CAST({row}.\"id\" AS TEXT) WHERE {row}.\"id\" IS NOT NULL;"
+        )
+    };
+    let old_watch = [
+        "CREATE TABLE machines (id TEXT PRIMARY KEY, serial TEXT UNIQUE)".to_owned(),
+        "INSERT INTO machines VALUES ('a', 's1')".to_owned(),
+        "INSERT INTO drover_watches (id, relation, process, key_column, columns, created_at) \
+         VALUES (1, 'machines', 'provision', 'id', NULL, 0)"
+            .to_owned(),
+        format!(
+            "CREATE TRIGGER \"drover_watch_1_insert\" AFTER INSERT ON \"machines\" BEGIN {} END",
+            enqueue("NEW")
+        ),
+        format!(
+            "CREATE TRIGGER \"drover_watch_1_update\" AFTER UPDATE ON \"machines\" BEGIN \
+             INSERT INTO drover_enqueue (process, key) SELECT 'provision', \
+             CAST(OLD.\"id\" AS TEXT) WHERE OLD.\"id\" IS NOT NULL AND OLD.\"id\" IS NOT \
+             NEW.\"id\"; {} END",
+            enqueue("NEW")
+        ),
+        format!(
+            "CREATE TRIGGER \"drover_watch_1_delete\" AFTER DELETE ON \"machines\" BEGIN {} END",
+            enqueue("OLD")
+        ),
+        "ALTER TABLE machines RENAME TO hosts".to_owned(),
+        "ALTER TABLE hosts RENAME COLUMN id TO ident".to_owned(),
+    ];
+    for sql in old_watch {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    pool.close().await;
+
+    let store = Store::connect(&url).await.expect("migrates to 17");
+    let listed = store.table_watches().await.expect("list");
+    let listed: Vec<_> = listed.iter().map(|w| (&*w.table, &*w.key_column)).collect();
+    assert_eq!(listed, [("hosts", "ident")], "as its triggers are now");
+    let sqlite = store.sqlite().expect("a SQLite store").pool().clone();
+    sqlx::query("INSERT OR REPLACE INTO hosts VALUES ('b', 's1')")
+        .execute(&sqlite)
+        .await
+        .expect("replace");
+    for key in ["a", "b"] {
+        let state = item(&store, key).await.map(|i| i.state);
+        assert_eq!(state, Some(ItemState::Pending), "{key}");
+    }
+    sqlx::query("CREATE TABLE machines (id TEXT)")
+        .execute(&sqlite)
+        .await
+        .expect("a new table under the old name");
+    let watch = drover::store::TableWatch::new("machines", P, "id");
+    store.table_watch(&watch).await.expect("watched on its own");
+    let unwatched = store.table_unwatch("hosts").await.expect("unwatch");
+    assert_eq!(unwatched.as_deref(), Some("hosts"));
+    store.close().await;
+}
+
+/// Migration 13 (PostgreSQL): the watches made before it are recorded by
+/// their tables' oids: one under the name it was watched under, and one whose
+/// table was renamed before the upgrade, by the one unrecorded trigger of
+/// this installation with its process and key column. Both are listed and
+/// unwatched under their tables' names now; one whose table is gone keeps
+/// its old name until unwatched.
+#[tokio::test]
+async fn postgres_watches_made_before_13_are_found_by_their_tables() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (url, schema) = support::postgres_schema(&base).await;
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    let (old, _dir) = support::migrations_before("postgres", "0013").await;
+    old.run(&pool).await.expect("migrate to 12");
+    let old_watches = [
+        "CREATE TABLE machines (id text)",
+        "CREATE TABLE racks (name text)",
+        "CREATE TABLE dropped (k text)",
+        "SELECT drover_watch('machines', 'provision', 'id')",
+        "SELECT drover_watch('racks', 'provision', 'name')",
+        "SELECT drover_watch('dropped', 'provision', 'k')",
+        "ALTER TABLE racks RENAME TO shelves",
+        "DROP TABLE dropped",
+    ];
+    for sql in old_watches {
+        sqlx::query(sql).execute(&pool).await.expect(sql);
+    }
+    let store = Store::connect(&url).await.expect("migrates to 13");
+    let listed = store.table_watches().await.expect("list");
+    let listed: Vec<_> = listed.iter().map(|w| w.table.clone()).collect();
+    let named = |table: &str| format!("{schema}.{table}");
+    assert_eq!(
+        listed,
+        [named("dropped"), named("machines"), named("shelves")]
+    );
+    for table in ["shelves", "machines"] {
+        let unwatched = store.table_unwatch(table).await.expect("unwatch");
+        assert_eq!(unwatched, Some(named(table)));
+    }
+    let forgotten = store
+        .table_unwatch(&named("dropped"))
+        .await
+        .expect("unwatch");
+    assert_eq!(forgotten, Some(named("dropped")));
+    assert!(store.table_watches().await.expect("list").is_empty());
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid IN ('machines'::regclass, 'shelves'::regclass)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("triggers");
+    assert_eq!(triggers, 0, "unwatched tables carry no trigger");
+    store.close().await;
+    pool.close().await;
+    support::drop_schema(&base, &schema).await;
+}

@@ -46,15 +46,21 @@ async fn drain(db: &TestDb) -> Vec<String> {
     keys
 }
 
-/// Whether `sql` succeeds on the store's pool.
-async fn succeeds(db: &TestDb, sql: &str) -> bool {
+/// The error `sql` fails with on the store's pool, or `None` if it succeeds.
+async fn failure(db: &TestDb, sql: &str) -> Option<String> {
     let sql = sqlx::AssertSqlSafe(sql.to_owned());
-    if let Some(pool) = db.store.postgres_pool() {
-        sqlx::query(sql).execute(pool).await.is_ok()
+    let result = if let Some(pool) = db.store.postgres_pool() {
+        sqlx::query(sql).execute(pool).await.map(drop)
     } else {
         let pool = db.store.sqlite_pool().expect("an engine");
-        sqlx::query(sql).execute(pool).await.is_ok()
-    }
+        sqlx::query(sql).execute(pool).await.map(drop)
+    };
+    result.err().map(|e| e.to_string())
+}
+
+/// Whether `sql` succeeds on the store's pool.
+async fn succeeds(db: &TestDb, sql: &str) -> bool {
+    failure(db, sql).await.is_none()
 }
 
 #[tokio::test]
@@ -167,6 +173,214 @@ async fn a_key_that_moves_is_seen_under_a_filter_and_a_truncate_enqueues_every_k
                 "unwatched, a truncate enqueues nothing"
             );
         }
+    })
+    .await;
+}
+
+/// `ALTER TABLE … RENAME` keeps the triggers on the table: the watch goes
+/// with it, is listed and unwatched under its new name, and the old name is
+/// free for another table to be watched.
+#[tokio::test]
+async fn a_renamed_table_stays_watched_under_its_new_name_and_can_be_unwatched() {
+    each_enqueue_path(|db| async move {
+        machines(&db).await;
+        let watch = TableWatch::new("machines", P, "id").columns(["wanted"]);
+        db.store.table_watch(&watch).await.expect("watch");
+        db.execute("ALTER TABLE machines RENAME TO hosts").await;
+        db.execute("INSERT INTO hosts VALUES ('h1', 'on', '')")
+            .await;
+        assert_eq!(drain(&db).await, ["h1"], "the triggers went with the table");
+        let listed = db.store.table_watches().await.expect("list");
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(listed[0].table.ends_with("hosts"), "{listed:?}");
+        refused(&db, TableWatch::new("hosts", P, "id"), "already watched").await;
+        assert_eq!(
+            db.store.table_unwatch("machines").await.expect("unwatch"),
+            None,
+            "no table is called machines now"
+        );
+        machines(&db).await;
+        db.store
+            .table_watch(&TableWatch::new("machines", "other", "id"))
+            .await
+            .expect("a new table under the old name is watched on its own");
+        let unwatched = db.store.table_unwatch("hosts").await.expect("unwatch");
+        assert!(
+            unwatched.is_some_and(|t| t.ends_with("hosts")),
+            "unwatched under its new name"
+        );
+        db.execute("INSERT INTO hosts VALUES ('h2', 'on', '')")
+            .await;
+        assert!(!pending(&db, "h2").await, "its triggers are gone");
+        db.store
+            .table_watch(&TableWatch::new("hosts", P, "id"))
+            .await
+            .expect("watched again");
+        db.execute("INSERT INTO hosts VALUES ('h3', 'on', '')")
+            .await;
+        assert_eq!(drain(&db).await, ["h3"]);
+        let listed = db.store.table_watches().await.expect("list");
+        let listed: Vec<_> = listed
+            .iter()
+            .map(|w| (w.table.rsplit('.').next().unwrap_or_default(), &*w.process))
+            .collect();
+        assert_eq!(listed, [("hosts", P), ("machines", "other")]);
+    })
+    .await;
+}
+
+/// PostgreSQL's triggers name the key column as it was: once it is renamed
+/// or dropped, a change of the table fails, saying what to do, rather than
+/// enqueueing nothing, and the listing names the columns gone. SQLite
+/// rewrites the triggers on a rename of a column (the watch follows it and
+/// is listed under the new names) and refuses to drop a column they use.
+#[tokio::test]
+async fn a_renamed_or_dropped_key_column_is_followed_or_fails_the_change_never_silently() {
+    each_enqueue_path(|db| async move {
+        db.execute("CREATE TABLE machines (id TEXT, wanted TEXT, note TEXT)")
+            .await;
+        let watch = TableWatch::new("machines", P, "id").columns(["wanted"]);
+        db.store.table_watch(&watch).await.expect("watch");
+        db.execute("INSERT INTO machines VALUES ('m1', 'on', '')")
+            .await;
+        assert_eq!(drain(&db).await, ["m1"]);
+        db.execute(r#"ALTER TABLE machines RENAME COLUMN id TO "i""d""#)
+            .await;
+        db.execute(r#"ALTER TABLE machines RENAME COLUMN wanted TO "want; ed""#)
+            .await;
+        let listed = db.store.table_watches().await.expect("list").remove(0);
+        let list = drover(&db, &["watch", "--list"]);
+        let list = String::from_utf8_lossy(&list.stdout);
+        if db.engine == "sqlite" {
+            assert_eq!(
+                (&*listed.key_column, &listed.columns[..], &listed.gone[..]),
+                ("i\"d", &["want; ed".to_owned()][..], &[][..]),
+                "listed as the triggers are now"
+            );
+            assert!(
+                list.contains("machines: i\"d -> provision (updates of want; ed)\n"),
+                "{list}"
+            );
+            db.execute("INSERT INTO machines VALUES ('m2', 'on', '')")
+                .await;
+            db.execute(r#"UPDATE machines SET "want; ed" = 'off' WHERE "i""d" = 'm1'"#)
+                .await;
+            db.execute("UPDATE machines SET note = 'filtered'").await;
+            assert_eq!(drain(&db).await, ["m1", "m2"], "the triggers followed");
+            let refusal = failure(&db, r#"ALTER TABLE machines DROP COLUMN "i""d""#)
+                .await
+                .expect("SQLite refuses to drop a column the triggers use");
+            assert!(refusal.contains("drover_watch_"), "{refusal}");
+            return;
+        }
+        assert_eq!(listed.gone, ["id", "wanted"], "{listed:?}");
+        assert!(
+            list.contains("gone from the table: id, wanted (run drover unwatch"),
+            "{list}"
+        );
+        let changes = [
+            "INSERT INTO machines VALUES ('m2', 'on', '')",
+            r#"UPDATE machines SET "want; ed" = 'off'"#,
+            "DELETE FROM machines",
+            "TRUNCATE machines",
+        ];
+        for change in changes {
+            let error = failure(&db, change).await;
+            let error = error.unwrap_or_else(|| panic!("{change} must fail, not enqueue nothing"));
+            assert!(
+                error.contains(
+                    r#"machines: key column "id" is gone (renamed or dropped); run drover unwatch "#
+                ),
+                "{change}: {error}"
+            );
+        }
+        assert!(
+            succeeds(&db, "UPDATE machines SET note = 'filtered'").await,
+            "an update the filter leaves out does not fire"
+        );
+        assert!(drain(&db).await.is_empty());
+        let unwatched = db.store.table_unwatch("machines").await.expect("unwatch");
+        assert!(unwatched.is_some());
+        let watch = TableWatch::new("machines", P, "i\"d");
+        db.store.table_watch(&watch).await.expect("watched again");
+        db.execute("INSERT INTO machines VALUES ('m3', 'on', '')")
+            .await;
+        assert_eq!(drain(&db).await, ["m3"]);
+        db.execute(r#"ALTER TABLE machines DROP COLUMN "i""d""#)
+            .await;
+        let error = failure(&db, "INSERT INTO machines VALUES ('on', '')").await;
+        let error = error.expect("a change of a table whose key column was dropped fails");
+        assert!(error.contains(r#"key column "i""d" is gone"#), "{error}");
+        let listed = db.store.table_watches().await.expect("list").remove(0);
+        assert_eq!(listed.gone, ["i\"d"]);
+    })
+    .await;
+}
+
+/// SQLite's `OR REPLACE` deletes the rows the new values collide with on a
+/// unique index without firing their delete trigger (the writer's
+/// `recursive_triggers` is off): their keys are enqueued before the change,
+/// whichever unique index (a collation's, the rowid, a WITHOUT ROWID
+/// table's key) they collide on, and an update does not count its own row.
+#[tokio::test]
+async fn an_or_replace_enqueues_the_keys_of_the_rows_it_deletes() {
+    each_enqueue_path(|db| async move {
+        if db.engine != "sqlite" {
+            return; // PostgreSQL has no OR REPLACE; its upsert is an update.
+        }
+        db.execute(
+            "CREATE TABLE machines (id TEXT PRIMARY KEY, serial TEXT COLLATE NOCASE UNIQUE, \
+             note TEXT)",
+        )
+        .await;
+        db.execute("INSERT INTO machines VALUES ('a', 's1', ''), ('b', 's2', '')")
+            .await;
+        let watch = TableWatch::new("machines", P, "id");
+        db.store.table_watch(&watch).await.expect("watch");
+        db.execute("INSERT OR REPLACE INTO machines VALUES ('c', 'S1', '')")
+            .await;
+        assert_eq!(drain(&db).await, ["a", "c"], "a was replaced by c");
+        db.execute("UPDATE OR REPLACE machines SET serial = 's2' WHERE id = 'c'")
+            .await;
+        assert_eq!(drain(&db).await, ["b", "c"], "b was replaced by c");
+        db.execute("REPLACE INTO machines VALUES ('d', 's2', '')")
+            .await;
+        assert_eq!(drain(&db).await, ["c", "d"]);
+        db.execute("UPDATE OR REPLACE machines SET note = 'x' WHERE id = 'd'")
+            .await;
+        assert_eq!(
+            drain(&db).await,
+            ["d"],
+            "an update collides not with itself"
+        );
+        db.execute("CREATE TABLE racks (n INTEGER PRIMARY KEY, name TEXT)")
+            .await;
+        db.execute("INSERT INTO racks VALUES (1, 'r1')").await;
+        let racks = TableWatch::new("racks", P, "name");
+        db.store.table_watch(&racks).await.expect("watch racks");
+        db.execute("INSERT OR REPLACE INTO racks VALUES (1, 'r2')")
+            .await;
+        assert_eq!(drain(&db).await, ["r1", "r2"], "on the rowid");
+        db.execute("CREATE TABLE slots (k TEXT PRIMARY KEY, u TEXT UNIQUE) WITHOUT ROWID")
+            .await;
+        db.execute("INSERT INTO slots VALUES ('x', 'u1'), ('y', 'u2')")
+            .await;
+        let slots = TableWatch::new("slots", P, "k");
+        db.store.table_watch(&slots).await.expect("watch slots");
+        db.execute("UPDATE OR REPLACE slots SET u = 'u2' WHERE k = 'x'")
+            .await;
+        assert_eq!(drain(&db).await, ["x", "y"], "WITHOUT ROWID");
+        db.execute("UPDATE OR REPLACE slots SET u = 'u2' WHERE k = 'x'")
+            .await;
+        assert_eq!(drain(&db).await, ["x"], "its own key only");
+        let unwatched = db.store.table_unwatch("machines").await.expect("unwatch");
+        assert!(unwatched.is_some());
+        db.execute("INSERT OR REPLACE INTO machines VALUES ('e', 's2', '')")
+            .await;
+        assert!(
+            drain(&db).await.is_empty(),
+            "unwatched: every trigger is gone"
+        );
     })
     .await;
 }

@@ -69,7 +69,9 @@ pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints one line per watched table.
+/// Prints one line per watched table, under its current name; a watch whose
+/// columns the table no longer has says which and how to mend it, rather
+/// than showing a stale column as if it were watched.
 async fn list(db: &DbArgs) -> anyhow::Result<()> {
     let store = db.open().await?;
     let result = store.table_watches().await;
@@ -80,8 +82,17 @@ async fn list(db: &DbArgs) -> anyhow::Result<()> {
         } else {
             format!(" (updates of {})", watch.columns.join(", "))
         };
+        let gone = if watch.gone.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; gone from the table: {} (run drover unwatch {}, then watch it again)",
+                watch.gone.join(", "),
+                watch.table
+            )
+        };
         println!(
-            "{}: {} -> {}{filter}",
+            "{}: {} -> {}{filter}{gone}",
             watch.table, watch.key_column, watch.process
         );
     }

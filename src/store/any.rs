@@ -224,14 +224,16 @@ impl Store {
         dispatch!(self, s => s.table_watch(watch).await)
     }
 
-    /// Stops watching `table` (named as for [`table_watch`](Self::table_watch)):
-    /// drops its triggers. The table's resolved name, or `None` when it was
-    /// not watched.
+    /// Stops watching `table` (named as for [`table_watch`](Self::table_watch),
+    /// by its name now: a watch follows its table through a rename): drops
+    /// its triggers. The table's resolved name, or `None` when it was not
+    /// watched.
     pub async fn table_unwatch(&self, table: &str) -> Result<Option<String>, StoreError> {
         dispatch!(self, s => s.table_unwatch(table).await)
     }
 
-    /// The watched tables, by name.
+    /// The watched tables, by their names now, each with the columns it names
+    /// that the table no longer has ([`TableWatch::gone`]).
     pub async fn table_watches(&self) -> Result<Vec<TableWatch>, StoreError> {
         dispatch!(self, s => s.table_watches().await)
     }

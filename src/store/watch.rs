@@ -7,6 +7,16 @@
 //! informer's delete event; an update that moves the key enqueues both keys.
 //! Combined with a periodic resync this is client-go's informer model:
 //! edge-triggered events plus a level-triggered resync, on the user's tables.
+//!
+//! A watch belongs to its table, not to the name it was made under: after an
+//! `ALTER TABLE … RENAME` it is listed, unwatched and refused as "already
+//! watched" under the new name (PostgreSQL records the table's oid, SQLite
+//! finds the triggers, which move with the table). A column renamed or
+//! dropped under a watch is never silently ignored: SQLite rewrites the
+//! triggers on a rename and refuses to drop a column they use; PostgreSQL's
+//! triggers fail the writer's change while the key column is gone, and the
+//! listing names it ([`TableWatch::gone`]). On SQLite, an `OR REPLACE` that
+//! deletes rows colliding on a unique index enqueues their keys too.
 
 /// One watch: which table, whose key column feeds which process.
 ///
@@ -16,7 +26,9 @@
 pub struct TableWatch {
     /// The table, as SQL names it: `machines`; on PostgreSQL also
     /// schema-qualified (`public.machines`) and quoted (`"Odd ""name"""`).
-    /// A listing shows the name the store resolved it to.
+    /// A listing shows the table's name now, wherever it was renamed since
+    /// (the watch goes with the table), or the name it was watched under
+    /// once the table is dropped.
     pub table: String,
     /// The process its keys are enqueued to.
     pub process: String,
@@ -27,6 +39,13 @@ pub struct TableWatch {
     /// When not empty, an update that changes none of these columns (named
     /// exactly) enqueues nothing; inserts and deletes always enqueue.
     pub columns: Vec<String>,
+    /// In a listing, the columns above that the table no longer has: renamed
+    /// or dropped since the watch was made. PostgreSQL's triggers name the
+    /// key column as it was, so while the key column is gone every change of
+    /// the table fails, saying so (rather than enqueueing nothing);
+    /// unwatching and watching again under the new name mends it. Ignored
+    /// when installing a watch.
+    pub gone: Vec<String>,
 }
 
 impl TableWatch {
@@ -42,6 +61,7 @@ impl TableWatch {
             process: process.into(),
             key_column: key_column.into(),
             columns: Vec::new(),
+            gone: Vec::new(),
         }
     }
 
@@ -55,20 +75,22 @@ impl TableWatch {
     }
 }
 
-/// A row of `drover_watches`: table, process, key column, filter columns.
+/// A listed watch: table, process, key column, filter columns, and those of
+/// its columns the table no longer has.
 #[cfg(feature = "_engine")]
-pub(crate) type WatchRow = (String, String, String, Vec<String>);
+pub(crate) type WatchRow = (String, String, String, Vec<String>, Vec<String>);
 
 #[cfg(feature = "_engine")]
 impl TableWatch {
     /// The watches listed by `rows`.
     pub(crate) fn listed(rows: Vec<WatchRow>) -> Vec<Self> {
         rows.into_iter()
-            .map(|(table, process, key_column, columns)| Self {
+            .map(|(table, process, key_column, columns, gone)| Self {
                 table,
                 process,
                 key_column,
                 columns,
+                gone,
             })
             .collect()
     }

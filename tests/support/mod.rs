@@ -262,12 +262,21 @@ async fn admin_execute(url: &str, sql: &str) {
     admin.close().await;
 }
 
-/// A fresh schema on the PostgreSQL server at `base`; panics if it is unreachable.
-pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
+/// A fresh, empty schema on the PostgreSQL server at `base` and a URL whose
+/// connections work in it; panics if the server is unreachable.
+pub(crate) async fn postgres_schema(base: &str) -> (String, String) {
     let schema = unique_name("drover_test");
     admin_execute(base, &format!("CREATE SCHEMA {schema}")).await;
     let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+    (
+        format!("{base}{sep}options=-c%20search_path%3D{schema}"),
+        schema,
+    )
+}
+
+/// A fresh schema on the PostgreSQL server at `base`; panics if it is unreachable.
+pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
+    let (url, schema) = postgres_schema(base).await;
     let store = Store::connect(&url).await.expect("connect to PostgreSQL");
     let db = TestDb::new(store, url, "postgres");
     (db, schema)

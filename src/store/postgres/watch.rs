@@ -1,7 +1,8 @@
 //! Table watching on PostgreSQL: the SQL functions `drover_watch` and
-//! `drover_unwatch` (migration 0006) resolve the name, check it, and install
-//! or drop the triggers that call `drover_enqueue`, so a program in any
-//! language can do the same with one `SELECT`.
+//! `drover_unwatch` (migrations 0006, 0010 and 0013) resolve the name, check
+//! it, and install or drop the triggers that call `drover_enqueue`, so a
+//! program in any language can do the same with one `SELECT`. A watch is
+//! recorded by its table's oid, so it follows the table through a rename.
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, map};
@@ -57,10 +58,32 @@ impl PostgresStore {
     }
 
     /// See [`Store::table_watches`](crate::store::Store::table_watches).
+    ///
+    /// A live watch (its table carries the trigger `drover_watch`) is listed
+    /// under its table's current name, with the columns it names that the
+    /// table no longer has; a watch whose table was dropped, under the name
+    /// it was watched under.
     pub(crate) async fn table_watches(&self) -> Result<Vec<TableWatch>, StoreError> {
+        /// Table, process, key column, filter columns (NULL: none), gone.
+        type Row = (String, String, String, Option<Vec<String>>, Vec<String>);
         let mut tx = self.read().await?;
-        let rows: Vec<(String, String, String, Option<Vec<String>>)> = sqlx::query_as(
-            "SELECT relation, process, key_column, columns FROM drover_watches ORDER BY relation",
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT CASE WHEN c.oid IS NULL THEN w.relation
+                             ELSE format('%I.%I', n.nspname, c.relname) END AS name,
+                        w.process, w.key_column, w.columns,
+                        ARRAY(SELECT DISTINCT col
+                              FROM unnest(array_prepend(w.key_column, w.columns)) AS col
+                              WHERE c.oid IS NOT NULL
+                                  AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                                  WHERE a.attrelid = c.oid AND a.attname = col
+                                                      AND a.attnum > 0 AND NOT a.attisdropped)
+                              ORDER BY col)
+                 FROM drover_watches w
+                 LEFT JOIN pg_class c ON c.oid = w.relid
+                     AND EXISTS (SELECT 1 FROM pg_trigger t
+                                 WHERE t.tgrelid = c.oid AND t.tgname = 'drover_watch')
+                 LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+                 ORDER BY name",
         )
         .fetch_all(&mut tx)
         .await
@@ -68,7 +91,7 @@ impl PostgresStore {
         tx.commit().await.db()?;
         let rows = rows
             .into_iter()
-            .map(|(t, p, k, c)| (t, p, k, c.unwrap_or_default()))
+            .map(|(t, p, k, c, gone)| (t, p, k, c.unwrap_or_default(), gone))
             .collect();
         Ok(TableWatch::listed(rows))
     }

@@ -217,6 +217,8 @@ where
 /// `BEGIN IMMEDIATE` transaction: SQLite has no migration lock of its own, so
 /// holding the write lock is what lets several processes start on a fresh file
 /// at once (the others wait on the busy timeout, then find the work done).
+/// Watches made before migration 17 get their `OR REPLACE` triggers in the
+/// same transaction, which SQL alone cannot write.
 async fn migrate_pool(pool: &SqlitePool, migrating: bool) -> Result<(), StoreError> {
     let migrator = migrate::sqlite();
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
@@ -233,6 +235,9 @@ async fn migrate_pool(pool: &SqlitePool, migrating: bool) -> Result<(), StoreErr
             .run_direct(None, &mut *tx, false)
             .await
             .map_err(|e| migrate::map_error(e, &migrator))?;
+        if found.unwrap_or(0) < super::watch::REPLACE_SEEN_FROM {
+            super::watch::upgrade(&mut tx).await?;
+        }
     }
     tx.commit().await.map_err(map)
 }
