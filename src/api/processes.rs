@@ -58,9 +58,9 @@ pub(crate) struct ProcessListQuery {
     /// 1024 bytes, without NUL).
     #[param(max_length = 1024)]
     pub(crate) after: Option<String>,
-    /// At most this many processes (1–1000, default 1000: a server lets
-    /// workers create 1,000 processes unless told otherwise, so a client that
-    /// reads one page still sees them all there).
+    /// At most this many processes (1–1000, default 1000: ten times the
+    /// processes a server lets workers create unless told otherwise, so a
+    /// client that reads one page sees them all on most servers).
     #[param(minimum = 1, maximum = 1000)]
     pub(crate) limit: Option<u32>,
 }

@@ -50,9 +50,10 @@ pub(crate) struct Args {
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
     max_body: usize,
-    /// The most processes workers' enqueues may create; an enqueue to a new
-    /// process over it is refused (422 too_many_processes).
-    #[arg(long, default_value_t = 1000, value_name = "N",
+    /// The most processes workers' enqueues may create (every process in the
+    /// database counts); an enqueue to a new process over it is refused (422
+    /// too_many_processes). Raise it for a fleet of more control loops.
+    #[arg(long, default_value_t = 100, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_processes: u32,
     /// The most claims that may wait for work at once (16 per session at

@@ -6,7 +6,7 @@
 //! enqueues to new names took `/metrics` from 93 KB to 74 MB. So an enqueue
 //! to a process the database does not hold yet is refused with 422
 //! `too_many_processes` once it holds the server's `max_processes`
-//! (default 1,000); enqueues to the processes it holds always go through.
+//! (default 100); enqueues to the processes it holds always go through.
 //! Operators (admin tokens) may still create processes through their
 //! settings. Several servers over one database each check the count they
 //! read, so a race may overshoot by a few.

@@ -34,7 +34,7 @@ impl Default for ServerOptions {
             sample_interval: Duration::from_secs(60),
             allowed_hosts: Vec::new(),
             max_waiting_claims: 10_000,
-            max_processes: 1_000,
+            max_processes: 100,
         }
     }
 }
@@ -147,9 +147,12 @@ impl ServerOptions {
         }
     }
 
-    /// The most processes a worker's enqueues may create (default 1,000; at
-    /// least 1). Each process costs rows, `/metrics` labels and a line on
-    /// every list, so a worker token must not make them without bound: once
+    /// The most processes a worker's enqueues may create (default 100; at
+    /// least 1). Each process costs rows, 35 series on `/metrics` (about
+    /// 2.9 KB) and a line on every list, so a worker token must not make them
+    /// without bound, and the default keeps `/metrics` within ten times what
+    /// ten processes give (`drover bench hostile`); a fleet of more control
+    /// loops raises it. Once
     /// the database holds this many, an enqueue to a new process name is
     /// refused with 422 `too_many_processes`. Enqueues to the processes it
     /// holds, and an operator's settings, are not limited.

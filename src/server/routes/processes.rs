@@ -15,7 +15,7 @@ use crate::server::state::AppState;
 /// `next` as `after` for the next page; it is null on the last), each with
 /// its item counts per state, the age of its oldest ready item, and its runs
 /// finished and failed in the last five minutes. Without `limit` a page holds
-/// 1000 processes: as many as a server lets workers create by default.
+/// 1000 processes: ten times what a server lets workers create by default.
 #[utoipa::path(
     get, operation_id = "list_processes", path = "/v1/processes", tag = "read",
     security(("bearer" = [])),
