@@ -213,3 +213,36 @@ async fn hostile_measures_metrics_growth_long_polls_and_an_exec_fan_out() {
     })
     .await;
 }
+
+/// A burn-down spread over node processes and process names drains every key
+/// (the scenario fails if any is left pending or running) on every engine,
+/// in this process and on two nodes, and on PostgreSQL says what the
+/// write-ahead log cost per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burn_down_spread_over_nodes_and_processes_drains_every_key() {
+    each_engine(|db| async move {
+        let drover = Path::new(env!("CARGO_BIN_EXE_drover"));
+        for nodes in [1, 2] {
+            let spread = bench::Spread {
+                nodes,
+                processes: 3,
+            };
+            let figure = bench::burn_down_spread(&small(&db, 300, 12), spread, drover)
+                .await
+                .expect("spread burn-down");
+            assert_figure(&figure, "burn_down", db.engine, &["keys_per_s"]);
+            assert_eq!(figure.get("nodes"), Some(nodes.to_string().as_str()));
+            assert_eq!(figure.get("processes"), Some("3"));
+            assert_eq!(
+                figure.get("runs_per_controller"),
+                Some((12 / (nodes * 3)).to_string().as_str())
+            );
+            let wal = figure.get("wal_bytes_per_key").map(str::parse::<f64>);
+            match db.engine {
+                "postgres" => assert!(wal.expect("WAL on PostgreSQL").unwrap() > 0.0, "{figure}"),
+                _ => assert!(wal.is_none(), "{figure}"),
+            }
+        }
+    })
+    .await;
+}

@@ -5,6 +5,7 @@ use super::Figure;
 use super::store::{
     BenchError, StoreBench, cleanup, drain, fill, fresh_process, idle_keys, per_s, settle,
 };
+use super::wal::WalMark;
 use crate::store::{LimitChanges, ProcessConfigure, StoreEngine as _};
 
 /// How many keys `backlog` drains from the front of each backlog.
@@ -27,7 +28,10 @@ pub async fn burn_down_limited(b: &StoreBench, limits: LimitChanges) -> Result<F
         b.store.process_configure(configure).await?;
     }
     fill(b, &process, b.keys).await?;
+    let wal = WalMark::now(&b.store).await?;
     let elapsed = drain(b, &process, b.keys).await?;
+    let figure = b.figure("burn_down", b.keys).with("prefetch", b.workers);
+    let mut figure = wal.per_key(&b.store, b.keys, figure).await?;
     let left = b
         .store
         .process_counts_all()
@@ -41,7 +45,6 @@ pub async fn burn_down_limited(b: &StoreBench, limits: LimitChanges) -> Result<F
             "{process} still has {left} keys to run after its burn-down"
         )));
     }
-    let mut figure = b.figure("burn_down", b.keys).with("prefetch", b.workers);
     if let Some(Some(n)) = limits.concurrency {
         figure = figure.with("concurrency", n);
     }

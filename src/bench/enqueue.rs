@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use super::Figure;
 use super::store::{BenchError, ENQUEUE_BATCH, StoreBench, batches, cleanup, fresh_process, per_s};
+use super::wal::WalMark;
 use crate::store::{ItemEnqueue, StoreEngine as _};
 
 /// Enqueues `keys` fresh keys in batches of [`ENQUEUE_BATCH`], `workers`
@@ -18,6 +19,7 @@ pub async fn enqueue(b: &StoreBench) -> Result<Figure, BenchError> {
     b.store.item_enqueue(warm).await?;
     let batches = Arc::new(batches(b.keys));
     b.phase("enqueueing", b.keys);
+    let wal = WalMark::now(&b.store).await?;
     let start = Instant::now();
     let producers: Vec<_> = (0..b.workers.max(1))
         .map(|first| {
@@ -36,8 +38,8 @@ pub async fn enqueue(b: &StoreBench) -> Result<Figure, BenchError> {
         producer.await.map_err(std::io::Error::other)??;
     }
     let elapsed = start.elapsed();
+    let figure = b.figure("enqueue", b.keys).with("batch", ENQUEUE_BATCH);
+    let figure = wal.per_key(&b.store, b.keys, figure).await?;
     cleanup(&b.store, &process).await?;
-    Ok(b.figure("enqueue", b.keys)
-        .with("batch", ENQUEUE_BATCH)
-        .with("keys_per_s", per_s(b.keys, elapsed)))
+    Ok(figure.with("keys_per_s", per_s(b.keys, elapsed)))
 }

@@ -20,8 +20,10 @@ mod hostile;
 mod latency;
 mod queue;
 mod recovery;
+mod spread;
 mod store;
 mod transactional;
+mod wal;
 
 pub use burn_down::{BACKLOG_FRONT, backlog, burn_down, burn_down_limited};
 #[cfg(feature = "server")]
@@ -33,5 +35,6 @@ pub use hostile::hostile;
 pub use latency::latency;
 pub use queue::{QueueCycle, queue_cycle};
 pub use recovery::recovery;
+pub use spread::{Spread, burn_down_node, burn_down_spread};
 pub use store::{BenchError, ENQUEUE_BATCH, StoreBench};
 pub use transactional::enqueue_transactional;

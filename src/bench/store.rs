@@ -61,6 +61,9 @@ pub enum BenchError {
     /// A child process could not be started or watched.
     #[error("child process: {0}")]
     Child(#[from] std::io::Error),
+    /// A node process of a spread burn-down did not start or failed.
+    #[error("node: {0}")]
+    Node(String),
     /// A request to the bench's own server failed or was refused.
     #[error("HTTP: {0}")]
     Http(String),

@@ -82,6 +82,14 @@ pub(crate) struct Args {
     /// ratio of the two.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     concurrency_limit: Option<u32>,
+    /// burn-down: drain with N operating-system processes (each this binary,
+    /// with its own connections) against the one database, W / N runs each.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    nodes: Option<u16>,
+    /// burn-down: spread the keys round-robin over M process names, one
+    /// controller per name (per node) with W / (N × M) runs each.
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u16).range(1..))]
+    processes: Option<u16>,
     /// burn-down: as --concurrency-limit, under a rate limit of this many
     /// runs per second (burst: one second's worth); with both, both at once.
     #[arg(long, value_name = "PER_S")]
@@ -89,6 +97,25 @@ pub(crate) struct Args {
 }
 
 impl Args {
+    /// How a burn-down is spread over nodes and process names, if asked.
+    fn spread(&self) -> anyhow::Result<Option<bench::Spread>> {
+        if self.nodes.is_none() && self.processes.is_none() {
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            self.scenario == Scenario::BurnDown,
+            "--nodes and --processes apply to burn-down"
+        );
+        anyhow::ensure!(
+            self.server.is_none() && self.concurrency_limit.is_none() && self.rate_limit.is_none(),
+            "--nodes and --processes drain on the database, without --server or fleet limits"
+        );
+        Ok(Some(bench::Spread {
+            nodes: self.nodes.map_or(1, usize::from),
+            processes: self.processes.map_or(1, usize::from),
+        }))
+    }
+
     /// The fleet limits of the limited burn-down, if any was asked for.
     fn limits(&self) -> anyhow::Result<Option<LimitChanges>> {
         if self.concurrency_limit.is_none() && self.rate_limit.is_none() {
@@ -151,6 +178,10 @@ enum Scenario {
     /// transactions per second, and `drover work --exec true` at
     /// parallelism W over N keys (defaults: N 5000, W 2000).
     Hostile,
+    /// One node of `burn-down --nodes`: its controllers on the process names
+    /// in DROVER_BENCH_PROCESSES, started at `go` on stdin, stopped at EOF.
+    #[value(hide = true)]
+    BurnDownNode,
 }
 
 impl Scenario {
@@ -163,6 +194,7 @@ impl Scenario {
             Self::Queue => 200_000,
             Self::Dashboard => 1_000_000,
             Self::Hostile => 5_000,
+            Self::BurnDownNode => 0,
         }
     }
 
@@ -173,6 +205,7 @@ impl Scenario {
             Self::Latency | Self::Recovery => vec![4],
             Self::Dashboard => vec![1],
             Self::Hostile => vec![2000],
+            Self::BurnDownNode => vec![1],
             Self::Queue => vec![1, 4, 16],
         }
     }
@@ -201,6 +234,14 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             .context("cannot open the store")?;
         Some(store)
     };
+    if args.scenario == Scenario::BurnDownNode {
+        let store = store.context("a node needs a store")?;
+        let names = std::env::var("DROVER_BENCH_PROCESSES")
+            .context("a burn-down node needs DROVER_BENCH_PROCESSES")?;
+        let names: Vec<String> = names.split(',').map(str::to_owned).collect();
+        bench::burn_down_node(store, &names, workers[0]).await?;
+        return Ok(());
+    }
     let server = match &args.server {
         None => None,
         Some(url) => {
@@ -243,6 +284,17 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let limits = args.limits()?;
+    if let Some(spread) = args.spread()? {
+        let store = store.as_ref().context("burn-down has a store")?;
+        let drover = std::env::current_exe().context("cannot find the drover binary")?;
+        for workers in workers {
+            let b = store_bench(&args, store, None, keys, workers);
+            let figure = bench::burn_down_spread(&b, spread, &drover).await;
+            b.progress.finish_and_clear();
+            print(&args, &tagged(&args, store, figure?));
+        }
+        return Ok(());
+    }
     for workers in workers {
         let figure = match &store {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
@@ -306,7 +358,7 @@ async fn store_figure(
             let drover = std::env::current_exe().context("cannot find the drover binary")?;
             bench::recovery(&b, &drover, args.ttl).await
         }
-        Scenario::Queue | Scenario::Dashboard | Scenario::Hostile => {
+        Scenario::Queue | Scenario::Dashboard | Scenario::Hostile | Scenario::BurnDownNode => {
             unreachable!("the queue, dashboard and hostile scenarios are run on their own")
         }
     };

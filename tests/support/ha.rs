@@ -97,6 +97,8 @@ impl Cluster {
         cluster.ctl(&[
             "start",
             "-w",
+            "-t",
+            START_WAIT_S,
             "-D",
             s(&primary),
             "-l",
@@ -131,6 +133,8 @@ impl Cluster {
         cluster.ctl(&[
             "start",
             "-w",
+            "-t",
+            START_WAIT_S,
             "-D",
             s(&standby),
             "-l",
@@ -338,6 +342,12 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// How long `pg_ctl start` waits for a server to accept connections, in
+/// seconds: its default of 60 ran out once on a machine busy with a build and
+/// a copy of a large directory (the primary's first start replays nothing, so
+/// only a starved machine takes that long).
+const START_WAIT_S: &str = "300";
 
 fn s(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 temporary path")

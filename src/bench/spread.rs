@@ -1,0 +1,240 @@
+//! `burn-down --nodes N --processes M` (issue 39): the same burn-down spread
+//! over M process names and N operating-system processes against one
+//! database, as a fleet outgrowing one machine runs it. The N node processes
+//! (the `drover` binary itself, `bench burn-down-node`) each run one
+//! controller per process name with W / (N × M) runs at once (at least one);
+//! with N = 1 they run in this process. Keys go round-robin to the names.
+//!
+//! A node says `ready` on its standard output once connected and its
+//! controllers built, starts them at `go` on its standard input, and stops
+//! them gracefully (every outcome written) when its standard input closes.
+//! The clock runs from `go` until the database holds none of the keys pending
+//! or running, read every 10 ms.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::process::{Child, Command};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Figure;
+use super::store::{
+    BenchError, StoreBench, Tally, cleanup, counting_controller, fill, fresh_process, per_s,
+    tick_progress,
+};
+use super::wal::WalMark;
+use crate::store::{Store, StoreEngine as _};
+
+/// How long a spread burn-down may take before it counts as failed.
+const LIMIT: Duration = Duration::from_secs(600);
+
+/// How a burn-down is spread.
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    /// Operating-system processes, each with its own connections.
+    pub nodes: usize,
+    /// Process names the keys are spread over.
+    pub processes: usize,
+}
+
+/// Fills `b.keys` keys round-robin over `spread.processes` fresh names, then
+/// drains them with `spread.nodes` node processes (`drover` is the binary);
+/// keys per second, with WAL per key on PostgreSQL.
+pub async fn burn_down_spread(
+    b: &StoreBench,
+    spread: Spread,
+    drover: &Path,
+) -> Result<Figure, BenchError> {
+    let base = fresh_process("burn_down");
+    let names: Vec<String> = (0..spread.processes.max(1))
+        .map(|i| format!("{base}_{i}"))
+        .collect();
+    let per_name = b.keys.div_ceil(names.len() as u64);
+    for (i, name) in names.iter().enumerate() {
+        let first = i as u64 * per_name;
+        let n = per_name.min(b.keys.saturating_sub(first));
+        fill(b, name, n).await?;
+    }
+    let workers = (b.workers / (spread.nodes.max(1) * names.len())).max(1);
+    let wal = WalMark::now(&b.store).await?;
+    let drained = if spread.nodes <= 1 {
+        drain_here(b, &names, workers).await
+    } else {
+        drain_on_nodes(b, &names, workers, spread.nodes, drover).await
+    };
+    let figure = b
+        .figure("burn_down", b.keys)
+        .with("nodes", spread.nodes.max(1))
+        .with("processes", names.len())
+        .with("runs_per_controller", workers);
+    let figure = wal.per_key(&b.store, b.keys, figure).await;
+    for name in &names {
+        cleanup(&b.store, name).await?;
+    }
+    Ok(figure?.with("keys_per_s", per_s(b.keys, drained?)))
+}
+
+/// One counting controller per name in this process, until every key ran.
+async fn drain_here(
+    b: &StoreBench,
+    names: &[String],
+    workers: usize,
+) -> Result<Duration, BenchError> {
+    b.phase("draining", b.keys);
+    let tally = Arc::new(Tally::default());
+    let stop = CancellationToken::new();
+    let start = Instant::now();
+    let mut running = JoinSet::new();
+    for name in names {
+        let controller = counting_controller(b.store.clone(), name, workers, &tally, b.keys, None)?;
+        running.spawn(controller.run(stop.clone()));
+    }
+    let ticker = tick_progress(b.progress.clone(), Arc::clone(&tally));
+    let reached = tokio::time::timeout(LIMIT, tally.reached.notified()).await;
+    stop.cancel();
+    while let Some(ended) = running.join_next().await {
+        ended.map_err(std::io::Error::other)??;
+    }
+    let elapsed = start.elapsed();
+    ticker.abort();
+    reached
+        .map_err(|_| BenchError::Timeout(format!("{} keys not drained in {LIMIT:?}", b.keys)))?;
+    Ok(elapsed)
+}
+
+/// `nodes` node processes, started together, until the database holds none
+/// of the keys pending or running.
+async fn drain_on_nodes(
+    b: &StoreBench,
+    names: &[String],
+    workers: usize,
+    nodes: usize,
+    drover: &Path,
+) -> Result<Duration, BenchError> {
+    b.phase("starting nodes", nodes as u64);
+    let mut children = Vec::with_capacity(nodes);
+    for _ in 0..nodes {
+        let mut child = Command::new(drover)
+            .args(["bench", "burn-down-node", "--db", &b.url])
+            .args(["--workers", &workers.to_string()])
+            .env("DROVER_BENCH_PROCESSES", names.join(","))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        match lines.next_line().await? {
+            Some(line) if line == "ready" => {}
+            other => {
+                return Err(BenchError::Node(format!(
+                    "a node did not start: it said {other:?}"
+                )));
+            }
+        }
+        children.push(child);
+        b.progress.inc(1);
+    }
+    b.phase("draining", b.keys);
+    let start = Instant::now();
+    for child in &mut children {
+        let stdin = child.stdin.as_mut().expect("piped");
+        stdin.write_all(b"go\n").await?;
+        stdin.flush().await?;
+    }
+    let drained = until_drained(b, &b.store, names, start).await;
+    let elapsed = start.elapsed();
+    stop_nodes(children).await?;
+    drained?;
+    Ok(elapsed)
+}
+
+/// Waits until none of `names`' keys is pending or running.
+async fn until_drained(
+    b: &StoreBench,
+    store: &Store,
+    names: &[String],
+    start: Instant,
+) -> Result<(), BenchError> {
+    loop {
+        let left: u64 = store
+            .process_counts_all()
+            .await?
+            .into_iter()
+            .filter(|c| names.contains(&c.process))
+            .map(|c| c.pending + c.backoff + c.running)
+            .sum();
+        b.progress.set_position(b.keys.saturating_sub(left));
+        if left == 0 {
+            return Ok(());
+        }
+        if start.elapsed() > LIMIT {
+            return Err(BenchError::Timeout(format!(
+                "{left} keys of {} not drained in {LIMIT:?}",
+                b.keys
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Closes every node's standard input (a graceful stop) and waits for them;
+/// a node that fails is an error.
+async fn stop_nodes(children: Vec<Child>) -> Result<(), BenchError> {
+    let mut failed = None;
+    for mut child in children {
+        drop(child.stdin.take());
+        let status = child.wait().await?;
+        if !status.success() {
+            failed = Some(status);
+        }
+    }
+    match failed {
+        Some(status) => Err(BenchError::Node(format!("a node failed: {status}"))),
+        None => Ok(()),
+    }
+}
+
+/// What a node process runs (`drover bench burn-down-node`): one counting
+/// controller per name in `names` with `workers` runs each, started at `go`
+/// on standard input and stopped gracefully when standard input closes.
+pub async fn burn_down_node(
+    store: Store,
+    names: &[String],
+    workers: usize,
+) -> Result<(), BenchError> {
+    let tally = Arc::new(Tally::default());
+    let mut controllers = Vec::with_capacity(names.len());
+    for name in names {
+        controllers.push(counting_controller(
+            store.clone(),
+            name,
+            workers,
+            &tally,
+            u64::MAX,
+            None,
+        )?);
+    }
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut stdout = tokio::io::stdout();
+    stdout.write_all(b"ready\n").await?;
+    stdout.flush().await?;
+    if lines.next_line().await?.as_deref() != Some("go") {
+        return Ok(());
+    }
+    let stop = CancellationToken::new();
+    let mut running = JoinSet::new();
+    for controller in controllers {
+        running.spawn(controller.run(stop.clone()));
+    }
+    while lines.next_line().await?.is_some() {}
+    stop.cancel();
+    while let Some(ended) = running.join_next().await {
+        ended.map_err(std::io::Error::other)??;
+    }
+    Ok(())
+}
