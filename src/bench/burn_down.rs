@@ -29,11 +29,8 @@ pub async fn burn_down_limited(b: &StoreBench, limits: LimitChanges) -> Result<F
     fill(b, &process, b.keys).await?;
     let elapsed = drain(b, &process, b.keys).await?;
     let left = b
-        .store
-        .process_counts_all()
+        .counts_of(&process)
         .await?
-        .into_iter()
-        .find(|c| c.process == process)
         .map_or(0, |c| c.pending + c.backoff + c.running + c.parked);
     cleanup(&b.store, &process).await?;
     if left > 0 {

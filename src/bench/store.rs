@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::Figure;
 use crate::client::Client;
 use crate::runner::{Action, ConfigError, Controller, Reconciler, RunError, Task};
-use crate::store::{ItemEnqueue, Store, StoreEngine as _, StoreError, WorkerBackend};
+use crate::store::{
+    ItemEnqueue, ProcessCounts, Store, StoreEngine as _, StoreError, WorkerBackend,
+};
 
 /// Keys per enqueue call when a scenario fills a backlog.
 pub const ENQUEUE_BATCH: usize = 10_000;
@@ -93,6 +95,16 @@ impl StoreBench {
         self.progress.set_message(message);
         self.progress.set_length(len);
         self.progress.set_position(0);
+    }
+
+    /// `process`'s counts as the store has them now (`None` for a process
+    /// it does not know): how a scenario sees what is left of its keys.
+    pub(crate) async fn counts_of(
+        &self,
+        process: &str,
+    ) -> Result<Option<ProcessCounts>, StoreError> {
+        let counts = self.store.process_counts_all().await?;
+        Ok(counts.into_iter().find(|c| c.process == process))
     }
 }
 
