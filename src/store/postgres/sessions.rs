@@ -5,26 +5,19 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::lineage;
-use super::rows::duration_ms;
 use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
-use crate::store::text::clean_text;
+use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
 pub(super) async fn start(
     store: &PostgresStore,
     params: &SessionStart,
 ) -> Result<Session, StoreError> {
-    let ttl_ms = duration_ms(params.ttl);
-    if ttl_ms < 1 {
-        return Err(StoreError::InvalidArgument(
-            "a session's ttl must be at least 1 ms".into(),
-        ));
-    }
-    let component = clean_text(&params.component).into_owned();
+    let new = NewSession::checked(params)?;
     let (mut tx, now) = store.write().await?;
     // The longest TTL ever started is kept apart (see `lineage`): a pause
     // after a fork covers it even if this session's row is lost with it.
@@ -39,20 +32,20 @@ pub(super) async fn start(
            WHERE longest_ttl_ms IS NULL OR longest_ttl_ms < $2)
          SELECT id, deadline FROM started",
     )
-    .bind(&component)
-    .bind(ttl_ms)
+    .bind(&new.component)
+    .bind(new.ttl_ms)
     .bind(now)
-    .bind(params.identity.host.as_deref().map(clean_text))
-    .bind(params.identity.pid.map(i64::from))
-    .bind(params.identity.version.as_deref().map(clean_text))
-    .bind(params.owner.as_deref())
+    .bind(new.host)
+    .bind(new.pid)
+    .bind(new.version)
+    .bind(new.owner)
     .fetch_one(&mut tx)
     .await
     .db()?;
     commit(tx).await?;
     Ok(Session {
         id: SessionId(id),
-        component,
+        component: new.component,
         ttl: params.ttl,
         deadline,
     })

@@ -11,6 +11,12 @@ use crate::store::StoreError;
 use crate::store::params::WorkerIdentity;
 use crate::store::types::{FencingToken, HeldLease, Item, Run, SessionId, SessionInfo};
 
+/// A duration as whole milliseconds, clamped to drover's maximum delay: how
+/// both engines store a delay, a TTL or a retention period.
+pub(crate) fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(crate::backoff::clamp_delay(d).as_millis()).unwrap_or(i64::MAX)
+}
+
 /// A time as an engine stores it.
 pub(crate) trait Stamp: Copy + Ord {
     /// The time it stands for.

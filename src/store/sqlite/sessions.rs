@@ -4,46 +4,40 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
-use super::rows::{duration_ms, to_time};
+use super::rows::to_time;
 use super::runs::log_from_rows;
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
-use crate::store::text::clean_text;
+use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
 pub(super) async fn start(
     store: &SqliteStore,
     params: SessionStart,
 ) -> Result<Session, StoreError> {
-    let ttl_ms = duration_ms(params.ttl);
-    if ttl_ms < 1 {
-        return Err(StoreError::InvalidArgument(
-            "a session's ttl must be at least 1 ms".into(),
-        ));
-    }
-    let component = clean_text(&params.component).into_owned();
+    let new = NewSession::checked(&params)?;
     let (mut tx, now) = store.write().await?;
     let (id, deadline): (i64, i64) = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
              host, pid, version, owner)
          VALUES (?1, ?2, ?3, ?3, ?3 + ?2, ?4, ?5, ?6, ?7) RETURNING id, deadline",
     )
-    .bind(&component)
-    .bind(ttl_ms)
+    .bind(&new.component)
+    .bind(new.ttl_ms)
     .bind(now)
-    .bind(params.identity.host.as_deref().map(clean_text))
-    .bind(params.identity.pid.map(i64::from))
-    .bind(params.identity.version.as_deref().map(clean_text))
-    .bind(params.owner.as_deref())
+    .bind(new.host)
+    .bind(new.pid)
+    .bind(new.version)
+    .bind(new.owner)
     .fetch_one(&mut *tx)
     .await
     .db()?;
     tx.commit().await.db()?;
     Ok(Session {
         id: SessionId(id),
-        component,
+        component: new.component,
         ttl: params.ttl,
         deadline: to_time(deadline),
     })
