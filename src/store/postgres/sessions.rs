@@ -9,7 +9,7 @@ use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
-use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
+use crate::store::rules::rows::{HeldLeases, HeldRow, SESSION_COLUMNS, SessionRow, session_page};
 use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
@@ -231,29 +231,27 @@ pub(super) async fn list(
         .fetch_all(&mut tx)
         .await
         .db()?;
-    let rows = pages::cut(rows, params.limit, |r| SessionId(r.id()));
-    let mut out = Vec::with_capacity(rows.items.len());
-    for row in rows.items {
-        if params.leases_per_session == 0 {
-            out.push(row.into_info(now, Vec::new()));
-            continue;
-        }
-        let held: Vec<HeldRow<DateTime<Utc>>> = sqlx::query_as(
+    let page = session_page(rows, &params, now, &mut tx).await?;
+    tx.commit().await.db()?;
+    Ok(page)
+}
+
+impl HeldLeases<DateTime<Utc>> for Tx {
+    async fn held(
+        &mut self,
+        session: i64,
+        n: u32,
+    ) -> Result<Vec<HeldRow<DateTime<Utc>>>, StoreError> {
+        sqlx::query_as(
             "SELECT process, key, started_at, lease_token FROM drover_items
              WHERE lease_session = $1 AND state = 'running' ORDER BY lease_token LIMIT $2",
         )
-        .bind(row.id())
-        .bind(i64::from(params.leases_per_session))
-        .fetch_all(&mut tx)
+        .bind(session)
+        .bind(i64::from(n))
+        .fetch_all(self)
         .await
-        .db()?;
-        out.push(row.into_info(now, held.into_iter().map(Into::into).collect()));
+        .db()
     }
-    tx.commit().await.db()?;
-    Ok(Page {
-        items: out,
-        next: rows.next,
-    })
 }
 
 /// The owner of `session`: `None` when there is no such session.
