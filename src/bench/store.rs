@@ -147,11 +147,7 @@ pub(crate) async fn fill(b: &StoreBench, process: &str, n: u64) -> Result<(), Be
 pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<(), BenchError> {
     let n = i64::try_from(n).unwrap_or(i64::MAX);
     if let Some(pool) = store.postgres_pool() {
-        // In a transaction, unnamed, VACUUM as a simple query: what a
-        // transaction-pooling PgBouncer lets through (see `bench … --db
-        // postgres://…?pool_mode=transaction`).
-        let mut tx = pool.begin().await?;
-        sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at,
                  first_enqueued_at, last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
              SELECT $1, 'key-' || lpad(g::text, 8, '0') || '-idle', 'idle', now(), now(), now(),
@@ -159,11 +155,8 @@ pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<()
              FROM generate_series(0, $2 - 1) g",
         )
         .bind(process)
-        .bind(n)
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        .bind(n);
+        through_bouncer(pool, insert).await?;
     } else if let Some(pool) = store.sqlite_pool() {
         sqlx::query(
             "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < ?2)
@@ -178,6 +171,20 @@ pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<()
         .await?;
     }
     Ok(())
+}
+
+/// Runs a set-up statement on PostgreSQL as a transaction-pooling PgBouncer
+/// lets it through (see `bench … --db postgres://…?pool_mode=transaction`):
+/// in a transaction of its own, unnamed (not prepared, since the next
+/// statement may reach another server connection). A VACUUM, which cannot
+/// run in a transaction, goes as a simple query instead.
+async fn through_bouncer(
+    pool: &sqlx::PgPool,
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    query.persistent(false).execute(&mut *tx).await?;
+    tx.commit().await
 }
 
 /// Lets the database settle what a scenario's set-up (and the scenarios
@@ -219,13 +226,8 @@ pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchErr
     for table in TABLES {
         if let Some(pool) = store.postgres_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = $1");
-            let mut tx = pool.begin().await?;
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(process)
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
+            let delete = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(process);
+            through_bouncer(pool, delete).await?;
         } else if let Some(pool) = store.sqlite_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = ?1");
             sqlx::query(sqlx::AssertSqlSafe(sql))
