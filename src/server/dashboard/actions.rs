@@ -12,8 +12,9 @@ use axum::extract::State;
 use axum::response::Redirect;
 use serde::Deserialize;
 
+use super::item_path;
 use super::layout::HtmlError;
-use super::{item_path, segment};
+use crate::api::path_segment;
 use crate::server::auth::{Authorized, Manage};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
@@ -89,7 +90,7 @@ pub(super) async fn group(
     auth?;
     let form: GroupForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ApiError::field("signature", format!("a form with a signature: {e}")))?;
-    let back = format!("/ui/processes/{}", segment(&process));
+    let back = format!("/ui/processes/{}", path_segment(&process));
     state.slow_reads.forget(&process);
     let filter = ItemFilter::new(process).error_signature(form.signature);
     let actor = Role::Admin.to_string();
@@ -142,7 +143,7 @@ async fn switched(
     paused: bool,
 ) -> Result<Redirect, HtmlError> {
     auth?;
-    let back = format!("/ui/processes/{}", segment(&process));
+    let back = format!("/ui/processes/{}", path_segment(&process));
     process_pause(state, process, paused).await?;
     Ok(Redirect::to(&back))
 }
