@@ -257,6 +257,22 @@ pub(crate) fn runs<T: Stamp>(rows: Vec<RunRow<T>>) -> Result<Vec<Run>, StoreErro
     rows.into_iter().map(RunRow::into_run).collect()
 }
 
+/// An item row with its id, for the keyset of
+/// [`item_triage`](crate::store::StoreEngine::item_triage).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct PagedRow<T> {
+    id: i64,
+    #[sqlx(flatten)]
+    item: ItemRow<T>,
+}
+
+impl<T: Stamp> PagedRow<T> {
+    /// The keyset id and the domain item as seen at `now`.
+    pub(crate) fn into_paged(self, now: T) -> Result<(i64, Item), StoreError> {
+        Ok((self.id, self.item.into_item(now)?))
+    }
+}
+
 /// A `drover_sessions` row as the workers page reads it, with its lease count.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct SessionRow<T> {
