@@ -276,6 +276,7 @@ pub struct ItemGet {
     pub runs_limit: u32,
 }
 
+#[cfg(feature = "_engine")]
 impl ItemGet {
     /// The runs an item's detail shows: the key's newest `runs_limit`.
     pub(crate) fn runs(&self) -> RunList {
