@@ -21,7 +21,7 @@ pub(super) async fn start(
     let (mut tx, now) = store.write().await?;
     // The longest TTL ever started is kept apart (see `lineage`): a pause
     // after a fork covers it even if this session's row is lost with it.
-    let (id, deadline): (i64, DateTime<Utc>) = sqlx::query_as(
+    let insert = sqlx::query_as(
         "WITH started AS (
            INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
                host, pid, version, owner)
@@ -31,17 +31,9 @@ pub(super) async fn start(
            UPDATE drover_lineage SET longest_ttl_ms = $2
            WHERE longest_ttl_ms IS NULL OR longest_ttl_ms < $2)
          SELECT id, deadline FROM started",
-    )
-    .bind(&new.component)
-    .bind(new.ttl_ms)
-    .bind(now)
-    .bind(new.host)
-    .bind(new.pid)
-    .bind(new.version)
-    .bind(new.owner)
-    .fetch_one(&mut tx)
-    .await
-    .db()?;
+    );
+    let (id, deadline): (i64, DateTime<Utc>) =
+        new.bind(insert, now).fetch_one(&mut tx).await.db()?;
     commit(tx).await?;
     Ok(Session {
         id: SessionId(id),

@@ -1,6 +1,8 @@
 //! A session's start as both engines check and store it: the TTL it must
 //! have and the texts cleaned before they are written.
 
+use sqlx::query::QueryAs;
+
 use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::SessionStart;
@@ -43,5 +45,34 @@ impl<'a> NewSession<'a> {
             version: cleaned(&params.identity.version),
             owner: params.owner.as_deref(),
         })
+    }
+
+    /// Binds the session's values to an engine's `INSERT INTO
+    /// drover_sessions` in the order both engines' statements take them:
+    /// the component (`1`), the TTL in milliseconds (`2`), the start `now`
+    /// (`3`, as the engine keeps times), then host, pid, version and owner
+    /// (`4`–`7`). The engines differ only in their SQL.
+    pub(crate) fn bind<'q, DB, O, T>(
+        &self,
+        query: QueryAs<'q, DB, O, DB::Arguments>,
+        now: T,
+    ) -> QueryAs<'q, DB, O, DB::Arguments>
+    where
+        DB: sqlx::Database,
+        T: 'q,
+        for<'t> T: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> String: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> Option<String>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> Option<i64>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        query
+            .bind(self.component.clone())
+            .bind(self.ttl_ms)
+            .bind(now)
+            .bind(self.host.clone())
+            .bind(self.pid)
+            .bind(self.version.clone())
+            .bind(self.owner.map(str::to_owned))
     }
 }

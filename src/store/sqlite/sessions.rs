@@ -20,21 +20,12 @@ pub(super) async fn start(
 ) -> Result<Session, StoreError> {
     let new = NewSession::checked(&params)?;
     let (mut tx, now) = store.write().await?;
-    let (id, deadline): (i64, i64) = sqlx::query_as(
+    let insert = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
              host, pid, version, owner)
          VALUES (?1, ?2, ?3, ?3, ?3 + ?2, ?4, ?5, ?6, ?7) RETURNING id, deadline",
-    )
-    .bind(&new.component)
-    .bind(new.ttl_ms)
-    .bind(now)
-    .bind(new.host)
-    .bind(new.pid)
-    .bind(new.version)
-    .bind(new.owner)
-    .fetch_one(&mut *tx)
-    .await
-    .db()?;
+    );
+    let (id, deadline): (i64, i64) = new.bind(insert, now).fetch_one(&mut *tx).await.db()?;
     tx.commit().await.db()?;
     Ok(Session {
         id: SessionId(id),
