@@ -25,6 +25,7 @@ mod health;
 mod items;
 mod leases;
 mod limits;
+mod path;
 mod processes;
 mod runs;
 mod series;
@@ -50,6 +51,7 @@ pub use leases::{
 pub use limits::{MAX_CLAIM, MAX_COMPLETE_BATCH, MAX_PAGE, MAX_TTL_MS};
 #[cfg(feature = "server")]
 pub(crate) use limits::{PROCESS_PAGE, SESSION_PAGE, max_delay_ms, ms};
+pub(crate) use path::path_segment;
 #[cfg(feature = "server")]
 pub(crate) use processes::ProcessListQuery;
 pub use processes::{ProcessList, ProcessSummary};

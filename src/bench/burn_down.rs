@@ -33,11 +33,8 @@ pub async fn burn_down_limited(b: &StoreBench, limits: LimitChanges) -> Result<F
     let figure = b.figure("burn_down", b.keys).with("prefetch", b.workers);
     let mut figure = wal.per_key(&b.store, b.keys, figure).await?;
     let left = b
-        .store
-        .process_counts_all()
+        .counts_of(&process)
         .await?
-        .into_iter()
-        .find(|c| c.process == process)
         .map_or(0, |c| c.pending + c.backoff + c.running + c.parked);
     cleanup(&b.store, &process).await?;
     if left > 0 {

@@ -127,32 +127,48 @@ async fn build(store: &Store, process: &str, items: u64) -> Result<Vec<i64>, Ben
         i64::try_from(items).unwrap_or(i64::MAX),
         i64::try_from(items * RUNS_PER_ITEM).unwrap_or(i64::MAX),
     );
+    let values = (process, items, runs, first);
     if let Some(pool) = store.postgres_pool() {
-        for sql in POSTGRES {
-            let q = sqlx::query(sql)
-                .bind(process)
-                .bind(items)
-                .bind(runs)
-                .bind(first);
-            q.execute(pool).await?;
-        }
-        sqlx::query("VACUUM ANALYZE drover_items, drover_runs")
-            .execute(pool)
-            .await?;
+        write(
+            pool,
+            &POSTGRES,
+            values,
+            "VACUUM ANALYZE drover_items, drover_runs",
+        )
+        .await?;
     } else if let Some(pool) = store.sqlite_pool() {
-        for sql in SQLITE {
-            let q = sqlx::query(sql)
-                .bind(process)
-                .bind(items)
-                .bind(runs)
-                .bind(first);
-            q.execute(pool).await?;
-        }
-        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-            .execute(pool)
-            .await?;
+        write(pool, &SQLITE, values, "PRAGMA wal_checkpoint(TRUNCATE)").await?;
     }
     Ok(sessions)
+}
+
+/// Runs an engine's statements of the data set on `pool`, each bound to
+/// `values` (process, items, runs, first session), then `after` (what makes
+/// the engine's reads of it representative): the same steps on either
+/// engine, only the SQL differs.
+async fn write<DB>(
+    pool: &sqlx::Pool<DB>,
+    statements: &[&'static str],
+    (process, items, runs, first): (&str, i64, i64, i64),
+    after: &'static str,
+) -> Result<(), sqlx::Error>
+where
+    DB: sqlx::Database,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    for sql in statements {
+        let q = sqlx::query(*sql)
+            .bind(process)
+            .bind(items)
+            .bind(runs)
+            .bind(first);
+        q.execute(pool).await?;
+    }
+    sqlx::query(after).execute(pool).await?;
+    Ok(())
 }
 
 /// The pages measured, by name, for a process.

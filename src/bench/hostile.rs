@@ -332,11 +332,8 @@ async fn exec_fanout(b: &StoreBench, drover: &Path) -> Result<Figure, BenchError
         .spawn()?;
     let drained = loop {
         let left = b
-            .store
-            .process_counts_all()
+            .counts_of(&process)
             .await?
-            .into_iter()
-            .find(|c| c.process == process)
             .map_or(0, |c| c.pending + c.backoff + c.running);
         b.progress.set_position(b.keys.saturating_sub(left));
         if left == 0 {

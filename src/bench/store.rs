@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::Figure;
 use crate::client::Client;
 use crate::runner::{Action, ConfigError, Controller, Reconciler, RunError, Task};
-use crate::store::{ItemEnqueue, Store, StoreEngine as _, StoreError, WorkerBackend};
+use crate::store::{
+    ItemEnqueue, ProcessCounts, Store, StoreEngine as _, StoreError, WorkerBackend,
+};
 
 /// Keys per enqueue call when a scenario fills a backlog.
 pub const ENQUEUE_BATCH: usize = 10_000;
@@ -97,6 +99,16 @@ impl StoreBench {
         self.progress.set_length(len);
         self.progress.set_position(0);
     }
+
+    /// `process`'s counts as the store has them now (`None` for a process
+    /// it does not know): how a scenario sees what is left of its keys.
+    pub(crate) async fn counts_of(
+        &self,
+        process: &str,
+    ) -> Result<Option<ProcessCounts>, StoreError> {
+        let counts = self.store.process_counts_all().await?;
+        Ok(counts.into_iter().find(|c| c.process == process))
+    }
 }
 
 /// A process name no other run uses, so scenarios can share any database.
@@ -138,11 +150,7 @@ pub(crate) async fn fill(b: &StoreBench, process: &str, n: u64) -> Result<(), Be
 pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<(), BenchError> {
     let n = i64::try_from(n).unwrap_or(i64::MAX);
     if let Some(pool) = store.postgres_pool() {
-        // In a transaction, unnamed, VACUUM as a simple query: what a
-        // transaction-pooling PgBouncer lets through (see `bench … --db
-        // postgres://…?pool_mode=transaction`).
-        let mut tx = pool.begin().await?;
-        sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at,
                  first_enqueued_at, last_enqueued_at, enqueue_count, last_outcome, last_ended_at)
              SELECT $1, 'key-' || lpad(g::text, 8, '0') || '-idle', 'idle', now(), now(), now(),
@@ -150,11 +158,8 @@ pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<()
              FROM generate_series(0, $2 - 1) g",
         )
         .bind(process)
-        .bind(n)
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        .bind(n);
+        through_bouncer(pool, insert).await?;
     } else if let Some(pool) = store.sqlite_pool() {
         sqlx::query(
             "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < ?2)
@@ -169,6 +174,20 @@ pub(crate) async fn idle_keys(store: &Store, process: &str, n: u64) -> Result<()
         .await?;
     }
     Ok(())
+}
+
+/// Runs a set-up statement on PostgreSQL as a transaction-pooling PgBouncer
+/// lets it through (see `bench … --db postgres://…?pool_mode=transaction`):
+/// in a transaction of its own, unnamed (not prepared, since the next
+/// statement may reach another server connection). A VACUUM, which cannot
+/// run in a transaction, goes as a simple query instead.
+async fn through_bouncer(
+    pool: &sqlx::PgPool,
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    query.persistent(false).execute(&mut *tx).await?;
+    tx.commit().await
 }
 
 /// Lets the database settle what a scenario's set-up (and the scenarios
@@ -210,13 +229,8 @@ pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchErr
     for table in TABLES {
         if let Some(pool) = store.postgres_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = $1");
-            let mut tx = pool.begin().await?;
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(process)
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
+            let delete = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(process);
+            through_bouncer(pool, delete).await?;
         } else if let Some(pool) = store.sqlite_pool() {
             let sql = format!("DELETE FROM {table} WHERE process = ?1");
             sqlx::query(sqlx::AssertSqlSafe(sql))

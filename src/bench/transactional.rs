@@ -63,11 +63,8 @@ pub async fn enqueue_transactional(b: &StoreBench) -> Result<Vec<Figure>, BenchE
             }
             let elapsed = start.elapsed();
             let pending = b
-                .store
-                .process_counts_all()
+                .counts_of(&process)
                 .await?
-                .into_iter()
-                .find(|c| c.process == process)
                 .map_or(0, |c| c.pending + c.backoff);
             cleanup(&b.store, &process).await?;
             if pending != keys {

@@ -12,6 +12,7 @@ use drover::store::{LimitChanges, Store, StoreOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::db::parse_duration;
+use super::server_args::ServerArgs;
 
 /// Arguments of `drover bench`.
 #[derive(Debug, ClapArgs)]
@@ -63,19 +64,8 @@ pub(crate) struct Args {
     /// Print one JSON object per figure instead of `BENCH …` lines.
     #[arg(long)]
     json: bool,
-    /// burn-down and backlog: also drain through this drover server (a
-    /// `drover serve` on the same database), the same controller over HTTP;
-    /// its figure (`backend=server`) follows the direct one.
-    #[arg(long, value_name = "URL")]
-    server: Option<String>,
-    /// The bearer token for --server.
-    #[arg(
-        long,
-        env = "DROVER_TOKEN",
-        hide_env_values = true,
-        requires = "server"
-    )]
-    token: Option<String>,
+    #[command(flatten)]
+    remote: ServerArgs,
     /// burn-down: after the unlimited figure, drain the same number of keys
     /// again under a cluster-wide concurrency limit of N (prefetched leases
     /// count as running, so N above 2 × workers does not bind), and print the
@@ -107,7 +97,9 @@ impl Args {
             "--nodes and --processes apply to burn-down"
         );
         anyhow::ensure!(
-            self.server.is_none() && self.concurrency_limit.is_none() && self.rate_limit.is_none(),
+            self.remote.server.is_none()
+                && self.concurrency_limit.is_none()
+                && self.rate_limit.is_none(),
             "--nodes and --processes drain on the database, without --server or fleet limits"
         );
         Ok(Some(bench::Spread {
@@ -242,18 +234,14 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         bench::burn_down_node(store, &names, workers[0]).await?;
         return Ok(());
     }
-    let server = match &args.server {
+    let server = match &args.remote.server {
         None => None,
         Some(url) => {
             anyhow::ensure!(
                 matches!(args.scenario, Scenario::BurnDown | Scenario::Backlog),
                 "--server applies to burn-down and backlog"
             );
-            let client = Client::new(url).context("invalid --server")?;
-            Some(match &args.token {
-                Some(token) => client.token(token.clone()),
-                None => client,
-            })
+            Some(args.remote.client(url)?)
         }
     };
     if args.transactional {

@@ -16,6 +16,7 @@ mod migrate;
 mod pause;
 mod process;
 mod serve;
+mod server_args;
 mod signal;
 mod spawner;
 mod status;

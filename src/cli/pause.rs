@@ -2,30 +2,21 @@
 //! process, on the database or through a drover server's API, recorded in
 //! the history (key `""`) with the actor `cli` (or `admin` through a server).
 
-use anyhow::Context as _;
 use clap::Args as ClapArgs;
-use drover::client::Client;
 use drover::store::{ProcessPause, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
+use super::server_args::ServerArgs;
 
 /// Arguments of `drover pause` and `drover resume`.
 #[derive(Debug, ClapArgs)]
+// --server acts instead of the database: not both.
+#[command(mut_arg("server", |a| a.conflicts_with("url")))]
 pub(crate) struct Args {
     /// The process.
     process: String,
-    /// Act through a drover server's API (with an admin's --token) instead of
-    /// the database.
-    #[arg(long, value_name = "URL", conflicts_with = "url")]
-    server: Option<String>,
-    /// The bearer token for --server (an admin's).
-    #[arg(
-        long,
-        env = "DROVER_TOKEN",
-        hide_env_values = true,
-        requires = "server"
-    )]
-    token: Option<String>,
+    #[command(flatten)]
+    remote: ServerArgs,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -33,11 +24,8 @@ pub(crate) struct Args {
 /// Pauses (`true`) or resumes the process and says what changed.
 pub(crate) async fn run(args: Args, paused: bool) -> anyhow::Result<()> {
     validate_process(&args.process)?;
-    let changed = if let Some(server) = &args.server {
-        let mut client = Client::new(server).context("invalid --server")?;
-        if let Some(token) = &args.token {
-            client = client.token(token.clone());
-        }
+    let changed = if let Some(server) = &args.remote.server {
+        let client = args.remote.client(server)?;
         client.process_pause(&args.process, paused).await?
     } else {
         let store = args.db.open().await?;

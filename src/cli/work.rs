@@ -6,7 +6,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::backoff::Backoff;
-use drover::client::Client;
 use drover::runner::{Controller, Reconciler, Task};
 use drover::store::WorkerBackend;
 use tokio_util::sync::CancellationToken;
@@ -14,10 +13,13 @@ use tokio_util::sync::CancellationToken;
 use super::db::{DbArgs, parse_duration};
 use super::exec::{Exec, Job};
 use super::metrics_listen;
+use super::server_args::ServerArgs;
 use super::signal::shutdown_on_signals;
 
 /// Arguments of `drover work`.
 #[derive(Debug, ClapArgs)]
+// --server works instead of the database: not both.
+#[command(mut_arg("server", |a| a.conflicts_with("url")))]
 pub(crate) struct Args {
     /// The process (control loop) whose keys to work on.
     process: String,
@@ -60,23 +62,12 @@ pub(crate) struct Args {
     /// killed and their keys released.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     shutdown_deadline: Duration,
-    /// Work through a drover server's HTTP API instead of the database (for
-    /// machines that should not hold database credentials): the same worker,
-    /// with long-polling claims and batched completions.
-    #[arg(long, value_name = "URL", conflicts_with = "url")]
-    server: Option<String>,
     /// Serve this worker's `/metrics` (its outcomes, work durations, sessions)
     /// and `/healthz` on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
-    /// The bearer token for --server (a worker's or an admin's).
-    #[arg(
-        long,
-        env = "DROVER_TOKEN",
-        hide_env_values = true,
-        requires = "server"
-    )]
-    token: Option<String>,
+    #[command(flatten)]
+    remote: ServerArgs,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -105,15 +96,12 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     }
     let exec = Arc::new(exec);
     let backoff = args.backoff()?;
-    if let Some(server) = &args.server {
+    if let Some(server) = &args.remote.server {
         anyhow::ensure!(
             backoff.is_none(),
             "--backoff-initial and --backoff-max need --db: a process's backoff is set where its database is"
         );
-        let mut client = Client::new(server).context("invalid --server")?;
-        if let Some(token) = &args.token {
-            client = client.token(token.clone());
-        }
+        let client = args.remote.client(server)?;
         let controller = controller(&args, client, exec, None)?;
         eprintln!(
             "drover work: process {} via {server}, parallelism {}, exec {:?}",
@@ -144,7 +132,7 @@ fn controller<B: WorkerBackend>(
         let exec = Arc::clone(&exec);
         async move { exec.run_until(Job::from(&task), task.cancelled()).await }
     };
-    let component = if args.server.is_some() {
+    let component = if args.remote.server.is_some() {
         "drover work --server"
     } else {
         "drover work"

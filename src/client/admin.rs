@@ -4,7 +4,7 @@
 use reqwest::Method;
 
 use super::http::{CALL_TIMEOUT, Client, Failure};
-use crate::api::PauseResponse;
+use crate::api::{PauseResponse, path_segment};
 use crate::store::StoreError;
 
 impl Client {
@@ -19,31 +19,5 @@ impl Client {
             .await
             .map_err(Failure::into_store)?;
         Ok(answer.changed)
-    }
-}
-
-/// A name as one URL path segment: every byte but the unreserved ones
-/// percent-encoded.
-fn path_segment(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::path_segment;
-
-    #[test]
-    fn a_process_name_is_one_path_segment() {
-        assert_eq!(path_segment("provision"), "provision");
-        assert_eq!(path_segment("a/b c"), "a%2Fb%20c");
-        assert_eq!(path_segment("ü"), "%C3%BC");
     }
 }

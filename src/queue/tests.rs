@@ -412,6 +412,15 @@ fn metric_line<'a>(text: &'a str, prefix: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
 }
 
+/// Asserts that the scrape `text` gives the series `metric` of the queue
+/// named `jobs` the value `value` (as the exposition writes it).
+fn assert_jobs_metric(text: &str, metric: &str, value: &str) {
+    assert_eq!(
+        metric_line(text, &format!("{metric}{{")),
+        format!("{metric}{{name=\"jobs\"}} {value}")
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_named_queue_reports_client_go_metrics() {
     let mut registry = Registry::default();
@@ -421,14 +430,8 @@ async fn a_named_queue_reports_client_go_metrics() {
     q.add("a");
     q.add("b");
     let text = scrape(&registry);
-    assert_eq!(
-        metric_line(&text, "workqueue_depth{"),
-        r#"workqueue_depth{name="jobs"} 2"#
-    );
-    assert_eq!(
-        metric_line(&text, "workqueue_adds_total{"),
-        r#"workqueue_adds_total{name="jobs"} 2"#
-    );
+    assert_jobs_metric(&text, "workqueue_depth", "2");
+    assert_jobs_metric(&text, "workqueue_adds_total", "2");
 
     advance(ms(250)).await;
     let a = q.get().await.unwrap();
@@ -436,39 +439,18 @@ async fn a_named_queue_reports_client_go_metrics() {
     let b = q.get().await.unwrap();
     advance(Duration::from_secs(1)).await;
     let text = scrape(&registry);
-    assert_eq!(
-        metric_line(&text, "workqueue_unfinished_work_seconds{"),
-        r#"workqueue_unfinished_work_seconds{name="jobs"} 5.0"#
-    );
-    assert_eq!(
-        metric_line(&text, "workqueue_longest_running_processor_seconds{"),
-        r#"workqueue_longest_running_processor_seconds{name="jobs"} 4.0"#
-    );
-    assert_eq!(
-        metric_line(&text, "workqueue_queue_duration_seconds_sum{"),
-        r#"workqueue_queue_duration_seconds_sum{name="jobs"} 3.5"#
-    );
+    assert_jobs_metric(&text, "workqueue_unfinished_work_seconds", "5.0");
+    assert_jobs_metric(&text, "workqueue_longest_running_processor_seconds", "4.0");
+    assert_jobs_metric(&text, "workqueue_queue_duration_seconds_sum", "3.5");
 
     q.add_rate_limited(a);
     q.done(&a);
     q.done(&b);
     let text = scrape(&registry);
-    assert_eq!(
-        metric_line(&text, "workqueue_retries_total{"),
-        r#"workqueue_retries_total{name="jobs"} 1"#
-    );
-    assert_eq!(
-        metric_line(&text, "workqueue_work_duration_seconds_count{"),
-        r#"workqueue_work_duration_seconds_count{name="jobs"} 2"#
-    );
-    assert_eq!(
-        metric_line(&text, "workqueue_work_duration_seconds_sum{"),
-        r#"workqueue_work_duration_seconds_sum{name="jobs"} 5.0"#
-    );
-    assert_eq!(
-        metric_line(&text, "workqueue_unfinished_work_seconds{"),
-        r#"workqueue_unfinished_work_seconds{name="jobs"} 0.0"#
-    );
+    assert_jobs_metric(&text, "workqueue_retries_total", "1");
+    assert_jobs_metric(&text, "workqueue_work_duration_seconds_count", "2");
+    assert_jobs_metric(&text, "workqueue_work_duration_seconds_sum", "5.0");
+    assert_jobs_metric(&text, "workqueue_unfinished_work_seconds", "0.0");
 }
 
 #[tokio::test]

@@ -35,6 +35,17 @@ pub(crate) fn page_limit(limit: Option<u32>, default: u32) -> Result<u32, ApiErr
     }
 }
 
+/// Refuses a query parameter that stands for a name (or part of one) but
+/// could not be one: longer than [`MAX_NAME_BYTES`] or holding a NUL. A 400
+/// naming `field`, saying `rule`; absent is fine.
+fn name_like((field, value): (&str, Option<&str>), rule: &str) -> Result<(), ApiError> {
+    if value.is_some_and(|v| v.len() > MAX_NAME_BYTES || v.contains('\0')) {
+        Err(ApiError::field(field, rule))
+    } else {
+        Ok(())
+    }
+}
+
 /// One page of the processes by name, with their counts and recent
 /// activity: both read a page of the store (the same range of the process
 /// index), never every process.
@@ -43,16 +54,10 @@ pub(crate) async fn process_summaries(
     query: ProcessListQuery,
 ) -> Result<ProcessList, ApiError> {
     let limit = page_limit(query.limit, PROCESS_PAGE)?;
-    if query
-        .after
-        .as_ref()
-        .is_some_and(|a| a.len() > MAX_NAME_BYTES || a.contains('\0'))
-    {
-        return Err(ApiError::field(
-            "after",
-            "after is a process name: at most 1024 bytes, without NUL",
-        ));
-    }
+    name_like(
+        ("after", query.after.as_deref()),
+        "after is a process name: at most 1024 bytes, without NUL",
+    )?;
     let page = ProcessPage {
         after: query.after,
         limit,
@@ -136,16 +141,10 @@ pub(crate) async fn triage_page(
 ) -> Result<TriagePage, ApiError> {
     let limit = page_limit(query.limit, 100)?;
     validate_process(&process)?;
-    if query
-        .prefix
-        .as_ref()
-        .is_some_and(|p| p.len() > MAX_NAME_BYTES || p.contains('\0'))
-    {
-        return Err(ApiError::field(
-            "prefix",
-            "a key prefix is at most 1024 bytes, without NUL",
-        ));
-    }
+    name_like(
+        ("prefix", query.prefix.as_deref()),
+        "a key prefix is at most 1024 bytes, without NUL",
+    )?;
     let after = query
         .after
         .as_deref()

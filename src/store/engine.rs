@@ -304,12 +304,7 @@ pub trait StoreEngine: Send + Sync {
     fn process_counts_all(
         &self,
     ) -> impl Future<Output = Result<Vec<ProcessCounts>, StoreError>> + Send {
-        super::rules::pages::every(|after| {
-            self.process_counts(ProcessPage {
-                after,
-                limit: super::rules::pages::WALK,
-            })
-        })
+        super::rules::pages::every_process(|page| self.process_counts(page))
     }
 
     /// Changes a process's settings (creating the process if unknown); the

@@ -276,6 +276,19 @@ pub struct ItemGet {
     pub runs_limit: u32,
 }
 
+#[cfg(feature = "_engine")]
+impl ItemGet {
+    /// The runs an item's detail shows: the key's newest `runs_limit`.
+    pub(crate) fn runs(&self) -> RunList {
+        RunList {
+            process: Some(self.process.clone()),
+            key: Some(self.key.clone()),
+            limit: self.runs_limit,
+            ..RunList::default()
+        }
+    }
+}
+
 /// Parameters of [`run_list`](super::StoreEngine::run_list): one page of
 /// history, newest first, paged by run id (keyset, never by offset).
 #[derive(Debug, Clone, Default)]

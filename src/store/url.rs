@@ -22,31 +22,43 @@ pub(crate) enum PoolMode {
 /// mode is refused with the reason, never ignored.
 #[cfg(feature = "postgres")]
 pub(crate) fn pool_mode(url: &str) -> Result<(String, PoolMode), String> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), PoolMode::default()));
-    };
+    let (url, values) = take_param(url, "pool_mode");
     let mut mode = PoolMode::default();
+    for value in values {
+        mode = match value {
+            "session" => PoolMode::Session,
+            "transaction" => PoolMode::Transaction,
+            "statement" => {
+                return Err("pool_mode=statement cannot run drover's transactions; \
+                            use a pool in transaction (or session) mode"
+                    .into());
+            }
+            other => {
+                return Err(format!(
+                    "pool_mode must be `session` (the default: direct, or a pooler \
+                     in session mode) or `transaction` (PgBouncer's transaction \
+                     pooling), not {other:?}"
+                ));
+            }
+        };
+    }
+    Ok((url, mode))
+}
+
+/// Takes every `name=…` out of the query of `url` (or of a path and query):
+/// what is left, without a `?` when nothing is, and the values in the order
+/// they came. How drover reads the URL parameters of its own that the driver
+/// must not see.
+#[cfg(feature = "postgres")]
+pub(crate) fn take_param<'a>(url: &'a str, name: &str) -> (String, Vec<&'a str>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), Vec::new());
+    };
+    let mut values = Vec::new();
     let mut kept = Vec::new();
     for pair in query.split('&') {
         match pair.split_once('=') {
-            Some(("pool_mode", value)) => {
-                mode = match value {
-                    "session" => PoolMode::Session,
-                    "transaction" => PoolMode::Transaction,
-                    "statement" => {
-                        return Err("pool_mode=statement cannot run drover's transactions; \
-                                    use a pool in transaction (or session) mode"
-                            .into());
-                    }
-                    other => {
-                        return Err(format!(
-                            "pool_mode must be `session` (the default: direct, or a pooler \
-                             in session mode) or `transaction` (PgBouncer's transaction \
-                             pooling), not {other:?}"
-                        ));
-                    }
-                };
-            }
+            Some((key, value)) if key == name => values.push(value),
             _ => kept.push(pair),
         }
     }
@@ -55,7 +67,7 @@ pub(crate) fn pool_mode(url: &str) -> Result<(String, PoolMode), String> {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    Ok((url, mode))
+    (url, values)
 }
 
 /// The URL with any password replaced by `***`, so errors, logs and startup

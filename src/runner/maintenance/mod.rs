@@ -9,6 +9,7 @@
 //! database run both (how often: [`ControllerBuilder::prune_every`](super::ControllerBuilder::prune_every));
 //! a library user may also run them on their own.
 
+mod pacing;
 mod pruner;
 mod resyncer;
 mod ticks;

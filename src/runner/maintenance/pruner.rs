@@ -7,17 +7,13 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::ticks::Ticks;
+use super::pacing::{Pacing, Step, processes};
 use crate::metrics::PruneMetrics;
 use crate::store::RetentionPrune;
 use crate::store::Store;
 use crate::store::StoreEngine;
 use crate::store::StoreError;
 use crate::store::{PruneCursor, PruneReport};
-
-/// The pause between two batches, so writers waiting for the database (a
-/// claim, a completion, another process on the same SQLite file) go first.
-const BETWEEN_BATCHES: Duration = Duration::from_millis(5);
 
 /// What retention removed from one process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,9 +64,7 @@ impl Pruned {
 #[derive(Debug, Clone)]
 pub struct Pruner<S = Store> {
     store: S,
-    every: Duration,
-    batch: u32,
-    budget: u32,
+    pacing: Pacing,
     metrics: PruneMetrics,
 }
 
@@ -89,9 +83,7 @@ impl<S: StoreEngine> Pruner<S> {
     pub fn new(store: S) -> Self {
         Self {
             store,
-            every: Self::EVERY,
-            batch: Self::BATCH,
-            budget: Self::BUDGET,
+            pacing: Pacing::new(Self::EVERY, Self::BATCH, Self::BUDGET),
             metrics: PruneMetrics::global(),
         }
     }
@@ -102,7 +94,7 @@ impl<S: StoreEngine> Pruner<S> {
     #[must_use]
     pub fn every(self, every: Duration) -> Self {
         Self {
-            every: every.max(Duration::from_millis(10)),
+            pacing: self.pacing.every(every),
             ..self
         }
     }
@@ -112,7 +104,7 @@ impl<S: StoreEngine> Pruner<S> {
     #[must_use]
     pub fn batch(self, batch: u32) -> Self {
         Self {
-            batch: batch.max(1),
+            pacing: self.pacing.batch(batch),
             ..self
         }
     }
@@ -123,7 +115,7 @@ impl<S: StoreEngine> Pruner<S> {
     #[must_use]
     pub fn budget(self, budget: u32) -> Self {
         Self {
-            budget: budget.max(1),
+            pacing: self.pacing.budget(budget),
             ..self
         }
     }
@@ -143,7 +135,7 @@ impl<S: StoreEngine> Pruner<S> {
     /// database that does not answer never holds shutdown up.
     pub async fn run(self, stop: CancellationToken) {
         let mut passes = HashMap::new();
-        let mut ticks = Ticks::new(self.every);
+        let mut ticks = self.pacing.ticks();
         while ticks.next(&stop).await {
             let tick = self.tick(&mut passes, &stop);
             if stop.run_until_cancelled(tick).await.is_none() {
@@ -158,7 +150,7 @@ impl<S: StoreEngine> Pruner<S> {
         let mut pass = Pass::default();
         let mut total = Pruned::default();
         while !self.batch_of(process, &mut pass, &mut total).await? {
-            tokio::time::sleep(BETWEEN_BATCHES).await;
+            Pacing::pause().await;
         }
         Ok(total)
     }
@@ -166,32 +158,27 @@ impl<S: StoreEngine> Pruner<S> {
     /// One tick: each process's pass goes on from where the last tick left
     /// it, for up to the budget.
     async fn tick(&self, passes: &mut HashMap<String, Pass>, stop: &CancellationToken) {
-        let processes = match self.store.process_list().await {
-            Ok(processes) => processes,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list processes to prune; trying again next tick");
-                return;
-            }
+        let Some(processes) = processes(&self.store, "prune").await else {
+            return;
         };
         let mut next = HashMap::with_capacity(processes.len());
         for settings in processes {
             let process = settings.process;
             let mut pass = passes.remove(&process).unwrap_or_default();
             let mut total = Pruned::default();
-            for _ in 0..self.budget {
+            let mut share = self.pacing.share();
+            loop {
                 if stop.is_cancelled() {
                     return;
                 }
-                match self.batch_of(&process, &mut pass, &mut total).await {
-                    Ok(false) => tokio::time::sleep(BETWEEN_BATCHES).await,
-                    Ok(true) => {
+                let outcome = self.batch_of(&process, &mut pass, &mut total).await;
+                match share.after(outcome, ("retention", &process)).await {
+                    Step::Again => {}
+                    Step::Done => {
                         pass = Pass::default();
                         break;
                     }
-                    Err(e) => {
-                        tracing::warn!(%process, error = %e, "retention failed; trying again next tick");
-                        break;
-                    }
+                    Step::Later => break,
                 }
             }
             if total != Pruned::default() {
@@ -215,7 +202,7 @@ impl<S: StoreEngine> Pruner<S> {
             .retention_prune(RetentionPrune {
                 process: process.to_owned(),
                 cursor: pass.cursor.clone(),
-                batch: self.batch,
+                batch: self.pacing.batch,
             })
             .await?;
         self.metrics.count(report.runs, report.items);

@@ -7,16 +7,13 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::ticks::Ticks;
+use super::pacing::{Pacing, Step, processes};
 use crate::metrics::ResyncMetrics;
 use crate::store::ResyncBatch;
+use crate::store::ResyncReport;
 use crate::store::Store;
 use crate::store::StoreEngine;
 use crate::store::StoreError;
-
-/// The pause between two batches, so claims and completions waiting for the
-/// database go first.
-const BETWEEN_BATCHES: Duration = Duration::from_millis(5);
 
 /// Resyncs every process that asks for it, in the background: every tick
 /// (default 10 s, jittered ±10 %) it lists the processes and, for each with a
@@ -48,9 +45,7 @@ const BETWEEN_BATCHES: Duration = Duration::from_millis(5);
 #[derive(Debug, Clone)]
 pub struct Resyncer<S = Store> {
     store: S,
-    every: Duration,
-    batch: u32,
-    budget: u32,
+    pacing: Pacing,
     metrics: ResyncMetrics,
 }
 
@@ -69,9 +64,7 @@ impl<S: StoreEngine> Resyncer<S> {
     pub fn new(store: S) -> Self {
         Self {
             store,
-            every: Self::EVERY,
-            batch: Self::BATCH,
-            budget: Self::BUDGET,
+            pacing: Pacing::new(Self::EVERY, Self::BATCH, Self::BUDGET),
             metrics: ResyncMetrics::global(),
         }
     }
@@ -82,7 +75,7 @@ impl<S: StoreEngine> Resyncer<S> {
     #[must_use]
     pub fn every(self, every: Duration) -> Self {
         Self {
-            every: every.max(Duration::from_millis(10)),
+            pacing: self.pacing.every(every),
             ..self
         }
     }
@@ -92,7 +85,7 @@ impl<S: StoreEngine> Resyncer<S> {
     #[must_use]
     pub fn batch(self, batch: u32) -> Self {
         Self {
-            batch: batch.max(1),
+            pacing: self.pacing.batch(batch),
             ..self
         }
     }
@@ -101,7 +94,7 @@ impl<S: StoreEngine> Resyncer<S> {
     #[must_use]
     pub fn budget(self, budget: u32) -> Self {
         Self {
-            budget: budget.max(1),
+            pacing: self.pacing.budget(budget),
             ..self
         }
     }
@@ -120,7 +113,7 @@ impl<S: StoreEngine> Resyncer<S> {
     /// batch rolls back; the walk goes on from its stored place), so a
     /// database that does not answer never holds shutdown up.
     pub async fn run(self, stop: CancellationToken) {
-        let mut ticks = Ticks::new(self.every);
+        let mut ticks = self.pacing.ticks();
         while ticks.next(&stop).await {
             if stop.run_until_cancelled(self.tick(&stop)).await.is_none() {
                 return;
@@ -140,39 +133,29 @@ impl<S: StoreEngine> Resyncer<S> {
                 return Ok(total);
             }
             start = false;
-            tokio::time::sleep(BETWEEN_BATCHES).await;
+            Pacing::pause().await;
         }
     }
 
     /// One tick: each resyncing process's walk goes on for up to the budget.
     async fn tick(&self, stop: &CancellationToken) {
-        let processes = match self.store.process_list().await {
-            Ok(processes) => processes,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list processes to resync; trying again next tick");
-                return;
-            }
+        let Some(processes) = processes(&self.store, "resync").await else {
+            return;
         };
         for settings in processes.into_iter().filter(|s| s.resync.is_some()) {
             let process = settings.process;
             let mut total = 0;
-            for _ in 0..self.budget {
+            let mut share = self.pacing.share();
+            let mut step = Step::Again;
+            while step == Step::Again {
                 if stop.is_cancelled() {
                     return;
                 }
-                match self.batch_of(&process, false).await {
-                    Ok(report) => {
-                        total += report.resynced;
-                        if report.done {
-                            break;
-                        }
-                        tokio::time::sleep(BETWEEN_BATCHES).await;
-                    }
-                    Err(e) => {
-                        tracing::warn!(%process, error = %e, "resync failed; trying again next tick");
-                        break;
-                    }
-                }
+                let outcome = self.batch_of(&process, false).await.map(|report| {
+                    total += report.resynced;
+                    report.done
+                });
+                step = share.after(outcome, ("resync", &process)).await;
             }
             if total > 0 {
                 tracing::info!(%process, keys = total, "resynced idle keys");
@@ -181,16 +164,12 @@ impl<S: StoreEngine> Resyncer<S> {
     }
 
     /// Runs one batch of `process`'s walk, counting what it resynced.
-    async fn batch_of(
-        &self,
-        process: &str,
-        start: bool,
-    ) -> Result<crate::store::ResyncReport, StoreError> {
+    async fn batch_of(&self, process: &str, start: bool) -> Result<ResyncReport, StoreError> {
         let report = self
             .store
             .resync_batch(ResyncBatch {
                 process: process.to_owned(),
-                batch: self.batch,
+                batch: self.pacing.batch,
                 start,
             })
             .await?;

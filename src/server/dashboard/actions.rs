@@ -12,8 +12,9 @@ use axum::extract::State;
 use axum::response::Redirect;
 use serde::Deserialize;
 
+use super::item_path;
 use super::layout::HtmlError;
-use super::{item_path, segment};
+use crate::api::path_segment;
 use crate::server::auth::{Authorized, Manage};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
@@ -21,7 +22,8 @@ use crate::server::operations::process_pause;
 use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{
-    ItemFilter, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, StoreEngine as _,
+    Item, ItemFilter, ItemPark, ItemRetry, ItemsDelete, ItemsPark, ItemsRetry, StoreEngine as _,
+    StoreError,
 };
 
 /// `POST …/retry`: the item is pending at once.
@@ -32,17 +34,12 @@ pub(super) async fn retry(
 ) -> Result<Redirect, HtmlError> {
     auth?;
     let back = item_path(&process, &key);
-    state
-        .store
-        .item_retry(ItemRetry {
-            process,
-            key,
-            actor: Role::Admin.to_string(),
-        })
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
-    Ok(Redirect::to(&back))
+    let params = ItemRetry {
+        process,
+        key,
+        actor: Role::Admin.to_string(),
+    };
+    back_to_item(state.store.item_retry(params).await, &back)
 }
 
 /// `POST …/park`: the item is parked until the next enqueue or retry.
@@ -59,13 +56,20 @@ pub(super) async fn park(
         reason: "parked by an operator from the dashboard".into(),
         actor: Role::Admin.to_string(),
     };
-    state
-        .store
-        .item_park(params)
-        .await
+    back_to_item(state.store.item_park(params).await, &back)
+}
+
+/// What an item's button answers once the store acted: back to the item's
+/// page, or 404 when there was no such item (and the error page when the
+/// store refused, as for a running key).
+fn back_to_item(
+    acted: Result<Option<Item>, StoreError>,
+    back: &str,
+) -> Result<Redirect, HtmlError> {
+    acted
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::NotFound("no such item".into()))?;
-    Ok(Redirect::to(&back))
+    Ok(Redirect::to(back))
 }
 
 /// The form of an error group's buttons.
@@ -86,7 +90,7 @@ pub(super) async fn group(
     auth?;
     let form: GroupForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ApiError::field("signature", format!("a form with a signature: {e}")))?;
-    let back = format!("/ui/processes/{}", segment(&process));
+    let back = format!("/ui/processes/{}", path_segment(&process));
     state.slow_reads.forget(&process);
     let filter = ItemFilter::new(process).error_signature(form.signature);
     let actor = Role::Admin.to_string();
@@ -139,7 +143,7 @@ async fn switched(
     paused: bool,
 ) -> Result<Redirect, HtmlError> {
     auth?;
-    let back = format!("/ui/processes/{}", segment(&process));
+    let back = format!("/ui/processes/{}", path_segment(&process));
     process_pause(state, process, paused).await?;
     Ok(Redirect::to(&back))
 }

@@ -47,13 +47,7 @@ impl SlowReads {
     where
         F: Future<Output = Result<Vec<ErrorGroup>, StoreError>>,
     {
-        let kept = self
-            .entries
-            .lock()
-            .get(process)
-            .and_then(|e| e.groups.clone());
-        self.through(kept, read, |e, v| e.groups = Some(v), process)
-            .await
+        self.through(process, read, |e| &mut e.groups).await
     }
 
     /// The chart series of `process`, kept or read by `read`.
@@ -61,13 +55,7 @@ impl SlowReads {
     where
         F: Future<Output = Result<Series, StoreError>>,
     {
-        let kept = self
-            .entries
-            .lock()
-            .get(process)
-            .and_then(|e| e.series.clone());
-        self.through(kept, read, |e, v| e.series = Some(v), process)
-            .await
+        self.through(process, read, |e| &mut e.series).await
     }
 
     /// Forgets what was kept for `process` (after an action changed it).
@@ -75,16 +63,23 @@ impl SlowReads {
         self.entries.lock().remove(process);
     }
 
+    /// What `slot` of `process`'s entry keeps, while it is fresh; otherwise
+    /// what `read` returns, kept in `slot` when the read was slow. What every
+    /// kept read does; only where its value is kept differs.
     async fn through<T: Clone, F>(
         &self,
-        kept: Option<(Instant, T)>,
-        read: F,
-        store: impl FnOnce(&mut Entry, (Instant, T)),
         process: &str,
+        read: F,
+        slot: fn(&mut Entry) -> &mut Option<(Instant, T)>,
     ) -> Result<Aged<T>, StoreError>
     where
         F: Future<Output = Result<T, StoreError>>,
     {
+        let kept = self
+            .entries
+            .lock()
+            .get_mut(process)
+            .and_then(|e| slot(e).clone());
         if let Some((at, value)) = kept.filter(|(at, _)| at.elapsed() < KEEP) {
             return Ok((value, Some(at.elapsed())));
         }
@@ -92,10 +87,7 @@ impl SlowReads {
         let value = read.await?;
         if started.elapsed() >= SLOW {
             let mut entries = self.entries.lock();
-            store(
-                entries.entry(process.to_owned()).or_default(),
-                (started, value.clone()),
-            );
+            *slot(entries.entry(process.to_owned()).or_default()) = Some((started, value.clone()));
         }
         Ok((value, None))
     }

@@ -6,7 +6,8 @@ use axum::extract::State;
 use axum::response::Html;
 use maud::{Markup, html};
 
-use super::layout::{HtmlError, at, at_or_dash, item_path, page, segment, span};
+use super::layout::{HtmlError, at, at_or_dash, item_path, page, span};
+use crate::api::path_segment;
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::PathParams;
@@ -71,7 +72,7 @@ fn view(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) ->
     let path = item_path(&item.process, &item.key);
     let running = item.state == ItemState::Running;
     let body = html! {
-        p { "Process " a href=(format!("/ui/processes/{}", segment(&item.process))) { (item.process) } }
+        p { "Process " a href=(format!("/ui/processes/{}", path_segment(&item.process))) { (item.process) } }
         table id="item" {
             tr { th { "key" } td.key { (item.key) } }
             tr { th { "state" } td.state { (item.state) } }

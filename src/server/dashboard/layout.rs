@@ -9,6 +9,7 @@ use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 
+use crate::api::path_segment;
 use crate::server::error::ApiError;
 use crate::store::ProcessSettings;
 
@@ -149,34 +150,11 @@ impl IntoResponse for HtmlError {
     }
 }
 
-/// A path segment, percent-encoded (everything but RFC 3986's unreserved
-/// characters), so any key round-trips through a link.
-pub(crate) fn segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// The item page's path.
 pub(crate) fn item_path(process: &str, key: &str) -> String {
-    format!("/ui/processes/{}/items/{}", segment(process), segment(key))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn segments_escape_everything_but_unreserved_characters() {
-        assert_eq!(segment("ns/name"), "ns%2Fname");
-        assert_eq!(segment("<a b>"), "%3Ca%20b%3E");
-        assert_eq!(segment("ü"), "%C3%BC");
-        assert_eq!(segment("a-b_c.d~"), "a-b_c.d~");
-    }
+    format!(
+        "/ui/processes/{}/items/{}",
+        path_segment(process),
+        path_segment(key)
+    )
 }

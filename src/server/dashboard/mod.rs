@@ -38,7 +38,7 @@ use axum::routing::{get, post};
 use super::state::AppState;
 
 pub(crate) use cache::SlowReads;
-pub(crate) use layout::{item_path, segment};
+pub(crate) use layout::item_path;
 
 /// The dashboard's routes.
 pub(crate) fn routes() -> Router<AppState> {

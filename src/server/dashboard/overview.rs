@@ -8,7 +8,8 @@ use axum::response::{Html, Redirect};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::layout::{HtmlError, Resyncs, age, item_path, next_link, page, segment};
+use super::layout::{HtmlError, Resyncs, age, item_path, next_link, page};
+use crate::api::path_segment;
 use crate::api::{MAX_PAGE, PROCESS_PAGE, ProcessList, ProcessListQuery, ProcessSummary};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
@@ -78,7 +79,7 @@ fn process_row(p: &ProcessSummary, resyncs: &Resyncs<'_>) -> Markup {
         .map_or_else(|| "-".to_owned(), |ms| age(Duration::from_millis(ms)));
     html! {
         tr data-process=(p.process) {
-            td { a href=(format!("/ui/processes/{}", segment(&p.process))) { (p.process) } }
+            td { a href=(format!("/ui/processes/{}", path_segment(&p.process))) { (p.process) } }
             td.n.pending { (p.pending) } td.n.backoff { (p.backoff) } td.n.running { (p.running) }
             td.n.parked { (p.parked) } td.n { (oldest) } td.n { (p.recent_finished) }
             td.n { (p.recent_failed) } td.n { (rate) } td.resync { (resyncs.describe(&p.process)) }
@@ -118,7 +119,7 @@ pub(super) async fn search(
     if key.is_empty() {
         return Ok(Redirect::to(&format!(
             "/ui/processes/{}",
-            segment(&search.process)
+            path_segment(&search.process)
         )));
     }
     Ok(Redirect::to(&item_path(&search.process, key)))

@@ -7,7 +7,8 @@ use axum::extract::State;
 use axum::response::Html;
 use maud::{Markup, html};
 
-use super::layout::{HtmlError, Resyncs, at, item_path, page, segment};
+use super::layout::{HtmlError, Resyncs, at, item_path, page};
+use crate::api::path_segment;
 use crate::api::{MAX_PAGE, TriageQuery};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
@@ -139,7 +140,7 @@ fn view(
     listing: &Listing<'_>,
     resyncs: &Resyncs<'_>,
 ) -> Markup {
-    let base = format!("/ui/processes/{}", segment(process));
+    let base = format!("/ui/processes/{}", path_segment(process));
     let body = html! {
         (fleet)
         p id="resync" { "Resync: " (resyncs.describe(process)) }
@@ -225,7 +226,7 @@ fn ready(i: &Item) -> String {
 /// The section; `limits` is `None` for a process with no stored settings.
 pub(super) fn section(process: &str, limits: Option<&FleetLimits>, admin: bool) -> Markup {
     let limits = limits.copied().unwrap_or_default();
-    let base = format!("/ui/processes/{}", segment(process));
+    let base = format!("/ui/processes/{}", path_segment(process));
     let concurrency = limits.concurrency.map_or_else(
         || "none".to_owned(),
         |n| format!("at most {n} running at once"),

@@ -8,11 +8,11 @@ use axum::extract::State;
 use crate::api::ErrorBody;
 use crate::api::{
     BulkParkRequest, BulkRequest, BulkResponse, BulkState, ErrorGroupList, ErrorGroupsQuery,
-    MAX_PAGE,
 };
 use crate::server::auth::{Authorized, Manage, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
+use crate::server::operations::page_limit;
 use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{
@@ -39,10 +39,7 @@ pub(crate) async fn list(
     PathParams(process): PathParams<String>,
     QueryParams(query): QueryParams<ErrorGroupsQuery>,
 ) -> Result<Json<ErrorGroupList>, ApiError> {
-    let limit = query.limit.unwrap_or(50);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
-    }
+    let limit = page_limit(query.limit, 50)?;
     validate_process(&process)?;
     let groups = state
         .store

@@ -15,7 +15,7 @@ use crate::api::{
 use crate::server::auth::{Authorized, Manage, Read, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams};
-use crate::server::operations::triage_page;
+use crate::server::operations::{page_limit, triage_page};
 use crate::server::redact;
 use crate::server::role::Role;
 use crate::server::state::AppState;
@@ -100,10 +100,7 @@ pub(crate) async fn list(
     PathParams(process): PathParams<String>,
     QueryParams(query): QueryParams<ItemListQuery>,
 ) -> Result<Json<ItemPage>, ApiError> {
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
-    }
+    let limit = page_limit(query.limit, 100)?;
     validate_process(&process)?;
     let items = state
         .store

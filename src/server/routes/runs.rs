@@ -5,10 +5,11 @@ use axum::Json;
 use axum::extract::State;
 
 use crate::api::ErrorBody;
-use crate::api::{MAX_PAGE, RunListQuery, RunPage};
+use crate::api::{RunListQuery, RunPage};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
+use crate::server::operations::page_limit;
 use crate::server::redact;
 use crate::server::state::AppState;
 use crate::store::{RunList, StoreEngine as _, validate_key, validate_process};
@@ -33,10 +34,7 @@ pub(crate) async fn list(
     PathParams(process): PathParams<String>,
     QueryParams(query): QueryParams<RunListQuery>,
 ) -> Result<Json<RunPage>, ApiError> {
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
-    }
+    let limit = page_limit(query.limit, 100)?;
     validate_process(&process)?;
     if let Some(key) = &query.key {
         validate_key(key)?;

@@ -12,6 +12,7 @@ use super::runs::log_action;
 use super::tx::Passed;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
+use crate::store::rules::activity::{ActivityRow, activity_page};
 use crate::store::rules::admin::admit;
 use crate::store::rules::pages;
 use crate::store::rules::settle::earlier;
@@ -172,7 +173,7 @@ pub(super) async fn activity(
 ) -> Result<Page<ProcessActivity>, StoreError> {
     let mut tx = store.read().await?;
     let now = store.now(&mut tx).await?;
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(ACTIVITY)
+    let rows: Vec<ActivityRow> = sqlx::query_as(ACTIVITY)
         .bind(earlier(now, params.window))
         .bind(params.page.after.unwrap_or_default())
         .bind(pages::read_limit(params.page.limit))
@@ -180,18 +181,5 @@ pub(super) async fn activity(
         .await
         .db()?;
     tx.commit().await.db()?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let rows = pages::cut(rows, params.page.limit, |(process, ..)| process.clone());
-    Ok(Page {
-        items: rows
-            .items
-            .into_iter()
-            .map(|(process, finished, failed)| ProcessActivity {
-                process,
-                finished: count(finished),
-                failed: count(failed),
-            })
-            .collect(),
-        next: rows.next,
-    })
+    Ok(activity_page(rows, params.page.limit))
 }

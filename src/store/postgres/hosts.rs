@@ -2,6 +2,8 @@
 //! split into one single-host URL per host (which the driver understands) and
 //! the kind of server a connection must reach to be kept.
 
+use crate::store::url::take_param;
+
 /// libpq's `target_session_attrs`, restricted to what a drover can use: every
 /// drover connection writes, so `read-only`, `standby` and `prefer-standby`
 /// are refused.
@@ -131,22 +133,11 @@ fn host_port(name: &str) -> Result<(&str, u16), String> {
 
 /// Takes `target_session_attrs` out of the path-and-query `tail`.
 fn take_target(tail: &str) -> Result<(String, Option<Target>), String> {
-    let Some((path, query)) = tail.split_once('?') else {
-        return Ok((tail.to_owned(), None));
-    };
+    let (tail, values) = take_param(tail, "target_session_attrs");
     let mut target = None;
-    let mut kept = Vec::new();
-    for pair in query.split('&') {
-        match pair.split_once('=') {
-            Some(("target_session_attrs", value)) => target = Some(parse_target(value)?),
-            _ => kept.push(pair),
-        }
+    for value in values {
+        target = Some(parse_target(value)?);
     }
-    let tail = if kept.is_empty() {
-        path.to_owned()
-    } else {
-        format!("{path}?{}", kept.join("&"))
-    };
     Ok((tail, target))
 }
 

@@ -1,13 +1,16 @@
 //! Read-side operations on PostgreSQL: items and counts.
 
+use chrono::{DateTime, Utc};
+
 use super::engine::PostgresStore;
 use super::error::Db as _;
 use super::rows::{ItemRow, item_columns};
 use super::runs;
 use crate::store::StoreError;
 use crate::store::key::{validate_key, validate_process};
-use crate::store::params::{ItemGet, ItemList, RunList};
+use crate::store::params::{ItemGet, ItemList};
 use crate::store::rules::decode::{backing_off, stored_state};
+use crate::store::rules::rows::PagedRow;
 use crate::store::rules::triage::{Arg, Dialect, PageSteps, SectionQuery};
 use crate::store::types::{Item, ItemDetail, ItemState};
 
@@ -99,28 +102,11 @@ pub(super) async fn item_get(
     .db()?;
     tx.commit().await.db()?;
     let Some(row) = row else { return Ok(None) };
-    let runs = runs::list(
-        store,
-        &RunList {
-            process: Some(params.process.clone()),
-            key: Some(params.key.clone()),
-            limit: params.runs_limit,
-            ..RunList::default()
-        },
-    )
-    .await?;
+    let runs = runs::list(store, &params.runs()).await?;
     Ok(Some(ItemDetail {
         item: row.into_item(now)?,
         runs,
     }))
-}
-
-/// An item row with its id, for the keyset of [`item_triage`](crate::store::StoreEngine::item_triage).
-#[derive(Debug, sqlx::FromRow)]
-struct PagedRow {
-    id: i64,
-    #[sqlx(flatten)]
-    item: ItemRow,
 }
 
 /// The triage listing's SQL on PostgreSQL: its planner reads running keys in
@@ -138,7 +124,7 @@ impl PageSteps for PostgresStore {
     async fn section_rows(&self, query: SectionQuery) -> Result<Vec<(i64, Item)>, StoreError> {
         let mut tx = self.read().await?;
         let now = self.now(&mut tx).await?;
-        let mut q = sqlx::query_as::<_, PagedRow>(sqlx::AssertSqlSafe(query.sql));
+        let mut q = sqlx::query_as::<_, PagedRow<DateTime<Utc>>>(sqlx::AssertSqlSafe(query.sql));
         for arg in query.args {
             q = match arg {
                 Arg::Process(s) | Arg::Key(s) => q.bind(s),
@@ -150,8 +136,6 @@ impl PageSteps for PostgresStore {
         }
         let rows = q.fetch_all(&mut tx).await.db()?;
         tx.commit().await.db()?;
-        rows.into_iter()
-            .map(|r| Ok((r.id, r.item.into_item(now)?)))
-            .collect()
+        rows.into_iter().map(|r| r.into_paged(now)).collect()
     }
 }

@@ -5,10 +5,11 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
-use super::rows::duration_ms;
 use crate::store::StoreError;
 use crate::store::params::ProcessConfigure;
-use crate::store::rules::processes::{ProcessSettingsRow, checked, clamp_i32, settings_columns};
+use crate::store::rules::processes::{
+    ProcessSettingsRow, bind_configure, checked, settings_columns,
+};
 use crate::store::types::ProcessSettings;
 
 /// Writes the settings given, leaving the others as stored.
@@ -17,11 +18,9 @@ pub(super) async fn configure(
     params: &ProcessConfigure,
 ) -> Result<(), StoreError> {
     checked(params)?;
-    let b = params.backoff;
-    let l = params.limits;
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
-    sqlx::query(
+    let update = sqlx::query(
         "UPDATE drover_processes SET
              backoff_initial_ms = COALESCE($2, backoff_initial_ms),
              backoff_factor = COALESCE($3, backoff_factor),
@@ -38,33 +37,8 @@ pub(super) async fn configure(
              rate_burst = COALESCE($18, rate_burst),
              rate_tokens = CASE WHEN $19 THEN NULL ELSE rate_tokens END
          WHERE process = $1",
-    )
-    .bind(&params.process)
-    .bind(b.map(|b| duration_ms(b.initial())))
-    .bind(b.map(|b| b.factor()))
-    .bind(b.map(|b| duration_ms(b.max())))
-    .bind(b.map(|b| b.jitter()))
-    .bind(params.keep_runs_for.map(duration_ms))
-    .bind(
-        params
-            .keep_runs_per_key
-            .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
-    )
-    .bind(params.forget_idle_after.is_some())
-    .bind(params.forget_idle_after.flatten().map(duration_ms))
-    .bind(params.resync_every.is_some())
-    .bind(params.resync_every.flatten().map(duration_ms))
-    .bind(params.resync_jitter)
-    .bind(params.resync_priority)
-    .bind(l.concurrency.is_some())
-    .bind(l.concurrency.flatten().map(clamp_i32))
-    .bind(l.rate.is_some())
-    .bind(l.rate.flatten())
-    .bind(l.burst.map(clamp_i32))
-    .bind(l.refills())
-    .execute(&mut tx)
-    .await
-    .db()?;
+    );
+    bind_configure(update, params).execute(&mut tx).await.db()?;
     commit(tx).await
 }
 

@@ -8,7 +8,7 @@ use super::engine::PostgresStore;
 use super::error::{Db as _, commit};
 use super::inspect::check_process;
 use crate::store::StoreError;
-use crate::store::params::{DepthSample, ProcessPage, ProcessSeries};
+use crate::store::params::{DepthSample, ProcessSeries};
 use crate::store::rules::pages;
 use crate::store::rules::series::{SampleRow, assemble, window_start};
 use crate::store::types::Series;
@@ -67,16 +67,7 @@ pub(super) async fn depth_sample(
     params: DepthSample,
 ) -> Result<u64, StoreError> {
     // Every process is sampled; its counts are read a page at a time.
-    let counts = pages::every(|after| {
-        process_counts(
-            store,
-            ProcessPage {
-                after,
-                limit: pages::WALK,
-            },
-        )
-    })
-    .await?;
+    let counts = pages::every_process(|page| process_counts(store, page)).await?;
     let (mut tx, now) = store.write().await?;
     let gap = chrono::Duration::from_std(params.min_gap).unwrap_or(chrono::Duration::MAX);
     let keep = chrono::Duration::from_std(params.keep).unwrap_or(chrono::Duration::MAX);

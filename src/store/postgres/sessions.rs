@@ -5,30 +5,23 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::lineage;
-use super::rows::duration_ms;
 use super::runs::{Ending, log_runs};
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
-use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
-use crate::store::text::clean_text;
+use crate::store::rules::rows::{HeldLeases, HeldRow, SESSION_COLUMNS, SessionRow, session_page};
+use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
 pub(super) async fn start(
     store: &PostgresStore,
     params: &SessionStart,
 ) -> Result<Session, StoreError> {
-    let ttl_ms = duration_ms(params.ttl);
-    if ttl_ms < 1 {
-        return Err(StoreError::InvalidArgument(
-            "a session's ttl must be at least 1 ms".into(),
-        ));
-    }
-    let component = clean_text(&params.component).into_owned();
+    let new = NewSession::checked(params)?;
     let (mut tx, now) = store.write().await?;
     // The longest TTL ever started is kept apart (see `lineage`): a pause
     // after a fork covers it even if this session's row is lost with it.
-    let (id, deadline): (i64, DateTime<Utc>) = sqlx::query_as(
+    let insert = sqlx::query_as(
         "WITH started AS (
            INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
                host, pid, version, owner)
@@ -38,21 +31,13 @@ pub(super) async fn start(
            UPDATE drover_lineage SET longest_ttl_ms = $2
            WHERE longest_ttl_ms IS NULL OR longest_ttl_ms < $2)
          SELECT id, deadline FROM started",
-    )
-    .bind(&component)
-    .bind(ttl_ms)
-    .bind(now)
-    .bind(params.identity.host.as_deref().map(clean_text))
-    .bind(params.identity.pid.map(i64::from))
-    .bind(params.identity.version.as_deref().map(clean_text))
-    .bind(params.owner.as_deref())
-    .fetch_one(&mut tx)
-    .await
-    .db()?;
+    );
+    let (id, deadline): (i64, DateTime<Utc>) =
+        new.bind(insert, now).fetch_one(&mut tx).await.db()?;
     commit(tx).await?;
     Ok(Session {
         id: SessionId(id),
-        component,
+        component: new.component,
         ttl: params.ttl,
         deadline,
     })
@@ -238,29 +223,27 @@ pub(super) async fn list(
         .fetch_all(&mut tx)
         .await
         .db()?;
-    let rows = pages::cut(rows, params.limit, |r| SessionId(r.id()));
-    let mut out = Vec::with_capacity(rows.items.len());
-    for row in rows.items {
-        if params.leases_per_session == 0 {
-            out.push(row.into_info(now, Vec::new()));
-            continue;
-        }
-        let held: Vec<HeldRow<DateTime<Utc>>> = sqlx::query_as(
+    let page = session_page(rows, &params, now, &mut tx).await?;
+    tx.commit().await.db()?;
+    Ok(page)
+}
+
+impl HeldLeases<DateTime<Utc>> for Tx {
+    async fn held(
+        &mut self,
+        session: i64,
+        n: u32,
+    ) -> Result<Vec<HeldRow<DateTime<Utc>>>, StoreError> {
+        sqlx::query_as(
             "SELECT process, key, started_at, lease_token FROM drover_items
              WHERE lease_session = $1 AND state = 'running' ORDER BY lease_token LIMIT $2",
         )
-        .bind(row.id())
-        .bind(i64::from(params.leases_per_session))
-        .fetch_all(&mut tx)
+        .bind(session)
+        .bind(i64::from(n))
+        .fetch_all(self)
         .await
-        .db()?;
-        out.push(row.into_info(now, held.into_iter().map(Into::into).collect()));
+        .db()
     }
-    tx.commit().await.db()?;
-    Ok(Page {
-        items: out,
-        next: rows.next,
-    })
 }
 
 /// The owner of `session`: `None` when there is no such session.

@@ -9,18 +9,21 @@
 //!   [`holding`] (which leases still hold their key), [`settle`] (the outcome's
 //!   state machine);
 //! - a claim: [`gate`] (pause, cluster-wide concurrency and rate limits);
+//! - a session started: [`sessions`] (its TTL, its texts cleaned);
 //! - a caller refused: [`refusal`] (which error a lock or heartbeat gets),
 //!   [`enqueue`] (input checks before any write), [`admin`] (an operator never
 //!   races a worker);
 //! - the background services' decisions: [`resync`], [`retention`];
 //! - what operators read: [`triage`], [`groups`], [`series`], [`counts`],
-//!   [`processes`], and how every list is paged: [`pages`];
+//!   [`activity`], [`processes`], and how every list is paged: [`pages`];
 //! - the rows both engines read and how their stored names decode: [`rows`],
 //!   [`decode`].
 //!
 //! Nothing here names an engine or holds a connection: a rule that needs the
 //! database takes the engine's steps as closures or a trait.
 
+#[cfg(feature = "_engine")]
+pub(crate) mod activity;
 #[cfg(feature = "_engine")]
 pub(crate) mod admin;
 #[cfg(feature = "_engine")]
@@ -48,6 +51,8 @@ pub(crate) mod retention;
 pub(crate) mod rows;
 #[cfg(feature = "_engine")]
 pub(crate) mod series;
+#[cfg(feature = "_engine")]
+pub(crate) mod sessions;
 #[cfg(feature = "_engine")]
 pub(crate) mod settle;
 #[cfg(feature = "_engine")]

@@ -7,6 +7,7 @@
 use std::future::Future;
 
 use crate::store::StoreError;
+use crate::store::params::ProcessPage;
 use crate::store::types::Page;
 
 /// The page size of a walk over a whole list ([`every`]): large enough that
@@ -50,6 +51,17 @@ where
             None => return Ok(all),
         }
     }
+}
+
+/// Every known process's rows of a per-process list (their counts), `read`
+/// a page of [`WALK`] processes at a time: what `/metrics`, `drover status`
+/// and the depth samples need of each process.
+pub(crate) async fn every_process<T, R, F>(mut read: R) -> Result<Vec<T>, StoreError>
+where
+    R: FnMut(ProcessPage) -> F,
+    F: Future<Output = Result<Page<T, String>, StoreError>>,
+{
+    every(|after| read(ProcessPage { after, limit: WALK })).await
 }
 
 #[cfg(test)]

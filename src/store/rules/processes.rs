@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
+use sqlx::query::Query;
+
 use super::decode::backoff_policy;
 use super::resync::{Rules, next_pass};
-use super::rows::Stamp;
+use super::rows::{Stamp, duration_ms};
 use crate::store::StoreError;
 use crate::store::fleet::{FleetLimits, RateLimit};
 use crate::store::key::validate_process;
@@ -109,6 +111,49 @@ impl<T: Stamp> ProcessSettingsRow<T> {
 /// A count as the engines' 32-bit integer columns store it.
 pub(crate) fn clamp_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Binds the parameters of an engine's `UPDATE drover_processes` of
+/// [`configure`](crate::store::StoreEngine::process_configure): the process
+/// (`1`), then each setting as both engines' statements take it (`2`–`19`):
+/// a value, or `NULL` to keep the stored one; for a setting that can be
+/// cleared, whether it was given (`8`, `10`, `14`, `16`) before its value;
+/// and last whether the rate bucket refills (`19`). The engines differ only
+/// in their SQL's placeholders.
+pub(crate) fn bind_configure<'q, DB>(
+    query: Query<'q, DB, DB::Arguments>,
+    params: &ProcessConfigure,
+) -> Query<'q, DB, DB::Arguments>
+where
+    DB: sqlx::Database,
+    for<'t> String: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<i64>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<i32>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<f64>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> bool: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    let b = params.backoff;
+    let l = params.limits;
+    query
+        .bind(params.process.clone())
+        .bind(b.map(|b| duration_ms(b.initial())))
+        .bind(b.map(|b| b.factor()))
+        .bind(b.map(|b| duration_ms(b.max())))
+        .bind(b.map(|b| b.jitter()))
+        .bind(params.keep_runs_for.map(duration_ms))
+        .bind(params.keep_runs_per_key.map(clamp_i32))
+        .bind(params.forget_idle_after.is_some())
+        .bind(params.forget_idle_after.flatten().map(duration_ms))
+        .bind(params.resync_every.is_some())
+        .bind(params.resync_every.flatten().map(duration_ms))
+        .bind(params.resync_jitter)
+        .bind(params.resync_priority)
+        .bind(l.concurrency.is_some())
+        .bind(l.concurrency.flatten().map(clamp_i32))
+        .bind(l.rate.is_some())
+        .bind(l.rate.flatten())
+        .bind(l.burst.map(clamp_i32))
+        .bind(l.refills())
 }
 
 /// Refuses settings no process can run with, before anything is written.

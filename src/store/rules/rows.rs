@@ -8,8 +8,14 @@ use super::decode::{backoff_policy, item_state, run_outcome};
 use super::holding::Held;
 use super::settle::{Dirty, Running};
 use crate::store::StoreError;
-use crate::store::params::WorkerIdentity;
-use crate::store::types::{FencingToken, HeldLease, Item, Run, SessionId, SessionInfo};
+use crate::store::params::{SessionList, WorkerIdentity};
+use crate::store::types::{FencingToken, HeldLease, Item, Page, Run, SessionId, SessionInfo};
+
+/// A duration as whole milliseconds, clamped to drover's maximum delay: how
+/// both engines store a delay, a TTL or a retention period.
+pub(crate) fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(crate::backoff::clamp_delay(d).as_millis()).unwrap_or(i64::MAX)
+}
 
 /// A time as an engine stores it.
 pub(crate) trait Stamp: Copy + Ord {
@@ -251,6 +257,22 @@ pub(crate) fn runs<T: Stamp>(rows: Vec<RunRow<T>>) -> Result<Vec<Run>, StoreErro
     rows.into_iter().map(RunRow::into_run).collect()
 }
 
+/// An item row with its id, for the keyset of
+/// [`item_triage`](crate::store::StoreEngine::item_triage).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct PagedRow<T> {
+    id: i64,
+    #[sqlx(flatten)]
+    item: ItemRow<T>,
+}
+
+impl<T: Stamp> PagedRow<T> {
+    /// The keyset id and the domain item as seen at `now`.
+    pub(crate) fn into_paged(self, now: T) -> Result<(i64, Item), StoreError> {
+        Ok((self.id, self.item.into_item(now)?))
+    }
+}
+
 /// A `drover_sessions` row as the workers page reads it, with its lease count.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct SessionRow<T> {
@@ -296,6 +318,43 @@ impl<T: Stamp> SessionRow<T> {
             leases,
         }
     }
+}
+
+/// Where an engine reads the leases a session holds, for [`session_page`].
+pub(crate) trait HeldLeases<T> {
+    /// The first `n` leases of `session`, oldest token first.
+    fn held(
+        &mut self,
+        session: i64,
+        n: u32,
+    ) -> impl Future<Output = Result<Vec<HeldRow<T>>, StoreError>> + Send;
+}
+
+/// A page of sessions from their rows (read in id order with
+/// [`read_limit`](super::pages::read_limit)), each with up to
+/// `params.leases_per_session` of its leases read from `held` (not asked at
+/// all when none are wanted): the workers page as both engines assemble it.
+pub(crate) async fn session_page<T: Stamp>(
+    rows: Vec<SessionRow<T>>,
+    params: &SessionList,
+    now: T,
+    held: &mut impl HeldLeases<T>,
+) -> Result<Page<SessionInfo, SessionId>, StoreError> {
+    let rows = super::pages::cut(rows, params.limit, |r| SessionId(r.id()));
+    let mut out = Vec::with_capacity(rows.items.len());
+    for row in rows.items {
+        let leases = if params.leases_per_session == 0 {
+            Vec::new()
+        } else {
+            let rows = held.held(row.id(), params.leases_per_session).await?;
+            rows.into_iter().map(Into::into).collect()
+        };
+        out.push(row.into_info(now, leases));
+    }
+    Ok(Page {
+        items: out,
+        next: rows.next,
+    })
 }
 
 /// A running item as the workers page lists it under its session.

@@ -9,6 +9,7 @@ use super::rows::{ItemRow, duration_ms, item_columns};
 use super::runs::log_action;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{HistoryActivity, ItemDelete, ItemPark, ItemRetry};
+use crate::store::rules::activity::{ActivityRow, activity_page};
 use crate::store::rules::admin::admit;
 use crate::store::rules::pages;
 use crate::store::text::clean_text;
@@ -158,25 +159,12 @@ pub(super) async fn activity(
     params: HistoryActivity,
 ) -> Result<Page<ProcessActivity>, StoreError> {
     let now = store.now_ms(&store.pool).await?;
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(ACTIVITY)
+    let rows: Vec<ActivityRow> = sqlx::query_as(ACTIVITY)
         .bind(now.saturating_sub(duration_ms(params.window)))
         .bind(params.page.after.unwrap_or_default())
         .bind(pages::read_limit(params.page.limit))
         .fetch_all(&store.pool)
         .await
         .db()?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    let rows = pages::cut(rows, params.page.limit, |(process, ..)| process.clone());
-    Ok(Page {
-        items: rows
-            .items
-            .into_iter()
-            .map(|(process, finished, failed)| ProcessActivity {
-                process,
-                finished: count(finished),
-                failed: count(failed),
-            })
-            .collect(),
-        next: rows.next,
-    })
+    Ok(activity_page(rows, params.page.limit))
 }

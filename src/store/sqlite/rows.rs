@@ -1,16 +1,15 @@
 //! SQLite's rows: the shared rows ([`crate::store::rules::rows`]) with times as
 //! integer milliseconds since the Unix epoch.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 
-use crate::backoff::clamp_delay;
 use crate::store::StoreError;
 use crate::store::rules::decode::corrupt;
 use crate::store::rules::rows::Stamp as _;
-pub(super) use crate::store::rules::rows::{item_columns, run_columns, running_columns};
+pub(super) use crate::store::rules::rows::{
+    duration_ms, item_columns, run_columns, running_columns,
+};
 
 /// Milliseconds since the epoch as a time (out-of-range values saturate).
 pub(super) fn to_time(ms: i64) -> DateTime<Utc> {
@@ -20,11 +19,6 @@ pub(super) fn to_time(ms: i64) -> DateTime<Utc> {
 /// A time as milliseconds since the epoch.
 pub(super) fn to_ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
-}
-
-/// A duration as whole milliseconds, clamped to drover's maximum delay.
-pub(super) fn duration_ms(d: Duration) -> i64 {
-    i64::try_from(clamp_delay(d).as_millis()).unwrap_or(i64::MAX)
 }
 
 /// An item row.

@@ -7,7 +7,7 @@ use super::error::Db as _;
 use super::inspect::check_process;
 use super::rows::{duration_ms, to_ms, to_time};
 use crate::store::StoreError;
-use crate::store::params::{DepthSample, ProcessPage, ProcessSeries};
+use crate::store::params::{DepthSample, ProcessSeries};
 use crate::store::rules::pages;
 use crate::store::rules::series::{SampleRow, assemble, window_start};
 use crate::store::types::Series;
@@ -58,16 +58,7 @@ pub(super) async fn depth_sample(
     params: DepthSample,
 ) -> Result<u64, StoreError> {
     // Every process is sampled; its counts are read a page at a time.
-    let counts = pages::every(|after| {
-        process_counts(
-            store,
-            ProcessPage {
-                after,
-                limit: pages::WALK,
-            },
-        )
-    })
-    .await?;
+    let counts = pages::every_process(|page| process_counts(store, page)).await?;
     let (mut tx, now) = store.write().await?;
     let mut written = 0;
     for c in &counts {

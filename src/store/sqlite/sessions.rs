@@ -1,49 +1,35 @@
 //! Sessions on SQLite: start, heartbeat, close, and reclaiming expired ones.
 
 use chrono::{DateTime, Utc};
+use sqlx::SqlitePool;
 
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
-use super::rows::{duration_ms, to_time};
+use super::rows::to_time;
 use super::runs::log_from_rows;
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
-use crate::store::rules::rows::{HeldRow, SESSION_COLUMNS, SessionRow};
-use crate::store::text::clean_text;
+use crate::store::rules::rows::{HeldLeases, HeldRow, SESSION_COLUMNS, SessionRow, session_page};
+use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 
 pub(super) async fn start(
     store: &SqliteStore,
     params: SessionStart,
 ) -> Result<Session, StoreError> {
-    let ttl_ms = duration_ms(params.ttl);
-    if ttl_ms < 1 {
-        return Err(StoreError::InvalidArgument(
-            "a session's ttl must be at least 1 ms".into(),
-        ));
-    }
-    let component = clean_text(&params.component).into_owned();
+    let new = NewSession::checked(&params)?;
     let (mut tx, now) = store.write().await?;
-    let (id, deadline): (i64, i64) = sqlx::query_as(
+    let insert = sqlx::query_as(
         "INSERT INTO drover_sessions (component, ttl_ms, started_at, heartbeat_at, deadline,
              host, pid, version, owner)
          VALUES (?1, ?2, ?3, ?3, ?3 + ?2, ?4, ?5, ?6, ?7) RETURNING id, deadline",
-    )
-    .bind(&component)
-    .bind(ttl_ms)
-    .bind(now)
-    .bind(params.identity.host.as_deref().map(clean_text))
-    .bind(params.identity.pid.map(i64::from))
-    .bind(params.identity.version.as_deref().map(clean_text))
-    .bind(params.owner.as_deref())
-    .fetch_one(&mut *tx)
-    .await
-    .db()?;
+    );
+    let (id, deadline): (i64, i64) = new.bind(insert, now).fetch_one(&mut *tx).await.db()?;
     tx.commit().await.db()?;
     Ok(Session {
         id: SessionId(id),
-        component,
+        component: new.component,
         ttl: params.ttl,
         deadline: to_time(deadline),
     })
@@ -159,28 +145,21 @@ pub(super) async fn list(
         .fetch_all(&store.pool)
         .await
         .db()?;
-    let rows = pages::cut(rows, params.limit, |r| SessionId(r.id()));
-    let mut out = Vec::with_capacity(rows.items.len());
-    for row in rows.items {
-        if params.leases_per_session == 0 {
-            out.push(row.into_info(now, Vec::new()));
-            continue;
-        }
-        let held: Vec<HeldRow<i64>> = sqlx::query_as(
+    session_page(rows, &params, now, &mut &store.pool).await
+}
+
+impl HeldLeases<i64> for &SqlitePool {
+    async fn held(&mut self, session: i64, n: u32) -> Result<Vec<HeldRow<i64>>, StoreError> {
+        sqlx::query_as(
             "SELECT process, key, started_at, lease_token FROM drover_items
              WHERE lease_session = ?1 AND state = 'running' ORDER BY lease_token LIMIT ?2",
         )
-        .bind(row.id())
-        .bind(i64::from(params.leases_per_session))
-        .fetch_all(&store.pool)
+        .bind(session)
+        .bind(i64::from(n))
+        .fetch_all(*self)
         .await
-        .db()?;
-        out.push(row.into_info(now, held.into_iter().map(Into::into).collect()));
+        .db()
     }
-    Ok(Page {
-        items: out,
-        next: rows.next,
-    })
 }
 
 /// The sessions with an id above `?1`, at most `?2` of them, oldest first.
