@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Figure;
 use super::store::{
-    BenchError, StoreBench, Tally, cleanup, counting_controller, fill, fresh_process, per_s,
-    tick_progress,
+    BenchError, StoreBench, Tally, cleanup, counting_controller, drain_names, fill, fresh_process,
+    per_s,
 };
 use super::wal::WalMark;
 use crate::store::{Store, StoreEngine as _};
@@ -63,7 +63,7 @@ pub async fn burn_down_spread(
     let workers = (b.workers / (spread.nodes.max(1) * names.len())).max(1);
     let wal = WalMark::now(&b.store).await?;
     let drained = if spread.nodes <= 1 {
-        drain_here(b, &names, workers).await
+        drain_names(b, &names, workers, b.keys).await
     } else {
         drain_on_nodes(b, &names, workers, spread.nodes, drover).await
     };
@@ -77,34 +77,6 @@ pub async fn burn_down_spread(
         cleanup(&b.store, name).await?;
     }
     Ok(figure?.with("keys_per_s", per_s(b.keys, drained?)))
-}
-
-/// One counting controller per name in this process, until every key ran.
-async fn drain_here(
-    b: &StoreBench,
-    names: &[String],
-    workers: usize,
-) -> Result<Duration, BenchError> {
-    b.phase("draining", b.keys);
-    let tally = Arc::new(Tally::default());
-    let stop = CancellationToken::new();
-    let start = Instant::now();
-    let mut running = JoinSet::new();
-    for name in names {
-        let controller = counting_controller(b.store.clone(), name, workers, &tally, b.keys, None)?;
-        running.spawn(controller.run(stop.clone()));
-    }
-    let ticker = tick_progress(b.progress.clone(), Arc::clone(&tally));
-    let reached = tokio::time::timeout(LIMIT, tally.reached.notified()).await;
-    stop.cancel();
-    while let Some(ended) = running.join_next().await {
-        ended.map_err(std::io::Error::other)??;
-    }
-    let elapsed = start.elapsed();
-    ticker.abort();
-    reached
-        .map_err(|_| BenchError::Timeout(format!("{} keys not drained in {LIMIT:?}", b.keys)))?;
-    Ok(elapsed)
 }
 
 /// `nodes` node processes, started together, until the database holds none

@@ -9,6 +9,7 @@ use std::time::Duration;
 use indicatif::ProgressBar;
 use sqlx::Executor as _;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -296,27 +297,44 @@ pub(crate) async fn drain(
     process: &str,
     count: u64,
 ) -> Result<Duration, BenchError> {
+    drain_names(b, &[process.to_owned()], b.workers, count).await
+}
+
+/// [`drain`] over several process names in this process: one controller per
+/// name with `workers` runs each, until `count` keys ran in all.
+pub(crate) async fn drain_names(
+    b: &StoreBench,
+    names: &[String],
+    workers: usize,
+    count: u64,
+) -> Result<Duration, BenchError> {
     b.phase("draining", count);
     let tally = Arc::new(Tally::default());
     let shutdown = CancellationToken::new();
     let start = Instant::now();
-    let running = match &b.server {
-        Some(client) => {
-            let controller =
-                counting_controller(client.clone(), process, b.workers, &tally, count, None)?;
-            tokio::spawn(controller.run(shutdown.clone()))
-        }
-        None => {
-            let controller =
-                counting_controller(b.store.clone(), process, b.workers, &tally, count, None)?;
-            tokio::spawn(controller.run(shutdown.clone()))
-        }
-    };
+    let mut running = JoinSet::new();
+    for name in names {
+        match &b.server {
+            Some(client) => {
+                let controller =
+                    counting_controller(client.clone(), name, workers, &tally, count, None)?;
+                running.spawn(controller.run(shutdown.clone()))
+            }
+            None => {
+                let controller =
+                    counting_controller(b.store.clone(), name, workers, &tally, count, None)?;
+                running.spawn(controller.run(shutdown.clone()))
+            }
+        };
+    }
     let ticker = tick_progress(b.progress.clone(), Arc::clone(&tally));
     let limit = Duration::from_secs(600);
     let reached = tokio::time::timeout(limit, tally.reached.notified()).await;
     shutdown.cancel();
-    let result = running.await.map_err(std::io::Error::other)?;
+    let mut result = Ok(());
+    while let Some(ended) = running.join_next().await {
+        result = result.and(ended.map_err(std::io::Error::other)?);
+    }
     let elapsed = start.elapsed();
     ticker.abort();
     result?;
