@@ -3,7 +3,7 @@
 //! database, as a fleet outgrowing one machine runs it. The N node processes
 //! (the `drover` binary itself, `bench burn-down-node`) each run one
 //! controller per process name with W / (N × M) runs at once (at least one);
-//! with N = 1 they run in this process. Keys go round-robin to the names.
+//! with N = 1 they run in this process. Keys are split evenly over the names.
 //!
 //! A node says `ready` on its standard output once connected and its
 //! controllers built, starts them at `go` on its standard input, and stops
@@ -42,7 +42,7 @@ pub struct Spread {
     pub processes: usize,
 }
 
-/// Fills `b.keys` keys round-robin over `spread.processes` fresh names, then
+/// Fills `b.keys` keys split evenly over `spread.processes` fresh names, then
 /// drains them with `spread.nodes` node processes (`drover` is the binary);
 /// keys per second, with WAL per key on PostgreSQL.
 pub async fn burn_down_spread(

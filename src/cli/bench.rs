@@ -76,7 +76,7 @@ pub(crate) struct Args {
     /// with its own connections) against the one database, W / N runs each.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     nodes: Option<u16>,
-    /// burn-down: spread the keys round-robin over M process names, one
+    /// burn-down: split the keys evenly over M process names, one
     /// controller per name (per node) with W / (N × M) runs each.
     #[arg(long, value_name = "M", value_parser = clap::value_parser!(u16).range(1..))]
     processes: Option<u16>,
