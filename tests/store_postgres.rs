@@ -1,6 +1,8 @@
 //! PostgreSQL-only behaviour, beyond the shared contract: `NOTIFY` on enqueue,
-//! the all-new-keys enqueue losing a race to a concurrent one, and statistics
-//! refreshed after bulk enqueues, a full disk reported as such. Skipped
+//! the all-new-keys enqueue losing a race to a concurrent one, a clean `done`
+//! waiting on an uncommitted enqueue of its key, statistics refreshed after
+//! bulk enqueues, running and parked keys listed from their own indexes, a full
+//! disk reported as such. Skipped
 //! (with a message) unless `DROVER_TEST_POSTGRES_URL` is set.
 
 mod support;
@@ -8,8 +10,10 @@ mod support;
 use std::time::Duration;
 
 use drover::store::{
-    ItemEnqueue, ItemList, ItemState, PostgresStore, StoreEngine as _, StoreError,
+    ItemEnqueue, ItemList, ItemState, LeaseComplete, Outcome, PostgresStore, StoreEngine as _,
+    StoreError,
 };
+use support::store::{P, claim, complete, enqueue, item, keys};
 
 #[tokio::test]
 async fn an_enqueue_notifies_the_process_channel_on_commit() {
@@ -321,6 +325,84 @@ async fn running_and_parked_keys_are_listed_from_their_own_small_indexes() {
         })
         .await
         .unwrap_or_else(|_| panic!("listing {state:?} keys never scanned {index}"));
+    }
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// The worst moment for a clean `done`: another transaction has enqueued the
+/// running key (its row locked, the change not yet committed) when the
+/// completion reads the row. The completion must wait for it, see the enqueue
+/// once it commits, and leave the key pending for one more run; when it rolls
+/// back instead, the key is left idle. The other keys of the batch settle
+/// either way.
+#[tokio::test]
+async fn a_done_that_waits_on_an_uncommitted_enqueue_of_its_key_honours_it() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    for commits in [true, false] {
+        let s = db.session().await;
+        enqueue(&db.store, &["a", "b", "c"]).await;
+        let running = claim(&db.store, s.id, 10).await;
+        assert_eq!(keys(&running), ["a", "b", "c"]);
+        let mut rival = pool.begin().await.expect("begin");
+        sqlx::query("SELECT drover_enqueue($1, ARRAY['b'])")
+            .bind(P)
+            .execute(&mut *rival)
+            .await
+            .expect("enqueue b in the rival transaction");
+        let store = db.store.clone();
+        let completing = tokio::spawn(async move {
+            let batch: Vec<LeaseComplete<'_>> = running
+                .iter()
+                .map(|lease| LeaseComplete {
+                    lease,
+                    outcome: &Outcome::Done,
+                })
+                .collect();
+            store.lease_complete_batch(&batch).await
+        });
+        // The completion is blocked on b's row lock, held by the rival.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'
+                         AND query LIKE '%drover_items%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .expect("activity");
+                if waiting > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the completion waits on the rival's lock");
+        if commits {
+            rival.commit().await.expect("commit");
+        } else {
+            rival.rollback().await.expect("rollback");
+        }
+        let answers = completing.await.expect("join").expect("batch");
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        let again = claim(&db.store, s.id, 10).await;
+        let expected: &[&str] = if commits { &["b"] } else { &[] };
+        assert_eq!(keys(&again), expected, "rival commits: {commits}");
+        for key in ["a", "c"] {
+            let item = item(&db.store, key).await.expect("known");
+            assert_eq!(item.state, ItemState::Idle, "{key}");
+        }
+        for lease in &again {
+            complete(&db.store, lease, Outcome::Done)
+                .await
+                .expect("done");
+        }
     }
     db.store.close().await;
     support::drop_schema(&base, &schema).await;

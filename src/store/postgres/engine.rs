@@ -16,7 +16,8 @@ use super::listen::Listener;
 use super::retry::{retry, watched};
 use super::statistics::Statistics;
 use super::{
-    admin, counts, enqueue, gate, groups, inspect, leases, processes, runs, series, sessions,
+    admin, complete, counts, enqueue, gate, groups, inspect, leases, processes, runs, series,
+    sessions,
 };
 use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::params::{
@@ -26,7 +27,6 @@ use crate::store::params::{
     RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use crate::store::rules::groups::act_where;
-use crate::store::rules::parts::complete_in_parts;
 use crate::store::rules::{resync, retention};
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
@@ -196,12 +196,17 @@ impl PostgresStore {
 
     /// Starts a transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
-        let mut tx = self
-            .connecting(Tx::begin(&self.pool, self.pooled))
-            .await
-            .db()?;
+        let mut tx = self.begin().await?;
         let now = self.now(&mut tx).await?;
         Ok((tx, now))
+    }
+
+    /// Starts a transaction for writes, without reading the clock (for a
+    /// statement that reads it itself).
+    pub(super) async fn begin(&self) -> Result<Tx, StoreError> {
+        self.connecting(Tx::begin(&self.pool, self.pooled))
+            .await
+            .db()
     }
 
     /// A connection for reads (a transaction through a pooler, see [`Tx`]);
@@ -286,7 +291,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        let answers = watched(self, complete_in_parts(self, &[params])).await?;
+        let answers = watched(self, complete::complete_batch(self, &[params])).await?;
         answers.into_iter().next().unwrap_or(Ok(()))
     }
 
@@ -294,7 +299,7 @@ impl StoreEngine for PostgresStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        watched(self, complete_in_parts(self, batch)).await
+        watched(self, complete::complete_batch(self, batch)).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
