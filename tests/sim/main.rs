@@ -115,8 +115,13 @@ fn seeded_worlds_keep_every_rule() {
         failures.len()
     );
     if let Some(first) = failures.first() {
+        let each: String = failures
+            .iter()
+            .filter_map(|f| f.lines().next())
+            .map(|line| format!("  {line}\n"))
+            .collect();
         panic!(
-            "{} of {} seeds failed; the first:\n{first}",
+            "{} of {} seeds failed:\n{each}the first:\n{first}",
             failures.len(),
             seeds.len()
         );
