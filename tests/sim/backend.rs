@@ -3,6 +3,7 @@
 //! (`CommitUnknown`), hang on a frozen link until it times out, or arrive and
 //! answer late. A crashed worker's calls never answer.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use drover::store::{
     Session, SessionClose, SessionHeartbeat, SessionStart, StoreError, WorkerBackend,
 };
 use tokio::sync::Notify;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::log::{Log, What};
@@ -30,6 +31,17 @@ pub(crate) struct Shared {
     pub fault_rate: f64,
     /// Set when faults stop, for the convergence phase.
     pub quiet: AtomicBool,
+    /// Each worker's failing link, if its link is failing.
+    pub cuts: Mutex<BTreeMap<u32, Cut>>,
+}
+
+/// A worker's link failing in two steps, as links do: first its answers are
+/// held up (requests still arrive) until `slow_until`, then nothing gets
+/// through either way until `down_until`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cut {
+    pub slow_until: Instant,
+    pub down_until: Instant,
 }
 
 impl Shared {
@@ -39,6 +51,14 @@ impl Shared {
 
     pub(crate) fn rng(&self) -> MutexGuard<'_, Rng> {
         self.rng.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `worker`'s link failure going on now, if any.
+    fn cut(&self, worker: u32) -> Option<Cut> {
+        let cuts = self.cuts.lock().unwrap_or_else(PoisonError::into_inner);
+        cuts.get(&worker)
+            .copied()
+            .filter(|cut| Instant::now() < cut.down_until)
     }
 
     pub(crate) fn quiet(&self) -> bool {
@@ -116,7 +136,17 @@ impl SimBackend {
     ) -> Result<T, StoreError> {
         let fault = self.fault(name);
         let shared = &self.shared;
+        let cut = shared.cut(self.worker);
         let reach = async move {
+            if let Some(cut) = cut {
+                if Instant::now() < cut.slow_until {
+                    let result = apply(&mut shared.model());
+                    sleep_until(cut.slow_until).await;
+                    return result;
+                }
+                sleep_until(cut.down_until).await;
+                return Err(StoreError::Unavailable(link_error("link cut")));
+            }
             match fault {
                 Fault::Arrives { before, after } => {
                     sleep(before).await;

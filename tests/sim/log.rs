@@ -82,6 +82,11 @@ pub(crate) enum What {
     Crash {
         worker: u32,
     },
+    Partition {
+        worker: u32,
+        slow: Duration,
+        down: Duration,
+    },
     Start {
         worker: u32,
     },

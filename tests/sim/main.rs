@@ -23,7 +23,7 @@ use std::time::Instant;
 use log::{Event, What};
 
 /// Seeds per `cargo test` run.
-const DEFAULT_SEEDS: u64 = 1_000;
+const DEFAULT_SEEDS: u64 = 2_000;
 
 fn env_u64(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;

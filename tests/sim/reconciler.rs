@@ -16,10 +16,10 @@ pub(crate) struct SimReconciler {
     pub worker: u32,
     pub shared: Arc<Shared>,
     pub death: CancellationToken,
-    /// The controller's run timeout: no run lasts exactly this long, so a
+    /// The controller's run timeout, if any: no run lasts exactly this long, so a
     /// run's end never ties with its timeout (whose winner tokio would pick
     /// at random).
-    pub timeout: Duration,
+    pub timeout: Option<Duration>,
 }
 
 /// What a run will do.
@@ -34,11 +34,14 @@ impl SimReconciler {
         let mut rng = self.shared.rng();
         let mut lasts = match rng.below(20) {
             _ if quiet => rng.ms(1, 300),
-            0..=13 => rng.ms(1, 300),
-            14..=18 => rng.ms(300, 2_000),
-            _ => rng.ms(2_000, 5_000),
+            0..=11 => rng.ms(1, 300),
+            12..=15 => rng.ms(300, 2_000),
+            _ => rng.ms(2_000, 8_000),
         };
-        if lasts.abs_diff(self.timeout) < Duration::from_millis(3) {
+        if self
+            .timeout
+            .is_some_and(|t| lasts.abs_diff(t) < Duration::from_millis(3))
+        {
             lasts += Duration::from_millis(5);
         }
         let outcome = match rng.below(20) {

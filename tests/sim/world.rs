@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Shared, SimBackend};
+use crate::backend::{Cut, Shared, SimBackend};
 use crate::log::{Event, Log, What};
 use crate::model::{Model, PROCESS};
 use crate::reconciler::SimReconciler;
@@ -20,7 +20,7 @@ use crate::rng::Rng;
 
 /// Every worker's session TTL.
 pub(crate) const TTL: Duration = Duration::from_secs(3);
-/// Every run's timeout.
+/// The run timeout of the nodes that have one.
 pub(crate) const TIMEOUT: Duration = Duration::from_millis(2_500);
 /// How long after the faults stop every key must have converged: a dead
 /// session's expiry (TTL) and reclaim (TTL/2), a frozen call's end (4 s), the
@@ -95,6 +95,7 @@ struct World {
 struct WorkerShape {
     parallelism: usize,
     prefetch: usize,
+    timeout: Option<Duration>,
 }
 
 impl World {
@@ -119,16 +120,17 @@ impl World {
                     worker,
                     shared: Arc::clone(&shared),
                     death: d.clone(),
-                    timeout: TIMEOUT,
+                    timeout: shape.timeout,
                 };
-                let controller = Controller::builder(backend, PROCESS, reconciler)
+                let mut builder = Controller::builder(backend, PROCESS, reconciler)
                     .parallelism(shape.parallelism)
                     .prefetch(shape.prefetch)
                     .ttl(TTL)
-                    .timeout(TIMEOUT)
-                    .idle_poll(Duration::from_millis(500))
-                    .build()
-                    .expect("valid settings");
+                    .idle_poll(Duration::from_millis(500));
+                if let Some(timeout) = shape.timeout {
+                    builder = builder.timeout(timeout);
+                }
+                let controller = builder.build().expect("valid settings");
                 // Only the first session's start can fail the run.
                 if controller.run(CancellationToken::new()).await.is_err() {
                     sleep(Duration::from_millis(200)).await;
@@ -174,6 +176,7 @@ async fn world(seed: u64) -> Ran {
         .map(|_| WorkerShape {
             parallelism: rng.between(1, 3) as usize,
             prefetch: rng.between(0, 1) as usize,
+            timeout: rng.chance(0.5).then_some(TIMEOUT),
         })
         .collect();
     let shared = Arc::new(Shared {
@@ -182,6 +185,7 @@ async fn world(seed: u64) -> Ran {
         rng: Mutex::new(Rng::new(rng.next_u64())),
         fault_rate: shape.fault_rate,
         quiet: false.into(),
+        cuts: Mutex::default(),
     });
     let mut world = World {
         shared: Arc::clone(&shared),
@@ -207,6 +211,7 @@ async fn world(seed: u64) -> Ran {
     }
     // Faults stop; every node comes back; the operator resumes the process.
     shared.quiet.store(true, Ordering::SeqCst);
+    shared.cuts.lock().expect("not poisoned").clear();
     log.push(What::Quiet);
     let quiet_at = log.now();
     for i in 0..shape.nodes {
@@ -279,7 +284,24 @@ fn act(world: &mut World, rng: &mut Rng, keys: &[String]) {
                 world.crash(i);
             }
         }
-        78..=82 => {
+        78..=80 => {
+            let i = rng.below(world.nodes.len() as u64) as usize;
+            let worker = world.nodes[i].worker;
+            let slow = rng.ms(200, 990);
+            let down = rng.ms(500, 6_000);
+            let now = Instant::now();
+            let cut = Cut {
+                slow_until: now + slow,
+                down_until: now + slow + down,
+            };
+            shared.log.push(What::Partition { worker, slow, down });
+            shared
+                .cuts
+                .lock()
+                .expect("not poisoned")
+                .insert(worker, cut);
+        }
+        81..=83 => {
             let paused = shared.model().paused;
             shared.model().set_paused(!paused);
         }
