@@ -70,12 +70,17 @@ fn check_seed(seed: u64) -> Result<(), String> {
         v.rule, v.detail, ran.shape
     );
     if let Some(key) = &v.key {
-        let of_key: Vec<&Event> = ran.events[..=v.seq]
+        // The key's story around the violation: what led to it, and (for a
+        // lost enqueue or a key that never converged) what came after.
+        let before = ran.events[..=v.seq].iter().filter(|e| mentions(e, key));
+        let before: Vec<&Event> = before.collect();
+        let after = ran.events[v.seq + 1..].iter().filter(|e| mentions(e, key));
+        report += &format!("events of {key} up to #{} and after it:\n", v.seq);
+        for e in before[before.len().saturating_sub(20)..]
             .iter()
-            .filter(|e| mentions(e, key))
-            .collect();
-        report += &format!("last events of {key}:\n");
-        for e in &of_key[of_key.len().saturating_sub(25)..] {
+            .copied()
+            .chain(after.take(10))
+        {
             report += &format!("  {e}\n");
         }
     }
