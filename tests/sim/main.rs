@@ -135,7 +135,10 @@ fn seeded_worlds_keep_every_rule() {
 
 #[test]
 fn a_seed_replays_to_the_same_trace() {
-    for seed in [7, 42, 1_234] {
+    // Seeds 1-30 and the first that found a bug: tokio's `select!` picks a
+    // random branch when several are ready, so a tie the world did not
+    // avoid would show here as a different trace.
+    for seed in (1..=30).chain([469]) {
         let once: Vec<String> = world::run(seed)
             .events
             .iter()
@@ -154,7 +157,7 @@ fn a_seed_replays_to_the_same_trace() {
             again.len(),
             first_difference.map(|i| (&once[i], &again[i]))
         );
-        assert!(once.len() > 100, "seed {seed}'s world did something");
+        assert!(once.len() > 20, "seed {seed}'s world did something");
     }
 }
 
