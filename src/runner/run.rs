@@ -178,7 +178,7 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
                 Written::Failed(e) if Instant::now() + delay > give_up => {
                     self.metrics.outcome("lost");
                     tracing::error!(key = %lease.key, error = %e, "cannot write the outcome; dropping it and handing the key back to run again");
-                    return self.release(lease).await;
+                    return self.hand_back(lease, token).await;
                 }
                 Written::Failed(e) => {
                     tracing::warn!(key = %lease.key, error = %e, "cannot write the outcome; retrying");
@@ -190,6 +190,44 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
                 () = sleep(delay) => {}
             }
             delay = (delay * 2).min(self.settings.heartbeat_every());
+        }
+    }
+
+    /// Hands back the lease of an outcome that could not be written, retrying
+    /// (20 ms doubling up to TTL/3, each try bounded by TTL/3) until the lease
+    /// is released or refused (lost: nothing to hand back), or the run's token
+    /// fires (its session was lost, and the database reclaims the key; or the
+    /// shutdown deadline passed, and closing the session hands it back). Given
+    /// up after one failed try, the lease would stay with a session that lives
+    /// on, and the key would never run again while this worker does (rule 3;
+    /// the simulation's seed 469 found it).
+    async fn hand_back(&self, lease: &Lease, token: &CancellationToken) {
+        let every = self.settings.heartbeat_every();
+        let mut delay = Duration::from_millis(20);
+        loop {
+            // Boxed, as in `release`.
+            let release = Box::pin(self.backend.lease_release(LeaseRelease { lease }));
+            let released = tokio::select! {
+                biased;
+                () = token.cancelled() => return,
+                released = timeout(every, release) => released,
+            };
+            match released {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) if e.is_lease_rejection() => return,
+                Ok(Err(e)) => {
+                    tracing::warn!(key = %lease.key, error = %e, "cannot hand the lease back; retrying");
+                }
+                Err(_) => {
+                    tracing::warn!(key = %lease.key, "handing the lease back timed out; retrying");
+                }
+            }
+            tokio::select! {
+                biased;
+                () = token.cancelled() => return,
+                () = sleep(delay) => {}
+            }
+            delay = (delay * 2).min(every);
         }
     }
 

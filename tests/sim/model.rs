@@ -1,0 +1,514 @@
+//! The model store: DESIGN.md's rules 1–6 and 10 as plain Rust over ordered
+//! maps, one process, on the simulated clock (the "database clock"). Every
+//! call is atomic (the whole model sits behind one lock), so it is the
+//! executable form of what an engine's transactions promise.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use drover::backoff::Backoff;
+use drover::store::{
+    ClaimGate, Claimed, FencingToken, Lease, Outcome, ReclaimReport, Session, SessionId, StoreError,
+};
+use tokio::sync::Notify;
+
+use crate::log::{Log, What};
+
+pub(crate) const PROCESS: &str = "sim";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    Pending,
+    Running,
+    Parked,
+    Idle,
+}
+
+/// Enqueues that arrived while the item ran.
+#[derive(Debug, Clone, Copy)]
+struct Dirty {
+    since: Duration,
+    ready_at: Duration,
+    priority: i32,
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    session: i64,
+    token: i64,
+    dirty: Option<Dirty>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Item {
+    pub state: State,
+    priority: i32,
+    ready_at: Duration,
+    enqueued_at: Duration,
+    /// Set while a failure's backoff holds the item back.
+    backoff_until: Option<Duration>,
+    failures: u32,
+    /// Enqueue order, for FIFO among equals.
+    seq: u64,
+    held: Option<Held>,
+}
+
+#[derive(Debug, Clone)]
+struct Sess {
+    ttl: Duration,
+    deadline: Duration,
+}
+
+/// The model's state.
+#[derive(Debug)]
+pub(crate) struct Model {
+    log: Log,
+    pub items: BTreeMap<String, Item>,
+    sessions: BTreeMap<i64, Sess>,
+    next_session: i64,
+    next_token: i64,
+    next_seq: u64,
+    pub paused: bool,
+    pub concurrency: Option<u32>,
+    backoff: Backoff,
+    pub wake: Arc<Notify>,
+}
+
+/// Simulated time as the database's timestamps.
+pub(crate) fn stamp(at: Duration) -> DateTime<Utc> {
+    let epoch = DateTime::<Utc>::from_timestamp(1_780_000_000, 0).expect("in range");
+    epoch + chrono::Duration::from_std(at).expect("in range")
+}
+
+impl Model {
+    pub(crate) fn new(log: Log, backoff: Backoff) -> Self {
+        Self {
+            log,
+            items: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            next_session: 1,
+            next_token: 1,
+            next_seq: 0,
+            paused: false,
+            concurrency: None,
+            backoff,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.log.now()
+    }
+
+    fn live(&self, session: i64) -> Result<&Sess, StoreError> {
+        match self.sessions.get(&session) {
+            Some(s) if s.deadline > self.now() => Ok(s),
+            _ => Err(StoreError::SessionExpired {
+                session: SessionId(session),
+            }),
+        }
+    }
+
+    pub(crate) fn session_start(&mut self, worker: u32, ttl: Duration) -> Session {
+        let id = self.next_session;
+        self.next_session += 1;
+        let deadline = self.now() + ttl;
+        self.sessions.insert(id, Sess { ttl, deadline });
+        self.log.push(What::SessionStart {
+            worker,
+            session: id,
+            deadline,
+        });
+        Session {
+            id: SessionId(id),
+            component: "sim".into(),
+            ttl,
+            deadline: stamp(deadline),
+        }
+    }
+
+    /// Rule 6: renewed to now + ttl unless the deadline has passed (decided
+    /// here, atomically with any reclaim).
+    pub(crate) fn session_heartbeat(&mut self, session: i64) -> Result<DateTime<Utc>, StoreError> {
+        let now = self.now();
+        let result = self.live(session).map(|s| s.ttl);
+        let (answer, word) = match result {
+            Ok(ttl) => {
+                let deadline = now + ttl;
+                self.sessions.get_mut(&session).expect("live").deadline = deadline;
+                (Ok(stamp(deadline)), "renewed")
+            }
+            Err(e) => (Err(e), "expired"),
+        };
+        self.log.push(What::Heartbeat {
+            session,
+            result: word,
+        });
+        answer
+    }
+
+    /// Ends a session, its leases pending again at once (no failure counted).
+    pub(crate) fn session_close(&mut self, session: i64) -> u64 {
+        self.sessions.remove(&session);
+        let mut released = 0;
+        for item in self.items.values_mut() {
+            if item.held.as_ref().is_some_and(|h| h.session == session) {
+                let now = self.log.now();
+                requeue(item, now);
+                released += 1;
+            }
+        }
+        self.log.push(What::SessionClose { session, released });
+        if released > 0 {
+            self.wake.notify_waiters();
+        }
+        released
+    }
+
+    /// Rule 6: every session past its deadline is deleted and its leases are
+    /// pending again (an `expired` run each).
+    pub(crate) fn session_reclaim(&mut self) -> ReclaimReport {
+        let now = self.now();
+        let expired: Vec<i64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut report = ReclaimReport::default();
+        for session in expired {
+            self.sessions.remove(&session);
+            let mut keys = Vec::new();
+            for (key, item) in &mut self.items {
+                if let Some(held) = item.held.as_ref().filter(|h| h.session == session) {
+                    keys.push((key.clone(), held.token));
+                    requeue(item, now);
+                }
+            }
+            report.sessions += 1;
+            report.leases += keys.len() as u64;
+            self.log.push(What::Reclaim { session, keys });
+        }
+        if report.leases > 0 {
+            self.wake.notify_waiters();
+        }
+        report
+    }
+
+    /// Rule 2: coalesced into a pending item (earliest ready time wins, never
+    /// before its backoff), a dirty mark on a running one, pending otherwise.
+    pub(crate) fn enqueue(&mut self, key: &str, after: Duration, priority: i32) {
+        let now = self.now();
+        let ready = now + after;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let item = self.items.entry(key.to_owned()).or_insert(Item {
+            state: State::Idle,
+            priority,
+            ready_at: ready,
+            enqueued_at: now,
+            backoff_until: None,
+            failures: 0,
+            seq,
+            held: None,
+        });
+        let word = match item.state {
+            State::Pending => {
+                let floor = item.backoff_until.unwrap_or(ready).max(ready);
+                item.ready_at = item.ready_at.min(floor);
+                item.priority = item.priority.max(priority);
+                "coalesced"
+            }
+            State::Running => {
+                let held = item.held.as_mut().expect("running items are held");
+                held.dirty = Some(match held.dirty {
+                    Some(d) => Dirty {
+                        since: d.since,
+                        ready_at: d.ready_at.min(ready),
+                        priority: d.priority.max(priority),
+                    },
+                    None => Dirty {
+                        since: now,
+                        ready_at: ready,
+                        priority,
+                    },
+                });
+                "dirty"
+            }
+            State::Parked | State::Idle => {
+                item.state = State::Pending;
+                item.ready_at = ready;
+                item.priority = priority;
+                item.enqueued_at = now;
+                item.seq = seq;
+                "pending"
+            }
+        };
+        self.log.push(What::Enqueue {
+            key: key.to_owned(),
+            after,
+            state: word,
+        });
+        self.wake.notify_waiters();
+    }
+
+    fn running(&self) -> u32 {
+        self.items
+            .values()
+            .filter(|i| i.state == State::Running)
+            .count() as u32
+    }
+
+    /// Rules 1, 7 and 10: the ready keys by priority, ready time, FIFO, up to
+    /// `max` and the concurrency limit's free slots; nothing while paused.
+    pub(crate) fn lease_claim(
+        &mut self,
+        worker: u32,
+        session: i64,
+        max: u32,
+    ) -> Result<Claimed, StoreError> {
+        self.live(session)?;
+        let now = self.now();
+        let mut gate = ClaimGate::default();
+        if self.paused {
+            gate.paused = true;
+            return Ok(Claimed {
+                leases: vec![],
+                gate,
+            });
+        }
+        let mut room = max;
+        if let Some(limit) = self.concurrency {
+            let free = limit.saturating_sub(self.running());
+            if free < room {
+                room = free;
+                gate.concurrency_limited = true;
+            }
+        }
+        let mut ready: Vec<(&String, &Item)> = self
+            .items
+            .iter()
+            .filter(|(_, i)| i.state == State::Pending && i.ready_at <= now)
+            .collect();
+        ready.sort_by_key(|(_, i)| (-i.priority, i.ready_at, i.seq));
+        let keys: Vec<String> = ready
+            .into_iter()
+            .take(room as usize)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut leases = Vec::new();
+        for key in keys {
+            let token = self.next_token;
+            self.next_token += 1;
+            let item = self.items.get_mut(&key).expect("listed");
+            item.state = State::Running;
+            item.backoff_until = None;
+            item.held = Some(Held {
+                session,
+                token,
+                dirty: None,
+            });
+            leases.push(Lease {
+                session: SessionId(session),
+                process: PROCESS.into(),
+                key: key.clone(),
+                token: FencingToken(token),
+                attempt: item.failures + 1,
+                priority: item.priority,
+                enqueued_at: stamp(item.enqueued_at),
+                started_at: stamp(now),
+            });
+            self.log.push(What::Claim {
+                worker,
+                session,
+                key,
+                token,
+            });
+        }
+        Ok(Claimed { leases, gate })
+    }
+
+    /// Rule 1's fencing: the lease must be the item's current one, under a
+    /// live session; a refusal changes nothing.
+    fn check(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.live(lease.session.0)?;
+        let current = self
+            .items
+            .get(&lease.key)
+            .and_then(|i| i.held.as_ref())
+            .is_some_and(|h| h.token == lease.token.0 && h.session == lease.session.0);
+        if current {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost {
+                process: PROCESS.into(),
+                key: lease.key.clone(),
+                token: lease.token,
+            })
+        }
+    }
+
+    /// Rules 4 and 5, with rule 2's dirty re-run.
+    pub(crate) fn lease_complete(
+        &mut self,
+        lease: &Lease,
+        outcome: &Outcome,
+    ) -> Result<(), StoreError> {
+        let checked = self.check(lease);
+        let word = match &checked {
+            Ok(()) => {
+                let now = self.now();
+                let backoff = self.backoff;
+                let item = self.items.get_mut(&lease.key).expect("checked");
+                settle(item, now, outcome, &backoff);
+                match item.state {
+                    State::Pending => "pending",
+                    State::Parked => "parked",
+                    State::Idle => "idle",
+                    State::Running => unreachable!("settled"),
+                }
+            }
+            Err(StoreError::SessionExpired { .. }) => "refused: session expired",
+            Err(_) => "refused: lease lost",
+        };
+        self.log.push(What::Complete {
+            session: lease.session.0,
+            key: lease.key.clone(),
+            token: lease.token.0,
+            outcome: outcome.name(),
+            result: word,
+        });
+        if checked.is_ok() {
+            self.wake.notify_waiters();
+        }
+        checked
+    }
+
+    pub(crate) fn lease_release(&mut self, lease: &Lease) -> Result<(), StoreError> {
+        let checked = self.check(lease);
+        if checked.is_ok() {
+            let now = self.now();
+            requeue(self.items.get_mut(&lease.key).expect("checked"), now);
+            self.wake.notify_waiters();
+        }
+        self.log.push(What::Release {
+            key: lease.key.clone(),
+            token: lease.token.0,
+            result: if checked.is_ok() {
+                "pending"
+            } else {
+                "refused"
+            },
+        });
+        checked
+    }
+
+    pub(crate) fn set_paused(&mut self, paused: bool) {
+        self.paused = paused;
+        self.log
+            .push(if paused { What::Pause } else { What::Resume });
+        if !paused {
+            self.wake.notify_waiters();
+        }
+    }
+
+    pub(crate) fn set_limit(&mut self, limit: Option<u32>) {
+        self.concurrency = limit;
+        self.log.push(What::Limit(limit));
+        self.wake.notify_waiters();
+    }
+
+    /// An operator's retry, park or delete: refused on a running item.
+    pub(crate) fn admin(&mut self, action: &'static str, key: &str) {
+        let now = self.now();
+        let result = match self.items.get_mut(key) {
+            None => "no such key",
+            Some(item) if item.state == State::Running => "refused: running",
+            Some(item) => {
+                match action {
+                    "retry" => {
+                        item.state = State::Pending;
+                        item.ready_at = now;
+                        item.backoff_until = None;
+                    }
+                    "park" => item.state = State::Parked,
+                    _ => {
+                        self.items.remove(key);
+                    }
+                }
+                "done"
+            }
+        };
+        self.log.push(What::Admin {
+            action,
+            key: key.to_owned(),
+            result,
+        });
+        self.wake.notify_waiters();
+    }
+
+    /// Whether every key has converged: nothing pending, nothing running.
+    pub(crate) fn converged(&self) -> bool {
+        self.items
+            .values()
+            .all(|i| matches!(i.state, State::Idle | State::Parked))
+    }
+}
+
+/// A lease handed back without an outcome: pending at once, a dirty mark
+/// folded in, the failure count kept.
+fn requeue(item: &mut Item, now: Duration) {
+    let held = item.held.take().expect("running items are held");
+    item.state = State::Pending;
+    item.ready_at = now;
+    if let Some(d) = held.dirty {
+        item.priority = item.priority.max(d.priority);
+    }
+}
+
+fn settle(item: &mut Item, now: Duration, outcome: &Outcome, backoff: &Backoff) {
+    let held = item.held.take().expect("checked");
+    let dirty = held.dirty;
+    // Where a dirty re-run takes the item: the earliest ready time and the
+    // highest priority asked for.
+    let pending = |item: &mut Item, ready_at: Duration| {
+        item.state = State::Pending;
+        item.ready_at = match dirty {
+            Some(d) => ready_at.min(d.ready_at),
+            None => ready_at,
+        };
+        if let Some(d) = dirty {
+            item.priority = item.priority.max(d.priority);
+            item.enqueued_at = d.since;
+        }
+    };
+    match outcome {
+        Outcome::Done => {
+            item.failures = 0;
+            match dirty {
+                Some(d) => pending(item, d.ready_at),
+                None => item.state = State::Idle,
+            }
+        }
+        Outcome::RequeueAfter(delay) => {
+            item.failures = 0;
+            pending(item, now + *delay);
+        }
+        Outcome::Transient(_) => {
+            item.failures += 1;
+            let until = now + backoff.delay(item.failures);
+            pending(item, until);
+            item.ready_at = until;
+            item.backoff_until = Some(until);
+        }
+        Outcome::Permanent(_) => {
+            item.failures += 1;
+            match dirty {
+                Some(d) => pending(item, d.ready_at),
+                None => item.state = State::Parked,
+            }
+        }
+    }
+}
