@@ -27,6 +27,7 @@ mod reconciler;
 mod run;
 mod session;
 mod source;
+mod trace;
 
 pub use crate::metrics::RunnerFamilies;
 pub use config::{ConfigError, ControllerBuilder};
@@ -39,3 +40,4 @@ pub use lapse::{MIN_SAFETY_MARGIN, MIN_TTL, STOP_GRACE, safety_margin};
 pub use maintenance::{Pruned, Pruner, Resyncer};
 pub use reconciler::{Action, Reconciler, Task};
 pub use source::Source;
+pub use trace::RUN_TARGET;
