@@ -108,11 +108,36 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             };
             db.store.lease_complete(done).await.expect("complete");
         }
-        let next = db.store.lease_claim(claim).await.expect("claim").leases;
+        let next = db
+            .store
+            .lease_claim(claim.clone())
+            .await
+            .expect("claim")
+            .leases;
         assert_eq!(next.len(), 1, "the dirty key runs once more");
         let links = db.store.lease_trace(&next[0]).await.expect("links");
         assert_eq!(links.links, [context('a', 'b')]);
         assert_eq!(links.dropped, 0);
+
+        // A run that absorbed no context shows none, not its predecessor's.
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .expect("enqueue");
+        let done = LeaseComplete {
+            lease: &next[0],
+            outcome: &Outcome::Done,
+        };
+        db.store.lease_complete(done).await.expect("complete");
+        let last = db.store.lease_claim(claim).await.expect("claim").leases;
+        assert_eq!(last.len(), 1, "the dirty key runs once more");
+        assert!(
+            db.store
+                .lease_trace(&last[0])
+                .await
+                .expect("links")
+                .is_empty()
+        );
     })
     .await;
 }

@@ -10,8 +10,9 @@
 ALTER TABLE drover_items ADD COLUMN trace_links jsonb, ADD COLUMN trace_run jsonb;
 
 -- The move, for every way a lease starts (the claims, the gated claim,
--- `lease_lock`): when a new lease token is written and contexts are waiting.
--- With tracing off `trace_links` is NULL and the function never runs.
+-- `lease_lock`): when a new lease token is written and contexts are waiting
+-- or an earlier run's are left (a run with none must not show its
+-- predecessor's). With tracing off both are NULL and the function never runs.
 CREATE FUNCTION drover_items_trace_run() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -23,7 +24,7 @@ CREATE TRIGGER drover_items_trace_run
 BEFORE UPDATE OF lease_token ON drover_items
 FOR EACH ROW
 WHEN (NEW.state = 'running' AND NEW.lease_token IS DISTINCT FROM OLD.lease_token
-      AND NEW.trace_links IS NOT NULL)
+      AND (NEW.trace_links IS NOT NULL OR NEW.trace_run IS NOT NULL))
 EXECUTE FUNCTION drover_items_trace_run();
 
 -- Adds the W3C trace context `context` (`traceparent`, or `traceparent

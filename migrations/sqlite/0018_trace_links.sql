@@ -11,12 +11,13 @@ ALTER TABLE drover_items ADD COLUMN trace_links TEXT;
 ALTER TABLE drover_items ADD COLUMN trace_run TEXT;
 
 -- The move, for every way a lease starts (the claims and `lease_lock`): when
--- a new lease token is written and contexts are waiting. With tracing off
--- `trace_links` is NULL and the trigger's body never runs.
+-- a new lease token is written and contexts are waiting or an earlier run's
+-- are left (a run with none must not show its predecessor's). With tracing
+-- off both are NULL and the trigger's body never runs.
 CREATE TRIGGER drover_items_trace_run
 AFTER UPDATE OF lease_token ON drover_items
 WHEN NEW.state = 'running' AND NEW.lease_token IS NOT OLD.lease_token
-    AND NEW.trace_links IS NOT NULL
+    AND (NEW.trace_links IS NOT NULL OR NEW.trace_run IS NOT NULL)
 BEGIN
     UPDATE drover_items SET trace_run = NEW.trace_links, trace_links = NULL
     WHERE id = NEW.id;
