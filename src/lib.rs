@@ -32,8 +32,9 @@
 //! | `postgres` | [`store`] and [`runner`] with the fleet engine ([`store::PostgresStore`]) | sqlx (PostgreSQL) |
 //! | `client` | [`client`](mod@client): the runner's backend over a drover server, and the wire types in [`api`] | reqwest; no engine |
 //! | `server` | [`server`]: `drover serve`'s API, `/metrics` and dashboard, and [`api`] | axum, maud; needs `sqlite` or `postgres` as well |
+//! | `otel` | run spans linked to the enqueues they absorbed, and an enqueue's context taken from the current `tracing` span (DESIGN.md rule 14) | opentelemetry, tracing-opentelemetry |
 //! | `bench` | [`bench`](mod@bench): the workloads behind `drover bench` and `cargo bench` | `sqlite`, `postgres`, `client` |
-//! | `cli` | the `drover` binary | every feature above |
+//! | `cli` | the `drover` binary, with the OTLP exporter | every feature above, opentelemetry-otlp |
 //!
 //! A `client`-only build has [`Store`] and the whole [`runner`], so a worker far
 //! from the database compiles no SQL driver; there [`Store::connect`] refuses

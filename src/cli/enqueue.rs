@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
-use drover::store::{EnqueueReport, ItemEnqueue, StoreEngine as _, validate_key, validate_process};
+use drover::store::{
+    EnqueueReport, ItemEnqueue, StoreEngine as _, TraceContext, validate_key, validate_process,
+};
 
 use super::db::{DbArgs, parse_duration};
 
@@ -66,13 +68,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     for key in &keys {
         validate_key(key)?;
     }
+    let trace = trace_from_env();
     let store = args.db.open().await?;
     let mut total = EnqueueReport::default();
     for chunk in keys.chunks(BATCH) {
         let params = ItemEnqueue::new(args.process.clone(), chunk.iter().cloned())
             .after(args.after.unwrap_or_default())
             .priority(args.priority)
-            .bypass_backoff(args.bypass_backoff);
+            .bypass_backoff(args.bypass_backoff)
+            .trace(trace.clone());
         let report = store.item_enqueue(params).await?;
         total.pending += report.pending;
         total.dirty += report.dirty;
@@ -89,4 +93,22 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     println!("{summary}");
     store.close().await;
     Ok(())
+}
+
+/// The trace context of the change behind this enqueue, from `TRACEPARENT`
+/// and `TRACESTATE` (the environment carrier OpenTelemetry specifies for
+/// processes): each key's next run links to it. A malformed one is ignored
+/// with a warning, as W3C asks of a malformed header.
+fn trace_from_env() -> Option<TraceContext> {
+    let parent = std::env::var("TRACEPARENT")
+        .ok()
+        .filter(|p| !p.trim().is_empty())?;
+    let state = std::env::var("TRACESTATE").ok();
+    match TraceContext::new(&parent, state.as_deref()) {
+        Ok(trace) => Some(trace),
+        Err(e) => {
+            eprintln!("warning: TRACEPARENT ignored: {e}");
+            None
+        }
+    }
 }

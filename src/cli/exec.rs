@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use drover::runner::{Action, BoxError, Task, permanent, transient};
-use drover::store::text_from_bytes;
+use drover::store::{TraceContext, text_from_bytes};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt as _;
@@ -44,6 +44,10 @@ pub(crate) struct Job {
     pub(crate) attempt: u32,
     /// The lease's fencing token, as `DROVER_FENCING_TOKEN`.
     pub(crate) fencing_token: i64,
+    /// The run span's W3C context, as `TRACEPARENT`/`TRACESTATE`, when
+    /// traces are exported: a command that uses an OpenTelemetry SDK
+    /// continues the run's trace.
+    pub(crate) trace: Option<TraceContext>,
 }
 
 impl From<&Task> for Job {
@@ -53,6 +57,8 @@ impl From<&Task> for Job {
             process: task.process().to_owned(),
             attempt: task.attempt(),
             fencing_token: task.fencing_token().0,
+            // Built inside the run's span, so this is the run's context.
+            trace: TraceContext::current(),
         }
     }
 }
@@ -158,6 +164,14 @@ impl Exec {
             .process_group(0)
             .kill_on_drop(true);
         command.env("DROVER_FENCING_TOKEN", job.fencing_token.to_string());
+        // The worker's own context, if it was started with one, is not the run's.
+        command.env_remove("TRACEPARENT").env_remove("TRACESTATE");
+        if let Some(trace) = &job.trace {
+            command.env("TRACEPARENT", trace.traceparent());
+            if let Some(state) = trace.tracestate() {
+                command.env("TRACESTATE", state);
+            }
+        }
         die_with_worker(&mut command);
         command
     }

@@ -13,6 +13,7 @@ mod exec;
 mod history;
 mod metrics_listen;
 mod migrate;
+mod otel;
 mod pause;
 mod process;
 mod serve;
@@ -90,16 +91,8 @@ impl std::error::Error for Reported {}
 /// line on stderr and a non-zero exit code.
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DROVER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: a log piped to a file or a journal
-        // would otherwise carry escape codes on every line.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Dropped last (after the runtime): the last spans are flushed on exit.
+    let _telemetry = otel::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

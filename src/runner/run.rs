@@ -12,6 +12,7 @@ use futures_util::FutureExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, Span};
 
 use super::completer::{Completer, Written};
 use super::config::Settings;
@@ -19,6 +20,7 @@ use super::error::outcome_of;
 use super::finished::Finished;
 use super::lapse::STOP_GRACE;
 use super::reconciler::{Reconciler, Task};
+use super::trace;
 use crate::metrics::RunnerMetrics;
 use crate::store::{Lease, LeaseRelease, Outcome, WorkerBackend};
 
@@ -70,6 +72,28 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
         token: CancellationToken,
         permit: OwnedSemaphorePermit,
     ) {
+        let span = trace::run_span(&lease);
+        if span.is_disabled() {
+            return self.execute_in(lease, token, permit, &span).await;
+        }
+        // Boxed: a traced run's extra awaits stay out of every run's future.
+        Box::pin(async move {
+            trace::link_enqueues(&span, &self.backend, &lease).await;
+            let run = self.execute_in(lease, token, permit, &span);
+            run.instrument(span.clone()).await;
+        })
+        .await;
+    }
+
+    /// [`execute`](Self::execute) under the run's `span` (disabled when
+    /// nothing records it).
+    async fn execute_in(
+        self: Arc<Self>,
+        lease: Lease,
+        token: CancellationToken,
+        permit: OwnedSemaphorePermit,
+        span: &Span,
+    ) {
         let queue = &self.metrics.queue;
         if let Ok(waited) = (lease.started_at - lease.enqueued_at).to_std() {
             queue.queue_duration.observe(waited.as_secs_f64());
@@ -81,6 +105,10 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
         queue.work_duration.observe(started.elapsed().as_secs_f64());
         match ended {
             Ended::Outcome(outcome) => {
+                trace::record_outcome(span, &outcome);
+                if !span.is_disabled() && matches!(outcome, Outcome::Transient(_)) {
+                    Box::pin(trace::link_retry(span, &self.backend, &lease)).await;
+                }
                 if let Some(finished) = &self.finished {
                     finished.record(&lease.key);
                 }
@@ -92,10 +120,12 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
                 return;
             }
             Ended::Released => {
+                trace::record_ended(span, "canceled");
                 self.metrics.outcome("canceled");
                 self.release(&lease).await;
             }
             Ended::Lost => {
+                trace::record_ended(span, "lost");
                 self.metrics.outcome("lost");
                 tracing::warn!(key = %lease.key, "session lost during the run; its result is discarded");
             }

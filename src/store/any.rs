@@ -30,7 +30,7 @@ use super::types::{
     ProcessCounts, ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session,
     SessionId, SessionInfo, TriagePage,
 };
-use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch};
+use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch, TraceContext, TraceLinks};
 
 /// A store on whichever engine the URL names. Cheap to clone; clones share the
 /// connection pool and the clock.
@@ -249,6 +249,30 @@ fn pool_stats<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> PoolStats {
     }
 }
 
+/// Trace contexts (DESIGN.md rule 14): what a run absorbed, and a link
+/// from a failed run to its retry.
+impl Store {
+    /// The trace contexts of the enqueues the run under `lease` absorbed,
+    /// moved to it when its lease started; empty when none carried one, or
+    /// once another lease took the key. The runner reads them only when it
+    /// records the run's span.
+    pub async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
+        dispatch!(self, s => s.lease_trace(lease).await)
+    }
+
+    /// Adds `context` to the next run of `process`'s `key` (if it is an item),
+    /// as an enqueue's context would be: the runner links a retry to the
+    /// attempt that failed this way.
+    pub async fn item_trace_link(
+        &self,
+        process: &str,
+        key: &str,
+        context: &TraceContext,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.item_trace_link(process, key, context).await)
+    }
+}
+
 impl StoreEngine for Store {
     async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
         dispatch!(self, s => s.session_start(params).await)
@@ -284,6 +308,11 @@ impl StoreEngine for Store {
     }
 
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
+        #[cfg(feature = "otel")]
+        let params = match params.trace {
+            Some(_) => params,
+            None => params.trace(TraceContext::current()),
+        };
         let process = params.process.clone();
         let report: EnqueueReport = dispatch!(self, s => s.item_enqueue(params).await?);
         super::wakeup::notify(&process);

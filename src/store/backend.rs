@@ -14,8 +14,9 @@ use super::params::{
     LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat,
     SessionStart,
 };
-use super::types::{ReclaimReport, Session};
+use super::types::{Lease, ReclaimReport, Session};
 use super::{Store, StoreEngine, StoreError};
+use super::{TraceContext, TraceLinks};
 
 /// What a [`Controller`](crate::runner::Controller) needs from where its work
 /// lives: sessions, claims (with a wait), batched completions and releases.
@@ -98,6 +99,29 @@ pub trait WorkerBackend: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
         let _ = process;
         None
+    }
+
+    /// The trace contexts of the enqueues the run under `lease` absorbed
+    /// (DESIGN.md rule 14), read only when the run's span is recorded; none
+    /// where the backend cannot tell (over HTTP).
+    fn lease_trace(
+        &self,
+        lease: &Lease,
+    ) -> impl Future<Output = Result<TraceLinks, StoreError>> + Send {
+        let _ = lease;
+        async { Ok(TraceLinks::default()) }
+    }
+
+    /// Adds `context` to the next run of `lease`'s key, as an enqueue's
+    /// context would be: a retry's span then links to the attempt that
+    /// failed. A no-op where the backend cannot store it (over HTTP).
+    fn item_trace_link(
+        &self,
+        lease: &Lease,
+        context: &TraceContext,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (lease, context);
+        async { Ok(()) }
     }
 
     /// The database itself, when the backend is one: handed to reconcilers
@@ -195,6 +219,18 @@ impl WorkerBackend for Store {
 
     fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
         Some(Store::subscribe(self, process))
+    }
+
+    async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
+        Store::lease_trace(self, lease).await
+    }
+
+    async fn item_trace_link(
+        &self,
+        lease: &Lease,
+        context: &TraceContext,
+    ) -> Result<(), StoreError> {
+        Store::item_trace_link(self, &lease.process, &lease.key, context).await
     }
 
     fn local_store(&self) -> Option<&Store> {

@@ -80,6 +80,7 @@ mod key;
 mod options;
 mod params;
 mod text;
+mod trace;
 mod types;
 mod url;
 pub(crate) mod wakeup;
@@ -129,6 +130,7 @@ pub use rules::{MAX_SIGNATURE_BYTES, error_signature};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
+pub use trace::{InvalidTraceContext, TRACE_LINKS_KEPT, TraceContext, TraceLinks};
 #[cfg(feature = "_engine")]
 pub use transaction::StoreTx;
 pub use types::{

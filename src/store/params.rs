@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::backoff::Backoff;
 
+use super::trace::TraceContext;
 use super::types::{ItemState, Lease, Outcome, PruneCursor, RunOutcome, SessionId};
 
 /// Parameters of [`session_start`](super::StoreEngine::session_start).
@@ -103,6 +104,12 @@ pub struct ItemEnqueue {
     /// the key shows as pending and `lease_lock` takes it; its failure count is
     /// kept, so a further failure backs off as before.
     pub bypass_backoff: bool,
+    /// The trace context of the change behind this enqueue (DESIGN.md rule
+    /// 14), kept on each key for its next run, whose span links to it.
+    /// `None` (the default) stores nothing. With the `otel` feature,
+    /// [`Store`](super::Store)'s enqueue fills it from the current `tracing`
+    /// span when that span is part of an OpenTelemetry trace.
+    pub trace: Option<TraceContext>,
 }
 
 impl ItemEnqueue {
@@ -118,6 +125,7 @@ impl ItemEnqueue {
             after: Duration::ZERO,
             priority: 0,
             bypass_backoff: false,
+            trace: None,
         }
     }
 
@@ -131,6 +139,12 @@ impl ItemEnqueue {
     #[must_use]
     pub fn priority(self, priority: i32) -> Self {
         Self { priority, ..self }
+    }
+
+    /// Carries the trace context of the change behind this enqueue.
+    #[must_use]
+    pub fn trace(self, trace: Option<TraceContext>) -> Self {
+        Self { trace, ..self }
     }
 
     /// Lets this enqueue shorten a running backoff.

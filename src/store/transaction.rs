@@ -131,6 +131,11 @@ impl StoreTx {
     /// keys exist once [`commit`](Self::commit) succeeds. A database error
     /// leaves the transaction to be rolled back.
     pub async fn item_enqueue(&mut self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
+        #[cfg(feature = "otel")]
+        let params = match params.trace {
+            Some(_) => params,
+            None => params.trace(super::TraceContext::current()),
+        };
         let process = params.process.clone();
         let report = on_engine!(self, s, tx => s.item_enqueue_in(tx, params).await)?;
         self.processes.insert(process);

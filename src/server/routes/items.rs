@@ -5,7 +5,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 
 use crate::api::ErrorBody;
 use crate::api::{
@@ -21,7 +21,7 @@ use crate::server::role::Role;
 use crate::server::state::AppState;
 use crate::store::{
     ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, StoreEngine as _,
-    validate_key, validate_process,
+    TraceContext, validate_key, validate_process,
 };
 
 /// The reason an operator's park records.
@@ -44,6 +44,7 @@ pub(crate) async fn enqueue(
     _: Authorized<Work>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<EnqueueRequest>,
 ) -> Result<Json<EnqueueResponse>, ApiError> {
     validate_process(&process)?;
@@ -73,13 +74,29 @@ pub(crate) async fn enqueue(
     let params = ItemEnqueue::new(process.clone(), body.keys)
         .after(ms(body.after_ms))
         .priority(body.priority)
-        .bypass_backoff(body.bypass_backoff);
+        .bypass_backoff(body.bypass_backoff)
+        .trace(trace_context(&headers));
     let report = state.store.item_enqueue(params).await?;
     state.metrics.enqueued(&process, count);
     Ok(Json(EnqueueResponse {
         pending: report.pending,
         dirty: report.dirty,
     }))
+}
+
+/// The W3C trace context of the request (`traceparent`, `tracestate`), kept
+/// for the keys' next run (DESIGN.md rule 14). A malformed one is ignored, as
+/// W3C asks: the enqueue goes on without it.
+fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
+    let parent = headers.get("traceparent")?.to_str().ok()?;
+    let state = headers.get("tracestate").and_then(|s| s.to_str().ok());
+    match TraceContext::new(parent, state) {
+        Ok(trace) => Some(trace),
+        Err(e) => {
+            tracing::debug!(error = %e, "traceparent ignored");
+            None
+        }
+    }
 }
 
 /// Lists a process's items in key order, optionally in one state, a page at a

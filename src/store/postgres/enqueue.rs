@@ -111,6 +111,9 @@ async fn attempt(
         .await
         .db()?;
     let bulk = keys.len() >= COPY_MIN_KEYS;
+    // A traced batch goes through the upsert, after which its context is
+    // linked to every key (`COPY` writes rows, not links).
+    let fast = fast && params.trace.is_none();
     let report = if bulk && fast && !overlaps(&mut tx, &params.process, keys).await? {
         let now = store.now(&mut tx).await?;
         ensure_process(&mut tx, now, &params.process).await?;
@@ -168,6 +171,9 @@ where
         .fetch_one(&mut *conn)
         .await
         .db()?;
+    if let Some(context) = &params.trace {
+        super::trace::link(conn, &params.process, keys, context).await?;
+    }
     // Counts of rows are never negative.
     Ok(EnqueueReport {
         pending: pending.unsigned_abs(),

@@ -152,6 +152,9 @@ pub(super) async fn coalesce(
             .await
             .db()?;
     }
+    if let Some(context) = &params.trace {
+        super::trace::link(conn, &params.process, &keys, context).await?;
+    }
     // A count of rows is never negative.
     let dirty = running.unsigned_abs();
     Ok(EnqueueReport {

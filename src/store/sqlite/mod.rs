@@ -24,6 +24,7 @@ mod rows;
 mod runs;
 mod series;
 mod sessions;
+mod trace;
 mod transactional;
 mod watch;
 mod writer;

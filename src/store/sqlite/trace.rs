@@ -1,0 +1,91 @@
+//! Trace contexts on SQLite (DESIGN.md rule 14): an enqueue's context is
+//! appended to its keys' next run ([`LINK`]); migration 0018's trigger moves
+//! them to the run when its lease starts, where [`lease_trace`] reads them.
+
+use sqlx::SqliteConnection;
+
+use super::engine::SqliteStore;
+use super::error::Db as _;
+use crate::store::types::Lease;
+use crate::store::{StoreError, TraceContext, TraceLinks};
+
+/// Appends the context `?3` to the next run of the keys `?2` (a JSON array)
+/// of process `?1`: the first and the last 8 contexts are kept
+/// ([`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT)), and when a 17th
+/// comes the oldest of the last 8 is dropped and counted. PostgreSQL's
+/// `drover_trace_link` (migration 0014) says the same.
+const LINK: &str = "
+UPDATE drover_items SET trace_links = CASE
+    WHEN trace_links IS NULL THEN json_object('links', json_array(?3), 'dropped', 0)
+    WHEN json_array_length(trace_links, '$.links') < 16
+        THEN json_insert(trace_links, '$.links[#]', ?3)
+    ELSE json_set(json_insert(json_remove(trace_links, '$.links[8]'), '$.links[#]', ?3),
+                  '$.dropped', json_extract(trace_links, '$.dropped') + 1)
+    END
+WHERE process = ?1 AND key IN (SELECT value FROM json_each(?2))";
+
+/// Adds `context` to the next run of each of `keys` (a JSON array of keys
+/// that are items) on `conn`, inside the enqueue's transaction.
+pub(super) async fn link(
+    conn: &mut SqliteConnection,
+    process: &str,
+    keys: &str,
+    context: &TraceContext,
+) -> Result<(), StoreError> {
+    sqlx::query(LINK)
+        .bind(process)
+        .bind(keys)
+        .bind(context.stored())
+        .execute(conn)
+        .await
+        .db()?;
+    Ok(())
+}
+
+/// Adds `context` to the next run of one key, in its own transaction.
+async fn link_key(
+    store: &SqliteStore,
+    process: &str,
+    key: &str,
+    context: &TraceContext,
+) -> Result<(), StoreError> {
+    let keys = serde_json::to_string(&[key]).expect("a list of strings always serializes");
+    let mut tx = store.begin().await?;
+    link(&mut tx, process, &keys, context).await?;
+    tx.commit().await.db()
+}
+
+/// The contexts the run under `lease` absorbed; empty once another lease
+/// took the key.
+async fn lease_trace(store: &SqliteStore, lease: &Lease) -> Result<TraceLinks, StoreError> {
+    let run: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT trace_run FROM drover_items
+         WHERE process = ?1 AND key = ?2 AND lease_token = ?3 AND state = 'running'",
+    )
+    .bind(&lease.process)
+    .bind(&lease.key)
+    .bind(lease.token.0)
+    .fetch_optional(&store.pool)
+    .await
+    .db()?;
+    Ok(TraceLinks::from_json(run.flatten().as_deref()))
+}
+
+impl SqliteStore {
+    /// The trace contexts the run under `lease` absorbed (see
+    /// [`Store::lease_trace`](crate::store::Store::lease_trace)).
+    pub(crate) async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
+        lease_trace(self, lease).await
+    }
+
+    /// Adds `context` to the next run of one key (see
+    /// [`Store::item_trace_link`](crate::store::Store::item_trace_link)).
+    pub(crate) async fn item_trace_link(
+        &self,
+        process: &str,
+        key: &str,
+        context: &TraceContext,
+    ) -> Result<(), StoreError> {
+        link_key(self, process, key, context).await
+    }
+}

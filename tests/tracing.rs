@@ -1,0 +1,368 @@
+//! Traces follow the change (DESIGN.md rule 14): an enqueue's W3C context is
+//! kept on its key (capped), moved to the run that absorbs it, and the run's
+//! span — exported over OTLP by `drover work` to a receiver in this test that
+//! decodes real OTLP protobuf — links to it. On both engines.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::routing::post;
+use drover::store::{
+    ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, StoreEngine as _, TRACE_LINKS_KEPT,
+    TraceContext,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use prost::Message as _;
+use support::process::{drover_bin, eventually, stop};
+use support::serve::Serve;
+use support::{TestDb, each_engine};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+const PROCESS: &str = "traced";
+
+/// A context with trace id `t…t` and span id `s…s` (each a hex digit).
+fn context(t: char, s: char) -> TraceContext {
+    let parent = format!(
+        "00-{}-{}-01",
+        t.to_string().repeat(32),
+        s.to_string().repeat(16)
+    );
+    TraceContext::new(&parent, None).expect("a valid traceparent")
+}
+
+/// The `n`th of many distinct contexts.
+fn nth(n: usize) -> TraceContext {
+    TraceContext::new(&format!("00-{:032x}-{:016x}-01", n + 1, n + 1), None).expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() {
+    each_engine(|db| async move {
+        for n in 0..20 {
+            let enqueue = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(nth(n)));
+            db.store.item_enqueue(enqueue).await.expect("enqueue");
+        }
+        // An enqueue without a context (tracing off) adds nothing.
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k", "untraced"]))
+            .await
+            .expect("enqueue");
+        let session = db.session().await;
+        let claim = LeaseClaim {
+            session: session.id,
+            process: PROCESS.into(),
+            max: 2,
+        };
+        let leases = db
+            .store
+            .lease_claim(claim.clone())
+            .await
+            .expect("claim")
+            .leases;
+        let lease = leases.iter().find(|l| l.key == "k").expect("k is claimed");
+        let untraced = leases
+            .iter()
+            .find(|l| l.key == "untraced")
+            .expect("claimed");
+        let links = db.store.lease_trace(lease).await.expect("links");
+        let kept: Vec<_> = (0..TRACE_LINKS_KEPT)
+            .chain(20 - TRACE_LINKS_KEPT..20)
+            .map(nth)
+            .collect();
+        assert_eq!(
+            links.links, kept,
+            "the first and the last {TRACE_LINKS_KEPT}"
+        );
+        assert_eq!(links.dropped, 20 - 2 * TRACE_LINKS_KEPT as u64);
+        assert!(
+            db.store
+                .lease_trace(untraced)
+                .await
+                .expect("links")
+                .is_empty()
+        );
+
+        // An enqueue during the run goes to the next run, not this one.
+        let during = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(context('a', 'b')));
+        db.store.item_enqueue(during).await.expect("enqueue");
+        assert_eq!(
+            db.store.lease_trace(lease).await.expect("links").links,
+            kept
+        );
+        for lease in &leases {
+            let done = LeaseComplete {
+                lease,
+                outcome: &Outcome::Done,
+            };
+            db.store.lease_complete(done).await.expect("complete");
+        }
+        let next = db
+            .store
+            .lease_claim(claim.clone())
+            .await
+            .expect("claim")
+            .leases;
+        assert_eq!(next.len(), 1, "the dirty key runs once more");
+        let links = db.store.lease_trace(&next[0]).await.expect("links");
+        assert_eq!(links.links, [context('a', 'b')]);
+        assert_eq!(links.dropped, 0);
+
+        // A run that absorbed no context shows none, not its predecessor's.
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .expect("enqueue");
+        let done = LeaseComplete {
+            lease: &next[0],
+            outcome: &Outcome::Done,
+        };
+        db.store.lease_complete(done).await.expect("complete");
+        let last = db.store.lease_claim(claim).await.expect("claim").leases;
+        assert_eq!(last.len(), 1, "the dirty key runs once more");
+        assert!(
+            db.store
+                .lease_trace(&last[0])
+                .await
+                .expect("links")
+                .is_empty()
+        );
+    })
+    .await;
+}
+
+/// A loopback OTLP/HTTP receiver: every span of every export request, as
+/// `drover work` sent it.
+async fn receiver() -> (SocketAddr, mpsc::UnboundedReceiver<Span>) {
+    let (spans, received) = mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        post(move |body: Bytes| {
+            let spans = spans.clone();
+            async move {
+                let request = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                for resource in request.resource_spans {
+                    for scope in resource.scope_spans {
+                        for span in scope.spans {
+                            spans.send(span).ok();
+                        }
+                    }
+                }
+                (
+                    [("content-type", "application/x-protobuf")],
+                    ExportTraceServiceResponse::default().encode_to_vec(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, received)
+}
+
+/// Starts `drover work PROCESS --exec EXEC` exporting traces to `endpoint`
+/// every 50 ms.
+fn traced_worker(db: &TestDb, exec: &str, endpoint: &str) -> Child {
+    Command::new(drover_bin())
+        .args(["work", PROCESS, "--db", &db.url, "--exec", exec])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+        .env("OTEL_SERVICE_NAME", "drover-test")
+        .env_remove("TRACEPARENT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover work")
+}
+
+/// The next span, within 30 s.
+async fn next_span(spans: &mut mpsc::UnboundedReceiver<Span>) -> Span {
+    tokio::time::timeout(Duration::from_secs(30), spans.recv())
+        .await
+        .expect("a span within 30 s")
+        .expect("the receiver runs")
+}
+
+fn attribute(span: &Span, key: &str) -> Option<Value> {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.clone()?.value)
+}
+
+fn text(span: &Span, key: &str) -> String {
+    match attribute(span, key) {
+        Some(Value::StringValue(s)) => s,
+        other => panic!("{key} is not text: {other:?}"),
+    }
+}
+
+fn int(span: &Span, key: &str) -> i64 {
+    match attribute(span, key) {
+        Some(Value::IntValue(n)) => n,
+        other => panic!("{key} is not an integer: {other:?}"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// (trace id, span id) of each of the span's links, as hex.
+fn links(span: &Span) -> Vec<(String, String)> {
+    span.links
+        .iter()
+        .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+        .collect()
+}
+
+/// `TRACEPARENT` of each attempt, from the command's log.
+fn traceparents(log: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let (attempt, parent) = l.split_once(' ').expect("attempt and TRACEPARENT");
+            (attempt.to_owned(), parent.trim().to_owned())
+        })
+        .collect()
+}
+
+/// Two changes enqueue one key over HTTP with their `traceparent`s; the key
+/// fails once, then succeeds. The first run's span links to both changes,
+/// the retry's to the failed attempt; each command sees its run's context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed_run() {
+    each_engine(|db| async move {
+        let serve = Serve::start(&db.url).await;
+        let http = reqwest::Client::new();
+        let url = format!("{}/v1/processes/{PROCESS}/items", serve.url);
+        let changes = [context('1', '2'), context('3', '4')];
+        for change in &changes {
+            let sent = http
+                .post(&url)
+                .header("traceparent", change.traceparent())
+                .header("tracestate", "vendor=x")
+                .json(&serde_json::json!({ "keys": ["k"] }))
+                .send()
+                .await
+                .expect("enqueue over HTTP");
+            assert!(sent.status().is_success(), "{}", sent.status());
+        }
+        // A malformed header is ignored, never a failed enqueue.
+        let sent = http
+            .post(&url)
+            .header("traceparent", "00-nonsense")
+            .json(&serde_json::json!({ "keys": ["k"] }))
+            .send()
+            .await
+            .expect("enqueue over HTTP");
+        assert!(sent.status().is_success(), "{}", sent.status());
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("traceparents");
+        let exec = format!(
+            "sh -c 'echo \"$DROVER_ATTEMPT $TRACEPARENT\" >> {}; test \"$DROVER_ATTEMPT\" -ge 2 || exit 75'",
+            log.display()
+        );
+        let (addr, mut spans) = receiver().await;
+        let worker = traced_worker(&db, &exec, &format!("http://{addr}"));
+        let failed = next_span(&mut spans).await;
+        let retried = next_span(&mut spans).await;
+        stop(worker).await;
+
+        for (span, attempt) in [(&failed, 1), (&retried, 2)] {
+            assert_eq!(span.name, format!("{PROCESS} process"));
+            assert_eq!(span.kind, SpanKind::Consumer as i32);
+            assert!(span.parent_span_id.is_empty(), "a run's span has no parent, only links");
+            assert_eq!(text(span, "messaging.system"), "drover");
+            assert_eq!(text(span, "messaging.operation.type"), "process");
+            assert_eq!(text(span, "messaging.destination.name"), PROCESS);
+            assert_eq!(text(span, "drover.process"), PROCESS);
+            assert_eq!(text(span, "drover.key"), "k");
+            assert_eq!(int(span, "drover.attempt"), attempt);
+            assert!(int(span, "drover.fencing_token") > 0);
+            assert!(int(span, "drover.queue_wait_ms") >= 0);
+        }
+        assert_eq!(text(&failed, "drover.outcome"), "transient");
+        let status = failed.status.clone().expect("a failed run has a status");
+        assert_eq!(status.code, StatusCode::Error as i32);
+        assert!(status.message.contains("exit"), "{}", status.message);
+        assert_eq!(text(&retried, "drover.outcome"), "done");
+        assert_ne!(
+            retried.status.clone().map(|s| s.code),
+            Some(StatusCode::Error as i32)
+        );
+
+        let expected: Vec<_> = changes
+            .iter()
+            .map(|c| (c.trace_id().to_owned(), c.traceparent()[36..52].to_owned()))
+            .collect();
+        assert_eq!(links(&failed), expected, "the first run absorbed both changes");
+        assert_eq!(int(&failed, "messaging.batch.message_count"), 2);
+        assert_eq!(
+            failed.links[0].trace_state, "vendor=x",
+            "the enqueue's tracestate rides with its link"
+        );
+        assert_eq!(
+            links(&retried),
+            [(hex(&failed.trace_id), hex(&failed.span_id))],
+            "the retry links to the attempt that failed"
+        );
+
+        // Each command ran inside its run's span.
+        let seen = traceparents(&log);
+        let runs = [&failed, &retried];
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        for ((attempt, parent), span) in seen.iter().zip(runs) {
+            let want = format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id));
+            assert_eq!(parent, &want, "attempt {attempt}'s TRACEPARENT");
+        }
+        drop(serve);
+    })
+    .await;
+}
+
+/// A collector that takes connections and never answers: every run still
+/// ends done, and the worker still stops gracefully within its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_never_answers_changes_no_outcome() {
+    each_engine(|db| async move {
+        let keys: Vec<String> = (0..200).map(|i| format!("key-{i:03}")).collect();
+        let enqueue =
+            ItemEnqueue::new(PROCESS, keys.iter().cloned()).trace(Some(context('5', '6')));
+        db.store.item_enqueue(enqueue).await.expect("enqueue");
+        // Bound, never accepted: the exporter's requests hang until they time out.
+        let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let endpoint = format!("http://{}", hole.local_addr().expect("addr"));
+        let worker = traced_worker(&db, "true", &endpoint);
+        let store = db.store.clone();
+        eventually("every key to be done", || {
+            let store = store.clone();
+            async move {
+                let counts = store.process_counts_all().await.expect("counts");
+                counts.iter().any(|c| c.process == PROCESS && c.idle == 200)
+            }
+        })
+        .await;
+        stop(worker).await;
+        drop(hole);
+    })
+    .await;
+}
