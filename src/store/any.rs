@@ -11,6 +11,7 @@
     allow(unreachable_code, unused_variables)
 )]
 
+use super::settings::{ProcessConfigure, ProcessSettings};
 use chrono::{DateTime, Utc};
 
 #[cfg(feature = "postgres")]
@@ -22,13 +23,13 @@ use super::fleet::{Claimed, ProcessPause};
 use super::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
-    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, PoolStats, ProcessActivity,
-    ProcessCounts, ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session,
-    SessionId, SessionInfo, TriagePage,
+    ProcessCounts, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
+    SessionInfo, TriagePage,
 };
 use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch};
 

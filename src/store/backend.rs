@@ -2,6 +2,7 @@
 //! one control loop runs against a database ([`Store`]) or a drover server
 //! ([`Client`](crate::client::Client)).
 
+use super::settings::ProcessConfigure;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +12,7 @@ use tokio::sync::Notify;
 
 use super::fleet::Claimed;
 use super::params::{
-    LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat,
-    SessionStart,
+    LeaseClaim, LeaseComplete, LeaseRelease, SessionClose, SessionHeartbeat, SessionStart,
 };
 use super::types::{ReclaimReport, Session};
 use super::{Store, StoreEngine, StoreError};

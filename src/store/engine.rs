@@ -1,6 +1,7 @@
 //! [`StoreEngine`]: the database seam. Every engine implements it with its own SQL;
 //! the runner, the server and the CLI only ever talk to this trait.
 
+use super::settings::{ProcessConfigure, ProcessSettings};
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
@@ -10,13 +11,13 @@ use super::fleet::{Claimed, ProcessPause};
 use super::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
-    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use super::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
-    SessionInfo, TriagePage,
+    PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId, SessionInfo,
+    TriagePage,
 };
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.

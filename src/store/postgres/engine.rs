@@ -1,6 +1,7 @@
 //! [`PostgresStore`] and its [`StoreEngine`] implementation, which delegates each
 //! operation to the file named for its noun, retrying lost races.
 
+use crate::store::settings::{ProcessConfigure, ProcessSettings};
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
@@ -22,16 +23,16 @@ use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::params::{
     DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
     ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
-    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionList, SessionStart,
 };
 use crate::store::rules::groups::act_where;
 use crate::store::rules::parts::complete_in_parts;
 use crate::store::rules::{resync, retention};
 use crate::store::types::{
     EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
-    SessionInfo, TriagePage,
+    PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId, SessionInfo,
+    TriagePage,
 };
 use crate::store::{Clock, StoreEngine, StoreError};
 
