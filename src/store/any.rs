@@ -11,7 +11,6 @@
     allow(unreachable_code, unused_variables)
 )]
 
-use super::settings::{ProcessConfigure, ProcessSettings};
 use chrono::{DateTime, Utc};
 
 #[cfg(feature = "postgres")]
@@ -20,17 +19,10 @@ use super::PostgresStore;
 use super::SqliteStore;
 use super::error::ENGINE_URLS;
 use super::fleet::{Claimed, ProcessPause};
-use super::params::{
-    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionList, SessionStart,
-};
-use super::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, PoolStats, ProcessActivity,
-    ProcessCounts, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
-    SessionInfo, TriagePage,
-};
+// The seam takes every operation's parameters and returns the domain types.
+use super::params::*;
+use super::settings::{ProcessConfigure, ProcessSettings};
+use super::types::*;
 use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch};
 
 /// A store on whichever engine the URL names. Cheap to clone; clones share the

@@ -2,7 +2,6 @@
 //! one control loop runs against a database ([`Store`]) or a drover server
 //! ([`Client`](crate::client::Client)).
 
-use super::settings::ProcessConfigure;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +13,7 @@ use super::fleet::Claimed;
 use super::params::{
     LeaseClaim, LeaseComplete, LeaseRelease, SessionClose, SessionHeartbeat, SessionStart,
 };
+use super::settings::ProcessConfigure;
 use super::types::{ReclaimReport, Session};
 use super::{Store, StoreEngine, StoreError};
 

@@ -1,24 +1,16 @@
 //! [`StoreEngine`]: the database seam. Every engine implements it with its own SQL;
 //! the runner, the server and the CLI only ever talk to this trait.
 
-use super::settings::{ProcessConfigure, ProcessSettings};
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
 use super::fleet::{Claimed, ProcessPause};
-use super::params::{
-    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, ResyncBatch, RetentionPrune, RunList,
-    SessionClose, SessionHeartbeat, SessionList, SessionStart,
-};
-use super::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
-    PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId, SessionInfo,
-    TriagePage,
-};
+// The seam takes every operation's parameters and returns the domain types.
+use super::params::*;
+use super::settings::{ProcessConfigure, ProcessSettings};
+use super::types::*;
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
 ///

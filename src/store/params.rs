@@ -486,41 +486,31 @@ pub struct ItemsDelete {
     pub batch: u32,
 }
 
-impl ItemsRetry {
-    /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
-    #[must_use]
-    pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
-        Self {
-            filter,
-            actor: actor.into(),
-            batch: BULK_BATCH,
-        }
-    }
+/// The constructor and batch setter of a bulk action that needs nothing but
+/// its filter and actor ([`ItemsRetry`], [`ItemsDelete`]).
+macro_rules! filter_and_actor {
+    ($($params:ident),*) => {$(
+        impl $params {
+            /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
+            #[must_use]
+            pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
+                Self {
+                    filter,
+                    actor: actor.into(),
+                    batch: BULK_BATCH,
+                }
+            }
 
-    /// Looks at `batch` keys per batch (at least 1).
-    #[must_use]
-    pub fn batch(self, batch: u32) -> Self {
-        Self { batch, ..self }
-    }
+            /// Looks at `batch` keys per batch (at least 1).
+            #[must_use]
+            pub fn batch(self, batch: u32) -> Self {
+                Self { batch, ..self }
+            }
+        }
+    )*};
 }
 
-impl ItemsDelete {
-    /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
-    #[must_use]
-    pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
-        Self {
-            filter,
-            actor: actor.into(),
-            batch: BULK_BATCH,
-        }
-    }
-
-    /// Looks at `batch` keys per batch (at least 1).
-    #[must_use]
-    pub fn batch(self, batch: u32) -> Self {
-        Self { batch, ..self }
-    }
-}
+filter_and_actor!(ItemsRetry, ItemsDelete);
 
 impl ItemsPark {
     /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.

@@ -1,6 +1,5 @@
 //! A process's stored settings, read and checked the same way on both engines.
 
-use crate::store::settings::{ProcessConfigure, ProcessSettings, Resync, Retention};
 use std::time::Duration;
 
 use sqlx::query::Query;
@@ -11,6 +10,7 @@ use super::rows::{Stamp, duration_ms};
 use crate::store::StoreError;
 use crate::store::fleet::{FleetLimits, RateLimit};
 use crate::store::key::validate_process;
+use crate::store::settings::{ProcessConfigure, ProcessSettings, Resync, Retention};
 
 /// `drover_processes` as both engines store it (durations in milliseconds),
 /// with the next resync from `drover_resync` (times as the engine keeps them).

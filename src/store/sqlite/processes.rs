@@ -1,7 +1,6 @@
 //! Processes on SQLite: made known by their first enqueue, their stored
 //! settings changed by `process configure` and read by every node.
 
-use crate::store::settings::{ProcessConfigure, ProcessSettings};
 use std::sync::LazyLock;
 
 use super::engine::{SqliteStore, Tx};
@@ -10,6 +9,7 @@ use crate::store::StoreError;
 use crate::store::rules::processes::{
     ProcessSettingsRow, SETTINGS_SELECT, bind_configure, checked, configure_update,
 };
+use crate::store::settings::{ProcessConfigure, ProcessSettings};
 
 /// `configure`'s statement, written once from the shared column list.
 static UPDATE: LazyLock<String> = LazyLock::new(|| configure_update('?'));
