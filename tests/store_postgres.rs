@@ -7,7 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use drover::store::{ItemEnqueue, ItemList, PostgresStore, StoreEngine as _, StoreError};
+use drover::store::{
+    ItemEnqueue, ItemList, ItemState, PostgresStore, StoreEngine as _, StoreError,
+};
 
 #[tokio::test]
 async fn an_enqueue_notifies_the_process_channel_on_commit() {
@@ -219,6 +221,107 @@ async fn a_full_disk_is_reported_as_full() {
         .item_enqueue(ItemEnqueue::new("provision", ["m1"]))
         .await
         .expect("space again: the same enqueue goes through");
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// The running rows have one index (the lease index, migration 0014) and the
+/// parked rows one of their own: listing either in key order reads that small
+/// index, never a walk over every idle key of the process. Judged from the
+/// database's own index-scan counters, so it holds for the statements the
+/// store actually sends.
+#[tokio::test]
+async fn running_and_parked_keys_are_listed_from_their_own_small_indexes() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    db.store
+        .item_enqueue(ItemEnqueue::new("fleet", ["seed"]))
+        .await
+        .expect("enqueue");
+    // 20,000 idle keys, then five running and five parked among them.
+    sqlx::query(
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         SELECT 'fleet', 'k' || lpad(g::text, 5, '0'), 'idle', now(), now()
+         FROM generate_series(1, 20000) g",
+    )
+    .execute(&pool)
+    .await
+    .expect("idle keys");
+    sqlx::query(
+        "UPDATE drover_items SET state = 'running', lease_session = 1, lease_token = id,
+             started_at = now()
+         WHERE process = 'fleet' AND key IN ('k00007', 'k05000', 'k09999', 'k15000', 'k19999')",
+    )
+    .execute(&pool)
+    .await
+    .expect("running keys");
+    sqlx::query(
+        "UPDATE drover_items SET state = 'parked'
+         WHERE process = 'fleet' AND key IN ('k00008', 'k05001', 'k10000', 'k15001', 'k20000')",
+    )
+    .execute(&pool)
+    .await
+    .expect("parked keys");
+    sqlx::query("ANALYZE drover_items")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let scans = |index: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT idx_scan FROM pg_stat_user_indexes
+                 WHERE schemaname = current_schema() AND indexrelname = $1",
+            )
+            .bind(index)
+            .fetch_one(&pool)
+            .await
+            .expect("index statistics")
+        }
+    };
+    for (state, index, keys) in [
+        (
+            ItemState::Running,
+            "drover_items_leases",
+            ["k00007", "k05000", "k09999", "k15000", "k19999"],
+        ),
+        (
+            ItemState::Parked,
+            "drover_items_parked",
+            ["k00008", "k05001", "k10000", "k15001", "k20000"],
+        ),
+    ] {
+        let before = scans(index).await;
+        // More listings than PostgreSQL plans for the parameters before it may
+        // switch a prepared statement to its generic plan (five): every one
+        // must read the index, whatever the plan cache chose.
+        const LISTINGS: i64 = 8;
+        for _ in 0..LISTINGS {
+            let listed = db
+                .store
+                .item_list(ItemList {
+                    process: "fleet".into(),
+                    state: Some(state),
+                    after_key: Some("k00001".into()),
+                    limit: 10,
+                })
+                .await
+                .expect("list");
+            let listed: Vec<&str> = listed.iter().map(|i| i.key.as_str()).collect();
+            assert_eq!(listed, keys, "{state:?} keys in key order");
+        }
+        // Backends report their counters when they go idle, within seconds.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while scans(index).await < before + LISTINGS {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("listing {state:?} keys never scanned {index}"));
+    }
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

@@ -31,10 +31,12 @@ pub(super) async fn check_process(store: &PostgresStore, process: &str) -> Resul
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))
 }
 
-/// Lists one process's items in key order. Running and parked keys are listed
-/// through the partial index over those states (the literal `state IN
-/// ('running', 'parked')` lets the planner prove it applies); pending and idle
-/// keys, the bulk, through the `(process, key)` unique index.
+/// Lists one process's items in key order. Each state is stated literally, so
+/// the planner can prove a partial index applies: parked keys are read in key
+/// order from their own index, running keys from the lease index, which holds
+/// the running rows alone (as many as the fleet's runs), then sorted (migration
+/// 0014); pending and idle keys, the bulk, through the `(process, key)` unique
+/// index.
 pub(super) async fn item_list(
     store: &PostgresStore,
     params: &ItemList,
@@ -53,16 +55,24 @@ pub(super) async fn item_list(
         .bind(&params.process)
         .bind(after)
         .bind(limit),
-        Some(state @ (ItemState::Running | ItemState::Parked)) => sqlx::query_as(concat!(
+        Some(ItemState::Running) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),
-            " FROM drover_items WHERE process = $1 AND state IN ('running', 'parked')
-                 AND state = $4 AND key > $2 ORDER BY key LIMIT $3"
+            " FROM drover_items WHERE process = $1 AND state = 'running' AND key > $2
+             ORDER BY key LIMIT $3"
         ))
         .bind(&params.process)
         .bind(after)
-        .bind(limit)
-        .bind(stored_state(state)),
+        .bind(limit),
+        Some(ItemState::Parked) => sqlx::query_as(concat!(
+            "SELECT ",
+            item_columns!(),
+            " FROM drover_items WHERE process = $1 AND state = 'parked' AND key > $2
+             ORDER BY key LIMIT $3"
+        ))
+        .bind(&params.process)
+        .bind(after)
+        .bind(limit),
         Some(state) => sqlx::query_as(concat!(
             "SELECT ",
             item_columns!(),
@@ -109,8 +119,9 @@ pub(super) async fn item_get(
     }))
 }
 
-/// The triage listing's SQL on PostgreSQL: its planner reads running keys in
-/// key order from the partial index of running and parked keys unprompted.
+/// The triage listing's SQL on PostgreSQL: each section states its condition
+/// literally, so the planner reads running keys from the lease index and parked
+/// keys from theirs unprompted (migration 0014).
 pub(super) const TRIAGE: Dialect = Dialect {
     mark: '$',
     running_from: "drover_items",

@@ -137,8 +137,8 @@ fn prefix_end(prefix: &str) -> String {
 fn section_cond(section: ItemState, b: &mut Builder) {
     match section {
         // SQLite uses a partial index only when the query states its
-        // condition literally; PostgreSQL proves that these imply its index's
-        // `state IN ('running', 'parked')`.
+        // condition literally; PostgreSQL proves from these that its partial
+        // indexes of running and of parked rows apply.
         ItemState::Parked => b.cond("state = 'parked'"),
         ItemState::Running => b.cond("state = 'running'"),
         ItemState::Idle => b.cond("state = 'idle'"),
