@@ -5,6 +5,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::limits::millis;
+#[cfg(feature = "server")]
+use super::limits::ms;
+#[cfg(feature = "server")]
+use crate::backoff::{Backoff, BackoffError, MAX_DELAY};
+#[cfg(feature = "server")]
+use crate::store::{LimitChanges, ProcessConfigure};
 
 /// A process's stored settings: `GET /v1/processes/{process}/settings`, and
 /// the answer of a `PATCH` there.
@@ -116,6 +122,48 @@ pub struct ProcessConfigureRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2147483647)]
     pub rate_burst: Option<u32>,
+}
+
+#[cfg(feature = "server")] // read by the server only
+impl ProcessConfigureRequest {
+    /// The request's changes to `process` as the store takes them: a partial
+    /// backoff is merged over the `stored` one, and an invalid result refused.
+    pub(crate) fn changes(
+        &self,
+        process: String,
+        stored: Backoff,
+    ) -> Result<ProcessConfigure, BackoffError> {
+        let mut params = ProcessConfigure::new(process);
+        let backoff_given = self.backoff_initial_ms.is_some()
+            || self.backoff_factor.is_some()
+            || self.backoff_max_ms.is_some()
+            || self.backoff_jitter.is_some();
+        if backoff_given {
+            let delay = |v: Option<u64>, or| v.map_or(or, ms).min(MAX_DELAY);
+            let backoff = Backoff::new(
+                delay(self.backoff_initial_ms, stored.initial()),
+                self.backoff_factor.unwrap_or(stored.factor()),
+                delay(self.backoff_max_ms, stored.max()),
+            )
+            .and_then(|b| b.with_jitter(self.backoff_jitter.unwrap_or(stored.jitter())))?;
+            params = params.backoff(backoff);
+        }
+        if let Some(period) = self.keep_runs_for_ms {
+            params = params.keep_runs_for(ms(period).min(MAX_DELAY));
+        }
+        if let Some(runs) = self.keep_runs_per_key {
+            params = params.keep_runs_per_key(runs);
+        }
+        if let Some(period) = self.forget_idle_after_ms {
+            params = params.forget_idle_after(period.map(|p| ms(p).min(MAX_DELAY)));
+        }
+        params.limits = LimitChanges {
+            concurrency: self.concurrency,
+            rate: self.rate_per_s,
+            burst: self.rate_burst,
+        };
+        Ok(params)
+    }
 }
 
 /// A field that may be given as null (`Some(None)`), apart from left out

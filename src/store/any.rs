@@ -19,17 +19,10 @@ use super::PostgresStore;
 use super::SqliteStore;
 use super::error::ENGINE_URLS;
 use super::fleet::{Claimed, ProcessPause};
-use super::params::{
-    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
-    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
-};
-use super::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, PoolStats, ProcessActivity,
-    ProcessCounts, ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session,
-    SessionId, SessionInfo, TriagePage,
-};
+// The seam takes every operation's parameters and returns the domain types.
+use super::params::*;
+use super::settings::{ProcessConfigure, ProcessSettings};
+use super::types::*;
 use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch, TraceContext, TraceLinks};
 
 /// A store on whichever engine the URL names. Cheap to clone; clones share the

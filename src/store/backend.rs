@@ -11,9 +11,9 @@ use tokio::sync::Notify;
 
 use super::fleet::Claimed;
 use super::params::{
-    LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, SessionClose, SessionHeartbeat,
-    SessionStart,
+    LeaseClaim, LeaseComplete, LeaseRelease, SessionClose, SessionHeartbeat, SessionStart,
 };
+use super::settings::ProcessConfigure;
 use super::types::{Lease, ReclaimReport, Session};
 use super::{Store, StoreEngine, StoreError};
 use super::{TraceContext, TraceLinks};

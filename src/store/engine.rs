@@ -7,17 +7,10 @@ use chrono::{DateTime, Utc};
 
 use super::error::StoreError;
 use super::fleet::{Claimed, ProcessPause};
-use super::params::{
-    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
-    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
-};
-use super::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
-    SessionInfo, TriagePage,
-};
+// The seam takes every operation's parameters and returns the domain types.
+use super::params::*;
+use super::settings::{ProcessConfigure, ProcessSettings};
+use super::types::*;
 
 /// The durable contract of DESIGN.md's "Semantics", one method per operation.
 ///

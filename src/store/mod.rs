@@ -79,6 +79,7 @@ mod fleet;
 mod key;
 mod options;
 mod params;
+mod settings;
 mod text;
 mod trace;
 mod types;
@@ -120,13 +121,14 @@ pub use options::StoreOptions;
 pub use params::{
     BULK_BATCH, DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter,
     ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry,
-    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage,
-    ProcessSeries, ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat,
-    SessionList, SessionStart, WorkerIdentity,
+    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, ResyncBatch,
+    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
+    WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use rules::{MAX_SIGNATURE_BYTES, error_signature};
+pub use settings::{ProcessConfigure, ProcessSettings, Resync, Retention};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
@@ -135,9 +137,9 @@ pub use trace::{InvalidTraceContext, TRACE_LINKS_KEPT, TraceContext, TraceLinks}
 pub use transaction::StoreTx;
 pub use types::{
     DepthPoint, EnqueueReport, ErrorGroup, FencingToken, HeldLease, Item, ItemDetail, ItemState,
-    Lease, Outcome, Page, PoolStats, ProcessActivity, ProcessCounts, ProcessSettings, PruneCursor,
-    PruneReport, ReclaimReport, Resync, ResyncReport, Retention, Run, RunBucket, RunOutcome,
-    Series, Session, SessionId, SessionInfo, TriagePage,
+    Lease, Outcome, Page, PoolStats, ProcessActivity, ProcessCounts, PruneCursor, PruneReport,
+    ReclaimReport, ResyncReport, Run, RunBucket, RunOutcome, Series, Session, SessionId,
+    SessionInfo, TriagePage,
 };
 pub use url::redact_url;
 pub use watch::TableWatch;

@@ -1,10 +1,8 @@
 //! Parameter structs, one per store operation, so adding an option never breaks a
-//! caller.
+//! caller. A process's settings ([`ProcessConfigure`](super::ProcessConfigure))
+//! live beside what they read back, in `settings.rs`.
 
-use super::fleet::LimitChanges;
 use std::time::Duration;
-
-use crate::backoff::Backoff;
 
 use super::trace::TraceContext;
 use super::types::{ItemState, Lease, Outcome, PruneCursor, RunOutcome, SessionId};
@@ -331,131 +329,6 @@ pub struct RetentionPrune {
     pub batch: u32,
 }
 
-/// Parameters of [`process_configure`](super::StoreEngine::process_configure):
-/// the settings to change; those left `None` keep their stored value (or the
-/// default, for a new process).
-#[derive(Debug, Clone, Default)]
-pub struct ProcessConfigure {
-    /// The process; created if unknown.
-    pub process: String,
-    /// Its backoff after failures (default 1 s, ×2, 360 s).
-    pub backoff: Option<Backoff>,
-    /// Keep runs this long (default 7 days).
-    pub keep_runs_for: Option<Duration>,
-    /// Keep at most this many runs per key (default 100; at least 1).
-    pub keep_runs_per_key: Option<u32>,
-    /// Forget idle keys untouched this long: `Some(None)` = never (the default).
-    pub forget_idle_after: Option<Option<Duration>>,
-    /// Resync every idle key this long after its last run ended: `Some(None)`
-    /// = never (the default). At least one second.
-    pub resync_every: Option<Option<Duration>>,
-    /// The resync's jitter, a fraction in `[0, 1]` (default 0.1): each key
-    /// comes back between `every` and `every × (1 + jitter)`.
-    pub resync_jitter: Option<f64>,
-    /// The priority resynced keys are pending at (default −100, below
-    /// every enqueue's default 0).
-    pub resync_priority: Option<i32>,
-    /// Its fleet controls' limits (concurrency, rate); pause is
-    /// [`process_pause`](super::StoreEngine::process_pause).
-    pub limits: LimitChanges,
-}
-
-impl ProcessConfigure {
-    /// Changes nothing yet (but creates the process if unknown).
-    #[must_use]
-    pub fn new(process: impl Into<String>) -> Self {
-        Self {
-            process: process.into(),
-            ..Self::default()
-        }
-    }
-
-    /// Sets the backoff policy.
-    #[must_use]
-    pub fn backoff(self, backoff: Backoff) -> Self {
-        Self {
-            backoff: Some(backoff),
-            ..self
-        }
-    }
-
-    /// Sets how long runs are kept.
-    #[must_use]
-    pub fn keep_runs_for(self, period: Duration) -> Self {
-        Self {
-            keep_runs_for: Some(period),
-            ..self
-        }
-    }
-
-    /// Sets how many runs are kept per key.
-    #[must_use]
-    pub fn keep_runs_per_key(self, runs: u32) -> Self {
-        Self {
-            keep_runs_per_key: Some(runs),
-            ..self
-        }
-    }
-
-    /// Sets after how long untouched idle keys are forgotten (`None`: never).
-    #[must_use]
-    pub fn forget_idle_after(self, period: Option<Duration>) -> Self {
-        Self {
-            forget_idle_after: Some(period),
-            ..self
-        }
-    }
-
-    /// Sets how long after its last run an idle key is resynced (`None`:
-    /// never).
-    #[must_use]
-    pub fn resync_every(self, every: Option<Duration>) -> Self {
-        Self {
-            resync_every: Some(every),
-            ..self
-        }
-    }
-
-    /// Sets the resync's jitter (a fraction in `[0, 1]`).
-    #[must_use]
-    pub fn resync_jitter(self, jitter: f64) -> Self {
-        Self {
-            resync_jitter: Some(jitter),
-            ..self
-        }
-    }
-
-    /// Sets the priority resynced keys are pending at.
-    #[must_use]
-    pub fn resync_priority(self, priority: i32) -> Self {
-        Self {
-            resync_priority: Some(priority),
-            ..self
-        }
-    }
-
-    /// Sets the cluster-wide concurrency limit (`None`: no limit).
-    #[must_use]
-    pub fn concurrency(mut self, limit: Option<u32>) -> Self {
-        self.limits.concurrency = Some(limit);
-        self
-    }
-
-    /// Sets the cluster-wide rate limit in runs per second (`None`: no limit).
-    #[must_use]
-    pub fn rate(mut self, per_second: Option<f64>) -> Self {
-        self.limits.rate = Some(per_second);
-        self
-    }
-
-    /// Sets the rate limit's burst.
-    #[must_use]
-    pub fn burst(mut self, burst: u32) -> Self {
-        self.limits.burst = Some(burst);
-        self
-    }
-}
-
 /// Parameters of [`resync_batch`](super::StoreEngine::resync_batch): one
 /// small batch of a process's resync walk.
 #[derive(Debug, Clone)]
@@ -627,41 +500,31 @@ pub struct ItemsDelete {
     pub batch: u32,
 }
 
-impl ItemsRetry {
-    /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
-    #[must_use]
-    pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
-        Self {
-            filter,
-            actor: actor.into(),
-            batch: BULK_BATCH,
-        }
-    }
+/// The constructor and batch setter of a bulk action that needs nothing but
+/// its filter and actor ([`ItemsRetry`], [`ItemsDelete`]).
+macro_rules! filter_and_actor {
+    ($($params:ident),*) => {$(
+        impl $params {
+            /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
+            #[must_use]
+            pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
+                Self {
+                    filter,
+                    actor: actor.into(),
+                    batch: BULK_BATCH,
+                }
+            }
 
-    /// Looks at `batch` keys per batch (at least 1).
-    #[must_use]
-    pub fn batch(self, batch: u32) -> Self {
-        Self { batch, ..self }
-    }
+            /// Looks at `batch` keys per batch (at least 1).
+            #[must_use]
+            pub fn batch(self, batch: u32) -> Self {
+                Self { batch, ..self }
+            }
+        }
+    )*};
 }
 
-impl ItemsDelete {
-    /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.
-    #[must_use]
-    pub fn new(filter: ItemFilter, actor: impl Into<String>) -> Self {
-        Self {
-            filter,
-            actor: actor.into(),
-            batch: BULK_BATCH,
-        }
-    }
-
-    /// Looks at `batch` keys per batch (at least 1).
-    #[must_use]
-    pub fn batch(self, batch: u32) -> Self {
-        Self { batch, ..self }
-    }
-}
+filter_and_actor!(ItemsRetry, ItemsDelete);
 
 impl ItemsPark {
     /// Acts on the keys `filter` matches as `actor`, [`BULK_BATCH`] keys per batch.

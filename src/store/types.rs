@@ -1,13 +1,12 @@
-//! The store's domain types: what operations return, never raw rows.
+//! The store's domain types: what operations return, never raw rows (a
+//! process's settings, [`ProcessSettings`](super::ProcessSettings), are in
+//! `settings.rs`, beside their change).
 
-use super::fleet::FleetLimits;
 use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-
-use crate::backoff::Backoff;
 
 /// A session's id. Ids are never reused, so a dead session's id never names a new
 /// one.
@@ -355,69 +354,6 @@ pub struct ItemDetail {
     pub item: Item,
     /// Its newest runs and actions, newest first.
     pub runs: Vec<Run>,
-}
-
-/// How long a process keeps its history and its idle keys. Stored per process
-/// in the database, so every node prunes by the same rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Retention {
-    /// Runs older than this are deleted (default 7 days).
-    pub keep_runs_for: Duration,
-    /// At most this many runs are kept per key, the newest (default 100).
-    pub keep_runs_per_key: u32,
-    /// Idle keys untouched (no run ended, no enqueue) for this long are
-    /// forgotten, as by a delete; `None` (the default) keeps them forever.
-    pub forget_idle_after: Option<Duration>,
-}
-
-impl Retention {
-    /// The default period runs are kept: 7 days.
-    pub const KEEP_RUNS_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
-    /// The default number of runs kept per key: 100.
-    pub const KEEP_RUNS_PER_KEY: u32 = 100;
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Self {
-            keep_runs_for: Self::KEEP_RUNS_FOR,
-            keep_runs_per_key: Self::KEEP_RUNS_PER_KEY,
-            forget_idle_after: None,
-        }
-    }
-}
-
-/// A process's stored settings, as every node reads them.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ProcessSettings {
-    /// The process.
-    pub process: String,
-    /// Its backoff after failures.
-    #[serde(skip)]
-    pub backoff: Backoff,
-    /// How long its history and idle keys are kept.
-    pub retention: Retention,
-    /// Its fleet controls: pause, concurrency and rate limits.
-    pub limits: FleetLimits,
-    /// How its idle keys are looked at again; `None`: never.
-    pub resync: Option<Resync>,
-    /// When the next resync pass is due (the earliest time an idle key it
-    /// knows of comes back); `None` without resync or before the first pass.
-    pub next_resync: Option<DateTime<Utc>>,
-}
-
-/// A process's resync: every idle (converged) key becomes pending again, at a
-/// low priority, between `every` and `every × (1 + jitter)` after its last
-/// run ended, as an informer's resync re-adds every known object. Parked,
-/// backing-off, pending and running keys are never touched.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Resync {
-    /// How long after its last run an idle key is looked at again.
-    pub every: Duration,
-    /// The fraction of `every` over which keys spread (by a hash of the key).
-    pub jitter: f64,
-    /// The priority resynced keys are pending at.
-    pub priority: i32,
 }
 
 /// What one resync batch did.

@@ -65,30 +65,23 @@ pub trait RateLimiter<K>: Send + Sync + std::fmt::Debug {
     fn num_requeues(&self, key: &K) -> u32;
 }
 
-impl<K, R: RateLimiter<K> + ?Sized> RateLimiter<K> for Box<R> {
-    fn when(&self, key: &K) -> Duration {
-        (**self).when(key)
-    }
+/// A boxed or shared limiter is a limiter: each call goes to the one inside.
+macro_rules! delegate_to_inner {
+    ($($pointer:ident),*) => {$(
+        impl<K, R: RateLimiter<K> + ?Sized> RateLimiter<K> for $pointer<R> {
+            fn when(&self, key: &K) -> Duration {
+                (**self).when(key)
+            }
 
-    fn forget(&self, key: &K) {
-        (**self).forget(key);
-    }
+            fn forget(&self, key: &K) {
+                (**self).forget(key);
+            }
 
-    fn num_requeues(&self, key: &K) -> u32 {
-        (**self).num_requeues(key)
-    }
+            fn num_requeues(&self, key: &K) -> u32 {
+                (**self).num_requeues(key)
+            }
+        }
+    )*};
 }
 
-impl<K, R: RateLimiter<K> + ?Sized> RateLimiter<K> for Arc<R> {
-    fn when(&self, key: &K) -> Duration {
-        (**self).when(key)
-    }
-
-    fn forget(&self, key: &K) {
-        (**self).forget(key);
-    }
-
-    fn num_requeues(&self, key: &K) -> u32 {
-        (**self).num_requeues(key)
-    }
-}
+delegate_to_inner!(Box, Arc);

@@ -26,37 +26,38 @@ use crate::store::{
     StoreError,
 };
 
-/// `POST …/retry`: the item is pending at once.
-pub(super) async fn retry(
+/// `POST /ui/processes/{process}/items/{key}/{retry|park}`: the item is
+/// pending at once, or parked until the next enqueue or retry.
+pub(super) async fn item(
     auth: Result<Authorized<Manage>, ApiError>,
     State(state): State<AppState>,
-    PathParams((process, key)): PathParams<(String, String)>,
+    PathParams((process, key, action)): PathParams<(String, String, String)>,
 ) -> Result<Redirect, HtmlError> {
     auth?;
     let back = item_path(&process, &key);
-    let params = ItemRetry {
-        process,
-        key,
-        actor: Role::Admin.to_string(),
+    let actor = Role::Admin.to_string();
+    let store = &state.store;
+    let acted = match action.as_str() {
+        "retry" => {
+            let params = ItemRetry {
+                process,
+                key,
+                actor,
+            };
+            store.item_retry(params).await
+        }
+        "park" => {
+            let params = ItemPark {
+                process,
+                key,
+                reason: "parked by an operator from the dashboard".into(),
+                actor,
+            };
+            store.item_park(params).await
+        }
+        _ => return Err(ApiError::NotFound("no such action".into()).into()),
     };
-    back_to_item(state.store.item_retry(params).await, &back)
-}
-
-/// `POST …/park`: the item is parked until the next enqueue or retry.
-pub(super) async fn park(
-    auth: Result<Authorized<Manage>, ApiError>,
-    State(state): State<AppState>,
-    PathParams((process, key)): PathParams<(String, String)>,
-) -> Result<Redirect, HtmlError> {
-    auth?;
-    let back = item_path(&process, &key);
-    let params = ItemPark {
-        process,
-        key,
-        reason: "parked by an operator from the dashboard".into(),
-        actor: Role::Admin.to_string(),
-    };
-    back_to_item(state.store.item_park(params).await, &back)
+    back_to_item(acted, &back)
 }
 
 /// What an item's button answers once the store acted: back to the item's
@@ -118,32 +119,20 @@ pub(super) async fn group(
     Ok(Redirect::to(&back))
 }
 
-/// `POST /ui/processes/{process}/pause`: pauses it, then back to its page.
-pub(super) async fn pause(
+/// `POST /ui/processes/{process}/{pause|resume}`: pauses or resumes it, then
+/// back to its page.
+pub(super) async fn switch(
     auth: Result<Authorized<Manage>, ApiError>,
     State(state): State<AppState>,
-    PathParams(process): PathParams<String>,
-) -> Result<Redirect, HtmlError> {
-    switched(auth, &state, process, true).await
-}
-
-/// `POST /ui/processes/{process}/resume`: resumes it, then back to its page.
-pub(super) async fn resume(
-    auth: Result<Authorized<Manage>, ApiError>,
-    State(state): State<AppState>,
-    PathParams(process): PathParams<String>,
-) -> Result<Redirect, HtmlError> {
-    switched(auth, &state, process, false).await
-}
-
-async fn switched(
-    auth: Result<Authorized<Manage>, ApiError>,
-    state: &AppState,
-    process: String,
-    paused: bool,
+    PathParams((process, action)): PathParams<(String, String)>,
 ) -> Result<Redirect, HtmlError> {
     auth?;
+    let paused = match action.as_str() {
+        "pause" => true,
+        "resume" => false,
+        _ => return Err(ApiError::NotFound("no such action".into()).into()),
+    };
     let back = format!("/ui/processes/{}", path_segment(&process));
-    process_pause(state, process, paused).await?;
+    process_pause(&state, process, paused).await?;
     Ok(Redirect::to(&back))
 }

@@ -55,6 +55,28 @@ pub(super) fn next_link(base: &str, limit: Option<u32>, after: &str) -> Markup {
     html! { a id="next" href=(href) { "next page" } }
 }
 
+/// One page of a list shown a page at a time: its `table`, or when the
+/// page is empty, `none` on the first page and "No more {what}." on a later
+/// one; then the link to the next page, when there is one.
+pub(super) fn paged(
+    table: Option<Markup>,
+    first: bool,
+    none: Markup,
+    what: &str,
+    next: Option<Markup>,
+) -> Markup {
+    html! {
+        @if let Some(table) = table {
+            (table)
+        } @else if first {
+            p { (none) }
+        } @else {
+            p { "No more " (what) "." }
+        }
+        @if let Some(next) = next { (next) }
+    }
+}
+
 /// A duration as `1h 2m 3s`, whole seconds.
 pub(super) fn age(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()

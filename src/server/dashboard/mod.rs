@@ -49,17 +49,12 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/ui/processes/{process}", get(process::process))
         .route("/ui/processes/{process}/items/{key}", get(item::item))
         .route(
-            "/ui/processes/{process}/items/{key}/retry",
-            post(actions::retry),
-        )
-        .route(
-            "/ui/processes/{process}/items/{key}/park",
-            post(actions::park),
+            "/ui/processes/{process}/items/{key}/{action}",
+            post(actions::item),
         )
         .route(
             "/ui/processes/{process}/errors/{action}",
             post(actions::group),
         )
-        .route("/ui/processes/{process}/pause", post(actions::pause))
-        .route("/ui/processes/{process}/resume", post(actions::resume))
+        .route("/ui/processes/{process}/{action}", post(actions::switch))
 }

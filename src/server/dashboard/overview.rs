@@ -8,7 +8,7 @@ use axum::response::{Html, Redirect};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::layout::{HtmlError, Resyncs, age, item_path, next_link, page};
+use super::layout::{HtmlError, Resyncs, age, item_path, next_link, page, paged};
 use crate::api::path_segment;
 use crate::api::{MAX_PAGE, PROCESS_PAGE, ProcessList, ProcessListQuery, ProcessSummary};
 use crate::server::auth::{Authorized, Read};
@@ -45,16 +45,8 @@ pub(super) async fn overview(
 /// (`next`, when there is one), and the key search.
 fn view(list: &ProcessList, first: bool, next: Option<Markup>, resyncs: &Resyncs<'_>) -> Markup {
     let processes = &list.processes;
-    let body = html! {
-        (search_form(processes))
-        @if processes.is_empty() {
-            @if first {
-                p { "No processes yet: enqueue keys with " code { "drover enqueue PROCESS KEY" } " or "
-                    code { "POST /v1/processes/{process}/items" } "." }
-            } @else {
-                p { "No more processes." }
-            }
-        } @else {
+    let table = (!processes.is_empty()).then(|| {
+        html! {
             table id="processes" {
                 tr { th { "process" } th { "pending" } th { "backoff" } th { "running" } th { "parked" }
                      th { "oldest pending" } th { "finished (5 min)" } th { "failed (5 min)" } th { "failure rate" }
@@ -62,7 +54,14 @@ fn view(list: &ProcessList, first: bool, next: Option<Markup>, resyncs: &Resyncs
                 @for p in processes { (process_row(p, resyncs)) }
             }
         }
-        @if let Some(next) = next { (next) }
+    });
+    let none = html! {
+        "No processes yet: enqueue keys with " code { "drover enqueue PROCESS KEY" } " or "
+        code { "POST /v1/processes/{process}/items" } "."
+    };
+    let body = html! {
+        (search_form(processes))
+        (paged(table, first, none, "processes", next))
     };
     page("Processes", true, body)
 }

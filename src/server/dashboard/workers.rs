@@ -8,7 +8,7 @@ use axum::response::Html;
 use maud::{Markup, html};
 
 use super::item_path;
-use super::layout::{HtmlError, at, at_or_dash, next_link, page};
+use super::layout::{HtmlError, at, at_or_dash, next_link, page, paged};
 use crate::api::{MAX_PAGE, SESSION_PAGE, SessionListQuery};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
@@ -42,23 +42,20 @@ pub(super) async fn workers(
 /// The page: its sessions, the link to the next page (`next`, when there is
 /// one); fencing tokens only when `shown` (see `redact.rs`).
 fn view(sessions: &[SessionInfo], first: bool, next: Option<Markup>, shown: bool) -> Markup {
-    let body = html! {
-        @if sessions.is_empty() {
-            @if first {
-                p { "No sessions: no worker is running (start one with "
-                    code { "drover work PROCESS --exec CMD" } ")." }
-            } @else {
-                p { "No more sessions." }
-            }
-        } @else {
+    let table = (!sessions.is_empty()).then(|| {
+        html! {
             table id="workers" {
                 tr { th { "session" } th { "component" } th { "host" } th { "pid" } th { "version" }
                      th { "since" } th { "last heartbeat" } th { "deadline" } th { "leases" } }
                 @for s in sessions { (row(s, shown)) }
             }
         }
-        @if let Some(next) = next { (next) }
+    });
+    let none = html! {
+        "No sessions: no worker is running (start one with "
+        code { "drover work PROCESS --exec CMD" } ")."
     };
+    let body = paged(table, first, none, "sessions", next);
     page("Workers", true, body)
 }
 

@@ -2,22 +2,18 @@
 //! and its pause switch (`POST …/pause`, `…/resume`): what `drover process
 //! configure` and `drover pause|resume` do, for admins over HTTP.
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::extract::State;
 
 use crate::api::ErrorBody;
-use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody, ms};
-use crate::backoff::{Backoff, MAX_DELAY};
+use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
+use crate::backoff::Backoff;
 use crate::server::auth::{Authorized, Manage, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams};
 use crate::server::operations::process_pause;
 use crate::server::state::AppState;
-use crate::store::{
-    LimitChanges, ProcessConfigure, ProcessSettings, StoreEngine as _, StoreError, validate_process,
-};
+use crate::store::{ProcessSettings, StoreEngine as _, StoreError, validate_process};
 
 /// The stored settings of `process`; 404 if it is unknown.
 async fn stored(state: &AppState, process: &str) -> Result<ProcessSettings, ApiError> {
@@ -72,53 +68,11 @@ pub(crate) async fn configure(
         Err(e) => return Err(e),
     };
     let stored_backoff = current.map_or_else(Backoff::default, |s| s.backoff);
-    let params = changes(
-        ProcessConfigure::new(process.clone()),
-        &body,
-        stored_backoff,
-    )?;
+    let params = body
+        .changes(process.clone(), stored_backoff)
+        .map_err(|e| ApiError::field("backoff", format!("invalid backoff: {e}")))?;
     state.store.process_configure(params).await?;
     Ok(Json(stored(&state, &process).await?.into()))
-}
-
-/// The request's changes as the store takes them; 400 for a value no process
-/// can run with.
-fn changes(
-    params: ProcessConfigure,
-    body: &ProcessConfigureRequest,
-    stored: Backoff,
-) -> Result<ProcessConfigure, ApiError> {
-    let mut params = params;
-    let backoff_given = body.backoff_initial_ms.is_some()
-        || body.backoff_factor.is_some()
-        || body.backoff_max_ms.is_some()
-        || body.backoff_jitter.is_some();
-    if backoff_given {
-        let delay = |v: Option<u64>, or: Duration| v.map_or(or, ms).min(MAX_DELAY);
-        let backoff = Backoff::new(
-            delay(body.backoff_initial_ms, stored.initial()),
-            body.backoff_factor.unwrap_or(stored.factor()),
-            delay(body.backoff_max_ms, stored.max()),
-        )
-        .and_then(|b| b.with_jitter(body.backoff_jitter.unwrap_or(stored.jitter())))
-        .map_err(|e| ApiError::field("backoff", format!("invalid backoff: {e}")))?;
-        params = params.backoff(backoff);
-    }
-    if let Some(period) = body.keep_runs_for_ms {
-        params = params.keep_runs_for(ms(period).min(MAX_DELAY));
-    }
-    if let Some(runs) = body.keep_runs_per_key {
-        params = params.keep_runs_per_key(runs);
-    }
-    if let Some(period) = body.forget_idle_after_ms {
-        params = params.forget_idle_after(period.map(|p| ms(p).min(MAX_DELAY)));
-    }
-    params.limits = LimitChanges {
-        concurrency: body.concurrency,
-        rate: body.rate_per_s,
-        burst: body.rate_burst,
-    };
-    Ok(params)
 }
 
 /// Pauses a process for every node: no worker claims its keys until it is

@@ -20,19 +20,12 @@ use super::{
     sessions,
 };
 use crate::store::fleet::{Claimed, ProcessPause};
-use crate::store::params::{
-    DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemList,
-    ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry, LeaseClaim, LeaseComplete,
-    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPage, ProcessSeries, ResyncBatch,
-    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
-};
+// The seam takes every operation's parameters and returns the domain types.
+use crate::store::params::*;
 use crate::store::rules::groups::act_where;
 use crate::store::rules::{resync, retention};
-use crate::store::types::{
-    EnqueueReport, ErrorGroup, Item, ItemDetail, Lease, Page, ProcessActivity, ProcessCounts,
-    ProcessSettings, PruneReport, ReclaimReport, ResyncReport, Run, Series, Session, SessionId,
-    SessionInfo, TriagePage,
-};
+use crate::store::settings::{ProcessConfigure, ProcessSettings};
+use crate::store::types::*;
 use crate::store::{Clock, StoreEngine, StoreError};
 
 pub(crate) use super::tx::Tx;

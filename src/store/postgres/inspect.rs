@@ -31,6 +31,39 @@ pub(super) async fn check_process(store: &PostgresStore, process: &str) -> Resul
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()))
 }
 
+/// [`item_list`] without a state.
+const LIST_ALL: &str = concat!(
+    "SELECT ",
+    item_columns!(),
+    " FROM drover_items WHERE process = $1 AND key > $2 ORDER BY key LIMIT $3"
+);
+
+/// [`item_list`] of the running keys.
+const LIST_RUNNING: &str = concat!(
+    "SELECT ",
+    item_columns!(),
+    " FROM drover_items WHERE process = $1 AND state = 'running' AND key > $2
+     ORDER BY key LIMIT $3"
+);
+
+/// [`item_list`] of the parked keys.
+const LIST_PARKED: &str = concat!(
+    "SELECT ",
+    item_columns!(),
+    " FROM drover_items WHERE process = $1 AND state = 'parked' AND key > $2
+     ORDER BY key LIMIT $3"
+);
+
+/// [`item_list`] of the pending, backing-off or idle keys: the stored state
+/// (`$4`), whether backing off (`$5`, `NULL` for idle) as of now (`$6`).
+const LIST_IN_STATE: &str = concat!(
+    "SELECT ",
+    item_columns!(),
+    " FROM drover_items WHERE process = $1 AND state = $4 AND key > $2
+         AND ($5::boolean IS NULL OR (backoff_until IS NOT NULL AND backoff_until > $6) = $5)
+     ORDER BY key LIMIT $3"
+);
+
 /// Lists one process's items in key order. Each state is stated literally, so
 /// the planner can prove a partial index applies: parked keys are read in key
 /// order from their own index, running keys from the lease index, which holds
@@ -45,48 +78,22 @@ pub(super) async fn item_list(
     let mut tx = store.read().await?;
     let now = store.now(&mut tx).await?;
     let after = params.after_key.as_deref().unwrap_or("");
-    let limit = i64::from(params.limit);
-    let query = match params.state {
-        None => sqlx::query_as(concat!(
-            "SELECT ",
-            item_columns!(),
-            " FROM drover_items WHERE process = $1 AND key > $2 ORDER BY key LIMIT $3"
-        ))
-        .bind(&params.process)
-        .bind(after)
-        .bind(limit),
-        Some(ItemState::Running) => sqlx::query_as(concat!(
-            "SELECT ",
-            item_columns!(),
-            " FROM drover_items WHERE process = $1 AND state = 'running' AND key > $2
-             ORDER BY key LIMIT $3"
-        ))
-        .bind(&params.process)
-        .bind(after)
-        .bind(limit),
-        Some(ItemState::Parked) => sqlx::query_as(concat!(
-            "SELECT ",
-            item_columns!(),
-            " FROM drover_items WHERE process = $1 AND state = 'parked' AND key > $2
-             ORDER BY key LIMIT $3"
-        ))
-        .bind(&params.process)
-        .bind(after)
-        .bind(limit),
-        Some(state) => sqlx::query_as(concat!(
-            "SELECT ",
-            item_columns!(),
-            " FROM drover_items WHERE process = $1 AND state = $4 AND key > $2
-                 AND ($5::boolean IS NULL OR (backoff_until IS NOT NULL AND backoff_until > $6) = $5)
-             ORDER BY key LIMIT $3"
-        ))
-        .bind(&params.process)
-        .bind(after)
-        .bind(limit)
-        .bind(stored_state(state))
-        .bind(backing_off(state))
-        .bind(now),
+    let (sql, in_state) = match params.state {
+        None => (LIST_ALL, None),
+        Some(ItemState::Running) => (LIST_RUNNING, None),
+        Some(ItemState::Parked) => (LIST_PARKED, None),
+        Some(state) => (LIST_IN_STATE, Some(state)),
     };
+    let mut query = sqlx::query_as(sql)
+        .bind(&params.process)
+        .bind(after)
+        .bind(i64::from(params.limit));
+    if let Some(state) = in_state {
+        query = query
+            .bind(stored_state(state))
+            .bind(backing_off(state))
+            .bind(now);
+    }
     let rows: Vec<ItemRow> = query.fetch_all(&mut tx).await.db()?;
     tx.commit().await.db()?;
     rows.into_iter().map(|r| r.into_item(now)).collect()

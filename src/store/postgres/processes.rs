@@ -1,16 +1,20 @@
 //! Processes on PostgreSQL: made known by their first enqueue, their stored
 //! settings changed by `process configure` and read by every node.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use crate::store::StoreError;
-use crate::store::params::ProcessConfigure;
 use crate::store::rules::processes::{
-    ProcessSettingsRow, bind_configure, checked, settings_columns,
+    ProcessSettingsRow, SETTINGS_SELECT, bind_configure, checked, configure_update,
 };
-use crate::store::types::ProcessSettings;
+use crate::store::settings::{ProcessConfigure, ProcessSettings};
+
+/// `configure`'s statement, written once from the shared column list.
+static UPDATE: LazyLock<String> = LazyLock::new(|| configure_update('$'));
 
 /// Writes the settings given, leaving the others as stored.
 pub(super) async fn configure(
@@ -20,40 +24,21 @@ pub(super) async fn configure(
     checked(params)?;
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
-    let update = sqlx::query(
-        "UPDATE drover_processes SET
-             backoff_initial_ms = COALESCE($2, backoff_initial_ms),
-             backoff_factor = COALESCE($3, backoff_factor),
-             backoff_max_ms = COALESCE($4, backoff_max_ms),
-             backoff_jitter = COALESCE($5, backoff_jitter),
-             keep_runs_ms = COALESCE($6, keep_runs_ms),
-             keep_runs_per_key = COALESCE($7, keep_runs_per_key),
-             forget_idle_ms = CASE WHEN $8 THEN $9 ELSE forget_idle_ms END,
-             resync_every_ms = CASE WHEN $10 THEN $11 ELSE resync_every_ms END,
-             resync_jitter = COALESCE($12, resync_jitter),
-             resync_priority = COALESCE($13, resync_priority),
-             concurrency = CASE WHEN $14 THEN $15 ELSE concurrency END,
-             rate_per_s = CASE WHEN $16 THEN $17 ELSE rate_per_s END,
-             rate_burst = COALESCE($18, rate_burst),
-             rate_tokens = CASE WHEN $19 THEN NULL ELSE rate_tokens END
-         WHERE process = $1",
-    );
-    bind_configure(update, params).execute(&mut tx).await.db()?;
+    bind_configure(sqlx::query(UPDATE.as_str()), params)
+        .execute(&mut tx)
+        .await
+        .db()?;
     commit(tx).await
 }
 
 /// Every known process with its settings.
 pub(super) async fn list(store: &PostgresStore) -> Result<Vec<ProcessSettings>, StoreError> {
     let mut tx = store.read().await?;
-    let rows: Vec<ProcessSettingsRow<chrono::DateTime<chrono::Utc>>> = sqlx::query_as(concat!(
-        "SELECT ",
-        settings_columns!(),
-        " FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process
-         ORDER BY p.process"
-    ))
-    .fetch_all(&mut tx)
-    .await
-    .db()?;
+    let rows: Vec<ProcessSettingsRow<chrono::DateTime<chrono::Utc>>> =
+        sqlx::query_as(SETTINGS_SELECT)
+            .fetch_all(&mut tx)
+            .await
+            .db()?;
     tx.commit().await.db()?;
     Ok(rows
         .into_iter()

@@ -10,8 +10,7 @@ use super::rows::{Stamp, duration_ms};
 use crate::store::StoreError;
 use crate::store::fleet::{FleetLimits, RateLimit};
 use crate::store::key::validate_process;
-use crate::store::params::ProcessConfigure;
-use crate::store::types::{ProcessSettings, Resync, Retention};
+use crate::store::settings::{ProcessConfigure, ProcessSettings, Resync, Retention};
 
 /// `drover_processes` as both engines store it (durations in milliseconds),
 /// with the next resync from `drover_resync` (times as the engine keeps them).
@@ -56,18 +55,17 @@ impl LimitsRow {
     }
 }
 
-/// The columns of a [`ProcessSettingsRow`], from `drover_processes p LEFT JOIN
-/// drover_resync r ON r.process = p.process`.
-macro_rules! settings_columns {
-    () => {
-        "p.process, p.backoff_initial_ms, p.backoff_factor, p.backoff_max_ms, \
-         p.backoff_jitter, p.keep_runs_ms, p.keep_runs_per_key, p.forget_idle_ms, \
-         p.resync_every_ms, p.resync_jitter, p.resync_priority, \
-         p.paused, p.concurrency, p.rate_per_s, p.rate_burst, \
-         r.pass_started_at, r.next_due_at"
-    };
-}
-pub(crate) use settings_columns;
+/// Every known process with its settings, in process order: the columns of
+/// a [`ProcessSettingsRow`], from `drover_processes p LEFT JOIN drover_resync
+/// r ON r.process = p.process`. Both engines read it as it is.
+pub(crate) const SETTINGS_SELECT: &str = "SELECT p.process, p.backoff_initial_ms, \
+     p.backoff_factor, p.backoff_max_ms, p.backoff_jitter, p.keep_runs_ms, \
+     p.keep_runs_per_key, p.forget_idle_ms, \
+     p.resync_every_ms, p.resync_jitter, p.resync_priority, \
+     p.paused, p.concurrency, p.rate_per_s, p.rate_burst, \
+     r.pass_started_at, r.next_due_at \
+     FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process \
+     ORDER BY p.process";
 
 /// Milliseconds as a duration (negative ones as zero).
 fn ms(v: i64) -> Duration {
@@ -113,13 +111,76 @@ pub(crate) fn clamp_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// Binds the parameters of an engine's `UPDATE drover_processes` of
-/// [`configure`](crate::store::StoreEngine::process_configure): the process
-/// (`1`), then each setting as both engines' statements take it (`2`–`19`):
-/// a value, or `NULL` to keep the stored one; for a setting that can be
-/// cleared, whether it was given (`8`, `10`, `14`, `16`) before its value;
-/// and last whether the rate bucket refills (`19`). The engines differ only
-/// in their SQL's placeholders.
+/// How [`configure`](crate::store::StoreEngine::process_configure) writes
+/// one column of `drover_processes`.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// One parameter, a value or `NULL` to keep the stored one.
+    Replace,
+    /// Two parameters: whether the setting was given, then its value (which
+    /// may be `NULL`, to clear it).
+    Clearable,
+    /// One parameter: whether to empty the column (`NULL`).
+    Empty,
+}
+
+/// The columns `configure` writes, in the order [`bind_configure`] binds
+/// their parameters (after the process's, `1`). A new setting is a line
+/// here, a bind there, a field in [`ProcessSettingsRow`] and a column in
+/// [`SETTINGS_SELECT`].
+const CONFIGURED: [(&str, Change); 14] = [
+    ("backoff_initial_ms", Change::Replace),
+    ("backoff_factor", Change::Replace),
+    ("backoff_max_ms", Change::Replace),
+    ("backoff_jitter", Change::Replace),
+    ("keep_runs_ms", Change::Replace),
+    ("keep_runs_per_key", Change::Replace),
+    ("forget_idle_ms", Change::Clearable),
+    ("resync_every_ms", Change::Clearable),
+    ("resync_jitter", Change::Replace),
+    ("resync_priority", Change::Replace),
+    ("concurrency", Change::Clearable),
+    ("rate_per_s", Change::Clearable),
+    ("rate_burst", Change::Replace),
+    ("rate_tokens", Change::Empty),
+];
+
+/// The `UPDATE drover_processes` of `configure`, written with the engine's
+/// numbered placeholders (`mark` is `?` on SQLite, `$` on PostgreSQL): the
+/// engines differ only in that.
+pub(crate) fn configure_update(mark: char) -> String {
+    let mut n = 1;
+    let mut next = || {
+        n += 1;
+        format!("{mark}{n}")
+    };
+    let sets: Vec<String> = CONFIGURED
+        .iter()
+        .map(|&(column, change)| match change {
+            Change::Replace => format!("{column} = COALESCE({}, {column})", next()),
+            Change::Clearable => {
+                let given = next();
+                format!(
+                    "{column} = CASE WHEN {given} THEN {} ELSE {column} END",
+                    next()
+                )
+            }
+            Change::Empty => format!(
+                "{column} = CASE WHEN {} THEN NULL ELSE {column} END",
+                next()
+            ),
+        })
+        .collect();
+    format!(
+        "UPDATE drover_processes SET {} WHERE process = {mark}1",
+        sets.join(", ")
+    )
+}
+
+/// Binds the parameters of [`configure_update`]: the process (`1`), then
+/// each setting as [`CONFIGURED`] lists it (`2`–`19`): a value, or `NULL` to
+/// keep the stored one; for a setting that can be cleared, whether it was
+/// given before its value; and last whether the rate bucket refills.
 pub(crate) fn bind_configure<'q, DB>(
     query: Query<'q, DB, DB::Arguments>,
     params: &ProcessConfigure,
@@ -205,4 +266,40 @@ pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// White space folded, so statements compare by their words.
+    fn words(sql: &str) -> String {
+        sql.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn configure_update_is_the_statement_each_engine_wrote_by_hand() {
+        let by_hand = |m: &str| {
+            words(&format!(
+                "UPDATE drover_processes SET
+                     backoff_initial_ms = COALESCE({m}2, backoff_initial_ms),
+                     backoff_factor = COALESCE({m}3, backoff_factor),
+                     backoff_max_ms = COALESCE({m}4, backoff_max_ms),
+                     backoff_jitter = COALESCE({m}5, backoff_jitter),
+                     keep_runs_ms = COALESCE({m}6, keep_runs_ms),
+                     keep_runs_per_key = COALESCE({m}7, keep_runs_per_key),
+                     forget_idle_ms = CASE WHEN {m}8 THEN {m}9 ELSE forget_idle_ms END,
+                     resync_every_ms = CASE WHEN {m}10 THEN {m}11 ELSE resync_every_ms END,
+                     resync_jitter = COALESCE({m}12, resync_jitter),
+                     resync_priority = COALESCE({m}13, resync_priority),
+                     concurrency = CASE WHEN {m}14 THEN {m}15 ELSE concurrency END,
+                     rate_per_s = CASE WHEN {m}16 THEN {m}17 ELSE rate_per_s END,
+                     rate_burst = COALESCE({m}18, rate_burst),
+                     rate_tokens = CASE WHEN {m}19 THEN NULL ELSE rate_tokens END
+                 WHERE process = {m}1"
+            ))
+        };
+        assert_eq!(words(&configure_update('?')), by_hand("?"));
+        assert_eq!(words(&configure_update('$')), by_hand("$"));
+    }
 }
