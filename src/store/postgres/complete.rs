@@ -20,7 +20,7 @@ use crate::store::params::LeaseComplete;
 use crate::store::rules::holding::{
     Found, asked_sessions, expired_sessions, match_leases, settle_batch,
 };
-use crate::store::rules::parts::{Answers, CompleteOnce, complete_in_parts};
+use crate::store::rules::parts::{Answers, CompleteOnce, Rest, complete_in_parts};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
 use crate::store::types::{Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
@@ -167,26 +167,13 @@ pub(super) async fn complete_batch(
     } else {
         retry(store, || quick.settle(store)).await?
     };
-    let mut answers: Answers = batch.iter().map(|_| Ok(())).collect();
-    let rest: Vec<usize> = (0..batch.len()).filter(|n| !settled.contains(n)).collect();
-    if rest.is_empty() {
-        return Ok(answers);
-    }
-    let general: Vec<LeaseComplete<'_>> = rest.iter().map(|&n| batch[n]).collect();
-    match complete_in_parts(store, &general).await {
-        Ok(results) => {
-            for (n, answer) in rest.into_iter().zip(results) {
-                answers[n] = answer;
-            }
-        }
-        Err(e) if settled.is_empty() => return Err(e),
-        Err(e) => {
-            for n in rest {
-                answers[n] = Err(e.duplicate());
-            }
-        }
-    }
-    Ok(answers)
+    let rest = Rest::of(batch, |n| settled.contains(&n));
+    let general = if rest.leases.is_empty() {
+        Ok(Vec::new())
+    } else {
+        complete_in_parts(store, &rest.leases).await
+    };
+    rest.answer(general)
 }
 
 /// Settles `batch` the general way, in one transaction: every lease's row

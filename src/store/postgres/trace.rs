@@ -1,5 +1,5 @@
 //! Trace contexts on PostgreSQL (DESIGN.md rule 14): an enqueue's context is
-//! appended to its keys' next run by `drover_trace_link` (migration 0014),
+//! appended to its keys' next run by `drover_trace_link` (migration 0015),
 //! the function other programs call after `drover_enqueue`; that migration's
 //! trigger moves them to the run when its lease starts, where
 //! [`lease_trace`] reads them.
@@ -33,42 +33,25 @@ where
     Ok(())
 }
 
-/// Adds `context` to the next run of one key, in its own transaction.
-async fn link_key(
-    store: &PostgresStore,
-    process: &str,
-    key: &str,
-    context: &TraceContext,
-) -> Result<(), StoreError> {
-    let (mut tx, _) = store.write().await?;
-    link(&mut tx, process, &[key], context).await?;
-    commit(tx).await
-}
-
-/// The contexts the run under `lease` absorbed; empty once another lease
-/// took the key.
-async fn lease_trace(store: &PostgresStore, lease: &Lease) -> Result<TraceLinks, StoreError> {
-    let run: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT trace_run::text FROM drover_items
-         WHERE process = $1 AND key = $2 AND lease_token = $3 AND state = 'running'",
-    )
-    .bind(&lease.process)
-    .bind(&lease.key)
-    .bind(lease.token.0)
-    .fetch_optional(&store.pool)
-    .await
-    .db()?;
-    Ok(TraceLinks::from_json(run.flatten().as_deref()))
-}
-
 impl PostgresStore {
     /// The trace contexts the run under `lease` absorbed (see
     /// [`Store::lease_trace`](crate::store::Store::lease_trace)).
+    /// Empty once another lease took the key.
     pub(crate) async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        lease_trace(self, lease).await
+        let run: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT trace_run::text FROM drover_items
+             WHERE process = $1 AND key = $2 AND lease_token = $3 AND state = 'running'",
+        )
+        .bind(&lease.process)
+        .bind(&lease.key)
+        .bind(lease.token.0)
+        .fetch_optional(&self.pool)
+        .await
+        .db()?;
+        Ok(TraceLinks::from_json(run.flatten().as_deref()))
     }
 
-    /// Adds `context` to the next run of one key (see
+    /// Adds `context` to the next run of one key, in its own transaction (see
     /// [`Store::item_trace_link`](crate::store::Store::item_trace_link)).
     pub(crate) async fn item_trace_link(
         &self,
@@ -76,6 +59,8 @@ impl PostgresStore {
         key: &str,
         context: &TraceContext,
     ) -> Result<(), StoreError> {
-        link_key(self, process, key, context).await
+        let (mut tx, _) = self.write().await?;
+        link(&mut tx, process, &[key], context).await?;
+        commit(tx).await
     }
 }

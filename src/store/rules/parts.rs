@@ -121,3 +121,54 @@ fn unwritten(
         }
     }
 }
+
+/// What an engine's quick path (one statement for a batch's clean `done`s) left
+/// of a batch for the general way, and how the two parts' answers combine.
+pub(crate) struct Rest<'a> {
+    /// The batch's length.
+    len: usize,
+    /// Whether the quick path settled (and committed) any lease.
+    settled_any: bool,
+    /// The positions in the batch of [`leases`](Self::leases).
+    positions: Vec<usize>,
+    /// The leases the general way must settle, in batch order.
+    pub(crate) leases: Vec<LeaseComplete<'a>>,
+}
+
+impl<'a> Rest<'a> {
+    /// The leases of `batch` whose positions `settled` does not name.
+    pub(crate) fn of(batch: &[LeaseComplete<'a>], settled: impl Fn(usize) -> bool) -> Self {
+        let positions: Vec<usize> = (0..batch.len()).filter(|&n| !settled(n)).collect();
+        Self {
+            len: batch.len(),
+            settled_any: positions.len() < batch.len(),
+            leases: positions.iter().map(|&n| batch[n]).collect(),
+            positions,
+        }
+    }
+
+    /// Every lease's answer: `Ok` for the settled ones, the general way's for
+    /// the rest. The general way's error is the batch's while nothing has
+    /// committed (the caller may split or retry it all); once the quick part
+    /// has, it is the answer of each lease of the rest instead.
+    pub(crate) fn answer(
+        self,
+        general: Result<Answers, StoreError>,
+    ) -> Result<Answers, StoreError> {
+        let mut answers: Answers = (0..self.len).map(|_| Ok(())).collect();
+        match general {
+            Ok(got) => {
+                for (n, answer) in self.positions.into_iter().zip(got) {
+                    answers[n] = answer;
+                }
+            }
+            Err(e) if !self.settled_any => return Err(e),
+            Err(e) => {
+                for n in self.positions {
+                    answers[n] = Err(e.duplicate());
+                }
+            }
+        }
+        Ok(answers)
+    }
+}

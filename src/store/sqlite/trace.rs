@@ -13,7 +13,7 @@ use crate::store::{StoreError, TraceContext, TraceLinks};
 /// of process `?1`: the first and the last 8 contexts are kept
 /// ([`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT)), and when a 17th
 /// comes the oldest of the last 8 is dropped and counted. PostgreSQL's
-/// `drover_trace_link` (migration 0014) says the same.
+/// `drover_trace_link` (migration 0015) says the same.
 const LINK: &str = "
 UPDATE drover_items SET trace_links = CASE
     WHEN trace_links IS NULL THEN json_object('links', json_array(?3), 'dropped', 0)
@@ -42,43 +42,25 @@ pub(super) async fn link(
     Ok(())
 }
 
-/// Adds `context` to the next run of one key, in its own transaction.
-async fn link_key(
-    store: &SqliteStore,
-    process: &str,
-    key: &str,
-    context: &TraceContext,
-) -> Result<(), StoreError> {
-    let keys = serde_json::to_string(&[key]).expect("a list of strings always serializes");
-    let mut tx = store.begin().await?;
-    link(&mut tx, process, &keys, context).await?;
-    tx.commit().await.db()
-}
-
-/// The contexts the run under `lease` absorbed; empty once another lease
-/// took the key.
-async fn lease_trace(store: &SqliteStore, lease: &Lease) -> Result<TraceLinks, StoreError> {
-    let run: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT trace_run FROM drover_items
-         WHERE process = ?1 AND key = ?2 AND lease_token = ?3 AND state = 'running'",
-    )
-    .bind(&lease.process)
-    .bind(&lease.key)
-    .bind(lease.token.0)
-    .fetch_optional(&store.pool)
-    .await
-    .db()?;
-    Ok(TraceLinks::from_json(run.flatten().as_deref()))
-}
-
 impl SqliteStore {
     /// The trace contexts the run under `lease` absorbed (see
     /// [`Store::lease_trace`](crate::store::Store::lease_trace)).
+    /// Empty once another lease took the key.
     pub(crate) async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        lease_trace(self, lease).await
+        let run: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT trace_run FROM drover_items
+             WHERE process = ?1 AND key = ?2 AND lease_token = ?3 AND state = 'running'",
+        )
+        .bind(&lease.process)
+        .bind(&lease.key)
+        .bind(lease.token.0)
+        .fetch_optional(&self.pool)
+        .await
+        .db()?;
+        Ok(TraceLinks::from_json(run.flatten().as_deref()))
     }
 
-    /// Adds `context` to the next run of one key (see
+    /// Adds `context` to the next run of one key, in its own transaction (see
     /// [`Store::item_trace_link`](crate::store::Store::item_trace_link)).
     pub(crate) async fn item_trace_link(
         &self,
@@ -86,6 +68,9 @@ impl SqliteStore {
         key: &str,
         context: &TraceContext,
     ) -> Result<(), StoreError> {
-        link_key(self, process, key, context).await
+        let keys = serde_json::to_string(&[key]).expect("a list of strings always serializes");
+        let mut tx = self.begin().await?;
+        link(&mut tx, process, &keys, context).await?;
+        tx.commit().await.db()
     }
 }
