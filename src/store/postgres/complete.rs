@@ -1,12 +1,9 @@
-//! Completing leases on PostgreSQL, set-based. The common run, a clean `done`
-//! of a key nobody enqueued meanwhile, is settled by one statement that checks
-//! the lease, leaves the item idle and appends the run's history ([`QUICK`]);
-//! every other lease goes the general way: one statement locks its running
-//! row, [`settle_batch`] decides, one appends the runs' history, one writes the
-//! next rows. A batch of hundreds of clean outcomes costs one statement and one
-//! commit; any other batch a handful more.
+//! Completing leases on PostgreSQL, set-based: one statement locks every lease's
+//! running row, one appends the runs' history, one leaves the converged items
+//! idle, so a batch of hundreds of outcomes costs a handful of round trips and
+//! one commit.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 
@@ -20,9 +17,9 @@ use crate::store::params::LeaseComplete;
 use crate::store::rules::holding::{
     Found, asked_sessions, expired_sessions, match_leases, settle_batch,
 };
-use crate::store::rules::parts::{Answers, CompleteOnce, Rest, complete_in_parts};
+use crate::store::rules::parts::{Answers, CompleteOnce};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
-use crate::store::types::{Outcome, RunOutcome, SessionId};
+use crate::store::types::{RunOutcome, SessionId};
 use crate::store::wakeup;
 
 /// Locks the current row of every lease's key, in key order as every writer
@@ -51,134 +48,10 @@ ORDER BY i.process, i.key
 FOR UPDATE OF i"
 );
 
-/// The clean `done`s of a batch settled in one statement, each lease given as
-/// (`$2` session, `$3` process, `$4` key, `$5` token), at the database clock
-/// shifted by the test offset `$1`. A lease qualifies when its session is alive
-/// and its key's row is running under that session and token with no enqueue
-/// during the run (`dirty_since`), which is all
-/// [`settle`](crate::store::rules::settle::settle) looks at for `done`: the row
-/// is left idle as [`idle`] leaves it, and the run's history row is written from
-/// the running row, in token order. Returns the tokens it settled; the caller
-/// settles the other leases the general way, in a transaction of their own.
-///
-/// The rows are locked in key order (`held`), the order every writer that
-/// waits on item rows takes, so this cannot deadlock an enqueue; a lock that
-/// had to wait returns the row's newest version, checked again, so a lease
-/// reclaimed or a key enqueued meanwhile is not settled here. One statement
-/// instead of the general way's five (clock, sessions, locking read, history,
-/// update): no row decoded in Rust, no second read of the rows for their
-/// history.
-const QUICK: &str = "
-WITH clock AS (SELECT clock_timestamp() + $1::float8 * interval '1 millisecond' AS now),
-held AS MATERIALIZED (
-  SELECT i.id, i.process, i.key, i.failures, i.lease_session, i.lease_token,
-      i.enqueued_at, i.started_at
-  FROM UNNEST($2::bigint[], $3::text[], $4::text[], $5::bigint[]) AS l(session, process, key, token)
-  JOIN drover_items i ON i.process = l.process AND i.key = l.key
-  WHERE i.state = 'running' AND i.lease_session = l.session AND i.lease_token = l.token
-    AND i.dirty_since IS NULL
-    AND EXISTS (SELECT 1 FROM drover_sessions s
-                WHERE s.id = l.session AND s.deadline > (SELECT now FROM clock))
-  ORDER BY i.process, i.key
-  FOR UPDATE OF i),
-idle AS (
-  UPDATE drover_items i SET state = 'idle', ready_at = c.now, failures = 0,
-      backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
-      lease_session = NULL, lease_token = NULL, started_at = NULL,
-      last_outcome = 'done', last_ended_at = c.now
-  FROM held h CROSS JOIN clock c
-  WHERE i.id = h.id AND i.state = 'running' AND i.lease_session = h.lease_session
-    AND i.lease_token = h.lease_token AND i.dirty_since IS NULL
-  RETURNING h.process, h.key, h.failures, h.lease_session, h.lease_token, h.enqueued_at,
-      h.started_at, c.now),
-logged AS (
-  INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
-      started_at, ended_at)
-  SELECT process, key, 'done', failures + 1, lease_session, lease_token, enqueued_at,
-      started_at, now
-  FROM idle ORDER BY lease_token)
-SELECT lease_token FROM idle";
-
-/// The leases of a batch that [`QUICK`] may settle: each clean `done`, at the
-/// first position its token has in the batch (a repeat is refused by the
-/// general way, which finds the row already idle), sorted by (process, key)
-/// as the rows are locked.
-#[derive(Debug, Default)]
-struct Quick<'a> {
-    /// Position in the batch of each token asked.
-    first: HashMap<i64, usize>,
-    /// (process, key, session, token) of each lease asked.
-    leases: Vec<(&'a str, &'a str, i64, i64)>,
-}
-
-impl<'a> Quick<'a> {
-    fn of(batch: &'a [LeaseComplete<'a>]) -> Self {
-        let mut quick = Self::default();
-        for (n, params) in batch.iter().enumerate() {
-            let lease = params.lease;
-            if matches!(params.outcome, Outcome::Done) && !quick.first.contains_key(&lease.token.0)
-            {
-                quick.first.insert(lease.token.0, n);
-                quick
-                    .leases
-                    .push((&lease.process, &lease.key, lease.session.0, lease.token.0));
-            }
-        }
-        quick.leases.sort_unstable();
-        quick
-    }
-
-    /// Runs [`QUICK`] in a transaction of its own; the positions in the batch
-    /// it settled.
-    async fn settle(&self, store: &PostgresStore) -> Result<HashSet<usize>, StoreError> {
-        let mut tx = store.begin().await?;
-        let leases = &self.leases;
-        let tokens: Vec<i64> = sqlx::query_scalar(QUICK)
-            .bind(store.clock.offset_ms())
-            .bind(leases.iter().map(|l| l.2).collect::<Vec<_>>())
-            .bind(leases.iter().map(|l| l.0).collect::<Vec<_>>())
-            .bind(leases.iter().map(|l| l.1).collect::<Vec<_>>())
-            .bind(leases.iter().map(|l| l.3).collect::<Vec<_>>())
-            .fetch_all(&mut tx)
-            .await
-            .db()?;
-        commit(tx).await?;
-        Ok(tokens
-            .iter()
-            .filter_map(|t| self.first.get(t).copied())
-            .collect())
-    }
-}
-
-/// Settles every lease of `batch`: the clean `done`s by [`QUICK`] in one
-/// transaction, the rest the general way ([`complete_in_parts`]: split where
-/// an outcome's data is refused) in others, as SQLite does. Each transaction
-/// locks its rows in key order, which one transaction locking two groups in
-/// turn would not. A lease that was lost or whose session expired gets its own
-/// error and changes nothing. A failure before anything committed is the
-/// batch's; once the clean part has committed, the rest is answered with it.
+/// Settles every lease in one transaction. A lease that was lost or whose
+/// session expired gets its own error and changes nothing; the others commit.
+/// Any other failure rolls the whole batch back.
 pub(super) async fn complete_batch(
-    store: &PostgresStore,
-    batch: &[LeaseComplete<'_>],
-) -> Result<Answers, StoreError> {
-    let quick = Quick::of(batch);
-    let settled = if quick.leases.is_empty() {
-        HashSet::new()
-    } else {
-        retry(store, || quick.settle(store)).await?
-    };
-    let rest = Rest::of(batch, |n| settled.contains(&n));
-    let general = if rest.leases.is_empty() {
-        Ok(Vec::new())
-    } else {
-        complete_in_parts(store, &rest.leases).await
-    };
-    rest.answer(general)
-}
-
-/// Settles `batch` the general way, in one transaction: every lease's row
-/// locked and read, [`settle_batch`] deciding.
-async fn complete_general(
     store: &PostgresStore,
     batch: &[LeaseComplete<'_>],
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
@@ -366,7 +239,7 @@ const DATA_ERROR_CLASSES: [&str; 4] = ["22", "23", "54", "P0"];
 
 impl CompleteOnce for PostgresStore {
     async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
-        retry(self, || complete_general(self, batch)).await
+        retry(self, || complete_batch(self, batch)).await
     }
 
     fn from_data(e: &StoreError) -> bool {

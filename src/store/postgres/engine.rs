@@ -16,13 +16,13 @@ use super::listen::Listener;
 use super::retry::{retry, watched};
 use super::statistics::Statistics;
 use super::{
-    admin, complete, counts, enqueue, gate, groups, inspect, leases, processes, runs, series,
-    sessions,
+    admin, counts, enqueue, gate, groups, inspect, leases, processes, runs, series, sessions,
 };
 use crate::store::fleet::{Claimed, ProcessPause};
 // The seam takes every operation's parameters and returns the domain types.
 use crate::store::params::*;
 use crate::store::rules::groups::act_where;
+use crate::store::rules::parts::complete_in_parts;
 use crate::store::rules::{resync, retention};
 use crate::store::settings::{ProcessConfigure, ProcessSettings};
 use crate::store::types::*;
@@ -189,17 +189,12 @@ impl PostgresStore {
 
     /// Starts a transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self
+            .connecting(Tx::begin(&self.pool, self.pooled))
+            .await
+            .db()?;
         let now = self.now(&mut tx).await?;
         Ok((tx, now))
-    }
-
-    /// Starts a transaction for writes, without reading the clock (for a
-    /// statement that reads it itself).
-    pub(super) async fn begin(&self) -> Result<Tx, StoreError> {
-        self.connecting(Tx::begin(&self.pool, self.pooled))
-            .await
-            .db()
     }
 
     /// A connection for reads (a transaction through a pooler, see [`Tx`]);
@@ -284,7 +279,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        let answers = watched(self, complete::complete_batch(self, &[params])).await?;
+        let answers = watched(self, complete_in_parts(self, &[params])).await?;
         answers.into_iter().next().unwrap_or(Ok(()))
     }
 
@@ -292,7 +287,7 @@ impl StoreEngine for PostgresStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        watched(self, complete::complete_batch(self, batch)).await
+        watched(self, complete_in_parts(self, batch)).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
