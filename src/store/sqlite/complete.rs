@@ -22,7 +22,7 @@ use crate::store::rules::decode::corrupt;
 use crate::store::rules::holding::{
     Found, asked_sessions, expired_sessions, match_leases, settle_batch,
 };
-use crate::store::rules::parts::{Answers, CompleteOnce, Rest};
+use crate::store::rules::parts::{Answers, CompleteOnce};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
 use crate::store::types::{Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
@@ -54,14 +54,31 @@ pub(super) async fn complete_batch(
         return complete_general(store, batch, QuickRead::Try).await;
     };
     let settled = clean.write(store).await?;
-    let rest = Rest::of(batch, |n| settled.contains(&batch[n].lease.token.0));
+    let rest: Vec<usize> = (0..batch.len())
+        .filter(|&n| !settled.contains(&batch[n].lease.token.0))
+        .collect();
+    let mut answers: Vec<Result<(), StoreError>> = batch.iter().map(|_| Ok(())).collect();
+    if rest.is_empty() {
+        return Ok(answers);
+    }
+    let general: Vec<LeaseComplete<'_>> = rest.iter().map(|&n| batch[n]).collect();
     // What the one trip did not settle would not qualify for QUICK either.
-    let general = if rest.leases.is_empty() {
-        Ok(Vec::new())
-    } else {
-        complete_general(store, &rest.leases, QuickRead::Skip).await
-    };
-    rest.answer(general)
+    match complete_general(store, &general, QuickRead::Skip).await {
+        Ok(got) => {
+            for (n, answer) in rest.into_iter().zip(got) {
+                answers[n] = answer;
+            }
+        }
+        // Nothing was written: the caller may split the batch or retry it.
+        Err(e) if settled.is_empty() => return Err(e),
+        // The clean part has committed: the rest is answered with the error.
+        Err(e) => {
+            for n in rest {
+                answers[n] = Err(e.duplicate());
+            }
+        }
+    }
+    Ok(answers)
 }
 
 /// The common batch, settled in one trip to the connection's thread
