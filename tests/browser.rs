@@ -256,7 +256,7 @@ async fn the_park_button_works_in_a_browser_and_another_sites_forms_are_refused(
         .expect("m1");
     assert_eq!(m1.item.state, ItemState::Pending, "nothing was parked");
     // … because both posts were refused, not because none was sent.
-    let item = "/ui/processes/{process}/items/{key}/park";
+    let item = "/ui/processes/{process}/items/{key}/{action}";
     assert_eq!(
         answered(&base, "/v1/processes/{process}/items", 403).await,
         "1"
