@@ -1,5 +1,11 @@
--- The concurrency gate reads a process's running count from the item counts
--- (migration 0007), as SQLite's gate does, instead of counting running rows.
+-- Two changes for issue 39's PostgreSQL burn-down: the concurrency gate reads
+-- a process's running count from the item counts, and item pages keep room
+-- for the next version of their rows.
+--
+-- 1. The running count.
+--
+-- The concurrency gate reads it from the item counts (migration 0007), as
+-- SQLite's gate does, instead of counting running rows.
 --
 -- Since migration 0014 the running rows have one index, the lease index
 -- `(lease_session, lease_token)`, which the workers page and reclaims need in
@@ -144,3 +150,23 @@ BEGIN
     FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
     ORDER BY c.priority DESC, c.ready_at, c.id;
 END $$;
+
+-- 2. Room on each page for the rows' next versions.
+--
+-- A claim and a completion each write a new version of the key's row (not a
+-- HOT update: `state` decides the partial indexes). When the new version
+-- does not fit on the old one's page, PostgreSQL first marks the old version
+-- locked, with a write-ahead-log record of its own, then writes the new one
+-- on another page: measured on a 100,000-key burn-down, four row-lock records
+-- per key where two are the claim's and the completion's own locks. Half-full
+-- pages keep the next version beside the old one even when a claim takes
+-- every row of a page at once (keys enqueued together are claimed together):
+--
+--   fillfactor          100    85    70    60    50
+--   WAL records / key  14.3  13.8  13.3  12.9  12.5
+--
+-- The price is space: a table of idle keys takes about twice the pages (its
+-- indexes are unchanged), for a table whose rows are each rewritten at least
+-- twice per run. The setting applies to pages filled from now on;
+-- `VACUUM FULL drover_items` rewrites the existing ones.
+ALTER TABLE drover_items SET (fillfactor = 50);
