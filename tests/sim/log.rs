@@ -87,6 +87,12 @@ pub(crate) enum What {
         slow: Duration,
         down: Duration,
     },
+    /// The worker's writes to items (outcomes, hand-backs) fail for `lasts`
+    /// while its heartbeats pass.
+    WriteOutage {
+        worker: u32,
+        lasts: Duration,
+    },
     Start {
         worker: u32,
     },

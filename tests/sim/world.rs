@@ -186,6 +186,7 @@ async fn world(seed: u64) -> Ran {
         fault_rate: shape.fault_rate,
         quiet: false.into(),
         cuts: Mutex::default(),
+        write_outages: Mutex::default(),
     });
     let mut world = World {
         shared: Arc::clone(&shared),
@@ -212,6 +213,7 @@ async fn world(seed: u64) -> Ran {
     // Faults stop; every node comes back; the operator resumes the process.
     shared.quiet.store(true, Ordering::SeqCst);
     shared.cuts.lock().expect("not poisoned").clear();
+    shared.write_outages.lock().expect("not poisoned").clear();
     log.push(What::Quiet);
     let quiet_at = log.now();
     for i in 0..shape.nodes {
@@ -304,6 +306,19 @@ fn act(world: &mut World, rng: &mut Rng, keys: &[String]) {
         81..=83 => {
             let paused = shared.model().paused;
             shared.model().set_paused(!paused);
+        }
+        84 => {
+            // Longer than a TTL at times: an outcome that cannot be written
+            // within one is handed back, which this outage fails too.
+            let i = rng.below(world.nodes.len() as u64) as usize;
+            let worker = world.nodes[i].worker;
+            let lasts = rng.ms(500, 3 * TTL.as_millis() as u64);
+            shared.log.push(What::WriteOutage { worker, lasts });
+            shared
+                .write_outages
+                .lock()
+                .expect("not poisoned")
+                .insert(worker, Instant::now() + lasts);
         }
         _ => {
             let action = *rng.pick(&["retry", "park", "delete"]);
