@@ -37,6 +37,8 @@ mod on_model;
 mod ops;
 mod view;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
 
 /// Cases per `cargo test` run.
@@ -71,17 +73,30 @@ fn engines_agree_with_the_model() {
     let max_ops = env_number("DROVER_DIFF_OPS").unwrap_or(DEFAULT_OPS);
     let began = std::time::Instant::now();
     let mut runner = TestRunner::new(config.clone());
+    // Runs so far, and the run that first diverged (then shrinking began).
+    let (runs, first) = (AtomicU32::new(0), AtomicU32::new(0));
     let result = runner.run(&ops::sequence(max_ops), |ops| {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
         rt.block_on(case::run(&engines.stores, &ops.0))
-            .map_err(|d| TestCaseError::fail(d.report))
+            .map_err(|d| {
+                let _ = first.compare_exchange(0, run, Ordering::SeqCst, Ordering::SeqCst);
+                TestCaseError::fail(d.report)
+            })
     });
     rt.block_on(engines.close());
     eprintln!(
-        "{} cases on {:?} in {:.1}s",
-        config.cases,
+        "{} runs of cases on {:?} in {:.1}s",
+        runs.load(Ordering::SeqCst),
         engines.names(),
         began.elapsed().as_secs_f64()
     );
+    if first.load(Ordering::SeqCst) > 0 {
+        eprintln!(
+            "the first divergence came in run {}; shrinking took the other {}",
+            first.load(Ordering::SeqCst),
+            runs.load(Ordering::SeqCst) - first.load(Ordering::SeqCst)
+        );
+    }
     if std::env::var_os("DROVER_DIFF_TALLY").is_some() {
         eprintln!("{:#?}", case::TALLY.lock().expect("not poisoned"));
     }
