@@ -4,7 +4,7 @@
 //! delays and priorities, claims, completions with every outcome, one at a
 //! time and in batches, releases, heartbeats, session closes, reclaims after
 //! the database clock moved, operators' retry, park and delete, pause and
-//! the concurrency limit) and runs each on the model store of the
+//! the concurrency and rate limits) and runs each on the model store of the
 //! simulation (`tests/sim/model.rs`, the executable form of DESIGN.md's
 //! rules), on SQLite and, when `DROVER_TEST_POSTGRES_URL` is set, on
 //! PostgreSQL. Every answer (leases handed out and their order, refusals,
@@ -30,6 +30,7 @@ mod log;
 #[path = "../sim/model.rs"]
 mod model;
 
+mod aliases;
 mod case;
 mod engines;
 mod on_engine;

@@ -8,10 +8,11 @@ use drover::store::{
     SessionStart, Store, StoreEngine as _, StoreError,
 };
 
+use crate::aliases::Aliases;
 use crate::model::PARK_REASON;
 use crate::on_model::{key, outcome};
-use crate::ops::{End, Op, UNIT};
-use crate::view::{Aliases, Answer, ItemView, Refusal, Snapshot};
+use crate::ops::{End, Op, RATE_PER_S, UNIT};
+use crate::view::{Answer, Gate, ItemView, Refusal, Snapshot};
 
 /// One engine's side of one case: a process of its own.
 pub(crate) struct OnEngine {
@@ -24,6 +25,11 @@ pub(crate) struct OnEngine {
 /// An operation's refusal as an answer, or its unexpected error.
 fn refusal(e: &StoreError) -> Answer {
     Refusal::of(e).map_or_else(Answer::Failed, Answer::Refused)
+}
+
+/// A call's answer: `ok`'s of what it returned, or its refusal.
+fn answer<T>(result: Result<T, StoreError>, ok: impl FnOnce(T) -> Answer) -> Answer {
+    result.map_or_else(|e| refusal(&e), ok)
 }
 
 impl OnEngine {
@@ -52,7 +58,6 @@ impl OnEngine {
     }
 
     pub(crate) async fn apply(&mut self, op: &Op) -> Answer {
-        let p = self.process.clone();
         match op {
             Op::Enqueue {
                 key: k,
@@ -60,141 +65,163 @@ impl OnEngine {
                 priority,
                 bypass,
             } => {
-                let params = ItemEnqueue::new(p, [key(*k)])
+                let params = ItemEnqueue::new(&self.process, [key(*k)])
                     .after(UNIT * u32::from(*after))
                     .priority(*priority)
                     .bypass_backoff(*bypass);
-                match self.store.item_enqueue(params).await {
-                    Ok(report) => Answer::Enqueued {
-                        dirty: report.dirty,
-                    },
-                    Err(e) => refusal(&e),
-                }
+                let report = self.store.item_enqueue(params).await;
+                answer(report, |r| Answer::Enqueued { dirty: r.dirty })
             }
+            Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
+                self.sessions(op).await
+            }
+            Op::Claim { .. } | Op::Complete { .. } | Op::Batch(_) | Op::Release { .. } => {
+                self.leases(op).await
+            }
+            Op::Advance(u) => {
+                self.advance(UNIT * u32::from(*u));
+                Answer::Set
+            }
+            Op::Retry(_)
+            | Op::Park(_)
+            | Op::Delete(_)
+            | Op::Pause(_)
+            | Op::Limit(_)
+            | Op::Rate(_) => self.operator(op).await,
+        }
+    }
+
+    /// A session's start, heartbeat or close, or a reclaim.
+    async fn sessions(&mut self, op: &Op) -> Answer {
+        let s = &self.store;
+        match op {
             Op::Start { ttl } => {
                 let params = SessionStart::new("differential", UNIT * u32::from(*ttl));
-                match self.store.session_start(params).await {
-                    Ok(s) => Answer::Started(self.aliases.add_session(s.id)),
+                match s.session_start(params).await {
+                    Ok(started) => Answer::Started(self.aliases.add_session(started.id)),
                     Err(e) => refusal(&e),
                 }
             }
-            Op::Heartbeat { session } => {
-                let Some(session) = self.aliases.session(*session) else {
-                    return Answer::Skipped;
-                };
-                let params = SessionHeartbeat { session };
-                match self.store.session_heartbeat(params).await {
-                    Ok(_) => Answer::Renewed,
-                    Err(e) => refusal(&e),
-                }
-            }
-            Op::Close { session } => {
-                let Some(session) = self.aliases.session(*session) else {
-                    return Answer::Skipped;
-                };
-                match self.store.session_close(SessionClose { session }).await {
-                    Ok(n) => Answer::Closed(n),
-                    Err(e) => refusal(&e),
-                }
-            }
+            Op::Heartbeat { session } => match self.aliases.session(*session) {
+                None => Answer::Skipped,
+                Some(session) => answer(
+                    s.session_heartbeat(SessionHeartbeat { session }).await,
+                    |_| Answer::Renewed,
+                ),
+            },
+            Op::Close { session } => match self.aliases.session(*session) {
+                None => Answer::Skipped,
+                Some(session) => answer(
+                    s.session_close(SessionClose { session }).await,
+                    Answer::Closed,
+                ),
+            },
+            _ => answer(s.session_reclaim().await, |r| Answer::Reclaimed {
+                sessions: r.sessions,
+                leases: r.leases,
+            }),
+        }
+    }
+
+    /// A claim, a completion (alone or in a batch) or a release.
+    async fn leases(&mut self, op: &Op) -> Answer {
+        let s = &self.store;
+        match op {
             Op::Claim { session, max } => {
                 let Some(session) = self.aliases.session(*session) else {
                     return Answer::Skipped;
                 };
                 let params = LeaseClaim {
                     session,
-                    process: p,
+                    process: self.process.clone(),
                     max: u32::from(*max),
                 };
-                match self.store.lease_claim(params).await {
+                match s.lease_claim(params).await {
                     Ok(claimed) => match self.aliases.add_leases(&claimed.leases) {
                         Ok(leases) => Answer::Claimed {
                             leases,
-                            gate: Some((claimed.gate.paused, claimed.gate.concurrency_limited)),
+                            gate: Some(Gate::of(&claimed.gate)),
                         },
                         Err(broken) => Answer::Failed(broken),
                     },
                     Err(e) => refusal(&e),
                 }
             }
-            Op::Complete { lease, end } => {
-                let Some(lease) = self.aliases.lease(*lease) else {
-                    return Answer::Skipped;
-                };
-                let outcome = outcome(*end);
-                let params = LeaseComplete {
-                    lease,
-                    outcome: &outcome,
-                };
-                match self.store.lease_complete(params).await {
-                    Ok(()) => Answer::Ok,
-                    Err(e) => refusal(&e),
+            Op::Complete { lease, end } => match self.aliases.lease(*lease) {
+                None => Answer::Skipped,
+                Some(lease) => {
+                    let outcome = outcome(*end);
+                    let params = LeaseComplete {
+                        lease,
+                        outcome: &outcome,
+                    };
+                    answer(s.lease_complete(params).await, |()| Answer::Ok)
                 }
-            }
-            Op::Batch(each) => self.batch(each).await,
-            Op::Release { lease } => {
-                let Some(lease) = self.aliases.lease(*lease) else {
-                    return Answer::Skipped;
-                };
-                match self.store.lease_release(LeaseRelease { lease }).await {
-                    Ok(()) => Answer::Ok,
-                    Err(e) => refusal(&e),
-                }
-            }
-            Op::Advance(u) => {
-                self.advance(UNIT * u32::from(*u));
-                Answer::Set
-            }
-            Op::Reclaim => match self.store.session_reclaim().await {
-                Ok(report) => Answer::Reclaimed {
-                    sessions: report.sessions,
-                    leases: report.leases,
-                },
-                Err(e) => refusal(&e),
             },
+            Op::Batch(each) => self.batch(each).await,
+            Op::Release { lease } => match self.aliases.lease(*lease) {
+                None => Answer::Skipped,
+                Some(lease) => answer(s.lease_release(LeaseRelease { lease }).await, |()| {
+                    Answer::Ok
+                }),
+            },
+            _ => unreachable!("not a lease's operation: {op}"),
+        }
+    }
+
+    /// An operator's retry, park or delete, or a change of the process's
+    /// fleet controls.
+    async fn operator(&self, op: &Op) -> Answer {
+        let (s, p) = (&self.store, self.process.clone());
+        let actor = || "test".to_owned();
+        match op {
             Op::Retry(k) => {
                 let params = ItemRetry {
                     process: p,
                     key: key(*k),
-                    actor: "test".into(),
+                    actor: actor(),
                 };
-                admin(self.store.item_retry(params).await.map(|i| i.is_some()))
+                admin(s.item_retry(params).await.map(|i| i.is_some()))
             }
             Op::Park(k) => {
                 let params = ItemPark {
                     process: p,
                     key: key(*k),
                     reason: PARK_REASON.into(),
-                    actor: "test".into(),
+                    actor: actor(),
                 };
-                admin(self.store.item_park(params).await.map(|i| i.is_some()))
+                admin(s.item_park(params).await.map(|i| i.is_some()))
             }
             Op::Delete(k) => {
                 let params = ItemDelete {
                     process: p,
                     key: key(*k),
-                    actor: "test".into(),
+                    actor: actor(),
                 };
-                admin(self.store.item_delete(params).await)
+                admin(s.item_delete(params).await)
             }
             Op::Pause(paused) => {
                 let params = ProcessPause {
                     process: p,
                     paused: *paused,
-                    actor: "test".into(),
+                    actor: actor(),
                 };
-                match self.store.process_pause(params).await {
-                    Ok(changed) => Answer::Changed(changed),
-                    Err(e) => refusal(&e),
-                }
+                answer(s.process_pause(params).await, Answer::Changed)
             }
             Op::Limit(limit) => {
                 let params = ProcessConfigure::new(p).concurrency(limit.map(u32::from));
-                match self.store.process_configure(params).await {
-                    Ok(()) => Answer::Set,
-                    Err(e) => refusal(&e),
-                }
+                answer(s.process_configure(params).await, |()| Answer::Set)
             }
+            Op::Rate(burst) => {
+                let params = match burst {
+                    Some(b) => ProcessConfigure::new(p)
+                        .rate(Some(RATE_PER_S))
+                        .burst(u32::from(*b)),
+                    None => ProcessConfigure::new(p).rate(None),
+                };
+                answer(s.process_configure(params).await, |()| Answer::Set)
+            }
+            _ => unreachable!("not an operator's operation: {op}"),
         }
     }
 
@@ -256,9 +283,10 @@ impl OnEngine {
                 ItemState::Parked => "parked",
                 ItemState::Idle => "idle",
             };
-            let lease = item.lease_session.zip(item.lease_token).map(|(s, t)| {
-                (self.aliases.session_of(s.0), self.aliases.token(t.0))
-            });
+            let lease = item
+                .lease_session
+                .zip(item.lease_token)
+                .map(|(s, t)| (self.aliases.session_of(s.0), self.aliases.token(t.0)));
             let view = ItemView {
                 state,
                 priority: item.priority,

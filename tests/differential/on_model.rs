@@ -8,10 +8,11 @@ use std::time::Duration;
 use drover::backoff::Backoff;
 use drover::store::{Lease, Outcome, StoreError};
 
+use crate::aliases::Aliases;
 use crate::log::Log;
 use crate::model::{Model, State};
-use crate::ops::{End, KEYS, Op, UNIT};
-use crate::view::{Aliases, Answer, ItemView, Refusal, Snapshot};
+use crate::ops::{End, KEYS, Op, RATE_PER_S, UNIT};
+use crate::view::{Answer, Gate, ItemView, Refusal, Snapshot};
 
 /// The model of one case.
 pub(crate) struct OnModel {
@@ -57,7 +58,6 @@ impl OnModel {
     }
 
     pub(crate) fn apply(&mut self, op: &Op) -> Answer {
-        let m = &mut self.model;
         match op {
             Op::Enqueue {
                 key: k,
@@ -65,54 +65,90 @@ impl OnModel {
                 priority,
                 bypass,
             } => {
-                let k = key(*k);
+                let (k, m) = (key(*k), &mut self.model);
                 let dirty = m.items.get(&k).is_some_and(|i| i.state == State::Running);
                 m.enqueue_with(&k, UNIT * u32::from(*after), *priority, *bypass);
                 Answer::Enqueued {
                     dirty: u64::from(dirty),
                 }
             }
+            Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
+                self.sessions(op)
+            }
+            Op::Claim { .. } | Op::Complete { .. } | Op::Batch(_) | Op::Release { .. } => {
+                self.leases(op)
+            }
+            Op::Advance(u) => {
+                self.advance(UNIT * u32::from(*u));
+                Answer::Set
+            }
+            Op::Retry(_)
+            | Op::Park(_)
+            | Op::Delete(_)
+            | Op::Pause(_)
+            | Op::Limit(_)
+            | Op::Rate(_) => self.operator(op),
+        }
+    }
+
+    /// A session's start, heartbeat or close, or a reclaim.
+    fn sessions(&mut self, op: &Op) -> Answer {
+        let m = &mut self.model;
+        match op {
             Op::Start { ttl } => {
                 let session = m.session_start(0, UNIT * u32::from(*ttl));
                 Answer::Started(self.aliases.add_session(session.id))
             }
             Op::Heartbeat { session } => match self.aliases.session(*session) {
                 None => Answer::Skipped,
-                Some(s) => match m.session_heartbeat(s.0) {
-                    Ok(_) => Answer::Renewed,
-                    Err(e) => Answer::Refused(Refusal::of(&e).expect("a refusal")),
+                Some(s) => match refused(m.session_heartbeat(s.0).map(|_| ())) {
+                    Ok(()) => Answer::Renewed,
+                    Err(r) => Answer::Refused(r),
                 },
             },
             Op::Close { session } => match self.aliases.session(*session) {
                 None => Answer::Skipped,
                 Some(s) => Answer::Closed(m.session_close(s.0)),
             },
-            Op::Claim { session, max } => match self.aliases.session(*session) {
-                None => Answer::Skipped,
-                Some(s) => {
-                    let now = m.now();
-                    let ready = m.items.values().any(|i| i.ready_by(now));
-                    match m.lease_claim(0, s.0, u32::from(*max)) {
-                        Ok(claimed) => Answer::Claimed {
-                            leases: self
-                                .aliases
-                                .add_leases(&claimed.leases)
-                                .expect("the model's tokens increase"),
-                            gate: ready.then_some((
-                                claimed.gate.paused,
-                                claimed.gate.concurrency_limited,
-                            )),
-                        },
-                        Err(e) => Answer::Refused(Refusal::of(&e).expect("a refusal")),
-                    }
+            _ => {
+                let report = m.session_reclaim();
+                Answer::Reclaimed {
+                    sessions: report.sessions,
+                    leases: report.leases,
                 }
-            },
+            }
+        }
+    }
+
+    /// A claim, a completion (alone or in a batch, one after another as
+    /// the batch's one transaction must look) or a release.
+    fn leases(&mut self, op: &Op) -> Answer {
+        let m = &mut self.model;
+        let done = |result| match refused(result) {
+            Ok(()) => Answer::Ok,
+            Err(r) => Answer::Refused(r),
+        };
+        match op {
+            Op::Claim { session, max } => {
+                let Some(s) = self.aliases.session(*session) else {
+                    return Answer::Skipped;
+                };
+                let now = m.now();
+                let ready = m.items.values().any(|i| i.ready_by(now));
+                match m.lease_claim(0, s.0, u32::from(*max)) {
+                    Ok(claimed) => Answer::Claimed {
+                        leases: self
+                            .aliases
+                            .add_leases(&claimed.leases)
+                            .expect("the model's tokens increase"),
+                        gate: ready.then(|| Gate::of(&claimed.gate)),
+                    },
+                    Err(e) => Answer::Refused(Refusal::of(&e).expect("a refusal")),
+                }
+            }
             Op::Complete { lease, end } => match self.aliases.lease(*lease) {
                 None => Answer::Skipped,
-                Some(l) => match refused(m.lease_complete(l, &outcome(*end))) {
-                    Ok(()) => Answer::Ok,
-                    Err(r) => Answer::Refused(r),
-                },
+                Some(l) => done(m.lease_complete(l, &outcome(*end))),
             },
             Op::Batch(each) => {
                 if self.aliases.leases.is_empty() {
@@ -130,22 +166,17 @@ impl OnModel {
             }
             Op::Release { lease } => match self.aliases.lease(*lease) {
                 None => Answer::Skipped,
-                Some(l) => match refused(m.lease_release(l)) {
-                    Ok(()) => Answer::Ok,
-                    Err(r) => Answer::Refused(r),
-                },
+                Some(l) => done(m.lease_release(l)),
             },
-            Op::Advance(u) => {
-                self.advance(UNIT * u32::from(*u));
-                Answer::Set
-            }
-            Op::Reclaim => {
-                let report = m.session_reclaim();
-                Answer::Reclaimed {
-                    sessions: report.sessions,
-                    leases: report.leases,
-                }
-            }
+            _ => unreachable!("not a lease's operation: {op}"),
+        }
+    }
+
+    /// An operator's retry, park or delete, or a change of the process's
+    /// fleet controls.
+    fn operator(&mut self, op: &Op) -> Answer {
+        let m = &mut self.model;
+        match op {
             Op::Retry(k) => Answer::Admin(m.admin("retry", &key(*k))),
             Op::Park(k) => Answer::Admin(m.admin("park", &key(*k))),
             Op::Delete(k) => Answer::Admin(m.admin("delete", &key(*k))),
@@ -158,6 +189,11 @@ impl OnModel {
                 m.set_limit(limit.map(u32::from));
                 Answer::Set
             }
+            Op::Rate(burst) => {
+                m.set_rate(burst.map(|b| (RATE_PER_S, u32::from(b))));
+                Answer::Set
+            }
+            _ => unreachable!("not an operator's operation: {op}"),
         }
     }
 

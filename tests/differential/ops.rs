@@ -14,6 +14,11 @@ use proptest::prelude::*;
 /// One unit of time: delays, TTLs, backoffs and clock moves are whole units.
 pub(crate) const UNIT: Duration = Duration::from_secs(60);
 
+/// The rate limit's runs per second: one token per [`UNIT`], so a move of
+/// the clock adds whole tokens and the real time a case takes adds a
+/// hundredth of one at most.
+pub(crate) const RATE_PER_S: f64 = 1.0 / 60.0;
+
 /// The keys a case works on: few, so operations meet on the same key.
 pub(crate) const KEYS: u8 = 4;
 
@@ -71,6 +76,8 @@ pub(crate) enum Op {
     Delete(u8),
     Pause(bool),
     Limit(Option<u8>),
+    /// Sets a rate limit of [`RATE_PER_S`] with this burst, or removes it.
+    Rate(Option<u8>),
 }
 
 impl fmt::Display for End {
@@ -118,6 +125,8 @@ impl fmt::Display for Op {
             Self::Pause(false) => write!(f, "resume"),
             Self::Limit(Some(n)) => write!(f, "limit concurrency {n}"),
             Self::Limit(None) => write!(f, "remove concurrency limit"),
+            Self::Rate(Some(burst)) => write!(f, "rate limit 1/u burst {burst}"),
+            Self::Rate(None) => write!(f, "remove rate limit"),
         }
     }
 }
@@ -152,6 +161,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => key.prop_map(Op::Delete),
         1 => any::<bool>().prop_map(Op::Pause),
         1 => prop::option::of(1u8..3).prop_map(Op::Limit),
+        1 => prop::option::of(1u8..3).prop_map(Op::Rate),
     ]
 }
 

@@ -5,12 +5,10 @@
 //! (they differ by the real time a case takes) except as what they decide:
 //! whether a pending key is ready, and whether it is backing off.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 
-use drover::store::{Lease, RunOutcome, SessionId, StoreError};
-
-use crate::ops::Op;
+use drover::store::{RunOutcome, StoreError};
 
 /// Why an engine (or the model) refused an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +50,27 @@ impl fmt::Display for Leased {
     }
 }
 
+/// How a process's fleet controls shaped a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gate {
+    pub paused: bool,
+    /// The concurrency limit held the claim back.
+    pub limited: bool,
+    /// The rate bucket ran dry (the claim was told when the next token
+    /// comes; when exactly depends on real time, so only that it was).
+    pub out_of_tokens: bool,
+}
+
+impl Gate {
+    pub(crate) fn of(gate: &drover::store::ClaimGate) -> Self {
+        Self {
+            paused: gate.paused,
+            limited: gate.concurrency_limited,
+            out_of_tokens: gate.next_token_in.is_some(),
+        }
+    }
+}
+
 /// An operation's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Answer {
@@ -64,13 +83,12 @@ pub(crate) enum Answer {
     },
     Renewed,
     Closed(u64),
-    /// A claim's leases in claim order, and its gate: whether the process
-    /// was paused or its concurrency limit held the claim back. The gate is
-    /// `None` when no key was ready: then it held nothing back, and an engine
-    /// may report it or not (SQLite's one-trip claim does not read it).
+    /// A claim's leases in claim order, and its gate. The gate is `None`
+    /// when no key was ready: then it held nothing back, and an engine may
+    /// report it or not (SQLite's one-trip claim does not read it).
     Claimed {
         leases: Vec<Leased>,
-        gate: Option<(bool, bool)>,
+        gate: Option<Gate>,
     },
     Ok,
     Refused(Refusal),
@@ -94,13 +112,16 @@ impl Answer {
     /// exercised.
     pub(crate) fn kind(&self) -> String {
         match self {
-            Self::Claimed { leases, gate } => match (leases.len(), gate) {
-                (0, Some((true, _))) => "claim held by pause".into(),
-                (0, Some((false, true))) => "claim held by the limit".into(),
-                (0, _) => "claim of nothing".into(),
-                (_, Some((false, true))) => "claim cut by the limit".into(),
-                (n, _) => format!("claim of {n}"),
-            },
+            Self::Claimed { leases, gate } => {
+                let n = leases.len();
+                match gate {
+                    Some(g) if g.paused => "claim held by pause".into(),
+                    Some(g) if g.limited => format!("claim of {n} held by the limit"),
+                    Some(g) if g.out_of_tokens => format!("claim of {n} held by the rate"),
+                    None if n == 0 => "claim of nothing".into(),
+                    _ => format!("claim of {n}"),
+                }
+            }
             Self::Batch(each) => {
                 let ok = each.iter().filter(|r| r.is_ok()).count();
                 format!("batch of {}, {ok} ok", each.len())
@@ -133,9 +154,10 @@ impl fmt::Display for Answer {
                 let each: Vec<String> = leases.iter().map(ToString::to_string).collect();
                 write!(f, "claimed [{}]", each.join(", "))?;
                 match gate {
-                    Some((true, _)) => write!(f, " (paused)"),
-                    Some((false, true)) => write!(f, " (concurrency-limited)"),
-                    Some((false, false)) | None => Ok(()),
+                    Some(g) if g.paused => write!(f, " (paused)"),
+                    Some(g) if g.limited => write!(f, " (concurrency-limited)"),
+                    Some(g) if g.out_of_tokens => write!(f, " (out of rate tokens)"),
+                    _ => Ok(()),
                 }
             }
             Self::Started(s) => write!(f, "S{s}"),
@@ -186,103 +208,5 @@ impl Snapshot {
             }
         }
         None
-    }
-}
-
-/// Names for the sessions and leases one side was handed, in order.
-#[derive(Debug, Default)]
-pub(crate) struct Aliases {
-    pub sessions: Vec<SessionId>,
-    pub leases: Vec<Lease>,
-    by_token: HashMap<i64, usize>,
-    by_session: HashMap<i64, usize>,
-    /// The highest fencing token seen: each new one must be above it.
-    top_token: Option<i64>,
-}
-
-impl Aliases {
-    /// The number of the `n`th newest of `len` (counting round).
-    fn newest(n: u8, len: usize) -> Option<usize> {
-        (len > 0).then(|| len - 1 - usize::from(n) % len)
-    }
-
-    /// The session an operation names (`n` = 0: the newest), if the case
-    /// has any, and its number.
-    pub(crate) fn session(&self, n: u8) -> Option<SessionId> {
-        Self::newest(n, self.sessions.len()).map(|i| self.sessions[i])
-    }
-
-    /// The lease an operation names (`n` = 0: the newest), if the case has
-    /// any.
-    pub(crate) fn lease(&self, n: u8) -> Option<&Lease> {
-        Self::newest(n, self.leases.len()).map(|i| &self.leases[i])
-    }
-
-    /// What the sessions and leases an operation names are, in the case's
-    /// numbering: `S2`, `L5 (k1)`.
-    pub(crate) fn names(&self, op: &Op) -> String {
-        let session = |n: u8| Self::newest(n, self.sessions.len()).map(|i| format!("S{i}"));
-        let lease = |n: u8| {
-            Self::newest(n, self.leases.len())
-                .map(|i| format!("L{i} ({})", self.leases[i].key))
-        };
-        let named = match op {
-            Op::Heartbeat { session: n } | Op::Close { session: n } | Op::Claim { session: n, .. } => {
-                session(*n)
-            }
-            Op::Complete { lease: n, .. } | Op::Release { lease: n } => lease(*n),
-            Op::Batch(each) => {
-                let each: Option<Vec<String>> = each.iter().map(|(n, _)| lease(*n)).collect();
-                each.map(|each| each.join(", "))
-            }
-            _ => return String::new(),
-        };
-        named.map_or_else(|| "[none]".into(), |named| format!("[{named}]"))
-    }
-
-    pub(crate) fn add_session(&mut self, id: SessionId) -> usize {
-        let n = self.sessions.len();
-        self.sessions.push(id);
-        self.by_session.insert(id.0, n);
-        n
-    }
-
-    /// Names the leases of one claim, in claim order; an error if a token
-    /// is not above every token handed out before this claim (the tokens of
-    /// one claim may come in any order among themselves).
-    pub(crate) fn add_leases(&mut self, leases: &[Lease]) -> Result<Vec<Leased>, String> {
-        let floor = self.top_token;
-        let mut named = Vec::with_capacity(leases.len());
-        for lease in leases {
-            let token = lease.token.0;
-            if floor.is_some_and(|top| token <= top) || self.by_token.contains_key(&token) {
-                return Err(format!(
-                    "fencing token {token} of {} is not above the earlier tokens (top {floor:?})",
-                    lease.key
-                ));
-            }
-            self.top_token = Some(self.top_token.map_or(token, |t| t.max(token)));
-            let n = self.leases.len();
-            self.by_token.insert(token, n);
-            self.leases.push(lease.clone());
-            named.push(Leased {
-                lease: n,
-                key: lease.key.clone(),
-                attempt: lease.attempt,
-                priority: lease.priority,
-            });
-        }
-        Ok(named)
-    }
-
-    /// A lease's number, by its token (`usize::MAX` for a token this side
-    /// never handed out, which then shows as a difference).
-    pub(crate) fn token(&self, token: i64) -> usize {
-        self.by_token.get(&token).copied().unwrap_or(usize::MAX)
-    }
-
-    /// A session's number, by its id.
-    pub(crate) fn session_of(&self, id: i64) -> usize {
-        self.by_session.get(&id).copied().unwrap_or(usize::MAX)
     }
 }

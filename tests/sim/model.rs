@@ -115,6 +115,10 @@ pub(crate) struct Model {
     next_seq: u64,
     pub paused: bool,
     pub concurrency: Option<u32>,
+    /// The rate limit: runs per second and burst.
+    rate: Option<(f64, u32)>,
+    /// The rate bucket's tokens, as of when (`None`: full).
+    bucket: Option<(f64, Duration)>,
     backoff: Backoff,
     pub wake: Arc<Notify>,
     /// The history, oldest first.
@@ -138,6 +142,8 @@ impl Model {
             next_seq: 0,
             paused: false,
             concurrency: None,
+            rate: None,
+            bucket: None,
             backoff,
             wake: Arc::new(Notify::new()),
             history: Vec::new(),
@@ -362,6 +368,22 @@ impl Model {
                 gate.concurrency_limited = true;
             }
         }
+        // The rate bucket: whole tokens start runs (a hair under one counts).
+        let tokens = self.rate.map(|(per_s, burst)| match self.bucket {
+            None => f64::from(burst),
+            Some((tokens, at)) => {
+                let elapsed = (now - at).as_millis() as f64 / 1000.0;
+                (tokens + elapsed * per_s).min(f64::from(burst))
+            }
+        });
+        let mut by_tokens = false;
+        if let Some(tokens) = tokens {
+            let whole = (tokens + 1e-9).floor().max(0.0) as u32;
+            if whole < room {
+                room = whole;
+                by_tokens = true;
+            }
+        }
         let mut ready: Vec<(&String, &Item)> = self
             .items
             .iter()
@@ -401,6 +423,18 @@ impl Model {
                 key,
                 token,
             });
+        }
+        if let (Some(tokens), Some((per_s, _))) = (tokens, self.rate) {
+            let taken = leases.len() as u32;
+            let left = tokens - f64::from(taken);
+            if taken > 0 {
+                self.bucket = Some((left, now));
+            }
+            if by_tokens && taken == room {
+                let wait = ((1.0 - left).max(0.0) / per_s).min(3600.0);
+                gate.next_token_in =
+                    Some(Duration::from_secs_f64(wait).max(Duration::from_millis(1)));
+            }
         }
         Ok(Claimed { leases, gate })
     }
@@ -509,6 +543,15 @@ impl Model {
         if !paused {
             self.wake.notify_waiters();
         }
+    }
+
+    /// Sets or removes the rate limit (runs per second, burst); the bucket
+    /// starts full again.
+    #[allow(dead_code)] // the differential test's, not the simulation's
+    pub(crate) fn set_rate(&mut self, rate: Option<(f64, u32)>) {
+        self.rate = rate;
+        self.bucket = None;
+        self.wake.notify_waiters();
     }
 
     pub(crate) fn set_limit(&mut self, limit: Option<u32>) {
