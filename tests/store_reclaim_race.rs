@@ -84,10 +84,7 @@ async fn race(
     };
     holder.release().await;
     let rival_done = rival_done.await.expect("the rival joined");
-    let report = reclaim
-        .await
-        .expect("the reclaim joined")
-        .expect("reclaim");
+    let report = reclaim.await.expect("the reclaim joined").expect("reclaim");
     (rival_done, report, lease)
 }
 
@@ -99,7 +96,10 @@ async fn judge(rival: Rival, rival_first: bool) {
     let (db, schema) = support::postgres(&base).await;
     let (result, report, lease) = race(&db, rival, rival_first).await;
     let context = format!("{rival:?}, rival first: {rival_first}");
-    assert_eq!(report.sessions, 1, "the session expired either way ({context})");
+    assert_eq!(
+        report.sessions, 1,
+        "the session expired either way ({context})"
+    );
     let history = events(&db.store, "a").await;
     let it = item(&db.store, "a").await.expect("item");
     if rival_first {

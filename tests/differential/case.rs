@@ -6,19 +6,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::Store;
 
 use crate::on_engine::OnEngine;
 use crate::on_model::OnModel;
-use crate::ops::{Op, UNIT};
-
-/// The clock moves this much before every operation, on every side, so no
-/// two operations share a time (SQLite's clock counts milliseconds): keys
-/// made ready by different operations never tie, on any side.
-const TICK: Duration = Duration::from_millis(1);
+use crate::ops::{Op, TICK, UNIT};
 
 /// The backoff of every case: 1, 2, 4 units, then 8 at most; no jitter.
 pub(crate) fn backoff() -> Backoff {

@@ -11,7 +11,7 @@ use drover::store::{
 use crate::aliases::Aliases;
 use crate::model::PARK_REASON;
 use crate::on_model::{key, outcome};
-use crate::ops::{End, Op, RATE_PER_S, UNIT};
+use crate::ops::{End, KEYS, Op, RATE_PER_S, TICK, UNIT};
 use crate::view::{Answer, Gate, ItemView, Refusal, Snapshot};
 
 /// One engine's side of one case: a process of its own.
@@ -71,6 +71,22 @@ impl OnEngine {
                     .bypass_backoff(*bypass);
                 let report = self.store.item_enqueue(params).await;
                 answer(report, |r| Answer::Enqueued { dirty: r.dirty })
+            }
+            Op::EnqueueEach { after, priority } => {
+                let mut dirty = 0;
+                for k in 0..KEYS {
+                    if k > 0 {
+                        self.advance(TICK);
+                    }
+                    let params = ItemEnqueue::new(&self.process, [key(k)])
+                        .after(UNIT * u32::from(*after))
+                        .priority(*priority);
+                    match self.store.item_enqueue(params).await {
+                        Ok(report) => dirty += report.dirty,
+                        Err(e) => return refusal(&e),
+                    }
+                }
+                Answer::Enqueued { dirty }
             }
             Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
                 self.sessions(op).await

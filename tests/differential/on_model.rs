@@ -11,7 +11,7 @@ use drover::store::{Lease, Outcome, StoreError};
 use crate::aliases::Aliases;
 use crate::log::Log;
 use crate::model::{Model, State};
-use crate::ops::{End, KEYS, Op, RATE_PER_S, UNIT};
+use crate::ops::{End, KEYS, Op, RATE_PER_S, TICK, UNIT};
 use crate::view::{Answer, Gate, ItemView, Refusal, Snapshot};
 
 /// The model of one case.
@@ -71,6 +71,18 @@ impl OnModel {
                 Answer::Enqueued {
                     dirty: u64::from(dirty),
                 }
+            }
+            Op::EnqueueEach { after, priority } => {
+                let mut dirty = 0;
+                for k in 0..KEYS {
+                    if k > 0 {
+                        self.advance(TICK);
+                    }
+                    let (k, m) = (key(k), &mut self.model);
+                    dirty += u64::from(m.items.get(&k).is_some_and(|i| i.state == State::Running));
+                    m.enqueue_with(&k, UNIT * u32::from(*after), *priority, false);
+                }
+                Answer::Enqueued { dirty }
             }
             Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
                 self.sessions(op)

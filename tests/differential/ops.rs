@@ -14,6 +14,12 @@ use proptest::prelude::*;
 /// One unit of time: delays, TTLs, backoffs and clock moves are whole units.
 pub(crate) const UNIT: Duration = Duration::from_secs(60);
 
+/// The clock moves this much before every call to a store, on every side,
+/// so no two calls share a time (SQLite's clock counts milliseconds): keys
+/// made ready by different calls never tie, on any side. (Keys made ready
+/// by one call may: see [`Op::EnqueueEach`].)
+pub(crate) const TICK: Duration = Duration::from_millis(1);
+
 /// The rate limit's runs per second: one token per [`UNIT`], so a move of
 /// the clock adds whole tokens and the real time a case takes adds a
 /// hundredth of one at most.
@@ -45,6 +51,15 @@ pub(crate) enum Op {
         after: u8,
         priority: i32,
         bypass: bool,
+    },
+    /// Every key, one call each, a [`TICK`] apart. Not one call: within one
+    /// call the engines order ties differently (PostgreSQL's
+    /// `drover_enqueue` stamps a new key with the call's start and an
+    /// existing one with the time it writes it, so new keys of a batch run
+    /// before existing ones; SQLite stamps all alike, then goes by row id).
+    EnqueueEach {
+        after: u8,
+        priority: i32,
     },
     Start {
         ttl: u8,
@@ -106,6 +121,9 @@ impl fmt::Display for Op {
                 }
                 Ok(())
             }
+            Self::EnqueueEach { after, priority } => {
+                write!(f, "enqueue each key after {after}u priority {priority}")
+            }
             Self::Start { ttl } => write!(f, "start session ttl {ttl}u"),
             Self::Heartbeat { session } => write!(f, "heartbeat s{session}"),
             Self::Close { session } => write!(f, "close s{session}"),
@@ -147,10 +165,12 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (key.clone(), prop_oneof![3 => Just(0u8), 1 => 1u8..4], 0i32..3, prop::bool::weighted(0.15))
             .prop_map(|(key, after, priority, bypass)| Op::Enqueue { key, after, priority, bypass }),
+        2 => (prop_oneof![3 => Just(0u8), 1 => 1u8..4], 0i32..3)
+            .prop_map(|(after, priority)| Op::EnqueueEach { after, priority }),
         3 => (3u8..9).prop_map(|ttl| Op::Start { ttl }),
         2 => session.clone().prop_map(|session| Op::Heartbeat { session }),
         1 => session.clone().prop_map(|session| Op::Close { session }),
-        7 => (session, 1u8..4).prop_map(|(session, max)| Op::Claim { session, max }),
+        7 => (session, 1u8..5).prop_map(|(session, max)| Op::Claim { session, max }),
         8 => (lease.clone(), end()).prop_map(|(lease, end)| Op::Complete { lease, end }),
         2 => vec((lease.clone(), end()), 1..4).prop_map(Op::Batch),
         1 => lease.prop_map(|lease| Op::Release { lease }),
@@ -161,15 +181,21 @@ fn op() -> impl Strategy<Value = Op> {
         1 => key.prop_map(Op::Delete),
         1 => any::<bool>().prop_map(Op::Pause),
         1 => prop::option::of(1u8..3).prop_map(Op::Limit),
-        1 => prop::option::of(1u8..3).prop_map(Op::Rate),
+        1 => prop::option::of(1u8..4).prop_map(Op::Rate),
     ]
 }
 
-/// A case: a session started, then up to `max_ops` operations.
+/// A case: a session started, in some cases a rate or concurrency limit
+/// set from the start (so that the limits meet many claims, not only those
+/// after a late change), then up to `max_ops` operations.
 pub(crate) fn sequence(max_ops: usize) -> impl Strategy<Value = Ops> {
     let first = (3u8..9).prop_map(|ttl| Op::Start { ttl });
-    (first, vec(op(), 1..=max_ops)).prop_map(|(first, rest)| {
+    let rate = prop::option::weighted(0.3, 1u8..4).prop_map(|b| b.map(|b| Op::Rate(Some(b))));
+    let limit = prop::option::weighted(0.15, 1u8..3).prop_map(|n| n.map(|n| Op::Limit(Some(n))));
+    (first, rate, limit, vec(op(), 1..=max_ops)).prop_map(|(first, rate, limit, rest)| {
         let mut ops = vec![first];
+        ops.extend(rate);
+        ops.extend(limit);
         ops.extend(rest);
         Ops(ops)
     })
