@@ -63,7 +63,7 @@ async fn lockstep(
             .or_default() += 1;
         for side in sides.iter_mut() {
             side.advance(TICK);
-            let got = side.apply(op).await.as_compared_with(&want);
+            let got = side.apply(op).await.compared_with(&want);
             let problem = if got == want {
                 match side.snapshot().await {
                     Ok(after) => want_after.difference(&after),

@@ -65,12 +65,15 @@ fn engines_agree_with_the_model() {
         .build()
         .expect("a runtime");
     let engines = rt.block_on(engines::Engines::connect());
-    let mut config = Config::default();
-    config.cases = env_number("DROVER_DIFF_CASES").unwrap_or(DEFAULT_CASES);
-    config.source_file = Some(file!());
-    config.failure_persistence = Some(Box::new(FileFailurePersistence::WithSource(
-        "proptest-regressions",
-    )));
+    // `Config::default()` reads the `PROPTEST_*` variables (the seed).
+    let config = Config {
+        cases: env_number("DROVER_DIFF_CASES").unwrap_or(DEFAULT_CASES),
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    };
     let max_ops = env_number("DROVER_DIFF_OPS").unwrap_or(DEFAULT_OPS);
     let began = std::time::Instant::now();
     let mut runner = TestRunner::new(config.clone());

@@ -137,7 +137,7 @@ impl Answer {
 
     /// This answer as `model` would be compared: a claim's gate left out
     /// when the model's is (no key was ready).
-    pub(crate) fn as_compared_with(self, model: &Self) -> Self {
+    pub(crate) fn compared_with(self, model: &Self) -> Self {
         match (self, model) {
             (Self::Claimed { leases, .. }, Self::Claimed { gate: None, .. }) => {
                 Self::Claimed { leases, gate: None }
