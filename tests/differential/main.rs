@@ -19,9 +19,15 @@
 //! `tests/differential/main.proptest-regressions` and replayed first on
 //! every later run; `PROPTEST_RNG_SEED=N` fixes the generator's seed.
 //!
-//! [`race`] checks what an atomic model cannot: on PostgreSQL, a reclaim
-//! racing a heartbeat or a completion under a lock held by a test
-//! transaction.
+//! Times are whole minutes (`ops::UNIT`) moved through each store's test
+//! clock, plus a millisecond before every call on every side, so real time
+//! never decides a comparison. `DROVER_DIFF_TALLY=1` prints how many answers
+//! of each kind the run produced (what it exercised).
+//!
+//! What an atomic model cannot see, a reclaim racing a completion or a
+//! release of the same lease, is forced on PostgreSQL in
+//! `tests/store_reclaim_race.rs` (and a heartbeat's race in
+//! `tests/store_sessions.rs`).
 
 #[allow(dead_code)] // the simulation's log: the model writes to it
 #[path = "../sim/log.rs"]
