@@ -124,6 +124,8 @@ pub(crate) struct Model {
     pub wake: Arc<Notify>,
     /// The history, oldest first.
     pub history: Vec<Row>,
+    /// How much faster the database clock runs than the log's (the workers').
+    drift: f64,
 }
 
 /// Simulated time as the database's timestamps.
@@ -148,12 +150,24 @@ impl Model {
             backoff,
             wake: Arc::new(Notify::new()),
             history: Vec::new(),
+            drift: 0.0,
         }
+    }
+
+    /// Makes the database clock run `drift` faster than the workers' (0.01:
+    /// 1 % fast; negative: slow).
+    pub(crate) fn set_drift(&mut self, drift: f64) {
+        self.drift = drift;
     }
 
     /// The model's clock: the database clock.
     pub(crate) fn now(&self) -> Duration {
-        self.log.now()
+        let true_time = self.log.now();
+        if self.drift == 0.0 {
+            true_time
+        } else {
+            true_time.mul_f64(1.0 + self.drift)
+        }
     }
 
     fn live(&self, session: i64) -> Result<&Sess, StoreError> {
