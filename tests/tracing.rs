@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::routing::post;
 use drover::store::{
-    ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, StoreEngine as _, TRACE_LINKS_KEPT,
-    TraceContext,
+    FencingToken, ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, RunList, StoreEngine as _,
+    TRACE_LINKS_KEPT, TraceContext, TraceId,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -105,6 +105,7 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             let done = LeaseComplete {
                 lease,
                 outcome: &Outcome::Done,
+                trace_id: None,
             };
             db.store.lease_complete(done).await.expect("complete");
         }
@@ -127,6 +128,7 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
         let done = LeaseComplete {
             lease: &next[0],
             outcome: &Outcome::Done,
+            trace_id: None,
         };
         db.store.lease_complete(done).await.expect("complete");
         let last = db.store.lease_claim(claim).await.expect("claim").leases;
@@ -137,6 +139,106 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
                 .await
                 .expect("links")
                 .is_empty()
+        );
+    })
+    .await;
+}
+
+/// The trace ids of `key`'s runs, newest first.
+async fn run_trace_ids(store: &drover::store::Store, key: &str) -> Vec<Option<String>> {
+    let runs = store
+        .run_list(RunList {
+            process: Some(PROCESS.into()),
+            key: Some(key.into()),
+            outcome: None,
+            before: None,
+            limit: 10,
+        })
+        .await
+        .expect("runs");
+    runs.iter()
+        .map(|r| r.trace_id.map(|id| id.to_string()))
+        .collect()
+}
+
+/// A run's history row keeps the trace id its worker completed it with, in
+/// a batch that mixes traced and untraced runs and a lost lease; an
+/// untraced run's row has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
+    each_engine(|db| async move {
+        let keys = ["traced", "untraced", "failed"];
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let session = db.session().await;
+        let claim = LeaseClaim {
+            session: session.id,
+            process: PROCESS.into(),
+            max: 3,
+        };
+        let mut leases = db.store.lease_claim(claim).await.expect("claim").leases;
+        leases.sort_by_key(|l| keys.iter().position(|k| *k == l.key));
+        assert_eq!(leases.len(), 3);
+        let mut lost = leases[1].clone();
+        lost.token = FencingToken(lost.token.0 + 1_000_000);
+        let id = |n: u8| TraceId::parse(&format!("{:032x}", u128::from(n) << 64 | 7)).expect("id");
+        let (done, failed) = (Outcome::Done, Outcome::Transient("boom".into()));
+        let batch = [
+            LeaseComplete {
+                lease: &leases[0],
+                outcome: &done,
+                trace_id: Some(id(1)),
+            },
+            LeaseComplete {
+                lease: &leases[1],
+                outcome: &done,
+                trace_id: None,
+            },
+            LeaseComplete {
+                lease: &lost,
+                outcome: &done,
+                trace_id: Some(id(2)),
+            },
+            LeaseComplete {
+                lease: &leases[2],
+                outcome: &failed,
+                trace_id: Some(id(3)),
+            },
+        ];
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results[2].is_err(), "the lost lease is refused");
+        assert_eq!(
+            run_trace_ids(&db.store, "traced").await,
+            [Some(id(1).to_string())]
+        );
+        assert_eq!(run_trace_ids(&db.store, "untraced").await, [None]);
+        assert_eq!(
+            run_trace_ids(&db.store, "failed").await,
+            [Some(id(3).to_string())]
+        );
+
+        // A lone clean done, traced: the common completion's path.
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["traced"]))
+            .await
+            .expect("enqueue");
+        let claim = LeaseClaim {
+            session: session.id,
+            process: PROCESS.into(),
+            max: 1,
+        };
+        let again = db.store.lease_claim(claim).await.expect("claim").leases;
+        let done = LeaseComplete {
+            lease: &again[0],
+            outcome: &Outcome::Done,
+            trace_id: Some(id(4)),
+        };
+        db.store.lease_complete(done).await.expect("complete");
+        assert_eq!(
+            run_trace_ids(&db.store, "traced").await,
+            [Some(id(4).to_string()), Some(id(1).to_string())]
         );
     })
     .await;
@@ -250,7 +352,9 @@ fn traceparents(log: &Path) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed_run() {
     each_engine(|db| async move {
-        let serve = Serve::start(&db.url).await;
+        let template = "https://ui.example/t/{trace_id}?a=1&b={trace_id}";
+        let flags = ["--listen", "127.0.0.1:0", "--trace-url", template];
+        let serve = Serve::start_with(&db.url, &flags).await;
         let http = reqwest::Client::new();
         let url = format!("{}/v1/processes/{PROCESS}/items", serve.url);
         let changes = [context('1', '2'), context('3', '4')];
@@ -334,6 +438,38 @@ async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed
             let want = format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id));
             assert_eq!(parent, &want, "attempt {attempt}'s TRACEPARENT");
         }
+
+        // The API lists each run with its span's trace id, newest first.
+        let page: serde_json::Value = http
+            .get(format!("{}/v1/processes/{PROCESS}/runs?key=k", serve.url))
+            .send()
+            .await
+            .expect("list runs")
+            .json()
+            .await
+            .expect("a page of runs");
+        let listed: Vec<_> = page["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| r["trace_id"].as_str().unwrap_or("none").to_owned())
+            .collect();
+        let exported = [hex(&retried.trace_id), hex(&failed.trace_id)];
+        assert_eq!(listed, exported, "each run's trace id is its span's");
+        // The key page links each to the tracing UI, the template applied
+        // and escaped.
+        let html = http
+            .get(format!("{}/ui/processes/{PROCESS}/items/k", serve.url))
+            .send()
+            .await
+            .expect("the key page")
+            .text()
+            .await
+            .expect("html");
+        for id in &exported {
+            let link = format!("href=\"https://ui.example/t/{id}?a=1&amp;b={id}\"");
+            assert!(html.contains(&link), "{link} in {html}");
+        }
         drop(serve);
     })
     .await;
@@ -365,4 +501,42 @@ async fn a_collector_that_never_answers_changes_no_outcome() {
         drop(hole);
     })
     .await;
+}
+
+/// `drover serve --trace-url` refuses a template that is not http(s) or has
+/// no `{trace_id}`, with one line that says so, before it opens anything.
+#[tokio::test]
+async fn serve_refuses_a_trace_url_without_the_placeholder_or_not_http() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = format!("sqlite://{}", dir.path().join("never.db").display());
+    for (bad, says) in [
+        ("https://ui.example/trace/", "it must contain {trace_id}"),
+        (
+            "ftp://ui.example/{trace_id}",
+            "it must start with http:// or https://",
+        ),
+    ] {
+        let out = Command::new(drover_bin())
+            .args([
+                "serve",
+                "--db",
+                &db,
+                "--listen",
+                "127.0.0.1:0",
+                "--trace-url",
+                bad,
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("run drover serve");
+        assert!(!out.status.success(), "{bad:?} is refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("--trace-url") && first.contains(says),
+            "{bad:?}: {stderr}"
+        );
+        assert!(!dir.path().join("never.db").exists(), "nothing was opened");
+    }
 }

@@ -224,6 +224,15 @@ pub struct CompleteRequest {
     pub lease: LeaseRef,
     /// How the run went.
     pub outcome: OutcomeBody,
+    /// The trace id of the run's span (32 lowercase hex digits), when the
+    /// worker traced the run and sampled it: kept with the run's history row
+    /// (`trace_id` of a run), so the run can be found in a tracing UI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = "^[0-9a-f]{32}$",
+        example = "4bf92f3577b34da6a3ce929d0e0e4736"
+    )]
+    pub trace_id: Option<String>,
 }
 
 /// Body of `POST /v1/leases/complete-batch`: many outcomes, one transaction.

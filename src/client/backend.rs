@@ -201,6 +201,7 @@ fn completion(c: &LeaseComplete<'_>) -> CompleteRequest {
     CompleteRequest {
         lease: LeaseRef::from(c.lease),
         outcome,
+        trace_id: c.trace_id.map(|id| id.to_string()),
     }
 }
 

@@ -48,6 +48,7 @@ mod redact;
 mod role;
 mod routes;
 mod state;
+mod trace_url;
 mod waiting;
 
 pub use app::Server;
@@ -57,3 +58,4 @@ pub use error::CrossOrigin;
 pub use openapi::{document, document_without_tokens};
 pub use options::ServerOptions;
 pub use role::Role;
+pub use trace_url::{TraceUrl, TraceUrlError};

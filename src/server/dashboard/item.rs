@@ -14,8 +14,9 @@ use crate::server::extract::PathParams;
 use crate::server::redact;
 use crate::server::role::Role;
 use crate::server::state::AppState;
+use crate::server::trace_url::TraceUrl;
 use crate::store::{
-    Item, ItemGet, ItemState, Run, SessionId, SessionInfo, SessionList, StoreEngine as _,
+    Item, ItemGet, ItemState, Run, SessionId, SessionInfo, SessionList, StoreEngine as _, TraceId,
 };
 
 /// Runs on an item page.
@@ -62,13 +63,20 @@ pub(super) async fn item(
         }
         None => None,
     };
-    let page = view(&detail.item, &detail.runs, worker.as_ref(), admin);
+    let traces = state.options.trace_url.as_ref();
+    let page = view(&detail.item, &detail.runs, worker.as_ref(), admin, traces);
     Ok(Html(page.into_string()))
 }
 
 /// One known key with its runs, converged or not; admins get the retry and
-/// park buttons.
-fn view(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) -> Markup {
+/// park buttons. A traced run's trace id links to `traces` when given.
+fn view(
+    item: &Item,
+    runs: &[Run],
+    worker: Option<&SessionInfo>,
+    admin: bool,
+    traces: Option<&TraceUrl>,
+) -> Markup {
     let path = item_path(&item.process, &item.key);
     let running = item.state == ItemState::Running;
     let body = html! {
@@ -113,16 +121,29 @@ fn view(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) ->
         h2 { "Runs" }
         table id="runs" {
             tr { th { "ended" } th { "outcome" } th { "attempt" } th { "queue wait" } th { "duration" }
-                 th { "token" } th { "by" } th { "error" } }
+                 th { "token" } th { "by" } th { "trace" } th { "error" } }
             @for r in runs {
                 tr { td { (at(r.ended_at)) } td.outcome { (r.outcome) }
                      td.n { (r.attempt.map(|a| a.to_string()).unwrap_or_default()) }
                      td.n { (span(r.queue_wait())) } td.n { (span(r.duration())) }
                      td.n.token { (r.token.map(|t| t.to_string()).unwrap_or_default()) }
                      td { (r.actor.as_deref().unwrap_or("")) }
+                     td.trace { (trace(r.trace_id, traces)) }
                      td.err { (r.error.as_deref().unwrap_or("")) } }
             }
         }
     };
     page(&format!("{} / {}", item.process, item.key), true, body)
+}
+
+/// A run's trace id: a link into the tracing UI when there is a template,
+/// the id as text otherwise, nothing for an untraced run.
+fn trace(id: Option<TraceId>, traces: Option<&TraceUrl>) -> Markup {
+    html! {
+        @match (id, traces) {
+            (Some(id), Some(url)) => a.trace href=(url.link(id)) { (id) },
+            (Some(id), None) => code { (id) },
+            (None, _) => "",
+        }
+    }
 }

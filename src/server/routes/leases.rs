@@ -21,7 +21,7 @@ use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,
-    StoreEngine as _, StoreError, validate_process,
+    StoreEngine as _, StoreError, TraceId, validate_process,
 };
 
 /// Leases up to `max` ready keys of a process for the session (at most 1000 in
@@ -185,6 +185,7 @@ pub(crate) async fn complete(
     JsonBody(body): JsonBody<CompleteRequest>,
 ) -> Result<StatusCode, ApiError> {
     check_outcome(&body.outcome, "outcome.after_ms")?;
+    let trace_id = trace_id(body.trace_id.as_deref(), "trace_id")?;
     let lease = body.lease.to_lease();
     state.check_owner(&auth, lease.session).await?;
     let outcome = body.outcome.to_outcome();
@@ -193,6 +194,7 @@ pub(crate) async fn complete(
         .lease_complete(LeaseComplete {
             lease: &lease,
             outcome: &outcome,
+            trace_id,
         })
         .await?;
     let now = chrono::Utc::now();
@@ -214,6 +216,14 @@ fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
         }
         _ => Ok(()),
     }
+}
+
+/// A run's trace id as sent: absent, or 32 lowercase hex digits (a 400
+/// naming `field` otherwise, before anything is written).
+fn trace_id(sent: Option<&str>, field: &str) -> Result<Option<TraceId>, ApiError> {
+    sent.map(TraceId::parse)
+        .transpose()
+        .map_err(|e| ApiError::field(field, e.to_string()))
 }
 
 /// Records many runs' outcomes in one transaction (what `drover::client` sends,
@@ -244,11 +254,14 @@ pub(crate) async fn complete_batch(
             format!("a batch holds 1 to {MAX_COMPLETE_BATCH} completions, got {count}"),
         ));
     }
+    let mut trace_ids = Vec::with_capacity(count);
     for (i, completion) in body.completions.iter().enumerate() {
         check_outcome(
             &completion.outcome,
             &format!("completions[{i}].outcome.after_ms"),
         )?;
+        let field = format!("completions[{i}].trace_id");
+        trace_ids.push(trace_id(completion.trace_id.as_deref(), &field)?);
     }
     let runs: Vec<(Lease, Outcome)> = body
         .completions
@@ -263,7 +276,12 @@ pub(crate) async fn complete_batch(
     }
     let batch: Vec<LeaseComplete<'_>> = runs
         .iter()
-        .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+        .zip(trace_ids)
+        .map(|((lease, outcome), trace_id)| LeaseComplete {
+            lease,
+            outcome,
+            trace_id,
+        })
         .collect();
     let results = state.store.lease_complete_batch(&batch).await?;
     let now = chrono::Utc::now();

@@ -66,6 +66,7 @@ pub(super) async fn complete_batch(
         writes.add(row.id, s);
     });
     writes.flush(&mut tx, now).await?;
+    super::trace::keep_trace_ids(&mut tx, now, batch, &settling.results).await?;
     commit(tx).await?;
     for process in settling.ready {
         wakeup::notify(process);

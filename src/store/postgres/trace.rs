@@ -2,12 +2,15 @@
 //! appended to its keys' next run by `drover_trace_link` (migration 0015),
 //! the function other programs call after `drover_enqueue`; that migration's
 //! trigger moves them to the run when its lease starts, where
-//! [`lease_trace`] reads them.
+//! [`lease_trace`] reads them. A run that ends keeps its span's trace id in
+//! its history row ([`keep_trace_ids`]).
 
+use chrono::{DateTime, Utc};
 use sqlx::{Executor, Postgres};
 
-use super::engine::PostgresStore;
+use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
+use crate::store::params::LeaseComplete;
 use crate::store::types::Lease;
 use crate::store::{StoreError, TraceContext, TraceLinks};
 
@@ -63,4 +66,54 @@ impl PostgresStore {
         link(&mut tx, process, &[key], context).await?;
         commit(tx).await
     }
+}
+
+/// Sets the trace id of the history rows of runs that ended at `$1`, by
+/// process, key and token (`$2`–`$5`, one position per run): each row is
+/// found through the `(process, key, id)` index among its key's runs, which
+/// retention caps.
+const KEEP: &str = "
+UPDATE drover_runs AS r SET trace_id = t.trace_id
+FROM UNNEST($2::text[], $3::text[], $4::bigint[], $5::text[]) AS t(process, key, token, trace_id)
+WHERE r.process = t.process AND r.key = t.key AND r.token = t.token AND r.ended_at = $1";
+
+/// Keeps the trace ids of `batch`'s runs that were settled (`Ok` in
+/// `results`, by position) in their history rows written at `now` in `tx`,
+/// before it commits. A batch without a trace id (tracing off) sends
+/// nothing.
+pub(super) async fn keep_trace_ids(
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    batch: &[LeaseComplete<'_>],
+    results: &[Result<(), StoreError>],
+) -> Result<(), StoreError> {
+    let traced: Vec<_> = batch
+        .iter()
+        .zip(results)
+        .filter(|(_, result)| result.is_ok())
+        .filter_map(|(params, _)| Some((params.lease, params.trace_id?.to_string())))
+        .collect();
+    if traced.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(KEEP)
+        .bind(now)
+        .bind(
+            traced
+                .iter()
+                .map(|(l, _)| l.process.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            traced
+                .iter()
+                .map(|(l, _)| l.key.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(traced.iter().map(|(l, _)| l.token.0).collect::<Vec<_>>())
+        .bind(traced.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    Ok(())
 }

@@ -1,11 +1,15 @@
 //! Trace contexts on SQLite (DESIGN.md rule 14): an enqueue's context is
 //! appended to its keys' next run ([`LINK`]); migration 0018's trigger moves
 //! them to the run when its lease starts, where [`lease_trace`] reads them.
+//! A run that ends keeps its span's trace id in its history row
+//! ([`keep_trace_ids`]).
 
+use serde_json::{Value, json};
 use sqlx::SqliteConnection;
 
-use super::engine::SqliteStore;
+use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
+use crate::store::params::LeaseComplete;
 use crate::store::types::Lease;
 use crate::store::{StoreError, TraceContext, TraceLinks};
 
@@ -73,4 +77,54 @@ impl SqliteStore {
         link(&mut tx, process, &keys, context).await?;
         tx.commit().await.db()
     }
+}
+
+/// Sets the trace id of the history rows of runs that ended at `?1`: `?2` is
+/// a JSON array of `[process, key, token, trace id]`. Each row is found
+/// through the `(process, key, id)` index (the `CROSS JOIN` keeps the array
+/// outside) among its key's runs, which retention caps.
+const KEEP: &str = "
+UPDATE drover_runs SET trace_id = (
+    SELECT json_extract(j.value, '$[3]') FROM json_each(?2) AS j
+    WHERE json_extract(j.value, '$[2]') = drover_runs.token)
+WHERE id IN (
+    SELECT r.id FROM json_each(?2) AS j CROSS JOIN drover_runs AS r
+        ON r.process = json_extract(j.value, '$[0]') AND r.key = json_extract(j.value, '$[1]')
+    WHERE r.token = json_extract(j.value, '$[2]') AND r.ended_at = ?1)";
+
+/// The runs of `batch` that carry a trace id and were settled (`Ok` in
+/// `answers`, by position), as [`KEEP`] takes them; `None` when there are
+/// none, so a batch without tracing writes nothing more.
+pub(super) fn trace_ids<E>(
+    batch: &[LeaseComplete<'_>],
+    answers: &[Option<Result<(), E>>],
+) -> Option<String> {
+    let rows: Vec<Value> = batch
+        .iter()
+        .zip(answers)
+        .filter(|(_, answer)| matches!(answer, Some(Ok(()))))
+        .filter_map(|(params, _)| {
+            let id = params.trace_id?;
+            let lease = params.lease;
+            Some(json!([
+                lease.process,
+                lease.key,
+                lease.token.0,
+                id.to_string()
+            ]))
+        })
+        .collect();
+    (!rows.is_empty()).then(|| Value::from(rows).to_string())
+}
+
+/// Keeps the runs' trace ids ([`trace_ids`]) in the history rows written at
+/// `now` in `tx`, before it commits.
+pub(super) async fn keep_trace_ids(tx: &mut Tx, now: i64, runs: &str) -> Result<(), StoreError> {
+    sqlx::query(KEEP)
+        .bind(now)
+        .bind(runs)
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    Ok(())
 }
