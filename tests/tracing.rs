@@ -475,6 +475,104 @@ async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed
     .await;
 }
 
+/// Spans from `spans` until `wanted` of kind `kind` came (others are
+/// skipped), within 30 s each.
+async fn spans_of_kind(
+    spans: &mut mpsc::UnboundedReceiver<Span>,
+    kind: SpanKind,
+    wanted: usize,
+) -> Vec<Span> {
+    let mut found = Vec::new();
+    while found.len() < wanted {
+        let span = next_span(spans).await;
+        if span.kind == kind as i32 {
+            found.push(span);
+        }
+    }
+    found
+}
+
+/// `drover serve` exporting traces: a request's span is named after its
+/// route template (no key in it), is a child of the caller's `traceparent`
+/// and carries the HTTP attributes; an enqueue keeps the request's span as
+/// its keys' context, so the run links to the request that asked for it
+/// (the request's own root span when it came without a `traceparent`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_span_is_named_by_its_route_and_the_run_links_to_it() {
+    each_engine(|db| async move {
+        let (addr, mut spans) = receiver().await;
+        let endpoint = format!("http://{addr}");
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_SERVICE_NAME", "drover-serve-test"),
+        ];
+        let serve = Serve::start_with_env(&db.url, &["--listen", "127.0.0.1:0"], &env).await;
+        let http = reqwest::Client::new();
+        let url = format!("{}/v1/processes/{PROCESS}/items", serve.url);
+        let caller = context('1', '2');
+        for (key, parent) in [("secret/one", Some(&caller)), ("plain", None)] {
+            let mut request = http.post(&url).json(&serde_json::json!({ "keys": [key] }));
+            if let Some(parent) = parent {
+                request = request.header("traceparent", parent.traceparent());
+            }
+            let sent = request.send().await.expect("enqueue over HTTP");
+            assert!(sent.status().is_success(), "{}", sent.status());
+        }
+        let item = http
+            .get(format!("{url}/secret%2Fone"))
+            .send()
+            .await
+            .expect("get the item");
+        assert!(item.status().is_success(), "{}", item.status());
+        let server = spans_of_kind(&mut spans, SpanKind::Server, 3).await;
+
+        let enqueue = "POST /v1/processes/{process}/items";
+        let traced = server
+            .iter()
+            .find(|s| s.name == enqueue && !s.parent_span_id.is_empty())
+            .expect("the traced enqueue's span");
+        let untraced = server
+            .iter()
+            .find(|s| s.name == enqueue && s.parent_span_id.is_empty())
+            .expect("the untraced enqueue's span, a root");
+        let get = server
+            .iter()
+            .find(|s| s.name.starts_with("GET "))
+            .expect("the item read's span");
+        assert_eq!(hex(&traced.trace_id), caller.trace_id(), "in the caller's trace");
+        assert_eq!(hex(&traced.parent_span_id), &caller.traceparent()[36..52]);
+        assert_ne!(hex(&untraced.trace_id), caller.trace_id());
+        assert_eq!(get.name, "GET /v1/processes/{process}/items/{key}");
+        for span in &server {
+            assert!(!span.name.contains("secret"), "no key in a span name: {}", span.name);
+            assert_eq!(text(span, "url.scheme"), "http");
+            assert_eq!(int(span, "http.response.status_code"), 200);
+        }
+        assert_eq!(text(traced, "http.request.method"), "POST");
+        assert_eq!(text(traced, "http.route"), "/v1/processes/{process}/items");
+        assert_eq!(text(traced, "url.path"), format!("/v1/processes/{PROCESS}/items"));
+
+        // Each run links to the request that enqueued its key.
+        let worker = traced_worker(&db, "true", &endpoint);
+        let runs = spans_of_kind(&mut spans, SpanKind::Consumer, 2).await;
+        stop(worker).await;
+        for (key, request) in [("secret/one", traced), ("plain", untraced)] {
+            let run = runs
+                .iter()
+                .find(|r| text(r, "drover.key") == key)
+                .expect("the key's run");
+            assert_eq!(
+                links(run),
+                [(hex(&request.trace_id), hex(&request.span_id))],
+                "{key}'s run links to its enqueue's request"
+            );
+        }
+        drop(serve);
+    })
+    .await;
+}
+
 /// A collector that takes connections and never answers: every run still
 /// ends done, and the worker still stops gracefully within its bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,10 +9,14 @@
 //! Spans leave through a batch processor on a thread of its own with a
 //! bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048): a slow or unreachable
 //! collector drops spans, never slows or fails a run.
+//!
+//! Two kinds of spans go out: each run's ([`RUN_TARGET`]) and, in `drover
+//! serve`, each HTTP request's ([`HTTP_TARGET`]).
 
 use std::time::Duration;
 
 use drover::runner::RUN_TARGET;
+use drover::server::HTTP_TARGET;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -47,7 +51,11 @@ pub(crate) fn init() -> Telemetry {
     let traces = provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("drover"))
-            .with_filter(Targets::new().with_target(RUN_TARGET, LevelFilter::INFO))
+            .with_filter(
+                Targets::new()
+                    .with_target(RUN_TARGET, LevelFilter::INFO)
+                    .with_target(HTTP_TARGET, LevelFilter::INFO),
+            )
     });
     tracing_subscriber::registry()
         .with(logs)
