@@ -279,11 +279,24 @@ async fn receiver() -> (SocketAddr, mpsc::UnboundedReceiver<Span>) {
 /// Starts `drover work PROCESS --exec EXEC` exporting traces to `endpoint`
 /// every 50 ms.
 fn traced_worker(db: &TestDb, exec: &str, endpoint: &str) -> Child {
+    traced_worker_with(db, exec, endpoint, &[], &[])
+}
+
+/// [`traced_worker`] with more `args` and `env`.
+fn traced_worker_with(
+    db: &TestDb,
+    exec: &str,
+    endpoint: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     Command::new(drover_bin())
         .args(["work", PROCESS, "--db", &db.url, "--exec", exec])
+        .args(args)
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .env("OTEL_BSP_SCHEDULE_DELAY", "50")
         .env("OTEL_SERVICE_NAME", "drover-test")
+        .envs(env.iter().copied())
         .env_remove("TRACEPARENT")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -540,18 +553,29 @@ async fn a_requests_span_is_named_by_its_route_and_the_run_links_to_it() {
             .iter()
             .find(|s| s.name.starts_with("GET "))
             .expect("the item read's span");
-        assert_eq!(hex(&traced.trace_id), caller.trace_id(), "in the caller's trace");
+        assert_eq!(
+            hex(&traced.trace_id),
+            caller.trace_id(),
+            "in the caller's trace"
+        );
         assert_eq!(hex(&traced.parent_span_id), &caller.traceparent()[36..52]);
         assert_ne!(hex(&untraced.trace_id), caller.trace_id());
         assert_eq!(get.name, "GET /v1/processes/{process}/items/{key}");
         for span in &server {
-            assert!(!span.name.contains("secret"), "no key in a span name: {}", span.name);
+            assert!(
+                !span.name.contains("secret"),
+                "no key in a span name: {}",
+                span.name
+            );
             assert_eq!(text(span, "url.scheme"), "http");
             assert_eq!(int(span, "http.response.status_code"), 200);
         }
         assert_eq!(text(traced, "http.request.method"), "POST");
         assert_eq!(text(traced, "http.route"), "/v1/processes/{process}/items");
-        assert_eq!(text(traced, "url.path"), format!("/v1/processes/{PROCESS}/items"));
+        assert_eq!(
+            text(traced, "url.path"),
+            format!("/v1/processes/{PROCESS}/items")
+        );
 
         // Each run links to the request that enqueued its key.
         let worker = traced_worker(&db, "true", &endpoint);
@@ -637,4 +661,103 @@ async fn serve_refuses_a_trace_url_without_the_placeholder_or_not_http() {
         );
         assert!(!dir.path().join("never.db").exists(), "nothing was opened");
     }
+}
+
+/// A free loopback address (bound, then released) for a child to listen on.
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").to_string()
+}
+
+/// The value of the series `series` (name and labels) on the `/metrics`
+/// page at `addr`; 0 when it is not there, or the worker does not listen
+/// yet.
+async fn metric(addr: &str, series: &str) -> u64 {
+    let Ok(reply) = reqwest::get(format!("http://{addr}/metrics")).await else {
+        return 0;
+    };
+    let page = reply.text().await.expect("text");
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+const DROPPED_FAILED: &str = r#"drover_trace_spans_dropped_total{reason="export_failed"}"#;
+const DROPPED_FULL: &str = r#"drover_trace_spans_dropped_total{reason="queue_full"}"#;
+const EXPORTS_OK: &str = r#"drover_trace_exports_total{result="ok"}"#;
+const EXPORTS_FAILED: &str = r#"drover_trace_exports_total{result="failed"}"#;
+
+/// A collector that answers 500: every run's span is counted dropped
+/// (`export_failed`) and every export failed, on the worker's `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_a_collector_refuses_are_counted_dropped() {
+    each_engine(|db| async move {
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            post(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let keys: Vec<String> = (0..10).map(|i| format!("key-{i}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let addr = free_addr();
+        let args = ["--metrics-listen", addr.as_str()];
+        let worker = traced_worker_with(&db, "true", &endpoint, &args, &[]);
+        eventually("the 10 spans to be counted dropped", || async {
+            metric(&addr, DROPPED_FAILED).await >= 10
+        })
+        .await;
+        assert_eq!(metric(&addr, DROPPED_FAILED).await, 10, "one span per run");
+        assert_eq!(metric(&addr, DROPPED_FULL).await, 0);
+        assert!(metric(&addr, EXPORTS_FAILED).await >= 1);
+        assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
+        stop(worker).await;
+    })
+    .await;
+}
+
+/// A collector that never answers, behind a queue of 4 spans and a 300 ms
+/// export timeout: the spans that find the queue full are counted
+/// `queue_full`, those in the exports that time out `export_failed`, and
+/// together they are every run's span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_a_silent_collector_never_takes_are_counted_dropped() {
+    each_engine(|db| async move {
+        // Bound, never accepted: each export waits until it times out.
+        let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let endpoint = format!("http://{}", hole.local_addr().expect("addr"));
+        let keys: Vec<String> = (0..50).map(|i| format!("key-{i:02}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let addr = free_addr();
+        let args = ["--metrics-listen", addr.as_str()];
+        let env = [
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "300"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "4"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2"),
+        ];
+        let worker = traced_worker_with(&db, "true", &endpoint, &args, &env);
+        eventually("every span to be counted dropped", || async {
+            metric(&addr, DROPPED_FULL).await + metric(&addr, DROPPED_FAILED).await >= 50
+        })
+        .await;
+        let (full, failed) = (
+            metric(&addr, DROPPED_FULL).await,
+            metric(&addr, DROPPED_FAILED).await,
+        );
+        assert_eq!(full + failed, 50, "one span per run: {full} + {failed}");
+        assert!(full > 0 && failed > 0, "{full} + {failed}");
+        assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
+        stop(worker).await;
+        drop(hole);
+    })
+    .await;
 }

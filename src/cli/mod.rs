@@ -19,6 +19,7 @@ mod process;
 mod serve;
 mod server_args;
 mod signal;
+mod span_export;
 mod spawner;
 mod status;
 mod watch;

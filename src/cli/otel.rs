@@ -8,7 +8,9 @@
 //!
 //! Spans leave through a batch processor on a thread of its own with a
 //! bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048): a slow or unreachable
-//! collector drops spans, never slows or fails a run.
+//! collector drops spans, never slows or fails a run, and what it drops is
+//! counted on `/metrics` (`drover_trace_spans_dropped_total`, see
+//! [`span_export`](super::span_export)).
 //!
 //! Two kinds of spans go out: each run's ([`RUN_TARGET`]) and, in `drover
 //! serve`, each HTTP request's ([`HTTP_TARGET`]).
@@ -19,7 +21,12 @@ use drover::runner::RUN_TARGET;
 use drover::server::HTTP_TARGET;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, OTEL_BSP_MAX_QUEUE_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT, SdkTracerProvider,
+};
+
+use super::span_export::{Counted, Gate, Queue};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -100,9 +107,27 @@ fn provider() -> Option<SdkTracerProvider> {
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name("drover");
     }
+    // The gate keeps the batch processor's own bound (read as the SDK reads
+    // it), so the processor never drops a span the gate did not count.
+    let bound = std::env::var(OTEL_BSP_MAX_QUEUE_SIZE)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT);
+    let queue = Queue::new(bound);
+    let exporter = Counted {
+        inner: exporter,
+        queue: queue.clone(),
+    };
+    let config = BatchConfigBuilder::default().with_max_queue_size(bound);
+    let batch = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(config.build())
+        .build();
     Some(
         SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_span_processor(Gate {
+                inner: batch,
+                queue,
+            })
             .with_resource(resource.build())
             .build(),
     )
