@@ -597,6 +597,64 @@ async fn a_requests_span_is_named_by_its_route_and_the_run_links_to_it() {
     .await;
 }
 
+/// `drover work --server` exporting traces: its claims bring each lease's
+/// trace links, so the run's span links to the enqueues it absorbed, a
+/// failed run's retry links to it, and each completion carries its span's
+/// trace id to the run's history row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_over_http_links_its_runs_to_their_enqueues() {
+    each_engine(|db| async move {
+        let serve = Serve::start(&db.url).await;
+        let http = reqwest::Client::new();
+        let url = format!("{}/v1/processes/{PROCESS}/items", serve.url);
+        let changes = [context('7', '8'), context('9', 'a')];
+        for change in &changes {
+            let sent = http
+                .post(&url)
+                .header("traceparent", change.traceparent())
+                .json(&serde_json::json!({ "keys": ["remote"] }))
+                .send()
+                .await
+                .expect("enqueue over HTTP");
+            assert!(sent.status().is_success(), "{}", sent.status());
+        }
+        let (addr, mut spans) = receiver().await;
+        let worker = Command::new(drover_bin())
+            .args(["work", PROCESS, "--server", &serve.url, "--exec"])
+            .arg("sh -c 'test \"$DROVER_ATTEMPT\" -ge 2 || exit 75'")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))
+            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .env_remove("TRACEPARENT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn drover work --server");
+        let failed = next_span(&mut spans).await;
+        let retried = next_span(&mut spans).await;
+        stop(worker).await;
+        let expected: Vec<_> = changes
+            .iter()
+            .map(|c| (c.trace_id().to_owned(), c.traceparent()[36..52].to_owned()))
+            .collect();
+        assert_eq!(text(&failed, "drover.key"), "remote");
+        assert_eq!(links(&failed), expected, "the run absorbed both changes");
+        assert_eq!(
+            links(&retried),
+            [(hex(&failed.trace_id), hex(&failed.span_id))],
+            "the retry links to the attempt that failed"
+        );
+        assert_eq!(
+            run_trace_ids(&db.store, "remote").await,
+            [Some(hex(&retried.trace_id)), Some(hex(&failed.trace_id))],
+            "each completion over HTTP carried its span's trace id"
+        );
+        drop(serve);
+    })
+    .await;
+}
+
 /// A collector that takes connections and never answers: every run still
 /// ends done, and the worker still stops gracefully within its bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

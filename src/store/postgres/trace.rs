@@ -2,7 +2,7 @@
 //! appended to its keys' next run by `drover_trace_link` (migration 0015),
 //! the function other programs call after `drover_enqueue`; that migration's
 //! trigger moves them to the run when its lease starts, where
-//! [`lease_trace`] reads them. A run that ends keeps its span's trace id in
+//! [`lease_trace_batch`](PostgresStore::lease_trace_batch) reads them. A run that ends keeps its span's trace id in
 //! its history row ([`keep_trace_ids`]).
 
 use chrono::{DateTime, Utc};
@@ -37,21 +37,41 @@ where
 }
 
 impl PostgresStore {
-    /// The trace contexts the run under `lease` absorbed (see
-    /// [`Store::lease_trace`](crate::store::Store::lease_trace)).
-    /// Empty once another lease took the key.
-    pub(crate) async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        let run: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT trace_run::text FROM drover_items
-             WHERE process = $1 AND key = $2 AND lease_token = $3 AND state = 'running'",
+    /// The trace contexts the runs under `leases` absorbed, by position
+    /// (see [`Store::lease_trace_batch`](crate::store::Store::lease_trace_batch)):
+    /// one statement, each row found by its key and checked against its
+    /// lease. Empty for a lease another took since.
+    pub(crate) async fn lease_trace_batch(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<TraceLinks>, StoreError> {
+        let found: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT l.n, i.trace_run::text
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
+                 AS l(process, key, token, n)
+             JOIN drover_items i ON i.process = l.process AND i.key = l.key
+             WHERE i.lease_token = l.token AND i.state = 'running'
+                 AND i.trace_run IS NOT NULL",
         )
-        .bind(&lease.process)
-        .bind(&lease.key)
-        .bind(lease.token.0)
-        .fetch_optional(&self.pool)
+        .bind(
+            leases
+                .iter()
+                .map(|l| l.process.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(leases.iter().map(|l| l.key.as_str()).collect::<Vec<_>>())
+        .bind(leases.iter().map(|l| l.token.0).collect::<Vec<_>>())
+        .fetch_all(&self.pool)
         .await
         .db()?;
-        Ok(TraceLinks::from_json(run.flatten().as_deref()))
+        let mut links = vec![TraceLinks::default(); leases.len()];
+        for (n, run) in found {
+            // WITH ORDINALITY counts from 1.
+            if let Some(slot) = usize::try_from(n - 1).ok().and_then(|n| links.get_mut(n)) {
+                *slot = TraceLinks::from_json(Some(&run));
+            }
+        }
+        Ok(links)
     }
 
     /// Adds `context` to the next run of one key, in its own transaction (see

@@ -1,6 +1,6 @@
 //! Trace contexts on SQLite (DESIGN.md rule 14): an enqueue's context is
 //! appended to its keys' next run ([`LINK`]); migration 0018's trigger moves
-//! them to the run when its lease starts, where [`lease_trace`] reads them.
+//! them to the run when its lease starts, where [`lease_trace_batch`](SqliteStore::lease_trace_batch) reads them.
 //! A run that ends keeps its span's trace id in its history row
 //! ([`keep_trace_ids`]).
 
@@ -47,21 +47,36 @@ pub(super) async fn link(
 }
 
 impl SqliteStore {
-    /// The trace contexts the run under `lease` absorbed (see
-    /// [`Store::lease_trace`](crate::store::Store::lease_trace)).
-    /// Empty once another lease took the key.
-    pub(crate) async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        let run: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT trace_run FROM drover_items
-             WHERE process = ?1 AND key = ?2 AND lease_token = ?3 AND state = 'running'",
+    /// The trace contexts the runs under `leases` absorbed, by position
+    /// (see [`Store::lease_trace_batch`](crate::store::Store::lease_trace_batch)):
+    /// one statement, each row found by its key and checked against its
+    /// lease. Empty for a lease another took since.
+    pub(crate) async fn lease_trace_batch(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<TraceLinks>, StoreError> {
+        let asked: Vec<Value> = leases
+            .iter()
+            .map(|l| json!([l.process, l.key, l.token.0]))
+            .collect();
+        let found: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT j.key, i.trace_run FROM json_each(?1) AS j CROSS JOIN drover_items AS i
+                 ON i.process = json_extract(j.value, '$[0]')
+                    AND i.key = json_extract(j.value, '$[1]')
+             WHERE i.lease_token = json_extract(j.value, '$[2]') AND i.state = 'running'
+                 AND i.trace_run IS NOT NULL",
         )
-        .bind(&lease.process)
-        .bind(&lease.key)
-        .bind(lease.token.0)
-        .fetch_optional(&self.pool)
+        .bind(Value::from(asked).to_string())
+        .fetch_all(&self.pool)
         .await
         .db()?;
-        Ok(TraceLinks::from_json(run.flatten().as_deref()))
+        let mut links = vec![TraceLinks::default(); leases.len()];
+        for (n, run) in found {
+            if let Some(slot) = usize::try_from(n).ok().and_then(|n| links.get_mut(n)) {
+                *slot = TraceLinks::from_json(Some(&run));
+            }
+        }
+        Ok(links)
     }
 
     /// Adds `context` to the next run of one key, in its own transaction (see
