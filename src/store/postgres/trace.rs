@@ -2,8 +2,9 @@
 //! appended to its keys' next run by `drover_trace_link` (migration 0015),
 //! the function other programs call after `drover_enqueue`; that migration's
 //! trigger moves them to the run when its lease starts, where
-//! [`lease_trace_batch`](PostgresStore::lease_trace_batch) reads them. A run that ends keeps its span's trace id in
-//! its history row ([`keep_trace_ids`]).
+//! [`lease_trace_batch`](PostgresStore::lease_trace_batch) reads them. A run
+//! that ends keeps its span's trace id in its history row
+//! ([`keep_trace_ids`]).
 
 use chrono::{DateTime, Utc};
 use sqlx::{Executor, Postgres};
@@ -89,13 +90,17 @@ impl PostgresStore {
 }
 
 /// Sets the trace id of the history rows of runs that ended at `$1`, by
-/// process, key and token (`$2`–`$5`, one position per run): each row is
-/// found through the `(process, key, id)` index among its key's runs, which
-/// retention caps.
+/// process, key and token (`$2`–`$5`, one position per run). Each run's row
+/// is its key's newest, written in this transaction (the item's row lock
+/// keeps any other run of the key out), found at the end of the `(process,
+/// key, id)` index and checked by its token.
 const KEEP: &str = "
 UPDATE drover_runs AS r SET trace_id = t.trace_id
-FROM UNNEST($2::text[], $3::text[], $4::bigint[], $5::text[]) AS t(process, key, token, trace_id)
-WHERE r.process = t.process AND r.key = t.key AND r.token = t.token AND r.ended_at = $1";
+FROM (SELECT (SELECT max(o.id) FROM drover_runs o WHERE o.process = u.process AND o.key = u.key)
+             AS id, u.token, u.trace_id
+      FROM UNNEST($2::text[], $3::text[], $4::bigint[], $5::text[])
+          AS u(process, key, token, trace_id)) AS t
+WHERE r.id = t.id AND r.token = t.token AND r.ended_at = $1";
 
 /// Keeps the trace ids of `batch`'s runs that were settled (`Ok` in
 /// `results`, by position) in their history rows written at `now` in `tx`,

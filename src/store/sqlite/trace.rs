@@ -1,7 +1,8 @@
 //! Trace contexts on SQLite (DESIGN.md rule 14): an enqueue's context is
 //! appended to its keys' next run ([`LINK`]); migration 0018's trigger moves
-//! them to the run when its lease starts, where [`lease_trace_batch`](SqliteStore::lease_trace_batch) reads them.
-//! A run that ends keeps its span's trace id in its history row
+//! them to the run when its lease starts, where
+//! [`lease_trace_batch`](SqliteStore::lease_trace_batch) reads them. A run
+//! that ends keeps its span's trace id in its history row
 //! ([`keep_trace_ids`]).
 
 use serde_json::{Value, json};
@@ -95,17 +96,19 @@ impl SqliteStore {
 }
 
 /// Sets the trace id of the history rows of runs that ended at `?1`: `?2` is
-/// a JSON array of `[process, key, token, trace id]`. Each row is found
-/// through the `(process, key, id)` index (the `CROSS JOIN` keeps the array
-/// outside) among its key's runs, which retention caps.
+/// a JSON array of `[process, key, token, trace id]`. Each run's row is its
+/// key's newest, written in this transaction, found at the end of the
+/// `(process, key, id)` index and checked by its token; materialized first,
+/// so the update visits only those rows.
 const KEEP: &str = "
-UPDATE drover_runs SET trace_id = (
-    SELECT json_extract(j.value, '$[3]') FROM json_each(?2) AS j
-    WHERE json_extract(j.value, '$[2]') = drover_runs.token)
-WHERE id IN (
-    SELECT r.id FROM json_each(?2) AS j CROSS JOIN drover_runs AS r
-        ON r.process = json_extract(j.value, '$[0]') AND r.key = json_extract(j.value, '$[1]')
-    WHERE r.token = json_extract(j.value, '$[2]') AND r.ended_at = ?1)";
+WITH t(id, token, trace_id) AS MATERIALIZED (
+    SELECT (SELECT max(r.id) FROM drover_runs AS r
+            WHERE r.process = json_extract(j.value, '$[0]')
+                AND r.key = json_extract(j.value, '$[1]')),
+        json_extract(j.value, '$[2]'), json_extract(j.value, '$[3]')
+    FROM json_each(?2) AS j)
+UPDATE drover_runs SET trace_id = t.trace_id FROM t
+WHERE drover_runs.id = t.id AND drover_runs.token = t.token AND drover_runs.ended_at = ?1";
 
 /// The runs of `batch` that carry a trace id and were settled (`Ok` in
 /// `answers`, by position), as [`KEEP`] takes them; `None` when there are
