@@ -242,6 +242,72 @@ async fn the_concurrency_limit_caps_running_keys_and_frees_a_slot_when_a_run_end
     .await;
 }
 
+/// The limit counts the process's own running keys, and counts all of them
+/// wherever the count stands: PostgreSQL reads it from the item counts, the
+/// folded figure plus the deltas appended since (migration 0016), so each
+/// step below needs one half or the other. Another process's runs beside it
+/// count for nothing.
+#[tokio::test]
+async fn the_concurrency_limit_counts_its_own_runs_folded_or_not() {
+    each_engine(|db| async move {
+        let session = db.session().await;
+        db.store
+            .item_enqueue(ItemEnqueue::new("other", (0..40).map(|i| format!("o{i}"))))
+            .await
+            .expect("enqueue");
+        let other = LeaseClaim {
+            session: session.id,
+            process: "other".into(),
+            max: 40,
+        };
+        let others = db.store.lease_claim(other).await.expect("claim");
+        assert_eq!(others.leases.len(), 40, "another process's runs");
+        enqueue(&db.store, 10).await;
+        configure(&db.store, ProcessConfigure::new(P).concurrency(Some(3))).await;
+        let take = |max| {
+            let store = db.store.clone();
+            async move {
+                store
+                    .lease_claim(claim(session.id, max))
+                    .await
+                    .expect("claim")
+                    .leases
+            }
+        };
+        let first = take(2).await;
+        assert_eq!(
+            first.len(),
+            2,
+            "two of three slots, the other process's runs aside"
+        );
+        // Two running as deltas only: one slot is left.
+        assert_eq!(take(10).await.len(), 1, "the unfolded runs count");
+        // Reading the counts folds the deltas in: three running, folded.
+        db.store.process_counts_all().await.expect("counts");
+        assert!(take(10).await.is_empty(), "the folded runs count");
+        let refused = db.store.lease_lock(lock(session.id, "k0009")).await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::Held {
+                    why: "at its concurrency limit",
+                    ..
+                })
+            ),
+            "a lock reads the same count: {refused:?}"
+        );
+        // One run ends: folded three, a delta of minus one.
+        let done = LeaseComplete {
+            lease: &first[0],
+            outcome: &Outcome::Done,
+        };
+        db.store.lease_complete(done).await.expect("complete");
+        assert_eq!(take(10).await.len(), 1, "folded and unfolded add up");
+        assert!(take(10).await.is_empty(), "and the limit holds again");
+    })
+    .await;
+}
+
 /// Claims and completes until the process is drained, counting its own
 /// leases in `running` and recording the highest count seen.
 async fn drain(store: Store, running: Arc<AtomicI64>, peak: Arc<AtomicI64>) {

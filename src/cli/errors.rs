@@ -6,18 +6,15 @@ use clap::Args as ClapArgs;
 use drover::store::{ErrorGroup, ErrorGroups, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
+use super::listing::Listing;
 
 /// Arguments of `drover errors`.
 #[derive(Debug, ClapArgs)]
 pub(crate) struct Args {
     /// The process.
     process: String,
-    /// At most this many groups.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
-    limit: u32,
-    /// Print JSON (one array of groups) instead of lines.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    listing: Listing,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -30,12 +27,12 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let groups = store
         .error_groups(ErrorGroups {
             process: args.process.clone(),
-            limit: args.limit,
+            limit: args.listing.limit,
         })
         .await;
     store.close().await;
     let groups = groups?;
-    if args.json {
+    if args.listing.json {
         println!("{}", serde_json::to_string_pretty(&groups)?);
     } else if groups.is_empty() {
         println!("{}: no parked or backing-off keys", args.process);

@@ -7,6 +7,7 @@ use drover::runner::Pruner;
 use drover::store::{Run, RunList, RunOutcome, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
+use super::listing::Listing;
 
 /// Arguments of `drover history`: a listing, or a subcommand.
 #[derive(Debug, ClapArgs)]
@@ -52,12 +53,8 @@ struct ListArgs {
     /// Only rows older than this id (the last id of the previous page).
     #[arg(long)]
     before: Option<i64>,
-    /// At most this many rows.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
-    limit: u32,
-    /// Print JSON (one array of runs) instead of lines.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    listing: Listing,
     #[command(flatten)]
     db: DbArgs,
 }
@@ -123,11 +120,11 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
             key: args.key,
             outcome: args.outcome,
             before: args.before,
-            limit: args.limit,
+            limit: args.listing.limit,
         })
         .await?;
     store.close().await;
-    if args.json {
+    if args.listing.json {
         println!("{}", serde_json::to_string_pretty(&runs)?);
     } else {
         for run in &runs {

@@ -11,6 +11,7 @@ mod enqueue;
 mod errors;
 mod exec;
 mod history;
+mod listing;
 mod metrics_listen;
 mod migrate;
 mod otel;

@@ -33,6 +33,12 @@ pub(crate) struct Shared {
     pub quiet: AtomicBool,
     /// Each worker's failing link, if its link is failing.
     pub cuts: Mutex<BTreeMap<u32, Cut>>,
+    /// Until when each worker's writes to items fail while the rest of its
+    /// calls pass: rows locked by a transaction that does not end, a statement
+    /// timeout on the items table. What a run does with an outcome it cannot
+    /// write for longer than a TTL, while its session stays alive, is decided
+    /// only here (the hand-back of `Run::hand_back`).
+    pub write_outages: Mutex<BTreeMap<u32, Instant>>,
 }
 
 /// A worker's link failing in two steps, as links do: first its answers are
@@ -61,6 +67,17 @@ impl Shared {
             .filter(|cut| Instant::now() < cut.down_until)
     }
 
+    /// Whether `worker`'s writes to items fail now.
+    fn writes_fail(&self, worker: u32) -> bool {
+        let outages = self
+            .write_outages
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        outages
+            .get(&worker)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
     pub(crate) fn quiet(&self) -> bool {
         self.quiet.load(Ordering::SeqCst)
     }
@@ -77,7 +94,12 @@ enum Fault {
     CommitUnknown,
     /// The link freezes; after this long the caller's driver gives up.
     Hangs(Duration),
+    /// A write to items waits on a lock and gives up (a write outage).
+    Busy,
 }
+
+/// The calls that write to items, which a write outage fails.
+const WRITES: [&str; 2] = ["lease_complete_batch", "lease_release"];
 
 /// One worker's handle on the store.
 #[derive(Clone)]
@@ -134,7 +156,11 @@ impl SimBackend {
         name: &'static str,
         apply: impl FnOnce(&mut Model) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let fault = self.fault(name);
+        let fault = if WRITES.contains(&name) && self.shared.writes_fail(self.worker) {
+            Fault::Busy
+        } else {
+            self.fault(name)
+        };
         let shared = &self.shared;
         let cut = shared.cut(self.worker);
         let reach = async move {
@@ -167,6 +193,10 @@ impl SimBackend {
                 Fault::Hangs(d) => {
                     sleep(d).await;
                     Err(StoreError::Unavailable(link_error("link frozen")))
+                }
+                Fault::Busy => {
+                    sleep(Duration::from_millis(50)).await;
+                    Err(StoreError::Busy(link_error("items locked")))
                 }
             }
         };

@@ -2,6 +2,7 @@
 //! simulated time. The checkers read it; a failure prints its tail.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -87,6 +88,12 @@ pub(crate) enum What {
         slow: Duration,
         down: Duration,
     },
+    /// The worker's writes to items (outcomes, hand-backs) fail for `lasts`
+    /// while its heartbeats pass.
+    WriteOutage {
+        worker: u32,
+        lasts: Duration,
+    },
     Start {
         worker: u32,
     },
@@ -125,24 +132,46 @@ impl fmt::Display for Event {
     }
 }
 
+/// Where the log's time comes from.
+#[derive(Debug, Clone)]
+enum Origin {
+    /// The simulation's paused tokio clock, since this instant.
+    Tokio(Instant),
+    /// Milliseconds a driver sets by hand: the differential test moves the
+    /// model's clock in step with the engines' test clocks.
+    Manual(Arc<AtomicU64>),
+}
+
 /// The shared log; cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Log {
-    origin: Instant,
+    origin: Origin,
     events: Arc<Mutex<Vec<Event>>>,
 }
 
 impl Log {
     pub(crate) fn new(origin: Instant) -> Self {
         Self {
-            origin,
+            origin: Origin::Tokio(origin),
+            events: Arc::default(),
+        }
+    }
+
+    /// A log whose time is `ms` milliseconds, as its driver moves them.
+    #[allow(dead_code)] // the differential test's, not the simulation's
+    pub(crate) fn manual(ms: Arc<AtomicU64>) -> Self {
+        Self {
+            origin: Origin::Manual(ms),
             events: Arc::default(),
         }
     }
 
     /// Simulated time since the world began.
     pub(crate) fn now(&self) -> Duration {
-        Instant::now().duration_since(self.origin)
+        match &self.origin {
+            Origin::Tokio(origin) => Instant::now().duration_since(*origin),
+            Origin::Manual(ms) => Duration::from_millis(ms.load(Ordering::SeqCst)),
+        }
     }
 
     pub(crate) fn push(&self, what: What) {

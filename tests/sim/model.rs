@@ -1,7 +1,10 @@
 //! The model store: DESIGN.md's rules 1–6 and 10 as plain Rust over ordered
 //! maps, one process, on the simulated clock (the "database clock"). Every
 //! call is atomic (the whole model sits behind one lock), so it is the
-//! executable form of what an engine's transactions promise.
+//! executable form of what an engine's transactions promise. The simulation
+//! runs the real controller over it; the differential test
+//! (`tests/differential/`) runs the same operations on it and on each engine
+//! and compares what they answer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,13 +13,17 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use drover::backoff::Backoff;
 use drover::store::{
-    ClaimGate, Claimed, FencingToken, Lease, Outcome, ReclaimReport, Session, SessionId, StoreError,
+    ClaimGate, Claimed, FencingToken, Lease, Outcome, ReclaimReport, RunOutcome, Session,
+    SessionId, StoreError,
 };
 use tokio::sync::Notify;
 
 use crate::log::{Log, What};
 
 pub(crate) const PROCESS: &str = "sim";
+
+/// The reason an operator's park gives (the item's last error).
+pub(crate) const PARK_REASON: &str = "parked by the operator";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -44,15 +51,52 @@ struct Held {
 #[derive(Debug, Clone)]
 pub(crate) struct Item {
     pub state: State,
-    priority: i32,
+    pub priority: i32,
     ready_at: Duration,
     enqueued_at: Duration,
     /// Set while a failure's backoff holds the item back.
     backoff_until: Option<Duration>,
-    failures: u32,
-    /// Enqueue order, for FIFO among equals.
+    pub failures: u32,
+    /// The last failure's error, or an operator's reason for parking.
+    pub last_error: Option<String>,
+    /// When the item was made (a delete forgets it): the engines' row id,
+    /// which orders keys ready at the same time (FIFO among equals).
     seq: u64,
     held: Option<Held>,
+}
+
+#[allow(dead_code)] // what the differential test reads; the simulation does not
+impl Item {
+    /// Whether it was enqueued while running.
+    pub(crate) fn dirty(&self) -> bool {
+        self.held.as_ref().is_some_and(|h| h.dirty.is_some())
+    }
+
+    /// The running lease's session and fencing token.
+    pub(crate) fn lease(&self) -> Option<(i64, i64)> {
+        self.held.as_ref().map(|h| (h.session, h.token))
+    }
+
+    /// Whether a pending item is ready to be claimed at `now`.
+    pub(crate) fn ready_by(&self, now: Duration) -> bool {
+        self.state == State::Pending && self.ready_at <= now
+    }
+
+    /// Whether a pending item is still inside a failure's backoff at `now`
+    /// (the engines show it as `backoff`).
+    pub(crate) fn backing_off(&self, now: Duration) -> bool {
+        self.state == State::Pending && self.backoff_until.is_some_and(|b| b > now)
+    }
+}
+
+/// One history row: a run's end or an operator's action (DESIGN.md's
+/// "history"); pause and resume have the key `""`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub key: String,
+    pub outcome: RunOutcome,
+    /// The run's fencing token; `None` for an operator's action.
+    pub token: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -72,8 +116,16 @@ pub(crate) struct Model {
     next_seq: u64,
     pub paused: bool,
     pub concurrency: Option<u32>,
+    /// The rate limit: runs per second and burst.
+    rate: Option<(f64, u32)>,
+    /// The rate bucket's tokens, as of when (`None`: full).
+    bucket: Option<(f64, Duration)>,
     backoff: Backoff,
     pub wake: Arc<Notify>,
+    /// The history, oldest first.
+    pub history: Vec<Row>,
+    /// How much faster the database clock runs than the log's (the workers').
+    drift: f64,
 }
 
 /// Simulated time as the database's timestamps.
@@ -93,13 +145,29 @@ impl Model {
             next_seq: 0,
             paused: false,
             concurrency: None,
+            rate: None,
+            bucket: None,
             backoff,
             wake: Arc::new(Notify::new()),
+            history: Vec::new(),
+            drift: 0.0,
         }
     }
 
-    fn now(&self) -> Duration {
-        self.log.now()
+    /// Makes the database clock run `drift` faster than the workers' (0.01:
+    /// 1 % fast; negative: slow).
+    pub(crate) fn set_drift(&mut self, drift: f64) {
+        self.drift = drift;
+    }
+
+    /// The model's clock: the database clock.
+    pub(crate) fn now(&self) -> Duration {
+        let true_time = self.log.now();
+        if self.drift == 0.0 {
+            true_time
+        } else {
+            true_time.mul_f64(1.0 + self.drift)
+        }
     }
 
     fn live(&self, session: i64) -> Result<&Sess, StoreError> {
@@ -153,8 +221,13 @@ impl Model {
     pub(crate) fn session_close(&mut self, session: i64) -> u64 {
         self.sessions.remove(&session);
         let mut released = 0;
-        for item in self.items.values_mut() {
-            if item.held.as_ref().is_some_and(|h| h.session == session) {
+        for (key, item) in &mut self.items {
+            if let Some(held) = item.held.as_ref().filter(|h| h.session == session) {
+                self.history.push(Row {
+                    key: key.clone(),
+                    outcome: RunOutcome::Canceled,
+                    token: Some(held.token),
+                });
                 let now = self.log.now();
                 requeue(item, now);
                 released += 1;
@@ -184,6 +257,11 @@ impl Model {
             for (key, item) in &mut self.items {
                 if let Some(held) = item.held.as_ref().filter(|h| h.session == session) {
                     keys.push((key.clone(), held.token));
+                    self.history.push(Row {
+                        key: key.clone(),
+                        outcome: RunOutcome::Expired,
+                        token: Some(held.token),
+                    });
                     requeue(item, now);
                 }
             }
@@ -200,6 +278,18 @@ impl Model {
     /// Rule 2: coalesced into a pending item (earliest ready time wins, never
     /// before its backoff), a dirty mark on a running one, pending otherwise.
     pub(crate) fn enqueue(&mut self, key: &str, after: Duration, priority: i32) {
+        self.enqueue_with(key, after, priority, false);
+    }
+
+    /// [`enqueue`](Self::enqueue), which with `bypass_backoff` may cut a
+    /// pending item's backoff short (clearing it).
+    pub(crate) fn enqueue_with(
+        &mut self,
+        key: &str,
+        after: Duration,
+        priority: i32,
+        bypass_backoff: bool,
+    ) {
         let now = self.now();
         let ready = now + after;
         let seq = self.next_seq;
@@ -211,12 +301,19 @@ impl Model {
             enqueued_at: now,
             backoff_until: None,
             failures: 0,
+            last_error: None,
             seq,
             held: None,
         });
         let word = match item.state {
             State::Pending => {
-                let floor = item.backoff_until.unwrap_or(ready).max(ready);
+                let floor = match item.backoff_until {
+                    Some(until) if !bypass_backoff => until.max(ready),
+                    _ => ready,
+                };
+                if bypass_backoff {
+                    item.backoff_until = None;
+                }
                 item.ready_at = item.ready_at.min(floor);
                 item.priority = item.priority.max(priority);
                 "coalesced"
@@ -242,7 +339,6 @@ impl Model {
                 item.ready_at = ready;
                 item.priority = priority;
                 item.enqueued_at = now;
-                item.seq = seq;
                 "pending"
             }
         };
@@ -287,6 +383,22 @@ impl Model {
                 gate.concurrency_limited = true;
             }
         }
+        // The rate bucket: whole tokens start runs (a hair under one counts).
+        let tokens = self.rate.map(|(per_s, burst)| match self.bucket {
+            None => f64::from(burst),
+            Some((tokens, at)) => {
+                let elapsed = (now - at).as_millis() as f64 / 1000.0;
+                (tokens + elapsed * per_s).min(f64::from(burst))
+            }
+        });
+        let mut by_tokens = false;
+        if let Some(tokens) = tokens {
+            let whole = (tokens + 1e-9).floor().max(0.0) as u32;
+            if whole < room {
+                room = whole;
+                by_tokens = true;
+            }
+        }
         let mut ready: Vec<(&String, &Item)> = self
             .items
             .iter()
@@ -327,6 +439,18 @@ impl Model {
                 token,
             });
         }
+        if let (Some(tokens), Some((per_s, _))) = (tokens, self.rate) {
+            let taken = leases.len() as u32;
+            let left = tokens - f64::from(taken);
+            if taken > 0 {
+                self.bucket = Some((left, now));
+            }
+            if by_tokens && taken == room {
+                let wait = ((1.0 - left).max(0.0) / per_s).min(3600.0);
+                gate.next_token_in =
+                    Some(Duration::from_secs_f64(wait).max(Duration::from_millis(1)));
+            }
+        }
         Ok(Claimed { leases, gate })
     }
 
@@ -363,6 +487,11 @@ impl Model {
                 let backoff = self.backoff;
                 let item = self.items.get_mut(&lease.key).expect("checked");
                 settle(item, now, outcome, &backoff);
+                self.history.push(Row {
+                    key: lease.key.clone(),
+                    outcome: RunOutcome::of(outcome),
+                    token: Some(lease.token.0),
+                });
                 match item.state {
                     State::Pending => "pending",
                     State::Parked => "parked",
@@ -391,6 +520,11 @@ impl Model {
         if checked.is_ok() {
             let now = self.now();
             requeue(self.items.get_mut(&lease.key).expect("checked"), now);
+            self.history.push(Row {
+                key: lease.key.clone(),
+                outcome: RunOutcome::Canceled,
+                token: Some(lease.token.0),
+            });
             self.wake.notify_waiters();
         }
         self.log.push(What::Release {
@@ -405,7 +539,19 @@ impl Model {
         checked
     }
 
+    /// Pauses or resumes the process; a change is a history row (key `""`).
     pub(crate) fn set_paused(&mut self, paused: bool) {
+        if self.paused != paused {
+            self.history.push(Row {
+                key: String::new(),
+                outcome: if paused {
+                    RunOutcome::Paused
+                } else {
+                    RunOutcome::Resumed
+                },
+                token: None,
+            });
+        }
         self.paused = paused;
         self.log
             .push(if paused { What::Pause } else { What::Resume });
@@ -414,30 +560,61 @@ impl Model {
         }
     }
 
+    /// Sets or removes the rate limit (runs per second, burst); the bucket
+    /// starts full again.
+    #[allow(dead_code)] // the differential test's, not the simulation's
+    pub(crate) fn set_rate(&mut self, rate: Option<(f64, u32)>) {
+        self.rate = rate;
+        self.bucket = None;
+        self.wake.notify_waiters();
+    }
+
     pub(crate) fn set_limit(&mut self, limit: Option<u32>) {
         self.concurrency = limit;
         self.log.push(What::Limit(limit));
         self.wake.notify_waiters();
     }
 
-    /// An operator's retry, park or delete: refused on a running item.
-    pub(crate) fn admin(&mut self, action: &'static str, key: &str) {
+    /// An operator's retry, park or delete: refused on a running item. A
+    /// retry makes the item pending now (a pending one keeps an earlier ready
+    /// time), its backoff cut short and its failures kept; a park stops it
+    /// with [`PARK_REASON`]; each is a history row. What happened, in words.
+    pub(crate) fn admin(&mut self, action: &'static str, key: &str) -> &'static str {
         let now = self.now();
         let result = match self.items.get_mut(key) {
             None => "no such key",
             Some(item) if item.state == State::Running => "refused: running",
             Some(item) => {
-                match action {
+                let outcome = match action {
                     "retry" => {
+                        if item.state != State::Pending {
+                            item.enqueued_at = now;
+                        }
+                        item.ready_at = if item.state == State::Pending {
+                            item.ready_at.min(now)
+                        } else {
+                            now
+                        };
                         item.state = State::Pending;
-                        item.ready_at = now;
                         item.backoff_until = None;
+                        RunOutcome::Retried
                     }
-                    "park" => item.state = State::Parked,
+                    "park" => {
+                        item.state = State::Parked;
+                        item.backoff_until = None;
+                        item.last_error = Some(PARK_REASON.to_owned());
+                        RunOutcome::Parked
+                    }
                     _ => {
                         self.items.remove(key);
+                        RunOutcome::Deleted
                     }
-                }
+                };
+                self.history.push(Row {
+                    key: key.to_owned(),
+                    outcome,
+                    token: None,
+                });
                 "done"
             }
         };
@@ -447,6 +624,7 @@ impl Model {
             result,
         });
         self.wake.notify_waiters();
+        result
     }
 
     /// Whether every key has converged: nothing pending, nothing running.
@@ -471,6 +649,10 @@ fn requeue(item: &mut Item, now: Duration) {
 fn settle(item: &mut Item, now: Duration, outcome: &Outcome, backoff: &Backoff) {
     let held = item.held.take().expect("checked");
     let dirty = held.dirty;
+    item.last_error = match outcome {
+        Outcome::Transient(e) | Outcome::Permanent(e) => Some(e.clone()),
+        Outcome::Done | Outcome::RequeueAfter(_) => None,
+    };
     // Where a dirty re-run takes the item: the earliest ready time and the
     // highest priority asked for.
     let pending = |item: &mut Item, ready_at: Duration| {

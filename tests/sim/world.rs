@@ -35,7 +35,17 @@ pub(crate) struct Shape {
     pub chaos: Duration,
     pub fault_rate: f64,
     pub limit: Option<u32>,
+    /// How much faster the database clock runs than the workers' (negative:
+    /// slower), within [`DRIFT`] either way unless `DROVER_SIM_DRIFT` sets it.
+    pub drift: f64,
 }
+
+/// The bound on the database clock's drift against the workers' clocks: 1 %,
+/// twenty times what an NTP-disciplined host allows (500 ppm) and a tenth of
+/// the safety margin a worker keeps (a tenth of its TTL). All workers share
+/// tokio's clock, so the drift is the database's against all of them, which is
+/// what a lease depends on: a worker never compares its clock with another's.
+const DRIFT: f64 = 0.01;
 
 impl Shape {
     fn draw(rng: &mut Rng) -> Self {
@@ -49,6 +59,8 @@ impl Shape {
             } else {
                 None
             },
+            drift: crate::env_f64("DROVER_SIM_DRIFT")
+                .unwrap_or_else(|| (rng.between(0, 2_000) as f64 / 1_000.0 - 1.0) * DRIFT),
         }
     }
 }
@@ -169,6 +181,7 @@ async fn world(seed: u64) -> Ran {
     let backoff = Backoff::new(Duration::from_millis(200), 2.0, Duration::from_secs(3))
         .expect("a valid policy");
     let mut model = Model::new(log.clone(), backoff);
+    model.set_drift(shape.drift);
     if shape.limit.is_some() {
         model.set_limit(shape.limit);
     }
@@ -186,6 +199,7 @@ async fn world(seed: u64) -> Ran {
         fault_rate: shape.fault_rate,
         quiet: false.into(),
         cuts: Mutex::default(),
+        write_outages: Mutex::default(),
     });
     let mut world = World {
         shared: Arc::clone(&shared),
@@ -212,6 +226,7 @@ async fn world(seed: u64) -> Ran {
     // Faults stop; every node comes back; the operator resumes the process.
     shared.quiet.store(true, Ordering::SeqCst);
     shared.cuts.lock().expect("not poisoned").clear();
+    shared.write_outages.lock().expect("not poisoned").clear();
     log.push(What::Quiet);
     let quiet_at = log.now();
     for i in 0..shape.nodes {
@@ -304,6 +319,19 @@ fn act(world: &mut World, rng: &mut Rng, keys: &[String]) {
         81..=83 => {
             let paused = shared.model().paused;
             shared.model().set_paused(!paused);
+        }
+        84 => {
+            // Longer than a TTL at times: an outcome that cannot be written
+            // within one is handed back, which this outage fails too.
+            let i = rng.below(world.nodes.len() as u64) as usize;
+            let worker = world.nodes[i].worker;
+            let lasts = rng.ms(500, 3 * TTL.as_millis() as u64);
+            shared.log.push(What::WriteOutage { worker, lasts });
+            shared
+                .write_outages
+                .lock()
+                .expect("not poisoned")
+                .insert(worker, Instant::now() + lasts);
         }
         _ => {
             let action = *rng.pick(&["retry", "park", "delete"]);

@@ -251,7 +251,7 @@ pub(crate) fn process_name(prefix: &str) -> String {
 
 /// Runs one administrative statement on the server at `url` through a
 /// connection of its own; panics, naming the variable, if it is unreachable.
-async fn admin_execute(url: &str, sql: &str) {
+pub(crate) async fn admin_execute(url: &str, sql: &str) {
     let admin = sqlx::PgPool::connect(url)
         .await
         .unwrap_or_else(|e| panic!("{POSTGRES_ENV}={url} is set but unreachable: {e}"));

@@ -71,14 +71,12 @@ pub(super) async fn admit(
     max: u32,
 ) -> Result<(GateRow, Admission), StoreError> {
     let row = read(tx, process, true).await?.unwrap_or_default();
-    // Read by one statement that starts after the lock is held. The literal
-    // `state = 'running'` lets the planner read the lease index, which holds
-    // the running rows alone (migration 0014).
+    // Read by one statement that starts after the lock is held, from the item
+    // counts (migration 0016): the process's own figure, not a read of the
+    // whole fleet's running rows.
     let (now, running): (DateTime<Utc>, i64) = sqlx::query_as(
         "SELECT clock_timestamp() + $2::float8 * interval '1 millisecond',
-             CASE WHEN $3 THEN (SELECT count(*) FROM drover_items
-                                WHERE process = $1 AND state = 'running')
-                  ELSE 0 END",
+             CASE WHEN $3 THEN drover_running_count($1) ELSE 0 END",
     )
     .bind(process)
     .bind(store.clock.offset_ms())

@@ -1,7 +1,7 @@
 //! The claim of a paused or limited process on PostgreSQL: one call of the
-//! SQL function `drover_claim_gated` (migration 0008), which locks the process
-//! row, counts its running keys in a later statement (a fresh snapshot, see
-//! the migration), admits, claims and stores the rate bucket, all in one
+//! SQL function `drover_claim_gated` (migration 0008, its running count read
+//! from the item counts since 0016), which locks the process row, reads its
+//! running count in a later statement (a fresh snapshot, see the migration), admits, claims and stores the rate bucket, all in one
 //! statement and one commit. It replaced a transaction of five round trips
 //! (lock; clock and count; claim; bucket; commit) that made a non-binding
 //! limit cost a third of the claim rate with small claims.
