@@ -90,6 +90,8 @@ mod watch;
 // What both engines share: the embedded migrations and the caller's own
 // transaction over either engine.
 #[cfg(feature = "_engine")]
+mod exec;
+#[cfg(feature = "_engine")]
 mod migrate;
 #[cfg(feature = "_engine")]
 mod transaction;

@@ -3,6 +3,7 @@
 //! idle, so a batch of hundreds of outcomes costs a handful of round trips and
 //! one commit.
 
+use crate::store::exec::Exec as _;
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
@@ -153,9 +154,8 @@ async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreE
     )
     .bind(now)
     .bind(ids)
-    .execute(&mut *tx)
-    .await
-    .db()?;
+    .exec(&mut *tx)
+    .await?;
     Ok(())
 }
 
@@ -225,9 +225,8 @@ impl NextRows {
             .bind(&self.backoff_ms)
             .bind(&self.last_error)
             .bind(&self.error_signature)
-            .execute(&mut *tx)
-            .await
-            .db()?;
+            .exec(&mut *tx)
+            .await?;
         Ok(())
     }
 }

@@ -6,6 +6,7 @@
 //! that ends keeps its span's trace id in its history row
 //! ([`keep_trace_ids`]).
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 use sqlx::{Executor, Postgres};
 
@@ -31,9 +32,8 @@ where
         .bind(process)
         .bind(keys)
         .bind(context.stored())
-        .execute(&mut *conn)
-        .await
-        .db()?;
+        .exec(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -137,8 +137,7 @@ pub(super) async fn keep_trace_ids(
         )
         .bind(traced.iter().map(|(l, _)| l.token.0).collect::<Vec<_>>())
         .bind(traced.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>())
-        .execute(&mut *tx)
-        .await
-        .db()?;
+        .exec(&mut *tx)
+        .await?;
     Ok(())
 }

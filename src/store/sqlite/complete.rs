@@ -4,6 +4,7 @@
 //! items idle, all in one `BEGIN IMMEDIATE` transaction, so a batch costs a
 //! handful of statements and one commit however many outcomes it carries.
 
+use crate::store::exec::Exec as _;
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 
@@ -512,9 +513,8 @@ impl<'a> Writes<'a> {
             sqlx::query(NEXT)
                 .bind(now)
                 .bind(Value::from(self.updated).to_string())
-                .execute(&mut **tx)
-                .await
-                .db()?;
+                .exec(&mut **tx)
+                .await?;
         }
         Ok(())
     }
@@ -578,10 +578,9 @@ async fn idle(tx: &mut Tx, now: i64, process: &str, ids: &str) -> Result<(), Sto
         .bind(now)
         .bind(ids)
         .bind(process)
-        .execute(&mut **tx)
-        .await
-        .db()?;
-    counted::shift(tx, process, ("running", "idle"), done.rows_affected()).await
+        .exec(&mut **tx)
+        .await?;
+    counted::shift(tx, process, ("running", "idle"), done).await
 }
 
 /// Writes the next rows of the items that stay pending or parked, one

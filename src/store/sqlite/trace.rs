@@ -5,6 +5,7 @@
 //! that ends keeps its span's trace id in its history row
 //! ([`keep_trace_ids`]).
 
+use crate::store::exec::Exec as _;
 use serde_json::{Value, json};
 use sqlx::SqliteConnection;
 
@@ -41,9 +42,8 @@ pub(super) async fn link(
         .bind(process)
         .bind(keys)
         .bind(context.stored())
-        .execute(conn)
-        .await
-        .db()?;
+        .exec(conn)
+        .await?;
     Ok(())
 }
 
@@ -141,8 +141,7 @@ pub(super) async fn keep_trace_ids(tx: &mut Tx, now: i64, runs: &str) -> Result<
     sqlx::query(KEEP)
         .bind(now)
         .bind(runs)
-        .execute(&mut **tx)
-        .await
-        .db()?;
+        .exec(&mut **tx)
+        .await?;
     Ok(())
 }
