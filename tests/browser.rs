@@ -98,7 +98,11 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
     let leases = db.store.lease_claim(claim).await.expect("claim").leases;
     let outcomes = [Outcome::Done, Outcome::Permanent("bad manifest".into())];
     for (lease, outcome) in leases.iter().zip(&outcomes) {
-        let done = LeaseComplete { lease, outcome };
+        let done = LeaseComplete {
+            lease,
+            outcome,
+            trace_id: None,
+        };
         db.store.lease_complete(done).await.expect("complete");
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -339,6 +343,7 @@ async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() 
         let done = LeaseComplete {
             lease,
             outcome: &outcome,
+            trace_id: None,
         };
         db.store.lease_complete(done).await.expect("complete");
     }
@@ -463,6 +468,7 @@ async fn an_hour_of_work(db: &support::TestDb) -> Vec<drover::store::Session> {
             let done = LeaseComplete {
                 lease,
                 outcome: &outcome,
+                trace_id: None,
             };
             store.lease_complete(done).await.expect("complete");
         }

@@ -592,6 +592,7 @@ async fn a_commit_the_primary_never_answers_is_unknown_after_a_while_not_awaited
     let batch = [LeaseComplete {
         lease: &lease,
         outcome: &outcome,
+        trace_id: None,
     }];
     let written = tokio::time::timeout(Duration::from_secs(60), store.lease_complete_batch(&batch))
         .await

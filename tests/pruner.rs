@@ -39,7 +39,11 @@ async fn claim(store: &Store, max: u32) -> Vec<Lease> {
 /// Ends each lease with `outcome`.
 async fn complete(store: &Store, leases: &[Lease], outcome: &Outcome) {
     for lease in leases {
-        let params = LeaseComplete { lease, outcome };
+        let params = LeaseComplete {
+            lease,
+            outcome,
+            trace_id: None,
+        };
         store.lease_complete(params).await.expect("complete");
     }
 }

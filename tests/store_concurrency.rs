@@ -83,6 +83,7 @@ async fn drain(store: Store, in_flight: Arc<Mutex<HashSet<String>>>) -> Vec<Stri
             let done = LeaseComplete {
                 lease,
                 outcome: &Outcome::Done,
+                trace_id: None,
             };
             store.lease_complete(done).await.expect("complete");
             ran.push(lease.key.clone());
@@ -138,6 +139,7 @@ async fn work_until_stopped(store: Store, stop: Arc<std::sync::atomic::AtomicBoo
             .map(|lease| LeaseComplete {
                 lease,
                 outcome: &Outcome::Done,
+                trace_id: None,
             })
             .collect();
         for result in store.lease_complete_batch(&done).await.expect("complete") {
@@ -245,6 +247,7 @@ async fn worker_process() {
     let done = LeaseComplete {
         lease: &first,
         outcome: &Outcome::Done,
+        trace_id: None,
     };
     store.lease_complete(done).await.expect("complete");
     println!("RAN {}", first.key);

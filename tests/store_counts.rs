@@ -102,6 +102,7 @@ async fn step(store: &Store, dice: &mut Dice, leases: &mut Vec<Lease>, session: 
             let done = LeaseComplete {
                 lease: &lease,
                 outcome: &outcome,
+                trace_id: None,
             };
             // A lease reclaimed meanwhile is refused and changes nothing.
             let _ = store.lease_complete(done).await;
@@ -210,7 +211,11 @@ async fn step(store: &Store, dice: &mut Dice, leases: &mut Vec<Lease>, session: 
             let mut batch: Vec<LeaseComplete<'_>> = leases
                 .iter()
                 .zip(&outcomes)
-                .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+                .map(|(lease, outcome)| LeaseComplete {
+                    lease,
+                    outcome,
+                    trace_id: None,
+                })
                 .collect();
             batch.push(batch[0]);
             let _ = store.lease_complete_batch(&batch).await.expect("batch");
@@ -302,6 +307,7 @@ async fn a_batch_over_two_processes_counts_each_process_once_per_key() {
             .map(|lease| LeaseComplete {
                 lease,
                 outcome: &done,
+                trace_id: None,
             })
             .collect();
         batch.push(batch[3]);
@@ -347,6 +353,7 @@ async fn writer(store: Store, seed: u64, steps: usize) {
                 let done = LeaseComplete {
                     lease: &lease,
                     outcome: &outcome,
+                    trace_id: None,
                 };
                 store.lease_complete(done).await.expect("complete");
             }

@@ -148,6 +148,7 @@ async fn a_run_in_progress_finishes_normally_while_its_process_is_paused() {
         let done = LeaseComplete {
             lease: &leases[0],
             outcome: &Outcome::Done,
+            trace_id: None,
         };
         db.store
             .lease_complete(done)
@@ -219,6 +220,7 @@ async fn the_concurrency_limit_caps_running_keys_and_frees_a_slot_when_a_run_end
         let done = LeaseComplete {
             lease: &first.leases[0],
             outcome: &Outcome::Done,
+            trace_id: None,
         };
         db.store.lease_complete(done).await.expect("complete");
         let next = db
@@ -339,6 +341,7 @@ async fn drain(store: Store, running: Arc<AtomicI64>, peak: Arc<AtomicI64>) {
             let done = LeaseComplete {
                 lease,
                 outcome: &Outcome::Done,
+                trace_id: None,
             };
             store.lease_complete(done).await.expect("complete");
         }

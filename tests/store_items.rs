@@ -591,6 +591,7 @@ async fn enqueues_and_completions_lock_rows_in_key_order_on_postgres() {
             .map(|lease| drover::store::LeaseComplete {
                 lease,
                 outcome: &done,
+                trace_id: None,
             })
             .collect();
         store.lease_complete_batch(&batch).await

@@ -466,14 +466,17 @@ async fn a_batch_of_completions_commits_the_held_leases_and_rejects_only_the_los
             LeaseComplete {
                 lease: &leases[0],
                 outcome: &done,
+                trace_id: None,
             },
             LeaseComplete {
                 lease: &lost,
                 outcome: &done,
+                trace_id: None,
             },
             LeaseComplete {
                 lease: &leases[2],
                 outcome: &failed,
+                trace_id: None,
             },
         ];
         let results = db.store.lease_complete_batch(&batch).await.expect("batch");
@@ -518,18 +521,22 @@ async fn a_mixed_batch_logs_each_outcome_with_its_lease() {
             LeaseComplete {
                 lease: &first[0],
                 outcome: &done,
+                trace_id: None,
             },
             LeaseComplete {
                 lease: &retried,
                 outcome: &done,
+                trace_id: None,
             },
             LeaseComplete {
                 lease: &first[2],
                 outcome: &later,
+                trace_id: None,
             },
             LeaseComplete {
                 lease: &first[3],
                 outcome: &parked,
+                trace_id: None,
             },
         ];
         let results = db.store.lease_complete_batch(&batch).await.expect("batch");
@@ -826,7 +833,11 @@ async fn error_text_with_nul_bytes_or_a_megabyte_is_stored_cleaned_with_the_rest
         let batch: Vec<_> = leases
             .iter()
             .zip(outcomes)
-            .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+            .map(|(lease, outcome)| LeaseComplete {
+                lease,
+                outcome,
+                trace_id: None,
+            })
             .collect();
         let results = db.store.lease_complete_batch(&batch).await.expect("batch");
         assert!(results.iter().all(Result::is_ok), "{results:?}");
@@ -886,7 +897,11 @@ async fn an_outcome_the_database_refuses_fails_neither_its_batch_nor_its_key() {
         let batch: Vec<_> = leases
             .iter()
             .zip(outcomes)
-            .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+            .map(|(lease, outcome)| LeaseComplete {
+                lease,
+                outcome,
+                trace_id: None,
+            })
             .collect();
         let results = db.store.lease_complete_batch(&batch).await.expect("batch");
         assert!(results.iter().all(Result::is_ok), "{results:?}");

@@ -421,6 +421,7 @@ async fn a_done_that_waits_on_an_uncommitted_enqueue_of_its_key_honours_it() {
                 .map(|lease| LeaseComplete {
                     lease,
                     outcome: &Outcome::Done,
+                    trace_id: None,
                 })
                 .collect();
             store.lease_complete_batch(&batch).await

@@ -640,6 +640,7 @@ async fn run_once(db: &TestDb, session: SessionId, log: &RunLog) -> usize {
         .map(|lease| LeaseComplete {
             lease,
             outcome: &Outcome::Done,
+            trace_id: None,
         })
         .collect();
     db.store

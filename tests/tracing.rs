@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::routing::post;
 use drover::store::{
-    ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, StoreEngine as _, TRACE_LINKS_KEPT,
-    TraceContext,
+    FencingToken, ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, RunList, StoreEngine as _,
+    TRACE_LINKS_KEPT, TraceContext, TraceId,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -105,6 +105,7 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             let done = LeaseComplete {
                 lease,
                 outcome: &Outcome::Done,
+                trace_id: None,
             };
             db.store.lease_complete(done).await.expect("complete");
         }
@@ -127,6 +128,7 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
         let done = LeaseComplete {
             lease: &next[0],
             outcome: &Outcome::Done,
+            trace_id: None,
         };
         db.store.lease_complete(done).await.expect("complete");
         let last = db.store.lease_claim(claim).await.expect("claim").leases;
@@ -137,6 +139,106 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
                 .await
                 .expect("links")
                 .is_empty()
+        );
+    })
+    .await;
+}
+
+/// The trace ids of `key`'s runs, newest first.
+async fn run_trace_ids(store: &drover::store::Store, key: &str) -> Vec<Option<String>> {
+    let runs = store
+        .run_list(RunList {
+            process: Some(PROCESS.into()),
+            key: Some(key.into()),
+            outcome: None,
+            before: None,
+            limit: 10,
+        })
+        .await
+        .expect("runs");
+    runs.iter()
+        .map(|r| r.trace_id.map(|id| id.to_string()))
+        .collect()
+}
+
+/// A run's history row keeps the trace id its worker completed it with, in
+/// a batch that mixes traced and untraced runs and a lost lease; an
+/// untraced run's row has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
+    each_engine(|db| async move {
+        let keys = ["traced", "untraced", "failed"];
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let session = db.session().await;
+        let claim = LeaseClaim {
+            session: session.id,
+            process: PROCESS.into(),
+            max: 3,
+        };
+        let mut leases = db.store.lease_claim(claim).await.expect("claim").leases;
+        leases.sort_by_key(|l| keys.iter().position(|k| *k == l.key));
+        assert_eq!(leases.len(), 3);
+        let mut lost = leases[1].clone();
+        lost.token = FencingToken(lost.token.0 + 1_000_000);
+        let id = |n: u8| TraceId::parse(&format!("{:032x}", u128::from(n) << 64 | 7)).expect("id");
+        let (done, failed) = (Outcome::Done, Outcome::Transient("boom".into()));
+        let batch = [
+            LeaseComplete {
+                lease: &leases[0],
+                outcome: &done,
+                trace_id: Some(id(1)),
+            },
+            LeaseComplete {
+                lease: &leases[1],
+                outcome: &done,
+                trace_id: None,
+            },
+            LeaseComplete {
+                lease: &lost,
+                outcome: &done,
+                trace_id: Some(id(2)),
+            },
+            LeaseComplete {
+                lease: &leases[2],
+                outcome: &failed,
+                trace_id: Some(id(3)),
+            },
+        ];
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results[2].is_err(), "the lost lease is refused");
+        assert_eq!(
+            run_trace_ids(&db.store, "traced").await,
+            [Some(id(1).to_string())]
+        );
+        assert_eq!(run_trace_ids(&db.store, "untraced").await, [None]);
+        assert_eq!(
+            run_trace_ids(&db.store, "failed").await,
+            [Some(id(3).to_string())]
+        );
+
+        // A lone clean done, traced: the common completion's path.
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["traced"]))
+            .await
+            .expect("enqueue");
+        let claim = LeaseClaim {
+            session: session.id,
+            process: PROCESS.into(),
+            max: 1,
+        };
+        let again = db.store.lease_claim(claim).await.expect("claim").leases;
+        let done = LeaseComplete {
+            lease: &again[0],
+            outcome: &Outcome::Done,
+            trace_id: Some(id(4)),
+        };
+        db.store.lease_complete(done).await.expect("complete");
+        assert_eq!(
+            run_trace_ids(&db.store, "traced").await,
+            [Some(id(4).to_string()), Some(id(1).to_string())]
         );
     })
     .await;
@@ -177,11 +279,24 @@ async fn receiver() -> (SocketAddr, mpsc::UnboundedReceiver<Span>) {
 /// Starts `drover work PROCESS --exec EXEC` exporting traces to `endpoint`
 /// every 50 ms.
 fn traced_worker(db: &TestDb, exec: &str, endpoint: &str) -> Child {
+    traced_worker_with(db, exec, endpoint, &[], &[])
+}
+
+/// [`traced_worker`] with more `args` and `env`.
+fn traced_worker_with(
+    db: &TestDb,
+    exec: &str,
+    endpoint: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     Command::new(drover_bin())
         .args(["work", PROCESS, "--db", &db.url, "--exec", exec])
+        .args(args)
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .env("OTEL_BSP_SCHEDULE_DELAY", "50")
         .env("OTEL_SERVICE_NAME", "drover-test")
+        .envs(env.iter().copied())
         .env_remove("TRACEPARENT")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -250,7 +365,9 @@ fn traceparents(log: &Path) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed_run() {
     each_engine(|db| async move {
-        let serve = Serve::start(&db.url).await;
+        let template = "https://ui.example/t/{trace_id}?a=1&b={trace_id}";
+        let flags = ["--listen", "127.0.0.1:0", "--trace-url", template];
+        let serve = Serve::start_with(&db.url, &flags).await;
         let http = reqwest::Client::new();
         let url = format!("{}/v1/processes/{PROCESS}/items", serve.url);
         let changes = [context('1', '2'), context('3', '4')];
@@ -334,6 +451,205 @@ async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed
             let want = format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id));
             assert_eq!(parent, &want, "attempt {attempt}'s TRACEPARENT");
         }
+
+        // The API lists each run with its span's trace id, newest first.
+        let page: serde_json::Value = http
+            .get(format!("{}/v1/processes/{PROCESS}/runs?key=k", serve.url))
+            .send()
+            .await
+            .expect("list runs")
+            .json()
+            .await
+            .expect("a page of runs");
+        let listed: Vec<_> = page["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| r["trace_id"].as_str().unwrap_or("none").to_owned())
+            .collect();
+        let exported = [hex(&retried.trace_id), hex(&failed.trace_id)];
+        assert_eq!(listed, exported, "each run's trace id is its span's");
+        // The key page links each to the tracing UI, the template applied
+        // and escaped.
+        let html = http
+            .get(format!("{}/ui/processes/{PROCESS}/items/k", serve.url))
+            .send()
+            .await
+            .expect("the key page")
+            .text()
+            .await
+            .expect("html");
+        for id in &exported {
+            let link = format!("href=\"https://ui.example/t/{id}?a=1&amp;b={id}\"");
+            assert!(html.contains(&link), "{link} in {html}");
+        }
+        drop(serve);
+    })
+    .await;
+}
+
+/// Spans from `spans` until `wanted` of kind `kind` came (others are
+/// skipped), within 30 s each.
+async fn spans_of_kind(
+    spans: &mut mpsc::UnboundedReceiver<Span>,
+    kind: SpanKind,
+    wanted: usize,
+) -> Vec<Span> {
+    let mut found = Vec::new();
+    while found.len() < wanted {
+        let span = next_span(spans).await;
+        if span.kind == kind as i32 {
+            found.push(span);
+        }
+    }
+    found
+}
+
+/// `drover serve` exporting traces: a request's span is named after its
+/// route template (no key in it), is a child of the caller's `traceparent`
+/// and carries the HTTP attributes; an enqueue keeps the request's span as
+/// its keys' context, so the run links to the request that asked for it
+/// (the request's own root span when it came without a `traceparent`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_span_is_named_by_its_route_and_the_run_links_to_it() {
+    each_engine(|db| async move {
+        let (addr, mut spans) = receiver().await;
+        let endpoint = format!("http://{addr}");
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_SERVICE_NAME", "drover-serve-test"),
+        ];
+        let serve = Serve::start_with_env(&db.url, &["--listen", "127.0.0.1:0"], &env).await;
+        let http = reqwest::Client::new();
+        let url = format!("{}/v1/processes/{PROCESS}/items", serve.url);
+        let caller = context('1', '2');
+        for (key, parent) in [("secret/one", Some(&caller)), ("plain", None)] {
+            let mut request = http.post(&url).json(&serde_json::json!({ "keys": [key] }));
+            if let Some(parent) = parent {
+                request = request.header("traceparent", parent.traceparent());
+            }
+            let sent = request.send().await.expect("enqueue over HTTP");
+            assert!(sent.status().is_success(), "{}", sent.status());
+        }
+        let item = http
+            .get(format!("{url}/secret%2Fone"))
+            .send()
+            .await
+            .expect("get the item");
+        assert!(item.status().is_success(), "{}", item.status());
+        let server = spans_of_kind(&mut spans, SpanKind::Server, 3).await;
+
+        let enqueue = "POST /v1/processes/{process}/items";
+        let traced = server
+            .iter()
+            .find(|s| s.name == enqueue && !s.parent_span_id.is_empty())
+            .expect("the traced enqueue's span");
+        let untraced = server
+            .iter()
+            .find(|s| s.name == enqueue && s.parent_span_id.is_empty())
+            .expect("the untraced enqueue's span, a root");
+        let get = server
+            .iter()
+            .find(|s| s.name.starts_with("GET "))
+            .expect("the item read's span");
+        assert_eq!(
+            hex(&traced.trace_id),
+            caller.trace_id(),
+            "in the caller's trace"
+        );
+        assert_eq!(hex(&traced.parent_span_id), &caller.traceparent()[36..52]);
+        assert_ne!(hex(&untraced.trace_id), caller.trace_id());
+        assert_eq!(get.name, "GET /v1/processes/{process}/items/{key}");
+        for span in &server {
+            assert!(
+                !span.name.contains("secret"),
+                "no key in a span name: {}",
+                span.name
+            );
+            assert_eq!(text(span, "url.scheme"), "http");
+            assert_eq!(int(span, "http.response.status_code"), 200);
+        }
+        assert_eq!(text(traced, "http.request.method"), "POST");
+        assert_eq!(text(traced, "http.route"), "/v1/processes/{process}/items");
+        assert_eq!(
+            text(traced, "url.path"),
+            format!("/v1/processes/{PROCESS}/items")
+        );
+
+        // Each run links to the request that enqueued its key.
+        let worker = traced_worker(&db, "true", &endpoint);
+        let runs = spans_of_kind(&mut spans, SpanKind::Consumer, 2).await;
+        stop(worker).await;
+        for (key, request) in [("secret/one", traced), ("plain", untraced)] {
+            let run = runs
+                .iter()
+                .find(|r| text(r, "drover.key") == key)
+                .expect("the key's run");
+            assert_eq!(
+                links(run),
+                [(hex(&request.trace_id), hex(&request.span_id))],
+                "{key}'s run links to its enqueue's request"
+            );
+        }
+        drop(serve);
+    })
+    .await;
+}
+
+/// `drover work --server` exporting traces: its claims bring each lease's
+/// trace links, so the run's span links to the enqueues it absorbed, a
+/// failed run's retry links to it, and each completion carries its span's
+/// trace id to the run's history row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_over_http_links_its_runs_to_their_enqueues() {
+    each_engine(|db| async move {
+        let serve = Serve::start(&db.url).await;
+        let http = reqwest::Client::new();
+        let url = format!("{}/v1/processes/{PROCESS}/items", serve.url);
+        let changes = [context('7', '8'), context('9', 'a')];
+        for change in &changes {
+            let sent = http
+                .post(&url)
+                .header("traceparent", change.traceparent())
+                .json(&serde_json::json!({ "keys": ["remote"] }))
+                .send()
+                .await
+                .expect("enqueue over HTTP");
+            assert!(sent.status().is_success(), "{}", sent.status());
+        }
+        let (addr, mut spans) = receiver().await;
+        let worker = Command::new(drover_bin())
+            .args(["work", PROCESS, "--server", &serve.url, "--exec"])
+            .arg("sh -c 'test \"$DROVER_ATTEMPT\" -ge 2 || exit 75'")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))
+            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .env_remove("TRACEPARENT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn drover work --server");
+        let failed = next_span(&mut spans).await;
+        let retried = next_span(&mut spans).await;
+        stop(worker).await;
+        let expected: Vec<_> = changes
+            .iter()
+            .map(|c| (c.trace_id().to_owned(), c.traceparent()[36..52].to_owned()))
+            .collect();
+        assert_eq!(text(&failed, "drover.key"), "remote");
+        assert_eq!(links(&failed), expected, "the run absorbed both changes");
+        assert_eq!(
+            links(&retried),
+            [(hex(&failed.trace_id), hex(&failed.span_id))],
+            "the retry links to the attempt that failed"
+        );
+        assert_eq!(
+            run_trace_ids(&db.store, "remote").await,
+            [Some(hex(&retried.trace_id)), Some(hex(&failed.trace_id))],
+            "each completion over HTTP carried its span's trace id"
+        );
         drop(serve);
     })
     .await;
@@ -361,6 +677,143 @@ async fn a_collector_that_never_answers_changes_no_outcome() {
             }
         })
         .await;
+        stop(worker).await;
+        drop(hole);
+    })
+    .await;
+}
+
+/// `drover serve --trace-url` refuses a template that is not http(s) or has
+/// no `{trace_id}`, with one line that says so, before it opens anything.
+#[tokio::test]
+async fn serve_refuses_a_trace_url_without_the_placeholder_or_not_http() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = format!("sqlite://{}", dir.path().join("never.db").display());
+    for (bad, says) in [
+        ("https://ui.example/trace/", "it must contain {trace_id}"),
+        (
+            "ftp://ui.example/{trace_id}",
+            "it must start with http:// or https://",
+        ),
+    ] {
+        let out = Command::new(drover_bin())
+            .args([
+                "serve",
+                "--db",
+                &db,
+                "--listen",
+                "127.0.0.1:0",
+                "--trace-url",
+                bad,
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("run drover serve");
+        assert!(!out.status.success(), "{bad:?} is refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("--trace-url") && first.contains(says),
+            "{bad:?}: {stderr}"
+        );
+        assert!(!dir.path().join("never.db").exists(), "nothing was opened");
+    }
+}
+
+/// A free loopback address (bound, then released) for a child to listen on.
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").to_string()
+}
+
+/// The value of the series `series` (name and labels) on the `/metrics`
+/// page at `addr`; 0 when it is not there, or the worker does not listen
+/// yet.
+async fn metric(addr: &str, series: &str) -> u64 {
+    let Ok(reply) = reqwest::get(format!("http://{addr}/metrics")).await else {
+        return 0;
+    };
+    let page = reply.text().await.expect("text");
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+const DROPPED_FAILED: &str = r#"drover_trace_spans_dropped_total{reason="export_failed"}"#;
+const DROPPED_FULL: &str = r#"drover_trace_spans_dropped_total{reason="queue_full"}"#;
+const EXPORTS_OK: &str = r#"drover_trace_exports_total{result="ok"}"#;
+const EXPORTS_FAILED: &str = r#"drover_trace_exports_total{result="failed"}"#;
+
+/// A collector that answers 500: every run's span is counted dropped
+/// (`export_failed`) and every export failed, on the worker's `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_a_collector_refuses_are_counted_dropped() {
+    each_engine(|db| async move {
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            post(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let keys: Vec<String> = (0..10).map(|i| format!("key-{i}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let addr = free_addr();
+        let args = ["--metrics-listen", addr.as_str()];
+        let worker = traced_worker_with(&db, "true", &endpoint, &args, &[]);
+        eventually("the 10 spans to be counted dropped", || async {
+            metric(&addr, DROPPED_FAILED).await >= 10
+        })
+        .await;
+        assert_eq!(metric(&addr, DROPPED_FAILED).await, 10, "one span per run");
+        assert_eq!(metric(&addr, DROPPED_FULL).await, 0);
+        assert!(metric(&addr, EXPORTS_FAILED).await >= 1);
+        assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
+        stop(worker).await;
+    })
+    .await;
+}
+
+/// A collector that never answers, behind a queue of 4 spans and a 300 ms
+/// export timeout: the spans that find the queue full are counted
+/// `queue_full`, those in the exports that time out `export_failed`, and
+/// together they are every run's span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_a_silent_collector_never_takes_are_counted_dropped() {
+    each_engine(|db| async move {
+        // Bound, never accepted: each export waits until it times out.
+        let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let endpoint = format!("http://{}", hole.local_addr().expect("addr"));
+        let keys: Vec<String> = (0..50).map(|i| format!("key-{i:02}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let addr = free_addr();
+        let args = ["--metrics-listen", addr.as_str()];
+        let env = [
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "300"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "4"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2"),
+        ];
+        let worker = traced_worker_with(&db, "true", &endpoint, &args, &env);
+        eventually("every span to be counted dropped", || async {
+            metric(&addr, DROPPED_FULL).await + metric(&addr, DROPPED_FAILED).await >= 50
+        })
+        .await;
+        let (full, failed) = (
+            metric(&addr, DROPPED_FULL).await,
+            metric(&addr, DROPPED_FAILED).await,
+        );
+        assert_eq!(full + failed, 50, "one span per run: {full} + {failed}");
+        assert!(full > 0 && failed > 0, "{full} + {failed}");
+        assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
         stop(worker).await;
         drop(hole);
     })

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use super::limits::millis;
 #[cfg(feature = "server")]
 use super::limits::ms;
-use crate::store::{Lease, Outcome};
+use crate::store::{Lease, Outcome, TraceContext, TraceLinks};
 
 /// Body of `POST /v1/sessions/{session}/claim`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -26,6 +26,11 @@ pub struct ClaimRequest {
     /// configured, is cut to it).
     #[serde(default)]
     pub wait_ms: u64,
+    /// Return each lease's `trace_links` (default false): ask when the
+    /// worker traces its runs, so each run's span can link to the enqueues
+    /// it absorbed. It costs the server one read per claim that leased keys.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trace_links: bool,
 }
 
 fn one() -> u32 {
@@ -51,6 +56,64 @@ pub struct LeaseBody {
     pub enqueued_at: DateTime<Utc>,
     /// When the run started.
     pub started_at: DateTime<Utc>,
+    /// The W3C contexts of the enqueues this run absorbed, when the claim
+    /// asked for them (`trace_links`) and there are any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_links: Option<TraceLinksBody>,
+}
+
+/// The W3C trace contexts of the enqueues a run absorbed (DESIGN.md rule
+/// 14): its span links to each, as the OpenTelemetry messaging conventions
+/// describe for a batch.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TraceLinksBody {
+    /// The first and the last 8 contexts, oldest first.
+    pub links: Vec<TraceContextBody>,
+    /// How many contexts between them were dropped.
+    #[serde(default)]
+    pub dropped: u64,
+}
+
+/// One W3C trace context (<https://www.w3.org/TR/trace-context/>).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TraceContextBody {
+    /// `00-<trace id>-<span id>-<flags>`.
+    #[schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    pub traceparent: String,
+    /// The vendors' `tracestate`, when the enqueue carried one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+}
+
+impl From<TraceLinks> for TraceLinksBody {
+    fn from(links: TraceLinks) -> Self {
+        Self {
+            links: links
+                .links
+                .iter()
+                .map(|c| TraceContextBody {
+                    traceparent: c.traceparent().to_owned(),
+                    tracestate: c.tracestate().map(str::to_owned),
+                })
+                .collect(),
+            dropped: links.dropped,
+        }
+    }
+}
+
+impl From<TraceLinksBody> for TraceLinks {
+    /// A context that is not valid W3C is left out: a link is a help for
+    /// debugging, never a reason to fail a run.
+    fn from(body: TraceLinksBody) -> Self {
+        Self {
+            links: body
+                .links
+                .iter()
+                .filter_map(|c| TraceContext::new(&c.traceparent, c.tracestate.as_deref()).ok())
+                .collect(),
+            dropped: body.dropped,
+        }
+    }
 }
 
 impl From<Lease> for LeaseBody {
@@ -64,6 +127,7 @@ impl From<Lease> for LeaseBody {
             priority: l.priority,
             enqueued_at: l.enqueued_at,
             started_at: l.started_at,
+            trace_links: None,
         }
     }
 }
@@ -224,6 +288,15 @@ pub struct CompleteRequest {
     pub lease: LeaseRef,
     /// How the run went.
     pub outcome: OutcomeBody,
+    /// The trace id of the run's span (32 lowercase hex digits), when the
+    /// worker traced the run and sampled it: kept with the run's history row
+    /// (`trace_id` of a run), so the run can be found in a tracing UI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = "^[0-9a-f]{32}$",
+        example = "4bf92f3577b34da6a3ce929d0e0e4736"
+    )]
+    pub trace_id: Option<String>,
 }
 
 /// Body of `POST /v1/leases/complete-batch`: many outcomes, one transaction.
@@ -252,6 +325,17 @@ pub struct CompletionResult {
 pub struct CompleteBatchResponse {
     /// One result per completion, in the request's order.
     pub results: Vec<CompletionResult>,
+}
+
+/// Body of `POST /v1/leases/trace-link`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TraceLinkRequest {
+    /// The lease of the run that failed, as the claim returned it.
+    pub lease: LeaseRef,
+    /// The W3C context of the failed run's span, which the key's next run
+    /// (its retry) links to.
+    pub context: TraceContextBody,
 }
 
 /// Body of `POST /v1/leases/release`.

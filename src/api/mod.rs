@@ -46,7 +46,8 @@ pub use items::{
 pub(crate) use items::{ItemGetQuery, ItemListQuery, TriageQuery};
 pub use leases::{
     ClaimRequest, ClaimResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest,
-    CompletionResult, LeaseBody, LeaseRef, OutcomeBody, ReleaseRequest,
+    CompletionResult, LeaseBody, LeaseRef, OutcomeBody, ReleaseRequest, TraceContextBody,
+    TraceLinkRequest, TraceLinksBody,
 };
 pub use limits::{MAX_CLAIM, MAX_COMPLETE_BATCH, MAX_PAGE, MAX_TTL_MS};
 #[cfg(feature = "server")]

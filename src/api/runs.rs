@@ -101,6 +101,15 @@ pub struct RunBody {
     pub error: Option<String>,
     /// The role that took an action (null for a run).
     pub actor: Option<String>,
+    /// The trace id of the run's span (32 lowercase hex digits), when its
+    /// worker traced it; null otherwise (tracing off, an action). The
+    /// server's `--trace-url` turns it into a link on the dashboard.
+    #[serde(default)]
+    #[schema(
+        pattern = "^[0-9a-f]{32}$",
+        example = "4bf92f3577b34da6a3ce929d0e0e4736"
+    )]
+    pub trace_id: Option<String>,
 }
 
 impl From<Run> for RunBody {
@@ -121,6 +130,7 @@ impl From<Run> for RunBody {
             ended_at: r.ended_at,
             error: r.error,
             actor: r.actor,
+            trace_id: r.trace_id.map(|id| id.to_string()),
         }
     }
 }

@@ -20,6 +20,7 @@ mod process;
 mod serve;
 mod server_args;
 mod signal;
+mod span_export;
 mod spawner;
 mod status;
 mod watch;

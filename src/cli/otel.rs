@@ -8,18 +8,38 @@
 //!
 //! Spans leave through a batch processor on a thread of its own with a
 //! bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048): a slow or unreachable
-//! collector drops spans, never slows or fails a run.
+//! collector drops spans, never slows or fails a run, and what it drops is
+//! counted on `/metrics` (`drover_trace_spans_dropped_total`, see
+//! [`span_export`](super::span_export)).
+//!
+//! Two kinds of spans go out: each run's ([`RUN_TARGET`]) and, in `drover
+//! serve`, each HTTP request's ([`HTTP_TARGET`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use drover::runner::RUN_TARGET;
+use drover::server::HTTP_TARGET;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, OTEL_BSP_MAX_QUEUE_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT, SdkTracerProvider,
+};
+
+use super::span_export::{Counted, Gate, Queue};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// Whether [`init`] installed the trace exporter.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether traces are exported (read after [`init`]).
+pub(crate) fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
 
 /// How long the exit waits for the last spans to go out.
 const FLUSH_WITHIN: Duration = Duration::from_secs(3);
@@ -44,10 +64,15 @@ pub(crate) fn init() -> Telemetry {
             EnvFilter::try_from_env("DROVER_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
         );
     let provider = configured().then(provider).flatten();
+    EXPORTING.store(provider.is_some(), Ordering::Relaxed);
     let traces = provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("drover"))
-            .with_filter(Targets::new().with_target(RUN_TARGET, LevelFilter::INFO))
+            .with_filter(
+                Targets::new()
+                    .with_target(RUN_TARGET, LevelFilter::INFO)
+                    .with_target(HTTP_TARGET, LevelFilter::INFO),
+            )
     });
     tracing_subscriber::registry()
         .with(logs)
@@ -92,9 +117,27 @@ fn provider() -> Option<SdkTracerProvider> {
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name("drover");
     }
+    // The gate keeps the batch processor's own bound (read as the SDK reads
+    // it), so the processor never drops a span the gate did not count.
+    let bound = std::env::var(OTEL_BSP_MAX_QUEUE_SIZE)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT);
+    let queue = Queue::new(bound);
+    let exporter = Counted {
+        inner: exporter,
+        queue: queue.clone(),
+    };
+    let config = BatchConfigBuilder::default().with_max_queue_size(bound);
+    let batch = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(config.build())
+        .build();
     Some(
         SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_span_processor(Gate {
+                inner: batch,
+                queue,
+            })
             .with_resource(resource.build())
             .build(),
     )

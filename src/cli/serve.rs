@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args as ClapArgs;
-use drover::server::{Server, ServerOptions, Tokens};
+use drover::server::{Server, ServerOptions, Tokens, TraceUrl};
 use tokio_util::sync::CancellationToken;
 
 use super::db::{DbArgs, parse_duration};
@@ -61,8 +61,19 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 10_000, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_waiting_claims: u32,
+    /// A link to your tracing UI for each traced run on the dashboard's key
+    /// page: an http(s) URL where `{trace_id}` stands for the run's trace
+    /// id, e.g. 'http://jaeger:16686/trace/{trace_id}'. Without it the id
+    /// is shown as text.
+    #[arg(long, value_name = "TEMPLATE", value_parser = trace_url)]
+    trace_url: Option<TraceUrl>,
     #[command(flatten)]
     db: DbArgs,
+}
+
+/// A `--trace-url` value, checked before anything starts.
+fn trace_url(value: &str) -> Result<TraceUrl, String> {
+    TraceUrl::parse(value).map_err(|e| e.to_string())
 }
 
 /// A `--allowed-host` value: a host name alone (no scheme, port or path),
@@ -138,7 +149,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     println!("  dashboard: http://{local}/");
     println!("  API:       http://{local}/v1 (OpenAPI at http://{local}/openapi.json)");
     println!("  auth:      {auth}");
-    let options = ServerOptions::default()
+    let mut options = ServerOptions::default()
         .tokens(tokens)
         .max_wait(args.max_wait)
         .body_limit(args.max_body)
@@ -147,6 +158,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .allowed_hosts(args.allowed_hosts)
         .max_processes(args.max_processes as usize)
         .max_waiting_claims(args.max_waiting_claims as usize);
+    if let Some(template) = args.trace_url {
+        options = options.trace_url(template);
+    }
     let served = Server::new(store.clone(), options)
         .serve(listener, shutdown)
         .await;

@@ -10,12 +10,12 @@ use super::http::{CALL_TIMEOUT, Client, Failure};
 use crate::api::{
     ClaimRequest, ClaimResponse, CloseResponse, CompleteBatchRequest, CompleteBatchResponse,
     CompleteRequest, CompletionResult, HeartbeatResponse, LeaseRef, MAX_COMPLETE_BATCH,
-    OutcomeBody, ReleaseRequest, SessionBody, SessionRequest,
+    OutcomeBody, ReleaseRequest, SessionBody, SessionRequest, TraceContextBody, TraceLinkRequest,
 };
 use crate::store::{
     ClaimGate, Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome,
     ProcessConfigure, RemoteError, Session, SessionClose, SessionHeartbeat, SessionId,
-    SessionStart, StoreError, WorkerBackend, clean_text,
+    SessionStart, StoreError, TraceContext, TraceLinks, WorkerBackend, clean_text,
 };
 
 /// The most bytes of completions one request carries: half the server's
@@ -40,6 +40,9 @@ impl WorkerBackend for Client {
             .call(Method::POST, "/v1/sessions", Some(&body), CALL_TIMEOUT)
             .await
             .map_err(Failure::into_store)?;
+        if let Some(trace) = &self.trace {
+            trace.clear();
+        }
         Ok(Session {
             id: SessionId(session.id),
             component: session.component,
@@ -79,13 +82,20 @@ impl WorkerBackend for Client {
             process: params.process,
             max: params.max.max(1),
             wait_ms: millis(wait),
+            trace_links: self.trace.is_some(),
         };
         let answer: ClaimResponse = self
             .call(Method::POST, &path, Some(&body), wait + CLAIM_SLACK)
             .await
             .map_err(|f| session_failure(f, params.session))?;
+        let leases = answer.leases.into_iter().map(|mut lease| {
+            if let (Some(trace), Some(links)) = (&self.trace, lease.trace_links.take()) {
+                trace.keep(lease.token, links.into());
+            }
+            Lease::from(lease)
+        });
         Ok(Claimed {
-            leases: answer.leases.into_iter().map(Lease::from).collect(),
+            leases: leases.collect(),
             gate: ClaimGate {
                 paused: answer.paused,
                 // The server wakes its long-polls when a slot comes free.
@@ -137,7 +147,41 @@ impl WorkerBackend for Client {
         Ok(results)
     }
 
+    async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
+        Ok(self
+            .trace
+            .as_ref()
+            .map(|trace| trace.take(lease.token.0))
+            .unwrap_or_default())
+    }
+
+    async fn item_trace_link(
+        &self,
+        lease: &Lease,
+        context: &TraceContext,
+    ) -> Result<(), StoreError> {
+        let body = TraceLinkRequest {
+            lease: LeaseRef::from(lease),
+            context: TraceContextBody {
+                traceparent: context.traceparent().to_owned(),
+                tracestate: context.tracestate().map(str::to_owned),
+            },
+        };
+        let answer: Result<(), Failure> = self
+            .call(
+                Method::POST,
+                "/v1/leases/trace-link",
+                Some(&body),
+                CALL_TIMEOUT,
+            )
+            .await;
+        answer.map_err(|f| lease_failure(f, lease))
+    }
+
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
+        if let Some(trace) = &self.trace {
+            trace.take(params.lease.token.0);
+        }
         let body = ReleaseRequest {
             lease: LeaseRef::from(params.lease),
         };
@@ -201,6 +245,7 @@ fn completion(c: &LeaseComplete<'_>) -> CompleteRequest {
     CompleteRequest {
         lease: LeaseRef::from(c.lease),
         outcome,
+        trace_id: c.trace_id.map(|id| id.to_string()),
     }
 }
 

@@ -33,5 +33,6 @@
 mod admin;
 mod backend;
 mod http;
+mod trace;
 
 pub use http::Client;

@@ -11,7 +11,9 @@
 //!   `drover_process_paused{process}` and the connection pool's gauges, set at
 //!   scrape time from what the server read in the database;
 //!   `drover_history_pruned_total{what}` ([`PruneMetrics`]),
-//!   `drover_resync_enqueued_total{process}` ([`ResyncMetrics`]).
+//!   `drover_resync_enqueued_total{process}` ([`ResyncMetrics`]);
+//! - trace export: `drover_trace_spans_dropped_total{reason}`,
+//!   `drover_trace_exports_total{result}` ([`TraceExportMetrics`]).
 //!
 //! The queue, the runner, the maintenance loops and the server import their
 //! families from here; this module imports nothing from any layer (it is the
@@ -34,6 +36,8 @@ mod runner;
 mod server;
 #[cfg(feature = "_store")]
 mod store;
+#[cfg(feature = "otel")]
+mod trace;
 
 pub use queue::QueueMetrics;
 pub(crate) use queue::{InFlight, MetricsHandle};
@@ -45,6 +49,8 @@ pub(crate) use runner::RunnerMetrics;
 pub(crate) use server::{ServerMetrics, StoreFamilies};
 #[cfg(feature = "_store")]
 pub use store::{PruneMetrics, ResyncMetrics};
+#[cfg(feature = "otel")]
+pub use trace::{SpanDrop, TraceExportMetrics};
 
 struct Global {
     registry: Registry,
@@ -55,6 +61,8 @@ struct Global {
     pruned: PruneMetrics,
     #[cfg(feature = "_store")]
     resynced: ResyncMetrics,
+    #[cfg(feature = "otel")]
+    trace_export: TraceExportMetrics,
 }
 
 fn global() -> &'static Global {
@@ -69,6 +77,8 @@ fn global() -> &'static Global {
             pruned: PruneMetrics::new(&mut registry),
             #[cfg(feature = "_store")]
             resynced: ResyncMetrics::new(&mut registry),
+            #[cfg(feature = "otel")]
+            trace_export: TraceExportMetrics::new(&mut registry),
             queue,
             registry,
         }
@@ -108,4 +118,9 @@ pub(crate) fn pruned() -> &'static PruneMetrics {
 #[cfg(feature = "_store")]
 pub(crate) fn resynced() -> &'static ResyncMetrics {
     &global().resynced
+}
+
+#[cfg(feature = "otel")]
+pub(crate) fn trace_export() -> &'static TraceExportMetrics {
+    &global().trace_export
 }

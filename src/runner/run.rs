@@ -22,7 +22,7 @@ use super::lapse::STOP_GRACE;
 use super::reconciler::{Reconciler, Task};
 use super::trace;
 use crate::metrics::RunnerMetrics;
-use crate::store::{Lease, LeaseRelease, Outcome, WorkerBackend};
+use crate::store::{Lease, LeaseRelease, Outcome, TraceId, WorkerBackend};
 
 /// How many outcomes may wait for the completer at once, across a controller's
 /// runs: two full batches, one being written and one filling.
@@ -115,7 +115,8 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
                 // The semaphore is never closed, so acquiring cannot fail.
                 let writing = Arc::clone(&self.writing).acquire_owned().await;
                 drop(permit);
-                self.complete(&lease, outcome, &token).await;
+                let trace_id = trace::trace_id(span);
+                self.complete(&lease, outcome, trace_id, &token).await;
                 drop(writing);
                 return;
             }
@@ -185,7 +186,13 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     /// leased under a live session. The run stops waiting when its token
     /// fires: its session was lost (another node reclaims the key), or the
     /// shutdown deadline passed (closing the session hands the key back).
-    async fn complete(&self, lease: &Lease, outcome: Outcome, token: &CancellationToken) {
+    async fn complete(
+        &self,
+        lease: &Lease,
+        outcome: Outcome,
+        trace_id: Option<TraceId>,
+        token: &CancellationToken,
+    ) {
         let name = outcome.name();
         if matches!(outcome, Outcome::Transient(_)) {
             self.metrics.queue.retries.inc();
@@ -196,7 +203,7 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
             let written = tokio::select! {
                 biased;
                 () = token.cancelled() => return self.unwritten(lease),
-                written = self.completer.complete(lease, &outcome) => written,
+                written = self.completer.complete(lease, &outcome, trace_id) => written,
             };
             match written {
                 Written::Done => return self.metrics.outcome(name),

@@ -10,7 +10,7 @@
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::store::{Lease, Outcome, WorkerBackend};
+use crate::store::{Lease, Outcome, TraceId, WorkerBackend};
 
 /// The target of the run spans: a subscriber enables it to record them (the
 /// CLI does when it exports traces).
@@ -113,6 +113,20 @@ pub(crate) async fn link_retry<B: WorkerBackend>(span: &Span, backend: &B, lease
     }
     #[cfg(not(feature = "otel"))]
     let _ = (span, backend, lease);
+}
+
+/// The trace id the run's history row keeps: its span's, when the span is
+/// sampled (so exported); `None` when tracing is off.
+pub(crate) fn trace_id(span: &Span) -> Option<TraceId> {
+    #[cfg(feature = "otel")]
+    if let Some(context) = context_of(span)
+        && context.sampled()
+    {
+        return TraceId::parse(context.trace_id()).ok();
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = span;
+    None
 }
 
 /// The span's W3C context when it is recorded into an OpenTelemetry trace.

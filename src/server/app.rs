@@ -19,6 +19,7 @@ use super::host;
 use super::options::ServerOptions;
 use super::origin;
 use super::routes;
+use super::spans;
 use super::state::AppState;
 use crate::metrics::ServerMetrics;
 use crate::runner::{Pruner, Resyncer};
@@ -79,7 +80,11 @@ impl Server {
                 HeaderValue::from_static("frame-ancestors 'self'"),
             ))
             .layer(middleware::from_fn_with_state(state.clone(), record))
-            .layer(TraceLayer::new_for_http())
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(spans::request_span)
+                    .on_response(spans::record_response),
+            )
             .with_state(state)
     }
 

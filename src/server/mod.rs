@@ -47,7 +47,9 @@ mod owner;
 mod redact;
 mod role;
 mod routes;
+mod spans;
 mod state;
+mod trace_url;
 mod waiting;
 
 pub use app::Server;
@@ -57,3 +59,5 @@ pub use error::CrossOrigin;
 pub use openapi::{document, document_without_tokens};
 pub use options::ServerOptions;
 pub use role::Role;
+pub use spans::HTTP_TARGET;
+pub use trace_url::{TraceUrl, TraceUrlError};

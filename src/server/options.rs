@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::auth::Tokens;
+use super::trace_url::TraceUrl;
 use crate::runner::Pruner;
 use crate::store::Store;
 
@@ -20,6 +21,7 @@ pub struct ServerOptions {
     pub(crate) allowed_hosts: Vec<String>,
     pub(crate) max_waiting_claims: usize,
     pub(crate) max_processes: usize,
+    pub(crate) trace_url: Option<TraceUrl>,
 }
 
 impl Default for ServerOptions {
@@ -35,6 +37,7 @@ impl Default for ServerOptions {
             allowed_hosts: Vec::new(),
             max_waiting_claims: 10_000,
             max_processes: 100,
+            trace_url: None,
         }
     }
 }
@@ -160,6 +163,17 @@ impl ServerOptions {
     pub fn max_processes(self, max: usize) -> Self {
         Self {
             max_processes: max.max(1),
+            ..self
+        }
+    }
+
+    /// Where the dashboard links a run's trace id (default: nowhere, the id
+    /// is shown as text): a template of the tracing UI the runs' spans are
+    /// exported to, checked when it was parsed ([`TraceUrl::parse`]).
+    #[must_use]
+    pub fn trace_url(self, template: TraceUrl) -> Self {
+        Self {
+            trace_url: Some(template),
             ..self
         }
     }

@@ -250,7 +250,14 @@ impl Store {
     /// once another lease took the key. The runner reads them only when it
     /// records the run's span.
     pub async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        dispatch!(self, s => s.lease_trace(lease).await)
+        let mut links = self.lease_trace_batch(std::slice::from_ref(lease)).await?;
+        Ok(links.pop().unwrap_or_default())
+    }
+
+    /// [`lease_trace`](Self::lease_trace) for many leases in one read, by
+    /// position: what a server hands a worker over HTTP with its claim.
+    pub async fn lease_trace_batch(&self, leases: &[Lease]) -> Result<Vec<TraceLinks>, StoreError> {
+        dispatch!(self, s => s.lease_trace_batch(leases).await)
     }
 
     /// Adds `context` to the next run of `process`'s `key` (if it is an item),

@@ -103,7 +103,8 @@ pub trait WorkerBackend: Clone + Send + Sync + std::fmt::Debug + 'static {
 
     /// The trace contexts of the enqueues the run under `lease` absorbed
     /// (DESIGN.md rule 14), read only when the run's span is recorded; none
-    /// where the backend cannot tell (over HTTP).
+    /// where the backend cannot tell (over HTTP, unless the claims asked for
+    /// them: [`Client::trace_links`](crate::client::Client::trace_links)).
     fn lease_trace(
         &self,
         lease: &Lease,

@@ -50,7 +50,7 @@
 //! assert_eq!(leases.len(), 2);
 //! for lease in &leases {
 //!     // … converge lease.key, then report how it went:
-//!     store.lease_complete(LeaseComplete { lease, outcome: &Outcome::Done }).await?;
+//!     store.lease_complete(LeaseComplete { lease, outcome: &Outcome::Done, trace_id: None }).await?;
 //! }
 //! store.session_close(SessionClose { session: session.id }).await?;
 //! # Ok(()) }
@@ -89,6 +89,8 @@ mod watch;
 
 // What both engines share: the embedded migrations and the caller's own
 // transaction over either engine.
+#[cfg(feature = "_engine")]
+mod exec;
 #[cfg(feature = "_engine")]
 mod migrate;
 #[cfg(feature = "_engine")]
@@ -132,7 +134,7 @@ pub use settings::{ProcessConfigure, ProcessSettings, Resync, Retention};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
-pub use trace::{InvalidTraceContext, TRACE_LINKS_KEPT, TraceContext, TraceLinks};
+pub use trace::{InvalidTraceContext, TRACE_LINKS_KEPT, TraceContext, TraceId, TraceLinks};
 #[cfg(feature = "_engine")]
 pub use transaction::StoreTx;
 pub use types::{

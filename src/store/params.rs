@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::trace::TraceContext;
+use super::trace::{TraceContext, TraceId};
 use super::types::{ItemState, Lease, Outcome, PruneCursor, RunOutcome, SessionId};
 
 /// Parameters of [`session_start`](super::StoreEngine::session_start).
@@ -173,6 +173,13 @@ pub struct LeaseComplete<'a> {
     pub lease: &'a Lease,
     /// What the run returned.
     pub outcome: &'a Outcome,
+    /// The trace id of the run's span, when it was sampled (and so
+    /// exported): kept in the run's history row ([`Run::trace_id`]) so the
+    /// run can be found in a tracing UI. `None` (tracing off) writes nothing
+    /// more than a run without tracing does.
+    ///
+    /// [`Run::trace_id`]: super::Run::trace_id
+    pub trace_id: Option<TraceId>,
 }
 
 /// Parameters of [`lease_release`](super::StoreEngine::lease_release).

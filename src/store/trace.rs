@@ -2,7 +2,9 @@
 //! rule 14): W3C `traceparent`/`tracestate` as text, so the store needs no
 //! tracing crate. An item keeps the contexts of the enqueues coalesced into its
 //! next run, at most the first and the last [`TRACE_LINKS_KEPT`], and counts
-//! the rest; a claim moves them to the run, whose span links to each.
+//! the rest; a claim moves them to the run, whose span links to each. A run
+//! that ends keeps its own span's [`TraceId`] in its history row, so the
+//! dashboard and the API can point at it in a tracing UI.
 
 /// How many of the first, and how many of the last, enqueues' contexts an
 /// item keeps for its next run; the ones between are only counted
@@ -83,6 +85,13 @@ impl TraceContext {
         &self.traceparent[3..35]
     }
 
+    /// Whether the caller sampled its span (the `sampled` flag): only then
+    /// is it exported, and only then is its trace id worth keeping.
+    #[must_use]
+    pub fn sampled(&self) -> bool {
+        u8::from_str_radix(&self.traceparent[53..55], 16).is_ok_and(|flags| flags & 1 == 1)
+    }
+
     /// The stored form: the `traceparent`, then a space and the `tracestate`
     /// when there is one (a `traceparent` has no space).
     #[cfg(feature = "_engine")]
@@ -102,6 +111,38 @@ impl TraceContext {
             None => (text, None),
         };
         Self::new(parent, state).ok()
+    }
+}
+
+/// A W3C trace id: 16 bytes, not all zero, written as 32 lowercase hex
+/// digits (the form `traceparent` and every tracing UI use). A run's history
+/// row keeps the trace id of the run's exported span; an unreadable stored
+/// value reads as none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceId(u128);
+
+impl TraceId {
+    /// Reads 32 lowercase hex digits, not all zero.
+    pub fn parse(hex: &str) -> Result<Self, InvalidTraceContext> {
+        let digits = hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        match u128::from_str_radix(hex, 16) {
+            Ok(id) if digits && id != 0 => Ok(Self(id)),
+            _ => Err(InvalidTraceContext(
+                "a trace id is 32 lowercase hex digits, not all zero",
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TraceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl serde::Serialize for TraceId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -243,5 +284,27 @@ mod tests {
             assert!(TraceContext::new(bad, None).is_err(), "{bad:?}");
         }
         assert!(TraceContext::new(PARENT, Some("a=\u{1}")).is_err());
+    }
+
+    #[test]
+    fn a_trace_id_is_32_lowercase_hex_digits_not_all_zero() {
+        let id = TraceId::parse("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        assert_eq!(id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let small = TraceId::parse("0000000000000000000000000000000a").unwrap();
+        assert_eq!(small.to_string(), "0000000000000000000000000000000a");
+        for bad in [
+            "",
+            "00000000000000000000000000000000",
+            "4BF92F3577B34DA6A3CE929D0E0E4736",
+            "+bf92f3577b34da6a3ce929d0e0e4736",
+            "4bf92f3577b34da6a3ce929d0e0e473",
+            "4bf92f3577b34da6a3ce929d0e0e47360",
+        ] {
+            assert!(TraceId::parse(bad).is_err(), "{bad:?}");
+        }
+        let ctx = TraceContext::new(PARENT, None).unwrap();
+        assert!(ctx.sampled());
+        let unsampled = TraceContext::new(&PARENT.replace("-01", "-00"), None).unwrap();
+        assert!(!unsampled.sampled());
     }
 }

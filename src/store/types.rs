@@ -5,6 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::trace::TraceId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -319,6 +320,9 @@ pub struct Run {
     pub error: Option<String>,
     /// The role that took an operator's action (`admin`, `cli`); `None` for a run.
     pub actor: Option<String>,
+    /// The trace id of the run's span, when its worker traced it (see
+    /// [`LeaseComplete::trace_id`](super::LeaseComplete::trace_id)).
+    pub trace_id: Option<TraceId>,
 }
 
 impl Run {

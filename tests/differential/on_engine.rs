@@ -170,6 +170,7 @@ impl OnEngine {
                     let params = LeaseComplete {
                         lease,
                         outcome: &outcome,
+                        trace_id: None,
                     };
                     answer(s.lease_complete(params).await, |()| Answer::Ok)
                 }
@@ -253,6 +254,7 @@ impl OnEngine {
             .map(|((l, _), outcome)| LeaseComplete {
                 lease: self.aliases.lease(*l).expect("some"),
                 outcome,
+                trace_id: None,
             })
             .collect();
         match self.store.lease_complete_batch(&batch).await {

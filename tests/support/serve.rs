@@ -27,9 +27,16 @@ impl Serve {
 
     /// [`start`](Self::start) with `flags` (`--listen ADDR`, `--tokens FILE`).
     pub(crate) async fn start_with(db_url: &str, flags: &[&str]) -> Self {
+        Self::start_with_env(db_url, flags, &[]).await
+    }
+
+    /// [`start_with`](Self::start_with) with environment variables `env`
+    /// (`OTEL_EXPORTER_OTLP_ENDPOINT`, …).
+    pub(crate) async fn start_with_env(db_url: &str, flags: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(super::process::drover_bin())
             .args(["serve", "--db", db_url])
             .args(flags)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

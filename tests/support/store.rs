@@ -72,7 +72,11 @@ pub(crate) fn batch<'a>(
 ) -> Vec<LeaseComplete<'a>> {
     leases
         .into_iter()
-        .map(|lease| LeaseComplete { lease, outcome })
+        .map(|lease| LeaseComplete {
+            lease,
+            outcome,
+            trace_id: None,
+        })
         .collect()
 }
 
@@ -91,6 +95,7 @@ pub(crate) async fn complete(
         .lease_complete(LeaseComplete {
             lease,
             outcome: &outcome,
+            trace_id: None,
         })
         .await
 }

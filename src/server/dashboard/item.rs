@@ -14,8 +14,9 @@ use crate::server::extract::PathParams;
 use crate::server::redact;
 use crate::server::role::Role;
 use crate::server::state::AppState;
+use crate::server::trace_url::TraceUrl;
 use crate::store::{
-    Item, ItemGet, ItemState, Run, SessionId, SessionInfo, SessionList, StoreEngine as _,
+    Item, ItemGet, ItemState, Run, SessionId, SessionInfo, SessionList, StoreEngine as _, TraceId,
 };
 
 /// Runs on an item page.
@@ -62,15 +63,24 @@ pub(super) async fn item(
         }
         None => None,
     };
-    let page = view(&detail.item, &detail.runs, worker.as_ref(), admin);
+    let traces = state.options.trace_url.as_ref();
+    let page = view(&detail.item, &detail.runs, worker.as_ref(), admin, traces);
     Ok(Html(page.into_string()))
 }
 
 /// One known key with its runs, converged or not; admins get the retry and
-/// park buttons.
-fn view(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) -> Markup {
+/// park buttons. A traced run's trace id links to `traces` when given; the
+/// trace column shows only when a run on the page was traced.
+fn view(
+    item: &Item,
+    runs: &[Run],
+    worker: Option<&SessionInfo>,
+    admin: bool,
+    traces: Option<&TraceUrl>,
+) -> Markup {
     let path = item_path(&item.process, &item.key);
     let running = item.state == ItemState::Running;
+    let traced = runs.iter().any(|r| r.trace_id.is_some());
     let body = html! {
         p { "Process " a href=(format!("/ui/processes/{}", path_segment(&item.process))) { (item.process) } }
         table id="item" {
@@ -113,16 +123,50 @@ fn view(item: &Item, runs: &[Run], worker: Option<&SessionInfo>, admin: bool) ->
         h2 { "Runs" }
         table id="runs" {
             tr { th { "ended" } th { "outcome" } th { "attempt" } th { "queue wait" } th { "duration" }
-                 th { "token" } th { "by" } th { "error" } }
+                 th { "token" } th { "by" } @if traced { th { "trace" } } th { "error" } }
             @for r in runs {
                 tr { td { (at(r.ended_at)) } td.outcome { (r.outcome) }
                      td.n { (r.attempt.map(|a| a.to_string()).unwrap_or_default()) }
                      td.n { (span(r.queue_wait())) } td.n { (span(r.duration())) }
                      td.n.token { (r.token.map(|t| t.to_string()).unwrap_or_default()) }
                      td { (r.actor.as_deref().unwrap_or("")) }
+                     @if traced { td.trace { (trace(r.trace_id, traces)) } }
                      td.err { (r.error.as_deref().unwrap_or("")) } }
             }
         }
     };
     page(&format!("{} / {}", item.process, item.key), true, body)
+}
+
+/// A run's trace id: a link into the tracing UI when there is a template,
+/// the id as text otherwise, nothing for an untraced run.
+fn trace(id: Option<TraceId>, traces: Option<&TraceUrl>) -> Markup {
+    html! {
+        @match (id, traces) {
+            (Some(id), Some(url)) => a.trace href=(url.link(id)) { (id) },
+            (Some(id), None) => code { (id) },
+            (None, _) => "",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_id_is_a_link_with_a_template_and_text_without() {
+        let id = TraceId::parse("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let url = TraceUrl::parse("https://ui.example/t/{trace_id}?a&b").unwrap();
+        assert_eq!(
+            trace(Some(id), Some(&url)).into_string(),
+            "<a class=\"trace\" href=\"https://ui.example/t/4bf92f3577b34da6a3ce929d0e0e4736?a&amp;b\">\
+             4bf92f3577b34da6a3ce929d0e0e4736</a>"
+        );
+        assert_eq!(
+            trace(Some(id), None).into_string(),
+            "<code>4bf92f3577b34da6a3ce929d0e0e4736</code>"
+        );
+        assert_eq!(trace(None, Some(&url)).into_string(), "");
+    }
 }

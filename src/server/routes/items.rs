@@ -18,10 +18,11 @@ use crate::server::extract::{JsonBody, PathParams, QueryParams};
 use crate::server::operations::{page_limit, triage_page};
 use crate::server::redact;
 use crate::server::role::Role;
+use crate::server::spans::enqueue_context;
 use crate::server::state::AppState;
 use crate::store::{
     ItemDelete, ItemEnqueue, ItemGet, ItemList, ItemPark, ItemRetry, StoreEngine as _,
-    TraceContext, validate_key, validate_process,
+    validate_key, validate_process,
 };
 
 /// The reason an operator's park records.
@@ -75,28 +76,13 @@ pub(crate) async fn enqueue(
         .after(ms(body.after_ms))
         .priority(body.priority)
         .bypass_backoff(body.bypass_backoff)
-        .trace(trace_context(&headers));
+        .trace(enqueue_context(&headers));
     let report = state.store.item_enqueue(params).await?;
     state.metrics.enqueued(&process, count);
     Ok(Json(EnqueueResponse {
         pending: report.pending,
         dirty: report.dirty,
     }))
-}
-
-/// The W3C trace context of the request (`traceparent`, `tracestate`), kept
-/// for the keys' next run (DESIGN.md rule 14). A malformed one is ignored, as
-/// W3C asks: the enqueue goes on without it.
-fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
-    let parent = headers.get("traceparent")?.to_str().ok()?;
-    let state = headers.get("tracestate").and_then(|s| s.to_str().ok());
-    match TraceContext::new(parent, state) {
-        Ok(trace) => Some(trace),
-        Err(e) => {
-            tracing::debug!(error = %e, "traceparent ignored");
-            None
-        }
-    }
 }
 
 /// Lists a process's items in key order, optionally in one state, a page at a

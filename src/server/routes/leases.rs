@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use crate::api::ErrorBody;
 use crate::api::{
     ClaimRequest, ClaimResponse, CompleteBatchRequest, CompleteBatchResponse, CompleteRequest,
-    CompletionResult, MAX_CLAIM, MAX_COMPLETE_BATCH, OutcomeBody, ReleaseRequest, max_delay_ms,
+    CompletionResult, LeaseBody, MAX_CLAIM, MAX_COMPLETE_BATCH, OutcomeBody, ReleaseRequest,
+    max_delay_ms,
 };
 use crate::server::auth::{Authorized, Work};
 use crate::server::error::ApiError;
@@ -21,7 +22,7 @@ use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,
-    StoreEngine as _, StoreError, validate_process,
+    StoreEngine as _, StoreError, TraceId, TraceLinks, validate_process,
 };
 
 /// Leases up to `max` ready keys of a process for the session (at most 1000 in
@@ -71,11 +72,33 @@ pub(crate) async fn claim(
             .claimed(&lease.process, waited.unwrap_or_default());
     }
     let next_token_in = claimed.gate.next_token_in;
+    let links = if body.trace_links && !claimed.leases.is_empty() {
+        trace_links(&state, &claimed.leases).await
+    } else {
+        Vec::new()
+    };
+    let mut leases: Vec<LeaseBody> = claimed.leases.into_iter().map(Into::into).collect();
+    for (lease, links) in leases.iter_mut().zip(links) {
+        lease.trace_links = (!links.is_empty()).then(|| links.into());
+    }
     Ok(Json(ClaimResponse {
-        leases: claimed.leases.into_iter().map(Into::into).collect(),
+        leases,
         paused: claimed.gate.paused,
         next_token_in_ms: next_token_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
     }))
+}
+
+/// The trace links of the claimed leases, by position, in one read; none
+/// when it fails (the leases are committed: a link is never worth losing
+/// them).
+async fn trace_links(state: &AppState, leases: &[Lease]) -> Vec<TraceLinks> {
+    match state.store.lease_trace_batch(leases).await {
+        Ok(links) => links,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the claimed runs' trace links");
+            Vec::new()
+        }
+    }
 }
 
 /// The claim, and when it finds nothing, the wait: in its process's line
@@ -185,6 +208,7 @@ pub(crate) async fn complete(
     JsonBody(body): JsonBody<CompleteRequest>,
 ) -> Result<StatusCode, ApiError> {
     check_outcome(&body.outcome, "outcome.after_ms")?;
+    let trace_id = trace_id(body.trace_id.as_deref(), "trace_id")?;
     let lease = body.lease.to_lease();
     state.check_owner(&auth, lease.session).await?;
     let outcome = body.outcome.to_outcome();
@@ -193,6 +217,7 @@ pub(crate) async fn complete(
         .lease_complete(LeaseComplete {
             lease: &lease,
             outcome: &outcome,
+            trace_id,
         })
         .await?;
     let now = chrono::Utc::now();
@@ -214,6 +239,14 @@ fn check_outcome(outcome: &OutcomeBody, field: &str) -> Result<(), ApiError> {
         }
         _ => Ok(()),
     }
+}
+
+/// A run's trace id as sent: absent, or 32 lowercase hex digits (a 400
+/// naming `field` otherwise, before anything is written).
+fn trace_id(sent: Option<&str>, field: &str) -> Result<Option<TraceId>, ApiError> {
+    sent.map(TraceId::parse)
+        .transpose()
+        .map_err(|e| ApiError::field(field, e.to_string()))
 }
 
 /// Records many runs' outcomes in one transaction (what `drover::client` sends,
@@ -244,11 +277,14 @@ pub(crate) async fn complete_batch(
             format!("a batch holds 1 to {MAX_COMPLETE_BATCH} completions, got {count}"),
         ));
     }
+    let mut trace_ids = Vec::with_capacity(count);
     for (i, completion) in body.completions.iter().enumerate() {
         check_outcome(
             &completion.outcome,
             &format!("completions[{i}].outcome.after_ms"),
         )?;
+        let field = format!("completions[{i}].trace_id");
+        trace_ids.push(trace_id(completion.trace_id.as_deref(), &field)?);
     }
     let runs: Vec<(Lease, Outcome)> = body
         .completions
@@ -263,7 +299,12 @@ pub(crate) async fn complete_batch(
     }
     let batch: Vec<LeaseComplete<'_>> = runs
         .iter()
-        .map(|(lease, outcome)| LeaseComplete { lease, outcome })
+        .zip(trace_ids)
+        .map(|((lease, outcome), trace_id)| LeaseComplete {
+            lease,
+            outcome,
+            trace_id,
+        })
         .collect();
     let results = state.store.lease_complete_batch(&batch).await?;
     let now = chrono::Utc::now();

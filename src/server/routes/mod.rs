@@ -16,6 +16,7 @@ pub(crate) mod runs;
 pub(crate) mod series;
 pub(crate) mod sessions;
 pub(crate) mod settings;
+pub(crate) mod traces;
 
 use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
@@ -53,6 +54,7 @@ pub(crate) fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(leases::complete))
         .routes(routes!(leases::complete_batch))
         .routes(routes!(leases::release))
+        .routes(routes!(traces::link))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))

@@ -2,6 +2,7 @@
 //! counts. The item row is locked (`FOR UPDATE`) before the check, so a claim
 //! racing the action either sees its result or happens first and is refused.
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 use sqlx::{Executor, Postgres};
 
@@ -148,9 +149,8 @@ where
     sqlx::query("DELETE FROM drover_items WHERE process = $1 AND key = $2")
         .bind(&params.process)
         .bind(&params.key)
-        .execute(&mut *conn)
-        .await
-        .db()?;
+        .exec(&mut *conn)
+        .await?;
     let names = (params.process.as_str(), params.key.as_str());
     let action = (RunOutcome::Deleted, params.actor.as_str());
     log_action(conn, now, names, action, None).await

@@ -3,6 +3,7 @@
 //! idle, so a batch of hundreds of outcomes costs a handful of round trips and
 //! one commit.
 
+use crate::store::exec::Exec as _;
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
@@ -66,6 +67,7 @@ pub(super) async fn complete_batch(
         writes.add(row.id, s);
     });
     writes.flush(&mut tx, now).await?;
+    super::trace::keep_trace_ids(&mut tx, now, batch, &settling.results).await?;
     commit(tx).await?;
     for process in settling.ready {
         wakeup::notify(process);
@@ -152,9 +154,8 @@ async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreE
     )
     .bind(now)
     .bind(ids)
-    .execute(&mut *tx)
-    .await
-    .db()?;
+    .exec(&mut *tx)
+    .await?;
     Ok(())
 }
 
@@ -224,9 +225,8 @@ impl NextRows {
             .bind(&self.backoff_ms)
             .bind(&self.last_error)
             .bind(&self.error_signature)
-            .execute(&mut *tx)
-            .await
-            .db()?;
+            .exec(&mut *tx)
+            .await?;
         Ok(())
     }
 }

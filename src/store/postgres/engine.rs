@@ -1,6 +1,7 @@
 //! [`PostgresStore`] and its [`StoreEngine`] implementation, which delegates each
 //! operation to the file named for its noun, retrying lost races.
 
+use crate::store::exec::Exec as _;
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
@@ -134,9 +135,8 @@ impl PostgresStore {
     pub(super) async fn notify_ready(tx: &mut Tx, process: &str) -> Result<(), StoreError> {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(Self::notify_channel(process))
-            .execute(&mut *tx)
-            .await
-            .db()?;
+            .exec(&mut *tx)
+            .await?;
         Ok(())
     }
 
@@ -145,9 +145,8 @@ impl PostgresStore {
         let mut tx = self.read().await?;
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(Self::notify_channel(process))
-            .execute(&mut tx)
-            .await
-            .db()?;
+            .exec(&mut tx)
+            .await?;
         tx.commit().await.db()
     }
 

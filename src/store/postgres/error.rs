@@ -98,6 +98,16 @@ pub(super) async fn commit(tx: super::engine::Tx) -> Result<(), StoreError> {
     }
 }
 
+impl crate::store::exec::EngineDatabase for sqlx::Postgres {
+    fn store_error(e: sqlx::Error) -> StoreError {
+        map(e)
+    }
+
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
 /// `.db()?` on driver results.
 pub(super) trait Db<T> {
     /// Maps the error with [`map`].

@@ -10,6 +10,7 @@
 //! is a later statement, whose snapshot is taken after the lock is held and so
 //! sees every claim that committed before it.
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
@@ -104,9 +105,8 @@ pub(super) async fn take(
         .bind(process)
         .bind(tokens)
         .bind(admission.at)
-        .execute(&mut *tx)
-        .await
-        .db()?;
+        .exec(&mut *tx)
+        .await?;
     }
     Ok(gate)
 }
@@ -123,10 +123,8 @@ pub(super) async fn pause(
         sqlx::query("UPDATE drover_processes SET paused = $2 WHERE process = $1 AND paused <> $2")
             .bind(&params.process)
             .bind(params.paused)
-            .execute(&mut tx)
-            .await
-            .db()?
-            .rows_affected()
+            .exec(&mut tx)
+            .await?
             > 0;
     if changed {
         let names = (params.process.as_str(), "");

@@ -1,6 +1,7 @@
 //! Processes on PostgreSQL: made known by their first enqueue, their stored
 //! settings changed by `process configure` and read by every node.
 
+use crate::store::exec::Exec as _;
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
@@ -25,9 +26,8 @@ pub(super) async fn configure(
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
     bind_configure(sqlx::query(UPDATE.as_str()), params)
-        .execute(&mut tx)
-        .await
-        .db()?;
+        .exec(&mut tx)
+        .await?;
     commit(tx).await
 }
 
@@ -58,8 +58,7 @@ pub(super) async fn ensure_process(
     )
     .bind(process)
     .bind(now)
-    .execute(&mut *tx)
-    .await
-    .db()?;
+    .exec(&mut *tx)
+    .await?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! (claims and completions never wait for it), and only the due keys are
 //! locked, by the update, in key order as enqueues lock them.
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
@@ -72,9 +73,8 @@ impl ResyncSteps for PostgresStore {
     async fn walk(&self, tx: &mut Tx, process: &str) -> Result<Option<Walk>, StoreError> {
         sqlx::query("INSERT INTO drover_resync (process) VALUES ($1) ON CONFLICT DO NOTHING")
             .bind(process)
-            .execute(&mut *tx)
-            .await
-            .db()?;
+            .exec(&mut *tx)
+            .await?;
         let row: Option<WalkRow> = sqlx::query_as(
             "SELECT walk_key, pass_started_at, pass_next_due, pass_resynced, next_due_at
              FROM drover_resync WHERE process = $1 FOR UPDATE SKIP LOCKED",
@@ -130,10 +130,8 @@ impl ResyncSteps for PostgresStore {
             .bind(priority)
             .bind(now)
             .bind(since)
-            .execute(tx)
-            .await
-            .db()?
-            .rows_affected())
+            .exec(tx)
+            .await?)
     }
 
     async fn save(
@@ -153,9 +151,8 @@ impl ResyncSteps for PostgresStore {
             .bind(finished)
             .bind(total)
             .bind(now)
-            .execute(tx)
-            .await
-            .db()?;
+            .exec(tx)
+            .await?;
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 //! per operator action; reading it a page at a time; pruning it by each
 //! process's retention.
 
+use crate::store::exec::Exec as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -71,9 +72,8 @@ pub(super) async fn log_runs(
         .bind(&ending.outcome)
         .bind(&ending.id)
         .bind(&ending.error)
-        .execute(&mut *tx)
-        .await
-        .db()?;
+        .exec(&mut *tx)
+        .await?;
     Ok(())
 }
 
@@ -99,9 +99,8 @@ where
     .bind(now)
     .bind(error)
     .bind(actor)
-    .execute(&mut *conn)
-    .await
-    .db()?;
+    .exec(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -181,10 +180,8 @@ impl PruneSteps for PostgresStore {
         .bind(process)
         .bind(before(now, keep_ms))
         .bind(i64::from(batch))
-        .execute(&mut tx)
-        .await
-        .db()?
-        .rows_affected();
+        .exec(&mut tx)
+        .await?;
         commit(tx).await?;
         Ok(deleted)
     }
@@ -225,10 +222,8 @@ impl PruneSteps for PostgresStore {
         .bind(process)
         .bind(&window.cap)
         .bind(i64::from(keep))
-        .execute(&mut tx)
-        .await
-        .db()?
-        .rows_affected();
+        .exec(&mut tx)
+        .await?;
         commit(tx).await?;
         Ok((deleted, window.next))
     }
@@ -267,10 +262,8 @@ impl PruneSteps for PostgresStore {
         .bind(after)
         .bind(&last)
         .bind(before(now, forget_ms))
-        .execute(&mut tx)
-        .await
-        .db()?
-        .rows_affected();
+        .exec(&mut tx)
+        .await?;
         commit(tx).await?;
         Ok((forgotten, (entries >= i64::from(batch)).then_some(last)))
     }

@@ -1,6 +1,7 @@
 //! The charts' series on PostgreSQL: runs per minute from the runs table (its
 //! `ended_at` BRIN index), depth samples written from the counts.
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 
 use super::counts::process_counts;
@@ -82,19 +83,16 @@ pub(super) async fn depth_sample(
             .bind(n(c.backoff))
             .bind(n(c.running))
             .bind(n(c.parked))
-            .execute(&mut tx)
-            .await
-            .db()?
-            .rows_affected();
+            .exec(&mut tx)
+            .await?;
     }
     sqlx::query("DELETE FROM drover_depth_samples WHERE at < $1")
         .bind(
             now.checked_sub_signed(keep)
                 .unwrap_or(DateTime::<Utc>::MIN_UTC),
         )
-        .execute(&mut tx)
-        .await
-        .db()?;
+        .exec(&mut tx)
+        .await?;
     commit(tx).await?;
     Ok(written)
 }

@@ -1,5 +1,6 @@
 //! Sessions on PostgreSQL: start, heartbeat, close, and reclaiming expired ones.
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
@@ -57,9 +58,8 @@ pub(super) async fn heartbeat(
         .db()?;
     sqlx::query("SELECT 1 FROM drover_sessions WHERE id = $1 FOR NO KEY UPDATE")
         .bind(session.0)
-        .execute(&mut tx)
-        .await
-        .db()?;
+        .exec(&mut tx)
+        .await?;
     let now = store.now(&mut tx).await?;
     let deadline: Option<DateTime<Utc>> = sqlx::query_scalar(
         "UPDATE drover_sessions SET heartbeat_at = $2,
@@ -82,9 +82,8 @@ pub(super) async fn close(store: &PostgresStore, session: SessionId) -> Result<u
     let (mut tx, _) = store.write().await?;
     sqlx::query("DELETE FROM drover_sessions WHERE id = $1")
         .bind(session.0)
-        .execute(&mut tx)
-        .await
-        .db()?;
+        .exec(&mut tx)
+        .await?;
     let ids = lock_leases(&mut tx, &[session.0]).await?;
     // Read after the locks: the requeue's time is when it is written.
     let now = store.now(&mut tx).await?;
@@ -199,9 +198,8 @@ pub(super) async fn requeue(
     .bind(now)
     .bind(ids)
     .bind(outcome.as_str())
-    .execute(&mut *tx)
-    .await
-    .db()?;
+    .exec(&mut *tx)
+    .await?;
     Ok(())
 }
 

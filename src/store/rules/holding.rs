@@ -181,6 +181,7 @@ mod tests {
             .map(|lease| LeaseComplete {
                 lease,
                 outcome: &done,
+                trace_id: None,
             })
             .collect();
         let rows = match_leases(

@@ -101,6 +101,7 @@ async fn alone<E: CompleteOnce>(
     let one = [LeaseComplete {
         lease: params.lease,
         outcome: &outcome,
+        trace_id: params.trace_id,
     }];
     tracing::error!(key = %params.lease.key, error = %refused, "an outcome could not be stored; storing it without its error text");
     match engine.complete_once(&one).await {

@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use super::decode::{backoff_policy, item_state, run_outcome};
 use super::holding::Held;
 use super::settle::{Dirty, Running};
-use crate::store::StoreError;
 use crate::store::params::{SessionList, WorkerIdentity};
 use crate::store::types::{FencingToken, HeldLease, Item, Page, Run, SessionId, SessionInfo};
+use crate::store::{StoreError, TraceId};
 
 /// A duration as whole milliseconds, clamped to drover's maximum delay: how
 /// both engines store a delay, a TTL or a retention period.
@@ -221,13 +221,14 @@ pub(crate) struct RunRow<T> {
     ended_at: T,
     error: Option<String>,
     actor: Option<String>,
+    trace_id: Option<String>,
 }
 
 /// `SELECT <this> FROM drover_runs` yields a [`RunRow`].
 macro_rules! run_columns {
     () => {
         "id, process, key, outcome, attempt, session, token, pending_since, started_at, \
-         ended_at, error, actor"
+         ended_at, error, actor, trace_id"
     };
 }
 pub(crate) use run_columns;
@@ -248,6 +249,8 @@ impl<T: Stamp> RunRow<T> {
             ended_at: self.ended_at.time(),
             error: self.error,
             actor: self.actor,
+            // A hand-written value that is not a trace id is no link.
+            trace_id: self.trace_id.and_then(|t| TraceId::parse(&t).ok()),
         })
     }
 }

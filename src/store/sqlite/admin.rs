@@ -1,6 +1,7 @@
 //! Operator actions on SQLite (retry, park, delete) and the recent-activity
 //! counts, each write in one `BEGIN IMMEDIATE` transaction.
 
+use crate::store::exec::Exec as _;
 use sqlx::SqliteConnection;
 
 use super::engine::{SqliteStore, Tx};
@@ -135,9 +136,8 @@ async fn forget(
     sqlx::query("DELETE FROM drover_items WHERE process = ?1 AND key = ?2")
         .bind(&params.process)
         .bind(&params.key)
-        .execute(&mut *conn)
-        .await
-        .db()?;
+        .exec(&mut *conn)
+        .await?;
     let names = (params.process.as_str(), params.key.as_str());
     let action = (RunOutcome::Deleted, params.actor.as_str());
     log_action(conn, now, names, action, None).await

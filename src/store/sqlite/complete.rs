@@ -4,6 +4,7 @@
 //! items idle, all in one `BEGIN IMMEDIATE` transaction, so a batch costs a
 //! handful of statements and one commit however many outcomes it carries.
 
+use crate::store::exec::Exec as _;
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 
@@ -15,6 +16,7 @@ use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, json_rows, running_columns, to_ms, to_time};
 use super::runs::{log_from_rows, log_from_rows_sql, log_with_errors};
+use super::trace;
 use super::writer::padded;
 use crate::store::StoreError;
 use crate::store::params::LeaseComplete;
@@ -102,7 +104,9 @@ impl<'a> Clean<'a> {
         leases.push(b'{');
         for params in batch {
             let lease = params.lease;
+            // A traced run's trace id is written with its row, the general way.
             let common = matches!(params.outcome, Outcome::Done)
+                && params.trace_id.is_none()
                 && lease.session == first.session
                 && lease.process == first.process
                 && tokens.insert(lease.token.0);
@@ -210,7 +214,8 @@ async fn complete_general(
     for (n, answer) in rest.into_iter().zip(settling.results) {
         answers[n] = Some(answer);
     }
-    writes.flush_and_commit(tx, now).await?;
+    let traced = trace::trace_ids(batch, &answers);
+    writes.flush_and_commit(tx, now, traced).await?;
     for process in settling.ready {
         wakeup::notify(process);
     }
@@ -464,8 +469,19 @@ impl<'a> Writes<'a> {
     }
 
     /// Writes the batch and commits: in one trip when the batch is the
-    /// common one, clean `done`s of one process only ([`CLEAN`]).
-    async fn flush_and_commit(self, mut tx: Tx, now: i64) -> Result<(), StoreError> {
+    /// common one, clean `done`s of one process only ([`CLEAN`]), and
+    /// untraced; `traced` is what [`trace::trace_ids`] found.
+    async fn flush_and_commit(
+        self,
+        mut tx: Tx,
+        now: i64,
+        traced: Option<String>,
+    ) -> Result<(), StoreError> {
+        if let Some(traced) = traced {
+            self.flush(&mut tx, now).await?;
+            trace::keep_trace_ids(&mut tx, now, &traced).await?;
+            return tx.commit().await.db();
+        }
         // Clean: every run's row logged as `done` and every item left idle,
         // the same ids, all of one process.
         if self.failed.is_empty()
@@ -497,9 +513,8 @@ impl<'a> Writes<'a> {
             sqlx::query(NEXT)
                 .bind(now)
                 .bind(Value::from(self.updated).to_string())
-                .execute(&mut **tx)
-                .await
-                .db()?;
+                .exec(&mut **tx)
+                .await?;
         }
         Ok(())
     }
@@ -563,10 +578,9 @@ async fn idle(tx: &mut Tx, now: i64, process: &str, ids: &str) -> Result<(), Sto
         .bind(now)
         .bind(ids)
         .bind(process)
-        .execute(&mut **tx)
-        .await
-        .db()?;
-    counted::shift(tx, process, ("running", "idle"), done.rows_affected()).await
+        .exec(&mut **tx)
+        .await?;
+    counted::shift(tx, process, ("running", "idle"), done).await
 }
 
 /// Writes the next rows of the items that stay pending or parked, one

@@ -12,6 +12,7 @@
 use super::engine::Tx;
 use super::error::Db as _;
 use crate::store::StoreError;
+use crate::store::exec::Exec as _;
 
 /// Moves `$n` items of process `$process` from state `$from` to state `$to`
 /// (writing nothing when `$n` is 0, so that a transaction that moved none
@@ -78,8 +79,7 @@ pub(super) async fn shift(
         .bind(from)
         .bind(to)
         .bind(n)
-        .execute(&mut **tx)
-        .await
-        .db()?;
+        .exec(&mut **tx)
+        .await?;
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! An enqueue writes no history row: the item counts its enqueues and keeps
 //! the first and last one's time.
 
+use crate::store::exec::Exec as _;
 use sqlx::SqliteConnection;
 
 use super::engine::{SqliteStore, clock_ms};
@@ -131,16 +132,14 @@ pub(super) async fn coalesce(
             .bind(params.bypass_backoff)
             .bind(store.clock.offset_ms())
             .bind(&keys)
-            .execute(&mut *conn)
-            .await
-            .db()?;
+            .exec(&mut *conn)
+            .await?;
     } else {
         sqlx::query(PROCESS)
             .bind(&params.process)
             .bind(store.clock.offset_ms())
-            .execute(&mut *conn)
-            .await
-            .db()?;
+            .exec(&mut *conn)
+            .await?;
         sqlx::query(UPSERT)
             .bind(&params.process)
             .bind(params.priority)
@@ -148,9 +147,8 @@ pub(super) async fn coalesce(
             .bind(store.clock.offset_ms())
             .bind(&keys)
             .bind(params.bypass_backoff)
-            .execute(&mut *conn)
-            .await
-            .db()?;
+            .exec(&mut *conn)
+            .await?;
     }
     if let Some(context) = &params.trace {
         super::trace::link(conn, &params.process, &keys, context).await?;

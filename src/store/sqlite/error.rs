@@ -34,6 +34,16 @@ fn primary_code(e: &sqlx::Error) -> Option<i64> {
     }
 }
 
+impl crate::store::exec::EngineDatabase for sqlx::Sqlite {
+    fn store_error(e: sqlx::Error) -> StoreError {
+        map(e)
+    }
+
+    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
 /// `.db()?` on driver results.
 pub(super) trait Db<T> {
     /// Maps the error with [`map`].

@@ -12,6 +12,7 @@ use super::processes::ensure_process;
 use super::rows::to_time;
 use super::runs::log_action;
 use crate::store::StoreError;
+use crate::store::exec::Exec as _;
 use crate::store::fleet::{ClaimGate, ProcessPause};
 use crate::store::key::validate_process;
 use crate::store::rules::gate::{Admission, GateRow};
@@ -112,9 +113,8 @@ pub(super) async fn take(
         .bind(process)
         .bind(tokens)
         .bind(admission.at.timestamp_millis())
-        .execute(&mut **tx)
-        .await
-        .db()?;
+        .exec(&mut **tx)
+        .await?;
     }
     Ok(gate)
 }
@@ -128,10 +128,8 @@ pub(super) async fn pause(store: &SqliteStore, params: ProcessPause) -> Result<b
         sqlx::query("UPDATE drover_processes SET paused = ?2 WHERE process = ?1 AND paused <> ?2")
             .bind(&params.process)
             .bind(params.paused)
-            .execute(&mut *tx)
-            .await
-            .db()?
-            .rows_affected()
+            .exec(&mut *tx)
+            .await?
             > 0;
     if changed {
         let names = (params.process.as_str(), "");

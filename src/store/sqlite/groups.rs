@@ -7,6 +7,7 @@ use super::engine::SqliteStore;
 use super::error::Db as _;
 use super::inspect::check_process;
 use crate::store::StoreError;
+use crate::store::exec::Exec as _;
 use crate::store::params::ErrorGroups;
 use crate::store::rules::groups::{
     Bulk, BulkSteps, CandidateRow, MAX_TEXTS, SignatureCount, merge, stored_states, window,
@@ -134,9 +135,8 @@ impl BulkSteps for SqliteStore {
             .bind(bulk.reason.as_deref())
             .bind(&bulk.actor)
             .bind(&ids)
-            .execute(&mut *tx)
-            .await
-            .db()?;
+            .exec(&mut *tx)
+            .await?;
         let change = match bulk.outcome {
             RunOutcome::Retried => sqlx::query(RETRY).bind(now).bind(&ids),
             RunOutcome::Parked => sqlx::query(PARK)

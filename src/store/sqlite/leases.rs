@@ -10,6 +10,7 @@ use super::rows::{RunningRow, json_rows, running_columns, to_time};
 use super::sessions::requeue;
 use super::writer::padded;
 use crate::store::StoreError;
+use crate::store::exec::Exec as _;
 use crate::store::fleet::{ClaimGate, Claimed};
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
@@ -240,10 +241,8 @@ async fn park_undecodable(
         .bind(&error)
         .bind(error_signature(&shown, &error))
         .bind(now)
-        .execute(&mut **tx)
-        .await
-        .db()?
-        .rows_affected();
+        .exec(&mut **tx)
+        .await?;
     }
     Ok(parked)
 }

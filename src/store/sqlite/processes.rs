@@ -1,6 +1,7 @@
 //! Processes on SQLite: made known by their first enqueue, their stored
 //! settings changed by `process configure` and read by every node.
 
+use crate::store::exec::Exec as _;
 use std::sync::LazyLock;
 
 use super::engine::{SqliteStore, Tx};
@@ -23,9 +24,8 @@ pub(super) async fn configure(
     let (mut tx, now) = store.write().await?;
     ensure_process(&mut tx, now, &params.process).await?;
     bind_configure(sqlx::query(UPDATE.as_str()), &params)
-        .execute(&mut *tx)
-        .await
-        .db()?;
+        .exec(&mut *tx)
+        .await?;
     tx.commit().await.db()?;
     Ok(())
 }
@@ -50,8 +50,7 @@ pub(super) async fn ensure_process(tx: &mut Tx, now: i64, process: &str) -> Resu
     )
     .bind(process)
     .bind(now)
-    .execute(&mut **tx)
-    .await
-    .db()?;
+    .exec(&mut **tx)
+    .await?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! IMMEDIATE` transaction holds the file's write lock, so two walkers never
 //! interleave, and nothing changes between reading a window and writing it.
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 
 use super::engine::{SqliteStore, Tx};
@@ -78,9 +79,8 @@ impl ResyncSteps for SqliteStore {
     async fn walk(&self, tx: &mut Tx, process: &str) -> Result<Option<Walk>, StoreError> {
         sqlx::query("INSERT INTO drover_resync (process) VALUES (?1) ON CONFLICT DO NOTHING")
             .bind(process)
-            .execute(&mut **tx)
-            .await
-            .db()?;
+            .exec(&mut **tx)
+            .await?;
         let r: WalkRow = sqlx::query_as(
             "SELECT walk_key, pass_started_at, pass_next_due, pass_resynced, next_due_at
              FROM drover_resync WHERE process = ?1",
@@ -137,10 +137,8 @@ impl ResyncSteps for SqliteStore {
             .bind(priority)
             .bind(to_ms(now))
             .bind(to_ms(since))
-            .execute(&mut **tx)
-            .await
-            .db()?
-            .rows_affected())
+            .exec(&mut **tx)
+            .await?)
     }
 
     async fn save(
@@ -160,9 +158,8 @@ impl ResyncSteps for SqliteStore {
             .bind(finished)
             .bind(total)
             .bind(to_ms(now))
-            .execute(&mut **tx)
-            .await
-            .db()?;
+            .exec(&mut **tx)
+            .await?;
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 //! operator action; reading it a page at a time; pruning it by each process's
 //! retention.
 
+use crate::store::exec::Exec as _;
 use serde_json::Value;
 
 use super::engine::{SqliteStore, Tx};
@@ -62,9 +63,8 @@ pub(super) async fn log_from_rows(
         .bind(now)
         .bind(outcome.as_str())
         .bind(ids)
-        .execute(&mut **tx)
-        .await
-        .db()?;
+        .exec(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -81,9 +81,8 @@ pub(super) async fn log_with_errors(
     sqlx::query(LOG_WITH_ERRORS)
         .bind(now)
         .bind(Value::from(runs).to_string())
-        .execute(&mut **tx)
-        .await
-        .db()?;
+        .exec(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -105,9 +104,8 @@ pub(super) async fn log_action(
     .bind(now)
     .bind(error)
     .bind(actor)
-    .execute(conn)
-    .await
-    .db()?;
+    .exec(conn)
+    .await?;
     Ok(())
 }
 
@@ -178,10 +176,8 @@ impl PruneSteps for SqliteStore {
         .bind(process)
         .bind(now.saturating_sub(keep_ms.max(0)))
         .bind(batch)
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
+        .exec(&mut *tx)
+        .await?;
         tx.commit().await.db()?;
         Ok(deleted)
     }
@@ -224,10 +220,8 @@ impl PruneSteps for SqliteStore {
         .bind(process)
         .bind(Value::from(window.cap).to_string())
         .bind(keep)
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
+        .exec(&mut *tx)
+        .await?;
         tx.commit().await.db()?;
         Ok((deleted, window.next))
     }
@@ -269,10 +263,8 @@ impl PruneSteps for SqliteStore {
         .bind(after)
         .bind(&last)
         .bind(now.saturating_sub(forget_ms.max(0)))
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
+        .exec(&mut *tx)
+        .await?;
         tx.commit().await.db()?;
         Ok((forgotten, (entries >= i64::from(batch)).then_some(last)))
     }

@@ -7,6 +7,7 @@ use super::error::Db as _;
 use super::inspect::check_process;
 use super::rows::{duration_ms, to_ms, to_time};
 use crate::store::StoreError;
+use crate::store::exec::Exec as _;
 use crate::store::params::{DepthSample, ProcessSeries};
 use crate::store::rules::pages;
 use crate::store::rules::series::{SampleRow, assemble, window_start};
@@ -71,16 +72,13 @@ pub(super) async fn depth_sample(
             .bind(n(c.backoff))
             .bind(n(c.running))
             .bind(n(c.parked))
-            .execute(&mut *tx)
-            .await
-            .db()?
-            .rows_affected();
+            .exec(&mut *tx)
+            .await?;
     }
     sqlx::query("DELETE FROM drover_depth_samples WHERE at < ?1")
         .bind(now - duration_ms(params.keep))
-        .execute(&mut *tx)
-        .await
-        .db()?;
+        .exec(&mut *tx)
+        .await?;
     tx.commit().await.db()?;
     Ok(written)
 }

@@ -1,5 +1,6 @@
 //! Sessions on SQLite: start, heartbeat, close, and reclaiming expired ones.
 
+use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 use sqlx::SqlitePool;
 
@@ -66,9 +67,8 @@ pub(super) async fn close(store: &SqliteStore, session: SessionId) -> Result<u64
     requeue(&mut tx, now, &ids, RunOutcome::Canceled).await?;
     sqlx::query("DELETE FROM drover_sessions WHERE id = ?1")
         .bind(session.0)
-        .execute(&mut *tx)
-        .await
-        .db()?;
+        .exec(&mut *tx)
+        .await?;
     tx.commit().await.db()?;
     Ok(ids.len() as u64)
 }
@@ -125,9 +125,8 @@ pub(super) async fn requeue(
     .bind(now)
     .bind(&ids)
     .bind(outcome.as_str())
-    .execute(&mut **tx)
-    .await
-    .db()?;
+    .exec(&mut **tx)
+    .await?;
     Ok(())
 }
 

@@ -1,11 +1,17 @@
 //! Trace contexts on SQLite (DESIGN.md rule 14): an enqueue's context is
 //! appended to its keys' next run ([`LINK`]); migration 0018's trigger moves
-//! them to the run when its lease starts, where [`lease_trace`] reads them.
+//! them to the run when its lease starts, where
+//! [`lease_trace_batch`](SqliteStore::lease_trace_batch) reads them. A run
+//! that ends keeps its span's trace id in its history row
+//! ([`keep_trace_ids`]).
 
+use crate::store::exec::Exec as _;
+use serde_json::{Value, json};
 use sqlx::SqliteConnection;
 
-use super::engine::SqliteStore;
+use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
+use crate::store::params::LeaseComplete;
 use crate::store::types::Lease;
 use crate::store::{StoreError, TraceContext, TraceLinks};
 
@@ -36,28 +42,42 @@ pub(super) async fn link(
         .bind(process)
         .bind(keys)
         .bind(context.stored())
-        .execute(conn)
-        .await
-        .db()?;
+        .exec(conn)
+        .await?;
     Ok(())
 }
 
 impl SqliteStore {
-    /// The trace contexts the run under `lease` absorbed (see
-    /// [`Store::lease_trace`](crate::store::Store::lease_trace)).
-    /// Empty once another lease took the key.
-    pub(crate) async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        let run: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT trace_run FROM drover_items
-             WHERE process = ?1 AND key = ?2 AND lease_token = ?3 AND state = 'running'",
+    /// The trace contexts the runs under `leases` absorbed, by position
+    /// (see [`Store::lease_trace_batch`](crate::store::Store::lease_trace_batch)):
+    /// one statement, each row found by its key and checked against its
+    /// lease. Empty for a lease another took since.
+    pub(crate) async fn lease_trace_batch(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<TraceLinks>, StoreError> {
+        let asked: Vec<Value> = leases
+            .iter()
+            .map(|l| json!([l.process, l.key, l.token.0]))
+            .collect();
+        let found: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT j.key, i.trace_run FROM json_each(?1) AS j CROSS JOIN drover_items AS i
+                 ON i.process = json_extract(j.value, '$[0]')
+                    AND i.key = json_extract(j.value, '$[1]')
+             WHERE i.lease_token = json_extract(j.value, '$[2]') AND i.state = 'running'
+                 AND i.trace_run IS NOT NULL",
         )
-        .bind(&lease.process)
-        .bind(&lease.key)
-        .bind(lease.token.0)
-        .fetch_optional(&self.pool)
+        .bind(Value::from(asked).to_string())
+        .fetch_all(&self.pool)
         .await
         .db()?;
-        Ok(TraceLinks::from_json(run.flatten().as_deref()))
+        let mut links = vec![TraceLinks::default(); leases.len()];
+        for (n, run) in found {
+            if let Some(slot) = usize::try_from(n).ok().and_then(|n| links.get_mut(n)) {
+                *slot = TraceLinks::from_json(Some(&run));
+            }
+        }
+        Ok(links)
     }
 
     /// Adds `context` to the next run of one key, in its own transaction (see
@@ -73,4 +93,55 @@ impl SqliteStore {
         link(&mut tx, process, &keys, context).await?;
         tx.commit().await.db()
     }
+}
+
+/// Sets the trace id of the history rows of runs that ended at `?1`: `?2` is
+/// a JSON array of `[process, key, token, trace id]`. Each run's row is its
+/// key's newest, written in this transaction, found at the end of the
+/// `(process, key, id)` index and checked by its token; materialized first,
+/// so the update visits only those rows.
+const KEEP: &str = "
+WITH t(id, token, trace_id) AS MATERIALIZED (
+    SELECT (SELECT max(r.id) FROM drover_runs AS r
+            WHERE r.process = json_extract(j.value, '$[0]')
+                AND r.key = json_extract(j.value, '$[1]')),
+        json_extract(j.value, '$[2]'), json_extract(j.value, '$[3]')
+    FROM json_each(?2) AS j)
+UPDATE drover_runs SET trace_id = t.trace_id FROM t
+WHERE drover_runs.id = t.id AND drover_runs.token = t.token AND drover_runs.ended_at = ?1";
+
+/// The runs of `batch` that carry a trace id and were settled (`Ok` in
+/// `answers`, by position), as [`KEEP`] takes them; `None` when there are
+/// none, so a batch without tracing writes nothing more.
+pub(super) fn trace_ids<E>(
+    batch: &[LeaseComplete<'_>],
+    answers: &[Option<Result<(), E>>],
+) -> Option<String> {
+    let rows: Vec<Value> = batch
+        .iter()
+        .zip(answers)
+        .filter(|(_, answer)| matches!(answer, Some(Ok(()))))
+        .filter_map(|(params, _)| {
+            let id = params.trace_id?;
+            let lease = params.lease;
+            Some(json!([
+                lease.process,
+                lease.key,
+                lease.token.0,
+                id.to_string()
+            ]))
+        })
+        .collect();
+    (!rows.is_empty()).then(|| Value::from(rows).to_string())
+}
+
+/// Keeps the runs' trace ids ([`trace_ids`]) in the history rows written at
+/// `now` in `tx`, before it commits.
+pub(super) async fn keep_trace_ids(tx: &mut Tx, now: i64, runs: &str) -> Result<(), StoreError> {
+    sqlx::query(KEEP)
+        .bind(now)
+        .bind(runs)
+        .exec(&mut **tx)
+        .await?;
+    Ok(())
 }

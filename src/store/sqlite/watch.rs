@@ -20,6 +20,7 @@
 //! rows the new values collide with, from the table's unique indexes as they
 //! were when the watch was made.
 
+use crate::store::exec::Exec as _;
 use std::collections::HashSet;
 
 use sqlx::SqliteConnection;
@@ -514,9 +515,8 @@ impl SqliteStore {
         );
         sqlx::query(sqlx::AssertSqlSafe(stale))
             .bind(&table)
-            .execute(&mut *tx)
-            .await
-            .db()?;
+            .exec(&mut *tx)
+            .await?;
         if find_watch(&mut tx, &table).await?.is_some() {
             return Err(StoreError::Watch(format!(
                 "table {} is already watched: run drover unwatch first",
@@ -559,9 +559,8 @@ impl SqliteStore {
         run_all(&mut tx, drops).await?;
         sqlx::query("DELETE FROM drover_watches WHERE id = ?1")
             .bind(id)
-            .execute(&mut *tx)
-            .await
-            .db()?;
+            .exec(&mut *tx)
+            .await?;
         tx.commit().await.db()?;
         Ok(Some(name))
     }
