@@ -300,6 +300,7 @@ async fn the_concurrency_limit_counts_its_own_runs_folded_or_not() {
         let done = LeaseComplete {
             lease: &first[0],
             outcome: &Outcome::Done,
+            trace_id: None,
         };
         db.store.lease_complete(done).await.expect("complete");
         assert_eq!(take(10).await.len(), 1, "folded and unfolded add up");

@@ -124,14 +124,14 @@ impl ResyncSteps for PostgresStore {
         keys: &[String],
         (priority, now, since): (i32, DateTime<Utc>, DateTime<Utc>),
     ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(RESYNC)
+        sqlx::query(RESYNC)
             .bind(process)
             .bind(keys)
             .bind(priority)
             .bind(now)
             .bind(since)
             .exec(tx)
-            .await?)
+            .await
     }
 
     async fn save(

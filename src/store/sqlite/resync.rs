@@ -131,14 +131,14 @@ impl ResyncSteps for SqliteStore {
         (priority, now, since): (i32, DateTime<Utc>, DateTime<Utc>),
     ) -> Result<u64, StoreError> {
         let keys = serde_json::to_string(keys).expect("a list of keys always serializes");
-        Ok(sqlx::query(RESYNC)
+        sqlx::query(RESYNC)
             .bind(process)
             .bind(keys)
             .bind(priority)
             .bind(to_ms(now))
             .bind(to_ms(since))
             .exec(&mut **tx)
-            .await?)
+            .await
     }
 
     async fn save(
