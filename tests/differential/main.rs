@@ -36,6 +36,9 @@ mod log;
 #[path = "../sim/model.rs"]
 mod model;
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod aliases;
 mod case;
 mod engines;
