@@ -26,6 +26,7 @@ pub(crate) mod fault_proxy;
 pub(crate) mod ha;
 pub(crate) mod locks;
 pub(crate) mod partition;
+pub(crate) mod pool_lint;
 pub(crate) mod process;
 pub(crate) mod running;
 pub(crate) mod serve;
@@ -382,9 +383,11 @@ pub(crate) async fn drop_database(direct: &str, name: &str) {
     admin_execute(direct, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
 }
 
-/// Runs `test` as [`each_engine`] does, then once more through a PgBouncer
-/// in transaction pooling mode when [`PGBOUNCER_ENV`] is set (which then
-/// requires [`POSTGRES_ENV`] too, to make the database behind it). For the
+/// Runs `test` as [`each_engine`] does, then on PostgreSQL through the
+/// [`pool_lint`] (the store as a pooler's client, every statement judged),
+/// then once more through a PgBouncer in transaction pooling mode when
+/// [`PGBOUNCER_ENV`] is set (which then requires [`POSTGRES_ENV`] too, to make
+/// the database behind it). For the
 /// tests of what the store does, which must hold whatever sits in front of
 /// the database.
 pub(crate) async fn each_engine_and_pooler<F, Fut>(test: F)
@@ -393,6 +396,18 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     each_engine(&test).await;
+    if let Ok(direct) = std::env::var(POSTGRES_ENV) {
+        // What a pooler would break, judged on the wire every time.
+        let (db, name, lint) = pool_lint::through_lint(&direct).await;
+        let store = db.store.clone();
+        let outcome = tokio::spawn(test(db)).await;
+        store.close().await;
+        drop_database(&direct, &name).await;
+        if let Err(e) = outcome {
+            panic!("through the pool lint: {e}");
+        }
+        lint.assert_clean(1);
+    }
     let Some(pooler) = pgbouncer_url() else {
         return;
     };

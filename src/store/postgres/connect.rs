@@ -9,7 +9,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
 
 use super::engine::PostgresStore;
-use super::error::{Db as _, map};
+use super::error::{Db as _, commit, map};
 use super::failover::Failover;
 use super::hosts;
 use super::lineage;
@@ -104,9 +104,11 @@ impl PostgresStore {
         store.migrate_or_check(options.migrate).await?;
         // The connections opened so far may predate the migration that
         // records the server's identity: record it now (see `lineage`).
-        lineage::observe(&store.pool, store.clock.offset_ms())
+        let mut tx = store.read().await?;
+        lineage::observe(&mut tx, store.clock.offset_ms())
             .await
             .db()?;
+        commit(tx).await?;
         Ok(store)
     }
 

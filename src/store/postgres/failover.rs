@@ -232,8 +232,10 @@ impl Failover {
     /// first connection to a promoted standby starts the pause of claims.
     async fn check(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         self.fit(conn).await?;
-        lineage::observe(&mut *conn, self.clock.offset_ms()).await?;
-        Ok(())
+        // In a transaction, as every statement through a pooler (see `role`).
+        let mut tx = conn.begin().await?;
+        lineage::observe(&mut *tx, self.clock.offset_ms()).await?;
+        tx.commit().await
     }
 
     /// The check of a new connection against the target.
@@ -322,11 +324,22 @@ impl Failover {
 
 /// Whether the server is in recovery (a standby) and whether its sessions
 /// are read-only.
+///
+/// Inside a transaction, whether or not a pooler is in front: sqlx parses an
+/// unnamed statement and binds it in two round trips, and a transaction-pooling
+/// PgBouncer may hand the second to another server when the first leaves the
+/// server idle (see `tx.rs`). A new connection is checked once, so the two
+/// extra round trips cost nothing that matters.
 async fn role(conn: &mut PgConnection) -> Result<(bool, bool), sqlx::Error> {
-    sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'")
-        .persistent(false)
-        .fetch_one(conn)
-        .await
+    let mut tx = conn.begin().await?;
+    let role = sqlx::query_as(
+        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+    )
+    .persistent(false)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(role)
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ impl PostgresStore {
         &self,
         leases: &[Lease],
     ) -> Result<Vec<TraceLinks>, StoreError> {
+        let mut tx = self.read().await?;
         let found: Vec<(i64, String)> = sqlx::query_as(
             "SELECT l.n, i.trace_run::text
              FROM UNNEST($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
@@ -62,9 +63,10 @@ impl PostgresStore {
         )
         .bind(leases.iter().map(|l| l.key.as_str()).collect::<Vec<_>>())
         .bind(leases.iter().map(|l| l.token.0).collect::<Vec<_>>())
-        .fetch_all(&self.pool)
+        .fetch_all(&mut tx)
         .await
         .db()?;
+        commit(tx).await?;
         let mut links = vec![TraceLinks::default(); leases.len()];
         for (n, run) in found {
             // WITH ORDINALITY counts from 1.
