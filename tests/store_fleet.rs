@@ -309,6 +309,50 @@ async fn the_concurrency_limit_counts_its_own_runs_folded_or_not() {
     .await;
 }
 
+#[tokio::test]
+async fn the_counts_and_the_limit_follow_a_table_emptied_by_hand() {
+    each_engine(|db| async move {
+        let session = db.session().await;
+        enqueue(&db.store, 10).await;
+        configure(&db.store, ProcessConfigure::new(P).concurrency(Some(3))).await;
+        let take = |max| {
+            let store = db.store.clone();
+            async move {
+                store
+                    .lease_claim(claim(session.id, max))
+                    .await
+                    .expect("claim")
+                    .leases
+            }
+        };
+        assert_eq!(take(10).await.len(), 3, "up to the limit");
+        // Folded, so the counts table (not only its deltas) holds the runs.
+        db.store.process_counts_all().await.expect("counts");
+        assert!(take(10).await.is_empty(), "at the limit");
+        // An operator empties the items in SQL: PostgreSQL's TRUNCATE fires
+        // no row or statement trigger of the counted kind; SQLite has none.
+        db.execute(if db.engine == "postgres" {
+            "TRUNCATE drover_items"
+        } else {
+            "DELETE FROM drover_items"
+        })
+        .await;
+        let counts = db.store.process_counts_all().await.expect("counts");
+        let fleet = counts.iter().find(|c| c.process == P);
+        assert!(
+            fleet.is_none_or(|c| c.running == 0 && c.pending == 0),
+            "nothing counted once the items are gone: {fleet:?}"
+        );
+        enqueue(&db.store, 10).await;
+        assert_eq!(
+            take(10).await.len(),
+            3,
+            "the runs that were emptied away do not hold the limit"
+        );
+    })
+    .await;
+}
+
 /// Claims and completes until the process is drained, counting its own
 /// leases in `running` and recording the highest count seen.
 async fn drain(store: Store, running: Arc<AtomicI64>, peak: Arc<AtomicI64>) {
