@@ -488,6 +488,91 @@ async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed
     .await;
 }
 
+/// The variable naming a Python interpreter that has the OpenTelemetry SDK
+/// and its OTLP/HTTP exporter (`scripts/otel-python/setup.sh` makes one and
+/// prints this line). Unset, the test that needs it is skipped; set, it is
+/// required.
+const OTEL_PYTHON_ENV: &str = "DROVER_TEST_OTEL_PYTHON";
+
+/// The Python of [`OTEL_PYTHON_ENV`], checked to import the SDK and the
+/// exporter; `None` (the test skips, saying why) when the variable is unset.
+async fn otel_python() -> Option<String> {
+    let Some(python) = std::env::var(OTEL_PYTHON_ENV)
+        .ok()
+        .filter(|p| !p.is_empty())
+    else {
+        eprintln!(
+            "skipped: {OTEL_PYTHON_ENV} is not set (scripts/otel-python/setup.sh makes a Python with the OpenTelemetry SDK and prints it)"
+        );
+        return None;
+    };
+    let imports =
+        "import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter";
+    let checked = Command::new(&python)
+        .args(["-c", imports])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{OTEL_PYTHON_ENV}={python} cannot be run: {e}"));
+    assert!(
+        checked.status.success(),
+        "{OTEL_PYTHON_ENV}={python} cannot import the OpenTelemetry SDK and OTLP/HTTP exporter \
+         (run scripts/otel-python/setup.sh): {}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    Some(python)
+}
+
+/// The command `drover work --exec` runs is a Python program using the
+/// OpenTelemetry SDK as a user's would (`scripts/otel-python/child.py`): it
+/// reads `TRACEPARENT`, starts its own span and exports it to the same
+/// collector. That span joins the run's trace, as the run span's child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_using_the_python_sdk_joins_its_runs_trace() {
+    let Some(python) = otel_python().await else {
+        return;
+    };
+    let (db, _dir) = support::sqlite().await;
+    db.store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+        .await
+        .expect("enqueue");
+    let child = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/otel-python/child.py");
+    let exec = format!("'{python}' '{}'", child.display());
+    let (addr, mut spans) = receiver().await;
+    let worker = traced_worker(&db, &exec, &format!("http://{addr}"));
+    let (mut run, mut joined) = (None, None);
+    while run.is_none() || joined.is_none() {
+        let span = next_span(&mut spans).await;
+        if span.kind == SpanKind::Consumer as i32 {
+            run = Some(span);
+        } else if span.name == "python child" {
+            joined = Some(span);
+        }
+    }
+    stop(worker).await;
+    let (run, joined) = (
+        run.expect("the run's span"),
+        joined.expect("the command's span"),
+    );
+    assert_eq!(
+        text(&run, "drover.outcome"),
+        "done",
+        "the command exported its span and exited 0"
+    );
+    assert_eq!(text(&joined, "drover.key"), "k", "the key was its argument");
+    assert_eq!(
+        hex(&joined.trace_id),
+        hex(&run.trace_id),
+        "the command's span is in the run's trace"
+    );
+    assert_eq!(
+        hex(&joined.parent_span_id),
+        hex(&run.span_id),
+        "the command's span is the run span's child"
+    );
+}
+
 /// Spans from `spans` until `wanted` of kind `kind` came (others are
 /// skipped), within 30 s each.
 async fn spans_of_kind(
