@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::routing::post;
 use drover::store::{
-    FencingToken, ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, RunList, StoreEngine as _,
-    TRACE_LINKS_KEPT, TraceContext, TraceId,
+    FencingToken, ItemEnqueue, Lease, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure,
+    RunList, SessionId, StoreEngine as _, TRACE_LINKS_KEPT, TraceContext, TraceId, TraceLinks,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -47,6 +47,26 @@ fn nth(n: usize) -> TraceContext {
     TraceContext::new(&format!("00-{:032x}-{:016x}-01", n + 1, n + 1), None).expect("valid")
 }
 
+/// The trace links a claim that asked for them brought with `lease`.
+fn brought(lease: &Lease) -> &TraceLinks {
+    lease
+        .trace_links
+        .as_ref()
+        .expect("a claim that asks brings each lease's links")
+}
+
+/// Claims up to `max` keys of [`PROCESS`] for `session`, asking for their
+/// trace links.
+async fn claim_traced(db: &TestDb, session: SessionId, max: u32) -> Vec<Lease> {
+    let claim = LeaseClaim {
+        session,
+        process: PROCESS.into(),
+        max,
+        trace_links: true,
+    };
+    db.store.lease_claim(claim).await.expect("claim").leases
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() {
     each_engine(|db| async move {
@@ -59,48 +79,28 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             .item_enqueue(ItemEnqueue::new(PROCESS, ["k", "untraced"]))
             .await
             .expect("enqueue");
-        let session = db.session().await;
-        let claim = LeaseClaim {
-            session: session.id,
-            process: PROCESS.into(),
-            max: 2,
-        };
-        let leases = db
-            .store
-            .lease_claim(claim.clone())
-            .await
-            .expect("claim")
-            .leases;
+        let session = db.session().await.id;
+        let leases = claim_traced(&db, session, 2).await;
         let lease = leases.iter().find(|l| l.key == "k").expect("k is claimed");
         let untraced = leases
             .iter()
             .find(|l| l.key == "untraced")
             .expect("claimed");
-        let links = db.store.lease_trace(lease).await.expect("links");
         let kept: Vec<_> = (0..TRACE_LINKS_KEPT)
             .chain(20 - TRACE_LINKS_KEPT..20)
             .map(nth)
             .collect();
         assert_eq!(
-            links.links, kept,
+            brought(lease).links,
+            kept,
             "the first and the last {TRACE_LINKS_KEPT}"
         );
-        assert_eq!(links.dropped, 20 - 2 * TRACE_LINKS_KEPT as u64);
-        assert!(
-            db.store
-                .lease_trace(untraced)
-                .await
-                .expect("links")
-                .is_empty()
-        );
+        assert_eq!(brought(lease).dropped, 20 - 2 * TRACE_LINKS_KEPT as u64);
+        assert!(brought(untraced).is_empty());
 
         // An enqueue during the run goes to the next run, not this one.
         let during = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(context('a', 'b')));
         db.store.item_enqueue(during).await.expect("enqueue");
-        assert_eq!(
-            db.store.lease_trace(lease).await.expect("links").links,
-            kept
-        );
         for lease in &leases {
             let done = LeaseComplete {
                 lease,
@@ -109,16 +109,10 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             };
             db.store.lease_complete(done).await.expect("complete");
         }
-        let next = db
-            .store
-            .lease_claim(claim.clone())
-            .await
-            .expect("claim")
-            .leases;
+        let next = claim_traced(&db, session, 2).await;
         assert_eq!(next.len(), 1, "the dirty key runs once more");
-        let links = db.store.lease_trace(&next[0]).await.expect("links");
-        assert_eq!(links.links, [context('a', 'b')]);
-        assert_eq!(links.dropped, 0);
+        assert_eq!(brought(&next[0]).links, [context('a', 'b')]);
+        assert_eq!(brought(&next[0]).dropped, 0);
 
         // A run that absorbed no context shows none, not its predecessor's.
         db.store
@@ -131,15 +125,62 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             trace_id: None,
         };
         db.store.lease_complete(done).await.expect("complete");
-        let last = db.store.lease_claim(claim).await.expect("claim").leases;
+        let last = claim_traced(&db, session, 2).await;
         assert_eq!(last.len(), 1, "the dirty key runs once more");
-        assert!(
-            db.store
-                .lease_trace(&last[0])
-                .await
-                .expect("links")
-                .is_empty()
-        );
+        assert!(brought(&last[0]).is_empty());
+    })
+    .await;
+}
+
+/// Each way a claim goes brings the links when it asks, and only then: a
+/// claim that does not ask (tracing off) brings none; the general claim (a
+/// limited process) brings them as the common one does; so does a claim of
+/// many keys, each with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_brings_each_runs_links_only_when_it_asks() {
+    each_engine(|db| async move {
+        let enqueue = |key: &'static str, n: usize| {
+            let store = db.store.clone();
+            async move {
+                let enqueue = ItemEnqueue::new(PROCESS, [key]).trace(Some(nth(n)));
+                store.item_enqueue(enqueue).await.expect("enqueue");
+            }
+        };
+        let session = db.session().await.id;
+        enqueue("quiet", 0).await;
+        let claim = LeaseClaim {
+            session,
+            process: PROCESS.into(),
+            max: 10,
+            trace_links: false,
+        };
+        let quiet = db.store.lease_claim(claim).await.expect("claim").leases;
+        assert_eq!(quiet.len(), 1);
+        assert_eq!(quiet[0].trace_links, None, "not asked, not read");
+
+        for (n, key) in ["one", "two", "three"].into_iter().enumerate() {
+            enqueue(key, n + 1).await;
+        }
+        let many = claim_traced(&db, session, 10).await;
+        assert_eq!(many.len(), 3);
+        for (n, key) in ["one", "two", "three"].into_iter().enumerate() {
+            let lease = many.iter().find(|l| l.key == key).expect("claimed");
+            assert_eq!(brought(lease).links, [nth(n + 1)], "{key}'s own");
+        }
+
+        // A limit sends the claim the general way (PostgreSQL: the gated
+        // function).
+        let limit = ProcessConfigure::new(PROCESS).concurrency(Some(100));
+        db.store.process_configure(limit).await.expect("configure");
+        for (n, key) in ["limited", "also"].into_iter().enumerate() {
+            enqueue(key, n + 10).await;
+        }
+        let limited = claim_traced(&db, session, 10).await;
+        assert_eq!(limited.len(), 2);
+        for (n, key) in ["limited", "also"].into_iter().enumerate() {
+            let lease = limited.iter().find(|l| l.key == key).expect("claimed");
+            assert_eq!(brought(lease).links, [nth(n + 10)], "{key}'s own");
+        }
     })
     .await;
 }
@@ -177,6 +218,7 @@ async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
             session: session.id,
             process: PROCESS.into(),
             max: 3,
+            trace_links: false,
         };
         let mut leases = db.store.lease_claim(claim).await.expect("claim").leases;
         leases.sort_by_key(|l| keys.iter().position(|k| *k == l.key));
@@ -228,6 +270,7 @@ async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
             session: session.id,
             process: PROCESS.into(),
             max: 1,
+            trace_links: false,
         };
         let again = db.store.lease_claim(claim).await.expect("claim").leases;
         let done = LeaseComplete {
