@@ -26,7 +26,7 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message as _;
 use support::process::{drover_bin, eventually, stop};
 use support::serve::Serve;
-use support::{TestDb, each_engine};
+use support::{TestDb, each_engine, each_engine_and_pooler};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
@@ -135,10 +135,11 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
 /// Each way a claim goes brings the links when it asks, and only then: a
 /// claim that does not ask (tracing off) brings none; the general claim (a
 /// limited process) brings them as the common one does; so does a claim of
-/// many keys, each with its own.
+/// many keys, each with its own. Through a transaction-pooling PgBouncer
+/// too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_brings_each_runs_links_only_when_it_asks() {
-    each_engine(|db| async move {
+    each_engine_and_pooler(|db| async move {
         let enqueue = |key: &'static str, n: usize| {
             let store = db.store.clone();
             async move {
