@@ -203,9 +203,35 @@ async fn run_trace_ids(store: &drover::store::Store, key: &str) -> Vec<Option<St
         .collect()
 }
 
+/// What `drover history --process PROCESS --key KEY` prints (`--json` when
+/// `json`).
+async fn history(db: &TestDb, key: &str, json: bool) -> String {
+    let mut args = vec![
+        "history",
+        "--db",
+        &db.url,
+        "--process",
+        PROCESS,
+        "--key",
+        key,
+    ];
+    if json {
+        args.push("--json");
+    }
+    let out = Command::new(drover_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run drover history");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "drover history failed: {stderr}");
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
 /// A run's history row keeps the trace id its worker completed it with, in
 /// a batch that mixes traced and untraced runs and a lost lease; an
-/// untraced run's row has none.
+/// untraced run's row has none; `drover history` shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
     each_engine(|db| async move {
@@ -261,6 +287,23 @@ async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
             run_trace_ids(&db.store, "failed").await,
             [Some(id(3).to_string())]
         );
+        // `drover history` shows them, on its lines and in its JSON.
+        for (key, id) in [("traced", Some(id(1))), ("untraced", None)] {
+            let line = history(&db, key, false).await;
+            let shown = id.map(|id| format!("  trace={id}"));
+            assert_eq!(
+                line.contains("trace="),
+                shown.is_some(),
+                "{key}'s line: {line}"
+            );
+            if let Some(shown) = shown {
+                assert!(line.contains(&shown), "{key}'s line shows {shown}: {line}");
+            }
+            let json: serde_json::Value =
+                serde_json::from_str(&history(&db, key, true).await).expect("JSON");
+            let want = id.map_or(serde_json::Value::Null, |id| id.to_string().into());
+            assert_eq!(json[0]["trace_id"], want, "{key}: {json}");
+        }
 
         // A lone clean done, traced: the common completion's path.
         db.store
