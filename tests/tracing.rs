@@ -186,6 +186,49 @@ async fn a_claim_brings_each_runs_links_only_when_it_asks() {
     .await;
 }
 
+/// Another program's SQL enqueue adds a context the way drover's own does:
+/// `drover_trace_link` after `drover_enqueue` (a function on PostgreSQL, a
+/// view on SQLite); a NULL context and a key that is not an item change
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
+    each_engine(|db| async move {
+        let change =
+            TraceContext::new(&context('c', 'd').traceparent(), Some("vendor=y")).expect("valid");
+        let stored = format!("{} vendor=y", change.traceparent());
+        let statements = if db.engine == "postgres" {
+            vec![
+                format!("SELECT drover_enqueue('{PROCESS}', ARRAY['sql'])"),
+                format!(
+                    "SELECT drover_trace_link('{PROCESS}', ARRAY['sql', 'nobody'], '{stored}')"
+                ),
+                format!("SELECT drover_trace_link('{PROCESS}', ARRAY['sql'], NULL)"),
+            ]
+        } else {
+            vec![
+                format!("INSERT INTO drover_enqueue (process, key) VALUES ('{PROCESS}', 'sql')"),
+                format!(
+                    "INSERT INTO drover_trace_link (process, key, context) \
+                     VALUES ('{PROCESS}', 'sql', '{stored}'), ('{PROCESS}', 'nobody', '{stored}')"
+                ),
+                format!(
+                    "INSERT INTO drover_trace_link (process, key, context) \
+                     VALUES ('{PROCESS}', 'sql', NULL)"
+                ),
+            ]
+        };
+        for sql in &statements {
+            db.execute(sql).await;
+        }
+        let session = db.session().await.id;
+        let leases = claim_traced(&db, session, 10).await;
+        assert_eq!(leases.len(), 1, "only the enqueued key is an item");
+        assert_eq!(brought(&leases[0]).links, [change]);
+        assert_eq!(brought(&leases[0]).dropped, 0);
+    })
+    .await;
+}
+
 /// The trace ids of `key`'s runs, newest first.
 async fn run_trace_ids(store: &drover::store::Store, key: &str) -> Vec<Option<String>> {
     let runs = store

@@ -1,5 +1,6 @@
 //! Trace contexts on SQLite (DESIGN.md rule 14): an enqueue's context is
-//! appended to its keys' next run ([`LINK`]); migration 0018's trigger moves
+//! appended to its keys' next run ([`LINK`], through the view other programs
+//! insert into, `drover_trace_link`); migration 0018's trigger moves
 //! them to the run when its lease starts, where the claim reads them back
 //! when it is asked to ([`claimed_links`]). A run
 //! that ends keeps its span's trace id in its history row
@@ -15,20 +16,15 @@ use crate::store::params::LeaseComplete;
 use crate::store::types::Lease;
 use crate::store::{StoreError, TraceContext, TraceLinks};
 
-/// Appends the context `?3` to the next run of the keys `?2` (a JSON array)
-/// of process `?1`: the first and the last 8 contexts are kept
-/// ([`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT)), and when a 17th
-/// comes the oldest of the last 8 is dropped and counted. PostgreSQL's
-/// `drover_trace_link` (migration 0015) says the same.
+/// Appends the context `?3` to the next run of each of the keys `?2` (a JSON
+/// array) of process `?1`, through the view `drover_trace_link` (migration
+/// 0020), which other programs use too: its trigger keeps the first and the
+/// last 8 contexts ([`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT)) and
+/// counts the ones between, as PostgreSQL's `drover_trace_link` (migration
+/// 0015) does. A key named twice gets the context once.
 const LINK: &str = "
-UPDATE drover_items SET trace_links = CASE
-    WHEN trace_links IS NULL THEN json_object('links', json_array(?3), 'dropped', 0)
-    WHEN json_array_length(trace_links, '$.links') < 16
-        THEN json_insert(trace_links, '$.links[#]', ?3)
-    ELSE json_set(json_insert(json_remove(trace_links, '$.links[8]'), '$.links[#]', ?3),
-                  '$.dropped', json_extract(trace_links, '$.dropped') + 1)
-    END
-WHERE process = ?1 AND key IN (SELECT value FROM json_each(?2))";
+INSERT INTO drover_trace_link (process, key, context)
+SELECT DISTINCT ?1, value, ?3 FROM json_each(?2)";
 
 /// Adds `context` to the next run of each of `keys` (a JSON array of keys
 /// that are items) on `conn`, inside the enqueue's transaction.
