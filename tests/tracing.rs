@@ -194,7 +194,7 @@ async fn a_claim_brings_each_runs_links_only_when_it_asks() {
 async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
     each_engine(|db| async move {
         let change =
-            TraceContext::new(&context('c', 'd').traceparent(), Some("vendor=y")).expect("valid");
+            TraceContext::new(context('c', 'd').traceparent(), Some("vendor=y")).expect("valid");
         let stored = format!("{} vendor=y", change.traceparent());
         let statements = if db.engine == "postgres" {
             vec![
