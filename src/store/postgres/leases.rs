@@ -132,13 +132,14 @@ impl ClaimedKey {
 }
 
 /// The rows of a claim statement, [`CLAIM`] or the gated claim function,
-/// both bound as `(session, process, max, clock offset)`, and [`CLAIM`] with
-/// `trace_links` as well (`traced`). Directly connected
+/// both bound as `(session, process, max, clock offset)`, then the claim's
+/// `trace_links` as `$5` when `sql` takes it (`binds_trace`: [`CLAIM`]
+/// does). Directly connected
 /// the statement is its own transaction; through a pooler it needs one around
 /// it (see `Tx`), and then the commit is where the outcome may become unknown.
 pub(super) async fn claim_rows<R>(
     store: &PostgresStore,
-    (sql, traced): (&'static str, bool),
+    (sql, binds_trace): (&'static str, bool),
     params: &LeaseClaim,
 ) -> Result<Vec<R>, StoreError>
 where
@@ -150,7 +151,7 @@ where
         .bind(&params.process)
         .bind(i64::from(params.max))
         .bind(store.clock.offset_ms());
-    if traced {
+    if binds_trace {
         query = query.bind(params.trace_links);
     }
     let rows: Vec<R> = query.fetch_all(&mut tx).await.map_err(map_commit)?;
