@@ -94,6 +94,7 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
         session: session.id,
         process: "provision".into(),
         max: 2,
+        trace_links: false,
     };
     let leases = db.store.lease_claim(claim).await.expect("claim").leases;
     let outcomes = [Outcome::Done, Outcome::Permanent("bad manifest".into())];
@@ -335,6 +336,7 @@ async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() 
         session: session.id,
         process: "provision".into(),
         max: 100,
+        trace_links: false,
     };
     let leases = db.store.lease_claim(claim).await.expect("claim").leases;
     assert_eq!(leases.len(), keys.len());
@@ -451,6 +453,7 @@ async fn an_hour_of_work(db: &support::TestDb) -> Vec<drover::store::Session> {
             session: session.id,
             process: "provision".into(),
             max: u32::try_from(n - 5).expect("small"),
+            trace_links: false,
         };
         for (i, lease) in store
             .lease_claim(claim)
@@ -489,6 +492,7 @@ async fn an_hour_of_work(db: &support::TestDb) -> Vec<drover::store::Session> {
             session: s.id,
             process: "provision".into(),
             max: 3,
+            trace_links: false,
         };
         store.lease_claim(claim).await.expect("claim");
         workers.push(s);

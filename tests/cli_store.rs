@@ -453,6 +453,7 @@ async fn retry_park_and_delete_act_on_each_key_and_refuse_running_ones() {
             session: session.id,
             process: "p".into(),
             max: 1,
+            trace_links: false,
         };
         let lease = db
             .store

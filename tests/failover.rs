@@ -580,6 +580,7 @@ async fn a_commit_the_primary_never_answers_is_unknown_after_a_while_not_awaited
         session: session.id,
         process: PROCESS.into(),
         max: 1,
+        trace_links: false,
     };
     let lease = store
         .lease_claim(claim)

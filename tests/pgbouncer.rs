@@ -319,6 +319,7 @@ async fn two_controllers_through_the_pooler_run_every_key_once_and_never_two_at_
         session: session.id,
         process: "loop".into(),
         max: 10,
+        trace_links: false,
     };
     assert!(
         db.store

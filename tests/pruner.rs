@@ -32,6 +32,7 @@ async fn claim(store: &Store, max: u32) -> Vec<Lease> {
         session: session.id,
         process: P.into(),
         max,
+        trace_links: false,
     };
     store.lease_claim(claim).await.expect("claim").leases
 }

@@ -68,6 +68,7 @@ async fn drain(store: Store, in_flight: Arc<Mutex<HashSet<String>>>) -> Vec<Stri
             session: session.id,
             process: P.into(),
             max: 7,
+            trace_links: false,
         };
         let leases = store.lease_claim(claim).await.expect("claim").leases;
         if leases.is_empty() {
@@ -128,6 +129,7 @@ async fn work_until_stopped(store: Store, stop: Arc<std::sync::atomic::AtomicBoo
             session: session.id,
             process: P.into(),
             max: 3,
+            trace_links: false,
         };
         let leases = store.lease_claim(claim).await.expect("claim").leases;
         if leases.is_empty() && stopping {
@@ -234,6 +236,7 @@ async fn worker_process() {
         session: session.id,
         process: P.into(),
         max: 1,
+        trace_links: false,
     };
     let first = store
         .lease_claim(claim)

@@ -23,6 +23,7 @@ async fn an_in_memory_sqlite_store_works_for_the_life_of_the_store() {
         session: session.id,
         process: "p".into(),
         max: 5,
+        trace_links: false,
     };
     assert_eq!(
         store.lease_claim(claim).await.expect("claim").leases.len(),

@@ -292,6 +292,7 @@ async fn a_batch_over_two_processes_counts_each_process_once_per_key() {
                 session,
                 process: process.into(),
                 max: 25,
+                trace_links: false,
             };
             leases.extend(store.lease_claim(claim).await.expect("claim").leases);
         }

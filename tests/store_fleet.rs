@@ -48,6 +48,7 @@ fn claim(session: SessionId, max: u32) -> LeaseClaim {
         session,
         process: P.into(),
         max,
+        trace_links: false,
     }
 }
 
@@ -259,6 +260,7 @@ async fn the_concurrency_limit_counts_its_own_runs_folded_or_not() {
             session: session.id,
             process: "other".into(),
             max: 40,
+            trace_links: false,
         };
         let others = db.store.lease_claim(other).await.expect("claim");
         assert_eq!(others.leases.len(), 40, "another process's runs");

@@ -23,6 +23,7 @@ fn claim(session: SessionId, max: u32) -> LeaseClaim {
         session,
         process: P.into(),
         max,
+        trace_links: false,
     }
 }
 

@@ -50,6 +50,7 @@ async fn after_a_fork_old_sessions_expire_and_nothing_is_claimed_for_the_longest
         session,
         process: process.into(),
         max: 1,
+        trace_links: false,
     };
     let before = store.lease_claim(claim(old.id, P)).await.expect("claim");
     assert_eq!(before.leases.len(), 1, "no pause before a fork");

@@ -62,14 +62,12 @@ async fn the_store_api_prepares_nothing_across_an_idle_moment() {
             session: session.id,
             process: "api".into(),
             max: 6,
+            // The claim that reads each run's trace contexts too.
+            trace_links: true,
         })
         .await
         .expect("claim");
     assert_eq!(claimed.leases.len(), 6);
-    store
-        .lease_trace_batch(&claimed.leases)
-        .await
-        .expect("trace links");
     store
         .session_heartbeat(SessionHeartbeat {
             session: session.id,

@@ -87,6 +87,7 @@ async fn an_expired_session_cannot_heartbeat_or_claim_and_a_heartbeat_extends_a_
             session: s.id,
             process: P.into(),
             max: 1,
+            trace_links: false,
         };
         let err = db.store.lease_claim(claim).await.expect_err("expired");
         assert!(matches!(err, StoreError::SessionExpired { .. }), "{err}");

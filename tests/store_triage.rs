@@ -225,6 +225,7 @@ async fn running_and_parked_keys_are_listed_in_key_order_whatever_order_they_sta
             session: s.id,
             process: "other".into(),
             max: 3,
+            trace_links: false,
         };
         let others = store.lease_claim(other).await.expect("claim").leases;
         assert_eq!(others.len(), 3);

@@ -625,6 +625,7 @@ async fn run_once(db: &TestDb, session: SessionId, log: &RunLog) -> usize {
         session,
         process: P.into(),
         max: 100,
+        trace_links: false,
     };
     let leases = db.store.lease_claim(claim).await.expect("claim").leases;
     for lease in &leases {

@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::routing::post;
 use drover::store::{
-    FencingToken, ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, RunList, StoreEngine as _,
-    TRACE_LINKS_KEPT, TraceContext, TraceId,
+    FencingToken, ItemEnqueue, Lease, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure,
+    RunList, SessionId, StoreEngine as _, TRACE_LINKS_KEPT, TraceContext, TraceId, TraceLinks,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -26,7 +26,7 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message as _;
 use support::process::{drover_bin, eventually, stop};
 use support::serve::Serve;
-use support::{TestDb, each_engine};
+use support::{TestDb, each_engine, each_engine_and_pooler};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
@@ -47,6 +47,26 @@ fn nth(n: usize) -> TraceContext {
     TraceContext::new(&format!("00-{:032x}-{:016x}-01", n + 1, n + 1), None).expect("valid")
 }
 
+/// The trace links a claim that asked for them brought with `lease`.
+fn brought(lease: &Lease) -> &TraceLinks {
+    lease
+        .trace_links
+        .as_ref()
+        .expect("a claim that asks brings each lease's links")
+}
+
+/// Claims up to `max` keys of [`PROCESS`] for `session`, asking for their
+/// trace links.
+async fn claim_traced(db: &TestDb, session: SessionId, max: u32) -> Vec<Lease> {
+    let claim = LeaseClaim {
+        session,
+        process: PROCESS.into(),
+        max,
+        trace_links: true,
+    };
+    db.store.lease_claim(claim).await.expect("claim").leases
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() {
     each_engine(|db| async move {
@@ -59,48 +79,28 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             .item_enqueue(ItemEnqueue::new(PROCESS, ["k", "untraced"]))
             .await
             .expect("enqueue");
-        let session = db.session().await;
-        let claim = LeaseClaim {
-            session: session.id,
-            process: PROCESS.into(),
-            max: 2,
-        };
-        let leases = db
-            .store
-            .lease_claim(claim.clone())
-            .await
-            .expect("claim")
-            .leases;
+        let session = db.session().await.id;
+        let leases = claim_traced(&db, session, 2).await;
         let lease = leases.iter().find(|l| l.key == "k").expect("k is claimed");
         let untraced = leases
             .iter()
             .find(|l| l.key == "untraced")
             .expect("claimed");
-        let links = db.store.lease_trace(lease).await.expect("links");
         let kept: Vec<_> = (0..TRACE_LINKS_KEPT)
             .chain(20 - TRACE_LINKS_KEPT..20)
             .map(nth)
             .collect();
         assert_eq!(
-            links.links, kept,
+            brought(lease).links,
+            kept,
             "the first and the last {TRACE_LINKS_KEPT}"
         );
-        assert_eq!(links.dropped, 20 - 2 * TRACE_LINKS_KEPT as u64);
-        assert!(
-            db.store
-                .lease_trace(untraced)
-                .await
-                .expect("links")
-                .is_empty()
-        );
+        assert_eq!(brought(lease).dropped, 20 - 2 * TRACE_LINKS_KEPT as u64);
+        assert!(brought(untraced).is_empty());
 
         // An enqueue during the run goes to the next run, not this one.
         let during = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(context('a', 'b')));
         db.store.item_enqueue(during).await.expect("enqueue");
-        assert_eq!(
-            db.store.lease_trace(lease).await.expect("links").links,
-            kept
-        );
         for lease in &leases {
             let done = LeaseComplete {
                 lease,
@@ -109,16 +109,10 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             };
             db.store.lease_complete(done).await.expect("complete");
         }
-        let next = db
-            .store
-            .lease_claim(claim.clone())
-            .await
-            .expect("claim")
-            .leases;
+        let next = claim_traced(&db, session, 2).await;
         assert_eq!(next.len(), 1, "the dirty key runs once more");
-        let links = db.store.lease_trace(&next[0]).await.expect("links");
-        assert_eq!(links.links, [context('a', 'b')]);
-        assert_eq!(links.dropped, 0);
+        assert_eq!(brought(&next[0]).links, [context('a', 'b')]);
+        assert_eq!(brought(&next[0]).dropped, 0);
 
         // A run that absorbed no context shows none, not its predecessor's.
         db.store
@@ -131,15 +125,106 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
             trace_id: None,
         };
         db.store.lease_complete(done).await.expect("complete");
-        let last = db.store.lease_claim(claim).await.expect("claim").leases;
+        let last = claim_traced(&db, session, 2).await;
         assert_eq!(last.len(), 1, "the dirty key runs once more");
-        assert!(
-            db.store
-                .lease_trace(&last[0])
-                .await
-                .expect("links")
-                .is_empty()
-        );
+        assert!(brought(&last[0]).is_empty());
+    })
+    .await;
+}
+
+/// Each way a claim goes brings the links when it asks, and only then: a
+/// claim that does not ask (tracing off) brings none; the general claim (a
+/// limited process) brings them as the common one does; so does a claim of
+/// many keys, each with its own. Through a transaction-pooling PgBouncer
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_brings_each_runs_links_only_when_it_asks() {
+    each_engine_and_pooler(|db| async move {
+        let enqueue = |key: &'static str, n: usize| {
+            let store = db.store.clone();
+            async move {
+                let enqueue = ItemEnqueue::new(PROCESS, [key]).trace(Some(nth(n)));
+                store.item_enqueue(enqueue).await.expect("enqueue");
+            }
+        };
+        let session = db.session().await.id;
+        enqueue("quiet", 0).await;
+        let claim = LeaseClaim {
+            session,
+            process: PROCESS.into(),
+            max: 10,
+            trace_links: false,
+        };
+        let quiet = db.store.lease_claim(claim).await.expect("claim").leases;
+        assert_eq!(quiet.len(), 1);
+        assert_eq!(quiet[0].trace_links, None, "not asked, not read");
+
+        for (n, key) in ["one", "two", "three"].into_iter().enumerate() {
+            enqueue(key, n + 1).await;
+        }
+        let many = claim_traced(&db, session, 10).await;
+        assert_eq!(many.len(), 3);
+        for (n, key) in ["one", "two", "three"].into_iter().enumerate() {
+            let lease = many.iter().find(|l| l.key == key).expect("claimed");
+            assert_eq!(brought(lease).links, [nth(n + 1)], "{key}'s own");
+        }
+
+        // A limit sends the claim the general way (PostgreSQL: the gated
+        // function).
+        let limit = ProcessConfigure::new(PROCESS).concurrency(Some(100));
+        db.store.process_configure(limit).await.expect("configure");
+        for (n, key) in ["limited", "also"].into_iter().enumerate() {
+            enqueue(key, n + 10).await;
+        }
+        let limited = claim_traced(&db, session, 10).await;
+        assert_eq!(limited.len(), 2);
+        for (n, key) in ["limited", "also"].into_iter().enumerate() {
+            let lease = limited.iter().find(|l| l.key == key).expect("claimed");
+            assert_eq!(brought(lease).links, [nth(n + 10)], "{key}'s own");
+        }
+    })
+    .await;
+}
+
+/// Another program's SQL enqueue adds a context the way drover's own does:
+/// `drover_trace_link` after `drover_enqueue` (a function on PostgreSQL, a
+/// view on SQLite); a NULL context and a key that is not an item change
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
+    each_engine(|db| async move {
+        let change =
+            TraceContext::new(context('c', 'd').traceparent(), Some("vendor=y")).expect("valid");
+        let stored = format!("{} vendor=y", change.traceparent());
+        let statements = if db.engine == "postgres" {
+            vec![
+                format!("SELECT drover_enqueue('{PROCESS}', ARRAY['sql'])"),
+                format!(
+                    "SELECT drover_trace_link('{PROCESS}', ARRAY['sql', 'nobody'], '{stored}')"
+                ),
+                format!("SELECT drover_trace_link('{PROCESS}', ARRAY['sql'], NULL)"),
+            ]
+        } else {
+            vec![
+                format!("INSERT INTO drover_enqueue (process, key) VALUES ('{PROCESS}', 'sql')"),
+                format!(
+                    "INSERT INTO drover_trace_link (process, key, context) \
+                     VALUES ('{PROCESS}', 'sql', '{stored}'), ('{PROCESS}', 'nobody', '{stored}')"
+                ),
+                format!(
+                    "INSERT INTO drover_trace_link (process, key, context) \
+                     VALUES ('{PROCESS}', 'sql', NULL)"
+                ),
+            ]
+        };
+        for sql in &statements {
+            db.execute(sql).await;
+        }
+        let session = db.session().await.id;
+        let leases = claim_traced(&db, session, 10).await;
+        assert_eq!(leases.len(), 1, "only the enqueued key is an item");
+        assert_eq!(brought(&leases[0]).links, [change]);
+        assert_eq!(brought(&leases[0]).dropped, 0);
     })
     .await;
 }
@@ -161,9 +246,35 @@ async fn run_trace_ids(store: &drover::store::Store, key: &str) -> Vec<Option<St
         .collect()
 }
 
+/// What `drover history --process PROCESS --key KEY` prints (`--json` when
+/// `json`).
+async fn history(db: &TestDb, key: &str, json: bool) -> String {
+    let mut args = vec![
+        "history",
+        "--db",
+        &db.url,
+        "--process",
+        PROCESS,
+        "--key",
+        key,
+    ];
+    if json {
+        args.push("--json");
+    }
+    let out = Command::new(drover_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run drover history");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "drover history failed: {stderr}");
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
 /// A run's history row keeps the trace id its worker completed it with, in
 /// a batch that mixes traced and untraced runs and a lost lease; an
-/// untraced run's row has none.
+/// untraced run's row has none; `drover history` shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
     each_engine(|db| async move {
@@ -177,6 +288,7 @@ async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
             session: session.id,
             process: PROCESS.into(),
             max: 3,
+            trace_links: false,
         };
         let mut leases = db.store.lease_claim(claim).await.expect("claim").leases;
         leases.sort_by_key(|l| keys.iter().position(|k| *k == l.key));
@@ -218,6 +330,23 @@ async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
             run_trace_ids(&db.store, "failed").await,
             [Some(id(3).to_string())]
         );
+        // `drover history` shows them, on its lines and in its JSON.
+        for (key, id) in [("traced", Some(id(1))), ("untraced", None)] {
+            let line = history(&db, key, false).await;
+            let shown = id.map(|id| format!("  trace={id}"));
+            assert_eq!(
+                line.contains("trace="),
+                shown.is_some(),
+                "{key}'s line: {line}"
+            );
+            if let Some(shown) = shown {
+                assert!(line.contains(&shown), "{key}'s line shows {shown}: {line}");
+            }
+            let json: serde_json::Value =
+                serde_json::from_str(&history(&db, key, true).await).expect("JSON");
+            let want = id.map_or(serde_json::Value::Null, |id| id.to_string().into());
+            assert_eq!(json[0]["trace_id"], want, "{key}: {json}");
+        }
 
         // A lone clean done, traced: the common completion's path.
         db.store
@@ -228,6 +357,7 @@ async fn a_runs_history_row_keeps_the_trace_id_it_was_completed_with() {
             session: session.id,
             process: PROCESS.into(),
             max: 1,
+            trace_links: false,
         };
         let again = db.store.lease_claim(claim).await.expect("claim").leases;
         let done = LeaseComplete {
@@ -486,6 +616,91 @@ async fn a_runs_span_links_to_the_enqueues_it_absorbed_and_a_retry_to_the_failed
         drop(serve);
     })
     .await;
+}
+
+/// The variable naming a Python interpreter that has the OpenTelemetry SDK
+/// and its OTLP/HTTP exporter (`scripts/otel-python/setup.sh` makes one and
+/// prints this line). Unset, the test that needs it is skipped; set, it is
+/// required.
+const OTEL_PYTHON_ENV: &str = "DROVER_TEST_OTEL_PYTHON";
+
+/// The Python of [`OTEL_PYTHON_ENV`], checked to import the SDK and the
+/// exporter; `None` (the test skips, saying why) when the variable is unset.
+async fn otel_python() -> Option<String> {
+    let Some(python) = std::env::var(OTEL_PYTHON_ENV)
+        .ok()
+        .filter(|p| !p.is_empty())
+    else {
+        eprintln!(
+            "skipped: {OTEL_PYTHON_ENV} is not set (scripts/otel-python/setup.sh makes a Python with the OpenTelemetry SDK and prints it)"
+        );
+        return None;
+    };
+    let imports =
+        "import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter";
+    let checked = Command::new(&python)
+        .args(["-c", imports])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{OTEL_PYTHON_ENV}={python} cannot be run: {e}"));
+    assert!(
+        checked.status.success(),
+        "{OTEL_PYTHON_ENV}={python} cannot import the OpenTelemetry SDK and OTLP/HTTP exporter \
+         (run scripts/otel-python/setup.sh): {}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    Some(python)
+}
+
+/// The command `drover work --exec` runs is a Python program using the
+/// OpenTelemetry SDK as a user's would (`scripts/otel-python/child.py`): it
+/// reads `TRACEPARENT`, starts its own span and exports it to the same
+/// collector. That span joins the run's trace, as the run span's child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_using_the_python_sdk_joins_its_runs_trace() {
+    let Some(python) = otel_python().await else {
+        return;
+    };
+    let (db, _dir) = support::sqlite().await;
+    db.store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+        .await
+        .expect("enqueue");
+    let child = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/otel-python/child.py");
+    let exec = format!("'{python}' '{}'", child.display());
+    let (addr, mut spans) = receiver().await;
+    let worker = traced_worker(&db, &exec, &format!("http://{addr}"));
+    let (mut run, mut joined) = (None, None);
+    while run.is_none() || joined.is_none() {
+        let span = next_span(&mut spans).await;
+        if span.kind == SpanKind::Consumer as i32 {
+            run = Some(span);
+        } else if span.name == "python child" {
+            joined = Some(span);
+        }
+    }
+    stop(worker).await;
+    let (run, joined) = (
+        run.expect("the run's span"),
+        joined.expect("the command's span"),
+    );
+    assert_eq!(
+        text(&run, "drover.outcome"),
+        "done",
+        "the command exported its span and exited 0"
+    );
+    assert_eq!(text(&joined, "drover.key"), "k", "the key was its argument");
+    assert_eq!(
+        hex(&joined.trace_id),
+        hex(&run.trace_id),
+        "the command's span is in the run's trace"
+    );
+    assert_eq!(
+        hex(&joined.parent_span_id),
+        hex(&run.span_id),
+        "the command's span is the run span's child"
+    );
 }
 
 /// Spans from `spans` until `wanted` of kind `kind` came (others are

@@ -28,7 +28,7 @@ pub struct ClaimRequest {
     pub wait_ms: u64,
     /// Return each lease's `trace_links` (default false): ask when the
     /// worker traces its runs, so each run's span can link to the enqueues
-    /// it absorbed. It costs the server one read per claim that leased keys.
+    /// it absorbed. The claim reads them with the keys it leases.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trace_links: bool,
 }
@@ -127,7 +127,10 @@ impl From<Lease> for LeaseBody {
             priority: l.priority,
             enqueued_at: l.enqueued_at,
             started_at: l.started_at,
-            trace_links: None,
+            trace_links: l
+                .trace_links
+                .filter(|links| !links.is_empty())
+                .map(Into::into),
         }
     }
 }
@@ -201,6 +204,7 @@ impl From<LeaseBody> for Lease {
             priority: l.priority,
             enqueued_at: l.enqueued_at,
             started_at: l.started_at,
+            trace_links: l.trace_links.map(Into::into),
         }
     }
 }
@@ -219,6 +223,7 @@ impl LeaseRef {
             priority: self.priority.unwrap_or(0),
             enqueued_at: self.enqueued_at.unwrap_or_default(),
             started_at: self.started_at.unwrap_or_default(),
+            trace_links: None,
         }
     }
 }

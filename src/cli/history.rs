@@ -134,7 +134,9 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One run as a line: id, end, process, key, outcome, then what is known.
+/// One run as a line: id, end, process, key, outcome, then what is known
+/// (`trace=` the trace id of its span, to look up in a tracing UI), the error
+/// last.
 fn line(r: &Run) -> String {
     let mut out = format!(
         "{}  {}  {}  {}  {}",
@@ -158,6 +160,9 @@ fn line(r: &Run) -> String {
     }
     if let Some(actor) = &r.actor {
         out.push_str(&format!("  by={actor}"));
+    }
+    if let Some(trace) = &r.trace_id {
+        out.push_str(&format!("  trace={trace}"));
     }
     if let Some(error) = &r.error {
         out.push_str(&format!("  error: {error}"));

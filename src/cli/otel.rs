@@ -15,7 +15,6 @@
 //! Two kinds of spans go out: each run's ([`RUN_TARGET`]) and, in `drover
 //! serve`, each HTTP request's ([`HTTP_TARGET`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use drover::runner::RUN_TARGET;
@@ -32,14 +31,6 @@ use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
-
-/// Whether [`init`] installed the trace exporter.
-static EXPORTING: AtomicBool = AtomicBool::new(false);
-
-/// Whether traces are exported (read after [`init`]).
-pub(crate) fn exporting() -> bool {
-    EXPORTING.load(Ordering::Relaxed)
-}
 
 /// How long the exit waits for the last spans to go out.
 const FLUSH_WITHIN: Duration = Duration::from_secs(3);
@@ -64,7 +55,6 @@ pub(crate) fn init() -> Telemetry {
             EnvFilter::try_from_env("DROVER_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
         );
     let provider = configured().then(provider).flatten();
-    EXPORTING.store(provider.is_some(), Ordering::Relaxed);
     let traces = provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("drover"))

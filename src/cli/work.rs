@@ -101,11 +101,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             backoff.is_none(),
             "--backoff-initial and --backoff-max need --db: a process's backoff is set where its database is"
         );
-        let mut client = args.remote.client(server)?;
-        if super::otel::exporting() {
-            // The runs' spans link to the enqueues their claims bring.
-            client = client.trace_links();
-        }
+        let client = args.remote.client(server)?;
         let controller = controller(&args, client, exec, None)?;
         eprintln!(
             "drover work: process {} via {server}, parallelism {}, exec {:?}",

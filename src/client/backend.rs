@@ -15,7 +15,7 @@ use crate::api::{
 use crate::store::{
     ClaimGate, Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome,
     ProcessConfigure, RemoteError, Session, SessionClose, SessionHeartbeat, SessionId,
-    SessionStart, StoreError, TraceContext, TraceLinks, WorkerBackend, clean_text,
+    SessionStart, StoreError, TraceContext, WorkerBackend, clean_text,
 };
 
 /// The most bytes of completions one request carries: half the server's
@@ -40,9 +40,6 @@ impl WorkerBackend for Client {
             .call(Method::POST, "/v1/sessions", Some(&body), CALL_TIMEOUT)
             .await
             .map_err(Failure::into_store)?;
-        if let Some(trace) = &self.trace {
-            trace.clear();
-        }
         Ok(Session {
             id: SessionId(session.id),
             component: session.component,
@@ -82,20 +79,14 @@ impl WorkerBackend for Client {
             process: params.process,
             max: params.max.max(1),
             wait_ms: millis(wait),
-            trace_links: self.trace.is_some(),
+            trace_links: params.trace_links,
         };
         let answer: ClaimResponse = self
             .call(Method::POST, &path, Some(&body), wait + CLAIM_SLACK)
             .await
             .map_err(|f| session_failure(f, params.session))?;
-        let leases = answer.leases.into_iter().map(|mut lease| {
-            if let (Some(trace), Some(links)) = (&self.trace, lease.trace_links.take()) {
-                trace.keep(lease.token, links.into());
-            }
-            Lease::from(lease)
-        });
         Ok(Claimed {
-            leases: leases.collect(),
+            leases: answer.leases.into_iter().map(Lease::from).collect(),
             gate: ClaimGate {
                 paused: answer.paused,
                 // The server wakes its long-polls when a slot comes free.
@@ -147,14 +138,6 @@ impl WorkerBackend for Client {
         Ok(results)
     }
 
-    async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        Ok(self
-            .trace
-            .as_ref()
-            .map(|trace| trace.take(lease.token.0))
-            .unwrap_or_default())
-    }
-
     async fn item_trace_link(
         &self,
         lease: &Lease,
@@ -179,9 +162,6 @@ impl WorkerBackend for Client {
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
-        if let Some(trace) = &self.trace {
-            trace.take(params.lease.token.0);
-        }
         let body = ReleaseRequest {
             lease: LeaseRef::from(params.lease),
         };
@@ -307,6 +287,7 @@ mod tests {
             priority: 0,
             enqueued_at: DateTime::<Utc>::UNIX_EPOCH,
             started_at: DateTime::<Utc>::UNIX_EPOCH,
+            trace_links: None,
         };
         let result = |code: Option<&str>| CompletionResult {
             error: code.map(str::to_owned),

@@ -7,7 +7,6 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::trace::ClaimedLinks;
 use crate::api::ErrorBody;
 use crate::store::{RemoteError, StoreError, error_chain};
 
@@ -21,8 +20,6 @@ pub struct Client {
     http: reqwest::Client,
     base: Arc<str>,
     token: Option<Arc<str>>,
-    /// The claimed runs' trace links, when the claims ask for them.
-    pub(super) trace: Option<Arc<ClaimedLinks>>,
 }
 
 /// How a call failed before the caller's own mapping.
@@ -74,22 +71,7 @@ impl Client {
             http,
             base: trimmed.into(),
             token: None,
-            trace: None,
         })
-    }
-
-    /// Asks every claim for its leases' trace links (the W3C contexts of the
-    /// enqueues each run absorbed), so each run's span links to them as a
-    /// worker's on the database does (default: not asked). Worth it only
-    /// when the runs' spans are exported: it costs the server one read per
-    /// claim that leased keys. `drover work --server` asks when it exports
-    /// traces.
-    #[must_use]
-    pub fn trace_links(self) -> Self {
-        Self {
-            trace: Some(Arc::default()),
-            ..self
-        }
     }
 
     /// Sends `token` as the bearer token of every request (a worker's or an

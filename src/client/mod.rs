@@ -33,6 +33,5 @@
 mod admin;
 mod backend;
 mod http;
-mod trace;
 
 pub use http::Client;

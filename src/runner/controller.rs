@@ -386,6 +386,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                     session: session.id,
                     process: process.clone(),
                     max,
+                    trace_links: super::trace::links_wanted(),
                 };
                 self.backend.lease_claim_wait(params, wait).await
             }

@@ -68,7 +68,7 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     /// it cannot run twice meanwhile.
     pub(crate) async fn execute(
         self: Arc<Self>,
-        lease: Lease,
+        mut lease: Lease,
         token: CancellationToken,
         permit: OwnedSemaphorePermit,
     ) {
@@ -76,9 +76,9 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
         if span.is_disabled() {
             return self.execute_in(lease, token, permit, &span).await;
         }
-        // Boxed: a traced run's extra awaits stay out of every run's future.
+        trace::link_enqueues(&span, &mut lease);
+        // Boxed: a traced run's instrumented future stays out of every run's.
         Box::pin(async move {
-            trace::link_enqueues(&span, &self.backend, &lease).await;
             let run = self.execute_in(lease, token, permit, &span);
             run.instrument(span.clone()).await;
         })

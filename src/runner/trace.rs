@@ -48,24 +48,26 @@ pub(crate) fn run_span(lease: &Lease) -> Span {
     span
 }
 
-/// Links the span to the enqueues the run absorbed, read from the backend
-/// only when the span is part of an OpenTelemetry trace. A failed read costs
-/// the links, never the run.
-pub(crate) async fn link_enqueues<B: WorkerBackend>(span: &Span, backend: &B, lease: &Lease) {
+/// Whether claims should bring each lease's trace links
+/// ([`LeaseClaim::trace_links`](crate::store::LeaseClaim::trace_links)):
+/// when a subscriber records the run spans. A subscriber that records them
+/// without OpenTelemetry (a log at `info`) makes the claims read one column
+/// more, which nothing then uses.
+pub(crate) fn links_wanted() -> bool {
+    cfg!(feature = "otel") && tracing::span_enabled!(target: RUN_TARGET, tracing::Level::INFO)
+}
+
+/// Links the span to the enqueues the run absorbed, which its claim brought
+/// ([`Lease::trace_links`], taken from the lease: the run needs them no
+/// more), when the span is part of an OpenTelemetry trace.
+pub(crate) fn link_enqueues(span: &Span, lease: &mut Lease) {
+    let Some(links) = lease.trace_links.take() else {
+        return;
+    };
     #[cfg(feature = "otel")]
     {
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        if context_of(span).is_none() {
-            return;
-        }
-        let links = match backend.lease_trace(lease).await {
-            Ok(links) => links,
-            Err(e) => {
-                tracing::debug!(key = %lease.key, error = %e, "cannot read the run's trace links");
-                return;
-            }
-        };
-        if links.is_empty() {
+        if links.is_empty() || context_of(span).is_none() {
             return;
         }
         // Signed: the bridge exports an unsigned integer as text.
@@ -80,7 +82,7 @@ pub(crate) async fn link_enqueues<B: WorkerBackend>(span: &Span, backend: &B, le
         }
     }
     #[cfg(not(feature = "otel"))]
-    let _ = (span, backend, lease);
+    let _ = (span, links);
 }
 
 /// Records how the run ended: its outcome, and an error status with the

@@ -23,7 +23,7 @@ use super::fleet::{Claimed, ProcessPause};
 use super::params::*;
 use super::settings::{ProcessConfigure, ProcessSettings};
 use super::types::*;
-use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch, TraceContext, TraceLinks};
+use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch, TraceContext};
 
 /// A store on whichever engine the URL names. Cheap to clone; clones share the
 /// connection pool and the clock.
@@ -242,24 +242,9 @@ fn pool_stats<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> PoolStats {
     }
 }
 
-/// Trace contexts (DESIGN.md rule 14): what a run absorbed, and a link
-/// from a failed run to its retry.
+/// Trace contexts (DESIGN.md rule 14): a link from a failed run to its
+/// retry (what a run absorbed comes with its claim: [`Lease::trace_links`]).
 impl Store {
-    /// The trace contexts of the enqueues the run under `lease` absorbed,
-    /// moved to it when its lease started; empty when none carried one, or
-    /// once another lease took the key. The runner reads them only when it
-    /// records the run's span.
-    pub async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        let mut links = self.lease_trace_batch(std::slice::from_ref(lease)).await?;
-        Ok(links.pop().unwrap_or_default())
-    }
-
-    /// [`lease_trace`](Self::lease_trace) for many leases in one read, by
-    /// position: what a server hands a worker over HTTP with its claim.
-    pub async fn lease_trace_batch(&self, leases: &[Lease]) -> Result<Vec<TraceLinks>, StoreError> {
-        dispatch!(self, s => s.lease_trace_batch(leases).await)
-    }
-
     /// Adds `context` to the next run of `process`'s `key` (if it is an item),
     /// as an enqueue's context would be: the runner links a retry to the
     /// attempt that failed this way.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
+use super::TraceContext;
 use super::fleet::Claimed;
 use super::params::{
     LeaseClaim, LeaseComplete, LeaseRelease, SessionClose, SessionHeartbeat, SessionStart,
@@ -16,7 +17,6 @@ use super::params::{
 use super::settings::ProcessConfigure;
 use super::types::{Lease, ReclaimReport, Session};
 use super::{Store, StoreEngine, StoreError};
-use super::{TraceContext, TraceLinks};
 
 /// What a [`Controller`](crate::runner::Controller) needs from where its work
 /// lives: sessions, claims (with a wait), batched completions and releases.
@@ -99,18 +99,6 @@ pub trait WorkerBackend: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
         let _ = process;
         None
-    }
-
-    /// The trace contexts of the enqueues the run under `lease` absorbed
-    /// (DESIGN.md rule 14), read only when the run's span is recorded; none
-    /// where the backend cannot tell (over HTTP, unless the claims asked for
-    /// them: [`Client::trace_links`](crate::client::Client::trace_links)).
-    fn lease_trace(
-        &self,
-        lease: &Lease,
-    ) -> impl Future<Output = Result<TraceLinks, StoreError>> + Send {
-        let _ = lease;
-        async { Ok(TraceLinks::default()) }
     }
 
     /// Adds `context` to the next run of `lease`'s key, as an enqueue's
@@ -220,10 +208,6 @@ impl WorkerBackend for Store {
 
     fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
         Some(Store::subscribe(self, process))
-    }
-
-    async fn lease_trace(&self, lease: &Lease) -> Result<TraceLinks, StoreError> {
-        Store::lease_trace(self, lease).await
     }
 
     async fn item_trace_link(

@@ -45,7 +45,7 @@
 //! let session = store
 //!     .session_start(SessionStart::new("example", Duration::from_secs(30)))
 //!     .await?;
-//! let claim = LeaseClaim { session: session.id, process: "provision".into(), max: 10 };
+//! let claim = LeaseClaim { session: session.id, process: "provision".into(), max: 10, trace_links: false };
 //! let leases = store.lease_claim(claim).await?.leases; // none while the process is paused
 //! assert_eq!(leases.len(), 2);
 //! for lease in &leases {

@@ -164,6 +164,11 @@ pub struct LeaseClaim {
     pub process: String,
     /// At most this many leases (0 claims nothing).
     pub max: u32,
+    /// Whether each lease should bring the trace contexts its run absorbed
+    /// ([`Lease::trace_links`]), read in the claim's own statements: ask
+    /// when the runs' spans are recorded (the runner does, when a subscriber
+    /// records its spans), not otherwise, and nothing more is read.
+    pub trace_links: bool,
 }
 
 /// Parameters of [`lease_complete`](super::StoreEngine::lease_complete).

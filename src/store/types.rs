@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::trace::TraceId;
+use super::trace::{TraceId, TraceLinks};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -66,6 +66,14 @@ pub struct Lease {
     pub enqueued_at: DateTime<Utc>,
     /// When the run started, on the database clock.
     pub started_at: DateTime<Utc>,
+    /// The trace contexts of the enqueues this run absorbed (DESIGN.md rule
+    /// 14), read by the claim itself when it asked for them
+    /// ([`LeaseClaim::trace_links`](super::LeaseClaim::trace_links)): the
+    /// run's span links to each. `None` when the claim did not ask (tracing
+    /// off: nothing more was read) or the lease came another way
+    /// (`lease_lock`); `None` or empty when no enqueue carried a context.
+    #[serde(skip)]
+    pub trace_links: Option<TraceLinks>,
 }
 
 /// What processing a key returned.

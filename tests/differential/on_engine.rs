@@ -151,6 +151,7 @@ impl OnEngine {
                     session,
                     process: self.process.clone(),
                     max: u32::from(*max),
+                    trace_links: false,
                 };
                 match s.lease_claim(params).await {
                     Ok(claimed) => match self.aliases.add_leases(&claimed.leases) {

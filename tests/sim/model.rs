@@ -431,6 +431,7 @@ impl Model {
                 priority: item.priority,
                 enqueued_at: stamp(item.enqueued_at),
                 started_at: stamp(now),
+                trace_links: None,
             });
             self.log.push(What::Claim {
                 worker,

@@ -33,6 +33,7 @@ pub(crate) async fn claim(store: &Store, session: SessionId, max: u32) -> Vec<Le
             session,
             process: P.into(),
             max,
+            trace_links: false,
         })
         .await
         .expect("claim")
@@ -55,6 +56,7 @@ pub(crate) async fn run_ready(
         session: session.id,
         process: process.into(),
         max,
+        trace_links: false,
     };
     let leases = store.lease_claim(claim).await.expect("claim").leases;
     let results = store

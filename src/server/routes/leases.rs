@@ -22,7 +22,7 @@ use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,
-    StoreEngine as _, StoreError, TraceId, TraceLinks, validate_process,
+    StoreEngine as _, StoreError, TraceId, validate_process,
 };
 
 /// Leases up to `max` ready keys of a process for the session (at most 1000 in
@@ -72,33 +72,12 @@ pub(crate) async fn claim(
             .claimed(&lease.process, waited.unwrap_or_default());
     }
     let next_token_in = claimed.gate.next_token_in;
-    let links = if body.trace_links && !claimed.leases.is_empty() {
-        trace_links(&state, &claimed.leases).await
-    } else {
-        Vec::new()
-    };
-    let mut leases: Vec<LeaseBody> = claimed.leases.into_iter().map(Into::into).collect();
-    for (lease, links) in leases.iter_mut().zip(links) {
-        lease.trace_links = (!links.is_empty()).then(|| links.into());
-    }
+    let leases: Vec<LeaseBody> = claimed.leases.into_iter().map(Into::into).collect();
     Ok(Json(ClaimResponse {
         leases,
         paused: claimed.gate.paused,
         next_token_in_ms: next_token_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
     }))
-}
-
-/// The trace links of the claimed leases, by position, in one read; none
-/// when it fails (the leases are committed: a link is never worth losing
-/// them).
-async fn trace_links(state: &AppState, leases: &[Lease]) -> Vec<TraceLinks> {
-    match state.store.lease_trace_batch(leases).await {
-        Ok(links) => links,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the claimed runs' trace links");
-            Vec::new()
-        }
-    }
 }
 
 /// The claim, and when it finds nothing, the wait: in its process's line
@@ -118,6 +97,7 @@ async fn wait_for_leases(
         session,
         process: body.process.clone(),
         max: body.max.min(MAX_CLAIM),
+        trace_links: body.trace_links,
     };
     let signal = state.store.subscribe(&params.process);
     let before = signal.notified();

@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 
 use super::engine::PostgresStore;
 use super::leases::{ClaimedKey, claim_rows};
+use super::trace;
 use crate::store::StoreError;
 use crate::store::fleet::Claimed;
 use crate::store::params::LeaseClaim;
@@ -112,7 +113,7 @@ pub(super) async fn claim(
     store: &PostgresStore,
     params: &LeaseClaim,
 ) -> Result<Claimed, StoreError> {
-    let rows: Vec<GatedRow> = claim_rows(store, CLAIM_GATED, params).await?;
+    let rows: Vec<GatedRow> = claim_rows(store, (CLAIM_GATED, false), params).await?;
     // The function's outer join returns one row even when nothing was claimed.
     let Some(first) = rows.first() else {
         return Err(StoreError::Database(sqlx::Error::RowNotFound.into()));
@@ -134,10 +135,13 @@ pub(super) async fn claim(
         first.decided_at,
         first.running
     );
-    let leases: Vec<Lease> = rows
+    let mut leases: Vec<Lease> = rows
         .into_iter()
-        .filter_map(|r| r.claimed.into_lease(params.session))
+        .filter_map(|r| r.claimed.into_lease(params.session, false))
         .collect();
+    if params.trace_links {
+        trace::claimed_links(store, &mut leases).await;
+    }
     if !binds {
         return Ok(Claimed::open(leases));
     }

@@ -10,13 +10,13 @@ use super::gated;
 use super::processes::ensure_process;
 use super::rows::{RunningRow, running_columns};
 use super::sessions::requeue;
-use crate::store::StoreError;
 use crate::store::fleet::Claimed;
 use crate::store::key::{validate_key, validate_process};
 use crate::store::params::{LeaseClaim, LeaseLock, LeaseRelease};
 use crate::store::rules::gate::{Admission, GateRow};
 use crate::store::rules::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
+use crate::store::{StoreError, TraceLinks};
 
 /// The whole claim in one statement: check the session, walk the process's
 /// distinct pending priorities from the highest down (`prios`, one index probe
@@ -37,6 +37,10 @@ use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 ///
 /// `forked` is the pause after a fork in the database's history (see
 /// `lineage`): while it lasts nothing is claimed.
+///
+/// `$5` asks for each run's trace contexts: `RETURNING` sees the row as the
+/// `BEFORE` trigger of migration 0015 left it, the contexts moved to
+/// `trace_run`. Not asked, the column is not read.
 ///
 /// `gate` is the fleet controls' fast path (one primary-key probe): a process
 /// that is paused or has a limit claims nothing here and reports `held`, and
@@ -77,9 +81,9 @@ claimed AS (
       lease_token = nextval('drover_lease_tokens'), started_at = (SELECT now FROM clock)
   WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
   RETURNING i.id, i.process, i.key, i.priority, i.failures, i.ready_at, i.enqueued_at,
-      i.lease_token, i.started_at)
+      i.lease_token, i.started_at, CASE WHEN $5::boolean THEN i.trace_run::text END AS trace_run)
 SELECT (SELECT count(*) FROM live) AS live, (SELECT count(*) FROM gate) AS held, c.process, c.key, c.priority, c.failures,
-    c.enqueued_at, c.lease_token, c.started_at
+    c.enqueued_at, c.lease_token, c.started_at, c.trace_run
 FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
 ORDER BY c.priority DESC, c.ready_at, c.id";
 
@@ -103,11 +107,16 @@ pub(super) struct ClaimedKey {
     enqueued_at: Option<DateTime<Utc>>,
     lease_token: Option<i64>,
     started_at: Option<DateTime<Utc>>,
+    /// The run's trace contexts as stored, when the claim asked for them
+    /// (only [`CLAIM`] reads them; the gated claim's are read after it).
+    #[sqlx(default)]
+    trace_run: Option<String>,
 }
 
 impl ClaimedKey {
-    /// The lease of `session` on this key, if a key was claimed.
-    pub(super) fn into_lease(self, session: SessionId) -> Option<Lease> {
+    /// The lease of `session` on this key, if a key was claimed; with its
+    /// trace links when `traced` (the claim asked for them).
+    pub(super) fn into_lease(self, session: SessionId, traced: bool) -> Option<Lease> {
         Some(Lease {
             session,
             process: self.process?,
@@ -117,31 +126,35 @@ impl ClaimedKey {
             priority: self.priority?,
             enqueued_at: self.enqueued_at?,
             started_at: self.started_at?,
+            trace_links: traced.then(|| TraceLinks::from_json(self.trace_run.as_deref())),
         })
     }
 }
 
 /// The rows of a claim statement, [`CLAIM`] or the gated claim function,
-/// both bound as `(session, process, max, clock offset)`. Directly connected
+/// both bound as `(session, process, max, clock offset)`, then the claim's
+/// `trace_links` as `$5` when `sql` takes it (`binds_trace`: [`CLAIM`]
+/// does). Directly connected
 /// the statement is its own transaction; through a pooler it needs one around
 /// it (see `Tx`), and then the commit is where the outcome may become unknown.
 pub(super) async fn claim_rows<R>(
     store: &PostgresStore,
-    sql: &'static str,
+    (sql, binds_trace): (&'static str, bool),
     params: &LeaseClaim,
 ) -> Result<Vec<R>, StoreError>
 where
     R: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
 {
     let mut tx = store.read().await?;
-    let rows: Vec<R> = sqlx::query_as(sql)
+    let mut query = sqlx::query_as(sql)
         .bind(params.session.0)
         .bind(&params.process)
         .bind(i64::from(params.max))
-        .bind(store.clock.offset_ms())
-        .fetch_all(&mut tx)
-        .await
-        .map_err(map_commit)?;
+        .bind(store.clock.offset_ms());
+    if binds_trace {
+        query = query.bind(params.trace_links);
+    }
+    let rows: Vec<R> = query.fetch_all(&mut tx).await.map_err(map_commit)?;
     commit(tx).await?;
     Ok(rows)
 }
@@ -154,21 +167,22 @@ pub(super) async fn claim(
     if store.gated.contains(&params.process) {
         return gated::claim(store, params).await;
     }
-    let rows: Vec<ClaimRow> = claim_rows(store, CLAIM, params).await?;
+    let rows: Vec<ClaimRow> = claim_rows(store, (CLAIM, true), params).await?;
     if rows.first().is_some_and(|r| r.held > 0) {
         return gated::claim(store, params).await;
     }
-    leases(rows, params.session).map(Claimed::open)
+    leases(rows, params).map(Claimed::open)
 }
 
 /// The leases of a claim's rows; `SessionExpired` if the session was not live.
-fn leases(rows: Vec<ClaimRow>, session: SessionId) -> Result<Vec<Lease>, StoreError> {
+fn leases(rows: Vec<ClaimRow>, params: &LeaseClaim) -> Result<Vec<Lease>, StoreError> {
+    let session = params.session;
     if rows.first().is_none_or(|r| r.live == 0) {
         return Err(StoreError::SessionExpired { session });
     }
     Ok(rows
         .into_iter()
-        .filter_map(|r| r.claimed.into_lease(session))
+        .filter_map(|r| r.claimed.into_lease(session, params.trace_links))
         .collect())
 }
 
@@ -289,6 +303,7 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
         priority,
         enqueued_at,
         started_at: now,
+        trace_links: None,
     })
 }
 

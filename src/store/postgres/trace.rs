@@ -1,10 +1,13 @@
 //! Trace contexts on PostgreSQL (DESIGN.md rule 14): an enqueue's context is
 //! appended to its keys' next run by `drover_trace_link` (migration 0015),
 //! the function other programs call after `drover_enqueue`; that migration's
-//! trigger moves them to the run when its lease starts, where
-//! [`lease_trace_batch`](PostgresStore::lease_trace_batch) reads them. A run
+//! trigger moves them to the run when its lease starts, where the claim
+//! reads them when it is asked to (in its own statement, or
+//! [`claimed_links`] after a gated claim). A run
 //! that ends keeps its span's trace id in its history row
 //! ([`keep_trace_ids`]).
+
+use std::collections::HashMap;
 
 use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
@@ -37,46 +40,48 @@ where
     Ok(())
 }
 
-impl PostgresStore {
-    /// The trace contexts the runs under `leases` absorbed, by position
-    /// (see [`Store::lease_trace_batch`](crate::store::Store::lease_trace_batch)):
-    /// one statement, each row found by its key and checked against its
-    /// lease. Empty for a lease another took since.
-    pub(crate) async fn lease_trace_batch(
-        &self,
-        leases: &[Lease],
-    ) -> Result<Vec<TraceLinks>, StoreError> {
-        let mut tx = self.read().await?;
-        let found: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT l.n, i.trace_run::text
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
-                 AS l(process, key, token, n)
-             JOIN drover_items i ON i.process = l.process AND i.key = l.key
-             WHERE i.lease_token = l.token AND i.state = 'running'
-                 AND i.trace_run IS NOT NULL",
-        )
-        .bind(
-            leases
-                .iter()
-                .map(|l| l.process.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(leases.iter().map(|l| l.key.as_str()).collect::<Vec<_>>())
-        .bind(leases.iter().map(|l| l.token.0).collect::<Vec<_>>())
-        .fetch_all(&mut tx)
-        .await
-        .db()?;
-        commit(tx).await?;
-        let mut links = vec![TraceLinks::default(); leases.len()];
-        for (n, run) in found {
-            // WITH ORDINALITY counts from 1.
-            if let Some(slot) = usize::try_from(n - 1).ok().and_then(|n| links.get_mut(n)) {
-                *slot = TraceLinks::from_json(Some(&run));
-            }
-        }
-        Ok(links)
-    }
+/// The trace contexts of the runs of session `$1` whose lease tokens are in
+/// `$2`, one probe of the lease index each.
+const CLAIMED: &str = "
+SELECT lease_token, trace_run::text FROM drover_items
+WHERE lease_session = $1 AND lease_token = ANY($2) AND state = 'running'
+    AND trace_run IS NOT NULL";
 
+/// Fills each of `leases`' trace links ([`CLAIMED`]) after a gated claim
+/// (`drover_claim_gated` returns none: [`CLAIM`](super::leases) reads them
+/// in its own statement). Its leases are committed, and a link is never
+/// worth losing them: a failed read leaves them without links, and says so
+/// in the log.
+pub(super) async fn claimed_links(store: &PostgresStore, leases: &mut [Lease]) {
+    let Some(session) = leases.first().map(|l| l.session) else {
+        return;
+    };
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token.0).collect();
+    let read = async {
+        let mut tx = store.read().await?;
+        let found: Vec<(i64, String)> = sqlx::query_as(CLAIMED)
+            .bind(session.0)
+            .bind(&tokens)
+            .fetch_all(&mut tx)
+            .await
+            .db()?;
+        commit(tx).await?;
+        Ok::<_, StoreError>(found)
+    };
+    let mut found: HashMap<i64, String> = match read.await {
+        Ok(found) => found.into_iter().collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the claimed runs' trace links");
+            return;
+        }
+    };
+    for lease in leases {
+        let run = found.remove(&lease.token.0);
+        lease.trace_links = Some(TraceLinks::from_json(run.as_deref()));
+    }
+}
+
+impl PostgresStore {
     /// Adds `context` to the next run of one key, in its own transaction (see
     /// [`Store::item_trace_link`](crate::store::Store::item_trace_link)).
     pub(crate) async fn item_trace_link(

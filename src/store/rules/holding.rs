@@ -150,6 +150,7 @@ mod tests {
             priority: 0,
             enqueued_at: Utc::now(),
             started_at: Utc::now(),
+            trace_links: None,
         }
     }
 

@@ -8,8 +8,8 @@ use super::gate::{self, gate_columns};
 use super::processes::ensure_process;
 use super::rows::{RunningRow, json_rows, running_columns, to_time};
 use super::sessions::requeue;
+use super::trace;
 use super::writer::padded;
-use crate::store::StoreError;
 use crate::store::exec::Exec as _;
 use crate::store::fleet::{ClaimGate, Claimed};
 use crate::store::key::{validate_key, validate_process};
@@ -18,6 +18,7 @@ use crate::store::rules::decode::corrupt;
 use crate::store::rules::groups::error_signature;
 use crate::store::rules::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
+use crate::store::{StoreError, TraceLinks};
 
 /// Fails with `SessionExpired` unless the session exists and its deadline is
 /// still ahead.
@@ -97,6 +98,7 @@ fn lease(
         priority,
         enqueued_at: to_time(enqueued_at),
         started_at: to_time(started_at),
+        trace_links: None,
     }
 }
 
@@ -364,8 +366,9 @@ struct Quick {
 }
 
 /// A lease as [`QUICK`] reads it back: `[ready_at, id, token, key,
-/// priority, failures, enqueued_at, started_at]`.
-type QuickRow = (i64, i64, i64, String, i32, i64, i64, i64);
+/// priority, failures, enqueued_at, started_at, trace_run]`, the last
+/// `null` unless the claim asked for its trace links.
+type QuickRow = (i64, i64, i64, String, i32, i64, i64, i64, Option<String>);
 
 /// The common claim in one trip to the connection's thread ([`QUICK`]).
 async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, StoreError> {
@@ -377,6 +380,7 @@ async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, 
                 .bind(params.session.0)
                 .bind(&params.process)
                 .bind(i64::from(params.max))
+                .bind(params.trace_links)
         })
         .await
         .db()?;
@@ -387,13 +391,14 @@ async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, 
     let mut leases: Vec<_> = rows
         .into_iter()
         .map(
-            |(ready_at, id, token, key, priority, failures, enqueued_at, started_at)| {
+            |(ready_at, id, token, key, priority, failures, enqueued_at, started_at, trace)| {
                 let row = (priority, failures, enqueued_at, started_at);
                 let process = params.process.clone();
-                (
-                    (ready_at, id),
-                    lease(params.session, process, key, token, row),
-                )
+                let mut lease = lease(params.session, process, key, token, row);
+                if params.trace_links {
+                    lease.trace_links = Some(TraceLinks::from_json(trace.as_deref()));
+                }
+                ((ready_at, id), lease)
             },
         )
         .collect();
@@ -408,7 +413,9 @@ async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, 
 }
 
 /// The common claim of up to `?4` keys of process `?3` for session `?2`, at
-/// the database clock shifted by the test offset `?1`, in one trip: the ready
+/// the database clock shifted by the test offset `?1`, in one trip (with
+/// each run's trace contexts, which migration 0018's trigger moved to
+/// `trace_run`, when `?5` asks): the ready
 /// rows of the highest pending priority, earliest ready first, started with
 /// tokens past the counter's (`first + id - lowest id`, as [`START`] gives
 /// them), counted ([`counted`]), read back, the counter moved past them, and
@@ -419,7 +426,7 @@ async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, 
 /// key is not printable ASCII (the general claim checks that it is text, and
 /// parks it when it is not); it then commits a transaction that wrote
 /// nothing. Its one row: the leases as one JSON array of `[ready_at, id,
-/// token, key, priority, failures, enqueued_at, started_at]`, whether the
+/// token, key, priority, failures, enqueued_at, started_at, trace_run]`, whether the
 /// session is alive, and whether ready rows may be left that the general
 /// claim would take (some at the highest pending priority, or a lower
 /// priority pending).
@@ -452,8 +459,9 @@ WITH t(now) AS (SELECT ",
     " + ?1)
 SELECT
     (SELECT CAST(json_group_array(json_array(ready_at, id, lease_token, key, priority, failures,
-                                             enqueued_at, started_at)) AS BLOB)
-     FROM (SELECT ready_at, id, lease_token, key, priority, failures, enqueued_at, started_at
+                                             enqueued_at, started_at, trace)) AS BLOB)
+     FROM (SELECT ready_at, id, lease_token, key, priority, failures, enqueued_at, started_at,
+               CASE WHEN ?5 THEN trace_run END AS trace
            FROM drover_items
            WHERE lease_session = ?2 AND state = 'running' AND lease_token >
                (SELECT value FROM drover_counters WHERE name = 'lease_token'))) AS leases,
@@ -493,7 +501,7 @@ async fn claim_general(store: &SqliteStore, params: LeaseClaim) -> Result<Claime
     let first = opening.ready.and_then(|json| String::from_utf8(json).ok());
     let (ready, parked) =
         ready_rows(&mut tx, now, &params.process, max, (opening.top, first)).await?;
-    let leases = start_runs(
+    let mut leases = start_runs(
         &mut tx,
         now,
         &params.process,
@@ -501,6 +509,9 @@ async fn claim_general(store: &SqliteStore, params: LeaseClaim) -> Result<Claime
         (ready, opening.tokens),
     )
     .await?;
+    if params.trace_links {
+        trace::claimed_links(&mut tx, &mut leases).await?;
+    }
     let gate = match decided {
         Some(decided) => {
             let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);

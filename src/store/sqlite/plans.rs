@@ -103,7 +103,7 @@ fn every_statement_of_a_query_of_several_gets_all_its_parameters() {
     let queries = [
         (super::leases::OPENING, 4),
         (super::leases::START, 6),
-        (super::leases::QUICK, 4),
+        (super::leases::QUICK, 5),
         (super::complete::OPENING, 2),
         (super::complete::OPENING_QUICK, 5),
         (super::complete::CLEAN, 3),

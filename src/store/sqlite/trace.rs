@@ -1,7 +1,8 @@
 //! Trace contexts on SQLite (DESIGN.md rule 14): an enqueue's context is
-//! appended to its keys' next run ([`LINK`]); migration 0018's trigger moves
-//! them to the run when its lease starts, where
-//! [`lease_trace_batch`](SqliteStore::lease_trace_batch) reads them. A run
+//! appended to its keys' next run ([`LINK`], through the view other programs
+//! insert into, `drover_trace_link`); migration 0018's trigger moves
+//! them to the run when its lease starts, where the claim reads them back
+//! when it is asked to ([`claimed_links`]). A run
 //! that ends keeps its span's trace id in its history row
 //! ([`keep_trace_ids`]).
 
@@ -15,20 +16,15 @@ use crate::store::params::LeaseComplete;
 use crate::store::types::Lease;
 use crate::store::{StoreError, TraceContext, TraceLinks};
 
-/// Appends the context `?3` to the next run of the keys `?2` (a JSON array)
-/// of process `?1`: the first and the last 8 contexts are kept
-/// ([`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT)), and when a 17th
-/// comes the oldest of the last 8 is dropped and counted. PostgreSQL's
-/// `drover_trace_link` (migration 0015) says the same.
+/// Appends the context `?3` to the next run of each of the keys `?2` (a JSON
+/// array) of process `?1`, through the view `drover_trace_link` (migration
+/// 0020), which other programs use too: its trigger keeps the first and the
+/// last 8 contexts ([`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT)) and
+/// counts the ones between, as PostgreSQL's `drover_trace_link` (migration
+/// 0015) does. A key named twice gets the context once.
 const LINK: &str = "
-UPDATE drover_items SET trace_links = CASE
-    WHEN trace_links IS NULL THEN json_object('links', json_array(?3), 'dropped', 0)
-    WHEN json_array_length(trace_links, '$.links') < 16
-        THEN json_insert(trace_links, '$.links[#]', ?3)
-    ELSE json_set(json_insert(json_remove(trace_links, '$.links[8]'), '$.links[#]', ?3),
-                  '$.dropped', json_extract(trace_links, '$.dropped') + 1)
-    END
-WHERE process = ?1 AND key IN (SELECT value FROM json_each(?2))";
+INSERT INTO drover_trace_link (process, key, context)
+SELECT DISTINCT ?1, value, ?3 FROM json_each(?2)";
 
 /// Adds `context` to the next run of each of `keys` (a JSON array of keys
 /// that are items) on `conn`, inside the enqueue's transaction.
@@ -47,39 +43,38 @@ pub(super) async fn link(
     Ok(())
 }
 
-impl SqliteStore {
-    /// The trace contexts the runs under `leases` absorbed, by position
-    /// (see [`Store::lease_trace_batch`](crate::store::Store::lease_trace_batch)):
-    /// one statement, each row found by its key and checked against its
-    /// lease. Empty for a lease another took since.
-    pub(crate) async fn lease_trace_batch(
-        &self,
-        leases: &[Lease],
-    ) -> Result<Vec<TraceLinks>, StoreError> {
-        let asked: Vec<Value> = leases
-            .iter()
-            .map(|l| json!([l.process, l.key, l.token.0]))
-            .collect();
-        let found: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT j.key, i.trace_run FROM json_each(?1) AS j CROSS JOIN drover_items AS i
-                 ON i.process = json_extract(j.value, '$[0]')
-                    AND i.key = json_extract(j.value, '$[1]')
-             WHERE i.lease_token = json_extract(j.value, '$[2]') AND i.state = 'running'
-                 AND i.trace_run IS NOT NULL",
-        )
-        .bind(Value::from(asked).to_string())
-        .fetch_all(&self.pool)
+/// The trace contexts each lease's run absorbed, read in the general claim's
+/// transaction right after it started them (the trigger has moved them to
+/// `trace_run`): the runs of session `?1` whose tokens are in `?2` (a JSON
+/// array), one probe of the lease index each. ([`QUICK`](super::leases::QUICK)
+/// reads them back with its leases.)
+const CLAIMED: &str = "
+SELECT lease_token, trace_run FROM drover_items
+WHERE lease_session = ?1 AND lease_token IN (SELECT value FROM json_each(?2))
+    AND trace_run IS NOT NULL";
+
+/// Fills each of `leases`' trace links ([`CLAIMED`]), inside the claim's
+/// transaction `tx`: empty for a run that absorbed no context.
+pub(super) async fn claimed_links(tx: &mut Tx, leases: &mut [Lease]) -> Result<(), StoreError> {
+    let Some(session) = leases.first().map(|l| l.session) else {
+        return Ok(());
+    };
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token.0).collect();
+    let found: Vec<(i64, String)> = sqlx::query_as(CLAIMED)
+        .bind(session.0)
+        .bind(Value::from(tokens).to_string())
+        .fetch_all(&mut **tx)
         .await
         .db()?;
-        let mut links = vec![TraceLinks::default(); leases.len()];
-        for (n, run) in found {
-            if let Some(slot) = usize::try_from(n).ok().and_then(|n| links.get_mut(n)) {
-                *slot = TraceLinks::from_json(Some(&run));
-            }
-        }
-        Ok(links)
+    let mut found: std::collections::HashMap<i64, String> = found.into_iter().collect();
+    for lease in leases {
+        let run = found.remove(&lease.token.0);
+        lease.trace_links = Some(TraceLinks::from_json(run.as_deref()));
     }
+    Ok(())
+}
 
+impl SqliteStore {
     /// Adds `context` to the next run of one key, in its own transaction (see
     /// [`Store::item_trace_link`](crate::store::Store::item_trace_link)).
     pub(crate) async fn item_trace_link(
