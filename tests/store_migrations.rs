@@ -65,6 +65,8 @@ const DROP_ALL: [&str; 14] = [
     "DROP VIEW IF EXISTS drover_trace_link",
     "DROP TABLE IF EXISTS drover_resync",
     "DROP VIEW IF EXISTS drover_enqueue",
+    // SQLite's (PostgreSQL's is a function, dropped with the others).
+    "DROP VIEW IF EXISTS drover_trace_link",
     "DROP TABLE IF EXISTS drover_watches",
     "DROP TABLE drover_items",
     "DROP TABLE IF EXISTS drover_item_counts",
