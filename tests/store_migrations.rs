@@ -62,7 +62,6 @@ async fn sqlx_insert_future_migration(db: &support::TestDb) {
 /// The tables of a database at schema version 2 (before known keys and runs).
 const DROP_ALL: [&str; 14] = [
     "DROP TABLE IF EXISTS drover_lineage",
-    "DROP VIEW IF EXISTS drover_trace_link",
     "DROP TABLE IF EXISTS drover_resync",
     "DROP VIEW IF EXISTS drover_enqueue",
     // SQLite's (PostgreSQL's is a function, dropped with the others).
