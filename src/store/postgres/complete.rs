@@ -63,11 +63,10 @@ pub(super) async fn complete_batch(
     // measured from when they are written.
     let now = store.now(&mut tx).await?;
     let mut writes = Writes::default();
-    let settling = settle_batch(now, batch, rows, &expired, |_, row, s| {
-        writes.add(row.id, s);
+    let settling = settle_batch(now, batch, rows, &expired, |params, row, s| {
+        writes.add(row.id, s, params.trace_id.map(|id| id.to_string()));
     });
     writes.flush(&mut tx, now).await?;
-    super::trace::keep_trace_ids(&mut tx, now, batch, &settling.results).await?;
     commit(tx).await?;
     for process in settling.ready {
         wakeup::notify(process);
@@ -122,8 +121,9 @@ struct Writes {
 }
 
 impl Writes {
-    fn add(&mut self, id: i64, settled: Settled) {
-        self.runs.push(id, settled.outcome, settled.error);
+    fn add(&mut self, id: i64, settled: Settled, trace_id: Option<String>) {
+        self.runs
+            .push_traced(id, settled.outcome, settled.error, trace_id);
         if settled.next.state == NextState::Idle {
             self.idle.push(id);
         } else {

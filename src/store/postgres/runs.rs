@@ -18,17 +18,18 @@ use crate::store::rules::rows::runs;
 use crate::store::rules::settle::earlier;
 use crate::store::types::{Run, RunOutcome};
 
-/// Ends the runs of the running rows whose ids are in `$3`, with the outcome
-/// and error of the same position in `$2` and `$4`, at `$1`; everything else is
+/// Ends the runs of the running rows whose ids are in `$3`, with the outcome,
+/// error and trace id (of a traced run, else NULL) of the same position in
+/// `$2`, `$4` and `$5`, at `$1`; everything else is
 /// read from the rows themselves: the lease, the attempt (nothing changes a
 /// running row's failures, so `failures + 1` is the lease's attempt), when the
 /// key became pending and when the run started. Must run before the rows change.
 const LOG_FROM_ROWS: &str = "
 INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
-    started_at, ended_at, error)
+    started_at, ended_at, error, trace_id)
 SELECT i.process, i.key, r.outcome, i.failures + 1, i.lease_session, i.lease_token,
-    i.enqueued_at, i.started_at, $1, r.error
-FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS r(outcome, id, error)
+    i.enqueued_at, i.started_at, $1, r.error, r.trace_id
+FROM UNNEST($2::text[], $3::bigint[], $4::text[], $5::text[]) AS r(outcome, id, error, trace_id)
 JOIN drover_items i ON i.id = r.id
 ORDER BY i.lease_token";
 
@@ -38,14 +39,29 @@ pub(super) struct Ending {
     outcome: Vec<&'static str>,
     id: Vec<i64>,
     error: Vec<Option<String>>,
+    trace_id: Vec<Option<String>>,
 }
 
 impl Ending {
     /// Adds the run of running row `id`, ending with `outcome` and `error`.
     pub(super) fn push(&mut self, id: i64, outcome: RunOutcome, error: Option<String>) {
+        self.push_traced(id, outcome, error, None);
+    }
+
+    /// [`push`](Self::push) for a run whose span was exported: its trace id
+    /// goes into the history row as it is written (one row version, not an
+    /// insert and then an update).
+    pub(super) fn push_traced(
+        &mut self,
+        id: i64,
+        outcome: RunOutcome,
+        error: Option<String>,
+        trace_id: Option<String>,
+    ) {
         self.outcome.push(outcome.as_str());
         self.id.push(id);
         self.error.push(error);
+        self.trace_id.push(trace_id);
     }
 
     /// The runs of the rows `ids`, all ending with `outcome` and no error.
@@ -72,6 +88,7 @@ pub(super) async fn log_runs(
         .bind(&ending.outcome)
         .bind(&ending.id)
         .bind(&ending.error)
+        .bind(&ending.trace_id)
         .exec(&mut *tx)
         .await?;
     Ok(())

@@ -4,18 +4,16 @@
 //! trigger moves them to the run when its lease starts, where the claim
 //! reads them when it is asked to (in its own statement, or
 //! [`claimed_links`] after a gated claim). A run
-//! that ends keeps its span's trace id in its history row
-//! ([`keep_trace_ids`]).
+//! that ends keeps its span's trace id in its history row, written with the
+//! row (`runs.rs`, `LOG_FROM_ROWS`).
 
 use std::collections::HashMap;
 
 use crate::store::exec::Exec as _;
-use chrono::{DateTime, Utc};
 use sqlx::{Executor, Postgres};
 
-use super::engine::{PostgresStore, Tx};
+use super::engine::PostgresStore;
 use super::error::{Db as _, commit};
-use crate::store::params::LeaseComplete;
 use crate::store::types::Lease;
 use crate::store::{StoreError, TraceContext, TraceLinks};
 
@@ -96,55 +94,4 @@ impl PostgresStore {
     }
 }
 
-/// Sets the trace id of the history rows of runs that ended at `$1`, by
-/// process, key and token (`$2`–`$5`, one position per run). Each run's row
-/// is its key's newest, written in this transaction (the item's row lock
-/// keeps any other run of the key out), found at the end of the `(process,
-/// key, id)` index and checked by its token.
-const KEEP: &str = "
-UPDATE drover_runs AS r SET trace_id = t.trace_id
-FROM (SELECT (SELECT max(o.id) FROM drover_runs o WHERE o.process = u.process AND o.key = u.key)
-             AS id, u.token, u.trace_id
-      FROM UNNEST($2::text[], $3::text[], $4::bigint[], $5::text[])
-          AS u(process, key, token, trace_id)) AS t
-WHERE r.id = t.id AND r.token = t.token AND r.ended_at = $1";
 
-/// Keeps the trace ids of `batch`'s runs that were settled (`Ok` in
-/// `results`, by position) in their history rows written at `now` in `tx`,
-/// before it commits. A batch without a trace id (tracing off) sends
-/// nothing.
-pub(super) async fn keep_trace_ids(
-    tx: &mut Tx,
-    now: DateTime<Utc>,
-    batch: &[LeaseComplete<'_>],
-    results: &[Result<(), StoreError>],
-) -> Result<(), StoreError> {
-    let traced: Vec<_> = batch
-        .iter()
-        .zip(results)
-        .filter(|(_, result)| result.is_ok())
-        .filter_map(|(params, _)| Some((params.lease, params.trace_id?.to_string())))
-        .collect();
-    if traced.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(KEEP)
-        .bind(now)
-        .bind(
-            traced
-                .iter()
-                .map(|(l, _)| l.process.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            traced
-                .iter()
-                .map(|(l, _)| l.key.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(traced.iter().map(|(l, _)| l.token.0).collect::<Vec<_>>())
-        .bind(traced.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>())
-        .exec(&mut *tx)
-        .await?;
-    Ok(())
-}

@@ -104,7 +104,7 @@ pub(crate) fn settle_batch<'a, R: Held>(
     batch: &[LeaseComplete<'a>],
     rows: Vec<Option<R>>,
     expired: &HashSet<SessionId>,
-    mut write: impl FnMut(&'a Lease, R, Settled),
+    mut write: impl FnMut(&LeaseComplete<'a>, R, Settled),
 ) -> Settling<'a> {
     let mut seen = HashSet::with_capacity(batch.len());
     let mut settling = Settling {
@@ -120,7 +120,7 @@ pub(crate) fn settle_batch<'a, R: Held>(
                 if settled.next.ready_by(now) {
                     settling.ready.insert(lease.process.as_str());
                 }
-                write(lease, row, settled);
+                write(params, row, settled);
                 Ok(())
             }
             None if expired.contains(&lease.session) => Err(StoreError::SessionExpired {

@@ -208,8 +208,8 @@ async fn complete_general(
     }
     let general: Vec<LeaseComplete<'_>> = rest.iter().map(|&n| batch[n]).collect();
     let rows = held(&mut tx, &live, &general).await?;
-    let settling = settle_batch(to_time(now), &general, rows, &expired, |lease, row, s| {
-        writes.add(&lease.process, row.id, s);
+    let settling = settle_batch(to_time(now), &general, rows, &expired, |params, row, s| {
+        writes.add(&params.lease.process, row.id, s);
     });
     for (n, answer) in rest.into_iter().zip(settling.results) {
         answers[n] = Some(answer);
