@@ -13,8 +13,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use drover::backoff::Backoff;
 use drover::store::{
-    ClaimGate, Claimed, FencingToken, Lease, Outcome, ReclaimReport, RunOutcome, Session,
-    SessionId, StoreError,
+    ClaimGate, Claimed, FencingToken, Lease, Outcome, ReclaimReport, Retention, RunOutcome,
+    Session, SessionId, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -53,7 +53,12 @@ pub(crate) struct Item {
     pub state: State,
     pub priority: i32,
     ready_at: Duration,
-    enqueued_at: Duration,
+    /// When it last became pending from idle or parked (retention's fallback
+    /// when no run of it has ended).
+    pub(crate) enqueued_at: Duration,
+    /// When its last run ended (with any outcome, or handed back): what
+    /// retention judges an idle key's age by.
+    pub(crate) last_ended_at: Option<Duration>,
     /// Set while a failure's backoff holds the item back.
     backoff_until: Option<Duration>,
     pub failures: u32,
@@ -97,6 +102,9 @@ pub(crate) struct Row {
     pub outcome: RunOutcome,
     /// The run's fencing token; `None` for an operator's action.
     pub token: Option<i64>,
+    /// When it was written (the run ended, the operator acted), on the
+    /// database clock: what retention judges its age by.
+    pub at: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -108,7 +116,7 @@ struct Sess {
 /// The model's state.
 #[derive(Debug)]
 pub(crate) struct Model {
-    log: Log,
+    pub(crate) log: Log,
     pub items: BTreeMap<String, Item>,
     sessions: BTreeMap<i64, Sess>,
     next_session: i64,
@@ -126,6 +134,8 @@ pub(crate) struct Model {
     pub history: Vec<Row>,
     /// How much faster the database clock runs than the log's (the workers').
     drift: f64,
+    /// How long runs and idle keys are kept ([`retention`](crate::retention)).
+    pub retention: Retention,
 }
 
 /// Simulated time as the database's timestamps.
@@ -151,6 +161,7 @@ impl Model {
             wake: Arc::new(Notify::new()),
             history: Vec::new(),
             drift: 0.0,
+            retention: Retention::default(),
         }
     }
 
@@ -221,15 +232,18 @@ impl Model {
     pub(crate) fn session_close(&mut self, session: i64) -> u64 {
         self.sessions.remove(&session);
         let mut released = 0;
+        let at = self.now();
         for (key, item) in &mut self.items {
             if let Some(held) = item.held.as_ref().filter(|h| h.session == session) {
                 self.history.push(Row {
                     key: key.clone(),
                     outcome: RunOutcome::Canceled,
                     token: Some(held.token),
+                    at,
                 });
                 let now = self.log.now();
                 requeue(item, now);
+                item.last_ended_at = Some(at);
                 released += 1;
             }
         }
@@ -261,8 +275,10 @@ impl Model {
                         key: key.clone(),
                         outcome: RunOutcome::Expired,
                         token: Some(held.token),
+                        at: now,
                     });
                     requeue(item, now);
+                    item.last_ended_at = Some(now);
                 }
             }
             report.sessions += 1;
@@ -299,6 +315,7 @@ impl Model {
             priority,
             ready_at: ready,
             enqueued_at: now,
+            last_ended_at: None,
             backoff_until: None,
             failures: 0,
             last_error: None,
@@ -487,10 +504,12 @@ impl Model {
                 let backoff = self.backoff;
                 let item = self.items.get_mut(&lease.key).expect("checked");
                 settle(item, now, outcome, &backoff);
+                item.last_ended_at = Some(now);
                 self.history.push(Row {
                     key: lease.key.clone(),
                     outcome: RunOutcome::of(outcome),
                     token: Some(lease.token.0),
+                    at: now,
                 });
                 match item.state {
                     State::Pending => "pending",
@@ -519,11 +538,14 @@ impl Model {
         let checked = self.check(lease);
         if checked.is_ok() {
             let now = self.now();
-            requeue(self.items.get_mut(&lease.key).expect("checked"), now);
+            let item = self.items.get_mut(&lease.key).expect("checked");
+            requeue(item, now);
+            item.last_ended_at = Some(now);
             self.history.push(Row {
                 key: lease.key.clone(),
                 outcome: RunOutcome::Canceled,
                 token: Some(lease.token.0),
+                at: now,
             });
             self.wake.notify_waiters();
         }
@@ -542,6 +564,7 @@ impl Model {
     /// Pauses or resumes the process; a change is a history row (key `""`).
     pub(crate) fn set_paused(&mut self, paused: bool) {
         if self.paused != paused {
+            let at = self.now();
             self.history.push(Row {
                 key: String::new(),
                 outcome: if paused {
@@ -550,6 +573,7 @@ impl Model {
                     RunOutcome::Resumed
                 },
                 token: None,
+                at,
             });
         }
         self.paused = paused;
@@ -614,6 +638,7 @@ impl Model {
                     key: key.to_owned(),
                     outcome,
                     token: None,
+                    at: now,
                 });
                 "done"
             }
