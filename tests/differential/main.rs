@@ -4,14 +4,17 @@
 //! delays and priorities, claims, completions with every outcome, one at a
 //! time and in batches, releases, heartbeats, session closes, reclaims after
 //! the database clock moved, operators' retry, park and delete, pause and
-//! the concurrency and rate limits) and runs each on the model store of the
-//! simulation (`tests/sim/model.rs`, the executable form of DESIGN.md's
-//! rules), on SQLite and, when `DROVER_TEST_POSTGRES_URL` is set, on
-//! PostgreSQL. Every answer (leases handed out and their order, refusals,
-//! reports) and the state after every operation (each item's state, dirty
-//! mark, failures, priority, last error and lease; each key's history) must
-//! agree with the model's ([`case`]). A divergence is shrunk to a short
-//! sequence and printed with the model's answers along it.
+//! the concurrency and rate limits, retention's rules and whole retention
+//! passes in small batches) and runs each on the model store of the
+//! simulation (`tests/sim/model.rs` and `tests/sim/retention.rs`, the
+//! executable form of DESIGN.md's rules), on SQLite and, when
+//! `DROVER_TEST_POSTGRES_URL` is set, on PostgreSQL. Every answer (leases
+//! handed out and their order, refusals, reports, what a prune removed) and
+//! the state after every operation (each item's state, dirty mark, failures,
+//! priority, last error and lease; each key's history, so a run pruned on
+//! one side and kept on another shows) must agree with the model's
+//! ([`case`]). A divergence is shrunk to a short sequence and printed with
+//! the model's answers along it.
 //!
 //! `cargo test --test differential` runs 96 cases of up to 40 operations.
 //! More: `DROVER_DIFF_CASES=2000 cargo test --test differential`; longer
@@ -35,6 +38,8 @@ mod log;
 #[allow(dead_code)] // the simulation's model, of which this test uses a part
 #[path = "../sim/model.rs"]
 mod model;
+#[path = "../sim/retention.rs"]
+mod retention;
 
 #[path = "../support/mod.rs"]
 mod support;

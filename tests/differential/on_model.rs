@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use drover::backoff::Backoff;
-use drover::store::{Lease, Outcome, StoreError};
+use drover::store::{Lease, Outcome, Retention, StoreError};
 
 use crate::aliases::Aliases;
 use crate::log::Log;
@@ -29,6 +29,15 @@ pub(crate) fn outcome(end: End) -> Outcome {
         End::RequeueAfter(u) => Outcome::RequeueAfter(UNIT * u32::from(u)),
         End::Transient => Outcome::Transient("boom".into()),
         End::Permanent => Outcome::Permanent("bad spec".into()),
+    }
+}
+
+/// The retention an [`Op::Retention`] sets.
+pub(crate) fn retention(keep: u8, per_key: u8, forget: Option<u8>) -> Retention {
+    Retention {
+        keep_runs_for: UNIT * u32::from(keep),
+        keep_runs_per_key: u32::from(per_key),
+        forget_idle_after: forget.map(|u| UNIT * u32::from(u)),
     }
 }
 
@@ -100,6 +109,22 @@ impl OnModel {
             | Op::Pause(_)
             | Op::Limit(_)
             | Op::Rate(_) => self.operator(op),
+            Op::Retention {
+                keep,
+                per_key,
+                forget,
+            } => {
+                self.model
+                    .set_retention(retention(*keep, *per_key, *forget));
+                Answer::Set
+            }
+            Op::Prune { .. } => {
+                let pruned = self.model.retention_prune();
+                Answer::Pruned {
+                    runs: pruned.runs,
+                    items: pruned.items,
+                }
+            }
         }
     }
 

@@ -93,6 +93,19 @@ pub(crate) enum Op {
     Limit(Option<u8>),
     /// Sets a rate limit of [`RATE_PER_S`] with this burst, or removes it.
     Rate(Option<u8>),
+    /// Sets the process's retention: runs kept `keep` units and at most
+    /// `per_key` a key; idle keys forgotten after `forget` units, or never.
+    Retention {
+        keep: u8,
+        per_key: u8,
+        forget: Option<u8>,
+    },
+    /// One whole retention pass in batches of `batch` rows, each batch going
+    /// on from the cursor the one before returned, until one says the pass
+    /// is done.
+    Prune {
+        batch: u8,
+    },
 }
 
 impl fmt::Display for End {
@@ -145,6 +158,18 @@ impl fmt::Display for Op {
             Self::Limit(None) => write!(f, "remove concurrency limit"),
             Self::Rate(Some(burst)) => write!(f, "rate limit 1/u burst {burst}"),
             Self::Rate(None) => write!(f, "remove rate limit"),
+            Self::Retention {
+                keep,
+                per_key,
+                forget,
+            } => {
+                write!(f, "retention: runs {keep}u, {per_key} a key, idle keys ")?;
+                match forget {
+                    Some(u) => write!(f, "{u}u"),
+                    None => write!(f, "kept"),
+                }
+            }
+            Self::Prune { batch } => write!(f, "prune in batches of {batch}"),
         }
     }
 }
@@ -182,23 +207,41 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(Op::Pause),
         1 => prop::option::of(1u8..3).prop_map(Op::Limit),
         1 => prop::option::of(1u8..4).prop_map(Op::Rate),
+        1 => retention(),
+        3 => (1u8..6).prop_map(|batch| Op::Prune { batch }),
     ]
 }
 
+/// Retention short enough for a case's clock (a few units) to pass it.
+fn retention() -> impl Strategy<Value = Op> {
+    (1u8..6, 1u8..4, prop::option::weighted(0.8, 1u8..6)).prop_map(|(keep, per_key, forget)| {
+        Op::Retention {
+            keep,
+            per_key,
+            forget,
+        }
+    })
+}
+
 /// A case: a session started, in some cases a rate or concurrency limit
-/// set from the start (so that the limits meet many claims, not only those
-/// after a late change), then up to `max_ops` operations.
+/// and short retention set from the start (so that the limits meet many
+/// claims, and prunes find runs and keys to remove, not only those after a
+/// late change), then up to `max_ops` operations.
 pub(crate) fn sequence(max_ops: usize) -> impl Strategy<Value = Ops> {
     let first = (3u8..9).prop_map(|ttl| Op::Start { ttl });
     let rate = prop::option::weighted(0.3, 1u8..4).prop_map(|b| b.map(|b| Op::Rate(Some(b))));
     let limit = prop::option::weighted(0.15, 1u8..3).prop_map(|n| n.map(|n| Op::Limit(Some(n))));
-    (first, rate, limit, vec(op(), 1..=max_ops)).prop_map(|(first, rate, limit, rest)| {
-        let mut ops = vec![first];
-        ops.extend(rate);
-        ops.extend(limit);
-        ops.extend(rest);
-        Ops(ops)
-    })
+    let retention = prop::option::weighted(0.5, retention());
+    (first, rate, limit, retention, vec(op(), 1..=max_ops)).prop_map(
+        |(first, rate, limit, retention, rest)| {
+            let mut ops = vec![first];
+            ops.extend(rate);
+            ops.extend(limit);
+            ops.extend(retention);
+            ops.extend(rest);
+            Ops(ops)
+        },
+    )
 }
 
 /// A sequence of operations, printed one a line, numbered.

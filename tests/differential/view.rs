@@ -102,6 +102,11 @@ pub(crate) enum Answer {
     /// A pause or resume, and whether it changed anything.
     Changed(bool),
     Set,
+    /// A whole retention pass: the runs deleted and the idle keys forgotten.
+    Pruned {
+        runs: u64,
+        items: u64,
+    },
     /// An error no side should give, or a broken promise (a token that did
     /// not increase): a divergence whatever the model says.
     Failed(String),
@@ -131,6 +136,11 @@ impl Answer {
             Self::Reclaimed { leases, .. } => format!("reclaim of {leases} leases"),
             Self::Enqueued { dirty } => format!("enqueue, {dirty} dirty"),
             Self::Admin(words) => format!("admin: {words}"),
+            Self::Pruned { runs, items } => format!(
+                "prune removing {} runs, {} keys",
+                if *runs > 0 { "some" } else { "no" },
+                if *items > 0 { "some" } else { "no" }
+            ),
             other => format!("{other:?}"),
         }
     }
