@@ -4,7 +4,7 @@
 use drover::backoff::Backoff;
 use drover::store::{
     ItemDelete, ItemEnqueue, ItemList, ItemPark, ItemRetry, ItemState, LeaseClaim, LeaseComplete,
-    LeaseRelease, ProcessConfigure, ProcessPause, PruneCursor, RetentionPrune, RunList,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPause, PruneCursor, RetentionPrune, RunList,
     SessionClose, SessionHeartbeat, SessionStart, Store, StoreEngine as _, StoreError,
 };
 
@@ -91,9 +91,11 @@ impl OnEngine {
             Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
                 self.sessions(op).await
             }
-            Op::Claim { .. } | Op::Complete { .. } | Op::Batch(_) | Op::Release { .. } => {
-                self.leases(op).await
-            }
+            Op::Claim { .. }
+            | Op::Complete { .. }
+            | Op::Batch(_)
+            | Op::Release { .. }
+            | Op::Lock { .. } => self.leases(op).await,
             Op::Advance(u) => {
                 self.advance(UNIT * u32::from(*u));
                 Answer::Set
@@ -195,6 +197,23 @@ impl OnEngine {
                     Answer::Ok
                 }),
             },
+            Op::Lock { session, key: k } => {
+                let Some(session) = self.aliases.session(*session) else {
+                    return Answer::Skipped;
+                };
+                let params = LeaseLock {
+                    session,
+                    process: self.process.clone(),
+                    key: key(*k),
+                };
+                match s.lease_lock(params).await {
+                    Ok(lease) => match self.aliases.add_leases(&[lease]) {
+                        Ok(mut named) => Answer::Locked(named.remove(0)),
+                        Err(broken) => Answer::Failed(broken),
+                    },
+                    Err(e) => refusal(&e),
+                }
+            }
             _ => unreachable!("not a lease's operation: {op}"),
         }
     }

@@ -96,9 +96,11 @@ impl OnModel {
             Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
                 self.sessions(op)
             }
-            Op::Claim { .. } | Op::Complete { .. } | Op::Batch(_) | Op::Release { .. } => {
-                self.leases(op)
-            }
+            Op::Claim { .. }
+            | Op::Complete { .. }
+            | Op::Batch(_)
+            | Op::Release { .. }
+            | Op::Lock { .. } => self.leases(op),
             Op::Advance(u) => {
                 self.advance(UNIT * u32::from(*u));
                 Answer::Set
@@ -205,6 +207,21 @@ impl OnModel {
                 None => Answer::Skipped,
                 Some(l) => done(m.lease_release(l)),
             },
+            Op::Lock { session, key: k } => {
+                let Some(s) = self.aliases.session(*session) else {
+                    return Answer::Skipped;
+                };
+                match m.lease_lock(0, s.0, &key(*k)) {
+                    Ok(lease) => {
+                        let mut named = self
+                            .aliases
+                            .add_leases(&[lease])
+                            .expect("the model's tokens increase");
+                        Answer::Locked(named.remove(0))
+                    }
+                    Err(e) => Answer::Refused(Refusal::of(&e).expect("a refusal")),
+                }
+            }
             _ => unreachable!("not a lease's operation: {op}"),
         }
     }

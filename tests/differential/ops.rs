@@ -83,6 +83,11 @@ pub(crate) enum Op {
     Release {
         lease: u8,
     },
+    /// `lease_lock` of one key, chosen by the caller.
+    Lock {
+        session: u8,
+        key: u8,
+    },
     /// Moves the database clock on by this many units.
     Advance(u8),
     Reclaim,
@@ -147,6 +152,7 @@ impl fmt::Display for Op {
                 write!(f, "complete batch [{}]", each.join(", "))
             }
             Self::Release { lease } => write!(f, "release l{lease}"),
+            Self::Lock { session, key } => write!(f, "lock s{session} k{key}"),
             Self::Advance(u) => write!(f, "advance clock {u}u"),
             Self::Reclaim => write!(f, "reclaim"),
             Self::Retry(k) => write!(f, "retry k{k}"),
@@ -195,10 +201,11 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (3u8..9).prop_map(|ttl| Op::Start { ttl }),
         2 => session.clone().prop_map(|session| Op::Heartbeat { session }),
         1 => session.clone().prop_map(|session| Op::Close { session }),
-        7 => (session, 1u8..5).prop_map(|(session, max)| Op::Claim { session, max }),
+        7 => (session.clone(), 1u8..5).prop_map(|(session, max)| Op::Claim { session, max }),
         8 => (lease.clone(), end()).prop_map(|(lease, end)| Op::Complete { lease, end }),
         2 => vec((lease.clone(), end()), 1..4).prop_map(Op::Batch),
         1 => lease.prop_map(|lease| Op::Release { lease }),
+        2 => (session.clone(), key.clone()).prop_map(|(session, key)| Op::Lock { session, key }),
         4 => (1u8..4).prop_map(Op::Advance),
         3 => Just(Op::Reclaim),
         1 => key.clone().prop_map(Op::Retry),

@@ -15,8 +15,15 @@ use drover::store::{RunOutcome, StoreError};
 pub(crate) enum Refusal {
     SessionExpired,
     LeaseLost,
-    /// An operator's action on a running key (`AlreadyLeased`).
+    /// An operator's action or a lock on a running key (`AlreadyLeased`).
     Running,
+    /// A lock of a parked key.
+    Parked,
+    /// A lock of a key not ready yet (backing off, or delayed).
+    NotReady,
+    /// A lock the fleet controls held back: paused, at the concurrency
+    /// limit, or out of rate tokens.
+    Held(&'static str),
 }
 
 impl Refusal {
@@ -26,6 +33,9 @@ impl Refusal {
             StoreError::SessionExpired { .. } => Ok(Self::SessionExpired),
             StoreError::LeaseLost { .. } => Ok(Self::LeaseLost),
             StoreError::AlreadyLeased { .. } => Ok(Self::Running),
+            StoreError::Parked { .. } => Ok(Self::Parked),
+            StoreError::InBackoff { .. } => Ok(Self::NotReady),
+            StoreError::Held { why, .. } => Ok(Self::Held(why)),
             other => Err(format!("unexpected error: {other}")),
         }
     }
@@ -90,6 +100,8 @@ pub(crate) enum Answer {
         leases: Vec<Leased>,
         gate: Option<Gate>,
     },
+    /// A lock's lease.
+    Locked(Leased),
     Ok,
     Refused(Refusal),
     Batch(Vec<Result<(), Refusal>>),
@@ -132,6 +144,7 @@ impl Answer {
                 format!("batch of {}, {ok} ok", each.len())
             }
             Self::Refused(r) => format!("refused: {r:?}"),
+            Self::Locked(_) => "locked".into(),
             Self::Closed(n) => format!("close releasing {n}"),
             Self::Reclaimed { leases, .. } => format!("reclaim of {leases} leases"),
             Self::Enqueued { dirty } => format!("enqueue, {dirty} dirty"),
@@ -171,6 +184,7 @@ impl fmt::Display for Answer {
                 }
             }
             Self::Started(s) => write!(f, "S{s}"),
+            Self::Locked(lease) => write!(f, "locked {lease}"),
             other => write!(f, "{other:?}"),
         }
     }

@@ -400,17 +400,10 @@ impl Model {
                 gate.concurrency_limited = true;
             }
         }
-        // The rate bucket: whole tokens start runs (a hair under one counts).
-        let tokens = self.rate.map(|(per_s, burst)| match self.bucket {
-            None => f64::from(burst),
-            Some((tokens, at)) => {
-                let elapsed = (now - at).as_millis() as f64 / 1000.0;
-                (tokens + elapsed * per_s).min(f64::from(burst))
-            }
-        });
+        let tokens = self.tokens(now);
         let mut by_tokens = false;
         if let Some(tokens) = tokens {
-            let whole = (tokens + 1e-9).floor().max(0.0) as u32;
+            let whole = whole(tokens);
             if whole < room {
                 room = whole;
                 by_tokens = true;
@@ -427,35 +420,10 @@ impl Model {
             .take(room as usize)
             .map(|(k, _)| k.clone())
             .collect();
-        let mut leases = Vec::new();
-        for key in keys {
-            let token = self.next_token;
-            self.next_token += 1;
-            let item = self.items.get_mut(&key).expect("listed");
-            item.state = State::Running;
-            item.backoff_until = None;
-            item.held = Some(Held {
-                session,
-                token,
-                dirty: None,
-            });
-            leases.push(Lease {
-                session: SessionId(session),
-                process: PROCESS.into(),
-                key: key.clone(),
-                token: FencingToken(token),
-                attempt: item.failures + 1,
-                priority: item.priority,
-                enqueued_at: stamp(item.enqueued_at),
-                started_at: stamp(now),
-            });
-            self.log.push(What::Claim {
-                worker,
-                session,
-                key,
-                token,
-            });
-        }
+        let leases = keys
+            .into_iter()
+            .map(|key| self.take(worker, session, key, now))
+            .collect::<Vec<_>>();
         if let (Some(tokens), Some((per_s, _))) = (tokens, self.rate) {
             let taken = leases.len() as u32;
             let left = tokens - f64::from(taken);
@@ -469,6 +437,127 @@ impl Model {
             }
         }
         Ok(Claimed { leases, gate })
+    }
+
+    /// The rate bucket's tokens at `now` (`None`: no rate limit).
+    fn tokens(&self, now: Duration) -> Option<f64> {
+        self.rate.map(|(per_s, burst)| match self.bucket {
+            None => f64::from(burst),
+            Some((tokens, at)) => {
+                let elapsed = (now - at).as_millis() as f64 / 1000.0;
+                (tokens + elapsed * per_s).min(f64::from(burst))
+            }
+        })
+    }
+
+    /// Hands `key`'s item (pending or idle) to `session` under a new
+    /// fencing token.
+    fn take(&mut self, worker: u32, session: i64, key: String, now: Duration) -> Lease {
+        let token = self.next_token;
+        self.next_token += 1;
+        let item = self.items.get_mut(&key).expect("taken items exist");
+        item.state = State::Running;
+        item.backoff_until = None;
+        item.held = Some(Held {
+            session,
+            token,
+            dirty: None,
+        });
+        let lease = Lease {
+            session: SessionId(session),
+            process: PROCESS.into(),
+            key: key.clone(),
+            token: FencingToken(token),
+            attempt: item.failures + 1,
+            priority: item.priority,
+            enqueued_at: stamp(item.enqueued_at),
+            started_at: stamp(now),
+        };
+        self.log.push(What::Claim {
+            worker,
+            session,
+            key,
+            token,
+        });
+        lease
+    }
+
+    /// Leases one key the caller chose (the query-driven loops' way in):
+    /// refused like a claim when the process is paused, at its concurrency
+    /// limit or out of rate tokens (the fleet controls are asked first);
+    /// then refused when the key is running, parked, or not ready (its
+    /// backoff or delay); otherwise taken, a new key made (priority 0) and
+    /// an idle one taken like a new one (pending since now).
+    #[allow(dead_code)] // the differential test's, not the simulation's
+    pub(crate) fn lease_lock(
+        &mut self,
+        worker: u32,
+        session: i64,
+        key: &str,
+    ) -> Result<Lease, StoreError> {
+        self.live(session)?;
+        let now = self.now();
+        let held = |why| {
+            Err(StoreError::Held {
+                process: PROCESS.into(),
+                why,
+            })
+        };
+        if self.paused {
+            return held("paused");
+        }
+        if self
+            .concurrency
+            .is_some_and(|limit| self.running() >= limit)
+        {
+            return held("at its concurrency limit");
+        }
+        let tokens = self.tokens(now);
+        if tokens.is_some_and(|t| whole(t) == 0) {
+            return held("out of rate-limit tokens");
+        }
+        let (process, k) = (PROCESS.to_owned(), key.to_owned());
+        match self.items.get(key) {
+            Some(i) if i.state == State::Running => {
+                return Err(StoreError::AlreadyLeased { process, key: k });
+            }
+            Some(i) if i.state == State::Parked => {
+                return Err(StoreError::Parked { process, key: k });
+            }
+            Some(i) if i.state == State::Pending && (i.ready_at > now || i.backing_off(now)) => {
+                let until = i.backoff_until.unwrap_or(i.ready_at).max(i.ready_at);
+                return Err(StoreError::InBackoff {
+                    process,
+                    key: k,
+                    until: stamp(until),
+                });
+            }
+            _ => {}
+        }
+        let seq = self.next_seq;
+        let item = self.items.entry(k.clone()).or_insert_with(|| Item {
+            state: State::Idle,
+            priority: 0,
+            ready_at: now,
+            enqueued_at: now,
+            last_ended_at: None,
+            backoff_until: None,
+            failures: 0,
+            last_error: None,
+            seq,
+            held: None,
+        });
+        if item.seq == seq {
+            self.next_seq += 1;
+        }
+        if item.state == State::Idle {
+            item.enqueued_at = now;
+        }
+        let lease = self.take(worker, session, k, now);
+        if let Some(tokens) = tokens {
+            self.bucket = Some((tokens - 1.0, now));
+        }
+        Ok(lease)
     }
 
     /// Rule 1's fencing: the lease must be the item's current one, under a
@@ -658,6 +747,12 @@ impl Model {
             .values()
             .all(|i| matches!(i.state, State::Idle | State::Parked))
     }
+}
+
+/// The whole tokens of a rate bucket: they start runs (a hair under one
+/// counts).
+fn whole(tokens: f64) -> u32 {
+    (tokens + 1e-9).floor().max(0.0) as u32
 }
 
 /// A lease handed back without an outcome: pending at once, a dirty mark
