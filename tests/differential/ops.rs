@@ -262,8 +262,9 @@ fn case(settings: impl Strategy<Value = Vec<Op>>, max_ops: usize) -> impl Strate
 
 /// A case made of rounds of work, with retention set from the start: in
 /// each round keys are enqueued, the newest session kept alive claims them
-/// and some leases end, a few operations of any kind come between, the
-/// clock moves on and a pass may run. With the whole mix few cases run
+/// and some leases end, a key is locked (after runs, so locks meet parked,
+/// backing-off and running keys, not only new ones), a few operations of any
+/// kind come between, the clock moves on and a pass may run. With the whole mix few cases run
 /// enough keys, far enough apart, for a pass to find runs past the period,
 /// keys over the cap and idle keys to forget; these do.
 fn rounds(max_ops: usize) -> impl Strategy<Value = Ops> {
@@ -278,15 +279,20 @@ fn rounds(max_ops: usize) -> impl Strategy<Value = Ops> {
         vec(enqueue, 1..4),
         1u8..5,
         vec(complete, 0..4),
+        0..KEYS,
         vec(op(), 0..3),
         0u8..4,
         prop::option::weighted(0.6, 2u8..6),
     )
-        .prop_map(|(enqueues, max, completes, others, advance, prune)| {
+        .prop_map(|(enqueues, max, completes, lock, others, advance, prune)| {
             let mut ops = enqueues;
             ops.push(Op::Heartbeat { session: 0 });
             ops.push(Op::Claim { session: 0, max });
             ops.extend(completes);
+            ops.push(Op::Lock {
+                session: 0,
+                key: lock,
+            });
             ops.extend(others);
             if advance > 0 {
                 ops.push(Op::Advance(advance));
