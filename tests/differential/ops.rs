@@ -304,7 +304,7 @@ fn rounds(max_ops: usize) -> impl Strategy<Value = Ops> {
     (
         first,
         retention(),
-        vec(round, 1..=max_ops.div_ceil(8).max(1)),
+        vec(round, 1..=max_ops.div_ceil(10).max(1)),
     )
         .prop_map(|(first, rules, rounds)| {
             let mut ops = vec![first, rules];
