@@ -2,10 +2,12 @@
 //!
 //! proptest draws sequences of store operations ([`ops`]: enqueues with
 //! delays and priorities, claims, completions with every outcome, one at a
-//! time and in batches, releases, heartbeats, session closes, reclaims after
-//! the database clock moved, operators' retry, park and delete, pause and
-//! the concurrency and rate limits, retention's rules and whole retention
-//! passes in small batches) and runs each on the model store of the
+//! time and in batches, releases, locks of a chosen key, heartbeats,
+//! session closes, reclaims after the database clock moved, operators'
+//! retry, park and delete, pause and the concurrency and rate limits,
+//! retention's rules and whole retention passes in small batches; a
+//! quarter of the cases are rounds of work that give retention something
+//! to remove) and runs each on the model store of the
 //! simulation (`tests/sim/model.rs` and `tests/sim/retention.rs`, the
 //! executable form of DESIGN.md's rules), on SQLite and, when
 //! `DROVER_TEST_POSTGRES_URL` is set, on PostgreSQL. Every answer (leases

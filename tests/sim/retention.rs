@@ -84,7 +84,9 @@ impl Model {
             });
         }
         let items = forgot.len() as u64;
-        self.log.push(What::Prune { runs, forgot });
+        if runs > 0 || items > 0 {
+            self.log.push(What::Prune { runs, forgot });
+        }
         Pruned { runs, items }
     }
 }
