@@ -49,7 +49,8 @@ impl Aliases {
         let named = match op {
             Op::Heartbeat { session: n }
             | Op::Close { session: n }
-            | Op::Claim { session: n, .. } => session(*n),
+            | Op::Claim { session: n, .. }
+            | Op::Lock { session: n, .. } => session(*n),
             Op::Complete { lease: n, .. } | Op::Release { lease: n } => lease(*n),
             Op::Batch(each) => {
                 let each: Option<Vec<String>> = each.iter().map(|(n, _)| lease(*n)).collect();

@@ -2,16 +2,21 @@
 //!
 //! proptest draws sequences of store operations ([`ops`]: enqueues with
 //! delays and priorities, claims, completions with every outcome, one at a
-//! time and in batches, releases, heartbeats, session closes, reclaims after
-//! the database clock moved, operators' retry, park and delete, pause and
-//! the concurrency and rate limits) and runs each on the model store of the
-//! simulation (`tests/sim/model.rs`, the executable form of DESIGN.md's
-//! rules), on SQLite and, when `DROVER_TEST_POSTGRES_URL` is set, on
-//! PostgreSQL. Every answer (leases handed out and their order, refusals,
-//! reports) and the state after every operation (each item's state, dirty
-//! mark, failures, priority, last error and lease; each key's history) must
-//! agree with the model's ([`case`]). A divergence is shrunk to a short
-//! sequence and printed with the model's answers along it.
+//! time and in batches, releases, locks of a chosen key, heartbeats,
+//! session closes, reclaims after the database clock moved, operators'
+//! retry, park and delete, pause and the concurrency and rate limits,
+//! retention's rules and whole retention passes in small batches; a
+//! quarter of the cases are rounds of work that give retention something
+//! to remove) and runs each on the model store of the
+//! simulation (`tests/sim/model.rs` and `tests/sim/retention.rs`, the
+//! executable form of DESIGN.md's rules), on SQLite and, when
+//! `DROVER_TEST_POSTGRES_URL` is set, on PostgreSQL. Every answer (leases
+//! handed out and their order, refusals, reports, what a prune removed) and
+//! the state after every operation (each item's state, dirty mark, failures,
+//! priority, last error and lease; each key's history, so a run pruned on
+//! one side and kept on another shows) must agree with the model's
+//! ([`case`]). A divergence is shrunk to a short sequence and printed with
+//! the model's answers along it.
 //!
 //! `cargo test --test differential` runs 96 cases of up to 40 operations.
 //! More: `DROVER_DIFF_CASES=2000 cargo test --test differential`; longer
@@ -35,6 +40,8 @@ mod log;
 #[allow(dead_code)] // the simulation's model, of which this test uses a part
 #[path = "../sim/model.rs"]
 mod model;
+#[path = "../sim/retention.rs"]
+mod retention;
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -121,5 +128,43 @@ fn engines_agree_with_the_model() {
             ops.0.len()
         ),
         Err(TestError::Abort(why)) => panic!("proptest gave up: {why}"),
+    }
+}
+
+/// The process's own history rows (pause and resume, under the key `""`)
+/// are no key's runs: retention's per-key cap leaves them (the engines'
+/// walks over the keys start after `""`), and only the period removes them.
+/// The first divergence the retention checks found, the model then capping
+/// them too; kept as a fixed case because proptest's saved seeds replay
+/// other sequences once the generator changes.
+#[test]
+fn the_cap_leaves_the_pause_rows_to_the_period() {
+    use ops::Op;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let engines = rt.block_on(engines::Engines::connect());
+    let rules = |keep| Op::Retention {
+        keep,
+        per_key: 1,
+        forget: None,
+    };
+    let ops = [
+        Op::Start { ttl: 3 },
+        rules(2),
+        Op::Pause(true),
+        Op::Pause(false),
+        Op::Pause(true),
+        Op::Prune { batch: 1 },
+        Op::Advance(3),
+        Op::Pause(false),
+        Op::Prune { batch: 2 },
+    ];
+    let result = rt.block_on(case::run(&engines.stores, &ops));
+    rt.block_on(engines.close());
+    if let Err(d) = result {
+        panic!("{}", d.report);
     }
 }

@@ -4,13 +4,13 @@
 use drover::backoff::Backoff;
 use drover::store::{
     ItemDelete, ItemEnqueue, ItemList, ItemPark, ItemRetry, ItemState, LeaseClaim, LeaseComplete,
-    LeaseRelease, ProcessConfigure, ProcessPause, RunList, SessionClose, SessionHeartbeat,
-    SessionStart, Store, StoreEngine as _, StoreError,
+    LeaseLock, LeaseRelease, ProcessConfigure, ProcessPause, PruneCursor, RetentionPrune, RunList,
+    SessionClose, SessionHeartbeat, SessionStart, Store, StoreEngine as _, StoreError,
 };
 
 use crate::aliases::Aliases;
 use crate::model::PARK_REASON;
-use crate::on_model::{key, outcome};
+use crate::on_model::{key, outcome, retention};
 use crate::ops::{End, KEYS, Op, RATE_PER_S, TICK, UNIT};
 use crate::view::{Answer, Gate, ItemView, Refusal, Snapshot};
 
@@ -91,9 +91,11 @@ impl OnEngine {
             Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
                 self.sessions(op).await
             }
-            Op::Claim { .. } | Op::Complete { .. } | Op::Batch(_) | Op::Release { .. } => {
-                self.leases(op).await
-            }
+            Op::Claim { .. }
+            | Op::Complete { .. }
+            | Op::Batch(_)
+            | Op::Release { .. }
+            | Op::Lock { .. } => self.leases(op).await,
             Op::Advance(u) => {
                 self.advance(UNIT * u32::from(*u));
                 Answer::Set
@@ -104,6 +106,19 @@ impl OnEngine {
             | Op::Pause(_)
             | Op::Limit(_)
             | Op::Rate(_) => self.operator(op).await,
+            Op::Retention {
+                keep,
+                per_key,
+                forget,
+            } => {
+                let rules = retention(*keep, *per_key, *forget);
+                let params = ProcessConfigure::new(&self.process)
+                    .keep_runs_for(rules.keep_runs_for)
+                    .keep_runs_per_key(rules.keep_runs_per_key)
+                    .forget_idle_after(rules.forget_idle_after);
+                answer(self.store.process_configure(params).await, |()| Answer::Set)
+            }
+            Op::Prune { batch } => self.prune(u32::from(*batch)).await,
         }
     }
 
@@ -183,6 +198,23 @@ impl OnEngine {
                     Answer::Ok
                 }),
             },
+            Op::Lock { session, key: k } => {
+                let Some(session) = self.aliases.session(*session) else {
+                    return Answer::Skipped;
+                };
+                let params = LeaseLock {
+                    session,
+                    process: self.process.clone(),
+                    key: key(*k),
+                };
+                match s.lease_lock(params).await {
+                    Ok(lease) => match self.aliases.add_leases(&[lease]) {
+                        Ok(mut named) => Answer::Locked(named.remove(0)),
+                        Err(broken) => Answer::Failed(broken),
+                    },
+                    Err(e) => refusal(&e),
+                }
+            }
             _ => unreachable!("not a lease's operation: {op}"),
         }
     }
@@ -241,6 +273,34 @@ impl OnEngine {
             }
             _ => unreachable!("not an operator's operation: {op}"),
         }
+    }
+
+    /// One whole retention pass in batches of `batch`, the cursor carried
+    /// from each to the next; what the batches removed, summed. A pass that
+    /// does not end (far more batches than the case has rows) is a failure.
+    async fn prune(&self, batch: u32) -> Answer {
+        const MOST_BATCHES: u32 = 1_000;
+        let (mut runs, mut items) = (0, 0);
+        let mut cursor = PruneCursor::default();
+        for _ in 0..MOST_BATCHES {
+            let params = RetentionPrune {
+                process: self.process.clone(),
+                batch,
+                cursor,
+            };
+            match self.store.retention_prune(params).await {
+                Ok(report) => {
+                    runs += report.runs;
+                    items += report.items;
+                    if report.done {
+                        return Answer::Pruned { runs, items };
+                    }
+                    cursor = report.cursor;
+                }
+                Err(e) => return refusal(&e),
+            }
+        }
+        Answer::Failed(format!("a pass was not done after {MOST_BATCHES} batches"))
     }
 
     /// One completion batch; each lease's answer in order.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use drover::backoff::Backoff;
-use drover::store::{Lease, Outcome, StoreError};
+use drover::store::{Lease, Outcome, Retention, StoreError};
 
 use crate::aliases::Aliases;
 use crate::log::Log;
@@ -29,6 +29,15 @@ pub(crate) fn outcome(end: End) -> Outcome {
         End::RequeueAfter(u) => Outcome::RequeueAfter(UNIT * u32::from(u)),
         End::Transient => Outcome::Transient("boom".into()),
         End::Permanent => Outcome::Permanent("bad spec".into()),
+    }
+}
+
+/// The retention an [`Op::Retention`] sets.
+pub(crate) fn retention(keep: u8, per_key: u8, forget: Option<u8>) -> Retention {
+    Retention {
+        keep_runs_for: UNIT * u32::from(keep),
+        keep_runs_per_key: u32::from(per_key),
+        forget_idle_after: forget.map(|u| UNIT * u32::from(u)),
     }
 }
 
@@ -87,9 +96,11 @@ impl OnModel {
             Op::Start { .. } | Op::Heartbeat { .. } | Op::Close { .. } | Op::Reclaim => {
                 self.sessions(op)
             }
-            Op::Claim { .. } | Op::Complete { .. } | Op::Batch(_) | Op::Release { .. } => {
-                self.leases(op)
-            }
+            Op::Claim { .. }
+            | Op::Complete { .. }
+            | Op::Batch(_)
+            | Op::Release { .. }
+            | Op::Lock { .. } => self.leases(op),
             Op::Advance(u) => {
                 self.advance(UNIT * u32::from(*u));
                 Answer::Set
@@ -100,6 +111,22 @@ impl OnModel {
             | Op::Pause(_)
             | Op::Limit(_)
             | Op::Rate(_) => self.operator(op),
+            Op::Retention {
+                keep,
+                per_key,
+                forget,
+            } => {
+                self.model
+                    .set_retention(retention(*keep, *per_key, *forget));
+                Answer::Set
+            }
+            Op::Prune { .. } => {
+                let pruned = self.model.retention_prune();
+                Answer::Pruned {
+                    runs: pruned.runs,
+                    items: pruned.items,
+                }
+            }
         }
     }
 
@@ -180,6 +207,21 @@ impl OnModel {
                 None => Answer::Skipped,
                 Some(l) => done(m.lease_release(l)),
             },
+            Op::Lock { session, key: k } => {
+                let Some(s) = self.aliases.session(*session) else {
+                    return Answer::Skipped;
+                };
+                match m.lease_lock(0, s.0, &key(*k)) {
+                    Ok(lease) => {
+                        let mut named = self
+                            .aliases
+                            .add_leases(&[lease])
+                            .expect("the model's tokens increase");
+                        Answer::Locked(named.remove(0))
+                    }
+                    Err(e) => Answer::Refused(Refusal::of(&e).expect("a refusal")),
+                }
+            }
             _ => unreachable!("not a lease's operation: {op}"),
         }
     }

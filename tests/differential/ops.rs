@@ -83,6 +83,11 @@ pub(crate) enum Op {
     Release {
         lease: u8,
     },
+    /// `lease_lock` of one key, chosen by the caller.
+    Lock {
+        session: u8,
+        key: u8,
+    },
     /// Moves the database clock on by this many units.
     Advance(u8),
     Reclaim,
@@ -93,6 +98,19 @@ pub(crate) enum Op {
     Limit(Option<u8>),
     /// Sets a rate limit of [`RATE_PER_S`] with this burst, or removes it.
     Rate(Option<u8>),
+    /// Sets the process's retention: runs kept `keep` units and at most
+    /// `per_key` a key; idle keys forgotten after `forget` units, or never.
+    Retention {
+        keep: u8,
+        per_key: u8,
+        forget: Option<u8>,
+    },
+    /// One whole retention pass in batches of `batch` rows (2 to 5: the
+    /// engines take no fewer than 2), each batch going on from the cursor
+    /// the one before returned, until one says the pass is done.
+    Prune {
+        batch: u8,
+    },
 }
 
 impl fmt::Display for End {
@@ -134,6 +152,7 @@ impl fmt::Display for Op {
                 write!(f, "complete batch [{}]", each.join(", "))
             }
             Self::Release { lease } => write!(f, "release l{lease}"),
+            Self::Lock { session, key } => write!(f, "lock s{session} k{key}"),
             Self::Advance(u) => write!(f, "advance clock {u}u"),
             Self::Reclaim => write!(f, "reclaim"),
             Self::Retry(k) => write!(f, "retry k{k}"),
@@ -145,6 +164,18 @@ impl fmt::Display for Op {
             Self::Limit(None) => write!(f, "remove concurrency limit"),
             Self::Rate(Some(burst)) => write!(f, "rate limit 1/u burst {burst}"),
             Self::Rate(None) => write!(f, "remove rate limit"),
+            Self::Retention {
+                keep,
+                per_key,
+                forget,
+            } => {
+                write!(f, "retention: runs {keep}u, {per_key} a key, idle keys ")?;
+                match forget {
+                    Some(u) => write!(f, "{u}u"),
+                    None => write!(f, "kept"),
+                }
+            }
+            Self::Prune { batch } => write!(f, "prune in batches of {batch}"),
         }
     }
 }
@@ -170,10 +201,11 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (3u8..9).prop_map(|ttl| Op::Start { ttl }),
         2 => session.clone().prop_map(|session| Op::Heartbeat { session }),
         1 => session.clone().prop_map(|session| Op::Close { session }),
-        7 => (session, 1u8..5).prop_map(|(session, max)| Op::Claim { session, max }),
+        7 => (session.clone(), 1u8..5).prop_map(|(session, max)| Op::Claim { session, max }),
         8 => (lease.clone(), end()).prop_map(|(lease, end)| Op::Complete { lease, end }),
         2 => vec((lease.clone(), end()), 1..4).prop_map(Op::Batch),
         1 => lease.prop_map(|lease| Op::Release { lease }),
+        2 => (session.clone(), key.clone()).prop_map(|(session, key)| Op::Lock { session, key }),
         4 => (1u8..4).prop_map(Op::Advance),
         3 => Just(Op::Reclaim),
         1 => key.clone().prop_map(Op::Retry),
@@ -182,23 +214,103 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(Op::Pause),
         1 => prop::option::of(1u8..3).prop_map(Op::Limit),
         1 => prop::option::of(1u8..4).prop_map(Op::Rate),
+        1 => retention(),
+        3 => (2u8..6).prop_map(|batch| Op::Prune { batch }),
     ]
 }
 
+/// Retention short enough for a case's clock (a few units) to pass it.
+fn retention() -> impl Strategy<Value = Op> {
+    (1u8..6, 1u8..4, prop::option::weighted(0.9, 1u8..4)).prop_map(|(keep, per_key, forget)| {
+        Op::Retention {
+            keep,
+            per_key,
+            forget,
+        }
+    })
+}
+
 /// A case: a session started, in some cases a rate or concurrency limit
-/// set from the start (so that the limits meet many claims, not only those
-/// after a late change), then up to `max_ops` operations.
+/// and short retention set from the start (so that the limits meet many
+/// claims, and prunes find runs and keys to remove, not only those after a
+/// late change), then up to `max_ops` operations. One case in four is made
+/// of [`rounds`] instead.
 pub(crate) fn sequence(max_ops: usize) -> impl Strategy<Value = Ops> {
-    let first = (3u8..9).prop_map(|ttl| Op::Start { ttl });
     let rate = prop::option::weighted(0.3, 1u8..4).prop_map(|b| b.map(|b| Op::Rate(Some(b))));
     let limit = prop::option::weighted(0.15, 1u8..3).prop_map(|n| n.map(|n| Op::Limit(Some(n))));
-    (first, rate, limit, vec(op(), 1..=max_ops)).prop_map(|(first, rate, limit, rest)| {
+    let rules = prop::option::weighted(0.7, retention());
+    let everything = (rate, limit, rules).prop_map(|(rate, limit, retention)| {
+        [rate, limit, retention].into_iter().flatten().collect()
+    });
+    prop_oneof![
+        3 => case(everything, max_ops),
+        1 => rounds(max_ops),
+    ]
+}
+
+/// A case of any operations after a session's start and the `settings`
+/// drawn.
+fn case(settings: impl Strategy<Value = Vec<Op>>, max_ops: usize) -> impl Strategy<Value = Ops> {
+    let first = (3u8..9).prop_map(|ttl| Op::Start { ttl });
+    (first, settings, vec(op(), 1..=max_ops)).prop_map(|(first, settings, rest)| {
         let mut ops = vec![first];
-        ops.extend(rate);
-        ops.extend(limit);
+        ops.extend(settings);
         ops.extend(rest);
         Ops(ops)
     })
+}
+
+/// A case made of rounds of work, with retention set from the start: in
+/// each round keys are enqueued, the newest session kept alive claims them
+/// and some leases end, a key is locked (after runs, so locks meet parked,
+/// backing-off and running keys, not only new ones), a few operations of any
+/// kind come between, the clock moves on and a pass may run. With the whole mix few cases run
+/// enough keys, far enough apart, for a pass to find runs past the period,
+/// keys over the cap and idle keys to forget; these do.
+fn rounds(max_ops: usize) -> impl Strategy<Value = Ops> {
+    let enqueue = (0..KEYS, 0i32..3).prop_map(|(key, priority)| Op::Enqueue {
+        key,
+        after: 0,
+        priority,
+        bypass: false,
+    });
+    let complete = (0u8..4, end()).prop_map(|(lease, end)| Op::Complete { lease, end });
+    let round = (
+        vec(enqueue, 1..4),
+        1u8..5,
+        vec(complete, 0..4),
+        0..KEYS,
+        vec(op(), 0..3),
+        0u8..4,
+        prop::option::weighted(0.6, 2u8..6),
+    )
+        .prop_map(|(enqueues, max, completes, lock, others, advance, prune)| {
+            let mut ops = enqueues;
+            ops.push(Op::Heartbeat { session: 0 });
+            ops.push(Op::Claim { session: 0, max });
+            ops.extend(completes);
+            ops.push(Op::Lock {
+                session: 0,
+                key: lock,
+            });
+            ops.extend(others);
+            if advance > 0 {
+                ops.push(Op::Advance(advance));
+            }
+            ops.extend(prune.map(|batch| Op::Prune { batch }));
+            ops
+        });
+    let first = (6u8..9).prop_map(|ttl| Op::Start { ttl });
+    (
+        first,
+        retention(),
+        vec(round, 1..=max_ops.div_ceil(10).max(1)),
+    )
+        .prop_map(|(first, rules, rounds)| {
+            let mut ops = vec![first, rules];
+            ops.extend(rounds.into_iter().flatten());
+            Ops(ops)
+        })
 }
 
 /// A sequence of operations, printed one a line, numbered.

@@ -15,8 +15,15 @@ use drover::store::{RunOutcome, StoreError};
 pub(crate) enum Refusal {
     SessionExpired,
     LeaseLost,
-    /// An operator's action on a running key (`AlreadyLeased`).
+    /// An operator's action or a lock on a running key (`AlreadyLeased`).
     Running,
+    /// A lock of a parked key.
+    Parked,
+    /// A lock of a key not ready yet (backing off, or delayed).
+    NotReady,
+    /// A lock the fleet controls held back: paused, at the concurrency
+    /// limit, or out of rate tokens.
+    Held(&'static str),
 }
 
 impl Refusal {
@@ -26,6 +33,9 @@ impl Refusal {
             StoreError::SessionExpired { .. } => Ok(Self::SessionExpired),
             StoreError::LeaseLost { .. } => Ok(Self::LeaseLost),
             StoreError::AlreadyLeased { .. } => Ok(Self::Running),
+            StoreError::Parked { .. } => Ok(Self::Parked),
+            StoreError::InBackoff { .. } => Ok(Self::NotReady),
+            StoreError::Held { why, .. } => Ok(Self::Held(why)),
             other => Err(format!("unexpected error: {other}")),
         }
     }
@@ -90,6 +100,8 @@ pub(crate) enum Answer {
         leases: Vec<Leased>,
         gate: Option<Gate>,
     },
+    /// A lock's lease.
+    Locked(Leased),
     Ok,
     Refused(Refusal),
     Batch(Vec<Result<(), Refusal>>),
@@ -102,6 +114,11 @@ pub(crate) enum Answer {
     /// A pause or resume, and whether it changed anything.
     Changed(bool),
     Set,
+    /// A whole retention pass: the runs deleted and the idle keys forgotten.
+    Pruned {
+        runs: u64,
+        items: u64,
+    },
     /// An error no side should give, or a broken promise (a token that did
     /// not increase): a divergence whatever the model says.
     Failed(String),
@@ -127,10 +144,16 @@ impl Answer {
                 format!("batch of {}, {ok} ok", each.len())
             }
             Self::Refused(r) => format!("refused: {r:?}"),
+            Self::Locked(_) => "locked".into(),
             Self::Closed(n) => format!("close releasing {n}"),
             Self::Reclaimed { leases, .. } => format!("reclaim of {leases} leases"),
             Self::Enqueued { dirty } => format!("enqueue, {dirty} dirty"),
             Self::Admin(words) => format!("admin: {words}"),
+            Self::Pruned { runs, items } => format!(
+                "prune removing {} runs, {} keys",
+                if *runs > 0 { "some" } else { "no" },
+                if *items > 0 { "some" } else { "no" }
+            ),
             other => format!("{other:?}"),
         }
     }
@@ -161,6 +184,7 @@ impl fmt::Display for Answer {
                 }
             }
             Self::Started(s) => write!(f, "S{s}"),
+            Self::Locked(lease) => write!(f, "locked {lease}"),
             other => write!(f, "{other:?}"),
         }
     }

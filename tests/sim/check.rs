@@ -29,6 +29,7 @@ pub(crate) fn all(ran: &Ran) -> Result<(), Violation> {
     accepted_outcomes_are_the_runs_own(&ran.events)?;
     paused_starts_nothing(&ran.events)?;
     limit_holds(&ran.events, ran.shape.limit)?;
+    retention_forgets_only_idle_keys(&ran.events)?;
     every_enqueue_is_followed_by_a_run(&ran.events)?;
     converges(ran)
 }
@@ -218,6 +219,91 @@ pub(crate) fn every_enqueue_is_followed_by_a_run(events: &[Event]) -> Result<(),
         )),
         None => Ok(()),
     }
+}
+
+/// A key's state in the store, as the log tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    Pending,
+    /// Held by a lease of this session.
+    Running(i64),
+    Parked,
+    Idle,
+}
+
+/// Rule 10's retention, with rules 2–4: a retention pass forgets only idle
+/// keys, never one that is pending (enqueued, handed back, or waiting out a
+/// backoff), running (dirty or not) or parked: its work would be lost. Each
+/// key's state is followed from the log alone, not read from the model, so
+/// a model that forgot the wrong key is caught.
+pub(crate) fn retention_forgets_only_idle_keys(events: &[Event]) -> Result<(), Violation> {
+    let mut keys: BTreeMap<&str, Stored> = BTreeMap::new();
+    for e in events {
+        match &e.what {
+            What::Enqueue { key, state, .. } if *state != "dirty" => {
+                keys.insert(key, Stored::Pending);
+            }
+            What::Claim { session, key, .. } => {
+                keys.insert(key, Stored::Running(*session));
+            }
+            What::Complete { key, result, .. } => {
+                let next = match *result {
+                    "pending" => Stored::Pending,
+                    "parked" => Stored::Parked,
+                    "idle" => Stored::Idle,
+                    _ => continue,
+                };
+                keys.insert(key, next);
+            }
+            What::Release { key, result, .. } if *result != "refused" => {
+                keys.insert(key, Stored::Pending);
+            }
+            What::Reclaim { keys: taken, .. } => {
+                for (key, _) in taken {
+                    keys.insert(key, Stored::Pending);
+                }
+            }
+            What::SessionClose { session, .. } => {
+                for state in keys.values_mut() {
+                    if *state == Stored::Running(*session) {
+                        *state = Stored::Pending;
+                    }
+                }
+            }
+            What::Admin {
+                action,
+                key,
+                result: "done",
+            } => match *action {
+                "retry" => {
+                    keys.insert(key, Stored::Pending);
+                }
+                "park" => {
+                    keys.insert(key, Stored::Parked);
+                }
+                _ => {
+                    keys.remove(key.as_str());
+                }
+            },
+            What::Prune { forgot, .. } => {
+                for key in forgot {
+                    match keys.remove(key.as_str()) {
+                        Some(Stored::Idle) => {}
+                        state => {
+                            return Err(broke(
+                                "retention: only idle keys are forgotten",
+                                e,
+                                Some(key),
+                                format!("{key} was forgotten while {state:?}"),
+                            ));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Liveness: once the faults stop, every key converges within

@@ -33,6 +33,11 @@ pub(crate) enum What {
     Pause,
     Resume,
     Limit(Option<u32>),
+    /// A retention pass: the runs it deleted, and the idle keys it forgot.
+    Prune {
+        runs: u64,
+        forgot: Vec<String>,
+    },
     Admin {
         action: &'static str,
         key: String,

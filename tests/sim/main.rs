@@ -17,6 +17,7 @@ mod check;
 mod log;
 mod model;
 mod reconciler;
+mod retention;
 mod rng;
 mod world;
 
@@ -67,6 +68,7 @@ fn mentions(e: &Event, key: &str) -> bool {
         | What::RunStart { key: k, .. }
         | What::RunEnd { key: k, .. } => k == key,
         What::Reclaim { keys, .. } => keys.iter().any(|(k, _)| k == key),
+        What::Prune { forgot, .. } => forgot.iter().any(|k| k == key),
         _ => false,
     }
 }

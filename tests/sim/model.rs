@@ -13,8 +13,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use drover::backoff::Backoff;
 use drover::store::{
-    ClaimGate, Claimed, FencingToken, Lease, Outcome, ReclaimReport, RunOutcome, Session,
-    SessionId, StoreError,
+    ClaimGate, Claimed, FencingToken, Lease, Outcome, ReclaimReport, Retention, RunOutcome,
+    Session, SessionId, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -53,7 +53,12 @@ pub(crate) struct Item {
     pub state: State,
     pub priority: i32,
     ready_at: Duration,
-    enqueued_at: Duration,
+    /// When it last became pending from idle or parked (retention's fallback
+    /// when no run of it has ended).
+    pub(crate) enqueued_at: Duration,
+    /// When its last run ended (with any outcome, or handed back): what
+    /// retention judges an idle key's age by.
+    pub(crate) last_ended_at: Option<Duration>,
     /// Set while a failure's backoff holds the item back.
     backoff_until: Option<Duration>,
     pub failures: u32,
@@ -97,6 +102,9 @@ pub(crate) struct Row {
     pub outcome: RunOutcome,
     /// The run's fencing token; `None` for an operator's action.
     pub token: Option<i64>,
+    /// When it was written (the run ended, the operator acted), on the
+    /// database clock: what retention judges its age by.
+    pub at: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -108,7 +116,7 @@ struct Sess {
 /// The model's state.
 #[derive(Debug)]
 pub(crate) struct Model {
-    log: Log,
+    pub(crate) log: Log,
     pub items: BTreeMap<String, Item>,
     sessions: BTreeMap<i64, Sess>,
     next_session: i64,
@@ -126,6 +134,8 @@ pub(crate) struct Model {
     pub history: Vec<Row>,
     /// How much faster the database clock runs than the log's (the workers').
     drift: f64,
+    /// How long runs and idle keys are kept ([`retention`](crate::retention)).
+    pub retention: Retention,
 }
 
 /// Simulated time as the database's timestamps.
@@ -151,6 +161,7 @@ impl Model {
             wake: Arc::new(Notify::new()),
             history: Vec::new(),
             drift: 0.0,
+            retention: Retention::default(),
         }
     }
 
@@ -221,15 +232,18 @@ impl Model {
     pub(crate) fn session_close(&mut self, session: i64) -> u64 {
         self.sessions.remove(&session);
         let mut released = 0;
+        let at = self.now();
         for (key, item) in &mut self.items {
             if let Some(held) = item.held.as_ref().filter(|h| h.session == session) {
                 self.history.push(Row {
                     key: key.clone(),
                     outcome: RunOutcome::Canceled,
                     token: Some(held.token),
+                    at,
                 });
                 let now = self.log.now();
                 requeue(item, now);
+                item.last_ended_at = Some(at);
                 released += 1;
             }
         }
@@ -261,8 +275,10 @@ impl Model {
                         key: key.clone(),
                         outcome: RunOutcome::Expired,
                         token: Some(held.token),
+                        at: now,
                     });
                     requeue(item, now);
+                    item.last_ended_at = Some(now);
                 }
             }
             report.sessions += 1;
@@ -299,6 +315,7 @@ impl Model {
             priority,
             ready_at: ready,
             enqueued_at: now,
+            last_ended_at: None,
             backoff_until: None,
             failures: 0,
             last_error: None,
@@ -383,17 +400,10 @@ impl Model {
                 gate.concurrency_limited = true;
             }
         }
-        // The rate bucket: whole tokens start runs (a hair under one counts).
-        let tokens = self.rate.map(|(per_s, burst)| match self.bucket {
-            None => f64::from(burst),
-            Some((tokens, at)) => {
-                let elapsed = (now - at).as_millis() as f64 / 1000.0;
-                (tokens + elapsed * per_s).min(f64::from(burst))
-            }
-        });
+        let tokens = self.tokens(now);
         let mut by_tokens = false;
         if let Some(tokens) = tokens {
-            let whole = (tokens + 1e-9).floor().max(0.0) as u32;
+            let whole = whole(tokens);
             if whole < room {
                 room = whole;
                 by_tokens = true;
@@ -410,36 +420,10 @@ impl Model {
             .take(room as usize)
             .map(|(k, _)| k.clone())
             .collect();
-        let mut leases = Vec::new();
-        for key in keys {
-            let token = self.next_token;
-            self.next_token += 1;
-            let item = self.items.get_mut(&key).expect("listed");
-            item.state = State::Running;
-            item.backoff_until = None;
-            item.held = Some(Held {
-                session,
-                token,
-                dirty: None,
-            });
-            leases.push(Lease {
-                session: SessionId(session),
-                process: PROCESS.into(),
-                key: key.clone(),
-                token: FencingToken(token),
-                attempt: item.failures + 1,
-                priority: item.priority,
-                enqueued_at: stamp(item.enqueued_at),
-                started_at: stamp(now),
-                trace_links: None,
-            });
-            self.log.push(What::Claim {
-                worker,
-                session,
-                key,
-                token,
-            });
-        }
+        let leases = keys
+            .into_iter()
+            .map(|key| self.take(worker, session, key, now))
+            .collect::<Vec<_>>();
         if let (Some(tokens), Some((per_s, _))) = (tokens, self.rate) {
             let taken = leases.len() as u32;
             let left = tokens - f64::from(taken);
@@ -453,6 +437,128 @@ impl Model {
             }
         }
         Ok(Claimed { leases, gate })
+    }
+
+    /// The rate bucket's tokens at `now` (`None`: no rate limit).
+    fn tokens(&self, now: Duration) -> Option<f64> {
+        self.rate.map(|(per_s, burst)| match self.bucket {
+            None => f64::from(burst),
+            Some((tokens, at)) => {
+                let elapsed = (now - at).as_millis() as f64 / 1000.0;
+                (tokens + elapsed * per_s).min(f64::from(burst))
+            }
+        })
+    }
+
+    /// Hands `key`'s item (pending or idle) to `session` under a new
+    /// fencing token.
+    fn take(&mut self, worker: u32, session: i64, key: String, now: Duration) -> Lease {
+        let token = self.next_token;
+        self.next_token += 1;
+        let item = self.items.get_mut(&key).expect("taken items exist");
+        item.state = State::Running;
+        item.backoff_until = None;
+        item.held = Some(Held {
+            session,
+            token,
+            dirty: None,
+        });
+        let lease = Lease {
+            session: SessionId(session),
+            process: PROCESS.into(),
+            key: key.clone(),
+            token: FencingToken(token),
+            attempt: item.failures + 1,
+            priority: item.priority,
+            enqueued_at: stamp(item.enqueued_at),
+            started_at: stamp(now),
+            trace_links: None,
+        };
+        self.log.push(What::Claim {
+            worker,
+            session,
+            key,
+            token,
+        });
+        lease
+    }
+
+    /// Leases one key the caller chose (the query-driven loops' way in):
+    /// refused like a claim when the process is paused, at its concurrency
+    /// limit or out of rate tokens (the fleet controls are asked first);
+    /// then refused when the key is running, parked, or not ready (its
+    /// backoff or delay); otherwise taken, a new key made (priority 0) and
+    /// an idle one taken like a new one (pending since now).
+    #[allow(dead_code)] // the differential test's, not the simulation's
+    pub(crate) fn lease_lock(
+        &mut self,
+        worker: u32,
+        session: i64,
+        key: &str,
+    ) -> Result<Lease, StoreError> {
+        self.live(session)?;
+        let now = self.now();
+        let held = |why| {
+            Err(StoreError::Held {
+                process: PROCESS.into(),
+                why,
+            })
+        };
+        if self.paused {
+            return held("paused");
+        }
+        if self
+            .concurrency
+            .is_some_and(|limit| self.running() >= limit)
+        {
+            return held("at its concurrency limit");
+        }
+        let tokens = self.tokens(now);
+        if tokens.is_some_and(|t| whole(t) == 0) {
+            return held("out of rate-limit tokens");
+        }
+        let (process, k) = (PROCESS.to_owned(), key.to_owned());
+        match self.items.get(key) {
+            Some(i) if i.state == State::Running => {
+                return Err(StoreError::AlreadyLeased { process, key: k });
+            }
+            Some(i) if i.state == State::Parked => {
+                return Err(StoreError::Parked { process, key: k });
+            }
+            Some(i) if i.state == State::Pending && (i.ready_at > now || i.backing_off(now)) => {
+                let until = i.backoff_until.unwrap_or(i.ready_at).max(i.ready_at);
+                return Err(StoreError::InBackoff {
+                    process,
+                    key: k,
+                    until: stamp(until),
+                });
+            }
+            _ => {}
+        }
+        let seq = self.next_seq;
+        let item = self.items.entry(k.clone()).or_insert_with(|| Item {
+            state: State::Idle,
+            priority: 0,
+            ready_at: now,
+            enqueued_at: now,
+            last_ended_at: None,
+            backoff_until: None,
+            failures: 0,
+            last_error: None,
+            seq,
+            held: None,
+        });
+        if item.seq == seq {
+            self.next_seq += 1;
+        }
+        if item.state == State::Idle {
+            item.enqueued_at = now;
+        }
+        let lease = self.take(worker, session, k, now);
+        if let Some(tokens) = tokens {
+            self.bucket = Some((tokens - 1.0, now));
+        }
+        Ok(lease)
     }
 
     /// Rule 1's fencing: the lease must be the item's current one, under a
@@ -488,10 +594,12 @@ impl Model {
                 let backoff = self.backoff;
                 let item = self.items.get_mut(&lease.key).expect("checked");
                 settle(item, now, outcome, &backoff);
+                item.last_ended_at = Some(now);
                 self.history.push(Row {
                     key: lease.key.clone(),
                     outcome: RunOutcome::of(outcome),
                     token: Some(lease.token.0),
+                    at: now,
                 });
                 match item.state {
                     State::Pending => "pending",
@@ -520,11 +628,14 @@ impl Model {
         let checked = self.check(lease);
         if checked.is_ok() {
             let now = self.now();
-            requeue(self.items.get_mut(&lease.key).expect("checked"), now);
+            let item = self.items.get_mut(&lease.key).expect("checked");
+            requeue(item, now);
+            item.last_ended_at = Some(now);
             self.history.push(Row {
                 key: lease.key.clone(),
                 outcome: RunOutcome::Canceled,
                 token: Some(lease.token.0),
+                at: now,
             });
             self.wake.notify_waiters();
         }
@@ -543,6 +654,7 @@ impl Model {
     /// Pauses or resumes the process; a change is a history row (key `""`).
     pub(crate) fn set_paused(&mut self, paused: bool) {
         if self.paused != paused {
+            let at = self.now();
             self.history.push(Row {
                 key: String::new(),
                 outcome: if paused {
@@ -551,6 +663,7 @@ impl Model {
                     RunOutcome::Resumed
                 },
                 token: None,
+                at,
             });
         }
         self.paused = paused;
@@ -615,6 +728,7 @@ impl Model {
                     key: key.to_owned(),
                     outcome,
                     token: None,
+                    at: now,
                 });
                 "done"
             }
@@ -634,6 +748,12 @@ impl Model {
             .values()
             .all(|i| matches!(i.state, State::Idle | State::Parked))
     }
+}
+
+/// The whole tokens of a rate bucket: they start runs (a hair under one
+/// counts).
+fn whole(tokens: f64) -> u32 {
+    (tokens + 1e-9).floor().max(0.0) as u32
 }
 
 /// A lease handed back without an outcome: pending at once, a dirty mark

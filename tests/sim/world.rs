@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::runner::Controller;
+use drover::store::Retention;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
@@ -38,7 +39,13 @@ pub(crate) struct Shape {
     /// How much faster the database clock runs than the workers' (negative:
     /// slower), within [`DRIFT`] either way unless `DROVER_SIM_DRIFT` sets it.
     pub drift: f64,
+    /// How long runs and idle keys are kept: seconds, so the pruner (every
+    /// [`PRUNE_EVERY`]) removes some while keys come and go.
+    pub retention: Retention,
 }
+
+/// How often a world's pruner runs a retention pass.
+pub(crate) const PRUNE_EVERY: Duration = Duration::from_millis(700);
 
 /// The bound on the database clock's drift against the workers' clocks: 1 %,
 /// twenty times what an NTP-disciplined host allows (500 ppm) and a tenth of
@@ -61,6 +68,11 @@ impl Shape {
             },
             drift: crate::env_f64("DROVER_SIM_DRIFT")
                 .unwrap_or_else(|| (rng.between(0, 2_000) as f64 / 1_000.0 - 1.0) * DRIFT),
+            retention: Retention {
+                keep_runs_for: rng.ms(500, 5_000),
+                keep_runs_per_key: rng.between(1, 4) as u32,
+                forget_idle_after: rng.chance(0.8).then(|| rng.ms(1, 3_000)),
+            },
         }
     }
 }
@@ -182,6 +194,7 @@ async fn world(seed: u64) -> Ran {
         .expect("a valid policy");
     let mut model = Model::new(log.clone(), backoff);
     model.set_drift(shape.drift);
+    model.set_retention(shape.retention);
     if shape.limit.is_some() {
         model.set_limit(shape.limit);
     }
@@ -216,6 +229,16 @@ async fn world(seed: u64) -> Ran {
     for i in 0..shape.nodes {
         world.start(i);
     }
+    // Retention, as any node's pruner applies it, all through the world.
+    let pruner = {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            loop {
+                sleep(PRUNE_EVERY).await;
+                shared.model().retention_prune();
+            }
+        })
+    };
     let keys: Vec<String> = (0..shape.keys).map(|k| format!("k{k}")).collect();
     let end_of_chaos = Instant::now() + shape.chaos;
     while Instant::now() < end_of_chaos {
@@ -261,6 +284,7 @@ async fn world(seed: u64) -> Ran {
     for i in 0..shape.nodes {
         world.crash(i);
     }
+    pruner.abort();
     Ran {
         shape,
         events: log.events(),
