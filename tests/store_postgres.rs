@@ -352,24 +352,29 @@ async fn a_claim_writes_its_new_row_versions_beside_the_old_ones() {
         .item_enqueue(ItemEnqueue::new(P, names.iter().map(String::as_str)))
         .await
         .expect("enqueue");
-    let lsn = || {
+    // The end is the flushed position: pg_walinspect refuses one past it, and
+    // the insert position runs ahead of it while other tests write. Each
+    // claim has committed (and so flushed) its records before it is read.
+    let lsn = |which: &'static str| {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, String>("SELECT pg_current_wal_insert_lsn()::text")
-                .fetch_one(&pool)
-                .await
-                .expect("lsn")
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+                "SELECT pg_current_wal_{which}_lsn()::text"
+            )))
+            .fetch_one(&pool)
+            .await
+            .expect("lsn")
         }
     };
     let session = db.session().await;
-    let from = lsn().await;
+    let from = lsn("insert").await;
     let mut claimed = 0;
     while claimed < names.len() {
         let leases = claim(&db.store, session.id, 1_000).await;
         assert!(!leases.is_empty(), "every key is ready");
         claimed += leases.len();
     }
-    let to = lsn().await;
+    let to = lsn("flush").await;
     let locks: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM public.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
          WHERE resource_manager = 'Heap' AND record_type LIKE 'LOCK%'

@@ -93,5 +93,3 @@ impl PostgresStore {
         commit(tx).await
     }
 }
-
-
