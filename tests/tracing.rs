@@ -229,6 +229,73 @@ async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
     .await;
 }
 
+#[tokio::test]
+async fn a_change_to_a_watched_table_carries_its_transactions_trace_context() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    db.execute("CREATE TABLE machines (id text PRIMARY KEY)")
+        .await;
+    let watch = drover::store::TableWatch::new("machines", PROCESS, "id");
+    db.store.table_watch(&watch).await.expect("watch");
+    let change = context('e', 'f');
+    // One transaction says whose change it is; the other says nothing, and
+    // an empty setting is as good as none.
+    let pool = sqlx::PgPool::connect(&db.sql_url).await.expect("connect");
+    for (id, setting) in [
+        ("m1", Some(change.traceparent().to_owned())),
+        ("m2", None),
+        ("m3", Some(String::new())),
+    ] {
+        let mut tx = pool.begin().await.expect("begin");
+        if let Some(setting) = setting {
+            sqlx::query("SELECT set_config('drover.traceparent', $1, true)")
+                .bind(setting)
+                .execute(&mut *tx)
+                .await
+                .expect("set");
+        }
+        sqlx::query("INSERT INTO machines VALUES ($1)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .expect("insert");
+        tx.commit().await.expect("commit");
+    }
+    // A TRUNCATE enqueues every row left, with the context of its transaction.
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SELECT set_config('drover.traceparent', $1, true)")
+        .bind(context('a', 'b').traceparent())
+        .execute(&mut *tx)
+        .await
+        .expect("set");
+    sqlx::query("TRUNCATE machines")
+        .execute(&mut *tx)
+        .await
+        .expect("truncate");
+    tx.commit().await.expect("commit");
+    pool.close().await;
+    let session = db.session().await.id;
+    let mut leases = claim_traced(&db, session, 10).await;
+    leases.sort_by(|a, b| a.key.cmp(&b.key));
+    let links: Vec<(&str, &[TraceContext])> = leases
+        .iter()
+        .map(|l| (l.key.as_str(), brought(l).links.as_slice()))
+        .collect();
+    let truncated = context('a', 'b');
+    assert_eq!(
+        links,
+        [
+            ("m1", &[change, truncated.clone()][..]),
+            ("m2", &[truncated.clone()][..]),
+            ("m3", &[truncated][..]),
+        ]
+    );
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 /// The trace ids of `key`'s runs, newest first.
 async fn run_trace_ids(store: &drover::store::Store, key: &str) -> Vec<Option<String>> {
     let runs = store
