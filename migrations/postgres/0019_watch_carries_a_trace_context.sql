@@ -65,3 +65,15 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- CREATE OR REPLACE reset the trigger functions' settings: pin their
+-- search_path again, as migrations 0010 and 0013 did and for their reasons
+-- (the triggers run in the writer's session, whose search_path must not
+-- choose which drover_enqueue or drover_trace_link they call).
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION drover_watch_row() SET search_path = %I, pg_temp',
+                   current_schema());
+    EXECUTE format('ALTER FUNCTION drover_watch_truncate() SET search_path = %I, pg_temp',
+                   current_schema());
+END $$;
