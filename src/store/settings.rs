@@ -143,6 +143,9 @@ pub struct Retention {
     /// Runs older than this are deleted (default 7 days).
     pub keep_runs_for: Duration,
     /// At most this many runs are kept per key, the newest (default 100).
+    /// The process's own history rows (paused, resumed: they name no key)
+    /// are not capped; only [`keep_runs_for`](Self::keep_runs_for) removes
+    /// them.
     pub keep_runs_per_key: u32,
     /// Idle keys untouched (no run ended, no enqueue) for this long are
     /// forgotten, as by a delete; `None` (the default) keeps them forever.
