@@ -43,6 +43,15 @@ async fn pause(store: &Store, paused: bool) -> bool {
         .expect("pause")
 }
 
+/// The leases one claim of up to `max` keys of [`P`] hands `session`.
+async fn claim_leases(store: &Store, session: SessionId, max: u32) -> Vec<drover::store::Lease> {
+    store
+        .lease_claim(claim(session, max))
+        .await
+        .expect("claim")
+        .leases
+}
+
 fn claim(session: SessionId, max: u32) -> LeaseClaim {
     LeaseClaim {
         session,
@@ -266,16 +275,7 @@ async fn the_concurrency_limit_counts_its_own_runs_folded_or_not() {
         assert_eq!(others.leases.len(), 40, "another process's runs");
         enqueue(&db.store, 10).await;
         configure(&db.store, ProcessConfigure::new(P).concurrency(Some(3))).await;
-        let take = |max| {
-            let store = db.store.clone();
-            async move {
-                store
-                    .lease_claim(claim(session.id, max))
-                    .await
-                    .expect("claim")
-                    .leases
-            }
-        };
+        let take = |max| claim_leases(&db.store, session.id, max);
         let first = take(2).await;
         assert_eq!(
             first.len(),
@@ -317,16 +317,7 @@ async fn the_counts_and_the_limit_follow_a_table_emptied_by_hand() {
         let session = db.session().await;
         enqueue(&db.store, 10).await;
         configure(&db.store, ProcessConfigure::new(P).concurrency(Some(3))).await;
-        let take = |max| {
-            let store = db.store.clone();
-            async move {
-                store
-                    .lease_claim(claim(session.id, max))
-                    .await
-                    .expect("claim")
-                    .leases
-            }
-        };
+        let take = |max| claim_leases(&db.store, session.id, max);
         assert_eq!(take(10).await.len(), 3, "up to the limit");
         // Folded, so the counts table (not only its deltas) holds the runs.
         db.store.process_counts_all().await.expect("counts");
