@@ -229,6 +229,119 @@ async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
     .await;
 }
 
+/// What `key`'s row keeps for its next run, as stored (`trace_links`).
+async fn stored_links(db: &TestDb, key: &str) -> Option<String> {
+    let sql = "SELECT CAST(trace_links AS TEXT) FROM drover_items WHERE process = $1 AND key = $2";
+    if db.engine == "postgres" {
+        let pool = sqlx::PgPool::connect(&db.sql_url).await.expect("connect");
+        let kept = sqlx::query_scalar(sql)
+            .bind(PROCESS)
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .expect("read the item");
+        pool.close().await;
+        kept
+    } else {
+        let pool = sqlx::SqlitePool::connect(&db.sql_url)
+            .await
+            .expect("connect");
+        let kept = sqlx::query_scalar(sql)
+            .bind(PROCESS)
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .expect("read the item");
+        pool.close().await;
+        kept
+    }
+}
+
+/// A context given in SQL that is not W3C (malformed, huge, an all-zero
+/// id, upper-case hex, a `tracestate` with a non-ASCII or control
+/// character; on SQLite also a NUL or a blob) is not kept: the row does not
+/// grow, the key stays enqueued, and a valid context after them is kept
+/// alone. On PostgreSQL, a watched table's write with such a
+/// `drover.traceparent` still succeeds and enqueues its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_context_in_sql_is_not_kept_and_the_enqueue_stays() {
+    each_engine(|db| async move {
+        let valid = context('c', 'd');
+        let parent = valid.traceparent().to_owned();
+        let mut poison = vec![
+            "'not a context'".to_owned(),
+            format!("'{parent} {}'", "a".repeat(100_000)),
+            format!("'00-{}-{}-01'", "0".repeat(32), "d".repeat(16)),
+            format!("'00-{}-{}-01'", "c".repeat(32), "0".repeat(16)),
+            format!("'{}'", parent.to_uppercase()),
+            format!("'{parent} k=é'"),
+            format!("'{parent} k=' || chr(9)"),
+        ];
+        let sqlite = db.engine == "sqlite";
+        if sqlite {
+            poison.push(format!("'{parent}' || char(0) || 'x'"));
+            poison.push(format!("CAST('{parent}' AS BLOB)"));
+            for p in &mut poison {
+                *p = p.replace("chr(9)", "char(9)");
+            }
+        }
+        let link = |context: &str| {
+            if sqlite {
+                format!(
+                    "INSERT INTO drover_trace_link (process, key, context) \
+                     VALUES ('{PROCESS}', 'k', {context})"
+                )
+            } else {
+                format!("SELECT drover_trace_link('{PROCESS}', ARRAY['k'], {context})")
+            }
+        };
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .expect("enqueue");
+        for context in &poison {
+            db.execute(&link(context)).await;
+            assert_eq!(
+                stored_links(&db, "k").await,
+                None,
+                "{} kept {}",
+                db.engine,
+                &context[..context.len().min(90)]
+            );
+        }
+        db.execute(&link(&format!("'{parent} vendor=y'"))).await;
+        let kept = TraceContext::new(&parent, Some("vendor=y")).expect("valid");
+        let session = db.session().await.id;
+        let leases = claim_traced(&db, session, 10).await;
+        assert_eq!(leases.len(), 1, "the key stayed enqueued");
+        assert_eq!(brought(&leases[0]).links, [kept]);
+        assert_eq!(brought(&leases[0]).dropped, 0);
+        if db.engine == "postgres" {
+            // The watch triggers go through the same check.
+            db.execute("CREATE TABLE machines (id text PRIMARY KEY)")
+                .await;
+            let watch = drover::store::TableWatch::new("machines", PROCESS, "id");
+            db.store.table_watch(&watch).await.expect("watch");
+            let pool = sqlx::PgPool::connect(&db.sql_url).await.expect("connect");
+            let mut tx = pool.begin().await.expect("begin");
+            for sql in [
+                "SELECT set_config('drover.traceparent', 'garbage', true)",
+                "INSERT INTO machines VALUES ('m1')",
+            ] {
+                sqlx::query(sql).execute(&mut *tx).await.expect(sql);
+            }
+            tx.commit().await.expect("the watched write commits");
+            pool.close().await;
+            assert_eq!(stored_links(&db, "m1").await, None);
+            let leases = claim_traced(&db, session, 10).await;
+            assert_eq!(leases.len(), 1, "the watched write enqueued its key");
+            assert_eq!(leases[0].key, "m1");
+            assert!(brought(&leases[0]).links.is_empty());
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_change_to_a_watched_table_carries_its_transactions_trace_context() {
     let Some(base) = support::postgres_url() else {
@@ -1098,6 +1211,98 @@ async fn spans_a_silent_collector_never_takes_are_counted_dropped() {
         assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
         stop(worker).await;
         drop(hole);
+    })
+    .await;
+}
+
+/// A run whose outcome write waits for the database gets a child span for
+/// the write (`{process} settle`, kind client), with the write's real
+/// duration: a test transaction holds the key's row (PostgreSQL) or the
+/// write lock (SQLite) while the run's command returns, until the worker's
+/// write is seen waiting, then for 300 ms more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_outcome_write_is_a_span_under_its_run() {
+    each_engine(|db| async move {
+        let (addr, mut spans) = receiver().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (started, go) = (dir.path().join("started"), dir.path().join("go"));
+        let exec = format!(
+            "sh -c 'touch {}; while [ ! -e {} ]; do sleep 0.01; done'",
+            started.display(),
+            go.display()
+        );
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["slow"]))
+            .await
+            .expect("enqueue");
+        let worker = traced_worker(&db, &exec, &format!("http://{addr}"));
+        eventually("the run's command starts", || async { started.exists() }).await;
+        let token: i64 = {
+            let sql = "SELECT lease_token FROM drover_items WHERE key = 'slow'";
+            if db.engine == "postgres" {
+                let pool = sqlx::PgPool::connect(&db.sql_url).await.expect("connect");
+                sqlx::query_scalar(sql)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("token")
+            } else {
+                let pool = sqlx::SqlitePool::connect(&db.sql_url)
+                    .await
+                    .expect("connect");
+                sqlx::query_scalar(sql)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("token")
+            }
+        };
+        let lock = "SELECT 1 FROM drover_items WHERE lease_token = $1 FOR UPDATE";
+        let blocker = support::locks::Blocker::hold(&db, lock, token).await;
+        std::fs::write(&go, "").expect("let the command return");
+        match &blocker {
+            support::locks::Blocker::Postgres(..) => blocker.wait_for_a_waiter().await,
+            support::locks::Blocker::Sqlite(..) => {
+                let pid = worker.id().expect("the worker runs");
+                support::locks::wait_for_sqlite_writers_of(pid, "drover-w", 1).await;
+            }
+        }
+        let held = Duration::from_millis(300);
+        tokio::time::sleep(held).await; // the fault's length, not a wait for a signal
+        blocker.release().await;
+
+        let (mut run, mut settle) = (None, None);
+        while run.is_none() || settle.is_none() {
+            let span = next_span(&mut spans).await;
+            match span.kind {
+                k if k == SpanKind::Consumer as i32 => run = Some(span),
+                k if k == SpanKind::Client as i32 => settle = Some(span),
+                _ => {}
+            }
+        }
+        stop(worker).await;
+        let (run, settle) = (run.expect("run span"), settle.expect("settle span"));
+        assert_eq!(settle.name, format!("{PROCESS} settle"));
+        assert_eq!(
+            hex(&settle.trace_id),
+            hex(&run.trace_id),
+            "in the run's trace"
+        );
+        assert_eq!(
+            hex(&settle.parent_span_id),
+            hex(&run.span_id),
+            "the run's child"
+        );
+        let lasted = settle.end_time_unix_nano - settle.start_time_unix_nano;
+        assert!(
+            lasted >= held.as_nanos() as u64,
+            "the span lasts as long as the write waited: {lasted} ns"
+        );
+        assert!(settle.start_time_unix_nano >= run.start_time_unix_nano);
+        assert!(settle.end_time_unix_nano <= run.end_time_unix_nano);
+        assert_eq!(text(&settle, "drover.key"), "slow");
+        assert_eq!(text(&settle, "drover.write_result"), "written");
+        assert_eq!(int(&settle, "drover.write_tries"), 1);
+        assert_eq!(int(&settle, "drover.fencing_token"), token);
+        assert_eq!(text(&settle, "messaging.operation.type"), "settle");
     })
     .await;
 }

@@ -12,8 +12,9 @@
 //! counted on `/metrics` (`drover_trace_spans_dropped_total`, see
 //! [`span_export`](super::span_export)).
 //!
-//! Two kinds of spans go out: each run's ([`RUN_TARGET`]) and, in `drover
-//! serve`, each HTTP request's ([`HTTP_TARGET`]).
+//! Three kinds of spans go out: each run's ([`RUN_TARGET`]), a slow outcome
+//! write's under its run (see [`SLOW_WRITE`](drover::runner::SLOW_WRITE)) and,
+//! in `drover serve`, each HTTP request's ([`HTTP_TARGET`]).
 
 use std::time::Duration;
 
@@ -55,6 +56,11 @@ pub(crate) fn init() -> Telemetry {
             EnvFilter::try_from_env("DROVER_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
         );
     let provider = configured().then(provider).flatten();
+    if let Some(provider) = &provider {
+        // The runner's store spans (a slow outcome write) are made after the
+        // fact through the global provider: the same one, so the same export.
+        opentelemetry::global::set_tracer_provider(provider.clone());
+    }
     let traces = provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("drover"))

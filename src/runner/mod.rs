@@ -21,7 +21,9 @@
 //! feature and a `tracing-opentelemetry` layer that records it, the span links
 //! to the trace contexts of the enqueues the run absorbed, and a retry's span
 //! to the attempt that failed. Nothing records it by default, and a disabled
-//! span costs one check per run.
+//! span costs one check per run. A run whose outcome took [`SLOW_WRITE`] or
+//! more to write, or more than one try, gets a child span for the write
+//! (`{process} settle`), through OpenTelemetry's global tracer provider.
 
 mod completer;
 mod config;
@@ -35,6 +37,7 @@ mod run;
 mod session;
 mod source;
 mod trace;
+mod write_span;
 
 pub use crate::metrics::RunnerFamilies;
 pub use config::{ConfigError, ControllerBuilder};
@@ -48,3 +51,4 @@ pub use maintenance::{Pruned, Pruner, Resyncer};
 pub use reconciler::{Action, Reconciler, Task};
 pub use source::Source;
 pub use trace::RUN_TARGET;
+pub use write_span::SLOW_WRITE;

@@ -21,6 +21,7 @@ use super::finished::Finished;
 use super::lapse::STOP_GRACE;
 use super::reconciler::{Reconciler, Task};
 use super::trace;
+use super::write_span::{OutcomeWrite, WriteEnd};
 use crate::metrics::RunnerMetrics;
 use crate::store::{Lease, LeaseRelease, Outcome, TraceId, WorkerBackend};
 
@@ -112,12 +113,16 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
                 if let Some(finished) = &self.finished {
                     finished.record(&lease.key);
                 }
+                let mut write = OutcomeWrite::begin(span);
                 // The semaphore is never closed, so acquiring cannot fail.
                 let writing = Arc::clone(&self.writing).acquire_owned().await;
                 drop(permit);
                 let trace_id = trace::trace_id(span);
-                self.complete(&lease, outcome, trace_id, &token).await;
+                let end = self
+                    .complete(&lease, outcome, trace_id, &token, &mut write)
+                    .await;
                 drop(writing);
+                write.end(span, &lease, end);
                 return;
             }
             Ended::Released => {
@@ -186,13 +191,15 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     /// leased under a live session. The run stops waiting when its token
     /// fires: its session was lost (another node reclaims the key), or the
     /// shutdown deadline passed (closing the session hands the key back).
+    /// Each failed try is noted in `write`.
     async fn complete(
         &self,
         lease: &Lease,
         outcome: Outcome,
         trace_id: Option<TraceId>,
         token: &CancellationToken,
-    ) {
+        write: &mut OutcomeWrite,
+    ) -> WriteEnd {
         let name = outcome.name();
         if matches!(outcome, Outcome::Transient(_)) {
             self.metrics.queue.retries.inc();
@@ -206,19 +213,26 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
                 written = self.completer.complete(lease, &outcome, trace_id) => written,
             };
             match written {
-                Written::Done => return self.metrics.outcome(name),
+                Written::Done => {
+                    self.metrics.outcome(name);
+                    return WriteEnd::Written;
+                }
                 Written::Refused(e) => {
                     self.metrics.outcome("lost");
                     tracing::warn!(key = %lease.key, error = %e, "outcome refused: the lease was lost");
-                    return;
+                    write.failed(&e);
+                    return WriteEnd::Refused;
                 }
                 Written::Failed(e) if Instant::now() + delay > give_up => {
                     self.metrics.outcome("lost");
                     tracing::error!(key = %lease.key, error = %e, "cannot write the outcome; dropping it and handing the key back to run again");
-                    return self.hand_back(lease, token).await;
+                    write.failed(&e);
+                    self.hand_back(lease, token).await;
+                    return WriteEnd::GivenUp;
                 }
                 Written::Failed(e) => {
                     tracing::warn!(key = %lease.key, error = %e, "cannot write the outcome; retrying");
+                    write.failed(&e);
                 }
             }
             tokio::select! {
@@ -269,13 +283,14 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
     }
 
     /// Counts an outcome its run stopped writing when its token fired.
-    fn unwritten(&self, lease: &Lease) {
+    fn unwritten(&self, lease: &Lease) -> WriteEnd {
         if self.force.is_cancelled() {
             self.metrics.outcome("canceled");
             tracing::warn!(key = %lease.key, "the shutdown deadline passed before the outcome was written; the key runs again");
         } else {
             self.metrics.outcome("lost");
         }
+        WriteEnd::Stopped
     }
 
     /// Hands the lease back (the key is pending again) unless that takes

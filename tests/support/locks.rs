@@ -122,6 +122,18 @@ impl Blocker {
 /// `nanosleep`. Elsewhere (another OS or CPU) this only
 /// yields, and says so.
 pub(crate) async fn wait_for_sqlite_writers(thread: &str, n: usize) {
+    wait_for_writers_in("/proc/self/task", thread, n).await;
+}
+
+/// [`wait_for_sqlite_writers`] in another process, `pid` (a `drover` the
+/// test started: its SQLite writer thread is `drover-w`).
+pub(crate) async fn wait_for_sqlite_writers_of(pid: u32, thread: &str, n: usize) {
+    wait_for_writers_in(&format!("/proc/{pid}/task"), thread, n).await;
+}
+
+/// Returns once `n` threads named `thread` of the process whose tasks are
+/// listed in `tasks` sleep at once.
+async fn wait_for_writers_in(tasks: &str, thread: &str, n: usize) {
     let seen = cfg!(all(
         target_os = "linux",
         any(target_arch = "x86_64", target_arch = "aarch64")
@@ -134,7 +146,7 @@ pub(crate) async fn wait_for_sqlite_writers(thread: &str, n: usize) {
         return;
     }
     tokio::time::timeout(Duration::from_secs(10), async {
-        while sleeping_threads(thread) < n {
+        while sleeping_threads(tasks, thread) < n {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     })
@@ -142,9 +154,9 @@ pub(crate) async fn wait_for_sqlite_writers(thread: &str, n: usize) {
     .unwrap_or_else(|_| panic!("{n} writers named {thread} never waited for the write lock"));
 }
 
-/// How many of this process's threads named `name` are in a sleep system
-/// call right now.
-fn sleeping_threads(name: &str) -> usize {
+/// How many of the threads listed in `tasks` (`/proc/PID/task`) named
+/// `name` are in a sleep system call right now.
+fn sleeping_threads(tasks: &str, name: &str) -> usize {
     // nanosleep and clock_nanosleep (glibc's usleep uses either).
     #[cfg(target_arch = "x86_64")]
     const SLEEPS: [&str; 2] = ["35", "230"];
@@ -152,7 +164,7 @@ fn sleeping_threads(name: &str) -> usize {
     const SLEEPS: [&str; 2] = ["101", "115"];
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     const SLEEPS: [&str; 0] = [];
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+    let Ok(tasks) = std::fs::read_dir(tasks) else {
         return 0;
     };
     tasks
