@@ -188,8 +188,8 @@ async fn a_claim_brings_each_runs_links_only_when_it_asks() {
 
 /// Another program's SQL enqueue adds a context the way drover's own does:
 /// `drover_trace_link` after `drover_enqueue` (a function on PostgreSQL, a
-/// view on SQLite); a NULL context and a key that is not an item change
-/// nothing.
+/// view on SQLite), or `drover_enqueue`'s own `context`; a NULL context and
+/// a key that is not an item change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
     each_engine(|db| async move {
@@ -203,6 +203,8 @@ async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
                     "SELECT drover_trace_link('{PROCESS}', ARRAY['sql', 'nobody'], '{stored}')"
                 ),
                 format!("SELECT drover_trace_link('{PROCESS}', ARRAY['sql'], NULL)"),
+                format!("SELECT drover_enqueue('{PROCESS}', ARRAY['one'], context => '{stored}')"),
+                format!("SELECT drover_enqueue('{PROCESS}', ARRAY['bad'], 0, 0, false, 0, 'x')"),
             ]
         } else {
             vec![
@@ -215,16 +217,30 @@ async fn an_enqueue_in_sql_carries_a_trace_context_to_the_run() {
                     "INSERT INTO drover_trace_link (process, key, context) \
                      VALUES ('{PROCESS}', 'sql', NULL)"
                 ),
+                format!(
+                    "INSERT INTO drover_enqueue (process, key, context) \
+                     VALUES ('{PROCESS}', 'one', '{stored}'), ('{PROCESS}', 'bad', 'x')"
+                ),
             ]
         };
         for sql in &statements {
             db.execute(sql).await;
         }
         let session = db.session().await.id;
-        let leases = claim_traced(&db, session, 10).await;
-        assert_eq!(leases.len(), 1, "only the enqueued key is an item");
-        assert_eq!(brought(&leases[0]).links, [change]);
-        assert_eq!(brought(&leases[0]).dropped, 0);
+        let mut leases = claim_traced(&db, session, 10).await;
+        leases.sort_by(|a, b| a.key.cmp(&b.key));
+        let links: Vec<(&str, &[TraceContext])> = leases
+            .iter()
+            .map(|l| (l.key.as_str(), brought(l).links.as_slice()))
+            .collect();
+        // `nobody` is no item; `bad`'s context is no W3C context, but the
+        // key is enqueued all the same.
+        let change = [change];
+        assert_eq!(
+            links,
+            [("bad", &[][..]), ("one", &change[..]), ("sql", &change[..])]
+        );
+        assert!(leases.iter().all(|l| brought(l).dropped == 0));
     })
     .await;
 }
