@@ -887,15 +887,20 @@ async fn a_command_using_the_python_sdk_joins_its_runs_trace() {
         "the command exported its span and exited 0"
     );
     assert_eq!(text(&joined, "drover.key"), "k", "the key was its argument");
+    assert_child(&joined, &run, "the command's span");
+}
+
+/// Asserts that `child` (`what`) is in `parent`'s trace and its child.
+fn assert_child(child: &Span, parent: &Span, what: &str) {
     assert_eq!(
-        hex(&joined.trace_id),
-        hex(&run.trace_id),
-        "the command's span is in the run's trace"
+        hex(&child.trace_id),
+        hex(&parent.trace_id),
+        "{what} is in the parent's trace"
     );
     assert_eq!(
-        hex(&joined.parent_span_id),
-        hex(&run.span_id),
-        "the command's span is the run span's child"
+        hex(&child.parent_span_id),
+        hex(&parent.span_id),
+        "{what} is the parent's child"
     );
 }
 
@@ -1297,16 +1302,7 @@ async fn a_slow_outcome_write_is_a_span_under_its_run() {
         stop(worker).await;
         let (run, settle) = (run.expect("run span"), settle.expect("settle span"));
         assert_eq!(settle.name, format!("{PROCESS} settle"));
-        assert_eq!(
-            hex(&settle.trace_id),
-            hex(&run.trace_id),
-            "in the run's trace"
-        );
-        assert_eq!(
-            hex(&settle.parent_span_id),
-            hex(&run.span_id),
-            "the run's child"
-        );
+        assert_child(&settle, &run, "the write's span");
         let lasted = settle.end_time_unix_nano - settle.start_time_unix_nano;
         assert!(
             lasted >= held.as_nanos() as u64,
