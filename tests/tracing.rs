@@ -1,7 +1,8 @@
 //! Traces follow the change (DESIGN.md rule 14): an enqueue's W3C context is
 //! kept on its key (capped), moved to the run that absorbs it, and the run's
 //! span — exported over OTLP by `drover work` to a receiver in this test that
-//! decodes real OTLP protobuf — links to it. On both engines.
+//! decodes real OTLP protobuf, over HTTP and (with the `otlp-grpc` feature)
+//! over gRPC — links to it. On both engines.
 
 mod support;
 
@@ -1315,6 +1316,240 @@ async fn a_slow_outcome_write_is_a_span_under_its_run() {
         assert_eq!(int(&settle, "drover.write_tries"), 1);
         assert_eq!(int(&settle, "drover.fencing_token"), token);
         assert_eq!(text(&settle, "messaging.operation.type"), "settle");
+    })
+    .await;
+}
+
+/// OTLP over gRPC, picked by `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`, to a tonic
+/// receiver in this test that serves the collector's `TraceService`.
+#[cfg(feature = "otlp-grpc")]
+mod over_grpc {
+    use super::*;
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use tokio::io::AsyncReadExt as _;
+    use tonic::transport::server::TcpIncoming;
+
+    /// Sends each span of each export down a channel, as the HTTP
+    /// [`receiver`] does.
+    struct Receiver(mpsc::UnboundedSender<Span>);
+
+    #[tonic::async_trait]
+    impl TraceService for Receiver {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            for resource in request.into_inner().resource_spans {
+                for scope in resource.scope_spans {
+                    for span in scope.spans {
+                        self.0.send(span).ok();
+                    }
+                }
+            }
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// A loopback OTLP/gRPC receiver (HTTP/2 only, as collectors are): every
+    /// span of every export request, as `drover work` sent it.
+    async fn grpc_receiver() -> (SocketAddr, mpsc::UnboundedReceiver<Span>) {
+        let (spans, received) = mpsc::unbounded_channel();
+        let incoming = TcpIncoming::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let addr = incoming.local_addr().expect("addr");
+        let server = tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(Receiver(spans)))
+            .serve_with_incoming(incoming);
+        tokio::spawn(server);
+        (addr, received)
+    }
+
+    const GRPC: (&str, &str) = ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+
+    /// What a gRPC client sends first on a connection (HTTP/2 with prior
+    /// knowledge, RFC 9113 §3.4).
+    const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    /// A collector that takes connections and never answers: the first
+    /// bytes of each connection (as many as the HTTP/2 preface) come down
+    /// the channel, and the connection is held open, silent.
+    async fn silent_collector() -> (SocketAddr, mpsc::UnboundedReceiver<Vec<u8>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (first, firsts) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let first = first.clone();
+                tokio::spawn(async move {
+                    let mut bytes = vec![0; HTTP2_PREFACE.len()];
+                    if socket.read_exact(&mut bytes).await.is_ok() {
+                        first.send(bytes).ok();
+                    }
+                    std::future::pending::<()>().await;
+                    drop(socket);
+                });
+            }
+        });
+        (addr, firsts)
+    }
+
+    /// Two traced enqueues of one key that fails once, then succeeds, with
+    /// the protocol set to `grpc`: both runs' spans arrive over gRPC, named
+    /// and linked as over HTTP, and each command ran inside its run's span.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_workers_run_spans_go_out_over_grpc_when_the_protocol_says_so() {
+        each_engine(|db| async move {
+            let changes = [context('1', '2'), context('3', '4')];
+            for change in &changes {
+                let enqueue = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(change.clone()));
+                db.store.item_enqueue(enqueue).await.expect("enqueue");
+            }
+            let dir = tempfile::tempdir().expect("temp dir");
+            let log = dir.path().join("traceparents");
+            let exec = format!(
+                "sh -c 'echo \"$DROVER_ATTEMPT $TRACEPARENT\" >> {}; test \"$DROVER_ATTEMPT\" -ge 2 || exit 75'",
+                log.display()
+            );
+            let (addr, mut spans) = grpc_receiver().await;
+            let endpoint = format!("http://{addr}");
+            let args = ["--backoff-initial", "10ms"];
+            let worker = traced_worker_with(&db, &exec, &endpoint, &args, &[GRPC]);
+            let failed = next_span(&mut spans).await;
+            let retried = next_span(&mut spans).await;
+            stop(worker).await;
+
+            for (span, attempt) in [(&failed, 1), (&retried, 2)] {
+                assert_eq!(span.name, format!("{PROCESS} process"));
+                assert_eq!(span.kind, SpanKind::Consumer as i32);
+                assert!(span.parent_span_id.is_empty(), "only links, no parent");
+                assert_eq!(text(span, "drover.key"), "k");
+                assert_eq!(int(span, "drover.attempt"), attempt);
+            }
+            assert_eq!(text(&failed, "drover.outcome"), "transient");
+            assert_eq!(text(&retried, "drover.outcome"), "done");
+            let expected: Vec<_> = changes
+                .iter()
+                .map(|c| (c.trace_id().to_owned(), c.traceparent()[36..52].to_owned()))
+                .collect();
+            assert_eq!(links(&failed), expected, "the first run absorbed both changes");
+            assert_eq!(
+                links(&retried),
+                [(hex(&failed.trace_id), hex(&failed.span_id))],
+                "the retry links to the attempt that failed"
+            );
+            let seen = traceparents(&log);
+            assert_eq!(seen.len(), 2, "{seen:?}");
+            for ((attempt, parent), span) in seen.iter().zip([&failed, &retried]) {
+                let want = format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id));
+                assert_eq!(parent, &want, "attempt {attempt}'s TRACEPARENT");
+            }
+        })
+        .await;
+    }
+
+    /// A gRPC collector that never answers, behind a queue of 4 spans and a
+    /// 300 ms export timeout: the exporter spoke HTTP/2 to it, every run
+    /// still ends done, and each span is counted dropped (`queue_full` or
+    /// `export_failed`), as over HTTP.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spans_a_silent_grpc_collector_never_takes_are_counted_dropped() {
+        each_engine(|db| async move {
+            let (collector, mut firsts) = silent_collector().await;
+            let endpoint = format!("http://{collector}");
+            let keys: Vec<String> = (0..50).map(|i| format!("key-{i:02}")).collect();
+            db.store
+                .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+                .await
+                .expect("enqueue");
+            let addr = free_addr();
+            let args = ["--metrics-listen", addr.as_str()];
+            let env = [
+                GRPC,
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "300"),
+                ("OTEL_BSP_MAX_QUEUE_SIZE", "4"),
+                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2"),
+            ];
+            let worker = traced_worker_with(&db, "true", &endpoint, &args, &env);
+            let store = db.store.clone();
+            eventually("every key to be done", || {
+                let store = store.clone();
+                async move {
+                    let counts = store.process_counts_all().await.expect("counts");
+                    counts.iter().any(|c| c.process == PROCESS && c.idle == 50)
+                }
+            })
+            .await;
+            eventually("every span to be counted dropped", || async {
+                metric(&addr, DROPPED_FULL).await + metric(&addr, DROPPED_FAILED).await >= 50
+            })
+            .await;
+            let (full, failed) = (
+                metric(&addr, DROPPED_FULL).await,
+                metric(&addr, DROPPED_FAILED).await,
+            );
+            assert_eq!(full + failed, 50, "one span per run: {full} + {failed}");
+            assert!(failed > 0, "some exports were tried and timed out");
+            assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
+            let first = firsts.recv().await.expect("a connection was made");
+            assert_eq!(
+                String::from_utf8_lossy(&first),
+                String::from_utf8_lossy(HTTP2_PREFACE),
+                "the exporter spoke gRPC's HTTP/2"
+            );
+            stop(worker).await;
+        })
+        .await;
+    }
+}
+
+/// A protocol drover does not speak (`http/json`) is refused with one line
+/// on stderr naming the variable and what is accepted, and the worker runs
+/// its keys as usual, exporting nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_protocol_is_refused_in_one_line_and_work_still_runs() {
+    each_engine(|db| async move {
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .expect("enqueue");
+        let (addr, mut spans) = receiver().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
+        let worker = Command::new(drover_bin())
+            .args(["work", PROCESS, "--db", &db.url, "--exec", "true"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))
+            .env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .env_remove("DROVER_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn drover work");
+        let store = db.store.clone();
+        eventually("the key to be done", || {
+            let store = store.clone();
+            async move {
+                let counts = store.process_counts_all().await.expect("counts");
+                counts.iter().any(|c| c.process == PROCESS && c.idle == 1)
+            }
+        })
+        .await;
+        stop(worker).await;
+        let said = std::fs::read_to_string(dir.path().join("stderr")).expect("stderr");
+        let warned: Vec<_> = said.lines().filter(|l| l.contains("PROTOCOL")).collect();
+        // Then the accepted values: `http/protobuf`, and `grpc` when built in.
+        let refusal = "warning: traces are not exported: \
+                       OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=\"http/json\" is not supported, \
+                       use http/protobuf";
+        assert_eq!(warned.len(), 1, "{said}");
+        assert!(warned[0].starts_with(refusal), "{said}");
+        assert!(spans.try_recv().is_err(), "nothing was exported");
     })
     .await;
 }

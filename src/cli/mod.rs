@@ -15,6 +15,9 @@ mod listing;
 mod metrics_listen;
 mod migrate;
 mod otel;
+#[cfg(feature = "otlp-grpc")]
+mod otlp_grpc;
+mod otlp_protocol;
 mod pause;
 mod process;
 mod serve;

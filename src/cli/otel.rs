@@ -1,16 +1,26 @@
-//! The binary's logging and trace export. Traces go out over OTLP
-//! (HTTP/protobuf) only when an endpoint is configured, and only through
-//! OpenTelemetry's standard variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (or
-//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_EXPORTER_OTLP_HEADERS`,
+//! The binary's logging and trace export. Traces go out over OTLP only when
+//! an endpoint is configured, and only through OpenTelemetry's standard
+//! variables: `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_EXPORTER_OTLP_PROTOCOL` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`), `OTEL_EXPORTER_OTLP_HEADERS`,
 //! `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_SERVICE_NAME` (default `drover`),
 //! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`/`_ARG`, `OTEL_BSP_*`,
 //! and `OTEL_SDK_DISABLED=true` to turn it off.
+//!
+//! The protocol is `http/protobuf` (the default; the endpoint gets
+//! `/v1/traces` appended) or `grpc` (the endpoint as given, e.g.
+//! `http://collector:4317`; built with the `otlp-grpc` feature, on by
+//! default), see [`otlp_protocol`](super::otlp_protocol). Any other value,
+//! `http/json` included, is refused with one line on stderr and no traces
+//! are exported; the command runs as usual. Plain `http://` endpoints only:
+//! neither transport is built with TLS.
 //!
 //! Spans leave through a batch processor on a thread of its own with a
 //! bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048): a slow or unreachable
 //! collector drops spans, never slows or fails a run, and what it drops is
 //! counted on `/metrics` (`drover_trace_spans_dropped_total`, see
-//! [`span_export`](super::span_export)).
+//! [`span_export`](super::span_export)). The gRPC exporter adds a runtime
+//! of its own with one thread, see [`otlp_grpc`](super::otlp_grpc).
 //!
 //! Three kinds of spans go out: each run's ([`RUN_TARGET`]), a slow outcome
 //! write's under its run (see [`SLOW_WRITE`](drover::runner::SLOW_WRITE)) and,
@@ -21,12 +31,14 @@ use std::time::Duration;
 use drover::runner::RUN_TARGET;
 use drover::server::HTTP_TARGET;
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, OTEL_BSP_MAX_QUEUE_SIZE,
-    OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT, SdkTracerProvider,
+    OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT, SdkTracerProvider, SpanExporter,
 };
 
+use super::otlp_protocol::Protocol;
 use super::span_export::{Counted, Gate, Queue};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
@@ -38,14 +50,17 @@ const FLUSH_WITHIN: Duration = Duration::from_secs(3);
 
 /// The installed logging and, when configured, the trace exporter; dropping
 /// it flushes and stops the exporter.
+#[derive(Default)]
 pub(crate) struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    /// The gRPC exporter's runtime, stopped once the provider is.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 /// Installs the global subscriber: logs on stderr filtered by `DROVER_LOG`
 /// (default `warn`), and the run spans to the OTLP exporter when configured.
-/// Call it before the async runtime starts (the exporter's HTTP client
-/// blocks on a thread of its own).
+/// Call it before the async runtime starts (the exporters run on threads of
+/// their own: the HTTP client blocks on one, gRPC has its own runtime).
 pub(crate) fn init() -> Telemetry {
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -55,13 +70,17 @@ pub(crate) fn init() -> Telemetry {
         .with_filter(
             EnvFilter::try_from_env("DROVER_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
         );
-    let provider = configured().then(provider).flatten();
-    if let Some(provider) = &provider {
+    let telemetry = if configured() {
+        exporting()
+    } else {
+        Telemetry::default()
+    };
+    if let Some(provider) = &telemetry.provider {
         // The runner's store spans (a slow outcome write) are made after the
         // fact through the global provider: the same one, so the same export.
         opentelemetry::global::set_tracer_provider(provider.clone());
     }
-    let traces = provider.as_ref().map(|provider| {
+    let traces = telemetry.provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("drover"))
             .with_filter(
@@ -74,7 +93,7 @@ pub(crate) fn init() -> Telemetry {
         .with(logs)
         .with(traces)
         .init();
-    Telemetry { provider }
+    telemetry
 }
 
 impl Drop for Telemetry {
@@ -83,6 +102,12 @@ impl Drop for Telemetry {
             && let Err(e) = provider.shutdown_with_timeout(FLUSH_WITHIN)
         {
             eprintln!("warning: traces not all exported: {e}");
+        }
+        // Its last export is over (or given up): nothing left to wait for,
+        // and this may run inside another runtime, where a blocking drop
+        // would panic.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
         }
     }
 }
@@ -96,19 +121,47 @@ fn configured() -> bool {
     !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
-/// The tracer provider over the OTLP/HTTP exporter, or `None` (with one
-/// line on stderr) when the variables do not make one.
-fn provider() -> Option<SdkTracerProvider> {
-    let exporter = match opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .build()
-    {
-        Ok(exporter) => exporter,
-        Err(e) => {
-            eprintln!("warning: traces are not exported: {e}");
-            return None;
-        }
+/// The exporter the variables ask for under its provider, or nothing (with
+/// one line on stderr) when they do not make one.
+fn exporting() -> Telemetry {
+    let built = match Protocol::from_env() {
+        Ok(Protocol::HttpProtobuf) => http(),
+        #[cfg(feature = "otlp-grpc")]
+        Ok(Protocol::Grpc) => grpc(),
+        Err(refused) => Err(refused.to_string()),
     };
+    built.unwrap_or_else(|e| {
+        eprintln!("warning: traces are not exported: {e}");
+        Telemetry::default()
+    })
+}
+
+/// Over OTLP/HTTP with protobuf bodies.
+fn http() -> Result<Telemetry, String> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(Telemetry {
+        provider: Some(provider(exporter)),
+        runtime: None,
+    })
+}
+
+/// Over OTLP/gRPC, on the exporter's own runtime.
+#[cfg(feature = "otlp-grpc")]
+fn grpc() -> Result<Telemetry, String> {
+    let (exporter, runtime) = super::otlp_grpc::exporter()?;
+    Ok(Telemetry {
+        provider: Some(provider(exporter)),
+        runtime: Some(runtime),
+    })
+}
+
+/// The tracer provider over `exporter`: its spans counted through the
+/// [`Gate`] and the batch processor's export.
+fn provider<E: SpanExporter + 'static>(exporter: E) -> SdkTracerProvider {
     let mut resource = Resource::builder();
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name("drover");
@@ -128,13 +181,11 @@ fn provider() -> Option<SdkTracerProvider> {
     let batch = BatchSpanProcessor::builder(exporter)
         .with_batch_config(config.build())
         .build();
-    Some(
-        SdkTracerProvider::builder()
-            .with_span_processor(Gate {
-                inner: batch,
-                queue,
-            })
-            .with_resource(resource.build())
-            .build(),
-    )
+    SdkTracerProvider::builder()
+        .with_span_processor(Gate {
+            inner: batch,
+            queue,
+        })
+        .with_resource(resource.build())
+        .build()
 }
