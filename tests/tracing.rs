@@ -1161,6 +1161,24 @@ const DROPPED_FAILED: &str = r#"drover_trace_spans_dropped_total{reason="export_
 const DROPPED_FULL: &str = r#"drover_trace_spans_dropped_total{reason="queue_full"}"#;
 const EXPORTS_OK: &str = r#"drover_trace_exports_total{result="ok"}"#;
 const EXPORTS_FAILED: &str = r#"drover_trace_exports_total{result="failed"}"#;
+const SPANS: &str = "drover_trace_spans_total";
+
+/// Waits until the worker whose metrics listen on `addr` has handed at
+/// least `runs` spans (one per run, and one per slow outcome write) to the
+/// export and counted every one of them dropped; returns (queue full,
+/// export failed).
+async fn all_dropped(addr: &str, runs: u64) -> (u64, u64) {
+    eventually("every span to be counted dropped", || async {
+        let spans = metric(addr, SPANS).await;
+        let dropped = metric(addr, DROPPED_FULL).await + metric(addr, DROPPED_FAILED).await;
+        spans >= runs && dropped == spans
+    })
+    .await;
+    (
+        metric(addr, DROPPED_FULL).await,
+        metric(addr, DROPPED_FAILED).await,
+    )
+}
 
 /// A collector that answers 500: every run's span is counted dropped
 /// (`export_failed`) and every export failed, on the worker's `/metrics`.
@@ -1184,12 +1202,8 @@ async fn spans_a_collector_refuses_are_counted_dropped() {
         let addr = free_addr();
         let args = ["--metrics-listen", addr.as_str()];
         let worker = traced_worker_with(&db, "true", &endpoint, &args, &[]);
-        eventually("the 10 spans to be counted dropped", || async {
-            metric(&addr, DROPPED_FAILED).await >= 10
-        })
-        .await;
-        assert_eq!(metric(&addr, DROPPED_FAILED).await, 10, "one span per run");
-        assert_eq!(metric(&addr, DROPPED_FULL).await, 0);
+        let (full, _) = all_dropped(&addr, 10).await;
+        assert_eq!(full, 0);
         assert!(metric(&addr, EXPORTS_FAILED).await >= 1);
         assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
         stop(worker).await;
@@ -1220,15 +1234,7 @@ async fn spans_a_silent_collector_never_takes_are_counted_dropped() {
             ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2"),
         ];
         let worker = traced_worker_with(&db, "true", &endpoint, &args, &env);
-        eventually("every span to be counted dropped", || async {
-            metric(&addr, DROPPED_FULL).await + metric(&addr, DROPPED_FAILED).await >= 50
-        })
-        .await;
-        let (full, failed) = (
-            metric(&addr, DROPPED_FULL).await,
-            metric(&addr, DROPPED_FAILED).await,
-        );
-        assert_eq!(full + failed, 50, "one span per run: {full} + {failed}");
+        let (full, failed) = all_dropped(&addr, 50).await;
         assert!(full > 0 && failed > 0, "{full} + {failed}");
         assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
         stop(worker).await;
@@ -1482,15 +1488,7 @@ mod over_grpc {
                 }
             })
             .await;
-            eventually("every span to be counted dropped", || async {
-                metric(&addr, DROPPED_FULL).await + metric(&addr, DROPPED_FAILED).await >= 50
-            })
-            .await;
-            let (full, failed) = (
-                metric(&addr, DROPPED_FULL).await,
-                metric(&addr, DROPPED_FAILED).await,
-            );
-            assert_eq!(full + failed, 50, "one span per run: {full} + {failed}");
+            let (_, failed) = super::all_dropped(&addr, 50).await;
             assert!(failed > 0, "some exports were tried and timed out");
             assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
             let first = firsts.recv().await.expect("a connection was made");
@@ -1507,48 +1505,68 @@ mod over_grpc {
 
 /// A protocol drover does not speak (`http/json`) is refused with one line
 /// on stderr naming the variable and what is accepted, and the worker runs
-/// its keys as usual, exporting nothing.
+/// its keys as usual, exporting nothing; so is an `https://` endpoint (drover
+/// is built without TLS).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_protocol_is_refused_in_one_line_and_work_still_runs() {
     each_engine(|db| async move {
-        db.store
-            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
-            .await
-            .expect("enqueue");
         let (addr, mut spans) = receiver().await;
-        let dir = tempfile::tempdir().expect("temp dir");
-        let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
-        let worker = Command::new(drover_bin())
-            .args(["work", PROCESS, "--db", &db.url, "--exec", "true"])
-            .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))
-            .env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
-            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
-            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
-            .env_remove("DROVER_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn drover work");
-        let store = db.store.clone();
-        eventually("the key to be done", || {
-            let store = store.clone();
-            async move {
-                let counts = store.process_counts_all().await.expect("counts");
-                counts.iter().any(|c| c.process == PROCESS && c.idle == 1)
-            }
-        })
-        .await;
-        stop(worker).await;
-        let said = std::fs::read_to_string(dir.path().join("stderr")).expect("stderr");
-        let warned: Vec<_> = said.lines().filter(|l| l.contains("PROTOCOL")).collect();
+        let http = format!("http://{addr}");
+        let https = format!("https://{addr}");
         // Then the accepted values: `http/protobuf`, and `grpc` when built in.
-        let refusal = "warning: traces are not exported: \
-                       OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=\"http/json\" is not supported, \
-                       use http/protobuf";
-        assert_eq!(warned.len(), 1, "{said}");
-        assert!(warned[0].starts_with(refusal), "{said}");
+        let json = "warning: traces are not exported: \
+                    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=\"http/json\" is not supported, \
+                    use http/protobuf";
+        let tls = format!(
+            "warning: traces are not exported: OTEL_EXPORTER_OTLP_ENDPOINT=\"{https}\" \
+             uses HTTPS, but drover is built without TLS"
+        );
+        let cases = [
+            (Some("http/json"), &http, json),
+            (None, &https, tls.as_str()),
+        ];
+        for (n, (protocol, endpoint, refusal)) in cases.into_iter().enumerate() {
+            db.store
+                .item_enqueue(ItemEnqueue::new(PROCESS, [format!("k{n}")]))
+                .await
+                .expect("enqueue");
+            let dir = tempfile::tempdir().expect("temp dir");
+            let stderr = std::fs::File::create(dir.path().join("stderr")).expect("stderr file");
+            let mut worker = Command::new(drover_bin());
+            worker
+                .args(["work", PROCESS, "--db", &db.url, "--exec", "true"])
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+                .env_remove("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+                .env_remove("DROVER_LOG");
+            if let Some(protocol) = protocol {
+                worker.env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", protocol);
+            }
+            let worker = worker
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn drover work");
+            let store = db.store.clone();
+            eventually("the key to be done", || {
+                let store = store.clone();
+                async move {
+                    let counts = store.process_counts_all().await.expect("counts");
+                    counts
+                        .iter()
+                        .any(|c| c.process == PROCESS && c.idle == n as u64 + 1)
+                }
+            })
+            .await;
+            stop(worker).await;
+            let said = std::fs::read_to_string(dir.path().join("stderr")).expect("stderr");
+            let warned: Vec<_> = said.lines().filter(|l| l.contains("traces")).collect();
+            assert_eq!(warned.len(), 1, "{said}");
+            assert!(warned[0].starts_with(refusal), "{said}");
+        }
         assert!(spans.try_recv().is_err(), "nothing was exported");
     })
     .await;

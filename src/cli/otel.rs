@@ -138,6 +138,29 @@ fn exporting() -> Telemetry {
 
 /// Over OTLP/HTTP with protobuf bodies.
 fn http() -> Result<Telemetry, String> {
+    // The HTTP client is built without TLS and would fail every export to
+    // an `https://` endpoint, each counted dropped: refuse it at start, as
+    // the gRPC exporter does.
+    let endpoint = [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .into_iter()
+    .find_map(|name| {
+        let value = std::env::var(name).ok()?;
+        (!value.trim().is_empty()).then_some((name, value))
+    });
+    if let Some((name, value)) = endpoint
+        && value
+            .trim()
+            .get(..8)
+            .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+    {
+        return Err(format!(
+            "{name}={value:?} uses HTTPS, but drover is built without TLS: \
+             send to a local OpenTelemetry Collector over http:// and let it forward"
+        ));
+    }
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)

@@ -55,6 +55,7 @@ impl<P: SpanProcessor> SpanProcessor for Gate<P> {
 
     fn on_end(&self, span: SpanData) {
         let queue = &self.queue;
+        queue.metrics.ended();
         if queue.waiting.fetch_add(1, Ordering::AcqRel) >= queue.bound {
             queue.waiting.fetch_sub(1, Ordering::AcqRel);
             queue.metrics.dropped(SpanDrop::QueueFull, 1);

@@ -12,7 +12,8 @@
 //!   scrape time from what the server read in the database;
 //!   `drover_history_pruned_total{what}` ([`PruneMetrics`]),
 //!   `drover_resync_enqueued_total{process}` ([`ResyncMetrics`]);
-//! - trace export: `drover_trace_spans_dropped_total{reason}`,
+//! - trace export: `drover_trace_spans_total`,
+//!   `drover_trace_spans_dropped_total{reason}`,
 //!   `drover_trace_exports_total{result}` ([`TraceExportMetrics`]).
 //!
 //! The queue, the runner, the maintenance loops and the server import their

@@ -8,6 +8,10 @@
 //!   for an export or in one) was full; `reason="export_failed"`: in a batch
 //!   the collector did not accept (an error answer such as a 500, a refused
 //!   connection, or no answer within `OTEL_EXPORTER_OTLP_TIMEOUT`).
+//! - `drover_trace_spans_total`: spans handed to the export as they ended
+//!   (runs', slow outcome writes', HTTP requests'): every one of them is
+//!   exported or counted in `drover_trace_spans_dropped_total`, so the
+//!   difference is what reached a collector or is still on its way.
 //! - `drover_trace_exports_total{result}`: export requests (one per batch
 //!   of up to `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` spans), `result="ok"` or
 //!   `"failed"`.
@@ -46,6 +50,7 @@ impl SpanDrop {
 /// [`registry`](super::registry); clones share the counters.
 #[derive(Debug, Clone)]
 pub struct TraceExportMetrics {
+    spans: Counter,
     dropped: Family<OneLabel, Counter>,
     exports: Family<OneLabel, Counter>,
 }
@@ -53,6 +58,12 @@ pub struct TraceExportMetrics {
 impl TraceExportMetrics {
     /// Registers the families in `registry`.
     pub(super) fn new(registry: &mut Registry) -> Self {
+        let spans = Counter::default();
+        registry.register(
+            "drover_trace_spans",
+            "Spans handed to the trace export as they ended (exported or counted dropped)",
+            spans.clone(),
+        );
         let dropped = Family::<OneLabel, Counter>::default();
         registry.register(
             "drover_trace_spans_dropped",
@@ -65,7 +76,11 @@ impl TraceExportMetrics {
             "Trace export requests to the collector, by result (ok, failed)",
             exports.clone(),
         );
-        Self { dropped, exports }
+        Self {
+            spans,
+            dropped,
+            exports,
+        }
     }
 
     /// The process-wide families.
@@ -83,6 +98,11 @@ impl TraceExportMetrics {
         for result in ["ok", "failed"] {
             self.exports.get_or_create(&[("result", result)]).inc_by(0);
         }
+    }
+
+    /// Counts one span handed to the export as it ended.
+    pub fn ended(&self) {
+        self.spans.inc();
     }
 
     /// Counts `spans` dropped for `reason`.
