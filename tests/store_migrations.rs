@@ -453,3 +453,50 @@ async fn postgres_watches_made_before_13_are_found_by_their_tables() {
     pool.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+/// PostgreSQL migration 0022 makes `drover_enqueue` again with a `context`
+/// parameter: the grants an operator gave on the old function (EXECUTE
+/// revoked from PUBLIC, granted to the writers' role) hold on the new one.
+#[tokio::test]
+async fn the_enqueue_functions_grants_survive_its_new_parameter() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (url, schema) = support::postgres_schema(&base).await;
+    let role = support::process_name("drover_writer");
+    support::admin_execute(&base, &format!("CREATE ROLE {role}")).await;
+    let (old, _dir) = support::migrations_before("postgres", "0022").await;
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    old.run(&pool).await.expect("migrate to 0021");
+    let before = "drover_enqueue(text, text[], integer, bigint, boolean, bigint)";
+    for sql in [
+        format!("REVOKE ALL ON FUNCTION {before} FROM PUBLIC"),
+        format!("GRANT EXECUTE ON FUNCTION {before} TO {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .expect("grant");
+    }
+    let store = Store::connect(&url).await.expect("migrates");
+    let after = "drover_enqueue(text, text[], integer, bigint, boolean, bigint, text)";
+    let may = |who: &str| {
+        let sql = format!("SELECT has_function_privilege('{who}', '{after}', 'EXECUTE')");
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .expect("privilege")
+        }
+    };
+    assert!(may(&role).await, "the writers' role may still enqueue");
+    // A role of no grant of its own has only what PUBLIC has.
+    let other = support::process_name("drover_other");
+    support::admin_execute(&base, &format!("CREATE ROLE {other}")).await;
+    assert!(!may(&other).await, "PUBLIC may not enqueue again");
+    store.close().await;
+    pool.close().await;
+    support::drop_schema(&base, &schema).await;
+    support::admin_execute(&base, &format!("DROP ROLE {role}, {other}")).await;
+}

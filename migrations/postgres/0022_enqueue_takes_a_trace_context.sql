@@ -16,6 +16,15 @@
 -- migration 0006 is made again with `context` last, its body unchanged
 -- but for the link at its end. Calls of the old form (the store's, the
 -- watch triggers', other programs') resolve to it as before.
+--
+-- Dropping a function drops the privileges granted on it: an operator who
+-- revoked EXECUTE from PUBLIC and granted it to the writers' roles gets the
+-- same grants on the new function (saved before the drop, given back
+-- after the create), not a function everyone may call again.
+CREATE TEMPORARY TABLE drover_enqueue_acl ON COMMIT DROP AS
+SELECT proacl FROM pg_proc
+WHERE oid = 'drover_enqueue(text, text[], integer, bigint, boolean, bigint)'::regprocedure;
+
 DROP FUNCTION drover_enqueue(text, text[], integer, bigint, boolean, bigint);
 
 CREATE FUNCTION drover_enqueue(
@@ -97,4 +106,25 @@ BEGIN
     IF drover_enqueue.context IS NOT NULL THEN
         PERFORM drover_trace_link(proc, drover_enqueue.keys, drover_enqueue.context);
     END IF;
+END $$;
+
+-- The old function's grants, when it had any of its own (NULL: the
+-- defaults, PUBLIC may execute, as it may the new one).
+DO $$
+DECLARE
+    acl aclitem[] := (SELECT proacl FROM drover_enqueue_acl);
+    fn text := 'drover_enqueue(text, text[], integer, bigint, boolean, bigint, text)';
+    item record;
+BEGIN
+    IF acl IS NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
+    FOR item IN SELECT grantee, is_grantable FROM aclexplode(acl)
+                WHERE privilege_type = 'EXECUTE' LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', fn,
+                       CASE WHEN item.grantee = 0 THEN 'PUBLIC'
+                            ELSE item.grantee::regrole::text END,
+                       CASE WHEN item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
 END $$;
