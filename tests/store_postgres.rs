@@ -2,7 +2,7 @@
 //! the all-new-keys enqueue losing a race to a concurrent one, a clean `done`
 //! waiting on an uncommitted enqueue of its key, statistics refreshed after
 //! bulk enqueues, running and parked keys listed from their own indexes, a full
-//! disk reported as such. Skipped
+//! disk reported as such, no index entry written for the item id. Skipped
 //! (with a message) unless `DROVER_TEST_POSTGRES_URL` is set.
 
 mod support;
@@ -391,6 +391,111 @@ async fn a_claim_writes_its_new_row_versions_beside_the_old_ones() {
         (1.0..1.3).contains(&per_key),
         "{per_key:.2} row-lock records per claimed key"
     );
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// A claim and a completion write an entry into each index of `drover_items`
+/// whose rows they change (neither is a HOT update: `state` decides the
+/// partial indexes), and since migration 0021 the table has no index on `id`:
+/// a claim writes two entries per key (the primary key `(process, key)` and
+/// the lease index), a completion that leaves the key idle one (the primary
+/// key). Counted from the write-ahead log of this schema's indexes, by index.
+#[tokio::test]
+async fn a_claim_and_a_completion_write_no_index_entry_for_the_item_id() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    support::admin_execute(
+        &base,
+        "CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public",
+    )
+    .await;
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    let names: Vec<String> = (0..1_000).map(|i| format!("k{i:04}")).collect();
+    db.store
+        .item_enqueue(ItemEnqueue::new(P, names.iter().map(String::as_str)))
+        .await
+        .expect("enqueue");
+    let lsn = |which: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+                "SELECT pg_current_wal_{which}_lsn()::text"
+            )))
+            .fetch_one(&pool)
+            .await
+            .expect("lsn")
+        }
+    };
+    // Index entries written per key between two positions of the log, by
+    // index: each leaf insert is one record, or part of the split it caused.
+    let entries = |from: String, to: String| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT c.relname::text, count(w.*) FROM pg_index x
+                 JOIN pg_class c ON c.oid = x.indexrelid
+                 LEFT JOIN public.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) w
+                     ON w.resource_manager = 'Btree'
+                     AND w.record_type IN ('INSERT_LEAF', 'INSERT_POST', 'SPLIT_L', 'SPLIT_R')
+                     AND w.block_ref LIKE '%/' || (SELECT oid FROM pg_database
+                                                   WHERE datname = current_database())
+                         || '/' || pg_relation_filenode(c.oid) || ' %'
+                 WHERE x.indrelid = 'drover_items'::regclass
+                 GROUP BY c.relname HAVING count(w.*) > 0 ORDER BY c.relname",
+            )
+            .bind(from)
+            .bind(to)
+            .fetch_all(&pool)
+            .await
+            .expect("write-ahead log");
+            rows.into_iter()
+                .map(|(index, n)| (index, n as f64 / 1_000.0))
+                .collect::<Vec<_>>()
+        }
+    };
+    let session = db.session().await;
+    let from = lsn("insert").await;
+    let mut leases = Vec::new();
+    while leases.len() < names.len() {
+        let claimed = claim(&db.store, session.id, 1_000).await;
+        assert!(!claimed.is_empty(), "every key is ready");
+        leases.extend(claimed);
+    }
+    let claimed = lsn("flush").await;
+    let claims = entries(from, claimed.clone()).await;
+    for chunk in leases.chunks(250) {
+        let batch: Vec<LeaseComplete<'_>> = chunk
+            .iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &Outcome::Done,
+                trace_id: None,
+            })
+            .collect();
+        let answers = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    }
+    let completions = entries(claimed, lsn("flush").await).await;
+    let names = |e: &[(String, f64)]| e.iter().map(|(i, _)| i.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        names(&claims),
+        ["drover_items_leases", "drover_items_pkey"],
+        "{claims:?}"
+    );
+    assert_eq!(
+        names(&completions),
+        ["drover_items_pkey"],
+        "{completions:?}"
+    );
+    for (index, per_key) in claims.iter().chain(&completions) {
+        assert!(
+            (0.99..1.01).contains(per_key),
+            "{index}: {per_key:.3} entries per key"
+        );
+    }
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

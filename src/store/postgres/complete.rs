@@ -11,8 +11,9 @@ use chrono::{DateTime, Utc};
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::retry::retry;
-use super::rows::{RunningRow, duration_ms, running_columns};
+use super::rows::{LockedRow, duration_ms, running_columns};
 use super::runs::{Ending, log_runs};
+use super::tid::Tid;
 use crate::store::StoreError;
 use crate::store::params::LeaseComplete;
 use crate::store::rules::holding::{
@@ -25,28 +26,34 @@ use crate::store::wakeup;
 
 /// Locks the current row of every lease's key, in key order as every writer
 /// that waits on item rows does (enqueues sort their batch, reclaims and
-/// closes order alike), so none of them can deadlock another; whether the lease still holds it (running, same token and
-/// session) is checked on the locked rows by [`held`].
+/// closes order alike), so none of them can deadlock another; whether the lease
+/// still holds it (running, same token and session) is checked on the locked
+/// rows by [`held`]. Each row comes with its `ctid`, by which the batch's
+/// writes find it again ([`Tid`]).
 ///
-/// The shape is chosen so that no statistics can mislead the planner: the keys
-/// are found one unique-index probe each (the `LATERAL … LIMIT 1` cannot be
-/// flattened into a join), and the rows are locked by primary key. Written as a
-/// join on `state = 'running'` and the token, PostgreSQL's estimates — taken
-/// when no row was running — made it scan every running row once per lease
+/// The shape is chosen so that no statistics can mislead the planner: the
+/// distinct keys, sorted (bytewise, as the columns and the enqueues sort
+/// them), drive a `LATERAL` subquery that finds and locks one key's row by one
+/// primary-key probe. The lateral reference makes it a nested loop over the
+/// sorted keys, so the rows are locked in key order whatever is joined after
+/// it (the process's policy, one probe per process). Written as a join on
+/// `state = 'running'` and the token, PostgreSQL's estimates — taken when no
+/// row was running — made it scan every running row once per lease
 /// (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
 const HELD: &str = concat!(
     "
-WITH found AS (
-  SELECT x.id FROM UNNEST($1::text[], $2::text[]) AS l(process, key)
-  CROSS JOIN LATERAL (
-    SELECT i.id FROM drover_items i WHERE i.process = l.process AND i.key = l.key LIMIT 1) x)
-SELECT i.process, i.key, i.state, i.lease_token, i.lease_session, ",
+SELECT i.ctid::text AS ctid, i.process, i.key, i.state, i.lease_token, i.lease_session, ",
     running_columns!(),
     "
-FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
-WHERE i.id = ANY(ARRAY(SELECT id FROM found))
-ORDER BY i.process, i.key
-FOR UPDATE OF i"
+FROM (
+  SELECT DISTINCT l.process COLLATE \"C\" AS process, l.key COLLATE \"C\" AS key
+  FROM UNNEST($1::text[], $2::text[]) AS l(process, key)
+  ORDER BY 1, 2) l
+CROSS JOIN LATERAL (
+  SELECT j.ctid AS ctid, j.* FROM drover_items j
+  WHERE j.process = l.process AND j.key = l.key
+  FOR UPDATE OF j) i
+LEFT JOIN drover_processes p ON p.process = i.process"
 );
 
 /// Settles every lease in one transaction. A lease that was lost or whose
@@ -64,7 +71,7 @@ pub(super) async fn complete_batch(
     let now = store.now(&mut tx).await?;
     let mut writes = Writes::default();
     let settling = settle_batch(now, batch, rows, &expired, |params, row, s| {
-        writes.add(row.id, s, params.trace_id.map(|id| id.to_string()));
+        writes.add(row.ctid, s, params.trace_id.map(|id| id.to_string()));
     });
     writes.flush(&mut tx, now).await?;
     commit(tx).await?;
@@ -80,9 +87,9 @@ async fn held(
     tx: &mut Tx,
     live: &[i64],
     batch: &[LeaseComplete<'_>],
-) -> Result<Vec<Option<RunningRow>>, StoreError> {
+) -> Result<Vec<Option<LockedRow>>, StoreError> {
     let leases = || batch.iter().map(|p| p.lease);
-    let found: Vec<Found<RunningRow>> = sqlx::query_as(HELD)
+    let found: Vec<Found<LockedRow>> = sqlx::query_as(HELD)
         .bind(leases().map(|l| l.process.as_str()).collect::<Vec<_>>())
         .bind(leases().map(|l| l.key.as_str()).collect::<Vec<_>>())
         .fetch_all(&mut *tx)
@@ -115,19 +122,19 @@ async fn sessions(
 struct Writes {
     runs: Ending,
     /// Items left idle (a clean `done`, the common run): one statement for all.
-    idle: Vec<i64>,
+    idle: Vec<Tid>,
     /// Every other item's next row.
     updated: NextRows,
 }
 
 impl Writes {
-    fn add(&mut self, id: i64, settled: Settled, trace_id: Option<String>) {
+    fn add(&mut self, ctid: Tid, settled: Settled, trace_id: Option<String>) {
         self.runs
-            .push_traced(id, settled.outcome, settled.error, trace_id);
+            .push_traced(ctid, settled.outcome, settled.error, trace_id);
         if settled.next.state == NextState::Idle {
-            self.idle.push(id);
+            self.idle.push(ctid);
         } else {
-            self.updated.push(id, settled.outcome, &settled.next);
+            self.updated.push(ctid, settled.outcome, &settled.next);
         }
     }
 
@@ -142,26 +149,31 @@ impl Writes {
 
 /// Leaves converged items idle: no lease, no failures, no error; their last
 /// outcome `done`. What [`settle`](crate::store::rules::settle::settle) returns for a
-/// clean `done`, written for a whole batch at once.
-async fn idle(tx: &mut Tx, now: DateTime<Utc>, ids: &[i64]) -> Result<(), StoreError> {
+/// clean `done`, written for a whole batch at once; the rows `ctids` are
+/// locked by [`HELD`], so one TID scan finds them.
+async fn idle(tx: &mut Tx, now: DateTime<Utc>, ctids: &[Tid]) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE drover_items SET state = 'idle', ready_at = $1, failures = 0,
              backoff_until = NULL, backoff_ms = NULL, last_error = NULL,
              error_signature = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
              last_outcome = 'done', last_ended_at = $1
-         WHERE id = ANY($2)",
+         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))",
     )
     .bind(now)
-    .bind(ids)
+    .bind(ctids)
     .exec(&mut *tx)
     .await?;
     Ok(())
 }
 
 /// Writes the next rows of the items that stay pending or parked, one
-/// statement for the whole batch (the rows are already locked by [`HELD`]);
-/// `$1` is the time their runs ended, the arrays are [`NextRows`]' columns.
+/// statement for the whole batch (the rows are already locked by [`HELD`], and
+/// found by their `ctid`s, see [`Tid`]); `$1` is the time their runs ended, the
+/// arrays are [`NextRows`]' columns. Sent unprepared, so each is planned with
+/// its batch's size: the rows are hashed and joined to the TID scan; a generic
+/// plan, which takes every array for ten elements, joined them by a nested
+/// loop that compared each row with every `ctid` of the batch.
 const NEXT: &str = "
 UPDATE drover_items AS i SET state = n.state, priority = n.priority, ready_at = n.ready_at,
     enqueued_at = n.enqueued_at, failures = n.failures, backoff_until = n.backoff_until,
@@ -169,17 +181,17 @@ UPDATE drover_items AS i SET state = n.state, priority = n.priority, ready_at = 
     dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
     lease_session = NULL, lease_token = NULL, started_at = NULL,
     last_outcome = n.outcome, last_ended_at = $1
-FROM UNNEST($2::bigint[], $3::text[], $4::text[], $5::int[], $6::timestamptz[],
+FROM UNNEST($2::text[]::tid[], $3::text[], $4::text[], $5::int[], $6::timestamptz[],
             $7::timestamptz[], $8::int[], $9::timestamptz[], $10::bigint[], $11::text[],
             $12::text[])
-    AS n(id, outcome, state, priority, ready_at, enqueued_at, failures, backoff_until,
+    AS n(ctid, outcome, state, priority, ready_at, enqueued_at, failures, backoff_until,
          backoff_ms, last_error, error_signature)
-WHERE i.id = n.id";
+WHERE i.ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[]))) AND i.ctid = n.ctid";
 
 /// The next rows of a batch's items that stay pending or parked, by column.
 #[derive(Debug, Default)]
 struct NextRows {
-    id: Vec<i64>,
+    ctid: Vec<Tid>,
     outcome: Vec<&'static str>,
     state: Vec<&'static str>,
     priority: Vec<i32>,
@@ -193,8 +205,8 @@ struct NextRows {
 }
 
 impl NextRows {
-    fn push(&mut self, id: i64, outcome: RunOutcome, next: &NextRow) {
-        self.id.push(id);
+    fn push(&mut self, ctid: Tid, outcome: RunOutcome, next: &NextRow) {
+        self.ctid.push(ctid);
         self.outcome.push(outcome.as_str());
         self.state.push(next.state.as_str());
         self.priority.push(next.priority);
@@ -209,12 +221,13 @@ impl NextRows {
     }
 
     async fn write(self, tx: &mut Tx, now: DateTime<Utc>) -> Result<(), StoreError> {
-        if self.id.is_empty() {
+        if self.ctid.is_empty() {
             return Ok(());
         }
         sqlx::query(NEXT)
+            .persistent(false)
             .bind(now)
-            .bind(&self.id)
+            .bind(&self.ctid)
             .bind(&self.outcome)
             .bind(&self.state)
             .bind(&self.priority)

@@ -9,6 +9,7 @@ use super::engine::PostgresStore;
 use super::error::{Db as _, commit};
 use super::inspect::check_process;
 use super::retry::retry;
+use super::tid::Tid;
 use chrono::{DateTime, Utc};
 
 use crate::store::StoreError;
@@ -21,9 +22,12 @@ use crate::store::types::{ErrorGroup, RunOutcome};
 /// The failing keys counted per stored signature: parked ones from the
 /// parked-errors index in signature order, backing-off ones from the backoff
 /// index (which carries the signature), both index-only; then the first row
-/// (by id) of each of the `$3` largest groups, for its sample.
+/// (by id) of each of the `$3` largest groups, for its sample. `id` has no
+/// index of its own (migration 0021), so the sample rows are found by one more
+/// walk of each state's failing rows, keeping those whose id is a group's
+/// first: the same indexes, the same O(failing keys) as the counts.
 const SIGNATURES: &str = "
-SELECT g.signature, g.state, g.count, COALESCE(i.last_error, '') AS sample FROM (
+WITH g AS (
     SELECT COALESCE(error_signature, '') AS signature, 'parked' AS state,
         count(*) AS count, min(id) AS first
     FROM drover_items WHERE process = $1 AND state = 'parked' GROUP BY error_signature
@@ -31,13 +35,24 @@ SELECT g.signature, g.state, g.count, COALESCE(i.last_error, '') AS sample FROM 
     SELECT COALESCE(error_signature, ''), 'backoff', count(*), min(id)
     FROM drover_items WHERE process = $1 AND state = 'pending' AND backoff_until > $2
     GROUP BY error_signature
-    ORDER BY count DESC, signature LIMIT $3) g
-LEFT JOIN drover_items i ON i.id = g.first";
+    ORDER BY count DESC, signature LIMIT $3),
+sample AS (
+    SELECT id, last_error FROM drover_items
+    WHERE process = $1 AND state = 'parked'
+        AND id = ANY(ARRAY(SELECT first FROM g WHERE state = 'parked'))
+    UNION ALL
+    SELECT id, last_error FROM drover_items
+    WHERE process = $1 AND state = 'pending' AND backoff_until > $2
+        AND id = ANY(ARRAY(SELECT first FROM g WHERE state = 'backoff')))
+SELECT g.signature, g.state, g.count, COALESCE(s.last_error, '') AS sample
+FROM g LEFT JOIN sample s ON s.id = g.first
+ORDER BY g.count DESC, g.signature";
 
 /// One window of a bulk action's walk: `$5` rows after `$2`, from the prefix
-/// `$3` on, in the stored states `$4`, in key order, locked.
+/// `$3` on, in the stored states `$4`, in key order, locked; each with its
+/// `ctid`, by which the change after it finds it ([`Tid`]).
 const WINDOW: &str = "
-SELECT id, key, error_signature, state, backoff_until FROM drover_items
+SELECT ctid::text AS id, key, error_signature, state, backoff_until FROM drover_items
 WHERE process = $1 AND key > $2 AND key >= $3 AND state = ANY($4::text[])
 ORDER BY key LIMIT $5 FOR UPDATE";
 
@@ -55,24 +70,28 @@ macro_rules! logged {
     };
 }
 
-/// An operator's retry of the rows `$2`, as `item_retry` does it for one.
+/// An operator's retry of the rows `$2` (`ctid`s of rows [`WINDOW`] locked),
+/// as `item_retry` does it for one.
 const RETRY: &str = logged!(
     "UPDATE drover_items SET state = 'pending', backoff_until = NULL,
          ready_at = CASE WHEN state = 'pending' AND ready_at < $1 THEN ready_at ELSE $1 END,
          enqueued_at = CASE WHEN state IN ('parked', 'idle') THEN $1 ELSE enqueued_at END
-     WHERE id = ANY($2) AND state <> 'running'"
+     WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[]))) AND state <> 'running'"
 );
 
 /// An operator's park of the rows `$2` with the reason `$4` (whose signature
-/// for each row's key is in the JSON object `$6`, by id).
+/// for each row's key is in the JSON object `$6`, by `ctid` as text).
 const PARK: &str = logged!(
     "UPDATE drover_items SET state = 'parked', backoff_until = NULL, last_error = $4,
-         error_signature = $6::jsonb ->> id::text
-     WHERE id = ANY($2) AND state <> 'running'"
+         error_signature = $6::jsonb ->> ctid::text
+     WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[]))) AND state <> 'running'"
 );
 
 /// An operator's delete of the rows `$2`.
-const DELETE: &str = logged!("DELETE FROM drover_items WHERE id = ANY($2) AND state <> 'running'");
+const DELETE: &str = logged!(
+    "DELETE FROM drover_items
+         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[]))) AND state <> 'running'"
+);
 
 pub(super) async fn error_groups(
     store: &PostgresStore,
@@ -100,7 +119,7 @@ async fn batch(
 ) -> Result<(u64, Option<String>), StoreError> {
     let filter = &bulk.filter;
     let (mut tx, _) = store.write().await?;
-    let rows: Vec<CandidateRow<DateTime<Utc>>> = sqlx::query_as(WINDOW)
+    let rows: Vec<CandidateRow<DateTime<Utc>, Tid>> = sqlx::query_as(WINDOW)
         .bind(&filter.process)
         .bind(after.unwrap_or(""))
         .bind(filter.key_prefix.as_deref().unwrap_or(""))

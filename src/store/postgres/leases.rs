@@ -8,7 +8,7 @@ use super::error::{Db as _, commit, map, map_commit};
 use super::gate;
 use super::gated;
 use super::processes::ensure_process;
-use super::rows::{RunningRow, running_columns};
+use super::rows::{LockedRow, running_columns};
 use super::sessions::requeue;
 use crate::store::fleet::Claimed;
 use crate::store::key::{validate_key, validate_process};
@@ -29,9 +29,14 @@ use crate::store::{StoreError, TraceLinks};
 /// `ORDER BY priority DESC, ready_at` scan would step over every not-yet-ready row
 /// of a higher priority (a million keys in backoff after an outage) on each poll.
 /// The outer `LIMIT` stops the walk, and the locking, as soon as `$3` rows are in.
-/// The update finds its rows by `id = ANY(ARRAY(…))`, a primary-key probe each:
-/// written as a join, a custom plan for a large batch hashed the picked ids and
-/// scanned the whole table (37 ms of a 54 ms claim of 1,000 keys).
+/// The update finds its rows by `process = $2 AND key = ANY(ARRAY(…))`, a
+/// unique-index probe each: written as a join, a custom plan for a large batch
+/// hashed the picked rows and scanned the whole table (37 ms of a 54 ms claim
+/// of 1,000 keys). Not by `ctid`: a row that `picked` locked after a
+/// concurrent update is a version this statement's snapshot does not see, so
+/// a TID scan would miss it, where the index finds the version it sees and the
+/// update follows it to the locked one. (There is no index on `id` since
+/// migration 0021: every claim and completion wrote an entry into it.)
 /// The final outer join yields one row even when nothing was claimed, so `live`
 /// tells an expired session apart from an empty queue.
 ///
@@ -67,8 +72,8 @@ prios AS (
           WHERE process = $2 AND state = 'pending' AND priority < prios.p)
   FROM prios WHERE prios.p IS NOT NULL),
 picked AS (
-  SELECT r.id FROM prios CROSS JOIN LATERAL (
-    SELECT i.id FROM drover_items i
+  SELECT r.key FROM prios CROSS JOIN LATERAL (
+    SELECT i.key FROM drover_items i
     WHERE i.process = $2 AND i.state = 'pending' AND i.priority = prios.p
       AND i.ready_at <= (SELECT now FROM clock)
     ORDER BY i.ready_at, i.id
@@ -79,7 +84,7 @@ picked AS (
 claimed AS (
   UPDATE drover_items i SET state = 'running', lease_session = $1,
       lease_token = nextval('drover_lease_tokens'), started_at = (SELECT now FROM clock)
-  WHERE i.id = ANY(ARRAY(SELECT id FROM picked))
+  WHERE i.process = $2 AND i.key = ANY(ARRAY(SELECT key FROM picked))
   RETURNING i.id, i.process, i.key, i.priority, i.failures, i.ready_at, i.enqueued_at,
       i.lease_token, i.started_at, CASE WHEN $5::boolean THEN i.trace_run::text END AS trace_run)
 SELECT (SELECT count(*) FROM live) AS live, (SELECT count(*) FROM gate) AS held, c.process, c.key, c.priority, c.failures,
@@ -207,10 +212,10 @@ async fn check_session(
 
 /// Checks the session, then locks the lease's running row; `LeaseLost` if the
 /// token or session no longer match.
-async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<RunningRow, StoreError> {
+async fn held(tx: &mut Tx, now: DateTime<Utc>, lease: &Lease) -> Result<LockedRow, StoreError> {
     check_session(tx, now, lease.session).await?;
-    let row: Option<RunningRow> = sqlx::query_as(concat!(
-        "SELECT ",
+    let row: Option<LockedRow> = sqlx::query_as(concat!(
+        "SELECT i.ctid::text AS ctid, ",
         running_columns!(),
         " FROM drover_items i LEFT JOIN drover_processes p ON p.process = i.process
          WHERE i.process = $1 AND i.key = $2 AND i.state = 'running'
@@ -234,7 +239,7 @@ pub(super) async fn release(
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
     let now = store.now(&mut tx).await?; // after the row lock's wait
-    requeue(&mut tx, now, &[row.id], RunOutcome::Canceled).await?;
+    requeue(&mut tx, now, &[row.ctid], RunOutcome::Canceled).await?;
     commit(tx).await
 }
 

@@ -29,6 +29,7 @@ mod runs;
 mod series;
 mod sessions;
 mod statistics;
+mod tid;
 mod trace;
 mod transactional;
 mod tx;

@@ -11,6 +11,7 @@ use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::inspect::check_process;
 use super::rows::{RunRow, run_columns};
+use super::tid::Tid;
 use crate::store::StoreError;
 use crate::store::params::RunList;
 use crate::store::rules::retention::{PruneSteps, Rules, runs_window};
@@ -18,7 +19,10 @@ use crate::store::rules::rows::runs;
 use crate::store::rules::settle::earlier;
 use crate::store::types::{Run, RunOutcome};
 
-/// Ends the runs of the running rows whose ids are in `$3`, with the outcome,
+/// Ends the runs of the running rows whose `ctid`s are in `$3` (rows this
+/// transaction holds locked, see [`Tid`]; each found by one TID fetch, in a
+/// `LATERAL … LIMIT 1` that cannot be flattened into a join, so no estimate
+/// can turn it into a scan of the table), with the outcome,
 /// error and trace id (of a traced run, else NULL) of the same position in
 /// `$2`, `$4` and `$5`, at `$1`; everything else is
 /// read from the rows themselves: the lease, the attempt (nothing changes a
@@ -29,23 +33,24 @@ INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending
     started_at, ended_at, error, trace_id)
 SELECT i.process, i.key, r.outcome, i.failures + 1, i.lease_session, i.lease_token,
     i.enqueued_at, i.started_at, $1, r.error, r.trace_id
-FROM UNNEST($2::text[], $3::bigint[], $4::text[], $5::text[]) AS r(outcome, id, error, trace_id)
-JOIN drover_items i ON i.id = r.id
+FROM UNNEST($2::text[], $3::text[]::tid[], $4::text[], $5::text[]) AS r(outcome, ctid, error, trace_id)
+CROSS JOIN LATERAL (SELECT j.* FROM drover_items j WHERE j.ctid = r.ctid LIMIT 1) i
 ORDER BY i.lease_token";
 
 /// The history rows of runs about to end, gathered for one [`log_runs`].
 #[derive(Debug, Default)]
 pub(super) struct Ending {
     outcome: Vec<&'static str>,
-    id: Vec<i64>,
+    ctid: Vec<Tid>,
     error: Vec<Option<String>>,
     trace_id: Vec<Option<String>>,
 }
 
 impl Ending {
-    /// Adds the run of running row `id`, ending with `outcome` and `error`.
-    pub(super) fn push(&mut self, id: i64, outcome: RunOutcome, error: Option<String>) {
-        self.push_traced(id, outcome, error, None);
+    /// Adds the run of the locked running row at `ctid`, ending with `outcome`
+    /// and `error`.
+    pub(super) fn push(&mut self, ctid: Tid, outcome: RunOutcome, error: Option<String>) {
+        self.push_traced(ctid, outcome, error, None);
     }
 
     /// [`push`](Self::push) for a run whose span was exported: its trace id
@@ -53,22 +58,23 @@ impl Ending {
     /// insert and then an update).
     pub(super) fn push_traced(
         &mut self,
-        id: i64,
+        ctid: Tid,
         outcome: RunOutcome,
         error: Option<String>,
         trace_id: Option<String>,
     ) {
         self.outcome.push(outcome.as_str());
-        self.id.push(id);
+        self.ctid.push(ctid);
         self.error.push(error);
         self.trace_id.push(trace_id);
     }
 
-    /// The runs of the rows `ids`, all ending with `outcome` and no error.
-    pub(super) fn all(ids: &[i64], outcome: RunOutcome) -> Self {
+    /// The runs of the locked rows `ctids`, all ending with `outcome` and no
+    /// error.
+    pub(super) fn all(ctids: &[Tid], outcome: RunOutcome) -> Self {
         let mut ending = Self::default();
-        for &id in ids {
-            ending.push(id, outcome, None);
+        for &ctid in ctids {
+            ending.push(ctid, outcome, None);
         }
         ending
     }
@@ -80,13 +86,13 @@ pub(super) async fn log_runs(
     now: DateTime<Utc>,
     ending: &Ending,
 ) -> Result<(), StoreError> {
-    if ending.id.is_empty() {
+    if ending.ctid.is_empty() {
         return Ok(());
     }
     sqlx::query(LOG_FROM_ROWS)
         .bind(now)
         .bind(&ending.outcome)
-        .bind(&ending.id)
+        .bind(&ending.ctid)
         .bind(&ending.error)
         .bind(&ending.trace_id)
         .exec(&mut *tx)

@@ -7,6 +7,7 @@ use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
 use super::lineage;
 use super::runs::{Ending, log_runs};
+use super::tid::Tid;
 use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
@@ -84,12 +85,12 @@ pub(super) async fn close(store: &PostgresStore, session: SessionId) -> Result<u
         .bind(session.0)
         .exec(&mut tx)
         .await?;
-    let ids = lock_leases(&mut tx, &[session.0]).await?;
+    let ctids = lock_leases(&mut tx, &[session.0]).await?;
     // Read after the locks: the requeue's time is when it is written.
     let now = store.now(&mut tx).await?;
-    requeue(&mut tx, now, &ids, RunOutcome::Canceled).await?;
+    requeue(&mut tx, now, &ctids, RunOutcome::Canceled).await?;
     commit(tx).await?;
-    Ok(ids.len() as u64)
+    Ok(ctids.len() as u64)
 }
 
 /// Reclaims the leases of expired sessions, deciding expiry once and under
@@ -113,28 +114,28 @@ pub(super) async fn reclaim(store: &PostgresStore) -> Result<ReclaimReport, Stor
             .fetch_all(&mut tx)
             .await
             .db()?;
-    let mut ids = lock_leases(&mut tx, &expired).await?;
-    ids.extend(orphans(&mut tx, &ids).await?);
+    let mut ctids = lock_leases(&mut tx, &expired).await?;
+    ctids.extend(orphans(&mut tx, &ctids).await?);
     // Read after the locks: the requeue's time is when it is written.
     let now = store.now(&mut tx).await?;
-    requeue(&mut tx, now, &ids, RunOutcome::Expired).await?;
+    requeue(&mut tx, now, &ctids, RunOutcome::Expired).await?;
     commit(tx).await?;
     Ok(ReclaimReport {
         sessions: expired.len() as u64,
-        leases: ids.len() as u64,
+        leases: ctids.len() as u64,
     })
 }
 
 /// Locks the running items of `sessions`, in key order (as every writer that
-/// waits on item rows locks them), and returns their ids. A row that changed
+/// waits on item rows locks them), and returns their `ctid`s. A row that changed
 /// while this waited is re-checked on its committed version: a completion that
 /// settled it first leaves nothing to reclaim.
-async fn lock_leases(tx: &mut Tx, sessions: &[i64]) -> Result<Vec<i64>, StoreError> {
+async fn lock_leases(tx: &mut Tx, sessions: &[i64]) -> Result<Vec<Tid>, StoreError> {
     if sessions.is_empty() {
         return Ok(Vec::new());
     }
     sqlx::query_scalar(
-        "SELECT id FROM drover_items WHERE state = 'running' AND lease_session = ANY($1)
+        "SELECT ctid::text FROM drover_items WHERE state = 'running' AND lease_session = ANY($1)
          ORDER BY process, key FOR UPDATE",
     )
     .bind(sessions)
@@ -150,10 +151,12 @@ async fn lock_leases(tx: &mut Tx, sessions: &[i64]) -> Result<Vec<i64>, StoreErr
 /// sees every session committed before the lock was taken: a row that a new
 /// session claimed after the first statement's snapshot is left alone, where a
 /// re-check inside the locking statement would still judge it by the old
-/// snapshot, in which that session did not exist yet.
-async fn orphans(tx: &mut Tx, taken: &[i64]) -> Result<Vec<i64>, StoreError> {
-    let candidates: Vec<i64> = sqlx::query_scalar(
-        "SELECT i.id FROM drover_items i WHERE i.state = 'running' AND i.id <> ALL($1)
+/// snapshot, in which that session did not exist yet (it finds the locked
+/// candidates by their `ctid`s, see [`Tid`]).
+async fn orphans(tx: &mut Tx, taken: &[Tid]) -> Result<Vec<Tid>, StoreError> {
+    let candidates: Vec<Tid> = sqlx::query_scalar(
+        "SELECT i.ctid::text FROM drover_items i
+         WHERE i.state = 'running' AND i.ctid <> ALL($1::text[]::tid[])
              AND NOT EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session)
          FOR UPDATE OF i SKIP LOCKED",
     )
@@ -165,7 +168,8 @@ async fn orphans(tx: &mut Tx, taken: &[i64]) -> Result<Vec<i64>, StoreError> {
         return Ok(candidates);
     }
     sqlx::query_scalar(
-        "SELECT i.id FROM drover_items i WHERE i.id = ANY($1) AND i.state = 'running'
+        "SELECT i.ctid::text FROM drover_items i
+         WHERE i.ctid = ANY(ARRAY(SELECT unnest($1::text[]::tid[]))) AND i.state = 'running'
              AND NOT EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = i.lease_session)",
     )
     .bind(&candidates)
@@ -177,26 +181,27 @@ async fn orphans(tx: &mut Tx, taken: &[i64]) -> Result<Vec<i64>, StoreError> {
 /// Turns locked running items back into pending ones without counting a failure:
 /// ready at once, keeping the higher of their own and a dirty enqueue's priority,
 /// each run ending with `outcome` (`canceled` or `expired`) in the history.
+/// The rows are found by their `ctid`s, one TID scan (see [`Tid`]).
 pub(super) async fn requeue(
     tx: &mut Tx,
     now: DateTime<Utc>,
-    ids: &[i64],
+    ctids: &[Tid],
     outcome: RunOutcome,
 ) -> Result<(), StoreError> {
-    if ids.is_empty() {
+    if ctids.is_empty() {
         return Ok(());
     }
-    log_runs(tx, now, &Ending::all(ids, outcome)).await?;
+    log_runs(tx, now, &Ending::all(ctids, outcome)).await?;
     sqlx::query(
         "UPDATE drover_items SET state = 'pending', ready_at = $1,
              priority = GREATEST(priority, dirty_priority),
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
              last_outcome = $3, last_ended_at = $1
-         WHERE id = ANY($2)",
+         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))",
     )
     .bind(now)
-    .bind(ids)
+    .bind(ctids)
     .bind(outcome.as_str())
     .exec(&mut *tx)
     .await?;

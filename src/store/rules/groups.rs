@@ -259,10 +259,11 @@ mod engine {
         }
     }
 
-    /// A candidate row of a bulk action's window.
+    /// A candidate row of a bulk action's window; `id` is how the engine
+    /// finds the locked row again (SQLite's `id`, PostgreSQL's `ctid`).
     #[derive(Debug, sqlx::FromRow)]
-    pub(crate) struct CandidateRow<T> {
-        id: i64,
+    pub(crate) struct CandidateRow<T, I = i64> {
+        id: I,
         key: Lossy,
         error_signature: Option<String>,
         state: String,
@@ -271,18 +272,18 @@ mod engine {
 
     /// What one window of the walk gave.
     #[derive(Debug)]
-    pub(crate) struct Window {
+    pub(crate) struct Window<I = i64> {
         /// The rows the whole filter matches.
-        pub(crate) ids: Vec<i64>,
+        pub(crate) ids: Vec<I>,
         /// Where the next window starts; `None` when the walk is over.
         pub(crate) next: Option<String>,
         /// For a park: the chosen rows' new error signatures (of the reason,
-        /// per key), as a JSON object by id.
+        /// per key), as a JSON object by id (as text).
         pub(crate) signatures: String,
     }
 
     /// Whether `row`, seen at `now`, matches the whole filter.
-    fn matches<T: Stamp>(filter: &ItemFilter, row: &CandidateRow<T>, now: T) -> bool {
+    fn matches<T: Stamp, I>(filter: &ItemFilter, row: &CandidateRow<T, I>, now: T) -> bool {
         let backing_off = row.backoff_until.is_some_and(|b| b > now);
         let Ok(seen) = item_state(&row.state, backing_off) else {
             return false;
@@ -303,7 +304,11 @@ mod engine {
     /// Picks the rows of one window (read in key order, at most `batch`) the
     /// filter matches, and where the walk goes on: after the window's last
     /// key, unless the window was short or ran past the key prefix.
-    pub(crate) fn window<T: Stamp>(bulk: &Bulk, rows: &[CandidateRow<T>], now: T) -> Window {
+    pub(crate) fn window<T: Stamp, I: Copy + std::fmt::Display>(
+        bulk: &Bulk,
+        rows: &[CandidateRow<T, I>],
+        now: T,
+    ) -> Window<I> {
         let chosen: Vec<_> = rows
             .iter()
             .filter(|r| matches(&bulk.filter, r, now))
