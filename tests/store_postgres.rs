@@ -397,7 +397,7 @@ async fn a_claim_writes_its_new_row_versions_beside_the_old_ones() {
 
 /// A claim and a completion write an entry into each index of `drover_items`
 /// whose rows they change (neither is a HOT update: `state` decides the
-/// partial indexes), and since migration 0021 the table has no index on `id`:
+/// partial indexes), and since migration 0023 the table has no index on `id`:
 /// a claim writes two entries per key (the primary key `(process, key)` and
 /// the lease index), a completion that leaves the key idle one (the primary
 /// key). Counted from the write-ahead log of this schema's indexes, by index.

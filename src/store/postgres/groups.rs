@@ -23,7 +23,7 @@ use crate::store::types::{ErrorGroup, RunOutcome};
 /// parked-errors index in signature order, backing-off ones from the backoff
 /// index (which carries the signature), both index-only; then the first row
 /// (by id) of each of the `$3` largest groups, for its sample. `id` has no
-/// index of its own (migration 0021), so the sample rows are found by one more
+/// index of its own (migration 0023), so the sample rows are found by one more
 /// walk of each state's failing rows, keeping those whose id is a group's
 /// first: the same indexes, the same O(failing keys) as the counts.
 const SIGNATURES: &str = "

@@ -36,7 +36,7 @@ use crate::store::{StoreError, TraceLinks};
 /// concurrent update is a version this statement's snapshot does not see, so
 /// a TID scan would miss it, where the index finds the version it sees and the
 /// update follows it to the locked one. (There is no index on `id` since
-/// migration 0021: every claim and completion wrote an entry into it.)
+/// migration 0023: every claim and completion wrote an entry into it.)
 /// The final outer join yields one row even when nothing was claimed, so `live`
 /// tells an expired session apart from an empty queue.
 ///

@@ -1,6 +1,6 @@
 //! A row's `ctid`: how a transaction finds again the item rows it holds locked.
 //!
-//! `drover_items` has no index on its `id` (migration 0021): a statement that
+//! `drover_items` has no index on its `id` (migration 0023): a statement that
 //! locked rows hands their `ctid`s to the statements after it, which reach each
 //! row by one TID scan, no index at all. That is sound only for rows the
 //! transaction holds `FOR UPDATE`: nothing else can update or delete them, so
