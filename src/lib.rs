@@ -34,7 +34,8 @@
 //! | `server` | [`server`]: `drover serve`'s API, `/metrics` and dashboard, and [`api`] | axum, maud; needs `sqlite` or `postgres` as well |
 //! | `otel` | run spans linked to the enqueues they absorbed, and an enqueue's context taken from the current `tracing` span (DESIGN.md rule 14) | opentelemetry, tracing-opentelemetry |
 //! | `bench` | [`bench`](mod@bench): the workloads behind `drover bench` and `cargo bench` | `sqlite`, `postgres`, `client` |
-//! | `cli` | the `drover` binary, with the OTLP exporter | every feature above, opentelemetry-otlp |
+//! | `cli` | the `drover` binary, with the OTLP exporter (HTTP/protobuf) | every feature above, opentelemetry-otlp |
+//! | `otlp-grpc` | the binary's OTLP export over gRPC too, picked by `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` | `cli`, tonic |
 //!
 //! A `client`-only build has [`Store`] and the whole [`runner`], so a worker far
 //! from the database compiles no SQL driver; there [`Store::connect`] refuses
