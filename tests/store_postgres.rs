@@ -330,6 +330,35 @@ async fn running_and_parked_keys_are_listed_from_their_own_small_indexes() {
     support::drop_schema(&base, &schema).await;
 }
 
+/// A fresh schema on the server at `base` (with `pg_walinspect` installed
+/// in the database) holding 1,000 pending keys of [`P`], its store's pool and
+/// the keys: for the tests that read the write-ahead log.
+async fn walinspected(base: &str) -> (support::TestDb, String, sqlx::PgPool, Vec<String>) {
+    support::admin_execute(
+        base,
+        "CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public",
+    )
+    .await;
+    let (db, schema) = support::postgres(base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    let names: Vec<String> = (0..1_000).map(|i| format!("k{i:04}")).collect();
+    db.store
+        .item_enqueue(ItemEnqueue::new(P, names.iter().map(String::as_str)))
+        .await
+        .expect("enqueue");
+    (db, schema, pool, names)
+}
+
+/// The write-ahead log's current `which` position (`insert` or `flush`).
+async fn wal_lsn(pool: &sqlx::PgPool, which: &str) -> String {
+    sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_current_wal_{which}_lsn()::text"
+    )))
+    .fetch_one(pool)
+    .await
+    .expect("lsn")
+}
+
 /// Item pages keep room for their rows' next versions (migration 0016's
 /// fillfactor): a claim that takes every key of a fresh batch writes each new
 /// version beside the old one, so PostgreSQL logs about one row lock per key
@@ -340,32 +369,11 @@ async fn a_claim_writes_its_new_row_versions_beside_the_old_ones() {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    support::admin_execute(
-        &base,
-        "CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public",
-    )
-    .await;
-    let (db, schema) = support::postgres(&base).await;
-    let pool = db.store.postgres_pool().expect("postgres").clone();
-    let names: Vec<String> = (0..1_000).map(|i| format!("k{i:04}")).collect();
-    db.store
-        .item_enqueue(ItemEnqueue::new(P, names.iter().map(String::as_str)))
-        .await
-        .expect("enqueue");
+    let (db, schema, pool, names) = walinspected(&base).await;
     // The end is the flushed position: pg_walinspect refuses one past it, and
     // the insert position runs ahead of it while other tests write. Each
     // claim has committed (and so flushed) its records before it is read.
-    let lsn = |which: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
-                "SELECT pg_current_wal_{which}_lsn()::text"
-            )))
-            .fetch_one(&pool)
-            .await
-            .expect("lsn")
-        }
-    };
+    let lsn = |which: &'static str| wal_lsn(&pool, which);
     let session = db.session().await;
     let from = lsn("insert").await;
     let mut claimed = 0;
@@ -406,29 +414,8 @@ async fn a_claim_and_a_completion_write_no_index_entry_for_the_item_id() {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    support::admin_execute(
-        &base,
-        "CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public",
-    )
-    .await;
-    let (db, schema) = support::postgres(&base).await;
-    let pool = db.store.postgres_pool().expect("postgres").clone();
-    let names: Vec<String> = (0..1_000).map(|i| format!("k{i:04}")).collect();
-    db.store
-        .item_enqueue(ItemEnqueue::new(P, names.iter().map(String::as_str)))
-        .await
-        .expect("enqueue");
-    let lsn = |which: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
-                "SELECT pg_current_wal_{which}_lsn()::text"
-            )))
-            .fetch_one(&pool)
-            .await
-            .expect("lsn")
-        }
-    };
+    let (db, schema, pool, names) = walinspected(&base).await;
+    let lsn = |which: &'static str| wal_lsn(&pool, which);
     // Index entries written per key between two positions of the log, by
     // index: each leaf insert is one record, or part of the split it caused.
     let entries = |from: String, to: String| {

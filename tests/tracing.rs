@@ -633,6 +633,15 @@ fn traced_worker_with(
         .expect("spawn drover work")
 }
 
+/// Waits until `n` keys of [`PROCESS`] are idle (done).
+async fn all_idle(db: &TestDb, n: u64) {
+    eventually("the keys to be done", || async {
+        let counts = db.store.process_counts_all().await.expect("counts");
+        counts.iter().any(|c| c.process == PROCESS && c.idle == n)
+    })
+    .await;
+}
+
 /// The next span, within 30 s.
 async fn next_span(spans: &mut mpsc::UnboundedReceiver<Span>) -> Span {
     tokio::time::timeout(Duration::from_secs(30), spans.recv())
@@ -1085,15 +1094,7 @@ async fn a_collector_that_never_answers_changes_no_outcome() {
         let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let endpoint = format!("http://{}", hole.local_addr().expect("addr"));
         let worker = traced_worker(&db, "true", &endpoint);
-        let store = db.store.clone();
-        eventually("every key to be done", || {
-            let store = store.clone();
-            async move {
-                let counts = store.process_counts_all().await.expect("counts");
-                counts.iter().any(|c| c.process == PROCESS && c.idle == 200)
-            }
-        })
-        .await;
+        all_idle(&db, 200).await;
         stop(worker).await;
         drop(hole);
     })
@@ -1479,15 +1480,7 @@ mod over_grpc {
                 ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2"),
             ];
             let worker = traced_worker_with(&db, "true", &endpoint, &args, &env);
-            let store = db.store.clone();
-            eventually("every key to be done", || {
-                let store = store.clone();
-                async move {
-                    let counts = store.process_counts_all().await.expect("counts");
-                    counts.iter().any(|c| c.process == PROCESS && c.idle == 50)
-                }
-            })
-            .await;
+            all_idle(&db, 50).await;
             let (_, failed) = super::all_dropped(&addr, 50).await;
             assert!(failed > 0, "some exports were tried and timed out");
             assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
@@ -1550,17 +1543,7 @@ async fn an_unknown_protocol_is_refused_in_one_line_and_work_still_runs() {
                 .kill_on_drop(true)
                 .spawn()
                 .expect("spawn drover work");
-            let store = db.store.clone();
-            eventually("the key to be done", || {
-                let store = store.clone();
-                async move {
-                    let counts = store.process_counts_all().await.expect("counts");
-                    counts
-                        .iter()
-                        .any(|c| c.process == PROCESS && c.idle == n as u64 + 1)
-                }
-            })
-            .await;
+            all_idle(&db, n as u64 + 1).await;
             stop(worker).await;
             let said = std::fs::read_to_string(dir.path().join("stderr")).expect("stderr");
             let warned: Vec<_> = said.lines().filter(|l| l.contains("traces")).collect();
