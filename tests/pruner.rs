@@ -11,7 +11,7 @@ use drover::runner::Pruner;
 use drover::runner::{Action, Controller, Task};
 use drover::store::{
     Item, ItemEnqueue, ItemGet, ItemState, Lease, LeaseClaim, LeaseComplete, Outcome,
-    ProcessConfigure, RunList, SessionStart, Store, StoreEngine as _,
+    ProcessConfigure, PruneTurn, RunList, SessionStart, Store, StoreEngine as _,
 };
 use prometheus_client::registry::Registry;
 use support::each_engine;
@@ -215,6 +215,97 @@ async fn a_walk_longer_than_the_budget_goes_on_at_the_next_tick() {
         let (registry, stop) = start(store, |p| p.batch(2).budget(1));
         wait_for(&registry, 12, 0).await;
         stop.cancel();
+        for key in keys {
+            assert_eq!(run_ids(store, key).await.len(), 1, "{key} keeps 1 run");
+        }
+    })
+    .await;
+}
+
+/// Asks for [`P`]'s (or `process`'s) turn to prune as `holder`, held for a
+/// minute.
+async fn turn(store: &Store, process: &str, holder: i64) -> bool {
+    let params = PruneTurn {
+        process: process.into(),
+        holder,
+        hold: Duration::from_secs(60),
+    };
+    store.prune_turn(params).await.expect("prune_turn")
+}
+
+#[tokio::test]
+async fn one_pruner_at_a_time_holds_a_process_turn_until_it_runs_out() {
+    each_engine(|db| async move {
+        let store = &db.store;
+        store
+            .process_configure(ProcessConfigure::new(P))
+            .await
+            .expect("configure");
+        assert!(turn(store, P, 1).await, "a free turn is taken");
+        assert!(!turn(store, P, 2).await, "a held turn is refused");
+        assert!(turn(store, P, 1).await, "the holder renews it");
+        store.clock().advance(Duration::from_secs(59));
+        assert!(!turn(store, P, 2).await, "renewed: still held a minute on");
+        store.clock().advance(Duration::from_secs(2));
+        assert!(turn(store, P, 2).await, "run out: the next pruner takes it");
+        assert!(!turn(store, P, 1).await, "and the old holder is refused");
+        assert!(
+            !turn(store, "nobody", 1).await,
+            "an unknown process has none"
+        );
+    })
+    .await;
+}
+
+/// Polls two pruners' counters (every 10 ms, for at most 30 s) until their
+/// runs removed add up to `runs`; returns each one's.
+async fn wait_for_both(a: &Registry, b: &Registry, runs: u64) -> (u64, u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = (pruned(a, "runs"), pruned(b, "runs"));
+        if got.0 + got.1 >= runs {
+            return got;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pruned {got:?} after 30 s, expected {runs} in all"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn pruners_sharing_a_database_walk_each_process_once() {
+    each_engine(|db| async move {
+        let store = &db.store;
+        let rules = ProcessConfigure::new(P).keep_runs_per_key(1);
+        store.process_configure(rules).await.expect("configure");
+        let keys = ["a", "b", "c", "d", "e", "f"];
+        for _ in 0..3 {
+            run_once(store, &keys).await;
+        }
+        // Six ticks at least (one batch of 2 runs each): without turns both
+        // pruners would walk, each taking some of the batches.
+        let (first, stop_first) = start(store, |p| p.batch(2).budget(1));
+        let (second, stop_second) = start(store, |p| p.batch(2).budget(1));
+        let (a, b) = wait_for_both(&first, &second, 12).await;
+        assert_eq!(a + b, 12, "nothing removed twice");
+        assert!(a == 0 || b == 0, "one pruner held the turn: {a} and {b}");
+        // The holder stops; the other takes the turn once it runs out.
+        let (holder, stop_holder, other, stop_other) = if a > 0 {
+            (first, stop_first, second, stop_second)
+        } else {
+            (second, stop_second, first, stop_first)
+        };
+        stop_holder.cancel();
+        run_once(store, &keys).await;
+        wait_for(&other, 6, 0).await;
+        assert_eq!(
+            pruned(&holder, "runs"),
+            12,
+            "the stopped pruner removed no more"
+        );
+        stop_other.cancel();
         for key in keys {
             assert_eq!(run_ids(store, key).await.len(), 1, "{key} keeps 1 run");
         }

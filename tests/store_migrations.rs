@@ -60,8 +60,9 @@ async fn sqlx_insert_future_migration(db: &support::TestDb) {
 }
 
 /// The tables of a database at schema version 2 (before known keys and runs).
-const DROP_ALL: [&str; 14] = [
+const DROP_ALL: [&str; 15] = [
     "DROP TABLE IF EXISTS drover_lineage",
+    "DROP TABLE IF EXISTS drover_prune_turns",
     "DROP TABLE IF EXISTS drover_resync",
     "DROP VIEW IF EXISTS drover_enqueue",
     // SQLite's (PostgreSQL's is a function, dropped with the others).

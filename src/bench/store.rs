@@ -220,10 +220,11 @@ pub(crate) async fn settle(store: &Store) -> Result<(), BenchError> {
 /// On PostgreSQL it then vacuums the two big tables, so the dead rows of one
 /// scenario do not slow down the next (autovacuum would, only later).
 pub(crate) async fn cleanup(store: &Store, process: &str) -> Result<(), BenchError> {
-    const TABLES: [&str; 5] = [
+    const TABLES: [&str; 6] = [
         "drover_items",
         "drover_runs",
         "drover_resync",
+        "drover_prune_turns",
         "drover_depth_samples",
         "drover_processes",
     ];

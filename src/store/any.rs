@@ -402,6 +402,10 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.retention_prune(params).await)
     }
 
+    async fn prune_turn(&self, params: PruneTurn) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.prune_turn(params).await)
+    }
+
     async fn resync_batch(&self, params: ResyncBatch) -> Result<ResyncReport, StoreError> {
         let process = params.process.clone();
         let report: ResyncReport = dispatch!(self, s => s.resync_batch(params).await?);

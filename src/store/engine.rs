@@ -252,6 +252,18 @@ pub trait StoreEngine: Send + Sync {
         params: RetentionPrune,
     ) -> impl Future<Output = Result<PruneReport, StoreError>> + Send;
 
+    /// Takes `params.process`'s turn to prune for `params.holder` when nobody
+    /// holds it or the holder's turn has run out, or renews it when
+    /// `params.holder` already holds it; either way it is held until now +
+    /// `params.hold` on the database clock. `false`: another pruner holds it
+    /// (or the process is gone), so this one leaves the process alone. Every
+    /// node runs a pruner, and this keeps a fleet to one walk of each
+    /// process's history per interval instead of one per node.
+    fn prune_turn(
+        &self,
+        params: PruneTurn,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// One small batch of a process's resync ([`Resync`](super::Resync)): if
     /// a pass is under way or due (or `params.start`), reads the next window
     /// of idle keys along a walk shared by every node, makes the due ones

@@ -123,9 +123,9 @@ pub use options::StoreOptions;
 pub use params::{
     BULK_BATCH, DepthSample, ErrorGroups, HistoryActivity, ItemDelete, ItemEnqueue, ItemFilter,
     ItemGet, ItemList, ItemPark, ItemRetry, ItemTriage, ItemsDelete, ItemsPark, ItemsRetry,
-    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, ResyncBatch,
-    RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList, SessionStart,
-    WorkerIdentity,
+    LeaseClaim, LeaseComplete, LeaseLock, LeaseRelease, ProcessPage, ProcessSeries, PruneTurn,
+    ResyncBatch, RetentionPrune, RunList, SessionClose, SessionHeartbeat, SessionList,
+    SessionStart, WorkerIdentity,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;

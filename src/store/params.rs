@@ -341,6 +341,20 @@ pub struct RetentionPrune {
     pub batch: u32,
 }
 
+/// Parameters of [`prune_turn`](super::StoreEngine::prune_turn): a pruner
+/// taking, or keeping, one process's turn to prune.
+#[derive(Debug, Clone)]
+pub struct PruneTurn {
+    /// The process.
+    pub process: String,
+    /// Who asks: a number the pruner drew for itself, the same at every tick.
+    pub holder: i64,
+    /// How long the turn is held from now, on the database clock, unless
+    /// renewed: longer than the pruner's interval, so its next tick renews
+    /// the turn before anyone else can take it.
+    pub hold: std::time::Duration,
+}
+
 /// Parameters of [`resync_batch`](super::StoreEngine::resync_batch): one
 /// small batch of a process's resync walk.
 #[derive(Debug, Clone)]

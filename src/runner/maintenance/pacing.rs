@@ -114,6 +114,11 @@ impl Pacing {
         }
     }
 
+    /// The interval between ticks.
+    pub(super) const fn interval(&self) -> Duration {
+        self.every
+    }
+
     /// The timer of the service's ticks.
     pub(super) fn ticks(&self) -> Ticks {
         Ticks::new(self.every)

@@ -5,15 +5,16 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use rand::RngExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::pacing::{Pacing, Step, processes};
 use crate::metrics::PruneMetrics;
-use crate::store::RetentionPrune;
 use crate::store::Store;
 use crate::store::StoreEngine;
 use crate::store::StoreError;
 use crate::store::{PruneCursor, PruneReport};
+use crate::store::{PruneTurn, RetentionPrune};
 
 /// What retention removed from one process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,7 +45,12 @@ impl Pruned {
 /// work is tried again at the next tick; nothing a database does stops the
 /// pruner, only its [`CancellationToken`]. Any number of pruners may share a
 /// database (every `drover serve` and every controller on a [`Store`] runs
-/// one): retention's deletes are idempotent, so they only share the work.
+/// one): at each tick a pruner first takes or renews each process's turn
+/// ([`prune_turn`](StoreEngine::prune_turn), held for two intervals) and
+/// leaves alone the processes whose turn another pruner holds, so a fleet
+/// walks each process's history once per interval, not once per node. A
+/// pruner that stops (its node gone) loses its turns two intervals after its
+/// last tick, and the next pruner to tick takes them over.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -66,6 +72,9 @@ pub struct Pruner<S = Store> {
     store: S,
     pacing: Pacing,
     metrics: PruneMetrics,
+    /// Who this pruner is when it asks for a process's turn: drawn at
+    /// random, the same for its whole life.
+    holder: i64,
 }
 
 impl<S: StoreEngine> Pruner<S> {
@@ -85,6 +94,7 @@ impl<S: StoreEngine> Pruner<S> {
             store,
             pacing: Pacing::new(Self::EVERY, Self::BATCH, Self::BUDGET),
             metrics: PruneMetrics::global(),
+            holder: rand::rng().random(),
         }
     }
 
@@ -164,6 +174,9 @@ impl<S: StoreEngine> Pruner<S> {
         let mut next = HashMap::with_capacity(processes.len());
         for settings in processes {
             let process = settings.process;
+            if !self.has_turn(&process).await {
+                continue;
+            }
             let mut pass = passes.remove(&process).unwrap_or_default();
             let mut total = Pruned::default();
             let mut share = self.pacing.share();
@@ -187,6 +200,24 @@ impl<S: StoreEngine> Pruner<S> {
             next.insert(process, pass);
         }
         *passes = next;
+    }
+
+    /// Whether this pruner holds `process`'s turn for this tick (taken or
+    /// renewed now). A failure to ask is logged and counts as no: the turn
+    /// is asked for again at the next tick.
+    async fn has_turn(&self, process: &str) -> bool {
+        let turn = PruneTurn {
+            process: process.to_owned(),
+            holder: self.holder,
+            hold: self.pacing.interval().saturating_mul(2),
+        };
+        match self.store.prune_turn(turn).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(%process, error = %e, "cannot take the turn to prune; trying again next tick");
+                false
+            }
+        }
     }
 
     /// Runs one batch of `pass`, counting what it removed; `true` when the

@@ -356,6 +356,10 @@ impl StoreEngine for PostgresStore {
         retry(self, || retention::prune(self, params.clone())).await
     }
 
+    async fn prune_turn(&self, params: PruneTurn) -> Result<bool, StoreError> {
+        retry(self, || runs::prune_turn(self, &params)).await
+    }
+
     async fn resync_batch(&self, params: ResyncBatch) -> Result<ResyncReport, StoreError> {
         retry(self, || resync::batch(self, &params)).await
     }

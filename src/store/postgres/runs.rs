@@ -13,10 +13,10 @@ use super::inspect::check_process;
 use super::rows::{RunRow, run_columns};
 use super::tid::Tid;
 use crate::store::StoreError;
-use crate::store::params::RunList;
+use crate::store::params::{PruneTurn, RunList};
 use crate::store::rules::retention::{PruneSteps, Rules, runs_window};
 use crate::store::rules::rows::runs;
-use crate::store::rules::settle::earlier;
+use crate::store::rules::settle::{earlier, later};
 use crate::store::types::{Run, RunOutcome};
 
 /// Ends the runs of the running rows whose `ctid`s are in `$3` (rows this
@@ -176,6 +176,36 @@ pub(super) async fn list(store: &PostgresStore, params: &RunList) -> Result<Vec<
 /// Milliseconds before `now`.
 fn before(now: DateTime<Utc>, ms: i64) -> DateTime<Utc> {
     earlier(now, Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+/// Takes, renews or is refused `params.process`'s turn to prune (see
+/// [`prune_turn`](crate::store::StoreEngine::prune_turn)): one upsert whose
+/// update applies only when the turn is the holder's or has run out, so of
+/// two pruners racing for a free turn one inserts and the other, waiting on
+/// its row, finds it held.
+pub(super) async fn prune_turn(
+    store: &PostgresStore,
+    params: &PruneTurn,
+) -> Result<bool, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let held: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO drover_prune_turns (process, holder, held_until)
+         SELECT process, $2, $3 FROM drover_processes WHERE process = $1
+         ON CONFLICT (process) DO UPDATE
+             SET holder = EXCLUDED.holder, held_until = EXCLUDED.held_until
+             WHERE drover_prune_turns.holder = EXCLUDED.holder
+                 OR drover_prune_turns.held_until <= $4
+         RETURNING 1",
+    )
+    .bind(&params.process)
+    .bind(params.holder)
+    .bind(later(now, params.hold))
+    .bind(now)
+    .fetch_optional(&mut tx)
+    .await
+    .db()?;
+    commit(tx).await?;
+    Ok(held.is_some())
 }
 
 impl PruneSteps for PostgresStore {

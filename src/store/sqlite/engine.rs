@@ -264,6 +264,10 @@ impl StoreEngine for SqliteStore {
         retention::prune(self, params).await
     }
 
+    async fn prune_turn(&self, params: PruneTurn) -> Result<bool, StoreError> {
+        runs::prune_turn(self, &params).await
+    }
+
     async fn resync_batch(&self, params: ResyncBatch) -> Result<ResyncReport, StoreError> {
         resync::batch(self, &params).await
     }

@@ -10,7 +10,7 @@ use super::error::Db as _;
 use super::inspect::check_process;
 use super::rows::{RunRow, run_columns};
 use crate::store::StoreError;
-use crate::store::params::RunList;
+use crate::store::params::{PruneTurn, RunList};
 use crate::store::rules::retention::{PruneSteps, Rules, runs_window};
 use crate::store::rules::rows::runs;
 use crate::store::types::{Run, RunOutcome};
@@ -151,6 +151,36 @@ pub(super) async fn list(store: &SqliteStore, params: RunList) -> Result<Vec<Run
         .await
         .db()?;
     runs(rows)
+}
+
+/// Takes, renews or is refused `params.process`'s turn to prune (see
+/// [`prune_turn`](crate::store::StoreEngine::prune_turn)): one upsert whose
+/// update applies only when the turn is the holder's or has run out (times
+/// in milliseconds on the database clock).
+pub(super) async fn prune_turn(
+    store: &SqliteStore,
+    params: &PruneTurn,
+) -> Result<bool, StoreError> {
+    let (mut tx, now) = store.write().await?;
+    let hold = i64::try_from(params.hold.as_millis()).unwrap_or(i64::MAX);
+    let held: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO drover_prune_turns (process, holder, held_until)
+         SELECT process, ?2, ?3 FROM drover_processes WHERE process = ?1
+         ON CONFLICT (process) DO UPDATE
+             SET holder = excluded.holder, held_until = excluded.held_until
+             WHERE drover_prune_turns.holder = excluded.holder
+                 OR drover_prune_turns.held_until <= ?4
+         RETURNING 1",
+    )
+    .bind(&params.process)
+    .bind(params.holder)
+    .bind(now.saturating_add(hold))
+    .bind(now)
+    .fetch_optional(&mut *tx)
+    .await
+    .db()?;
+    tx.commit().await.db()?;
+    Ok(held.is_some())
 }
 
 impl PruneSteps for SqliteStore {
