@@ -16,6 +16,7 @@ use drover::store::{
 use prometheus_client::registry::Registry;
 use support::each_engine;
 use support::serve::Serve;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const P: &str = "provision";
@@ -92,14 +93,23 @@ fn pruned(registry: &Registry, what: &str) -> u64 {
 /// Starts a pruner on a 20 ms interval counting into a registry of its own;
 /// returns the registry, the stop token and the task.
 fn start(store: &Store, configure: impl FnOnce(Pruner) -> Pruner) -> (Registry, CancellationToken) {
+    let (registry, stop, _task) = start_task(store, configure);
+    (registry, stop)
+}
+
+/// [`start`], with the pruner's task, to wait for it after a stop.
+fn start_task(
+    store: &Store,
+    configure: impl FnOnce(Pruner) -> Pruner,
+) -> (Registry, CancellationToken, JoinHandle<()>) {
     let mut registry = Registry::default();
     let metrics = PruneMetrics::new(&mut registry);
     let pruner = Pruner::new(store.clone())
         .every(Duration::from_millis(20))
         .metrics(metrics);
     let stop = CancellationToken::new();
-    tokio::spawn(configure(pruner).run(stop.clone()));
-    (registry, stop)
+    let task = tokio::spawn(configure(pruner).run(stop.clone()));
+    (registry, stop, task)
 }
 
 /// Polls the store (every 10 ms, for at most 30 s) until `key` of [`P`] has
@@ -200,16 +210,23 @@ async fn the_pruner_applies_each_rule_and_counts_what_it_removed() {
     .await;
 }
 
+/// Six keys of [`P`] with three runs each under a cap of one run per key:
+/// twelve runs for retention to remove. Returns the keys.
+async fn twelve_runs_over_the_cap(store: &Store) -> [&'static str; 6] {
+    let rules = ProcessConfigure::new(P).keep_runs_per_key(1);
+    store.process_configure(rules).await.expect("configure");
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    for _ in 0..3 {
+        run_once(store, &keys).await;
+    }
+    keys
+}
+
 #[tokio::test]
 async fn a_walk_longer_than_the_budget_goes_on_at_the_next_tick() {
     each_engine(|db| async move {
         let store = &db.store;
-        let rules = ProcessConfigure::new(P).keep_runs_per_key(1);
-        store.process_configure(rules).await.expect("configure");
-        let keys = ["a", "b", "c", "d", "e", "f"];
-        for _ in 0..3 {
-            run_once(store, &keys).await;
-        }
+        let keys = twelve_runs_over_the_cap(store).await;
         // One batch of 2 runs covers one key: six ticks at least, each going
         // on from where the last one stopped.
         let (registry, stop) = start(store, |p| p.batch(2).budget(1));
@@ -278,34 +295,33 @@ async fn wait_for_both(a: &Registry, b: &Registry, runs: u64) -> (u64, u64) {
 async fn pruners_sharing_a_database_walk_each_process_once() {
     each_engine(|db| async move {
         let store = &db.store;
-        let rules = ProcessConfigure::new(P).keep_runs_per_key(1);
-        store.process_configure(rules).await.expect("configure");
-        let keys = ["a", "b", "c", "d", "e", "f"];
-        for _ in 0..3 {
-            run_once(store, &keys).await;
-        }
+        let keys = twelve_runs_over_the_cap(store).await;
         // Six ticks at least (one batch of 2 runs each): without turns both
         // pruners would walk, each taking some of the batches.
-        let (first, stop_first) = start(store, |p| p.batch(2).budget(1));
-        let (second, stop_second) = start(store, |p| p.batch(2).budget(1));
-        let (a, b) = wait_for_both(&first, &second, 12).await;
+        let first = start_task(store, |p| p.batch(2).budget(1));
+        let second = start_task(store, |p| p.batch(2).budget(1));
+        let (a, b) = wait_for_both(&first.0, &second.0, 12).await;
         assert_eq!(a + b, 12, "nothing removed twice");
         assert!(a == 0 || b == 0, "one pruner held the turn: {a} and {b}");
         // The holder stops; the other takes the turn once it runs out.
-        let (holder, stop_holder, other, stop_other) = if a > 0 {
-            (first, stop_first, second, stop_second)
+        let (holder, other) = if a > 0 {
+            (first, second)
         } else {
-            (second, stop_second, first, stop_first)
+            (second, first)
         };
-        stop_holder.cancel();
+        holder.1.cancel();
+        holder.2.await.expect("the stopped pruner's task ends");
         run_once(store, &keys).await;
-        wait_for(&other, 6, 0).await;
+        // Past the turn's hold (two intervals, at least 10 s), on the
+        // database clock: the other pruner takes the turn at its next tick.
+        store.clock().advance(Duration::from_secs(11));
+        wait_for(&other.0, 6, 0).await;
         assert_eq!(
-            pruned(&holder, "runs"),
+            pruned(&holder.0, "runs"),
             12,
             "the stopped pruner removed no more"
         );
-        stop_other.cancel();
+        other.1.cancel();
         for key in keys {
             assert_eq!(run_ids(store, key).await.len(), 1, "{key} keeps 1 run");
         }

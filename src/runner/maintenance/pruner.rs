@@ -16,6 +16,13 @@ use crate::store::StoreError;
 use crate::store::{PruneCursor, PruneReport};
 use crate::store::{PruneTurn, RetentionPrune};
 
+/// The shortest time a pruner holds a process's turn ([`Pruner::run`]
+/// renews it at every tick): two intervals, but at least this, so a pruner
+/// on a short interval whose tick comes late (a busy machine, a slow
+/// database) keeps its turn instead of handing it to another pruner, which
+/// would then walk the same history.
+const MIN_HOLD: Duration = Duration::from_secs(10);
+
 /// What retention removed from one process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {
@@ -46,11 +53,11 @@ impl Pruned {
 /// pruner, only its [`CancellationToken`]. Any number of pruners may share a
 /// database (every `drover serve` and every controller on a [`Store`] runs
 /// one): at each tick a pruner first takes or renews each process's turn
-/// ([`prune_turn`](StoreEngine::prune_turn), held for two intervals) and
-/// leaves alone the processes whose turn another pruner holds, so a fleet
-/// walks each process's history once per interval, not once per node. A
-/// pruner that stops (its node gone) loses its turns two intervals after its
-/// last tick, and the next pruner to tick takes them over.
+/// ([`prune_turn`](StoreEngine::prune_turn), held for two intervals and at
+/// least 10 s) and leaves alone the processes whose turn another pruner
+/// holds, so a fleet walks each process's history once per interval, not
+/// once per node. A pruner that stops (its node gone) loses its turns that
+/// long after its last tick, and the next pruner to tick takes them over.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -209,7 +216,7 @@ impl<S: StoreEngine> Pruner<S> {
         let turn = PruneTurn {
             process: process.to_owned(),
             holder: self.holder,
-            hold: self.pacing.interval().saturating_mul(2),
+            hold: self.pacing.interval().saturating_mul(2).max(MIN_HOLD),
         };
         match self.store.prune_turn(turn).await {
             Ok(held) => held,
