@@ -39,6 +39,9 @@ use crate::store::{Store, StoreEngine as _};
 /// How long a spread burn-down may take before it counts as failed.
 const LIMIT: Duration = Duration::from_secs(600);
 
+/// How many connections a node opens before it says `ready` ([`warm_up`]).
+const WARM_CONNECTIONS: u32 = 4;
+
 /// How often a node at most reports its count of runs.
 const REPORT_EVERY: Duration = Duration::from_millis(5);
 
@@ -254,12 +257,15 @@ pub async fn burn_down_node(
     Ok(())
 }
 
-/// Opens the node's pool to its size before it says `ready`, as a
-/// long-running node's would be and as the one-node drain's (whose pool
+/// Opens [`WARM_CONNECTIONS`] of the node's pool before it says `ready`, as
+/// a long-running node's would be and as the one-node drain's (whose pool
 /// filled the keys) is: otherwise the nodes' first claims wait for new
 /// connections (a backend forked, its lineage checked) inside the clock.
+/// Not the whole pool: eight nodes of 16 connections each would pass
+/// PostgreSQL's default limit of 100 clients, where a node that drains uses
+/// about four at once (its claims, its completions, heartbeats, wake-ups).
 async fn warm_up(store: &Store) -> Result<(), BenchError> {
-    let size = store.pool_stats().max;
+    let size = store.pool_stats().max.min(WARM_CONNECTIONS);
     let mut reads = JoinSet::new();
     for _ in 0..size {
         let store = store.clone();
