@@ -80,7 +80,8 @@ pub struct Pruner<S = Store> {
     pacing: Pacing,
     metrics: PruneMetrics,
     /// Who this pruner is when it asks for a process's turn: drawn at
-    /// random, the same for its whole life.
+    /// random when [`run`](Self::run) starts, so two clones of one pruner,
+    /// each run, are two holders and never walk one process side by side.
     holder: i64,
 }
 
@@ -101,7 +102,7 @@ impl<S: StoreEngine> Pruner<S> {
             store,
             pacing: Pacing::new(Self::EVERY, Self::BATCH, Self::BUDGET),
             metrics: PruneMetrics::global(),
-            holder: rand::rng().random(),
+            holder: 0,
         }
     }
 
@@ -150,7 +151,8 @@ impl<S: StoreEngine> Pruner<S> {
     /// A tick in flight when `stop` fires is dropped where it stands (its
     /// batch rolls back, and the next node's tick does it again), so a
     /// database that does not answer never holds shutdown up.
-    pub async fn run(self, stop: CancellationToken) {
+    pub async fn run(mut self, stop: CancellationToken) {
+        self.holder = rand::rng().random();
         let mut passes = HashMap::new();
         let mut ticks = self.pacing.ticks();
         while ticks.next(&stop).await {
