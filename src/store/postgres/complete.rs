@@ -40,7 +40,7 @@ use crate::store::wakeup;
 /// `state = 'running'` and the token, PostgreSQL's estimates — taken when no
 /// row was running — made it scan every running row once per lease
 /// (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
-const HELD: &str = concat!(
+pub(super) const HELD: &str = concat!(
     "
 SELECT i.ctid::text AS ctid, i.process, i.key, i.state, i.lease_token, i.lease_session, ",
     running_columns!(),
@@ -88,12 +88,13 @@ pub(super) async fn complete_batch(
 /// A batch of clean `done`s settled by one statement ([`DONE_AT_ONCE`]),
 /// when every outcome is `done` under one session and process and every row
 /// turns out clean (running under its lease, no enqueue during the run, the
-/// session alive): the common batch, which then skips the general path's
-/// separate locking read, and its write-ahead-log record per key. The
-/// statement runs inside a savepoint: when it cannot settle every lease, it
-/// is rolled back (with the row locks it took) and the caller settles the
-/// whole batch the general way, so the rows are still locked in one key
-/// order per transaction. `true`: all settled; `false`: nothing written.
+/// session alive): the common batch, which then takes one statement where
+/// the general path takes five (the sessions, the locking read, the clock,
+/// the runs, the idle rows). The statement runs inside a savepoint: when it
+/// cannot settle every lease, it is rolled back (with the row locks it took)
+/// and the caller settles the whole batch the general way, which locks the
+/// rows again in the same key order. `true`: all settled; `false`: nothing
+/// written.
 async fn all_at_once(
     tx: &mut Tx,
     now: DateTime<Utc>,
@@ -140,34 +141,48 @@ async fn all_at_once(
 }
 
 /// [`all_at_once`]'s statement: `$1` the end time, `$2` the session, `$3`
-/// the process, `$4`–`$6` each lease's key, token and trace id, taken in key
-/// order. PostgreSQL plans it as a nested loop over the sorted keys, each
-/// row found where its lease is (session and token, one probe of the lease
-/// index), so the rows are locked in key order as [`HELD`] locks them; the
-/// row as it was is read by one primary-key probe (`LIMIT 1` keeps it a
-/// probe per key: without it the planner flattened the subquery into a hash
-/// join over the whole table, 1.2–1.6 s per batch of 2,048). A row updated
-/// since the statement's snapshot is rechecked by PostgreSQL in its newest
-/// version (still running under this lease, not dirty) before it is written.
-/// The rows left idle are what [`idle`] writes, and their runs are what
-/// [`log_runs`] writes. Returns the tokens settled.
-const DONE_AT_ONCE: &str = "
-WITH idled AS (
-  UPDATE drover_items AS i SET state = 'idle', ready_at = $1, failures = 0,
-      backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
-      lease_session = NULL, lease_token = NULL, started_at = NULL,
-      last_outcome = 'done', last_ended_at = $1
+/// the process, `$4`–`$6` each lease's key, token and trace id.
+///
+/// `locked` takes the row locks, in key order as [`HELD`] takes them: the
+/// sorted keys drive a `LATERAL` subquery that finds one key's row by one
+/// primary-key probe and locks it if it is still running under the lease
+/// and not dirty (PostgreSQL rechecks that on the newest version of a row
+/// updated since the statement's snapshot). A locking subquery is never
+/// flattened into a join, so it stays one probe per key, in the keys'
+/// order, whatever the statistics say; and the `ARRAY` over `locked` is
+/// computed before the update reads a row, so every lock is taken before
+/// the first write. The update then finds its rows by `ctid` and may join
+/// them in any order: they are locked already. (The first version joined
+/// the update's own rows by lease; with statistics taken when no row was
+/// running, the generic plan PostgreSQL switches a prepared statement to
+/// after five runs walked the session's leases as the outer loop, in token
+/// order, and compared each with every key of the batch. The plan test in
+/// `plans.rs` caught it.) A row whose locked version is newer than the
+/// snapshot is not found by its `ctid`, and the caller then settles the
+/// batch the general way. The rows left idle are what [`idle`] writes, and
+/// their runs are what [`log_runs`] writes. Returns the tokens settled.
+pub(super) const DONE_AT_ONCE: &str = "
+WITH locked AS MATERIALIZED (
+  SELECT x.tid, l.token, l.trace_id, x.failures, x.enqueued_at, x.started_at
   FROM (
     SELECT l.key COLLATE \"C\" AS key, l.token, l.trace_id
     FROM UNNEST($4::text[], $5::bigint[], $6::text[]) AS l(key, token, trace_id)
     ORDER BY 1) l
   CROSS JOIN LATERAL (
     SELECT j.ctid AS tid, j.failures, j.enqueued_at, j.started_at
-    FROM drover_items j WHERE j.process = $3 AND j.key = l.key LIMIT 1) x
-  WHERE i.ctid = x.tid AND i.state = 'running' AND i.lease_session = $2
-    AND i.lease_token = l.token AND i.dirty_since IS NULL
+    FROM drover_items j
+    WHERE j.process = $3 AND j.key = l.key AND j.state = 'running'
+      AND j.lease_session = $2 AND j.lease_token = l.token AND j.dirty_since IS NULL
+    FOR UPDATE OF j) x),
+idled AS (
+  UPDATE drover_items AS i SET state = 'idle', ready_at = $1, failures = 0,
+      backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
+      lease_session = NULL, lease_token = NULL, started_at = NULL,
+      last_outcome = 'done', last_ended_at = $1
+  FROM locked k
+  WHERE i.ctid = ANY(ARRAY(SELECT tid FROM locked)) AND i.ctid = k.tid
     AND EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = $2 AND s.deadline > $1)
-  RETURNING i.process, i.key, x.failures, l.token, x.enqueued_at, x.started_at, l.trace_id)
+  RETURNING i.process, i.key, k.failures, k.token, k.enqueued_at, k.started_at, k.trace_id)
 INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
     started_at, ended_at, trace_id)
 SELECT process, key, 'done', failures + 1, $2, token, enqueued_at, started_at, $1, trace_id

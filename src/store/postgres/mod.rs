@@ -21,6 +21,8 @@ mod inspect;
 mod leases;
 mod lineage;
 mod listen;
+#[cfg(test)]
+mod plans;
 mod processes;
 mod resync;
 mod retry;
