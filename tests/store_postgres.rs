@@ -121,22 +121,54 @@ async fn an_all_new_batch_that_loses_a_race_for_a_key_coalesces_with_it() {
 
 /// The planner must not keep believing a process is empty after a burst of
 /// enqueues (it then reads every pending row per claim), so the store runs
-/// `ANALYZE` itself rather than waiting for autovacuum (`last_autoanalyze`).
+/// `ANALYZE` itself rather than waiting for autovacuum (`last_autoanalyze`):
+/// past 50,000 rows in all, spread here over 100 processes of 600 keys, too
+/// few for any of them to ask on its own.
 #[tokio::test]
 async fn a_bulk_enqueue_refreshes_the_planner_statistics() {
+    analysed_after(|batch| {
+        (
+            format!("burst-{batch}"),
+            (0..600).map(|i| format!("k{i:05}")).collect(),
+        )
+    })
+    .await;
+}
+
+/// A process the statistics do not know is as badly served with far fewer
+/// keys: its first thousand ask for an analysis on their own.
+#[tokio::test]
+async fn a_new_processs_first_thousand_keys_refresh_the_planner_statistics() {
+    analysed_after(|batch| {
+        (
+            "new".to_owned(),
+            (0..10).map(|i| format!("k{batch}-{i:05}")).collect(),
+        )
+    })
+    .await;
+}
+
+/// Enqueues `batch(n)`'s keys for n = 0..100 into a fresh schema whose
+/// `drover_items` autovacuum leaves alone, then waits until the store has
+/// analysed it.
+async fn analysed_after(batch: impl Fn(usize) -> (String, Vec<String>)) {
     let Some(base) = support::postgres_url() else {
         return;
     };
     let (db, schema) = support::postgres(&base).await;
     let pool = db.store.postgres_pool().expect("postgres").clone();
+    sqlx::query("ALTER TABLE drover_items SET (autovacuum_enabled = false)")
+        .execute(&pool)
+        .await
+        .expect("autovacuum off");
     let analyzed = "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables
                     WHERE relname = 'drover_items' AND schemaname = current_schema()";
     let before: bool = sqlx::query_scalar(analyzed).fetch_one(&pool).await.unwrap();
     assert!(!before, "a fresh schema was never analysed");
-    for batch in 0..6 {
-        let keys = (0..10_000).map(|i| format!("k{batch}-{i:05}"));
+    for n in 0..100 {
+        let (process, keys) = batch(n);
         db.store
-            .item_enqueue(ItemEnqueue::new("burst", keys))
+            .item_enqueue(ItemEnqueue::new(process, keys))
             .await
             .expect("enqueue");
     }
@@ -150,7 +182,7 @@ async fn a_bulk_enqueue_refreshes_the_planner_statistics() {
         }
     })
     .await
-    .expect("drover_items analysed after 60,000 enqueued keys");
+    .expect("drover_items analysed after the enqueues");
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

@@ -84,7 +84,9 @@ pub(super) async fn enqueue(
         match attempt(store, params, &keys, fast).await? {
             Attempt::Written(report) => {
                 // New or revived pending rows (an upper bound on new ones).
-                store.statistics.inserted(&store.pool, report.pending);
+                store
+                    .statistics
+                    .inserted(&store.pool, &params.process, report.pending);
                 return Ok(report);
             }
             // The racing key exists now, so the upsert coalesces with it; the

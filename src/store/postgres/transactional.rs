@@ -60,7 +60,8 @@ impl PostgresStore {
         keys.sort_unstable();
         let mut conn = Passed::new(conn, self.pooled);
         let report = coalesce(self, &mut conn, &params, &keys).await?;
-        self.statistics.inserted(&self.pool, report.pending);
+        self.statistics
+            .inserted(&self.pool, &params.process, report.pending);
         Ok(report)
     }
 
