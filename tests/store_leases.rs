@@ -638,6 +638,29 @@ async fn a_batch_of_clean_dones_settles_each_lease_once_and_refuses_repeats_and_
 }
 
 #[tokio::test]
+async fn a_clean_done_repeated_in_one_batch_is_settled_once() {
+    // Every lease of the batch is clean and the same: PostgreSQL's one
+    // statement must not settle it twice, nor answer both as settled.
+    each_enqueue_path_and_pooler(|db| async move {
+        let leases = claimed(&db, &["a", "b"]).await;
+        let (a, b) = (&leases[0], &leases[1]);
+        let results = db
+            .store
+            .lease_complete_batch(&batch([a, b, a], &Outcome::Done))
+            .await
+            .expect("batch");
+        assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+        assert!(
+            matches!(results[2], Err(StoreError::LeaseLost { .. })),
+            "{results:?}"
+        );
+        assert_eq!(events(&db.store, "a").await, [RunOutcome::Done]);
+        assert_eq!(events(&db.store, "b").await, [RunOutcome::Done]);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_batch_of_distinct_clean_dones_answers_the_odd_ones_as_if_each_were_alone() {
     // On SQLite a batch of clean `done`s of one session and process, no lease
     // twice, is written in one trip that settles only the leases it can; the

@@ -144,28 +144,33 @@ async fn all_at_once(
 /// the process, `$4`–`$6` each lease's key, token and trace id.
 ///
 /// `locked` takes the row locks, in key order as [`HELD`] takes them: the
-/// sorted keys drive a `LATERAL` subquery that finds one key's row by one
-/// primary-key probe and locks it if it is still running under the lease
-/// and not dirty (PostgreSQL rechecks that on the newest version of a row
-/// updated since the statement's snapshot). A locking subquery is never
-/// flattened into a join, so it stays one probe per key, in the keys'
-/// order, whatever the statistics say; and the `ARRAY` over `locked` is
-/// computed before the update reads a row, so every lock is taken before
-/// the first write. The update then finds its rows by `ctid` and may join
-/// them in any order: they are locked already. (The first version joined
-/// the update's own rows by lease; with statistics taken when no row was
-/// running, the generic plan PostgreSQL switches a prepared statement to
-/// after five runs walked the session's leases as the outer loop, in token
-/// order, and compared each with every key of the batch. The plan test in
-/// `plans.rs` caught it.) A row whose locked version is newer than the
+/// sorted keys (each once: a key repeated in the batch leaves fewer rows
+/// than leases, and the general path answers the repeat) drive a `LATERAL`
+/// subquery that finds one key's row by one index probe and locks it if it
+/// is still running under the lease and not dirty (PostgreSQL rechecks that
+/// on the newest version of a row updated since the statement's snapshot).
+/// A locking subquery is never flattened into a join, so it stays one probe
+/// per key, in the keys' order, whatever the statistics say; and the `ARRAY`
+/// over `locked` is computed before the update reads a row, so every lock is
+/// taken before the first write. The update finds its rows by that array
+/// alone (a TID scan, which sorts it once), and the runs take each row's
+/// lease from `locked` by key. A row whose locked version is newer than the
 /// snapshot is not found by its `ctid`, and the caller then settles the
 /// batch the general way. The rows left idle are what [`idle`] writes, and
 /// their runs are what [`log_runs`] writes. Returns the tokens settled.
+///
+/// Two earlier shapes were spoiled by plans, both caught by `plans.rs`:
+/// the update joined to the sorted keys by lease walked, in the generic plan
+/// PostgreSQL switches a prepared statement to after five runs and with
+/// statistics taken when no row was running, the session's leases as the
+/// outer loop in token order against every key (2,600–2,800 keys/s); joined
+/// to `locked` by `ctid` too, it checked each row against the whole array
+/// once more (`ExecEvalScalarArrayOp` and `tideq`: 8 % of a drain's CPU).
 pub(super) const DONE_AT_ONCE: &str = "
 WITH locked AS MATERIALIZED (
-  SELECT x.tid, l.token, l.trace_id, x.failures, x.enqueued_at, x.started_at
+  SELECT x.tid, l.key, l.token, l.trace_id, x.failures, x.enqueued_at, x.started_at
   FROM (
-    SELECT l.key COLLATE \"C\" AS key, l.token, l.trace_id
+    SELECT DISTINCT ON (1) l.key COLLATE \"C\" AS key, l.token, l.trace_id
     FROM UNNEST($4::text[], $5::bigint[], $6::text[]) AS l(key, token, trace_id)
     ORDER BY 1) l
   CROSS JOIN LATERAL (
@@ -179,14 +184,15 @@ idled AS (
       backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
       lease_session = NULL, lease_token = NULL, started_at = NULL,
       last_outcome = 'done', last_ended_at = $1
-  FROM locked k
-  WHERE i.ctid = ANY(ARRAY(SELECT tid FROM locked)) AND i.ctid = k.tid
+  WHERE i.ctid = ANY(ARRAY(SELECT tid FROM locked))
     AND EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = $2 AND s.deadline > $1)
-  RETURNING i.process, i.key, k.failures, k.token, k.enqueued_at, k.started_at, k.trace_id)
+  RETURNING i.process, i.key)
 INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
     started_at, ended_at, trace_id)
-SELECT process, key, 'done', failures + 1, $2, token, enqueued_at, started_at, $1, trace_id
-FROM idled ORDER BY token
+SELECT d.process, d.key, 'done', k.failures + 1, $2, k.token, k.enqueued_at, k.started_at,
+    $1, k.trace_id
+FROM idled d JOIN locked k ON k.key = d.key
+ORDER BY k.token
 RETURNING token";
 
 /// Each lease's locked running row, by position (`None`: not held, see

@@ -195,6 +195,19 @@ fn assert_probes_only(plan: &str) {
     }
 }
 
+/// Fails unless no step of `plan` filters its rows by an array (`= ANY`):
+/// each row is then compared with every element, O(rows × batch), where an
+/// index or a TID scan takes the array once, sorted.
+fn assert_no_array_filter(plan: &str) {
+    for line in plan.lines() {
+        let line = line.trim();
+        assert!(
+            !(line.starts_with("Filter:") && line.contains("= ANY")),
+            "`{line}`: each row against the whole batch in\n{plan}"
+        );
+    }
+}
+
 /// One step of a text plan: its first line and its inputs, in the order
 /// the plan prints them (a join's outer input first).
 struct Step<'a> {
@@ -317,6 +330,7 @@ async fn a_batch_of_clean_dones_probes_each_key_in_key_order_whatever_the_statis
     backlog.remove().await;
     for plan in plans {
         assert_probes_only(&plan);
+        assert_no_array_filter(&plan);
         // The sorted keys drive every join, so the rows are locked in key
         // order, as the general path's locking read locks them.
         let tree = Step::parse(&plan);
@@ -343,6 +357,7 @@ async fn the_completions_locking_read_probes_each_key_whatever_the_statistics() 
     backlog.remove().await;
     for plan in plans {
         assert_probes_only(&plan);
+        assert_no_array_filter(&plan);
         let tree = Step::parse(&plan);
         assert!(tree.any(&sorts_the_keys), "no sort of the keys in\n{plan}");
         tree.assert_drives(&sorts_the_keys, &plan);
