@@ -52,7 +52,7 @@ use crate::store::{StoreError, TraceLinks};
 /// the caller claims again through [`gated::claim`] (the SQL function
 /// `drover_claim_gated`, whose claim is this statement without the gate: keep
 /// the two in step).
-const CLAIM: &str = "
+pub(super) const CLAIM: &str = "
 WITH RECURSIVE clock AS (SELECT clock_timestamp() + $4::float8 * interval '1 millisecond' AS now),
 live AS (
   SELECT s.id FROM drover_sessions s

@@ -6,7 +6,11 @@
 //! which no functional test notices. Each statement is planned both ways
 //! PostgreSQL may run a prepared statement: with its parameters' values
 //! (a custom plan) and without them (the generic plan it may switch to after
-//! five executions).
+//! five executions). The claim is the exception: its update finds the
+//! picked keys by `process = … AND key = ANY(…)`, which only statistics
+//! that know the process plan as a probe per key (the store analyses after
+//! a process's first thousand keys, see `statistics.rs`), so its test takes
+//! them as they are after that.
 //!
 //! Needs `DROVER_TEST_POSTGRES_URL`: without it the tests skip with a
 //! printed reason; set, an unreachable database fails them.
@@ -361,5 +365,48 @@ async fn the_completions_locking_read_probes_each_key_whatever_the_statistics() 
         let tree = Step::parse(&plan);
         assert!(tree.any(&sorts_the_keys), "no sort of the keys in\n{plan}");
         tree.assert_drives(&sorts_the_keys, &plan);
+    }
+}
+
+#[tokio::test]
+async fn a_claim_walks_the_claim_index_and_probes_each_picked_key() {
+    // With statistics that know the process (the store analyses after a
+    // process's first thousand keys): the claim's update must find each
+    // picked key by one probe of the primary key, never compare each row of
+    // the process with every picked key.
+    let Some(backlog) = Backlog::build().await else {
+        return;
+    };
+    let (session, _, _) = backlog.lease_arrays();
+    let plans = backlog
+        .plans(
+            super::leases::CLAIM,
+            "bigint, text, int, float8, boolean",
+            &format!("{session}, '{PROCESS}', 1024, 0, false"),
+        )
+        .await;
+    backlog.remove().await;
+    for plan in plans {
+        assert_no_array_filter(&plan);
+        let lines: Vec<&str> = plan.lines().map(str::trim).collect();
+        let scans = lines
+            .iter()
+            .filter(|l| l.contains(" on drover_items ") && !l.contains("Update on"));
+        for line in scans {
+            assert!(
+                line.contains("Index Scan") || line.contains("Index Only Scan"),
+                "`{line}` in\n{plan}"
+            );
+        }
+        let update = lines
+            .iter()
+            .position(|l| l.contains("Update on drover_items"))
+            .unwrap_or_else(|| panic!("no update in\n{plan}"));
+        assert!(
+            lines[update..]
+                .iter()
+                .any(|l| l.starts_with("Index Cond:") && l.contains("key = ANY")),
+            "the picked keys are not probed:\n{plan}"
+        );
     }
 }
