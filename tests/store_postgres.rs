@@ -187,6 +187,50 @@ async fn analysed_after(batch: impl Fn(usize) -> (String, Vec<String>)) {
     support::drop_schema(&base, &schema).await;
 }
 
+/// Bursts into ten new processes, back to back: each asks for an analysis,
+/// most while one is running. Every process must end up in the statistics,
+/// so an analysis must begin after the last burst committed.
+#[tokio::test]
+async fn every_burst_of_back_to_back_new_processes_is_seen_by_an_analysis() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    sqlx::query("ALTER TABLE drover_items SET (autovacuum_enabled = false)")
+        .execute(&pool)
+        .await
+        .expect("autovacuum off");
+    let processes: Vec<String> = (0..10).map(|n| format!("burst{n}")).collect();
+    for process in &processes {
+        let keys = (0..2_000).map(|i| format!("k{i:05}"));
+        db.store
+            .item_enqueue(ItemEnqueue::new(process.clone(), keys))
+            .await
+            .expect("enqueue");
+    }
+    let known = "SELECT coalesce(most_common_vals::text, '') FROM pg_stats
+                 WHERE schemaname = current_schema() AND tablename = 'drover_items'
+                   AND attname = 'process'";
+    let all_known = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let seen: Option<String> = sqlx::query_scalar(known)
+                .fetch_optional(&pool)
+                .await
+                .expect("pg_stats");
+            let seen = seen.unwrap_or_default();
+            if processes.iter().all(|p| seen.contains(p.as_str())) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+    all_known.expect("every process's burst in the statistics");
+}
+
 #[test]
 fn channel_names_are_short_valid_identifiers() {
     assert_eq!(

@@ -16,10 +16,12 @@
 //! second per claim). So each process's own rows count too: its first
 //! [`FIRST_BURST`] start an analysis, and each time its count doubles after
 //! that, so a process that grows steadily costs a logarithmic number of
-//! them, and one that stays small none after its first.
+//! them, and one that stays small none after its first. An analysis asked
+//! for while one runs is not dropped: the running one starts again when it
+//! ends, so a burst committed after its sample began is still seen.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use sqlx::{Executor as _, PgPool};
@@ -38,13 +40,16 @@ const FIRST_BURST: u64 = 1_000;
 const TRACKED: usize = 4_096;
 
 /// Shared by a store's clones: rows inserted since the last `ANALYZE`, each
-/// process's inserted rows and the count at which it asks for the next, and
-/// whether one is running.
+/// process's inserted rows and the count at which it asks for the next,
+/// whether one is running and whether another was asked for meanwhile.
 #[derive(Debug, Default)]
 pub(super) struct Statistics {
     inserted: AtomicU64,
     processes: Mutex<HashMap<String, Growth>>,
     running: AtomicBool,
+    /// Asked for while one was running: the running one analyses again once
+    /// it is done, so rows committed after it began its sample are seen.
+    again: AtomicBool,
 }
 
 /// One process's inserted rows, and the count that asks for an analysis.
@@ -62,25 +67,34 @@ impl Statistics {
         if !(self.grown(process, rows) || total) {
             return;
         }
-        if self.running.swap(true, Relaxed) {
+        if self.running.swap(true, SeqCst) {
+            self.again.store(true, SeqCst);
             return;
         }
         self.inserted.store(0, Relaxed);
         let (this, pool) = (Arc::clone(self), pool.clone());
         tokio::spawn(async move {
-            // A simple query (no prepared statement), so it runs as it is
-            // through a transaction-pooling PgBouncer too.
-            if let Err(e) = pool.execute("ANALYZE drover_items").await {
-                tracing::debug!(error = %e, "ANALYZE after a bulk enqueue failed; autovacuum will do it");
+            loop {
+                // A simple query (no prepared statement), so it runs as it
+                // is through a transaction-pooling PgBouncer too.
+                if let Err(e) = pool.execute("ANALYZE drover_items").await {
+                    tracing::debug!(error = %e, "ANALYZE after a bulk enqueue failed; autovacuum will do it");
+                }
+                if this.again.swap(false, SeqCst) {
+                    continue;
+                }
+                this.running.store(false, SeqCst);
+                // Asked for between the check above and the store: whoever
+                // asked saw this one running and left it to analyse again.
+                if !this.again.swap(false, SeqCst) || this.running.swap(true, SeqCst) {
+                    break;
+                }
             }
-            this.running.store(false, Relaxed);
         });
     }
 
     /// Adds `rows` to `process`'s count; `true` when it reached the count
-    /// that asks for an analysis (which then doubles). An analysis already
-    /// running when one is asked for is not repeated: the next doubling asks
-    /// again.
+    /// that asks for an analysis (which then doubles).
     fn grown(&self, process: &str, rows: u64) -> bool {
         let mut processes = self
             .processes
