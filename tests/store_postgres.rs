@@ -155,12 +155,7 @@ async fn analysed_after(batch: impl Fn(usize) -> (String, Vec<String>)) {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    let (db, schema) = support::postgres(&base).await;
-    let pool = db.store.postgres_pool().expect("postgres").clone();
-    sqlx::query("ALTER TABLE drover_items SET (autovacuum_enabled = false)")
-        .execute(&pool)
-        .await
-        .expect("autovacuum off");
+    let (db, schema, pool) = unvacuumed(&base).await;
     let analyzed = "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables
                     WHERE relname = 'drover_items' AND schemaname = current_schema()";
     let before: bool = sqlx::query_scalar(analyzed).fetch_one(&pool).await.unwrap();
@@ -172,19 +167,43 @@ async fn analysed_after(batch: impl Fn(usize) -> (String, Vec<String>)) {
             .await
             .expect("enqueue");
     }
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !sqlx::query_scalar::<_, bool>(analyzed)
+    let analysed = within_30s(|| async {
+        sqlx::query_scalar::<_, bool>(analyzed)
             .fetch_one(&pool)
             .await
             .unwrap()
-        {
+    })
+    .await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+    assert!(analysed, "drover_items analysed after the enqueues");
+}
+
+/// A fresh schema whose `drover_items` autovacuum leaves alone, so that
+/// only the store's own `ANALYZE` gives it statistics; and a pool on it.
+async fn unvacuumed(base: &str) -> (support::TestDb, String, sqlx::PgPool) {
+    let (db, schema) = support::postgres(base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    sqlx::query("ALTER TABLE drover_items SET (autovacuum_enabled = false)")
+        .execute(&pool)
+        .await
+        .expect("autovacuum off");
+    (db, schema, pool)
+}
+
+/// Whether `check` answers `true` within 30 s, asked every 50 ms.
+async fn within_30s<F, Fut>(check: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !check().await {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await
-    .expect("drover_items analysed after the enqueues");
-    db.store.close().await;
-    support::drop_schema(&base, &schema).await;
+    .is_ok()
 }
 
 /// Bursts into ten new processes, back to back: each asks for an analysis,
@@ -195,12 +214,7 @@ async fn every_burst_of_back_to_back_new_processes_is_seen_by_an_analysis() {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    let (db, schema) = support::postgres(&base).await;
-    let pool = db.store.postgres_pool().expect("postgres").clone();
-    sqlx::query("ALTER TABLE drover_items SET (autovacuum_enabled = false)")
-        .execute(&pool)
-        .await
-        .expect("autovacuum off");
+    let (db, schema, pool) = unvacuumed(&base).await;
     let processes: Vec<String> = (0..10).map(|n| format!("burst{n}")).collect();
     for process in &processes {
         let keys = (0..2_000).map(|i| format!("k{i:05}"));
@@ -212,23 +226,18 @@ async fn every_burst_of_back_to_back_new_processes_is_seen_by_an_analysis() {
     let known = "SELECT coalesce(most_common_vals::text, '') FROM pg_stats
                  WHERE schemaname = current_schema() AND tablename = 'drover_items'
                    AND attname = 'process'";
-    let all_known = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let seen: Option<String> = sqlx::query_scalar(known)
-                .fetch_optional(&pool)
-                .await
-                .expect("pg_stats");
-            let seen = seen.unwrap_or_default();
-            if processes.iter().all(|p| seen.contains(p.as_str())) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let all_known = within_30s(|| async {
+        let seen: Option<String> = sqlx::query_scalar(known)
+            .fetch_optional(&pool)
+            .await
+            .expect("pg_stats");
+        let seen = seen.unwrap_or_default();
+        processes.iter().all(|p| seen.contains(p.as_str()))
     })
     .await;
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
-    all_known.expect("every process's burst in the statistics");
+    assert!(all_known, "every process's burst in the statistics");
 }
 
 #[test]

@@ -143,21 +143,43 @@ impl Backlog {
         plans
     }
 
-    /// The leases' session, keys and tokens as array literals.
-    fn lease_arrays(&self) -> (i64, String, String) {
+    /// The leases' session, keys and tokens, as SQL literals.
+    fn arrays(&self) -> Arrays {
         let keys: Vec<String> = self.leases.iter().map(|l| format!("'{}'", l.key)).collect();
         let tokens: Vec<String> = self.leases.iter().map(|l| l.token.0.to_string()).collect();
-        (
-            self.leases[0].session.0,
-            format!("ARRAY[{}]::text[]", keys.join(",")),
-            format!("ARRAY[{}]::bigint[]", tokens.join(",")),
-        )
+        Arrays {
+            session: self.leases[0].session.0,
+            keys: format!("ARRAY[{}]::text[]", keys.join(",")),
+            tokens: format!("ARRAY[{}]::bigint[]", tokens.join(",")),
+        }
     }
 
     async fn remove(self) {
         self.store.pool().close().await;
         admin(&self.base, &format!("DROP SCHEMA {} CASCADE", self.schema)).await;
     }
+}
+
+/// The leases of a [`Backlog`] as SQL literals.
+struct Arrays {
+    session: i64,
+    keys: String,
+    tokens: String,
+}
+
+/// The custom and the generic plan of `sql` (parameters of `types`, given
+/// the SQL literals `args` makes of the leases) on a fresh [`Backlog`],
+/// which is removed before they are returned; `None` when no test server is
+/// named.
+async fn planned(
+    sql: &str,
+    types: &str,
+    args: impl FnOnce(&Arrays) -> String,
+) -> Option<Vec<String>> {
+    let backlog = Backlog::build().await?;
+    let plans = backlog.plans(sql, types, &args(&backlog.arrays())).await;
+    backlog.remove().await;
+    Some(plans)
 }
 
 /// Runs `sql` on the test server outside any store.
@@ -306,6 +328,15 @@ fn assert_locks_per_key(tree: &Step<'_>, plan: &str) {
     assert!(tree.any(&found), "no lock per sorted key in\n{plan}");
 }
 
+/// Fails unless `plan` sorts the leases' keys and every join on the way up
+/// reads them as its outer input; returns the plan's tree.
+fn assert_sorted_keys_drive(plan: &str) -> Step<'_> {
+    let tree = Step::parse(plan);
+    assert!(tree.any(&sorts_the_keys), "no sort of the keys in\n{plan}");
+    tree.assert_drives(&sorts_the_keys, plan);
+    tree
+}
+
 /// Whether `step` is the sort of the leases' keys (by `key`, bytewise).
 fn sorts_the_keys(step: &Step<'_>) -> bool {
     step.line.starts_with("Sort ")
@@ -317,54 +348,43 @@ fn sorts_the_keys(step: &Step<'_>) -> bool {
 
 #[tokio::test]
 async fn a_batch_of_clean_dones_probes_each_key_in_key_order_whatever_the_statistics() {
-    let Some(backlog) = Backlog::build().await else {
+    let Some(plans) = planned(
+        super::complete::DONE_AT_ONCE,
+        "timestamptz, bigint, text, text[], bigint[], text[]",
+        |a| {
+            format!(
+                "now(), {}, '{PROCESS}', {}, {}, array_fill(NULL::text, ARRAY[{LEASES}])",
+                a.session, a.keys, a.tokens
+            )
+        },
+    )
+    .await
+    else {
         return;
     };
-    let (session, keys, tokens) = backlog.lease_arrays();
-    let plans = backlog
-        .plans(
-            super::complete::DONE_AT_ONCE,
-            "timestamptz, bigint, text, text[], bigint[], text[]",
-            &format!(
-                "now(), {session}, '{PROCESS}', {keys}, {tokens}, \
-                 array_fill(NULL::text, ARRAY[{LEASES}])"
-            ),
-        )
-        .await;
-    backlog.remove().await;
     for plan in plans {
         assert_probes_only(&plan);
         assert_no_array_filter(&plan);
         // The sorted keys drive every join, so the rows are locked in key
         // order, as the general path's locking read locks them.
-        let tree = Step::parse(&plan);
-        assert!(tree.any(&sorts_the_keys), "no sort of the keys in\n{plan}");
-        tree.assert_drives(&sorts_the_keys, &plan);
+        let tree = assert_sorted_keys_drive(&plan);
         assert_locks_per_key(&tree, &plan);
     }
 }
 
 #[tokio::test]
 async fn the_completions_locking_read_probes_each_key_whatever_the_statistics() {
-    let Some(backlog) = Backlog::build().await else {
+    let Some(plans) = planned(super::complete::HELD, "text[], text[]", |a| {
+        format!("array_fill('{PROCESS}'::text, ARRAY[{LEASES}]), {}", a.keys)
+    })
+    .await
+    else {
         return;
     };
-    let (_, keys, _) = backlog.lease_arrays();
-    let processes = format!("array_fill('{PROCESS}'::text, ARRAY[{LEASES}])");
-    let plans = backlog
-        .plans(
-            super::complete::HELD,
-            "text[], text[]",
-            &format!("{processes}, {keys}"),
-        )
-        .await;
-    backlog.remove().await;
     for plan in plans {
         assert_probes_only(&plan);
         assert_no_array_filter(&plan);
-        let tree = Step::parse(&plan);
-        assert!(tree.any(&sorts_the_keys), "no sort of the keys in\n{plan}");
-        tree.assert_drives(&sorts_the_keys, &plan);
+        assert_sorted_keys_drive(&plan);
     }
 }
 
@@ -374,18 +394,15 @@ async fn a_claim_walks_the_claim_index_and_probes_each_picked_key() {
     // process's first thousand keys): the claim's update must find each
     // picked key by one probe of the primary key, never compare each row of
     // the process with every picked key.
-    let Some(backlog) = Backlog::build().await else {
+    let Some(plans) = planned(
+        super::leases::CLAIM,
+        "bigint, text, int, float8, boolean",
+        |a| format!("{}, '{PROCESS}', 1024, 0, false", a.session),
+    )
+    .await
+    else {
         return;
     };
-    let (session, _, _) = backlog.lease_arrays();
-    let plans = backlog
-        .plans(
-            super::leases::CLAIM,
-            "bigint, text, int, float8, boolean",
-            &format!("{session}, '{PROCESS}', 1024, 0, false"),
-        )
-        .await;
-    backlog.remove().await;
     for plan in plans {
         assert_no_array_filter(&plan);
         let lines: Vec<&str> = plan.lines().map(str::trim).collect();
