@@ -661,6 +661,59 @@ async fn a_clean_done_repeated_in_one_batch_is_settled_once() {
 }
 
 #[tokio::test]
+async fn a_batch_of_clean_dones_records_each_run_as_its_lease_ran() {
+    // The common batch, which PostgreSQL settles in one statement of its
+    // own: each run's row must carry what the general path writes, its
+    // lease's session, token, attempt (a second one included), start and
+    // wait.
+    each_enqueue_path_and_pooler(|db| async move {
+        let first = claimed(&db, &["a", "b"]).await;
+        complete(&db.store, &first[0], Outcome::Transient("flaky".into()))
+            .await
+            .expect("a fails once");
+        db.store.clock().advance(secs(5));
+        let again = claim(&db.store, first[0].session, 10).await;
+        assert_eq!(keys(&again), ["a"]);
+        let (a, b) = (&again[0], &first[1]);
+        assert_eq!(a.attempt, 2);
+        let results = db
+            .store
+            .lease_complete_batch(&batch([a, b], &Outcome::Done))
+            .await
+            .expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        for lease in [a, b] {
+            let run = history(&db.store, &lease.key, 1).await.remove(0);
+            assert_eq!(
+                (
+                    run.outcome,
+                    run.session,
+                    run.token,
+                    run.attempt,
+                    run.started_at,
+                    run.pending_since
+                ),
+                (
+                    RunOutcome::Done,
+                    Some(lease.session),
+                    Some(lease.token),
+                    Some(lease.attempt),
+                    Some(lease.started_at),
+                    Some(lease.enqueued_at)
+                ),
+                "{}: {run:?}",
+                lease.key
+            );
+            assert_eq!(
+                item(&db.store, &lease.key).await.expect("item").state,
+                ItemState::Idle
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_batch_of_distinct_clean_dones_answers_the_odd_ones_as_if_each_were_alone() {
     // On SQLite a batch of clean `done`s of one session and process, no lease
     // twice, is written in one trip that settles only the leases it can; the

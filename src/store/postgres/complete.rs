@@ -56,6 +56,19 @@ CROSS JOIN LATERAL (
 LEFT JOIN drover_processes p ON p.process = i.process"
 );
 
+/// The columns of an item left idle by a clean `done` ended at `$1`: no
+/// lease, no failures, no error, its last outcome `done`. What
+/// [`settle`](crate::store::rules::settle::settle) returns for one, written
+/// by both [`idle`] and [`DONE_AT_ONCE`].
+macro_rules! idle_columns {
+    () => {
+        "state = 'idle', ready_at = $1, failures = 0, backoff_until = NULL, \
+         backoff_ms = NULL, last_error = NULL, error_signature = NULL, \
+         lease_session = NULL, lease_token = NULL, started_at = NULL, \
+         last_outcome = 'done', last_ended_at = $1"
+    };
+}
+
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; the others commit.
 /// Any other failure rolls the whole batch back.
@@ -166,7 +179,8 @@ async fn all_at_once(
 /// outer loop in token order against every key (2,600–2,800 keys/s); joined
 /// to `locked` by `ctid` too, it checked each row against the whole array
 /// once more (`ExecEvalScalarArrayOp` and `tideq`: 8 % of a drain's CPU).
-pub(super) const DONE_AT_ONCE: &str = "
+pub(super) const DONE_AT_ONCE: &str = concat!(
+    "
 WITH locked AS MATERIALIZED (
   SELECT x.tid, l.key, l.token, l.trace_id, x.failures, x.enqueued_at, x.started_at
   FROM (
@@ -180,10 +194,9 @@ WITH locked AS MATERIALIZED (
       AND j.lease_session = $2 AND j.lease_token = l.token AND j.dirty_since IS NULL
     FOR UPDATE OF j) x),
 idled AS (
-  UPDATE drover_items AS i SET state = 'idle', ready_at = $1, failures = 0,
-      backoff_until = NULL, backoff_ms = NULL, last_error = NULL, error_signature = NULL,
-      lease_session = NULL, lease_token = NULL, started_at = NULL,
-      last_outcome = 'done', last_ended_at = $1
+  UPDATE drover_items AS i SET ",
+    idle_columns!(),
+    "
   WHERE i.ctid = ANY(ARRAY(SELECT tid FROM locked))
     AND EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = $2 AND s.deadline > $1)
   RETURNING i.process, i.key)
@@ -193,7 +206,8 @@ SELECT d.process, d.key, 'done', k.failures + 1, $2, k.token, k.enqueued_at, k.s
     $1, k.trace_id
 FROM idled d JOIN locked k ON k.key = d.key
 ORDER BY k.token
-RETURNING token";
+RETURNING token"
+);
 
 /// Each lease's locked running row, by position (`None`: not held, see
 /// [`match_leases`]).
@@ -261,19 +275,14 @@ impl Writes {
     }
 }
 
-/// Leaves converged items idle: no lease, no failures, no error; their last
-/// outcome `done`. What [`settle`](crate::store::rules::settle::settle) returns for a
-/// clean `done`, written for a whole batch at once; the rows `ctids` are
-/// locked by [`HELD`], so one TID scan finds them.
+/// Leaves converged items idle ([`idle_columns`]), a whole batch at once;
+/// the rows `ctids` are locked by [`HELD`], so one TID scan finds them.
 async fn idle(tx: &mut Tx, now: DateTime<Utc>, ctids: &[Tid]) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE drover_items SET state = 'idle', ready_at = $1, failures = 0,
-             backoff_until = NULL, backoff_ms = NULL, last_error = NULL,
-             error_signature = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = 'done', last_ended_at = $1
-         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))",
-    )
+    sqlx::query(concat!(
+        "UPDATE drover_items SET ",
+        idle_columns!(),
+        " WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))"
+    ))
     .bind(now)
     .bind(ctids)
     .exec(&mut *tx)
