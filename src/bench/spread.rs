@@ -199,12 +199,15 @@ async fn left_undrained(store: &Store, names: &[String], keys: u64) -> Result<()
     )))
 }
 
-/// Closes every node's standard input (a graceful stop) and waits for them;
+/// Closes every node's standard input (a graceful stop) at once, as one
+/// node's drain cancels all its controllers together, then waits for them;
 /// a node that fails is an error.
-async fn stop_nodes(children: Vec<Child>) -> Result<(), BenchError> {
-    let mut failed = None;
-    for mut child in children {
+async fn stop_nodes(mut children: Vec<Child>) -> Result<(), BenchError> {
+    for child in &mut children {
         drop(child.stdin.take());
+    }
+    let mut failed = None;
+    for child in &mut children {
         let status = child.wait().await?;
         if !status.success() {
             failed = Some(status);
