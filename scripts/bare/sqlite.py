@@ -15,7 +15,7 @@ transaction per step. Prints `enqueue KEYS_PER_S` and `drain KEYS_PER_S`.
 
     python3 scripts/bare/sqlite.py [PATH]   (default /tmp/drover-bare.db, replaced)
 
-`DROVER_BARE_KEYS` changes the number of keys (a multiple of 10,000, or fewer);
+`DROVER_BARE_KEYS` changes the number of keys;
 `DROVER_BARE_FILL_ONLY=1` stops after the enqueue (`instructions.sh` subtracts
 that run's instructions from a full one's).
 """
@@ -44,7 +44,7 @@ def main() -> None:
         c.executemany(
             "INSERT INTO items VALUES ('p', ?, 0, 0, 0, 0, 0) ON CONFLICT (process, key)"
             " DO UPDATE SET ready_at = min(items.ready_at, excluded.ready_at)",
-            [(f"k{i}",) for i in range(first, first + BATCH)])
+            [(f"k{i}",) for i in range(first, min(first + BATCH, N))])
         c.execute("COMMIT")
     print(f"enqueue {N / (time.perf_counter() - start):.0f}")
     if os.environ.get("DROVER_BARE_FILL_ONLY"):
