@@ -18,7 +18,7 @@ use drover::store::{
     StoreOptions,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
+use sqlx::{Connection as _, Executor as _, PgConnection, PgPool, Row as _};
 use support::{TestDb, drop_database, pgbouncer, pgbouncer_url, with_database};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -51,13 +51,41 @@ async fn pooled_client(name: &str) -> PgConnection {
         .expect("connect through the pooler")
 }
 
-/// Holds the pooler's only server connection to the database in an open
-/// transaction, so the next transaction of any other client gets a new one.
-async fn hold_the_server(name: &str) -> PgConnection {
-    let mut holder = pooled_client(name).await;
-    holder.execute("BEGIN").await.expect("begin");
-    holder.execute("SELECT 1").await.expect("hold a server");
-    holder
+/// The server connection (its backend's pid) that `conn`'s next statement
+/// runs on: read in one simple query with nothing else, so the pooler gives
+/// it the server of that statement's own transaction.
+async fn server_pid(conn: &mut PgConnection) -> i32 {
+    let row = conn
+        .fetch_one("SELECT pg_backend_pid()")
+        .await
+        .expect("read the server's pid");
+    row.get(0)
+}
+
+/// Holds the pooler's server connection whose backend is `pid` in an open
+/// transaction (and every other server it is handed on the way), so the next
+/// transaction of any other client gets another server. Not the pooler's
+/// most recently used server: the store's own background statements share
+/// the pool and may have taken it in between.
+async fn hold_the_server(name: &str, pid: i32) -> Vec<PgConnection> {
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let mut holder = pooled_client(name).await;
+        holder.execute("BEGIN").await.expect("begin");
+        let on = server_pid(&mut holder).await;
+        held.push(holder);
+        if on == pid {
+            return held;
+        }
+    }
+    panic!("the pooler never handed out server {pid}");
+}
+
+/// Ends the transactions of [`hold_the_server`], giving the servers back.
+async fn release(held: Vec<PgConnection>) {
+    for mut holder in held {
+        holder.execute("COMMIT").await.expect("commit");
+    }
 }
 
 #[tokio::test]
@@ -67,14 +95,18 @@ async fn a_named_statement_is_gone_when_the_pooler_switches_servers() {
     };
     let mut client = pooled_client(&name).await;
     let add = "SELECT 1 + $1::int4";
-    // sqlx prepares `sqlx_s_1` on the pooler's first server and caches it.
+    // sqlx prepares `sqlx_s_1` on the server of this transaction and caches
+    // it (in a transaction, so its prepare and its first use share a server).
+    client.execute("BEGIN").await.expect("begin");
     let two: i32 = sqlx::query_scalar(add)
         .bind(1)
         .fetch_one(&mut client)
         .await
         .expect("first use");
     assert_eq!(two, 2);
-    let mut holder = hold_the_server(&name).await;
+    let prepared_on = server_pid(&mut client).await;
+    client.execute("COMMIT").await.expect("commit");
+    let held = hold_the_server(&name, prepared_on).await;
     let err = sqlx::query_scalar::<_, i32>(add)
         .bind(1)
         .fetch_one(&mut client)
@@ -88,7 +120,7 @@ async fn a_named_statement_is_gone_when_the_pooler_switches_servers() {
         .await
         .expect("enqueue through the pooler");
     assert_eq!(report.pending, 1);
-    holder.execute("COMMIT").await.expect("commit");
+    release(held).await;
     db.store.close().await;
     drop_database(&direct, &name).await;
 }
@@ -115,6 +147,11 @@ async fn the_callers_own_transaction_names_nothing_and_carries_the_idle_timeout(
                 .await
                 .expect("show");
             assert_eq!(shown, "5s", "the store's timeout, set in the transaction");
+            let server: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .persistent(false)
+                .fetch_one(&mut *conn)
+                .await
+                .expect("the server's pid");
             let report = tx
                 .item_enqueue(ItemEnqueue::new("p", keys.iter().copied()))
                 .await
@@ -128,14 +165,20 @@ async fn the_callers_own_transaction_names_nothing_and_carries_the_idle_timeout(
                 .await
                 .expect("delete in the caller's transaction");
             tx.commit().await.expect("commit");
-            (report.pending, forgot)
+            (report.pending, forgot, server)
         }
     };
-    assert_eq!(in_tx(&["a", "b"]).await, (2, true));
+    let (pending, forgot, first) = in_tx(&["a", "b"]).await;
+    assert_eq!((pending, forgot), (2, true));
     // The next transaction of that client gets another server.
-    let mut holder = hold_the_server(&name).await;
-    assert_eq!(in_tx(&["c", "d"]).await, (2, true));
-    holder.execute("COMMIT").await.expect("commit");
+    let held = hold_the_server(&name, first).await;
+    let (pending, forgot, second) = in_tx(&["c", "d"]).await;
+    assert_eq!((pending, forgot), (2, true));
+    assert_ne!(
+        first, second,
+        "the second transaction ran on another server"
+    );
+    release(held).await;
     let counts = db.store.process_counts_all().await.expect("counts");
     let p = counts.iter().find(|c| c.process == "p").expect("p");
     assert_eq!(p.pending, 2, "b and d stay, a and c were forgotten");
@@ -149,18 +192,20 @@ async fn session_state_does_not_survive_a_transaction_and_startup_options_are_re
         return;
     };
     let mut client = pooled_client(&name).await;
-    client
-        .execute("SET statement_timeout = '4321ms'")
+    // One simple query, so the pooler runs both on one server.
+    let set_on: i32 = client
+        .fetch_one("SET statement_timeout = '4321ms'; SELECT pg_backend_pid()")
         .await
-        .expect("set");
-    let mut holder = hold_the_server(&name).await;
+        .expect("set")
+        .get(0);
+    let held = hold_the_server(&name, set_on).await;
     let shown: String = sqlx::query_scalar("SHOW statement_timeout")
         .persistent(false)
         .fetch_one(&mut client)
         .await
         .expect("show");
     assert_ne!(shown, "4321ms", "the SET stayed on the other server");
-    holder.execute("COMMIT").await.expect("commit");
+    release(held).await;
     // What a direct connection sets at startup, PgBouncer refuses.
     let with_options = format!(
         "{}?options=-c%20idle_in_transaction_session_timeout%3D5s",
