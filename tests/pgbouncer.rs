@@ -51,9 +51,9 @@ async fn pooled_client(name: &str) -> PgConnection {
         .expect("connect through the pooler")
 }
 
-/// The server connection (its backend's pid) that `conn`'s next statement
-/// runs on: read in one simple query with nothing else, so the pooler gives
-/// it the server of that statement's own transaction.
+/// The server connection (its backend's pid) that `conn` runs on: in a
+/// transaction, the transaction's; outside one, read in a simple query on
+/// its own, so it says nothing of the next statement's server.
 async fn server_pid(conn: &mut PgConnection) -> i32 {
     let row = conn
         .fetch_one("SELECT pg_backend_pid()")
@@ -147,11 +147,7 @@ async fn the_callers_own_transaction_names_nothing_and_carries_the_idle_timeout(
                 .await
                 .expect("show");
             assert_eq!(shown, "5s", "the store's timeout, set in the transaction");
-            let server: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                .persistent(false)
-                .fetch_one(&mut *conn)
-                .await
-                .expect("the server's pid");
+            let server = server_pid(conn).await;
             let report = tx
                 .item_enqueue(ItemEnqueue::new("p", keys.iter().copied()))
                 .await
