@@ -1,9 +1,10 @@
 //! PostgreSQL-only behaviour, beyond the shared contract: `NOTIFY` on enqueue,
 //! the all-new-keys enqueue losing a race to a concurrent one, a clean `done`
-//! waiting on an uncommitted enqueue of its key, statistics refreshed after
-//! bulk enqueues, running and parked keys listed from their own indexes, a full
-//! disk reported as such, no index entry written for the item id. Skipped
-//! (with a message) unless `DROVER_TEST_POSTGRES_URL` is set.
+//! waiting on an uncommitted enqueue of its key, a clean batch settling a row
+//! updated while it waited, statistics refreshed after bulk enqueues, running
+//! and parked keys listed from their own indexes, a full disk reported as
+//! such, no index entry written for the item id. Skipped (with a message)
+//! unless `DROVER_TEST_POSTGRES_URL` is set.
 
 mod support;
 
@@ -13,8 +14,9 @@ use drover::store::{
     ItemEnqueue, ItemList, ItemState, LeaseComplete, Outcome, PostgresStore, StoreEngine as _,
     StoreError,
 };
+use support::locks::Holder;
 use support::process::eventually;
-use support::store::{P, claim, complete, enqueue, item, keys};
+use support::store::{P, batch, claim, complete, enqueue, item, keys};
 
 #[tokio::test]
 async fn an_enqueue_notifies_the_process_channel_on_commit() {
@@ -631,6 +633,59 @@ async fn a_done_that_waits_on_an_uncommitted_enqueue_of_its_key_honours_it() {
                 .expect("done");
         }
     }
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// A batch of clean `done`s settles all or nothing, and "all" must include
+/// a row that another transaction updated (leaving its lease as it was)
+/// while the completion waited for its lock: the completion then holds a
+/// version newer than its snapshot, which its one-statement update (by
+/// `ctid`) cannot see. It must not settle the others and leave that one
+/// running: every lease settles, each key is idle, and each run is logged
+/// once.
+#[tokio::test]
+async fn a_clean_batch_settles_a_row_updated_while_it_waited_with_the_rest() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    let s = db.session().await;
+    enqueue(&db.store, &["a", "b", "c"]).await;
+    let running = claim(&db.store, s.id, 10).await;
+    assert_eq!(keys(&running), ["a", "b", "c"]);
+    // A new version of b's row, its lease as it was, not yet committed.
+    let holder = Holder::lock(
+        &pool,
+        "UPDATE drover_items SET last_enqueued_at = last_enqueued_at
+         WHERE state = 'running' AND lease_token = $1",
+        running[1].token.0,
+    )
+    .await;
+    let store = db.store.clone();
+    let completing = tokio::spawn(async move {
+        store
+            .lease_complete_batch(&batch(&running, &Outcome::Done))
+            .await
+    });
+    holder.wait_for_waiters(&pool, 1).await;
+    holder.release().await;
+    let answers = completing.await.expect("join").expect("batch");
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    for key in ["a", "b", "c"] {
+        let item = item(&db.store, key).await.expect("known");
+        assert_eq!(item.state, ItemState::Idle, "{key}");
+    }
+    let runs: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key, count(*) FROM drover_runs WHERE process = $1 GROUP BY key ORDER BY key",
+    )
+    .bind(P)
+    .fetch_all(&pool)
+    .await
+    .expect("runs");
+    let once = |k: &str| (k.to_owned(), 1);
+    assert_eq!(runs, [once("a"), once("b"), once("c")]);
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }
