@@ -34,6 +34,7 @@ drain adds full-page images to the bytes, not to the records.
 
 import multiprocessing
 import os
+import queue
 import sys
 import time
 
@@ -92,7 +93,7 @@ def node(url: str, claim: int, process: str, ready, results) -> None:
     others, drains, and reports (keys, start, end)."""
     conn = psycopg.connect(url, autocommit=True)
     conn.execute("SET search_path = drover_bare")
-    ready.wait()
+    ready.wait(timeout=60)
     start = time.monotonic()
     done = drain(conn, claim, process)
     results.put((done, start, time.monotonic()))
@@ -111,7 +112,14 @@ def drain_in_processes(url: str, nodes: int, lanes: bool) -> tuple[int, float]:
                for i in range(nodes)]
     for w in workers:
         w.start()
-    reports = [results.get() for _ in workers]
+    reports = []
+    while len(reports) < nodes:
+        try:
+            reports.append(results.get(timeout=1))
+        except queue.Empty:
+            # A process that died reports nothing: do not wait for it for ever.
+            if any(w.exitcode not in (None, 0) for w in workers):
+                break
     for w in workers:
         w.join()
         if w.exitcode != 0:
