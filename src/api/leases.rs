@@ -77,11 +77,18 @@ pub struct TraceLinksBody {
 /// One W3C trace context (<https://www.w3.org/TR/trace-context/>).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TraceContextBody {
-    /// `00-<trace id>-<span id>-<flags>`.
-    #[schema(example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    /// `00-<trace id>-<span id>-<flags>`, lowercase hex, neither id all
+    /// zeros: what [`TraceContext::new`](crate::store::TraceContext::new)
+    /// accepts.
+    #[schema(
+        example = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+    )]
     pub traceparent: String,
-    /// The vendors' `tracestate`, when the enqueue carried one.
+    /// The vendors' `tracestate`, when the enqueue carried one (printable
+    /// ASCII, at most 512 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 512, pattern = "^[ -~]*$")]
     pub tracestate: Option<String>,
 }
 

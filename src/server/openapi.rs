@@ -272,6 +272,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+    use crate::store::TraceContext;
 
     #[test]
     fn every_operation_has_an_id_of_its_own() {
@@ -442,5 +443,74 @@ mod tests {
         let text = |d: Value| d.to_string();
         assert!(text(document()).contains("\"security\""));
         assert!(!text(document_without_tokens()).contains("\"security\""));
+    }
+
+    /// The documented `pattern` of `TraceContextBody.{property}`, compiled.
+    fn trace_pattern(property: &str) -> regex::Regex {
+        let document = document();
+        let pattern = document["components"]["schemas"]["TraceContextBody"]["properties"][property]
+            ["pattern"]
+            .as_str()
+            .unwrap_or_else(|| panic!("TraceContextBody.{property} has a pattern"))
+            .to_owned();
+        regex::Regex::new(&pattern).expect("an ECMAScript-compatible pattern")
+    }
+
+    #[test]
+    fn a_trace_context_is_described_as_the_server_checks_it() {
+        let parent = trace_pattern("traceparent");
+        let (id, span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+        for (traceparent, accepted) in [
+            (format!("00-{id}-{span}-01"), true),
+            (format!("00-{id}-{span}-00"), true),
+            (format!("01-{id}-{span}-01"), false),
+            (format!("00-{}-{span}-01", id.to_uppercase()), false),
+            (format!("00-{}-{span}-01", &id[1..]), false),
+            (format!("00-{id}-{span}"), false),
+            (format!("00-{id}-{span}-01-00"), false),
+            ("x".to_owned(), false),
+        ] {
+            assert_eq!(parent.is_match(&traceparent), accepted, "{traceparent}");
+            let parsed = TraceContext::new(&traceparent, None);
+            assert_eq!(parsed.is_ok(), accepted, "{traceparent}: {parsed:?}");
+        }
+        // The one refusal the pattern leaves to the description: all-zero ids.
+        let zeros = format!("00-{}-{span}-01", "0".repeat(32));
+        assert!(parent.is_match(&zeros));
+        assert!(TraceContext::new(&zeros, None).is_err());
+        let document = document();
+        let state =
+            &document["components"]["schemas"]["TraceContextBody"]["properties"]["tracestate"];
+        assert_eq!(state["maxLength"], 512, "{state}");
+        let state_pattern = trace_pattern("tracestate");
+        let valid = format!("00-{id}-{span}-01");
+        for (tracestate, accepted) in [
+            ("vendor=value,other=1".to_owned(), true),
+            ("a".repeat(512), true),
+            ("a".repeat(513), false),
+            ("caf\u{e9}".to_owned(), false),
+            ("tab\there".to_owned(), false),
+        ] {
+            let described = state_pattern.is_match(&tracestate) && tracestate.len() <= 512;
+            assert_eq!(described, accepted, "{tracestate}");
+            let parsed = TraceContext::new(&valid, Some(&tracestate));
+            assert_eq!(parsed.is_ok(), accepted, "{tracestate}: {parsed:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever a client builds from the documented pattern (ids not
+        /// all zeros, as the description says), the server accepts.
+        #[test]
+        fn every_documented_traceparent_is_accepted(
+            traceparent in proptest::string::string_regex(
+                "00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
+            ).expect("a strategy")
+        ) {
+            proptest::prop_assume!(!traceparent[3..35].bytes().all(|b| b == b'0'));
+            proptest::prop_assume!(!traceparent[36..52].bytes().all(|b| b == b'0'));
+            proptest::prop_assert!(trace_pattern("traceparent").is_match(&traceparent));
+            proptest::prop_assert!(TraceContext::new(&traceparent, None).is_ok());
+        }
     }
 }
