@@ -314,6 +314,35 @@ async fn completing_after_the_session_expired_is_refused_and_changes_nothing() {
 }
 
 #[tokio::test]
+async fn a_trace_link_from_a_lease_that_lost_its_key_is_refused() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(30_000).await;
+        let lease = api.claim(session, P, 1).await.remove(0);
+        let context =
+            json!({ "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" });
+        let mut stale = lease.clone();
+        stale["token"] = json!(lease["token"].as_i64().expect("a token") + 1);
+        let refused = api
+            .post(
+                "/v1/leases/trace-link",
+                json!({ "lease": stale, "context": context }),
+                StatusCode::CONFLICT,
+            )
+            .await;
+        assert_eq!(refused["error"], "lease_lost");
+        api.post(
+            "/v1/leases/trace-link",
+            json!({ "lease": lease, "context": context }),
+            StatusCode::NO_CONTENT,
+        )
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
     each_engine(|db| async move {
         // Polling once a minute: only the wake-up can answer within the test.

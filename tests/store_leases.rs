@@ -1,6 +1,6 @@
 //! The store's contract for leases (DESIGN.md rules 1, 4, 5 and 7): claims in
-//! order, completions and their outcomes, backoff, release, lock and the
-//! candidate filter, on every engine, and on SQLite through the view `drover_enqueue` too, via
+//! order, completions and their outcomes, backoff, release, lock, the
+//! candidate filter and a retry's trace link, on every engine, and on SQLite through the view `drover_enqueue` too, via
 //! `support::each_enqueue_path_and_pooler`.
 //!
 //! No test sleeps: TTLs and backoffs pass by advancing the store's clock offset.
@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    ErrorGroups, ItemEnqueue, ItemPark, ItemState, Lease, LeaseComplete, LeaseLock, LeaseRelease,
-    MAX_NAME_BYTES, MAX_TEXT_BYTES, Outcome, ProcessConfigure, RunOutcome, SessionHeartbeat,
-    StoreEngine as _, StoreError,
+    ErrorGroups, FencingToken, ItemEnqueue, ItemPark, ItemState, Lease, LeaseClaim, LeaseComplete,
+    LeaseLock, LeaseRelease, MAX_NAME_BYTES, MAX_TEXT_BYTES, Outcome, ProcessConfigure, RunOutcome,
+    SessionHeartbeat, SessionId, StoreEngine as _, StoreError, TraceContext,
 };
 use support::each_enqueue_path_and_pooler;
 use support::store::{
@@ -1189,4 +1189,64 @@ async fn a_sqlite_claim_whose_rest_fails_answers_with_what_it_committed() {
     assert_eq!((later.state, later.lease_token), (ItemState::Pending, None));
     db.execute("DROP TRIGGER drover_test_refuse_later").await;
     assert_eq!(keys(&claim(&db.store, s.id, 10).await), ["later"]);
+}
+
+/// A retry's trace link (DESIGN.md rule 14) is written only while the lease
+/// that asks for it holds its key: a lease that no longer holds it (another
+/// token, another session) gets `LeaseLost` and links nothing, so a worker
+/// whose lease was lost cannot tie its attempt to the run after another
+/// worker's. The holder's link reaches the key's next run.
+#[tokio::test]
+async fn a_trace_link_needs_the_lease_that_holds_the_key() {
+    each_enqueue_path_and_pooler(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a"]).await;
+        let held = claim(&db.store, s.id, 10).await.remove(0);
+        let context = |trace: &str| {
+            TraceContext::new(&format!("00-{trace}-00f067aa0ba902b7-01"), None)
+                .expect("a valid context")
+        };
+        let mine = context("4bf92f3577b34da6a3ce929d0e0e4736");
+        let stale = context("0af7651916cd43dd8448eb211c80319c");
+        let other_token = Lease {
+            token: FencingToken(held.token.0 + 1),
+            ..held.clone()
+        };
+        let other_session = Lease {
+            session: SessionId(held.session.0 + 1),
+            ..held.clone()
+        };
+        for lease in [&other_token, &other_session] {
+            let refused = db.store.item_trace_link(lease, &stale).await;
+            assert!(
+                matches!(refused, Err(StoreError::LeaseLost { .. })),
+                "{lease:?}: {refused:?}"
+            );
+        }
+        db.store
+            .item_trace_link(&held, &mine)
+            .await
+            .expect("the holder links");
+        complete(&db.store, &held, Outcome::RequeueAfter(Duration::ZERO))
+            .await
+            .expect("requeued");
+        let next = db
+            .store
+            .lease_claim(LeaseClaim {
+                session: s.id,
+                process: P.into(),
+                max: 1,
+                trace_links: true,
+            })
+            .await
+            .expect("claim")
+            .leases;
+        let links = next[0].trace_links.as_ref().expect("links asked for");
+        assert_eq!(
+            links.links,
+            [mine],
+            "only the holder's link reached the retry"
+        );
+    })
+    .await;
 }

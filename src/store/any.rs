@@ -245,16 +245,18 @@ fn pool_stats<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> PoolStats {
 /// Trace contexts (DESIGN.md rule 14): a link from a failed run to its
 /// retry (what a run absorbed comes with its claim: [`Lease::trace_links`]).
 impl Store {
-    /// Adds `context` to the next run of `process`'s `key` (if it is an item),
-    /// as an enqueue's context would be: the runner links a retry to the
-    /// attempt that failed this way.
+    /// Adds `context` to the next run of `lease`'s key, as an enqueue's
+    /// context would be: the runner links a retry to the attempt that failed
+    /// this way. Only while `lease` holds the key (running, same session and
+    /// token), else [`StoreError::LeaseLost`] and nothing is linked: a worker
+    /// whose lease was lost must not tie its attempt to the run after
+    /// another worker's.
     pub async fn item_trace_link(
         &self,
-        process: &str,
-        key: &str,
+        lease: &Lease,
         context: &TraceContext,
     ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.item_trace_link(process, key, context).await)
+        dispatch!(self, s => s.item_trace_link(lease, context).await)
     }
 }
 

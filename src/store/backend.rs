@@ -215,7 +215,7 @@ impl WorkerBackend for Store {
         lease: &Lease,
         context: &TraceContext,
     ) -> Result<(), StoreError> {
-        Store::item_trace_link(self, &lease.process, &lease.key, context).await
+        Store::item_trace_link(self, lease, context).await
     }
 
     fn local_store(&self) -> Option<&Store> {

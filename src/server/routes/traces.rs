@@ -22,7 +22,7 @@ use crate::store::TraceContext;
     responses(
         (status = 204, description = "Linked (nothing happens for a key that is not an item)"),
         (status = 400, description = "Malformed body or trace context", body = ErrorBody),
-        (status = 409, description = "The session expired or never existed", body = ErrorBody),
+        (status = 409, description = "The lease was lost or the session expired: nothing linked", body = ErrorBody),
     )
 )]
 pub(crate) async fn link(
@@ -35,9 +35,6 @@ pub(crate) async fn link(
         .map_err(|e| ApiError::field("context", e.to_string()))?;
     let lease = body.lease.to_lease();
     state.check_owner(&auth, lease.session).await?;
-    state
-        .store
-        .item_trace_link(&lease.process, &lease.key, &context)
-        .await?;
+    state.store.item_trace_link(&lease, &context).await?;
     Ok(StatusCode::NO_CONTENT)
 }

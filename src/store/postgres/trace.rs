@@ -38,6 +38,13 @@ where
     Ok(())
 }
 
+/// Locks the row of key `$2` of process `$1` if lease (`$3`, `$4`) holds it.
+const HOLDS: &str = "
+SELECT 1 FROM drover_items
+WHERE process = $1 AND key = $2 AND state = 'running' AND lease_session = $3
+    AND lease_token = $4
+FOR UPDATE";
+
 /// The trace contexts of the runs of session `$1` whose lease tokens are in
 /// `$2`, one probe of the lease index each.
 const CLAIMED: &str = "
@@ -80,16 +87,28 @@ pub(super) async fn claimed_links(store: &PostgresStore, leases: &mut [Lease]) {
 }
 
 impl PostgresStore {
-    /// Adds `context` to the next run of one key, in its own transaction (see
+    /// Adds `context` to the next run of `lease`'s key while the lease holds
+    /// it, in its own transaction: the row is locked ([`HOLDS`]) before the
+    /// link is written, so the lease cannot end in between (see
     /// [`Store::item_trace_link`](crate::store::Store::item_trace_link)).
     pub(crate) async fn item_trace_link(
         &self,
-        process: &str,
-        key: &str,
+        lease: &Lease,
         context: &TraceContext,
     ) -> Result<(), StoreError> {
         let (mut tx, _) = self.write().await?;
-        link(&mut tx, process, &[key], context).await?;
+        let held: Option<i32> = sqlx::query_scalar(HOLDS)
+            .bind(&lease.process)
+            .bind(&lease.key)
+            .bind(lease.session.0)
+            .bind(lease.token.0)
+            .fetch_optional(&mut tx)
+            .await
+            .db()?;
+        if held.is_none() {
+            return Err(StoreError::lease_lost(lease));
+        }
+        link(&mut tx, &lease.process, &[lease.key.as_str()], context).await?;
         commit(tx).await
     }
 }

@@ -75,20 +75,39 @@ pub(super) async fn claimed_links(tx: &mut Tx, leases: &mut [Lease]) -> Result<(
 }
 
 impl SqliteStore {
-    /// Adds `context` to the next run of one key, in its own transaction (see
+    /// Adds `context` to the next run of `lease`'s key while the lease holds
+    /// it ([`HOLDS`]), in its own transaction, which holds the write lock
+    /// from the check to the link (see
     /// [`Store::item_trace_link`](crate::store::Store::item_trace_link)).
     pub(crate) async fn item_trace_link(
         &self,
-        process: &str,
-        key: &str,
+        lease: &Lease,
         context: &TraceContext,
     ) -> Result<(), StoreError> {
-        let keys = serde_json::to_string(&[key]).expect("a list of strings always serializes");
+        let keys =
+            serde_json::to_string(&[&lease.key]).expect("a list of strings always serializes");
         let mut tx = self.begin().await?;
-        link(&mut tx, process, &keys, context).await?;
+        let held: Option<i64> = sqlx::query_scalar(HOLDS)
+            .bind(&lease.process)
+            .bind(&lease.key)
+            .bind(lease.session.0)
+            .bind(lease.token.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .db()?;
+        if held.is_none() {
+            return Err(StoreError::lease_lost(lease));
+        }
+        link(&mut tx, &lease.process, &keys, context).await?;
         tx.commit().await.db()
     }
 }
+
+/// Whether lease (`?3`, `?4`) holds key `?2` of process `?1`.
+const HOLDS: &str = "
+SELECT 1 FROM drover_items
+WHERE process = ?1 AND key = ?2 AND state = 'running' AND lease_session = ?3
+    AND lease_token = ?4";
 
 /// Sets the trace id of the history rows of runs that ended at `?1`: `?2` is
 /// a JSON array of `[process, key, token, trace id]`. Each run's row is its
