@@ -14,15 +14,17 @@ use crate::store::TraceContext;
 
 /// Adds the W3C context of a failed run's span to its key's next run, so the
 /// retry's span links to the attempt that failed. Send it before the
-/// run's transient outcome; a worker that does not trace never calls it.
+/// run's transient outcome, while the lease still holds the key (a lease
+/// that lost it is refused with 409); a worker that does not trace never
+/// calls it.
 #[utoipa::path(
     post, operation_id = "trace_link", path = "/v1/leases/trace-link", tag = "work",
     security(("bearer" = [])),
     request_body = TraceLinkRequest,
     responses(
-        (status = 204, description = "Linked (nothing happens for a key that is not an item)"),
+        (status = 204, description = "Linked"),
         (status = 400, description = "Malformed body or trace context", body = ErrorBody),
-        (status = 409, description = "The lease was lost or the session expired: nothing linked", body = ErrorBody),
+        (status = 409, description = "The lease no longer holds its key: nothing linked", body = ErrorBody),
     )
 )]
 pub(crate) async fn link(
