@@ -186,12 +186,17 @@ impl PostgresStore {
             .db()
     }
 
+    /// Starts a transaction (see [`connecting`](Self::connecting)), for a
+    /// writer that reads no clock or reads it after taking its locks.
+    pub(super) async fn begin(&self) -> Result<Tx, StoreError> {
+        self.connecting(Tx::begin(&self.pool, self.pooled))
+            .await
+            .db()
+    }
+
     /// Starts a transaction and reads the clock inside it.
     pub(super) async fn write(&self) -> Result<(Tx, DateTime<Utc>), StoreError> {
-        let mut tx = self
-            .connecting(Tx::begin(&self.pool, self.pooled))
-            .await
-            .db()?;
+        let mut tx = self.begin().await?;
         let now = self.now(&mut tx).await?;
         Ok((tx, now))
     }

@@ -108,10 +108,7 @@ async fn attempt(
     keys: &[&str],
     fast: bool,
 ) -> Result<Attempt, StoreError> {
-    let mut tx = store
-        .connecting(Tx::begin(&store.pool, store.pooled))
-        .await
-        .db()?;
+    let mut tx = store.begin().await?;
     let bulk = keys.len() >= COPY_MIN_KEYS;
     // A traced batch goes through the upsert, after which its context is
     // linked to every key (`COPY` writes rows, not links).

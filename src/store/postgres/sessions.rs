@@ -53,10 +53,7 @@ pub(super) async fn heartbeat(
     // waited for a reclaim's lock renews from when it writes, and is judged
     // by the time it got the row. (An `UPDATE` computes its new values before
     // it waits for a row that another transaction only locked.)
-    let mut tx = store
-        .connecting(Tx::begin(&store.pool, store.pooled))
-        .await
-        .db()?;
+    let mut tx = store.begin().await?;
     sqlx::query("SELECT 1 FROM drover_sessions WHERE id = $1 FOR NO KEY UPDATE")
         .bind(session.0)
         .exec(&mut tx)

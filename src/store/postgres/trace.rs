@@ -96,7 +96,7 @@ impl PostgresStore {
         lease: &Lease,
         context: &TraceContext,
     ) -> Result<(), StoreError> {
-        let (mut tx, _) = self.write().await?;
+        let mut tx = self.begin().await?;
         let held: Option<i32> = sqlx::query_scalar(HOLDS)
             .bind(&lease.process)
             .bind(&lease.key)
