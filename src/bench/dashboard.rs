@@ -196,7 +196,7 @@ fn pages(process: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Builds the data set, serves it, and times [`REQUESTS`] sequential GETs of
+/// Builds the data set, serves it, and times `REQUESTS` sequential GETs of
 /// each page: one figure per page with its p50 and p99 in milliseconds.
 pub async fn dashboard(b: &StoreBench) -> Result<Vec<Figure>, BenchError> {
     let process = fresh_process("dashboard");

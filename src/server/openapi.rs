@@ -57,7 +57,7 @@ impl Modify for BearerAuth {
 }
 
 /// The document as JSON: the router's description with what its annotations cannot say
-/// added ([`truthful`]): names constrained as the server checks them, request
+/// added (`truthful`): names constrained as the server checks them, request
 /// bodies closed, and the links from an enqueue to its keys. JSON rather than
 /// utoipa's type, because those additions are made on the JSON.
 #[must_use]

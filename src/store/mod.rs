@@ -29,7 +29,7 @@
 //! - **known keys and runs**: a converged key stays as an idle item until a
 //!   delete forgets it; the history has one row per run ([`Run`]), written
 //!   when the run ends, and per operator action, kept per process's
-//!   [`Retention`], which a [`Pruner`] applies in the background.
+//!   [`Retention`], which the runner's `Pruner` applies in the background.
 //!
 //! ```
 //! use std::time::Duration;

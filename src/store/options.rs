@@ -138,7 +138,7 @@ impl StoreOptions {
     /// their keys' rows locked, so a stalled caller would otherwise hold
     /// those keys back from every worker with no end; a caller that thinks
     /// between statements sets a longer bound. Its next statement then fails
-    /// with [`StoreError::CallerIdle`](super::StoreError::CallerIdle) (for
+    /// with [`StoreError::IdleTimeout`](super::StoreError::IdleTimeout) (for
     /// drover's calls) or the connection's error (for its own). drover's own
     /// transactions keep their 5 s, whatever this says. On SQLite a caller's
     /// transaction holds the one write lock from its start: keep it short.

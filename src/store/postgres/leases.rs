@@ -18,79 +18,30 @@ use crate::store::rules::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 use crate::store::{StoreError, TraceLinks};
 
-/// The whole claim in one statement: check the session, walk the process's
-/// distinct pending priorities from the highest down (`prios`, one index probe
-/// each), take each priority's ready rows in (ready time, id) order skipping rows
-/// other claimers hold, lease them with fresh fencing tokens. A start writes no
-/// history row: the running item shows it, and the run's row is written when it
-/// ends.
+/// The whole claim in one statement, a call of the SQL function
+/// `drover_claim` (migration 0025, which says what it does and why each part
+/// is written as it is): check the session, walk the process's distinct
+/// pending priorities from the highest down (one index probe each, so a
+/// million keys in backoff at a higher priority are not stepped over on each
+/// poll), take each priority's ready rows in (ready time, id) order skipping
+/// rows other claimers hold, lease them with fresh fencing tokens. A start
+/// writes no history row: the running item shows it, and the run's row is
+/// written when it ends.
 ///
-/// Walking priorities keeps a claim O(P log n) for P distinct priorities: a plain
-/// `ORDER BY priority DESC, ready_at` scan would step over every not-yet-ready row
-/// of a higher priority (a million keys in backoff after an outage) on each poll.
-/// The outer `LIMIT` stops the walk, and the locking, as soon as `$3` rows are in.
-/// The update finds its rows by `process = $2 AND key = ANY(ARRAY(…))`, a
-/// unique-index probe each: written as a join, a custom plan for a large batch
-/// hashed the picked rows and scanned the whole table (37 ms of a 54 ms claim
-/// of 1,000 keys). Not by `ctid`: a row that `picked` locked after a
-/// concurrent update is a version this statement's snapshot does not see, so
-/// a TID scan would miss it, where the index finds the version it sees and the
-/// update follows it to the locked one. (There is no index on `id` since
-/// migration 0023: every claim and completion wrote an entry into it.)
-/// The final outer join yields one row even when nothing was claimed, so `live`
-/// tells an expired session apart from an empty queue.
-///
-/// `forked` is the pause after a fork in the database's history (see
-/// `lineage`): while it lasts nothing is claimed.
-///
-/// `$5` asks for each run's trace contexts: `RETURNING` sees the row as the
-/// `BEFORE` trigger of migration 0015 left it, the contexts moved to
-/// `trace_run`. Not asked, the column is not read.
-///
-/// `gate` is the fleet controls' fast path (one primary-key probe): a process
-/// that is paused or has a limit claims nothing here and reports `held`, and
-/// the caller claims again through [`gated::claim`] (the SQL function
-/// `drover_claim_gated`, whose claim is this statement without the gate: keep
-/// the two in step).
+/// A function rather than a prepared statement so that it runs on a generic
+/// plan: PostgreSQL planned the prepared claim afresh on every call (its
+/// generic plan prices `LIMIT $3` at a tenth of the table), which was nearly
+/// half of what a claim of a few keys cost the database. The result has one
+/// row even when nothing was claimed, so `live` tells an expired session
+/// apart from an empty queue; `held` is the fleet controls' fast path: a
+/// paused or limited process claims nothing here and the caller claims again
+/// through [`gated::claim`]. `$5` asks for each run's trace contexts (the
+/// `BEFORE` trigger of migration 0015 moved them to `trace_run`).
 pub(super) const CLAIM: &str = "
-WITH RECURSIVE clock AS (SELECT clock_timestamp() + $4::float8 * interval '1 millisecond' AS now),
-live AS (
-  SELECT s.id FROM drover_sessions s
-  WHERE s.id = $1 AND s.deadline > (SELECT now FROM clock)),
-gate AS (
-  SELECT 1 FROM drover_processes g
-  WHERE g.process = $2
-    AND (g.paused OR g.concurrency IS NOT NULL OR g.rate_per_s IS NOT NULL)),
-forked AS (
-  SELECT 1 FROM drover_lineage WHERE paused_until > (SELECT now FROM clock)),
-prios AS (
-  SELECT max(priority) AS p FROM drover_items
-  WHERE process = $2 AND state = 'pending' AND EXISTS (SELECT 1 FROM live)
-    AND NOT EXISTS (SELECT 1 FROM gate) AND NOT EXISTS (SELECT 1 FROM forked)
-  UNION ALL
-  SELECT (SELECT max(priority) FROM drover_items
-          WHERE process = $2 AND state = 'pending' AND priority < prios.p)
-  FROM prios WHERE prios.p IS NOT NULL),
-picked AS (
-  SELECT r.key FROM prios CROSS JOIN LATERAL (
-    SELECT i.key FROM drover_items i
-    WHERE i.process = $2 AND i.state = 'pending' AND i.priority = prios.p
-      AND i.ready_at <= (SELECT now FROM clock)
-    ORDER BY i.ready_at, i.id
-    LIMIT $3
-    FOR UPDATE OF i SKIP LOCKED) r
-  WHERE prios.p IS NOT NULL
-  LIMIT $3),
-claimed AS (
-  UPDATE drover_items i SET state = 'running', lease_session = $1,
-      lease_token = nextval('drover_lease_tokens'), started_at = (SELECT now FROM clock)
-  WHERE i.process = $2 AND i.key = ANY(ARRAY(SELECT key FROM picked))
-  RETURNING i.id, i.process, i.key, i.priority, i.failures, i.ready_at, i.enqueued_at,
-      i.lease_token, i.started_at, CASE WHEN $5::boolean THEN i.trace_run::text END AS trace_run)
-SELECT (SELECT count(*) FROM live) AS live, (SELECT count(*) FROM gate) AS held, c.process, c.key, c.priority, c.failures,
-    c.enqueued_at, c.lease_token, c.started_at, c.trace_run
-FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
-ORDER BY c.priority DESC, c.ready_at, c.id";
+SELECT c.live, c.held, c.process, c.key, c.priority, c.failures, c.enqueued_at, c.lease_token,
+    c.started_at, c.trace_run
+FROM drover_claim($1, $2, $3, $4::float8, $5) WITH ORDINALITY c
+ORDER BY c.ordinality";
 
 /// One row of [`CLAIM`]'s result.
 #[derive(Debug, sqlx::FromRow)]
