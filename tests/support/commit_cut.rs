@@ -5,7 +5,7 @@
 //!
 //! It reads the client's side of the wire protocol (plain text only: connect
 //! through it with `sslmode=disable`): statements are remembered by name from
-//! `Parse`, a `Bind` of one that leases keys (`SET state = 'running'`) marks the
+//! `Parse`, a `Bind` of one that leases keys ([`CLAIMS`]) marks the
 //! transaction, and that transaction's commit is the one cut: its `COMMIT`, or
 //! for a statement outside `BEGIN` the `Sync` that ends its implicit
 //! transaction. The server's answer (up to its `ReadyForQuery`, sent once the
@@ -23,8 +23,10 @@ use tokio::sync::Notify;
 
 use drover::store::Store;
 
-/// What a statement must contain for its transaction's commit to be cut.
-const CLAIM: &str = "SET state = 'running'";
+/// What a statement may contain for its transaction's commit to be cut: a
+/// call of one of the claim functions (`drover_claim`, `drover_claim_gated`)
+/// or a write that leases a key itself (`lease_lock`).
+const CLAIMS: [&str; 2] = ["drover_claim", "SET state = 'running'"];
 
 /// The proxy; it serves until the test ends.
 #[derive(Debug, Clone)]
@@ -129,7 +131,7 @@ impl CommitCut {
                     let mut parts = body.split(|b| *b == 0);
                     let name = parts.next().unwrap_or_default().to_vec();
                     let query = String::from_utf8_lossy(parts.next().unwrap_or_default());
-                    statements.insert(name, query.contains(CLAIM));
+                    statements.insert(name, CLAIMS.iter().any(|c| query.contains(c)));
                 }
                 Some(b'B') => {
                     let statement = body.split(|b| *b == 0).nth(1).unwrap_or_default();
