@@ -3,7 +3,8 @@
 //! waiting on an uncommitted enqueue of its key, a clean batch settling a row
 //! updated while it waited, statistics refreshed after bulk enqueues, running
 //! and parked keys listed from their own indexes, a full disk reported as
-//! such, no index entry written for the item id. Skipped (with a message)
+//! such, no index entry written for the item id, the count deltas folded
+//! behind a limited claim. Skipped (with a message)
 //! unless `DROVER_TEST_POSTGRES_URL` is set.
 
 mod support;
@@ -678,6 +679,72 @@ async fn a_clean_batch_settles_a_row_updated_while_it_waited_with_the_rest() {
         assert_eq!(item.state, ItemState::Idle, "{key}");
         assert_eq!(events(&db.store, key).await, [RunOutcome::Done], "{key}");
     }
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// The count deltas of [`P`] not folded into its counts yet, and whether the
+/// counts (folded figure plus deltas) match its rows state by state.
+async fn deltas_and_exact_counts(pool: &sqlx::PgPool) -> (i64, bool) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM drover_item_count_deltas WHERE process = $1),
+             (SELECT coalesce(array_agg(state || '=' || n ORDER BY state), '{}') FROM (
+                 SELECT state, count(*) AS n FROM drover_items WHERE process = $1
+                 GROUP BY state) r)
+             = (SELECT coalesce(array_agg(state || '=' || n ORDER BY state), '{}') FROM (
+                 SELECT state, sum(n) AS n FROM (
+                     SELECT state, n FROM drover_item_counts WHERE process = $1
+                     UNION ALL
+                     SELECT state, delta FROM drover_item_count_deltas WHERE process = $1) u
+                 GROUP BY state HAVING sum(n) <> 0) c)",
+    )
+    .bind(P)
+    .fetch_one(pool)
+    .await
+    .expect("the deltas and the counts")
+}
+
+/// A limited claim's running count sums the deltas appended since the last
+/// fold, and the reclaim passes that fold them run only twice per TTL: the
+/// store folds them in behind its limited claims, so the next claim reads a
+/// short tail. Nothing else folds here (no reclaim pass, no count read).
+#[tokio::test]
+async fn the_store_folds_the_count_deltas_behind_a_limited_claim() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("postgres").clone();
+    let names: Vec<String> = (0..20).map(|n| format!("k{n:02}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    enqueue(&db.store, &names).await;
+    let session = db.session().await.id;
+    for _ in 0..3 {
+        let leases = claim(&db.store, session, 3).await;
+        let results = db
+            .store
+            .lease_complete_batch(&batch(&leases, &Outcome::Done))
+            .await
+            .expect("complete");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+    let (unfolded, exact) = deltas_and_exact_counts(&pool).await;
+    assert!(
+        unfolded >= 6,
+        "{unfolded} deltas after three unlimited claims"
+    );
+    assert!(exact);
+
+    db.store
+        .process_configure(drover::store::ProcessConfigure::new(P).concurrency(Some(100)))
+        .await
+        .expect("configure");
+    assert_eq!(claim(&db.store, session, 2).await.len(), 2);
+    eventually("the deltas folded behind the limited claim", || async {
+        deltas_and_exact_counts(&pool).await == (0, true)
+    })
+    .await;
+
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

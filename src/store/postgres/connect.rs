@@ -89,6 +89,7 @@ impl PostgresStore {
             pool,
             clock: failover.clock().clone(),
             statistics: Arc::default(),
+            folds: Arc::default(),
             listener: Arc::default(),
             pooled,
             listen,

@@ -3,7 +3,8 @@
 //! backoff count from the index of failed pending keys, and the oldest ready
 //! item found by skipping through the claim index one priority at a time.
 
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
@@ -71,6 +72,48 @@ pub(super) async fn fold(store: &PostgresStore) -> Result<(), StoreError> {
     let mut tx = store.read().await?;
     sqlx::query(FOLD).execute(&mut tx).await.db()?;
     tx.commit().await.db()
+}
+
+/// How often, at most, a store folds the deltas in behind its limited
+/// claims: a limited claim's running count sums the deltas appended since the
+/// last fold, and the reclaim passes that fold them too run only twice per
+/// TTL (thousands of rows under load, 0.14 ms of a 0.9 ms claim at 16 runs at
+/// once).
+const FOLD_AFTER_LIMITED_CLAIMS: Duration = Duration::from_millis(250);
+
+/// Folds the deltas in the background when a limited claim read them
+/// ([`Folds::after_limited_claim`]): at most one fold at a time per store
+/// and one per [`FOLD_AFTER_LIMITED_CLAIMS`].
+#[derive(Debug, Default)]
+pub(super) struct Folds {
+    /// The last fold's start; `None` before the first.
+    last: Mutex<Option<Instant>>,
+}
+
+impl Folds {
+    /// Called after a claim of a process with a concurrency limit: starts a
+    /// fold in the background unless one started less than
+    /// [`FOLD_AFTER_LIMITED_CLAIMS`] ago, so the next claim's count reads a
+    /// short tail of deltas. Off the claim's path: the claim has committed.
+    pub(super) fn after_limited_claim(store: &PostgresStore) {
+        {
+            let mut last = store
+                .folds
+                .last
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|at| at.elapsed() < FOLD_AFTER_LIMITED_CLAIMS) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = fold(&store).await {
+                tracing::debug!(error = %e, "folding the item counts after a limited claim failed; the next reclaim pass folds them");
+            }
+        });
+    }
 }
 
 /// Counts per process of one page without reading the backlog.

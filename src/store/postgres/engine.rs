@@ -10,6 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use super::counts::Folds;
 use super::error::Db as _;
 use super::failover::Failover;
 use super::gated::GatedProcesses;
@@ -50,6 +51,8 @@ pub struct PostgresStore {
     pub(super) clock: Clock,
     /// Keeps the planner's statistics fresh after bulk enqueues.
     pub(super) statistics: Arc<Statistics>,
+    /// Folds the item counts' deltas in behind limited claims.
+    pub(super) folds: Arc<Folds>,
     /// The `LISTEN` task, started by the first [`subscribe`](Self::subscribe).
     pub(super) listener: Arc<OnceLock<Listener>>,
     /// Whether the server is reached through a pooler in transaction mode

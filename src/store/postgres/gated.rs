@@ -15,6 +15,7 @@ use std::sync::{Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
 
+use super::counts::Folds;
 use super::engine::PostgresStore;
 use super::leases::{ClaimedKey, claim_rows};
 use super::trace;
@@ -144,6 +145,9 @@ pub(super) async fn claim(
     }
     if !binds {
         return Ok(Claimed::open(leases));
+    }
+    if gate.concurrency.is_some() {
+        Folds::after_limited_claim(store);
     }
     let taken = u32::try_from(leases.len()).unwrap_or(u32::MAX);
     let (_, gate) = gate.taken(admission, taken);
