@@ -27,26 +27,6 @@
 -- one without the gate: keep the two in step), nothing during the pause after
 -- a fork in the database's history (`drover_lineage`). The rows come back in
 -- claim order; the caller reads them `WITH ORDINALITY`.
---
--- Why each part is written as it is:
--- * `prios` walks the distinct pending priorities, one index probe each, so a
---   claim costs O(P log n) for P priorities: a plain `ORDER BY priority DESC,
---   ready_at` scan would step over every not-yet-ready row of a higher
---   priority (a million keys in backoff after an outage) on each poll. The
---   outer `LIMIT` stops the walk, and the locking, once `claim_max` rows are in.
--- * `claimed` finds its rows by `process = … AND key = ANY(ARRAY(…))`, a
---   primary-key probe each: written as a join, a custom plan for a large batch
---   hashed the picked rows and scanned the whole table (37 ms of a 54 ms claim
---   of 1,000 keys). Not by `ctid`: a row that `picked` locked after a
---   concurrent update is a version this statement's snapshot does not see, so
---   a TID scan would miss it, where the index finds the version it sees and
---   the update follows it to the locked one.
--- * `gate` is the fleet controls' fast path, one primary-key probe.
--- * `trace_run` is read only when `with_traces`: `RETURNING` sees the row as
---   the `BEFORE` trigger of migration 0015 left it, the run's trace contexts
---   moved there.
--- * The final outer join yields one row even when nothing was claimed, so
---   `live` tells an expired session apart from an empty queue.
 CREATE FUNCTION drover_claim(
     claim_session bigint,
     claim_process text,

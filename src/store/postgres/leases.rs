@@ -19,24 +19,41 @@ use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 use crate::store::{StoreError, TraceLinks};
 
 /// The whole claim in one statement, a call of the SQL function
-/// `drover_claim` (migration 0025, which says what it does and why each part
-/// is written as it is): check the session, walk the process's distinct
-/// pending priorities from the highest down (one index probe each, so a
-/// million keys in backoff at a higher priority are not stepped over on each
-/// poll), take each priority's ready rows in (ready time, id) order skipping
-/// rows other claimers hold, lease them with fresh fencing tokens. A start
-/// writes no history row: the running item shows it, and the run's row is
-/// written when it ends.
+/// `drover_claim` (migration 0025): check the session, walk the process's
+/// distinct pending priorities from the highest down, take each priority's
+/// ready rows in (ready time, id) order skipping rows other claimers hold,
+/// lease them with fresh fencing tokens. A start writes no history row: the
+/// running item shows it, and the run's row is written when it ends.
 ///
 /// A function rather than a prepared statement so that it runs on a generic
 /// plan: PostgreSQL planned the prepared claim afresh on every call (its
 /// generic plan prices `LIMIT $3` at a tenth of the table), which was nearly
-/// half of what a claim of a few keys cost the database. The result has one
-/// row even when nothing was claimed, so `live` tells an expired session
-/// apart from an empty queue; `held` is the fleet controls' fast path: a
-/// paused or limited process claims nothing here and the caller claims again
-/// through [`gated::claim`]. `$5` asks for each run's trace contexts (the
-/// `BEFORE` trigger of migration 0015 moved them to `trace_run`).
+/// half of what a claim of a few keys cost the database.
+///
+/// Why the function's statement is written as it is:
+/// - `prios` walks the distinct pending priorities, one index probe each, so
+///   a claim costs O(P log n) for P priorities: a plain `ORDER BY priority
+///   DESC, ready_at` scan would step over every not-yet-ready row of a higher
+///   priority (a million keys in backoff after an outage) on each poll. The
+///   outer `LIMIT` stops the walk, and the locking, once enough rows are in.
+/// - `claimed` finds its rows by `process = … AND key = ANY(ARRAY(…))`, a
+///   primary-key probe each: written as a join, a custom plan for a large
+///   batch hashed the picked rows and scanned the whole table (37 ms of a
+///   54 ms claim of 1,000 keys). Not by `ctid`: a row that `picked` locked
+///   after a concurrent update is a version the statement's snapshot does not
+///   see, so a TID scan would miss it, where the index finds the version it
+///   sees and the update follows it to the locked one.
+/// - `gate` is the fleet controls' fast path (one primary-key probe): a
+///   paused or limited process claims nothing here and reports `held`, and
+///   the caller claims again through [`gated::claim`] (`drover_claim_gated`,
+///   whose claim is this one without the gate: keep the two in step).
+/// - `forked` is the pause after a fork in the database's history (see
+///   `lineage`): while it lasts nothing is claimed.
+/// - `trace_run` is read only when `$5` asks for the runs' trace contexts:
+///   `RETURNING` sees the row as the `BEFORE` trigger of migration 0015 left
+///   it, the contexts moved there.
+/// - The final outer join yields one row even when nothing was claimed, so
+///   `live` tells an expired session apart from an empty queue.
 pub(super) const CLAIM: &str = "
 SELECT c.live, c.held, c.process, c.key, c.priority, c.failures, c.enqueued_at, c.lease_token,
     c.started_at, c.trace_run
