@@ -82,8 +82,10 @@ pub(super) async fn fold(store: &PostgresStore) -> Result<(), StoreError> {
 const FOLD_AFTER_LIMITED_CLAIMS: Duration = Duration::from_millis(250);
 
 /// Folds the deltas in the background when a limited claim read them
-/// ([`Folds::after_limited_claim`]): at most one fold at a time per store
-/// and one per [`FOLD_AFTER_LIMITED_CLAIMS`].
+/// ([`Folds::after_limited_claim`]): a store starts at most one such fold per
+/// [`FOLD_AFTER_LIMITED_CLAIMS`]. Two folds at once (another node's, a
+/// reclaim pass's) are safe: the second waits for the first's row locks, then
+/// skips what it deleted.
 #[derive(Debug, Default)]
 pub(super) struct Folds {
     /// The last fold's start; `None` before the first.
