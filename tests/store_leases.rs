@@ -1223,6 +1223,15 @@ async fn a_trace_link_needs_the_lease_that_holds_the_key() {
                 "{lease:?}: {refused:?}"
             );
         }
+        // Past its session's deadline (a TTL of 30 s), not reclaimed yet:
+        // the lease's completion would be refused, so is its link.
+        let late = db.reconnect().await;
+        late.clock().advance(Duration::from_secs(31));
+        let refused = late.item_trace_link(&held, &stale).await;
+        assert!(
+            matches!(refused, Err(StoreError::LeaseLost { .. })),
+            "an expired session's lease: {refused:?}"
+        );
         db.store
             .item_trace_link(&held, &mine)
             .await

@@ -248,7 +248,8 @@ impl Store {
     /// Adds `context` to the next run of `lease`'s key, as an enqueue's
     /// context would be: the runner links a retry to the attempt that failed
     /// this way. Only while `lease` holds the key (running, same session and
-    /// token), else [`StoreError::LeaseLost`] and nothing is linked: a worker
+    /// token, the session alive), else [`StoreError::LeaseLost`] and nothing
+    /// is linked: a worker
     /// whose lease was lost must not tie its attempt to the run after
     /// another worker's.
     pub async fn item_trace_link(

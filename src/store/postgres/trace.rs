@@ -38,12 +38,19 @@ where
     Ok(())
 }
 
-/// Locks the row of key `$2` of process `$1` if lease (`$3`, `$4`) holds it.
+/// Locks the row of key `$2` of process `$1` if lease (`$3`, `$4`) holds it
+/// and its session is alive on the database clock (shifted by `$5` ms): a
+/// lease whose session expired, reclaimed or not yet, would have its
+/// completion refused, so its link must be too. One statement (`held` in
+/// `leases` checks the session and locks the row in two, and reads the clock
+/// before them: round trips this failure path does not need).
 const HOLDS: &str = "
 SELECT 1 FROM drover_items
 WHERE process = $1 AND key = $2 AND state = 'running' AND lease_session = $3
     AND lease_token = $4
-FOR UPDATE";
+    AND EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = $3
+                AND s.deadline > clock_timestamp() + $5::float8 * interval '1 millisecond')
+FOR UPDATE OF drover_items";
 
 /// The trace contexts of the runs of session `$1` whose lease tokens are in
 /// `$2`, one probe of the lease index each.
@@ -102,6 +109,7 @@ impl PostgresStore {
             .bind(&lease.key)
             .bind(lease.session.0)
             .bind(lease.token.0)
+            .bind(self.clock.offset_ms())
             .fetch_optional(&mut tx)
             .await
             .db()?;

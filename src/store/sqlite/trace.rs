@@ -10,7 +10,7 @@ use crate::store::exec::Exec as _;
 use serde_json::{Value, json};
 use sqlx::SqliteConnection;
 
-use super::engine::{SqliteStore, Tx};
+use super::engine::{SqliteStore, Tx, clock_ms};
 use super::error::Db as _;
 use crate::store::params::LeaseComplete;
 use crate::store::types::Lease;
@@ -92,6 +92,7 @@ impl SqliteStore {
             .bind(&lease.key)
             .bind(lease.session.0)
             .bind(lease.token.0)
+            .bind(self.clock.offset_ms())
             .fetch_optional(&mut *tx)
             .await
             .db()?;
@@ -103,11 +104,19 @@ impl SqliteStore {
     }
 }
 
-/// Whether lease (`?3`, `?4`) holds key `?2` of process `?1`.
-const HOLDS: &str = "
+/// Whether lease (`?3`, `?4`) holds key `?2` of process `?1` with its
+/// session alive on the clock (shifted by `?5` ms): a lease whose session
+/// expired, reclaimed or not yet, would have its completion refused, so its
+/// link must be too. One statement, where `held` in `leases` takes two.
+const HOLDS: &str = concat!(
+    "
 SELECT 1 FROM drover_items
 WHERE process = ?1 AND key = ?2 AND state = 'running' AND lease_session = ?3
-    AND lease_token = ?4";
+    AND lease_token = ?4
+    AND EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?3 AND deadline > ",
+    clock_ms!(),
+    " + ?5)"
+);
 
 /// Sets the trace id of the history rows of runs that ended at `?1`: `?2` is
 /// a JSON array of `[process, key, token, trace id]`. Each run's row is its
