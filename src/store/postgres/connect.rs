@@ -89,6 +89,8 @@ impl PostgresStore {
             pool,
             clock: failover.clock().clone(),
             statistics: Arc::default(),
+            claims: Arc::default(),
+            completions: Arc::default(),
             folds: Arc::default(),
             listener: Arc::default(),
             pooled,

@@ -10,6 +10,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use super::claims::Claims;
+use super::completions::{self, Completions};
 use super::counts::Folds;
 use super::error::Db as _;
 use super::failover::Failover;
@@ -24,7 +26,6 @@ use crate::store::fleet::{Claimed, ProcessPause};
 // The seam takes every operation's parameters and returns the domain types.
 use crate::store::params::*;
 use crate::store::rules::groups::act_where;
-use crate::store::rules::parts::complete_in_parts;
 use crate::store::rules::{resync, retention};
 use crate::store::settings::{ProcessConfigure, ProcessSettings};
 use crate::store::types::*;
@@ -51,6 +52,11 @@ pub struct PostgresStore {
     pub(super) clock: Clock,
     /// Keeps the planner's statistics fresh after bulk enqueues.
     pub(super) statistics: Arc<Statistics>,
+    /// The claims waiting to run together in the next statement.
+    pub(super) claims: Arc<Claims>,
+    /// The batches of outcomes waiting to be written together in the next
+    /// transaction.
+    pub(super) completions: Arc<Completions>,
     /// Folds the item counts' deltas in behind limited claims.
     pub(super) folds: Arc<Folds>,
     /// The `LISTEN` task, started by the first [`subscribe`](Self::subscribe).
@@ -286,7 +292,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        let answers = watched(self, complete_in_parts(self, &[params])).await?;
+        let answers = completions::complete(self, &[params]).await?;
         answers.into_iter().next().unwrap_or(Ok(()))
     }
 
@@ -294,7 +300,7 @@ impl StoreEngine for PostgresStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        watched(self, complete_in_parts(self, batch)).await
+        completions::complete(self, batch).await
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {

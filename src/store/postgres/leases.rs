@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
+use super::claims;
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit, map, map_commit};
 use super::gate;
@@ -62,7 +63,7 @@ ORDER BY c.ordinality";
 
 /// One row of [`CLAIM`]'s result.
 #[derive(Debug, sqlx::FromRow)]
-struct ClaimRow {
+pub(super) struct ClaimRow {
     live: i64,
     held: i64,
     #[sqlx(flatten)]
@@ -140,7 +141,7 @@ pub(super) async fn claim(
     if store.gated.contains(&params.process) {
         return gated::claim(store, params).await;
     }
-    let rows: Vec<ClaimRow> = claim_rows(store, (CLAIM, true), params).await?;
+    let rows = claims::claim(store, params).await?;
     if rows.first().is_some_and(|r| r.held > 0) {
         return gated::claim(store, params).await;
     }

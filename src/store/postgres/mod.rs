@@ -5,7 +5,9 @@
 //! (see [`PostgresStore::notify_channel`]) as an optional wake-up.
 
 mod admin;
+mod claims;
 mod complete;
+mod completions;
 mod connect;
 mod copy_rows;
 mod counts;
@@ -15,6 +17,7 @@ mod error;
 mod failover;
 mod gate;
 mod gated;
+mod grouped;
 mod groups;
 mod hosts;
 mod inspect;

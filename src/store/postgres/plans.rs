@@ -40,26 +40,55 @@ const PROCESS: &str = "plans";
 /// A migrated schema of its own on the test server, holding [`BACKLOG`] idle
 /// rows (statistics taken then) and [`LEASES`] of them claimed again.
 struct Backlog {
-    base: String,
-    schema: String,
-    store: PostgresStore,
+    schema: Schema,
     leases: Vec<Lease>,
+}
+
+/// A migrated schema of its own on the test server, and a store on it, so
+/// that a test's statements and locks meet no other test's.
+pub(super) struct Schema {
+    base: String,
+    name: String,
+    /// The test server's URL with the schema as its search path.
+    pub(super) url: String,
+    pub(super) store: PostgresStore,
+}
+
+impl Schema {
+    /// `None` (with a printed reason) when no test server is named; the
+    /// schema's name starts with `prefix`.
+    pub(super) async fn create(prefix: &str) -> Option<Self> {
+        let Ok(base) = std::env::var(POSTGRES_ENV) else {
+            eprintln!("skipping: {POSTGRES_ENV} is not set");
+            return None;
+        };
+        let name = format!("{prefix}_{}_{}", std::process::id(), rand_suffix());
+        admin(&base, &format!("CREATE SCHEMA {name}")).await;
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{name}");
+        let store = PostgresStore::connect(&url, &StoreOptions::default())
+            .await
+            .expect("the test server answers and migrates");
+        Some(Self {
+            base,
+            name,
+            url,
+            store,
+        })
+    }
+
+    /// Closes the store and drops the schema.
+    pub(super) async fn remove(self) {
+        self.store.pool().close().await;
+        admin(&self.base, &format!("DROP SCHEMA {} CASCADE", self.name)).await;
+    }
 }
 
 impl Backlog {
     /// `None` (with a printed reason) when no test server is named.
     async fn build() -> Option<Self> {
-        let Ok(base) = std::env::var(POSTGRES_ENV) else {
-            eprintln!("skipping: {POSTGRES_ENV} is not set");
-            return None;
-        };
-        let schema = format!("drover_plans_{}_{}", std::process::id(), rand_suffix());
-        admin(&base, &format!("CREATE SCHEMA {schema}")).await;
-        let sep = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
-        let store = PostgresStore::connect(&url, &StoreOptions::default())
-            .await
-            .expect("the test server answers and migrates");
+        let schema = Schema::create("drover_plans").await?;
+        let store = &schema.store;
         let session = store
             .session_start(SessionStart::new("plans", Duration::from_secs(600)))
             .await
@@ -110,18 +139,19 @@ impl Backlog {
             .expect("they are claimed")
             .leases;
         assert_eq!(leases.len(), LEASES);
-        Some(Self {
-            base,
-            schema,
-            store,
-            leases,
-        })
+        Some(Self { schema, leases })
     }
 
     /// The plans of `sql` prepared with `types` and executed with `args`
     /// (SQL literals), custom and generic, one text plan each.
     async fn plans(&self, sql: &str, types: &str, args: &str) -> Vec<String> {
-        let mut conn = self.store.pool().acquire().await.expect("a connection");
+        let mut conn = self
+            .schema
+            .store
+            .pool()
+            .acquire()
+            .await
+            .expect("a connection");
         let mut plans = Vec::new();
         for mode in ["force_custom_plan", "force_generic_plan"] {
             conn.execute(sqlx::AssertSqlSafe(format!(
@@ -153,7 +183,7 @@ impl Backlog {
         let (source, config): (String, Option<Vec<String>>) =
             sqlx::query_as("SELECT prosrc, proconfig FROM pg_proc WHERE oid = to_regproc($1)")
                 .bind(name)
-                .fetch_one(self.store.pool())
+                .fetch_one(self.schema.store.pool())
                 .await
                 .unwrap_or_else(|e| panic!("the function {name}: {e}"));
         assert!(
@@ -192,8 +222,7 @@ impl Backlog {
     }
 
     async fn remove(self) {
-        self.store.pool().close().await;
-        admin(&self.base, &format!("DROP SCHEMA {} CASCADE", self.schema)).await;
+        self.schema.remove().await;
     }
 }
 

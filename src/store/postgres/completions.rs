@@ -1,0 +1,121 @@
+//! Completions grouped per store ([`grouped`](super::grouped)): the batches
+//! of outcomes that several controllers sharing one store write at once
+//! settle in one transaction.
+//!
+//! Each controller's completer already writes its runs' outcomes in batches,
+//! but a node running a hundred control loops of ten runs each still wrote a
+//! hundred small batches, each with its own transaction and commit. Grouped,
+//! they are one batch: [`complete_in_parts`] settles a batch of many sessions
+//! and processes the general way (the session check, the locking read in
+//! key order, the runs, the rows), each lease answered on its own as before.
+
+use std::sync::Arc;
+
+use super::engine::PostgresStore;
+use super::grouped::{self, Group, Grouped};
+use super::retry::watched;
+use crate::store::StoreError;
+use crate::store::TraceId;
+use crate::store::params::LeaseComplete;
+use crate::store::rules::parts::{Answers, complete_in_parts};
+use crate::store::types::{Lease, Outcome};
+
+/// One outcome to write, owned, as it waits for its group.
+pub(super) struct Owned {
+    lease: Lease,
+    outcome: Outcome,
+    trace_id: Option<TraceId>,
+}
+
+impl Owned {
+    fn of(params: &LeaseComplete<'_>) -> Self {
+        Self {
+            lease: params.lease.clone(),
+            outcome: params.outcome.clone(),
+            trace_id: params.trace_id,
+        }
+    }
+
+    fn params(&self) -> LeaseComplete<'_> {
+        LeaseComplete {
+            lease: &self.lease,
+            outcome: &self.outcome,
+            trace_id: self.trace_id,
+        }
+    }
+}
+
+/// What a batch in a group is answered.
+pub(super) enum Answer {
+    /// Each outcome's answer, in the batch's order.
+    Answers(Answers),
+    /// The group failed with nothing written: the batch is written on its
+    /// own, with its own error if that fails too.
+    Alone,
+    /// The batch's own error (a group of one), or, for each batch of a
+    /// larger group, `CommitUnknown`: the group may have been written.
+    Failed(StoreError),
+}
+
+/// The completion groups of one store.
+pub(super) type Completions = Grouped<Vec<Owned>, Answer>;
+
+/// Completions, grouped.
+struct Completing;
+
+impl Group for Completing {
+    type Req = Vec<Owned>;
+    type Ans = Answer;
+
+    fn weight(batch: &Vec<Owned>) -> usize {
+        batch.len()
+    }
+
+    /// Twice the runner's completer's largest batch (2,048): a group stays
+    /// one transaction of bounded size, and a full batch still joins the one
+    /// before it.
+    const MOST: usize = 4096;
+
+    fn grouped(store: &PostgresStore) -> &Arc<Completions> {
+        &store.completions
+    }
+
+    async fn run(store: &PostgresStore, group: Vec<Vec<Owned>>) -> Vec<Answer> {
+        let all: Vec<LeaseComplete<'_>> = group.iter().flatten().map(Owned::params).collect();
+        match watched(store, complete_in_parts(store, &all)).await {
+            Ok(answers) => {
+                let mut answers = answers.into_iter();
+                group
+                    .iter()
+                    .map(|batch| Answer::Answers(answers.by_ref().take(batch.len()).collect()))
+                    .collect()
+            }
+            Err(e) if group.len() == 1 => vec![Answer::Failed(e)],
+            Err(e) if e.is_commit_unknown() => group
+                .iter()
+                .map(|_| Answer::Failed(e.duplicate()))
+                .collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, batches = group.len(), "a group of completions failed; each batch is written on its own");
+                group.iter().map(|_| Answer::Alone).collect()
+            }
+        }
+    }
+}
+
+/// Settles `batch` in the next group of the store's completions.
+pub(super) async fn complete(
+    store: &PostgresStore,
+    batch: &[LeaseComplete<'_>],
+) -> Result<Answers, StoreError> {
+    if let Some(_leading) = grouped::lead::<Completing>(store) {
+        return watched(store, complete_in_parts(store, batch)).await;
+    }
+    let owned = batch.iter().map(Owned::of).collect();
+    match grouped::wait::<Completing>(store, owned).await {
+        Some(Answer::Answers(answers)) => Ok(answers),
+        Some(Answer::Failed(e)) => Err(e),
+        // Alone, or the task ended without answering (its runtime stopping).
+        Some(Answer::Alone) | None => watched(store, complete_in_parts(store, batch)).await,
+    }
+}

@@ -1,0 +1,332 @@
+//! Claims and completions grouped per store, in a schema of their own on the
+//! test server (see [`Schema`]): a lock held by a connection of the test's
+//! holds the first request in flight (run by its caller, see `lead`) while
+//! others queue behind it; released, the queued ones must run as one group,
+//! each answered as if it had run alone.
+//!
+//! Needs `DROVER_TEST_POSTGRES_URL`: without it the tests skip with a printed
+//! reason; set, an unreachable database fails them.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sqlx::{Connection as _, Executor as _, PgConnection};
+use tokio::task::JoinHandle;
+
+use super::super::PostgresStore;
+use super::super::plans::Schema;
+use crate::store::fleet::{Claimed, ProcessPause};
+use crate::store::params::{ItemEnqueue, LeaseClaim, LeaseComplete, SessionStart};
+use crate::store::types::{FencingToken, Lease, Outcome, SessionId};
+use crate::store::{StoreEngine as _, StoreError};
+
+/// How long a step may take before the test fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Claims up to `max` keys of `process` for `session`, in a task of its own.
+fn claim(
+    store: &PostgresStore,
+    session: SessionId,
+    process: &str,
+    max: u32,
+) -> JoinHandle<Result<Claimed, StoreError>> {
+    let (store, process) = (store.clone(), process.to_owned());
+    tokio::spawn(async move {
+        store
+            .lease_claim(LeaseClaim {
+                session,
+                process,
+                max,
+                trace_links: false,
+            })
+            .await
+    })
+}
+
+/// Settles `outcomes` as one batch, in a task of its own.
+fn complete(
+    store: &PostgresStore,
+    outcomes: Vec<(Lease, Outcome)>,
+) -> JoinHandle<Result<Vec<Result<(), StoreError>>, StoreError>> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let batch: Vec<LeaseComplete<'_>> = outcomes
+            .iter()
+            .map(|(lease, outcome)| LeaseComplete {
+                lease,
+                outcome,
+                trace_id: None,
+            })
+            .collect();
+        store.lease_complete_batch(&batch).await
+    })
+}
+
+/// `process`'s six keys, enqueued, and the first `n` claimed by `session`.
+async fn claimed(store: &PostgresStore, session: SessionId, process: &str, n: u32) -> Vec<Lease> {
+    let keys: Vec<String> = (0..6).map(|k| format!("{process}-{k}")).collect();
+    store
+        .item_enqueue(ItemEnqueue::new(process, keys))
+        .await
+        .expect("keys enqueue");
+    store
+        .lease_claim(LeaseClaim {
+            session,
+            process: process.into(),
+            max: n,
+            trace_links: false,
+        })
+        .await
+        .expect("a claim")
+        .leases
+}
+
+/// A session of `store`'s, for ten minutes.
+async fn session(store: &PostgresStore, name: &str) -> SessionId {
+    store
+        .session_start(SessionStart::new(name, Duration::from_secs(600)))
+        .await
+        .expect("a session starts")
+        .id
+}
+
+/// Waits, without sleeping, until `ready` holds.
+async fn until(what: &str, mut ready: impl AsyncFnMut() -> bool) {
+    tokio::time::timeout(PATIENCE, async {
+        while !ready().await {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("still waiting for {what} after {PATIENCE:?}"));
+}
+
+/// The keys of a claim's leases, in claim order.
+fn keys(claimed: &Claimed) -> Vec<&str> {
+    claimed.leases.iter().map(|l| l.key.as_str()).collect()
+}
+
+#[tokio::test]
+async fn claims_that_arrive_while_one_runs_share_one_statement_each_answered_as_if_alone() {
+    let Some(schema) = Schema::create("drover_claims").await else {
+        return;
+    };
+    let store = schema.store.clone();
+    let (one, two) = (session(&store, "one").await, session(&store, "two").await);
+    for process in ["a", "b", "c", "paused"] {
+        let keys: Vec<String> = (0..6).map(|n| format!("{process}-{n}")).collect();
+        store
+            .item_enqueue(ItemEnqueue::new(process, keys))
+            .await
+            .expect("keys enqueue");
+    }
+    store
+        .process_pause(ProcessPause {
+            process: "paused".into(),
+            paused: true,
+            actor: "test".into(),
+        })
+        .await
+        .expect("the process pauses");
+
+    // Every claim statement waits at its start while this lock is held (on a
+    // connection of its own: the store's end transactions left idle, and its
+    // new connections read the lineage table too).
+    let mut holder = PgConnection::connect(&schema.url)
+        .await
+        .expect("a connection");
+    holder
+        .execute("BEGIN; LOCK TABLE drover_lineage IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("the lineage table locks");
+    let first = claim(&store, one, "a", 2);
+    // Run by its caller, it holds the store's claims until it ends, which
+    // the lock stops it from doing.
+    until("the first claim to start", async || store.claims.taken()).await;
+    let rest = vec![
+        claim(&store, two, "a", 2),
+        claim(&store, one, "b", 3),
+        claim(&store, two, "c", 10),
+        claim(&store, SessionId(-1), "b", 2),
+        claim(&store, one, "paused", 2),
+    ];
+    until("the other claims to queue", async || {
+        store.claims.waiting() == rest.len()
+    })
+    .await;
+    holder
+        .execute("COMMIT")
+        .await
+        .expect("the lock is released");
+    let first = first.await.expect("the claim's task").expect("a claim");
+    let mut answers = Vec::new();
+    for task in rest {
+        answers.push(task.await.expect("a claim's task"));
+    }
+    assert_eq!(
+        store.claims.groups.load(Ordering::Relaxed),
+        1,
+        "the five claims that queued behind the first ran in one statement"
+    );
+    assert_eq!(keys(&first), ["a-0", "a-1"]);
+    let [second, b, c, expired, paused] = <[_; 5]>::try_from(answers).expect("five answers");
+    let second = second.expect("the second claim of a");
+    // The second claim of the same process took the keys after the first's,
+    // in FIFO order, as it would have alone.
+    assert_eq!(keys(&second), ["a-2", "a-3"]);
+    assert!(second.leases.iter().all(|l| l.session == two));
+    assert_eq!(keys(&b.expect("a claim of b")), ["b-0", "b-1", "b-2"]);
+    let c = c.expect("a claim of c");
+    assert_eq!(
+        keys(&c),
+        ["c-0", "c-1", "c-2", "c-3", "c-4", "c-5"],
+        "a claim asking for more than is ready takes what is"
+    );
+    // An unknown session's claim is refused alone, and took nothing.
+    assert!(
+        matches!(expired, Err(StoreError::SessionExpired { session }) if session == SessionId(-1)),
+        "{expired:?}"
+    );
+    let paused = paused.expect("a claim of a paused process");
+    assert!(paused.leases.is_empty() && paused.gate.paused, "{paused:?}");
+    let tokens: HashSet<i64> = [&first, &second, &c]
+        .iter()
+        .flat_map(|claimed| claimed.leases.iter().map(|l| l.token.0))
+        .collect();
+    assert_eq!(
+        tokens.len(),
+        2 + 2 + 6,
+        "every lease has a token of its own"
+    );
+
+    // The keys each claim took are running under its session; b's last
+    // three are still pending for the next claim.
+    let b_next = claim(&store, two, "b", 10)
+        .await
+        .expect("a claim's task")
+        .expect("a claim of b");
+    assert_eq!(keys(&b_next), ["b-3", "b-4", "b-5"]);
+    let running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM drover_items WHERE state = 'running' AND lease_session IN ($1, $2)",
+    )
+    .bind(one.0)
+    .bind(two.0)
+    .fetch_one(store.pool())
+    .await
+    .expect("the running rows are counted");
+    assert_eq!(running, 2 + 2 + 3 + 6 + 3);
+    holder.close().await.expect("the connection closes");
+    schema.remove().await;
+}
+
+#[tokio::test]
+async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_answered_as_if_alone()
+{
+    let Some(schema) = Schema::create("drover_completions").await else {
+        return;
+    };
+    let store = schema.store.clone();
+    let (one, two) = (session(&store, "one").await, session(&store, "two").await);
+    let x = claimed(&store, one, "x", 2).await;
+    let y = claimed(&store, two, "y", 2).await;
+    let z = claimed(&store, one, "z", 2).await;
+    let w = claimed(&store, two, "w", 1).await;
+    let forged = Lease {
+        token: FencingToken(w[0].token.0 + 1_000),
+        ..w[0].clone()
+    };
+
+    // The first batch waits for this lock on one of its rows.
+    let mut holder = PgConnection::connect(&schema.url)
+        .await
+        .expect("a connection");
+    holder
+        .execute("BEGIN; SELECT 1 FROM drover_items WHERE process = 'x' AND key = 'x-0' FOR UPDATE")
+        .await
+        .expect("the row locks");
+    let done = |leases: &[Lease]| -> Vec<(Lease, Outcome)> {
+        leases.iter().map(|l| (l.clone(), Outcome::Done)).collect()
+    };
+    let first = complete(&store, done(&x));
+    until("the first batch to start", async || {
+        store.completions.taken()
+    })
+    .await;
+    let rest = vec![
+        complete(&store, done(&y)),
+        complete(
+            &store,
+            vec![
+                (z[0].clone(), Outcome::Done),
+                (z[1].clone(), Outcome::Transient("boom".into())),
+            ],
+        ),
+        complete(&store, vec![(forged.clone(), Outcome::Done)]),
+    ];
+    until("the other batches to queue", async || {
+        store.completions.waiting() == rest.len()
+    })
+    .await;
+    holder
+        .execute("COMMIT")
+        .await
+        .expect("the lock is released");
+    let first = first.await.expect("the batch's task").expect("a batch");
+    let mut answers = Vec::new();
+    for task in rest {
+        answers.push(task.await.expect("a batch's task").expect("a batch"));
+    }
+    assert_eq!(
+        store.completions.groups.load(Ordering::Relaxed),
+        1,
+        "the three batches that queued behind the first were written together"
+    );
+    assert!(first.iter().all(Result::is_ok), "{first:?}");
+    let [y_answers, z_answers, forged_answers] =
+        <[_; 3]>::try_from(answers).expect("three answers");
+    assert!(y_answers.iter().all(Result::is_ok), "{y_answers:?}");
+    assert!(z_answers.iter().all(Result::is_ok), "{z_answers:?}");
+    // The forged lease is refused alone, and the key stays its lease's.
+    assert!(
+        matches!(
+            forged_answers.as_slice(),
+            [Err(StoreError::LeaseLost { .. })]
+        ),
+        "{forged_answers:?}"
+    );
+    let states: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT key, state, failures FROM drover_items
+         WHERE key IN ('x-0', 'x-1', 'y-0', 'y-1', 'z-0', 'z-1', 'w-0') ORDER BY key",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("the rows are read");
+    let expected = [
+        ("w-0", "running", 0),
+        ("x-0", "idle", 0),
+        ("x-1", "idle", 0),
+        ("y-0", "idle", 0),
+        ("y-1", "idle", 0),
+        ("z-0", "idle", 0),
+        ("z-1", "pending", 1),
+    ];
+    let states: Vec<(&str, &str, i32)> = states
+        .iter()
+        .map(|(k, s, f)| (k.as_str(), s.as_str(), *f))
+        .collect();
+    assert_eq!(states, expected);
+    let runs: Vec<(String, i64)> =
+        sqlx::query_as("SELECT key, token FROM drover_runs ORDER BY key")
+            .fetch_all(store.pool())
+            .await
+            .expect("the runs are read");
+    let expected: Vec<(String, i64)> = [&x[..], &y[..], &z[..]]
+        .concat()
+        .into_iter()
+        .map(|l| (l.key, l.token.0))
+        .collect();
+    assert_eq!(runs, expected, "one run each, under its own lease");
+    holder.close().await.expect("the connection closes");
+    schema.remove().await;
+}
