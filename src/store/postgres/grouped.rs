@@ -12,20 +12,49 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::engine::PostgresStore;
 
-/// The requests waiting for the next group, and whether a task runs them.
+/// How long the group running may hold the next one back. A group is a
+/// statement or a transaction of a few milliseconds, but one can wait far
+/// longer: a completion for a row that a caller's transaction keeps locked
+/// (an enqueue into a running key, a watched table's trigger) waits until
+/// that transaction ends. Past this, the next group starts beside it, so
+/// one stuck request holds up its own controller, as it did before the
+/// grouping, and not every controller sharing the store.
+const STALL: Duration = Duration::from_millis(100);
+
+/// The requests waiting for the next group, and who runs them.
 struct Queue<Req, Ans> {
-    running: bool,
+    /// Groups (or leading callers, see [`lead`]) running now.
+    running: usize,
+    /// When the last of them started.
+    started: Instant,
     waiting: Vec<(Req, oneshot::Sender<Ans>)>,
+}
+
+impl<Req, Ans> Queue<Req, Ans> {
+    /// Whether a new group may start now: none runs, or the last one to
+    /// start has run for [`STALL`] (the grouped's `stall` in tests).
+    fn may_start(&self, stall: Duration) -> bool {
+        self.running == 0 || self.started.elapsed() >= stall
+    }
+
+    /// Counts a group (or a leading caller) starting now.
+    fn start(&mut self) {
+        self.running += 1;
+        self.started = Instant::now();
+    }
 }
 
 /// The groups of one kind of request of one store (shared by its clones).
 pub(super) struct Grouped<Req, Ans> {
     queue: Mutex<Queue<Req, Ans>>,
+    /// [`STALL`], longer in the tests that count groups.
+    stall: Duration,
     /// How many groups ran, for the tests.
     #[cfg(test)]
     pub(super) groups: std::sync::atomic::AtomicUsize,
@@ -33,14 +62,40 @@ pub(super) struct Grouped<Req, Ans> {
 
 impl<Req, Ans> Default for Grouped<Req, Ans> {
     fn default() -> Self {
+        Self::with_stall(STALL)
+    }
+}
+
+impl<Req, Ans> Grouped<Req, Ans> {
+    /// Groups that hold the next one back for at most `stall`.
+    pub(super) fn with_stall(stall: Duration) -> Self {
         Self {
             queue: Mutex::new(Queue {
-                running: false,
+                running: 0,
+                started: Instant::now(),
                 waiting: Vec::new(),
             }),
+            stall,
             #[cfg(test)]
             groups: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue<Req, Ans>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many requests wait for the next group, for the tests.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        self.queue().waiting.len()
+    }
+
+    /// Whether something runs and nothing waits, for the tests.
+    #[cfg(test)]
+    pub(super) fn taken(&self) -> bool {
+        let queue = self.queue();
+        queue.running > 0 && queue.waiting.is_empty()
     }
 }
 
@@ -74,37 +129,20 @@ pub(super) trait Group: Send + Sync + 'static {
     ) -> impl Future<Output = Vec<Self::Ans>> + Send;
 }
 
-impl<Req: Send + 'static, Ans: Send + 'static> Grouped<Req, Ans> {
-    fn queue(&self) -> MutexGuard<'_, Queue<Req, Ans>> {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// How many requests wait for the next group, for the tests.
-    #[cfg(test)]
-    pub(super) fn waiting(&self) -> usize {
-        self.queue().waiting.len()
-    }
-
-    /// Whether a group has been taken and none waits, for the tests.
-    #[cfg(test)]
-    pub(super) fn taken(&self) -> bool {
-        let queue = self.queue();
-        queue.running && queue.waiting.is_empty()
-    }
-}
-
 /// Makes the caller the one that runs its request, at once and on its own,
-/// when no group of `store`'s requests of kind `G` is running: `None` when one
-/// is (the caller then [`wait`]s for the next). The requests that arrive
-/// while the caller runs its own form the next group, run by a task started
-/// when the returned guard is dropped. So a lone caller (one controller's
-/// claims, one after the other) pays nothing for the grouping.
+/// when no group of `store`'s requests of kind `G` is running (or the last
+/// one to start has stalled): `None` otherwise, and the caller then
+/// [`wait`]s for the next group. The requests that arrive while the caller
+/// runs its own form the next group, run by a task started when the
+/// returned guard is dropped. So a lone caller (one controller's claims, one
+/// after the other) pays nothing for the grouping.
 pub(super) fn lead<G: Group>(store: &PostgresStore) -> Option<Leading<G>> {
-    let mut queue = G::grouped(store).queue();
-    if queue.running {
+    let grouped = G::grouped(store);
+    let mut queue = grouped.queue();
+    if !queue.may_start(grouped.stall) {
         return None;
     }
-    queue.running = true;
+    queue.start();
     Some(Leading {
         store: store.clone(),
         group: PhantomData,
@@ -121,21 +159,11 @@ pub(super) struct Leading<G: Group> {
 impl<G: Group> Drop for Leading<G> {
     fn drop(&mut self) {
         let mut queue = G::grouped(&self.store).queue();
-        if queue.waiting.is_empty() {
-            queue.running = false;
-            return;
-        }
-        drop(queue);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(run_groups::<G>(self.store.clone()));
-            }
-            // No runtime to run them on: each waiting caller runs its own.
-            Err(_) => {
-                let mut queue = G::grouped(&self.store).queue();
-                queue.running = false;
-                queue.waiting.clear();
-            }
+        queue.running -= 1;
+        if !queue.waiting.is_empty() {
+            queue.start();
+            drop(queue);
+            spawn_groups::<G>(&self.store);
         }
     }
 }
@@ -146,34 +174,69 @@ impl<G: Group> Drop for Leading<G> {
 ///
 /// The groups run in a task of their own, so a caller that goes away cannot
 /// cancel the others' requests; its own is left out when its group has not
-/// started yet.
+/// started yet. While the request waits, each [`STALL`] it checks that the
+/// group running has not stalled, and starts the next group beside it if it
+/// has.
 pub(super) async fn wait<G: Group>(store: &PostgresStore, req: G::Req) -> Option<G::Ans> {
-    let (reply, answer) = oneshot::channel();
-    let lead = {
-        let mut queue = G::grouped(store).queue();
+    let grouped = G::grouped(store);
+    let (reply, mut answer) = oneshot::channel();
+    let mut start = {
+        let mut queue = grouped.queue();
         queue.waiting.push((req, reply));
-        !std::mem::replace(&mut queue.running, true)
+        let start = queue.running == 0;
+        if start {
+            queue.start();
+        }
+        start
     };
-    if lead {
-        // The group that ran when this caller looked has ended since.
-        tokio::spawn(run_groups::<G>(store.clone()));
+    loop {
+        if start {
+            spawn_groups::<G>(store);
+        }
+        match tokio::time::timeout(grouped.stall, &mut answer).await {
+            Ok(answer) => return answer.ok(),
+            Err(_) => {
+                let mut queue = grouped.queue();
+                start = !queue.waiting.is_empty() && queue.may_start(grouped.stall);
+                if start {
+                    queue.start();
+                }
+            }
+        }
     }
-    answer.await.ok()
+}
+
+/// Starts a task running `store`'s waiting requests of kind `G`, counted as
+/// running already; without a runtime to run it on, every waiting caller
+/// runs its own request.
+fn spawn_groups<G: Group>(store: &PostgresStore) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(run_groups::<G>(store.clone()));
+        }
+        Err(_) => {
+            let mut queue = G::grouped(store).queue();
+            queue.running -= 1;
+            queue.waiting.clear();
+        }
+    }
 }
 
 /// Runs the waiting requests, a group at a time, until none waits.
 async fn run_groups<G: Group>(store: PostgresStore) {
     let grouped = G::grouped(&store);
-    let _running = Running(grouped);
+    let mut running = Running(grouped, true);
     loop {
         let (reqs, replies): (Vec<G::Req>, Vec<oneshot::Sender<G::Ans>>) = {
             let mut queue = grouped.queue();
             // A caller gone before its group started asks for nothing.
             queue.waiting.retain(|(_, reply)| !reply.is_closed());
             if queue.waiting.is_empty() {
-                queue.running = false;
+                queue.running -= 1;
+                running.1 = false;
                 return;
             }
+            queue.started = Instant::now();
             let mut weight = 0;
             let taken = queue
                 .waiting
@@ -197,16 +260,19 @@ async fn run_groups<G: Group>(store: PostgresStore) {
     }
 }
 
-/// Clears the `running` flag if [`run_groups`] ends without doing so (its
-/// task cancelled as its runtime stops), dropping what still waits (each of
-/// those callers then runs its request on its own).
-struct Running<'a, Req, Ans>(&'a Grouped<Req, Ans>);
+/// Uncounts [`run_groups`] if it ends without doing so (its task cancelled
+/// as its runtime stops); when nothing else runs then, drops what still
+/// waits (each of those callers then runs its request on its own).
+struct Running<'a, Req, Ans>(&'a Grouped<Req, Ans>, bool);
 
 impl<Req, Ans> Drop for Running<'_, Req, Ans> {
     fn drop(&mut self) {
-        let mut queue = self.0.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        if queue.running {
-            queue.running = false;
+        if !self.1 {
+            return;
+        }
+        let mut queue = self.0.queue();
+        queue.running -= 1;
+        if queue.running == 0 {
             queue.waiting.clear();
         }
     }

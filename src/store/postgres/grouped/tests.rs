@@ -8,6 +8,7 @@
 //! reason; set, an unreachable database fails them.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use super::super::PostgresStore;
 use super::super::plans::Schema;
+use super::Grouped;
 use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::params::{ItemEnqueue, LeaseClaim, LeaseComplete, SessionStart};
 use crate::store::types::{FencingToken, Lease, Outcome, SessionId};
@@ -23,6 +25,16 @@ use crate::store::{StoreEngine as _, StoreError};
 
 /// How long a step may take before the test fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(30);
+
+/// `store` with groups that never start beside a running one, so that the
+/// tests that count groups count the same on a slow machine.
+fn never_beside(store: &PostgresStore) -> PostgresStore {
+    let mut store = store.clone();
+    let never = Duration::from_secs(3600);
+    store.claims = Arc::new(Grouped::with_stall(never));
+    store.completions = Arc::new(Grouped::with_stall(never));
+    store
+}
 
 /// Claims up to `max` keys of `process` for `session`, in a task of its own.
 fn claim(
@@ -112,7 +124,7 @@ async fn claims_that_arrive_while_one_runs_share_one_statement_each_answered_as_
     let Some(schema) = Schema::create("drover_claims").await else {
         return;
     };
-    let store = schema.store.clone();
+    let store = never_beside(&schema.store);
     let (one, two) = (session(&store, "one").await, session(&store, "two").await);
     for process in ["a", "b", "c", "paused"] {
         let keys: Vec<String> = (0..6).map(|n| format!("{process}-{n}")).collect();
@@ -226,7 +238,7 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
     let Some(schema) = Schema::create("drover_completions").await else {
         return;
     };
-    let store = schema.store.clone();
+    let store = never_beside(&schema.store);
     let (one, two) = (session(&store, "one").await, session(&store, "two").await);
     let x = claimed(&store, one, "x", 2).await;
     let y = claimed(&store, two, "y", 2).await;
@@ -327,6 +339,59 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
         .map(|l| (l.key, l.token.0))
         .collect();
     assert_eq!(runs, expected, "one run each, under its own lease");
+    holder.close().await.expect("the connection closes");
+    schema.remove().await;
+}
+
+#[tokio::test]
+async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
+    let Some(schema) = Schema::create("drover_stuck").await else {
+        return;
+    };
+    let store = schema.store.clone();
+    let (one, two) = (session(&store, "one").await, session(&store, "two").await);
+    let x = claimed(&store, one, "x", 1).await;
+    let y = claimed(&store, two, "y", 1).await;
+    // A caller's transaction keeps x-0's row locked (as an enqueue into a
+    // running key does until it commits).
+    let mut holder = PgConnection::connect(&schema.url)
+        .await
+        .expect("a connection");
+    holder
+        .execute("BEGIN; SELECT 1 FROM drover_items WHERE process = 'x' AND key = 'x-0' FOR UPDATE")
+        .await
+        .expect("the row locks");
+    let stuck = complete(&store, vec![(x[0].clone(), Outcome::Done)]);
+    until("the stuck batch to start", async || {
+        store.completions.taken()
+    })
+    .await;
+    // Queued behind the stuck one, y's batch starts beside it once it has
+    // stalled, and is written while x-0's row is still locked.
+    let beside = complete(&store, vec![(y[0].clone(), Outcome::Done)]);
+    let answers = tokio::time::timeout(PATIENCE, beside)
+        .await
+        .expect("a batch behind a stuck one is written")
+        .expect("the batch's task")
+        .expect("a batch");
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert!(
+        !stuck.is_finished(),
+        "the stuck batch waits for the row lock"
+    );
+    holder
+        .execute("COMMIT")
+        .await
+        .expect("the lock is released");
+    let answers = stuck.await.expect("the batch's task").expect("a batch");
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let idle: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM drover_items WHERE key IN ('x-0', 'y-0') AND state = 'idle'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("the rows are counted");
+    assert_eq!(idle, 2);
     holder.close().await.expect("the connection closes");
     schema.remove().await;
 }
