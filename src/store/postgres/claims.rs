@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use super::engine::PostgresStore;
 use super::error::{commit, map_commit};
-use super::grouped::{self, Group, Grouped};
+use super::grouped::{self, Answer, Group, Grouped};
 use super::leases::{CLAIM, ClaimRow, claim_rows};
 use crate::store::StoreError;
 use crate::store::params::LeaseClaim;
@@ -46,28 +46,15 @@ struct GroupRow {
     row: ClaimRow,
 }
 
-/// What a claim in a group is answered.
-pub(super) enum Answer {
-    /// Its rows, as [`CLAIM`] returns them.
-    Rows(Vec<ClaimRow>),
-    /// The group's statement failed before committing anything: the claim
-    /// runs on its own, with its own error if that fails too.
-    Alone,
-    /// The claim's own error (a group of one), or, for each claim of a
-    /// larger group, `CommitUnknown`: the group's commit may have happened,
-    /// so each caller's session may hold leases it never heard of.
-    Failed(StoreError),
-}
-
 /// The claim groups of one store.
-pub(super) type Claims = Grouped<LeaseClaim, Answer>;
+pub(super) type Claims = Grouped<LeaseClaim, Answer<Vec<ClaimRow>>>;
 
 /// Claims, grouped.
 struct Claiming;
 
 impl Group for Claiming {
     type Req = LeaseClaim;
-    type Ans = Answer;
+    type Ans = Answer<Vec<ClaimRow>>;
 
     fn weight(_: &LeaseClaim) -> usize {
         1
@@ -82,12 +69,12 @@ impl Group for Claiming {
         &store.claims
     }
 
-    async fn run(store: &PostgresStore, group: Vec<LeaseClaim>) -> Vec<Answer> {
+    async fn run(store: &PostgresStore, group: Vec<LeaseClaim>) -> Vec<Self::Ans> {
         if let [one] = group.as_slice() {
-            return vec![match claim_rows(store, (CLAIM, true), one).await {
-                Ok(rows) => Answer::Rows(rows),
-                Err(e) => Answer::Failed(e),
-            }];
+            return match claim_rows(store, (CLAIM, true), one).await {
+                Ok(rows) => vec![Answer::Done(rows)],
+                Err(e) => Answer::failed(1, e, "claims"),
+            };
         }
         match group_rows(store, &group).await {
             Ok(rows) => {
@@ -98,16 +85,9 @@ impl Group for Claiming {
                         answer.push(row);
                     }
                 }
-                answers.into_iter().map(Answer::Rows).collect()
+                answers.into_iter().map(Answer::Done).collect()
             }
-            Err(e) if e.is_commit_unknown() => group
-                .iter()
-                .map(|_| Answer::Failed(e.duplicate()))
-                .collect(),
-            Err(e) => {
-                tracing::debug!(error = %e, claims = group.len(), "a group of claims failed; each claims on its own");
-                group.iter().map(|_| Answer::Alone).collect()
-            }
+            Err(e) => Answer::failed(group.len(), e, "claims"),
         }
     }
 }
@@ -122,11 +102,9 @@ pub(super) async fn claim(
     if let Some(_leading) = grouped::lead::<Claiming>(store) {
         return claim_rows(store, (CLAIM, true), params).await;
     }
-    match grouped::wait::<Claiming>(store, params.clone()).await {
-        Some(Answer::Rows(rows)) => Ok(rows),
-        Some(Answer::Failed(e)) => Err(e),
-        // Alone, or the task ended without answering (its runtime stopping).
-        Some(Answer::Alone) | None => claim_rows(store, (CLAIM, true), params).await,
+    match Answer::result(grouped::wait::<Claiming>(store, params.clone()).await) {
+        Some(result) => result,
+        None => claim_rows(store, (CLAIM, true), params).await,
     }
 }
 

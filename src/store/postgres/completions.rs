@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use super::engine::PostgresStore;
-use super::grouped::{self, Group, Grouped};
+use super::grouped::{self, Answer, Group, Grouped};
 use super::retry::watched;
 use crate::store::StoreError;
 use crate::store::TraceId;
@@ -45,27 +45,15 @@ impl Owned {
     }
 }
 
-/// What a batch in a group is answered.
-pub(super) enum Answer {
-    /// Each outcome's answer, in the batch's order.
-    Answers(Answers),
-    /// The group failed with nothing written: the batch is written on its
-    /// own, with its own error if that fails too.
-    Alone,
-    /// The batch's own error (a group of one), or, for each batch of a
-    /// larger group, `CommitUnknown`: the group may have been written.
-    Failed(StoreError),
-}
-
 /// The completion groups of one store.
-pub(super) type Completions = Grouped<Vec<Owned>, Answer>;
+pub(super) type Completions = Grouped<Vec<Owned>, Answer<Answers>>;
 
 /// Completions, grouped.
 struct Completing;
 
 impl Group for Completing {
     type Req = Vec<Owned>;
-    type Ans = Answer;
+    type Ans = Answer<Answers>;
 
     fn weight(batch: &Vec<Owned>) -> usize {
         batch.len()
@@ -80,25 +68,17 @@ impl Group for Completing {
         &store.completions
     }
 
-    async fn run(store: &PostgresStore, group: Vec<Vec<Owned>>) -> Vec<Answer> {
+    async fn run(store: &PostgresStore, group: Vec<Vec<Owned>>) -> Vec<Self::Ans> {
         let all: Vec<LeaseComplete<'_>> = group.iter().flatten().map(Owned::params).collect();
         match watched(store, complete_in_parts(store, &all)).await {
             Ok(answers) => {
                 let mut answers = answers.into_iter();
                 group
                     .iter()
-                    .map(|batch| Answer::Answers(answers.by_ref().take(batch.len()).collect()))
+                    .map(|batch| Answer::Done(answers.by_ref().take(batch.len()).collect()))
                     .collect()
             }
-            Err(e) if group.len() == 1 => vec![Answer::Failed(e)],
-            Err(e) if e.is_commit_unknown() => group
-                .iter()
-                .map(|_| Answer::Failed(e.duplicate()))
-                .collect(),
-            Err(e) => {
-                tracing::debug!(error = %e, batches = group.len(), "a group of completions failed; each batch is written on its own");
-                group.iter().map(|_| Answer::Alone).collect()
-            }
+            Err(e) => Answer::failed(group.len(), e, "completions"),
         }
     }
 }
@@ -112,10 +92,8 @@ pub(super) async fn complete(
         return watched(store, complete_in_parts(store, batch)).await;
     }
     let owned = batch.iter().map(Owned::of).collect();
-    match grouped::wait::<Completing>(store, owned).await {
-        Some(Answer::Answers(answers)) => Ok(answers),
-        Some(Answer::Failed(e)) => Err(e),
-        // Alone, or the task ended without answering (its runtime stopping).
-        Some(Answer::Alone) | None => watched(store, complete_in_parts(store, batch)).await,
+    match Answer::result(grouped::wait::<Completing>(store, owned).await) {
+        Some(result) => result,
+        None => watched(store, complete_in_parts(store, batch)).await,
     }
 }

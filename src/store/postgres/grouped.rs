@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::engine::PostgresStore;
+use crate::store::StoreError;
 
 /// How long the group running may hold the next one back. A group is a
 /// statement or a transaction of a few milliseconds, but one can wait far
@@ -102,6 +103,46 @@ impl<Req, Ans> Grouped<Req, Ans> {
 impl<Req, Ans> std::fmt::Debug for Grouped<Req, Ans> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Grouped").finish_non_exhaustive()
+    }
+}
+
+/// What a request in a group is answered.
+pub(super) enum Answer<T> {
+    /// Its result.
+    Done(T),
+    /// The group failed with nothing written: the request runs on its own,
+    /// with its own error if that fails too.
+    Alone,
+    /// The request's own error (a group of one), or, for each request of a
+    /// larger group, `CommitUnknown`: the group's commit may have happened,
+    /// so each caller must treat its own as unknown (a claim's session may
+    /// hold leases it never heard of).
+    Failed(StoreError),
+}
+
+impl<T> Answer<T> {
+    /// The answers of a group of `n` requests (`what`, for the log) that
+    /// failed with `e`.
+    pub(super) fn failed(n: usize, e: StoreError, what: &'static str) -> Vec<Self> {
+        if n == 1 {
+            return vec![Self::Failed(e)];
+        }
+        if e.is_commit_unknown() {
+            return (0..n).map(|_| Self::Failed(e.duplicate())).collect();
+        }
+        tracing::debug!(error = %e, requests = n, what, "a group failed; each request runs on its own");
+        (0..n).map(|_| Self::Alone).collect()
+    }
+
+    /// The caller's result; `None` when it runs its request on its own (the
+    /// group failed, or its task ended without answering as its runtime
+    /// stopped).
+    pub(super) fn result(answer: Option<Self>) -> Option<Result<T, StoreError>> {
+        match answer? {
+            Self::Done(done) => Some(Ok(done)),
+            Self::Failed(e) => Some(Err(e)),
+            Self::Alone => None,
+        }
     }
 }
 

@@ -103,6 +103,41 @@ async fn session(store: &PostgresStore, name: &str) -> SessionId {
         .id
 }
 
+/// Locks x-0's row.
+const LOCK_X0: &str = "SELECT 1 FROM drover_items WHERE process = 'x' AND key = 'x-0' FOR UPDATE";
+
+/// A connection of the test's own in a transaction that has run `lock`. Not
+/// one of the store's: the store ends its transactions left idle, and its new
+/// connections read the lineage table, which a test may lock.
+async fn holding(schema: &Schema, lock: &str) -> PgConnection {
+    let mut holder = PgConnection::connect(&schema.url)
+        .await
+        .expect("a connection");
+    holder
+        .execute(sqlx::AssertSqlSafe(format!("BEGIN; {lock}")))
+        .await
+        .unwrap_or_else(|e| panic!("{lock}: {e}"));
+    holder
+}
+
+/// Commits `holder`'s transaction, then awaits `first` and `rest`.
+async fn release<T>(
+    holder: &mut PgConnection,
+    first: JoinHandle<T>,
+    rest: Vec<JoinHandle<T>>,
+) -> (T, Vec<T>) {
+    holder
+        .execute("COMMIT")
+        .await
+        .expect("the lock is released");
+    let first = first.await.expect("the first request's task");
+    let mut answers = Vec::new();
+    for task in rest {
+        answers.push(task.await.expect("a request's task"));
+    }
+    (first, answers)
+}
+
 /// Waits, without sleeping, until `ready` holds.
 async fn until(what: &str, mut ready: impl AsyncFnMut() -> bool) {
     tokio::time::timeout(PATIENCE, async {
@@ -142,16 +177,12 @@ async fn claims_that_arrive_while_one_runs_share_one_statement_each_answered_as_
         .await
         .expect("the process pauses");
 
-    // Every claim statement waits at its start while this lock is held (on a
-    // connection of its own: the store's end transactions left idle, and its
-    // new connections read the lineage table too).
-    let mut holder = PgConnection::connect(&schema.url)
-        .await
-        .expect("a connection");
-    holder
-        .execute("BEGIN; LOCK TABLE drover_lineage IN ACCESS EXCLUSIVE MODE")
-        .await
-        .expect("the lineage table locks");
+    // Every claim statement waits at its start while this lock is held.
+    let mut holder = holding(
+        &schema,
+        "LOCK TABLE drover_lineage IN ACCESS EXCLUSIVE MODE",
+    )
+    .await;
     let first = claim(&store, one, "a", 2);
     // Run by its caller, it holds the store's claims until it ends, which
     // the lock stops it from doing.
@@ -167,15 +198,8 @@ async fn claims_that_arrive_while_one_runs_share_one_statement_each_answered_as_
         store.claims.waiting() == rest.len()
     })
     .await;
-    holder
-        .execute("COMMIT")
-        .await
-        .expect("the lock is released");
-    let first = first.await.expect("the claim's task").expect("a claim");
-    let mut answers = Vec::new();
-    for task in rest {
-        answers.push(task.await.expect("a claim's task"));
-    }
+    let (first, answers) = release(&mut holder, first, rest).await;
+    let first = first.expect("a claim");
     assert_eq!(
         store.claims.groups.load(Ordering::Relaxed),
         1,
@@ -250,13 +274,7 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
     };
 
     // The first batch waits for this lock on one of its rows.
-    let mut holder = PgConnection::connect(&schema.url)
-        .await
-        .expect("a connection");
-    holder
-        .execute("BEGIN; SELECT 1 FROM drover_items WHERE process = 'x' AND key = 'x-0' FOR UPDATE")
-        .await
-        .expect("the row locks");
+    let mut holder = holding(&schema, LOCK_X0).await;
     let done = |leases: &[Lease]| -> Vec<(Lease, Outcome)> {
         leases.iter().map(|l| (l.clone(), Outcome::Done)).collect()
     };
@@ -280,15 +298,9 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
         store.completions.waiting() == rest.len()
     })
     .await;
-    holder
-        .execute("COMMIT")
-        .await
-        .expect("the lock is released");
-    let first = first.await.expect("the batch's task").expect("a batch");
-    let mut answers = Vec::new();
-    for task in rest {
-        answers.push(task.await.expect("a batch's task").expect("a batch"));
-    }
+    let (first, answers) = release(&mut holder, first, rest).await;
+    let first = first.expect("a batch");
+    let answers: Vec<_> = answers.into_iter().map(|a| a.expect("a batch")).collect();
     assert_eq!(
         store.completions.groups.load(Ordering::Relaxed),
         1,
@@ -354,13 +366,7 @@ async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
     let y = claimed(&store, two, "y", 1).await;
     // A caller's transaction keeps x-0's row locked (as an enqueue into a
     // running key does until it commits).
-    let mut holder = PgConnection::connect(&schema.url)
-        .await
-        .expect("a connection");
-    holder
-        .execute("BEGIN; SELECT 1 FROM drover_items WHERE process = 'x' AND key = 'x-0' FOR UPDATE")
-        .await
-        .expect("the row locks");
+    let mut holder = holding(&schema, LOCK_X0).await;
     let stuck = complete(&store, vec![(x[0].clone(), Outcome::Done)]);
     until("the stuck batch to start", async || {
         store.completions.taken()
