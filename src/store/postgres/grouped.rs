@@ -177,7 +177,7 @@ pub(super) trait Group: Send + Sync + 'static {
 /// runs its own form the next group, run by a task started when the
 /// returned guard is dropped. So a lone caller (one controller's claims, one
 /// after the other) pays nothing for the grouping.
-pub(super) fn lead<G: Group>(store: &PostgresStore) -> Option<Leading<G>> {
+pub(super) fn lead<G: Group>(store: &PostgresStore) -> Option<Leading<'_, G>> {
     let grouped = G::grouped(store);
     let mut queue = grouped.queue();
     if !queue.may_start(grouped.stall) {
@@ -185,26 +185,26 @@ pub(super) fn lead<G: Group>(store: &PostgresStore) -> Option<Leading<G>> {
     }
     queue.start();
     Some(Leading {
-        store: store.clone(),
+        store,
         group: PhantomData,
     })
 }
 
 /// The caller runs its request itself (see [`lead`]); dropped when it is
 /// done or gone, it hands the requests that queued meanwhile to a task.
-pub(super) struct Leading<G: Group> {
-    store: PostgresStore,
+pub(super) struct Leading<'a, G: Group> {
+    store: &'a PostgresStore,
     group: PhantomData<fn() -> G>,
 }
 
-impl<G: Group> Drop for Leading<G> {
+impl<G: Group> Drop for Leading<'_, G> {
     fn drop(&mut self) {
-        let mut queue = G::grouped(&self.store).queue();
+        let mut queue = G::grouped(self.store).queue();
         queue.running -= 1;
         if !queue.waiting.is_empty() {
             queue.start();
             drop(queue);
-            spawn_groups::<G>(&self.store);
+            spawn_groups::<G>(self.store);
         }
     }
 }

@@ -17,11 +17,11 @@ use tokio::task::JoinHandle;
 
 use super::super::PostgresStore;
 use super::super::plans::Schema;
-use super::Grouped;
+use super::{Answer, Grouped};
 use crate::store::fleet::{Claimed, ProcessPause};
 use crate::store::params::{ItemEnqueue, LeaseClaim, LeaseComplete, SessionStart};
 use crate::store::types::{FencingToken, Lease, Outcome, SessionId};
-use crate::store::{StoreEngine as _, StoreError};
+use crate::store::{DriverError, StoreEngine as _, StoreError};
 
 /// How long a step may take before the test fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -400,4 +400,37 @@ async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
     assert_eq!(idle, 2);
     holder.close().await.expect("the connection closes");
     schema.remove().await;
+}
+
+#[test]
+fn a_failed_group_answers_its_own_error_alone_and_an_unknown_commit_to_every_caller() {
+    let driver = |text: &str| DriverError(sqlx::Error::Protocol(text.into()));
+    // A group of one: the request's own error, as it came.
+    let [one] = <[_; 1]>::try_from(Answer::<()>::failed(
+        1,
+        StoreError::Busy(driver("busy")),
+        "claims",
+    ))
+    .map_err(|_| "one answer")
+    .expect("one answer");
+    assert!(
+        matches!(&one, Answer::Failed(StoreError::Busy(e)) if e.to_string().contains("busy")),
+        "a lone request keeps its own error"
+    );
+    // A larger group whose commit may have happened: every caller is told
+    // so, as each may hold what it never heard of.
+    let unknown = Answer::<()>::failed(3, StoreError::CommitUnknown(driver("cut")), "claims");
+    assert_eq!(unknown.len(), 3);
+    assert!(
+        unknown
+            .iter()
+            .all(|a| matches!(a, Answer::Failed(e) if e.is_commit_unknown())),
+        "each caller learns that the commit is unknown"
+    );
+    // A larger group that wrote nothing: each request runs on its own.
+    let alone = Answer::<()>::failed(3, StoreError::Unavailable(driver("gone")), "claims");
+    assert_eq!(alone.len(), 3);
+    assert!(alone.iter().all(|a| matches!(a, Answer::Alone)));
+    assert!(Answer::result(alone.into_iter().next()).is_none());
+    assert!(Answer::<()>::result(None).is_none(), "no answer: run alone");
 }
