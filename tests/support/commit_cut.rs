@@ -10,11 +10,13 @@
 //! for a statement outside `BEGIN` the `Sync` that ends its implicit
 //! transaction. The server's answer (up to its `ReadyForQuery`, sent once the
 //! commit is done) is swallowed, then both connections are dropped.
+//! [`arm_for`](CommitCut::arm_for) narrows the cut to one claim statement
+//! (the claims of several controllers grouped into one, say).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -34,6 +36,8 @@ pub(crate) struct CommitCut {
     /// Where clients connect.
     pub(crate) addr: SocketAddr,
     armed: Arc<AtomicBool>,
+    /// Text the cut claim's statement must also contain (`None`: any claim).
+    only: Arc<Mutex<Option<&'static str>>>,
     cut: Arc<Notify>,
 }
 
@@ -44,6 +48,7 @@ impl CommitCut {
         let proxy = Self {
             addr: listener.local_addr().expect("proxy address"),
             armed: Arc::new(AtomicBool::new(false)),
+            only: Arc::new(Mutex::new(None)),
             cut: Arc::new(Notify::new()),
         };
         let serving = proxy.clone();
@@ -70,7 +75,25 @@ impl CommitCut {
 
     /// Cuts the next claim's commit (once).
     pub(crate) fn arm(&self) {
+        self.arm_only(None);
+    }
+
+    /// Cuts the commit of the next claim whose statement contains `text`
+    /// (once); other claims commit and are answered as usual.
+    pub(crate) fn arm_for(&self, text: &'static str) {
+        self.arm_only(Some(text));
+    }
+
+    fn arm_only(&self, text: Option<&'static str>) {
+        *self.only.lock().unwrap_or_else(PoisonError::into_inner) = text;
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a bound statement of text `query` marks its transaction's
+    /// commit as the one to cut, when armed.
+    fn claims(&self, query: &str) -> bool {
+        let only = *self.only.lock().unwrap_or_else(PoisonError::into_inner);
+        CLAIMS.iter().any(|c| query.contains(c)) && only.is_none_or(|t| query.contains(t))
     }
 
     /// Waits until a commit has been cut.
@@ -99,7 +122,8 @@ impl CommitCut {
         mut to: OwnedWriteHalf,
         cutting: &AtomicBool,
     ) {
-        let mut statements: HashMap<Vec<u8>, bool> = HashMap::new();
+        // Each prepared statement's text, by name.
+        let mut statements: HashMap<Vec<u8>, String> = HashMap::new();
         let (mut claiming, mut explicit, mut started) = (false, false, false);
         loop {
             // Before the startup message is through, messages carry no type byte.
@@ -131,11 +155,11 @@ impl CommitCut {
                     let mut parts = body.split(|b| *b == 0);
                     let name = parts.next().unwrap_or_default().to_vec();
                     let query = String::from_utf8_lossy(parts.next().unwrap_or_default());
-                    statements.insert(name, CLAIMS.iter().any(|c| query.contains(c)));
+                    statements.insert(name, query.into_owned());
                 }
                 Some(b'B') => {
                     let statement = body.split(|b| *b == 0).nth(1).unwrap_or_default();
-                    claiming |= statements.get(statement).copied().unwrap_or(false);
+                    claiming |= statements.get(statement).is_some_and(|q| self.claims(q));
                 }
                 Some(b'Q') if body.starts_with(b"BEGIN") => explicit = true,
                 Some(b'Q') if body.starts_with(b"COMMIT") || body.starts_with(b"ROLLBACK") => {

@@ -17,16 +17,34 @@ impl Holder {
     /// Opens a transaction on `pool` and runs `lock` (a `SELECT … FOR UPDATE`)
     /// in it with `id` bound as `$1`.
     pub(crate) async fn lock(pool: &PgPool, lock: &'static str, id: i64) -> Self {
+        let mut holder = Self::begin(pool).await;
+        sqlx::query(lock)
+            .bind(id)
+            .execute(&mut *holder.tx)
+            .await
+            .expect("the holder takes its lock");
+        holder
+    }
+
+    /// Opens a transaction on `pool` that holds `table` in `ACCESS EXCLUSIVE`
+    /// mode: every statement that reads or writes the table waits for it.
+    pub(crate) async fn lock_table(pool: &PgPool, table: &'static str) -> Self {
+        let mut holder = Self::begin(pool).await;
+        let lock = format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE");
+        sqlx::query(sqlx::AssertSqlSafe(lock))
+            .execute(&mut *holder.tx)
+            .await
+            .expect("the holder locks the table");
+        holder
+    }
+
+    /// An open transaction on `pool`, holding nothing yet.
+    async fn begin(pool: &PgPool) -> Self {
         let mut tx = pool.begin().await.expect("begin the holder");
         let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *tx)
             .await
             .expect("the holder's pid");
-        sqlx::query(lock)
-            .bind(id)
-            .execute(&mut *tx)
-            .await
-            .expect("the holder takes its lock");
         Self { tx, pid }
     }
 
@@ -55,6 +73,28 @@ impl Holder {
         })
         .await
         .unwrap_or_else(|_| panic!("{n} waiters never queued behind the holder"));
+    }
+
+    /// Returns once a backend waits for this holder's locks in a statement
+    /// whose text contains `text` (PostgreSQL shows a waiter's top-level
+    /// statement, not the function call inside it that waits).
+    pub(crate) async fn wait_for_a_waiter_running(&self, pool: &PgPool, text: &str) {
+        const RUNNING: &str = "
+            SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                           WHERE $1 = ANY(pg_blocking_pids(pid)) AND strpos(query, $2) > 0)";
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !sqlx::query_scalar::<_, bool>(RUNNING)
+                .bind(self.pid)
+                .bind(text)
+                .fetch_one(pool)
+                .await
+                .expect("pg_blocking_pids")
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no statement containing {text:?} waited for the holder"));
     }
 
     /// Commits, letting the waiters go in the order they queued.
