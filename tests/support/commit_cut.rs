@@ -10,8 +10,9 @@
 //! for a statement outside `BEGIN` the `Sync` that ends its implicit
 //! transaction. The server's answer (up to its `ReadyForQuery`, sent once the
 //! commit is done) is swallowed, then both connections are dropped.
-//! [`arm_for`](CommitCut::arm_for) narrows the cut to one claim statement
-//! (the claims of several controllers grouped into one, say).
+//! [`arm_for`](CommitCut::arm_for) cuts instead the commit of a transaction
+//! that ran a given statement (the claims of several controllers grouped into
+//! one, a batch of completions written the general way).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,7 +37,7 @@ pub(crate) struct CommitCut {
     /// Where clients connect.
     pub(crate) addr: SocketAddr,
     armed: Arc<AtomicBool>,
-    /// Text the cut claim's statement must also contain (`None`: any claim).
+    /// Text a statement of the cut transaction contains (`None`: any claim).
     only: Arc<Mutex<Option<&'static str>>>,
     cut: Arc<Notify>,
 }
@@ -78,8 +79,8 @@ impl CommitCut {
         self.arm_only(None);
     }
 
-    /// Cuts the commit of the next claim whose statement contains `text`
-    /// (once); other claims commit and are answered as usual.
+    /// Cuts the commit of the next transaction that ran a statement
+    /// containing `text` (once); every other commits and is answered as usual.
     pub(crate) fn arm_for(&self, text: &'static str) {
         self.arm_only(Some(text));
     }
@@ -91,9 +92,11 @@ impl CommitCut {
 
     /// Whether a bound statement of text `query` marks its transaction's
     /// commit as the one to cut, when armed.
-    fn claims(&self, query: &str) -> bool {
-        let only = *self.only.lock().unwrap_or_else(PoisonError::into_inner);
-        CLAIMS.iter().any(|c| query.contains(c)) && only.is_none_or(|t| query.contains(t))
+    fn marks(&self, query: &str) -> bool {
+        match *self.only.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(text) => query.contains(text),
+            None => CLAIMS.iter().any(|c| query.contains(c)),
+        }
     }
 
     /// Waits until a commit has been cut.
@@ -124,7 +127,7 @@ impl CommitCut {
     ) {
         // Each prepared statement's text, by name.
         let mut statements: HashMap<Vec<u8>, String> = HashMap::new();
-        let (mut claiming, mut explicit, mut started) = (false, false, false);
+        let (mut marked, mut explicit, mut started) = (false, false, false);
         loop {
             // Before the startup message is through, messages carry no type byte.
             let kind = if started {
@@ -159,16 +162,20 @@ impl CommitCut {
                 }
                 Some(b'B') => {
                     let statement = body.split(|b| *b == 0).nth(1).unwrap_or_default();
-                    claiming |= statements.get(statement).is_some_and(|q| self.claims(q));
+                    marked |= statements.get(statement).is_some_and(|q| self.marks(q));
                 }
                 Some(b'Q') if body.starts_with(b"BEGIN") => explicit = true,
-                Some(b'Q') if body.starts_with(b"COMMIT") || body.starts_with(b"ROLLBACK") => {
-                    commits = body.starts_with(b"COMMIT") && claiming;
-                    (explicit, claiming) = (false, false);
+                // `ROLLBACK TO SAVEPOINT` ends no transaction.
+                Some(b'Q')
+                    if body.starts_with(b"COMMIT")
+                        || (body.starts_with(b"ROLLBACK") && !body.starts_with(b"ROLLBACK TO")) =>
+                {
+                    commits = body.starts_with(b"COMMIT") && marked;
+                    (explicit, marked) = (false, false);
                 }
                 Some(b'S') if !explicit => {
-                    commits = claiming;
-                    claiming = false;
+                    commits = marked;
+                    marked = false;
                 }
                 Some(_) => {}
             }
