@@ -82,7 +82,7 @@ impl Fleet {
 
     /// Waits until every key has run, stops the controllers, and fails
     /// unless each key ran exactly once: judged by what the work reports.
-    async fn each_key_ran_once(mut self) {
+    async fn each_key_ran_once(&mut self) {
         let mut ran = BTreeMap::new();
         for _ in 0..PROCESSES.len() * KEYS.len() {
             let run = tokio::time::timeout(Duration::from_secs(20), self.ran.recv())
@@ -91,7 +91,7 @@ impl Fleet {
                 .expect("a controller reports");
             *ran.entry(run).or_insert(0) += 1;
         }
-        for (stop, handle) in self.running {
+        for (stop, handle) in self.running.drain(..) {
             stop.cancel();
             tokio::time::timeout(Duration::from_secs(20), handle)
                 .await
@@ -131,33 +131,67 @@ async fn idle_with_runs(db: &TestDb, process: &str, key: &str) -> Vec<Run> {
     runs
 }
 
+/// A fleet on a store whose group's commit was cut, and its database.
+struct Cut {
+    db: TestDb,
+    schema: String,
+    /// The store behind the proxy, which the fleet works on.
+    store: Store,
+    fleet: Fleet,
+}
+
+impl Cut {
+    /// Enqueues every key, starts a [`Fleet`] on a store behind a
+    /// [`CommitCut`] while a test transaction holds `table` locked, lets it go
+    /// once a statement containing `group` (which only a group of several
+    /// controllers' requests runs) waits for it, and returns once that
+    /// group's commit has been cut.
+    async fn of_a_group(base: &str, table: &'static str, group: &'static str) -> Self {
+        let (db, schema) = support::postgres(base).await;
+        enqueue(&db).await;
+        let (proxy, store) = CommitCut::in_front_of(base, &db.url).await;
+        proxy.arm_for(group);
+        let pool = db.store.postgres_pool().expect("postgres").clone();
+        let holder = Holder::lock_table(&pool, table).await;
+        let fleet = Fleet::start(&store);
+        holder.wait_for_a_waiter_running(&pool, group).await;
+        holder.release().await;
+        tokio::time::timeout(Duration::from_secs(20), proxy.cut())
+            .await
+            .expect("the group's commit was cut");
+        Self {
+            db,
+            schema,
+            store,
+            fleet,
+        }
+    }
+
+    /// Closes both stores and drops the test's schema.
+    async fn finish(self, base: &str) {
+        self.store.close().await;
+        self.db.store.close().await;
+        support::drop_schema(base, &self.schema).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_of_claims_whose_commit_is_unknown_gives_every_session_up_and_loses_no_key() {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    let (db, schema) = support::postgres(&base).await;
-    enqueue(&db).await;
-    let (proxy, store) = CommitCut::in_front_of(&base, &db.url).await;
-    proxy.arm_for(CLAIM_GROUP);
-    // Every claim waits for this lock: the first controller's runs on its
-    // own, the others queue behind it and then go as one statement.
-    let pool = db.store.postgres_pool().expect("postgres").clone();
-    let holder = Holder::lock_table(&pool, "drover_items").await;
-    let fleet = Fleet::start(&store);
-    holder.wait_for_a_waiter_running(&pool, CLAIM_GROUP).await;
-    holder.release().await;
-    tokio::time::timeout(Duration::from_secs(20), proxy.cut())
-        .await
-        .expect("the group's commit was cut");
-    fleet.each_key_ran_once().await;
+    // Every claim reads the items: the first controller's claim runs on
+    // its own, the others queue behind it and then go as one statement.
+    let mut cut = Cut::of_a_group(&base, "drover_items", CLAIM_GROUP).await;
+    let db = &cut.db;
+    cut.fleet.each_key_ran_once().await;
 
     // The group's keys were leased by the lost commit, handed back when
     // each session was given up, then leased again; the others once.
     let mut grouped: BTreeMap<&str, usize> = BTreeMap::new();
     for process in PROCESSES {
         for key in KEYS {
-            let runs = idle_with_runs(&db, process, key).await;
+            let runs = idle_with_runs(db, process, key).await;
             let outcomes: Vec<RunOutcome> = runs.iter().map(|r| r.outcome).collect();
             match outcomes.as_slice() {
                 [RunOutcome::Done] => {}
@@ -177,9 +211,7 @@ async fn a_group_of_claims_whose_commit_is_unknown_gives_every_session_up_and_lo
         grouped.len() >= 2,
         "the cut statement held the claims of two controllers or more: {grouped:?}"
     );
-    store.close().await;
-    db.store.close().await;
-    support::drop_schema(&base, &schema).await;
+    cut.finish(&base).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,34 +219,19 @@ async fn a_group_of_completions_whose_commit_is_unknown_writes_each_outcome_once
     let Some(base) = support::postgres_url() else {
         return;
     };
-    let (db, schema) = support::postgres(&base).await;
-    enqueue(&db).await;
-    let (proxy, store) = CommitCut::in_front_of(&base, &db.url).await;
-    proxy.arm_for(COMPLETION_GROUP);
-    // Every completion waits for this lock: the first controller's batch is
-    // written on its own, the others queue behind it and then go as one
-    // transaction.
-    let pool = db.store.postgres_pool().expect("postgres").clone();
-    let holder = Holder::lock_table(&pool, "drover_runs").await;
-    let fleet = Fleet::start(&store);
-    holder
-        .wait_for_a_waiter_running(&pool, COMPLETION_GROUP)
-        .await;
-    holder.release().await;
-    tokio::time::timeout(Duration::from_secs(20), proxy.cut())
-        .await
-        .expect("the group's commit was cut");
-    fleet.each_key_ran_once().await;
+    // Every completion appends runs: the first controller's batch is written
+    // on its own, the others queue behind it and then go as one transaction.
+    let mut cut = Cut::of_a_group(&base, "drover_runs", COMPLETION_GROUP).await;
+    let db = &cut.db;
+    cut.fleet.each_key_ran_once().await;
 
     // Written once, by the lost commit or by the run's retry.
     for process in PROCESSES {
         for key in KEYS {
-            let runs = idle_with_runs(&db, process, key).await;
+            let runs = idle_with_runs(db, process, key).await;
             let outcomes: Vec<RunOutcome> = runs.iter().map(|r| r.outcome).collect();
             assert_eq!(outcomes, [RunOutcome::Done], "{process}/{key}");
         }
     }
-    store.close().await;
-    db.store.close().await;
-    support::drop_schema(&base, &schema).await;
+    cut.finish(&base).await;
 }
