@@ -92,6 +92,10 @@ mod watch;
 #[cfg(feature = "_engine")]
 mod exec;
 #[cfg(feature = "_engine")]
+mod grouped;
+#[cfg(all(test, feature = "_engine"))]
+mod grouped_testing;
+#[cfg(feature = "_engine")]
 mod migrate;
 #[cfg(feature = "_engine")]
 mod transaction;

@@ -1,4 +1,4 @@
-//! Claims grouped per store ([`grouped`](super::grouped)): the claims of
+//! Claims grouped per store ([`grouped`](crate::store::grouped)): the claims of
 //! many controllers sharing one store (a node running many processes, a
 //! server answering many workers) that arrive while a claim runs go together
 //! in the next statement, one round trip and one commit for all of them.
@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use super::engine::PostgresStore;
 use super::error::{commit, map_commit};
-use super::grouped::{self, Answer, Group, Grouped};
 use super::leases::{CLAIM, ClaimRow, claim_rows};
 use crate::store::StoreError;
+use crate::store::grouped::{self, Answer, Group, Grouped};
 use crate::store::params::LeaseClaim;
 
 /// Several claims in one statement: `drover_claim` called once per element
@@ -53,6 +53,7 @@ pub(super) type Claims = Grouped<LeaseClaim, Answer<Vec<ClaimRow>>>;
 struct Claiming;
 
 impl Group for Claiming {
+    type Store = PostgresStore;
     type Req = LeaseClaim;
     type Ans = Answer<Vec<ClaimRow>>;
 

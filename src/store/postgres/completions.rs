@@ -1,4 +1,4 @@
-//! Completions grouped per store ([`grouped`](super::grouped)): the batches
+//! Completions grouped per store ([`grouped`](crate::store::grouped)): the batches
 //! of outcomes that several controllers sharing one store write at once
 //! settle in one transaction.
 //!
@@ -12,10 +12,10 @@
 use std::sync::Arc;
 
 use super::engine::PostgresStore;
-use super::grouped::{self, Answer, Group, Grouped};
 use super::retry::watched;
 use crate::store::StoreError;
 use crate::store::TraceId;
+use crate::store::grouped::{self, Answer, Group, Grouped};
 use crate::store::params::LeaseComplete;
 use crate::store::rules::parts::{Answers, complete_in_parts};
 use crate::store::types::{Lease, Outcome};
@@ -52,6 +52,7 @@ pub(super) type Completions = Grouped<Vec<Owned>, Answer<Answers>>;
 struct Completing;
 
 impl Group for Completing {
+    type Store = PostgresStore;
     type Req = Vec<Owned>;
     type Ans = Answer<Answers>;
 

@@ -17,7 +17,8 @@ mod error;
 mod failover;
 mod gate;
 mod gated;
-mod grouped;
+#[cfg(test)]
+mod grouped_tests;
 mod groups;
 mod hosts;
 mod inspect;

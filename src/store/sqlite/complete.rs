@@ -11,13 +11,15 @@ use std::io::Write as _;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
+use super::completions;
 use super::counted;
 use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, json_rows, running_columns, to_ms, to_time};
 use super::runs::{log_from_rows, log_from_rows_sql, log_with_errors};
+use super::savepoints::{release, savepoint};
 use super::trace;
-use super::writer::padded;
+use super::writer::{SqliteQuery, padded};
 use crate::store::StoreError;
 use crate::store::params::LeaseComplete;
 use crate::store::rules::decode::corrupt;
@@ -55,7 +57,7 @@ pub(super) async fn complete_batch(
     let Some(clean) = Clean::of(batch) else {
         return complete_general(store, batch, QuickRead::Try).await;
     };
-    let settled = clean.write(store).await?;
+    let settled = settled_tokens(&completions::clean(store, clean).await?)?;
     let rest: Vec<usize> = (0..batch.len())
         .filter(|&n| !settled.contains(&batch[n].lease.token.0))
         .collect();
@@ -86,18 +88,21 @@ pub(super) async fn complete_batch(
 /// The common batch, settled in one trip to the connection's thread
 /// ([`ONE_TRIP`]): clean `done`s, all of one session and one process, no
 /// lease twice.
-struct Clean<'a> {
+#[derive(Debug, Clone)]
+pub(super) struct Clean {
+    /// How many leases.
+    count: usize,
     session: i64,
-    process: &'a str,
+    process: String,
     /// `{"token": "key", …}`: one JSON object, whose labels and values
     /// `json_each` hands over as they are, where an array of `[token, key]`
     /// pairs would be parsed again for each field.
     leases: String,
 }
 
-impl<'a> Clean<'a> {
+impl Clean {
     /// The batch as [`ONE_TRIP`] takes it, if it is the common one.
-    fn of(batch: &'a [LeaseComplete<'a>]) -> Option<Self> {
+    fn of(batch: &[LeaseComplete<'_>]) -> Option<Self> {
         let first = batch.first()?.lease;
         let mut tokens = HashSet::with_capacity(batch.len());
         let mut leases = Vec::with_capacity(batch.len() * 24);
@@ -121,28 +126,48 @@ impl<'a> Clean<'a> {
         }
         leases.push(b'}');
         Some(Self {
+            count: batch.len(),
             session: first.session.0,
-            process: &first.process,
+            process: first.process.clone(),
             leases: String::from_utf8(leases).ok()?,
         })
     }
 
-    /// Runs [`ONE_TRIP`]; returns the tokens it settled.
-    async fn write(self, store: &SqliteStore) -> Result<HashSet<i64>, StoreError> {
+    /// How many leases the batch holds.
+    pub(super) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Runs [`ONE_TRIP`] in a transaction of its own; returns the tokens it
+    /// settled, as JSON.
+    pub(super) async fn write(&self, store: &SqliteStore) -> Result<String, StoreError> {
         let tx = store.lock().await?;
         let (settled,): (String,) = tx
-            .commit_with_row(ONE_TRIP, |query| {
-                query
-                    .bind(store.clock().offset_ms())
-                    .bind(self.session)
-                    .bind(self.process)
-                    .bind(self.leases)
-            })
+            .commit_with_row(ONE_TRIP, |query| Self::bind(store, self, query))
             .await
             .db()?;
-        let settled: Vec<i64> = json_rows(&settled, "a completion's settled tokens")?;
-        Ok(settled.into_iter().collect())
+        Ok(settled)
     }
+
+    /// `query` ([`ONE_TRIP`] or [`ONE_TRIP_IN_GROUP`]) with this batch's
+    /// arguments.
+    pub(super) fn bind<'q>(
+        store: &SqliteStore,
+        batch: &'q Self,
+        query: SqliteQuery<'q>,
+    ) -> SqliteQuery<'q> {
+        query
+            .bind(store.clock().offset_ms())
+            .bind(batch.session)
+            .bind(batch.process.as_str())
+            .bind(batch.leases.as_str())
+    }
+}
+
+/// The tokens a [`ONE_TRIP`] settled, from its JSON answer.
+fn settled_tokens(settled: &str) -> Result<HashSet<i64>, StoreError> {
+    let settled: Vec<i64> = json_rows(settled, "a completion's settled tokens")?;
+    Ok(settled.into_iter().collect())
 }
 
 /// A batch of clean `done`s of session `?2` and process `?3` (`?4`: a JSON
@@ -155,8 +180,17 @@ impl<'a> Clean<'a> {
 /// those items are left idle and the counts moved by as many (`changes()`
 /// again), and the transaction commits. The leases it did not settle go the
 /// general way.
-pub(super) const ONE_TRIP: &str = concat!(
-    begin_immediate!(),
+pub(super) const ONE_TRIP: &str = concat!(begin_immediate!(), one_trip_sql!(), "COMMIT");
+
+/// [`ONE_TRIP`] for one batch of several in one transaction
+/// ([`completions`](super::completions)): the same statements in a savepoint
+/// of their own, so that a batch that fails takes back its own writes alone.
+pub(super) const ONE_TRIP_IN_GROUP: &str = concat!(savepoint!(), one_trip_sql!(), release!());
+
+/// [`ONE_TRIP`]'s statements, each ending with `;`, without its `BEGIN` and
+/// `COMMIT`.
+macro_rules! one_trip_sql {
+    () => { concat!(
     "INSERT INTO drover_runs (process, key, outcome, attempt, session, token,
     pending_since, started_at, ended_at)
 SELECT i.process, i.key, 'done', i.failures + 1, i.lease_session, i.lease_token,
@@ -178,8 +212,10 @@ WHERE changes() > 0 AND id > last_insert_rowid() - changes();
     (SELECT token FROM drover_runs WHERE changes() > 0 AND id > last_insert_rowid() - changes());
 ",
     counted::shift_sql!("?3", "'running'", "'idle'", "changes()"),
-    ";\nCOMMIT"
-);
+    ";\n"
+    ) };
+}
+use one_trip_sql;
 
 /// Settles `batch` the general way: every lease's row read, [`settle_batch`]
 /// deciding, one transaction.

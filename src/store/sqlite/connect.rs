@@ -4,6 +4,7 @@
 //! `NORMAL` may lose the last acknowledged commits on a power loss.
 
 use std::str::FromStr as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -120,6 +121,8 @@ impl SqliteStore {
             migrate_pool(&pool, options.migrate).await?;
             return Ok(Self {
                 writer: Writer::Pooled(pool.clone()),
+                claims: Arc::default(),
+                completions: Arc::default(),
                 pool,
                 _checkpoints: None,
                 clock: Clock::default(),
@@ -140,6 +143,8 @@ impl SqliteStore {
             _checkpoints: Some(Checkpoints::start(pool.clone())),
             pool,
             writer: Writer::held(writer),
+            claims: Arc::default(),
+            completions: Arc::default(),
             clock: Clock::default(),
             enqueue_through_view: options.sqlite_enqueue_through_view,
         })

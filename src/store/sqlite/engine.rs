@@ -1,10 +1,14 @@
 //! [`SqliteStore`] and its [`StoreEngine`] implementation, which delegates each
 //! operation to the file named for its noun.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use sqlx::SqlitePool;
 
 use super::checkpoint::Checkpoints;
+use super::claims::Claims;
+use super::completions::Completions;
 use super::error::Db as _;
 use super::rows::to_time;
 use super::writer::Writer;
@@ -37,6 +41,12 @@ pub struct SqliteStore {
     /// is released, in arrival order. Other processes on the same file still
     /// meet this one on the busy timeout.
     pub(super) writer: Writer,
+    /// The common claims waiting to go together in the writer's next
+    /// transaction ([`claims`](super::claims)).
+    pub(super) claims: Arc<Claims>,
+    /// The common completion batches waiting likewise
+    /// ([`completions`](super::completions)).
+    pub(super) completions: Arc<Completions>,
     /// The WAL checkpoint task of a file database, stopped with the last clone.
     pub(super) _checkpoints: Option<Checkpoints>,
     pub(super) clock: Clock,

@@ -1,15 +1,17 @@
 //! Leases on SQLite: claim, complete, release and lock, each checked against the
 //! session and the fencing token inside one write transaction.
 
+use super::claims;
 use super::counted;
 use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::{Db as _, map};
 use super::gate::{self, gate_columns};
 use super::processes::ensure_process;
 use super::rows::{RunningRow, json_rows, running_columns, to_time};
+use super::savepoints::{release, savepoint};
 use super::sessions::requeue;
 use super::trace;
-use super::writer::padded;
+use super::writer::{SqliteQuery, padded};
 use crate::store::exec::Exec as _;
 use crate::store::fleet::{ClaimGate, Claimed};
 use crate::store::key::{validate_key, validate_process};
@@ -356,7 +358,7 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
 
 /// What [`QUICK`] claimed, and whether the claim should go on the general
 /// way.
-struct Quick {
+pub(super) struct Quick {
     leases: Vec<Lease>,
     /// The session was alive when the claim ended.
     alive: bool,
@@ -370,20 +372,49 @@ struct Quick {
 /// `null` unless the claim asked for its trace links.
 type QuickRow = (i64, i64, i64, String, i32, i64, i64, i64, Option<String>);
 
-/// The common claim in one trip to the connection's thread ([`QUICK`]).
+/// The common claim in one trip to the connection's thread ([`QUICK`]), in
+/// a transaction of its own or, when other claims wait for the writer too,
+/// in one with theirs ([`claims`](super::claims)).
 async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, StoreError> {
+    claims::quick(store, params).await
+}
+
+/// [`claim_quick`] in a transaction of its own.
+pub(super) async fn claim_quick_alone(
+    store: &SqliteStore,
+    params: &LeaseClaim,
+) -> Result<Quick, StoreError> {
     let tx = store.lock().await?;
-    let (leases, alive, more): (Vec<u8>, bool, bool) = tx
-        .commit_with_row(QUICK, |query| {
-            query
-                .bind(store.clock().offset_ms())
-                .bind(params.session.0)
-                .bind(&params.process)
-                .bind(i64::from(params.max))
-                .bind(params.trace_links)
-        })
+    let row: QuickAnswer = tx
+        .commit_with_row(QUICK, |query| bind_quick(store, params, query))
         .await
         .db()?;
+    quick_of(params, row)
+}
+
+/// [`QUICK`]'s one row: the leases as JSON text, whether the session is
+/// alive, whether the general claim may find more.
+pub(super) type QuickAnswer = (Vec<u8>, bool, bool);
+
+/// `query` ([`QUICK`] or [`QUICK_IN_GROUP`]) with `params`' arguments.
+pub(super) fn bind_quick<'q>(
+    store: &SqliteStore,
+    params: &'q LeaseClaim,
+    query: SqliteQuery<'q>,
+) -> SqliteQuery<'q> {
+    query
+        .bind(store.clock().offset_ms())
+        .bind(params.session.0)
+        .bind(params.process.as_str())
+        .bind(i64::from(params.max))
+        .bind(params.trace_links)
+}
+
+/// The claim `params` as [`QUICK`] answered it.
+pub(super) fn quick_of(
+    params: &LeaseClaim,
+    (leases, alive, more): QuickAnswer,
+) -> Result<Quick, StoreError> {
     // The keys are printable ASCII ([`QUICK`] takes no other).
     let leases = String::from_utf8(leases)
         .map_err(|_| corrupt("a claim's leases came back as bytes that are not text".into()))?;
@@ -430,11 +461,21 @@ async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, 
 /// session is alive, and whether ready rows may be left that the general
 /// claim would take (some at the highest pending priority, or a lower
 /// priority pending).
-pub(super) const QUICK: &str = concat!(
-    begin_immediate!(),
-    "WITH t(now) AS (SELECT ",
-    clock_ms!(),
-    " + ?1),
+pub(super) const QUICK: &str = concat!(begin_immediate!(), quick_sql!(), "COMMIT");
+
+/// [`QUICK`] for one claim of several in one transaction ([`claims`](super::claims)):
+/// the same statements in a savepoint of their own, so that a claim that
+/// fails takes back its own writes alone.
+pub(super) const QUICK_IN_GROUP: &str = concat!(savepoint!(), quick_sql!(), release!());
+
+/// [`QUICK`]'s statements, each ending with `;`, without its `BEGIN` and
+/// `COMMIT`.
+macro_rules! quick_sql {
+    () => {
+        concat!(
+            "WITH t(now) AS (SELECT ",
+            clock_ms!(),
+            " + ?1),
 r(id, key) AS MATERIALIZED (
     SELECT id, key FROM drover_items
     WHERE process = ?3 AND state = 'pending' AND ready_at <= (SELECT now FROM t)
@@ -452,11 +493,11 @@ WHERE id IN (SELECT id FROM r) AND +state = 'pending' AND +process = ?3
                     AND (paused OR concurrency IS NOT NULL OR rate_per_s IS NOT NULL))
     AND NOT EXISTS (SELECT 1 FROM r WHERE key GLOB '*[^ -~]*');
 ",
-    counted::shift_sql!("?3", "'pending'", "'running'", "changes()"),
-    ";
+            counted::shift_sql!("?3", "'pending'", "'running'", "changes()"),
+            ";
 WITH t(now) AS (SELECT ",
-    clock_ms!(),
-    " + ?1)
+            clock_ms!(),
+            " + ?1)
 SELECT
     (SELECT CAST(json_group_array(json_array(ready_at, id, lease_token, key, priority, failures,
                                              enqueued_at, started_at, trace)) AS BLOB)
@@ -477,8 +518,11 @@ UPDATE drover_counters SET value = (SELECT max(lease_token) FROM drover_items
                                     WHERE lease_session = ?2 AND state = 'running')
 WHERE name = 'lease_token' AND value < (SELECT max(lease_token) FROM drover_items
                                         WHERE lease_session = ?2 AND state = 'running');
-COMMIT"
-);
+"
+        )
+    };
+}
+use quick_sql;
 
 /// The claim the general way: the session and the fleet controls checked,
 /// the priorities walked, undecodable keys parked.

@@ -5,7 +5,9 @@
 
 mod admin;
 mod checkpoint;
+mod claims;
 mod complete;
+mod completions;
 mod connect;
 mod counted;
 mod counts;
@@ -13,6 +15,8 @@ mod engine;
 mod enqueue;
 mod error;
 mod gate;
+#[cfg(test)]
+mod grouped_tests;
 mod groups;
 mod inspect;
 mod leases;
@@ -22,6 +26,7 @@ mod processes;
 mod resync;
 mod rows;
 mod runs;
+mod savepoints;
 mod series;
 mod sessions;
 mod trace;

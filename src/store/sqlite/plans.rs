@@ -53,6 +53,8 @@ fn no_statement_hides_a_semicolon_in_its_text() {
         super::complete::OPENING_QUICK,
         super::complete::CLEAN,
         super::complete::ONE_TRIP,
+        super::leases::QUICK_IN_GROUP,
+        super::complete::ONE_TRIP_IN_GROUP,
     ] {
         for statement in sql.split(';') {
             assert_eq!(statement.matches('\'').count() % 2, 0, "{statement}");
@@ -108,6 +110,8 @@ fn every_statement_of_a_query_of_several_gets_all_its_parameters() {
         (super::complete::OPENING_QUICK, 5),
         (super::complete::CLEAN, 3),
         (super::complete::ONE_TRIP, 4),
+        (super::leases::QUICK_IN_GROUP, 5),
+        (super::complete::ONE_TRIP_IN_GROUP, 4),
     ];
     for (sql, args) in queries {
         if let Err(e) = binds_every_parameter(sql, args) {

@@ -6,8 +6,10 @@
 //! runs, at the level of the store, so it also groups what several
 //! controllers sharing the store (a node running many processes, a server
 //! answering many workers) ask at once. Nothing waits to fill a group: a
-//! lone request runs at once, in its caller's task ([`lead`]). The claims ([`claims`](super::claims)) and the
-//! completions ([`completions`](super::completions)) are grouped this way.
+//! lone request runs at once, in its caller's task ([`lead`]). Each engine
+//! groups its claims and its completions this way (on PostgreSQL as one
+//! statement or transaction per group, on SQLite as one transaction on its
+//! one writer).
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -16,14 +18,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::engine::PostgresStore;
 use crate::store::StoreError;
 
 /// How long the group running may hold the next one back. A group is a
 /// statement or a transaction of a few milliseconds, but one can wait far
 /// longer: a completion for a row that a caller's transaction keeps locked
 /// (an enqueue into a running key, a watched table's trigger) waits until
-/// that transaction ends. Past this, the next group starts beside it, so
+/// that transaction ends, and on SQLite every write waits while a caller's
+/// own transaction holds the writer. Past this, the next group starts beside it, so
 /// one stuck request holds up its own controller, as it did before the
 /// grouping, and not every controller sharing the store.
 const STALL: Duration = Duration::from_millis(100);
@@ -148,6 +150,8 @@ impl<T> Answer<T> {
 
 /// How a kind of request is grouped and run.
 pub(super) trait Group: Send + Sync + 'static {
+    /// The engine's store.
+    type Store: Clone + Send + Sync + 'static;
     /// One caller's request.
     type Req: Send + 'static;
     /// What one caller is answered.
@@ -161,11 +165,11 @@ pub(super) trait Group: Send + Sync + 'static {
     const MOST: usize;
 
     /// The store's groups of this kind.
-    fn grouped(store: &PostgresStore) -> &Arc<Grouped<Self::Req, Self::Ans>>;
+    fn grouped(store: &Self::Store) -> &Arc<Grouped<Self::Req, Self::Ans>>;
 
     /// Runs `group` on `store`; one answer per request, in its order.
     fn run(
-        store: &PostgresStore,
+        store: &Self::Store,
         group: Vec<Self::Req>,
     ) -> impl Future<Output = Vec<Self::Ans>> + Send;
 }
@@ -177,7 +181,7 @@ pub(super) trait Group: Send + Sync + 'static {
 /// runs its own form the next group, run by a task started when the
 /// returned guard is dropped. So a lone caller (one controller's claims, one
 /// after the other) pays nothing for the grouping.
-pub(super) fn lead<G: Group>(store: &PostgresStore) -> Option<Leading<'_, G>> {
+pub(super) fn lead<G: Group>(store: &G::Store) -> Option<Leading<'_, G>> {
     let grouped = G::grouped(store);
     let mut queue = grouped.queue();
     if !queue.may_start(grouped.stall) {
@@ -193,7 +197,7 @@ pub(super) fn lead<G: Group>(store: &PostgresStore) -> Option<Leading<'_, G>> {
 /// The caller runs its request itself (see [`lead`]); dropped when it is
 /// done or gone, it hands the requests that queued meanwhile to a task.
 pub(super) struct Leading<'a, G: Group> {
-    store: &'a PostgresStore,
+    store: &'a G::Store,
     group: PhantomData<fn() -> G>,
 }
 
@@ -218,7 +222,7 @@ impl<G: Group> Drop for Leading<'_, G> {
 /// started yet. While the request waits, each [`STALL`] it checks that the
 /// group running has not stalled, and starts the next group beside it if it
 /// has.
-pub(super) async fn wait<G: Group>(store: &PostgresStore, req: G::Req) -> Option<G::Ans> {
+pub(super) async fn wait<G: Group>(store: &G::Store, req: G::Req) -> Option<G::Ans> {
     let grouped = G::grouped(store);
     let (reply, mut answer) = oneshot::channel();
     let mut start = {
@@ -250,7 +254,7 @@ pub(super) async fn wait<G: Group>(store: &PostgresStore, req: G::Req) -> Option
 /// Starts a task running `store`'s waiting requests of kind `G`, counted as
 /// running already; without a runtime to run it on, every waiting caller
 /// runs its own request.
-fn spawn_groups<G: Group>(store: &PostgresStore) {
+fn spawn_groups<G: Group>(store: &G::Store) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             runtime.spawn(run_groups::<G>(store.clone()));
@@ -264,7 +268,7 @@ fn spawn_groups<G: Group>(store: &PostgresStore) {
 }
 
 /// Runs the waiting requests, a group at a time, until none waits.
-async fn run_groups<G: Group>(store: PostgresStore) {
+async fn run_groups<G: Group>(store: G::Store) {
     let grouped = G::grouped(&store);
     let mut running = Running(grouped, true);
     loop {
@@ -320,4 +324,40 @@ impl<Req, Ans> Drop for Running<'_, Req, Ans> {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::Answer;
+    use crate::store::{DriverError, StoreError};
+
+    #[test]
+    fn a_failed_group_answers_its_own_error_alone_and_an_unknown_commit_to_every_caller() {
+        let driver = |text: &str| DriverError(sqlx::Error::Protocol(text.into()));
+        // A group of one: the request's own error, as it came.
+        let [one] = <[_; 1]>::try_from(Answer::<()>::failed(
+            1,
+            StoreError::Busy(driver("busy")),
+            "claims",
+        ))
+        .map_err(|_| "one answer")
+        .expect("one answer");
+        assert!(
+            matches!(&one, Answer::Failed(StoreError::Busy(e)) if e.to_string().contains("busy")),
+            "a lone request keeps its own error"
+        );
+        // A larger group whose commit may have happened: every caller is told
+        // so, as each may hold what it never heard of.
+        let unknown = Answer::<()>::failed(3, StoreError::CommitUnknown(driver("cut")), "claims");
+        assert_eq!(unknown.len(), 3);
+        assert!(
+            unknown
+                .iter()
+                .all(|a| matches!(a, Answer::Failed(e) if e.is_commit_unknown())),
+            "each caller learns that the commit is unknown"
+        );
+        // A larger group that wrote nothing: each request runs on its own.
+        let alone = Answer::<()>::failed(3, StoreError::Unavailable(driver("gone")), "claims");
+        assert_eq!(alone.len(), 3);
+        assert!(alone.iter().all(|a| matches!(a, Answer::Alone)));
+        assert!(Answer::result(alone.into_iter().next()).is_none());
+        assert!(Answer::<()>::result(None).is_none(), "no answer: run alone");
+    }
+}

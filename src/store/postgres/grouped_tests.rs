@@ -12,19 +12,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use sqlx::{Connection as _, Executor as _, PgConnection};
-use tokio::task::JoinHandle;
-
-use super::super::PostgresStore;
-use super::super::plans::Schema;
-use super::{Answer, Grouped};
-use crate::store::fleet::{Claimed, ProcessPause};
-use crate::store::params::{ItemEnqueue, LeaseClaim, LeaseComplete, SessionStart};
+use super::PostgresStore;
+use super::plans::Schema;
+use crate::store::fleet::ProcessPause;
+use crate::store::grouped::Grouped;
+use crate::store::grouped_testing::{
+    PATIENCE, claim, claimed, complete, done, keys, release, session, until,
+};
+use crate::store::params::ItemEnqueue;
 use crate::store::types::{FencingToken, Lease, Outcome, SessionId};
-use crate::store::{DriverError, StoreEngine as _, StoreError};
-
-/// How long a step may take before the test fails instead of hanging.
-const PATIENCE: Duration = Duration::from_secs(30);
+use crate::store::{StoreEngine as _, StoreError};
+use sqlx::{Connection as _, Executor as _, PgConnection};
 
 /// `store` with groups that never start beside a running one, so that the
 /// tests that count groups count the same on a slow machine.
@@ -34,73 +32,6 @@ fn never_beside(store: &PostgresStore) -> PostgresStore {
     store.claims = Arc::new(Grouped::with_stall(never));
     store.completions = Arc::new(Grouped::with_stall(never));
     store
-}
-
-/// Claims up to `max` keys of `process` for `session`, in a task of its own.
-fn claim(
-    store: &PostgresStore,
-    session: SessionId,
-    process: &str,
-    max: u32,
-) -> JoinHandle<Result<Claimed, StoreError>> {
-    let (store, process) = (store.clone(), process.to_owned());
-    tokio::spawn(async move {
-        store
-            .lease_claim(LeaseClaim {
-                session,
-                process,
-                max,
-                trace_links: false,
-            })
-            .await
-    })
-}
-
-/// Settles `outcomes` as one batch, in a task of its own.
-fn complete(
-    store: &PostgresStore,
-    outcomes: Vec<(Lease, Outcome)>,
-) -> JoinHandle<Result<Vec<Result<(), StoreError>>, StoreError>> {
-    let store = store.clone();
-    tokio::spawn(async move {
-        let batch: Vec<LeaseComplete<'_>> = outcomes
-            .iter()
-            .map(|(lease, outcome)| LeaseComplete {
-                lease,
-                outcome,
-                trace_id: None,
-            })
-            .collect();
-        store.lease_complete_batch(&batch).await
-    })
-}
-
-/// `process`'s six keys, enqueued, and the first `n` claimed by `session`.
-async fn claimed(store: &PostgresStore, session: SessionId, process: &str, n: u32) -> Vec<Lease> {
-    let keys: Vec<String> = (0..6).map(|k| format!("{process}-{k}")).collect();
-    store
-        .item_enqueue(ItemEnqueue::new(process, keys))
-        .await
-        .expect("keys enqueue");
-    store
-        .lease_claim(LeaseClaim {
-            session,
-            process: process.into(),
-            max: n,
-            trace_links: false,
-        })
-        .await
-        .expect("a claim")
-        .leases
-}
-
-/// A session of `store`'s, for ten minutes.
-async fn session(store: &PostgresStore, name: &str) -> SessionId {
-    store
-        .session_start(SessionStart::new(name, Duration::from_secs(600)))
-        .await
-        .expect("a session starts")
-        .id
 }
 
 /// Locks x-0's row.
@@ -118,40 +49,6 @@ async fn holding(schema: &Schema, lock: &str) -> PgConnection {
         .await
         .unwrap_or_else(|e| panic!("{lock}: {e}"));
     holder
-}
-
-/// Commits `holder`'s transaction, then awaits `first` and `rest`.
-async fn release<T>(
-    holder: &mut PgConnection,
-    first: JoinHandle<T>,
-    rest: Vec<JoinHandle<T>>,
-) -> (T, Vec<T>) {
-    holder
-        .execute("COMMIT")
-        .await
-        .expect("the lock is released");
-    let first = first.await.expect("the first request's task");
-    let mut answers = Vec::new();
-    for task in rest {
-        answers.push(task.await.expect("a request's task"));
-    }
-    (first, answers)
-}
-
-/// Waits, without sleeping, until `ready` holds.
-async fn until(what: &str, mut ready: impl AsyncFnMut() -> bool) {
-    tokio::time::timeout(PATIENCE, async {
-        while !ready().await {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("still waiting for {what} after {PATIENCE:?}"));
-}
-
-/// The keys of a claim's leases, in claim order.
-fn keys(claimed: &Claimed) -> Vec<&str> {
-    claimed.leases.iter().map(|l| l.key.as_str()).collect()
 }
 
 #[tokio::test]
@@ -186,7 +83,7 @@ async fn claims_that_arrive_while_one_runs_share_one_statement_each_answered_as_
     let first = claim(&store, one, "a", 2);
     // Run by its caller, it holds the store's claims until it ends, which
     // the lock stops it from doing.
-    until("the first claim to start", async || store.claims.taken()).await;
+    until("the first claim to start", || store.claims.taken()).await;
     let rest = vec![
         claim(&store, two, "a", 2),
         claim(&store, one, "b", 3),
@@ -194,7 +91,7 @@ async fn claims_that_arrive_while_one_runs_share_one_statement_each_answered_as_
         claim(&store, SessionId(-1), "b", 2),
         claim(&store, one, "paused", 2),
     ];
-    until("the other claims to queue", async || {
+    until("the other claims to queue", || {
         store.claims.waiting() == rest.len()
     })
     .await;
@@ -275,14 +172,8 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
 
     // The first batch waits for this lock on one of its rows.
     let mut holder = holding(&schema, LOCK_X0).await;
-    let done = |leases: &[Lease]| -> Vec<(Lease, Outcome)> {
-        leases.iter().map(|l| (l.clone(), Outcome::Done)).collect()
-    };
     let first = complete(&store, done(&x));
-    until("the first batch to start", async || {
-        store.completions.taken()
-    })
-    .await;
+    until("the first batch to start", || store.completions.taken()).await;
     let rest = vec![
         complete(&store, done(&y)),
         complete(
@@ -294,7 +185,7 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
         ),
         complete(&store, vec![(forged.clone(), Outcome::Done)]),
     ];
-    until("the other batches to queue", async || {
+    until("the other batches to queue", || {
         store.completions.waiting() == rest.len()
     })
     .await;
@@ -368,10 +259,7 @@ async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
     // running key does until it commits).
     let mut holder = holding(&schema, LOCK_X0).await;
     let stuck = complete(&store, vec![(x[0].clone(), Outcome::Done)]);
-    until("the stuck batch to start", async || {
-        store.completions.taken()
-    })
-    .await;
+    until("the stuck batch to start", || store.completions.taken()).await;
     // Queued behind the stuck one, y's batch starts beside it once it has
     // stalled, and is written while x-0's row is still locked.
     let beside = complete(&store, vec![(y[0].clone(), Outcome::Done)]);
@@ -400,37 +288,4 @@ async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
     assert_eq!(idle, 2);
     holder.close().await.expect("the connection closes");
     schema.remove().await;
-}
-
-#[test]
-fn a_failed_group_answers_its_own_error_alone_and_an_unknown_commit_to_every_caller() {
-    let driver = |text: &str| DriverError(sqlx::Error::Protocol(text.into()));
-    // A group of one: the request's own error, as it came.
-    let [one] = <[_; 1]>::try_from(Answer::<()>::failed(
-        1,
-        StoreError::Busy(driver("busy")),
-        "claims",
-    ))
-    .map_err(|_| "one answer")
-    .expect("one answer");
-    assert!(
-        matches!(&one, Answer::Failed(StoreError::Busy(e)) if e.to_string().contains("busy")),
-        "a lone request keeps its own error"
-    );
-    // A larger group whose commit may have happened: every caller is told
-    // so, as each may hold what it never heard of.
-    let unknown = Answer::<()>::failed(3, StoreError::CommitUnknown(driver("cut")), "claims");
-    assert_eq!(unknown.len(), 3);
-    assert!(
-        unknown
-            .iter()
-            .all(|a| matches!(a, Answer::Failed(e) if e.is_commit_unknown())),
-        "each caller learns that the commit is unknown"
-    );
-    // A larger group that wrote nothing: each request runs on its own.
-    let alone = Answer::<()>::failed(3, StoreError::Unavailable(driver("gone")), "claims");
-    assert_eq!(alone.len(), 3);
-    assert!(alone.iter().all(|a| matches!(a, Answer::Alone)));
-    assert!(Answer::result(alone.into_iter().next()).is_none());
-    assert!(Answer::<()>::result(None).is_none(), "no answer: run alone");
 }
