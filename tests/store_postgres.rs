@@ -404,13 +404,31 @@ async fn running_and_parked_keys_are_listed_from_their_own_small_indexes() {
 
 /// A fresh schema on the server at `base` (with `pg_walinspect` installed
 /// in the database) holding 1,000 pending keys of [`P`], its store's pool and
-/// the keys: for the tests that read the write-ahead log.
-async fn walinspected(base: &str) -> (support::TestDb, String, sqlx::PgPool, Vec<String>) {
+/// the keys, and a connection holding the log from now on (a temporary
+/// replication slot: a checkpoint, the five-minute timer's or another
+/// client's, would otherwise remove the segments the test reads): for the
+/// tests that read the write-ahead log.
+async fn walinspected(
+    base: &str,
+) -> (
+    support::TestDb,
+    String,
+    sqlx::PgPool,
+    Vec<String>,
+    sqlx::PgConnection,
+) {
     support::admin_execute(
         base,
         "CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public",
     )
     .await;
+    let mut holder = <sqlx::PgConnection as sqlx::Connection>::connect(base)
+        .await
+        .expect("a connection to hold the log");
+    sqlx::query("SELECT pg_create_physical_replication_slot('drover_test_' || pg_backend_pid(), true, true)")
+        .execute(&mut holder)
+        .await
+        .expect("a temporary slot (the test server's user is a superuser)");
     let (db, schema) = support::postgres(base).await;
     let pool = db.store.postgres_pool().expect("postgres").clone();
     let names: Vec<String> = (0..1_000).map(|i| format!("k{i:04}")).collect();
@@ -418,7 +436,7 @@ async fn walinspected(base: &str) -> (support::TestDb, String, sqlx::PgPool, Vec
         .item_enqueue(ItemEnqueue::new(P, names.iter().map(String::as_str)))
         .await
         .expect("enqueue");
-    (db, schema, pool, names)
+    (db, schema, pool, names, holder)
 }
 
 /// The write-ahead log's current `which` position (`insert` or `flush`).
@@ -441,7 +459,7 @@ async fn a_claim_writes_its_new_row_versions_beside_the_old_ones() {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    let (db, schema, pool, names) = walinspected(&base).await;
+    let (db, schema, pool, names, _log) = walinspected(&base).await;
     // The end is the flushed position: pg_walinspect refuses one past it, and
     // the insert position runs ahead of it while other tests write. Each
     // claim has committed (and so flushed) its records before it is read.
@@ -486,7 +504,7 @@ async fn a_claim_and_a_completion_write_no_index_entry_for_the_item_id() {
     let Some(base) = support::postgres_url() else {
         return;
     };
-    let (db, schema, pool, names) = walinspected(&base).await;
+    let (db, schema, pool, names, _log) = walinspected(&base).await;
     let lsn = |which: &'static str| wal_lsn(&pool, which);
     // Index entries written per key between two positions of the log, by
     // index: each leaf insert is one record, or part of the split it caused.

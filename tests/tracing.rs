@@ -617,7 +617,32 @@ fn traced_worker_with(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Child {
-    Command::new(drover_bin())
+    traced_command(db, exec, endpoint, args, env)
+        .spawn()
+        .expect("spawn drover work")
+}
+
+/// A traced worker (see [`traced_worker_with`]) serving its own metrics, and
+/// the address they are on.
+async fn traced_worker_with_metrics(
+    db: &TestDb,
+    exec: &str,
+    endpoint: &str,
+    env: &[(&str, &str)],
+) -> (Child, String) {
+    support::cli::with_metrics(traced_command(db, exec, endpoint, &[], env)).await
+}
+
+/// The command [`traced_worker_with`] starts.
+fn traced_command(
+    db: &TestDb,
+    exec: &str,
+    endpoint: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut command = Command::new(drover_bin());
+    command
         .args(["work", PROCESS, "--db", &db.url, "--exec", exec])
         .args(args)
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
@@ -628,9 +653,8 @@ fn traced_worker_with(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover work")
+        .kill_on_drop(true);
+    command
 }
 
 /// Waits until `n` keys of [`PROCESS`] are idle (done).
@@ -1139,12 +1163,6 @@ async fn serve_refuses_a_trace_url_without_the_placeholder_or_not_http() {
     }
 }
 
-/// A free loopback address (bound, then released) for a child to listen on.
-fn free_addr() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").to_string()
-}
-
 /// The value of the series `series` (name and labels) on the `/metrics`
 /// page at `addr`; 0 when it is not there, or the worker does not listen
 /// yet.
@@ -1200,9 +1218,7 @@ async fn spans_a_collector_refuses_are_counted_dropped() {
             .item_enqueue(ItemEnqueue::new(PROCESS, keys))
             .await
             .expect("enqueue");
-        let addr = free_addr();
-        let args = ["--metrics-listen", addr.as_str()];
-        let worker = traced_worker_with(&db, "true", &endpoint, &args, &[]);
+        let (worker, addr) = traced_worker_with_metrics(&db, "true", &endpoint, &[]).await;
         let (full, _) = all_dropped(&addr, 10).await;
         assert_eq!(full, 0);
         assert!(metric(&addr, EXPORTS_FAILED).await >= 1);
@@ -1227,14 +1243,12 @@ async fn spans_a_silent_collector_never_takes_are_counted_dropped() {
             .item_enqueue(ItemEnqueue::new(PROCESS, keys))
             .await
             .expect("enqueue");
-        let addr = free_addr();
-        let args = ["--metrics-listen", addr.as_str()];
         let env = [
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "300"),
             ("OTEL_BSP_MAX_QUEUE_SIZE", "4"),
             ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2"),
         ];
-        let worker = traced_worker_with(&db, "true", &endpoint, &args, &env);
+        let (worker, addr) = traced_worker_with_metrics(&db, "true", &endpoint, &env).await;
         let (full, failed) = all_dropped(&addr, 50).await;
         assert!(full > 0 && failed > 0, "{full} + {failed}");
         assert_eq!(metric(&addr, EXPORTS_OK).await, 0);
@@ -1471,15 +1485,14 @@ mod over_grpc {
                 .item_enqueue(ItemEnqueue::new(PROCESS, keys))
                 .await
                 .expect("enqueue");
-            let addr = free_addr();
-            let args = ["--metrics-listen", addr.as_str()];
             let env = [
                 GRPC,
                 ("OTEL_EXPORTER_OTLP_TIMEOUT", "300"),
                 ("OTEL_BSP_MAX_QUEUE_SIZE", "4"),
                 ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2"),
             ];
-            let worker = traced_worker_with(&db, "true", &endpoint, &args, &env);
+            let (worker, addr) =
+                super::traced_worker_with_metrics(&db, "true", &endpoint, &env).await;
             all_idle(&db, 50).await;
             let (_, failed) = super::all_dropped(&addr, 50).await;
             assert!(failed > 0, "some exports were tried and timed out");

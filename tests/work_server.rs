@@ -9,6 +9,7 @@ use drover::store::{
     ItemEnqueue, ItemGet, ItemState, Run, RunList, RunOutcome, Store, StoreEngine as _,
 };
 use nix::sys::signal::Signal;
+use support::cli::work_command;
 use support::process::{eventually, signal, stop};
 use support::serve::Serve;
 use support::{TestDb, each_engine};
@@ -321,25 +322,17 @@ async fn a_remote_worker_with_a_parallelism_over_one_claims_answer_drains_everyt
     .await;
 }
 
-/// A free loopback address (bound, then released) for a child to listen on.
-fn free_addr() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_worker_serves_its_own_metrics_on_either_backend() {
     each_engine(|db| async move {
         let dir = tempfile::tempdir().unwrap();
         let (server, url) = serve(&db, dir.path()).await;
-        let (remote_addr, direct_addr) = (free_addr(), free_addr());
-        let remote = remote_worker(&url, "true", &["--metrics-listen", &remote_addr]);
-        let direct = support::cli::worker(
-            &db.url,
-            PROCESS,
-            "false",
-            &["--metrics-listen", &direct_addr],
-        );
+        let remote = [
+            PROCESS, "--server", &url, "--token", TOKEN, "--exec", "true",
+        ];
+        let (remote, remote_addr) = support::cli::with_metrics(work_command(remote)).await;
+        let direct = [PROCESS, "--db", &db.url, "--exec", "false"];
+        let (direct, direct_addr) = support::cli::with_metrics(work_command(direct)).await;
         let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
         db.store
             .item_enqueue(ItemEnqueue::new(PROCESS, keys))

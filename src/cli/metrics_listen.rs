@@ -17,11 +17,16 @@ use tokio_util::sync::CancellationToken;
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Binds `addr` (so a taken port fails the command at once) and serves until
-/// `stop` fires.
-pub(crate) async fn start(addr: SocketAddr, stop: CancellationToken) -> anyhow::Result<()> {
+/// `stop` fires. Returns the address bound: with port 0 the system picks a
+/// free one, and the caller says which (a test or a supervisor reads it
+/// instead of guessing a free port, which another socket could take first).
+pub(crate) async fn start(addr: SocketAddr, stop: CancellationToken) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for --metrics-listen"))?;
+    let bound = listener
+        .local_addr()
+        .with_context(|| format!("cannot read the address bound for --metrics-listen {addr}"))?;
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }));
@@ -33,7 +38,7 @@ pub(crate) async fn start(addr: SocketAddr, stop: CancellationToken) -> anyhow::
             tracing::warn!(error = %e, "the metrics listener stopped");
         }
     });
-    Ok(())
+    Ok(bound)
 }
 
 async fn metrics() -> impl IntoResponse {

@@ -63,7 +63,8 @@ pub(crate) struct Args {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     shutdown_deadline: Duration,
     /// Serve this worker's `/metrics` (its outcomes, work durations, sessions)
-    /// and `/healthz` on this address, e.g. 127.0.0.1:9464.
+    /// and `/healthz` on this address, e.g. 127.0.0.1:9464 (port 0: a free
+    /// one, named on stderr).
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
@@ -162,8 +163,8 @@ async fn serve_until_signal<R: Reconciler, B: WorkerBackend>(
     let shutdown = CancellationToken::new();
     let metrics_stop = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
-        metrics_listen::start(addr, metrics_stop.clone()).await?;
-        eprintln!("drover work: metrics on http://{addr}/metrics");
+        let bound = metrics_listen::start(addr, metrics_stop.clone()).await?;
+        eprintln!("drover work: metrics on http://{bound}/metrics");
     }
     tokio::spawn(shutdown_on_signals(shutdown.clone()));
     let ran = controller.run(shutdown).await;

@@ -40,15 +40,24 @@ pub(crate) fn work<'a>(args: impl IntoIterator<Item = &'a str>) -> Child {
 
 /// [`work`], its stderr (drover's log) going to `stderr`.
 fn work_logging<'a>(args: impl IntoIterator<Item = &'a str>, stderr: Stdio) -> Child {
-    Command::new(super::process::drover_bin())
+    work_command(args)
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn drover work")
+}
+
+/// The command `drover work ARGS`, its input and output closed and killed
+/// if the test drops it, not yet started: for [`with_metrics`].
+pub(crate) fn work_command<'a>(args: impl IntoIterator<Item = &'a str>) -> Command {
+    let mut command = Command::new(super::process::drover_bin());
+    command
         .arg("work")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn drover work")
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    command
 }
 
 /// Starts `drover work PROCESS --db URL --exec EXEC` with extra `flags`
@@ -76,4 +85,44 @@ pub(crate) fn worker_logged(
         args.into_iter().chain(flags.iter().copied()),
         Stdio::from(file),
     )
+}
+
+/// Spawns `command` (a `drover work …`) with `--metrics-listen 127.0.0.1:0`
+/// and returns it with the address its metrics listener bound, read from the
+/// line its stderr names it on. No port is picked before the child binds
+/// it, so no other socket can take it first. The rest of its stderr is read
+/// and dropped (a full pipe would stall it). When no such line comes (the
+/// child failed, or hangs), the test fails with what it printed.
+pub(crate) async fn with_metrics(mut command: Command) -> (Child, String) {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+    let mut child = command
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover work");
+    let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
+    let mut printed = Vec::new();
+    let found = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let addr = line
+                .strip_prefix("drover work: metrics on http://")
+                .and_then(|rest| rest.strip_suffix("/metrics"))
+                .map(str::to_owned);
+            if addr.is_some() {
+                return addr;
+            }
+            printed.push(line);
+        }
+        None
+    })
+    .await;
+    let Ok(Some(addr)) = found else {
+        panic!(
+            "the worker never named its metrics address; it printed:\n{}",
+            printed.join("\n")
+        );
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
 }
