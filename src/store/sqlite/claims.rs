@@ -21,7 +21,9 @@
 use std::sync::Arc;
 
 use super::engine::SqliteStore;
-use super::leases::{QUICK_IN_GROUP, Quick, QuickAnswer, bind_quick, claim_quick_alone, quick_of};
+use super::leases::{
+    QUICK, QUICK_IN_GROUP, Quick, QuickAnswer, bind_quick, claim_quick_alone, quick_of,
+};
 use super::savepoints::each_in_its_savepoint;
 use crate::store::StoreError;
 use crate::store::grouped::{self, Answer, Group, Grouped};
@@ -51,7 +53,7 @@ impl Group for Claiming {
     }
 
     async fn run(store: &SqliteStore, group: Vec<LeaseClaim>) -> Vec<Self::Ans> {
-        match each_in_its_savepoint(store, &group, QUICK_IN_GROUP, bind_quick).await {
+        match each_in_its_savepoint(store, &group, (QUICK, QUICK_IN_GROUP), bind_quick).await {
             Ok(answers) => answers,
             Err(e) => Answer::failed(group.len(), e, "claims"),
         }

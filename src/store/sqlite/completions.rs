@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use super::complete::{Clean, ONE_TRIP_IN_GROUP};
+use super::complete::{Clean, ONE_TRIP, ONE_TRIP_IN_GROUP};
 use super::engine::SqliteStore;
 use super::savepoints::each_in_its_savepoint;
 use crate::store::StoreError;
@@ -43,7 +43,8 @@ impl Group for Completing {
     }
 
     async fn run(store: &SqliteStore, group: Vec<Clean>) -> Vec<Self::Ans> {
-        match each_in_its_savepoint(store, &group, ONE_TRIP_IN_GROUP, Clean::bind).await {
+        match each_in_its_savepoint(store, &group, (ONE_TRIP, ONE_TRIP_IN_GROUP), Clean::bind).await
+        {
             Ok(answers) => answers,
             Err(e) => Answer::failed(group.len(), e, "completions"),
         }

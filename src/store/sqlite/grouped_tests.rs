@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::SqliteStore;
+use super::savepoints::ONES;
 use crate::store::fleet::ProcessPause;
 use crate::store::grouped::Grouped;
 use crate::store::grouped_testing::{
@@ -100,6 +101,7 @@ async fn claims_that_arrive_while_one_waits_for_the_writer_share_one_transaction
         1,
         "the six claims that queued behind the first ran in one transaction"
     );
+    assert_eq!(ONES.get(), 0, "in savepoints");
     assert_eq!(keys(&first), ["a-0", "a-1"]);
     let [second, b, poison, c, expired, paused] = <[_; 6]>::try_from(answers).expect("six answers");
     let second = second.expect("the second claim of a");
@@ -282,5 +284,91 @@ async fn batches_that_arrive_while_one_waits_for_the_writer_share_one_transactio
             .await
             .expect("the counts are read");
     assert_eq!(idle, 6);
+    store.close().await;
+}
+
+/// A claim or a batch that waited for the writer while nothing else joined
+/// it is a group of one: it runs its statements in a transaction of its own
+/// (not in a savepoint), answered as on its own, its failure its own error
+/// with nothing of it written.
+#[tokio::test]
+async fn a_group_of_one_is_answered_as_a_request_on_its_own() {
+    let (_dir, store, mut holder) = store_and_holder().await;
+    let (one, two) = (session(&store, "one").await, session(&store, "two").await);
+    for process in ["a", "poison"] {
+        enqueue(&store, process).await;
+    }
+    holder
+        .execute(
+            "CREATE TRIGGER poison BEFORE UPDATE ON drover_item_counts
+             WHEN NEW.process = 'poison' AND NEW.n > OLD.n
+             BEGIN SELECT RAISE(ABORT, 'poisoned claim'); END",
+        )
+        .await
+        .expect("the trigger is created");
+    // Each round: the first request holds the store's requests of its kind
+    // behind the write lock, and one more queues behind it.
+    for (round, (process, session)) in [("a", two), ("poison", two)].into_iter().enumerate() {
+        hold(&mut holder).await;
+        let first = claim(&store, one, "a", 1);
+        until("the first claim to start", || store.claims.taken()).await;
+        let lone = vec![claim(&store, session, process, 2)];
+        until("the other claim to queue", || store.claims.waiting() == 1).await;
+        let (first, answers) = release(&mut holder, first, lone).await;
+        assert_eq!(keys(&first.expect("a claim")), [format!("a-{}", round * 3)]);
+        assert_eq!(store.claims.groups.load(Ordering::Relaxed), round + 1);
+        assert_eq!(
+            ONES.get(),
+            round + 1,
+            "its own transaction, not a savepoint"
+        );
+        let [lone] = <[_; 1]>::try_from(answers).expect("one answer");
+        match process {
+            "a" => {
+                let lone = lone.expect("a claim of a");
+                assert_eq!(keys(&lone), ["a-1", "a-2"], "after the first's, in order");
+                assert!(lone.leases.iter().all(|l| l.session == two));
+            }
+            _ => assert!(
+                matches!(&lone, Err(e) if format!("{e:?}").contains("poisoned claim")),
+                "{lone:?}"
+            ),
+        }
+    }
+    let poisoned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM drover_items WHERE process = 'poison' AND state = 'pending'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("the rows are counted");
+    assert_eq!(poisoned, 6, "the poisoned claim leased nothing");
+
+    let x = claimed(&store, one, "x", 2).await;
+    let y = claimed(&store, two, "y", 2).await;
+    hold(&mut holder).await;
+    let first = complete(&store, done(&x));
+    until("the first batch to start", || store.completions.taken()).await;
+    let lone = vec![complete(&store, done(&y))];
+    until("the other batch to queue", || {
+        store.completions.waiting() == 1
+    })
+    .await;
+    let (first, answers) = release(&mut holder, first, lone).await;
+    assert!(first.expect("a batch").iter().all(Result::is_ok));
+    assert_eq!(store.completions.groups.load(Ordering::Relaxed), 1);
+    assert_eq!(ONES.get(), 3, "its own transaction, not a savepoint");
+    let [lone] = <[_; 1]>::try_from(answers).expect("one answer");
+    let lone = lone.expect("a batch");
+    assert!(
+        lone.len() == 2 && lone.iter().all(Result::is_ok),
+        "{lone:?}"
+    );
+    let runs: Vec<(String, i64)> =
+        sqlx::query_as("SELECT key, token FROM drover_runs WHERE key LIKE 'y-%' ORDER BY key")
+            .fetch_all(store.pool())
+            .await
+            .expect("the runs are read");
+    let expected: Vec<(String, i64)> = y.iter().map(|l| (l.key.clone(), l.token.0)).collect();
+    assert_eq!(runs, expected, "one run per lease of the lone batch");
     store.close().await;
 }

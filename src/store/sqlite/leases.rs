@@ -327,7 +327,7 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
     if params.max == 0 {
         return claim_general(store, params).await;
     }
-    let quick = claim_quick(store, &params).await?;
+    let quick = claims::quick(store, &params).await?;
     let started = u32::try_from(quick.leases.len()).unwrap_or(u32::MAX);
     if !quick.more || started >= params.max {
         if quick.leases.is_empty() && !quick.alive {
@@ -372,14 +372,9 @@ pub(super) struct Quick {
 /// `null` unless the claim asked for its trace links.
 type QuickRow = (i64, i64, i64, String, i32, i64, i64, i64, Option<String>);
 
-/// The common claim in one trip to the connection's thread ([`QUICK`]), in
-/// a transaction of its own or, when other claims wait for the writer too,
-/// in one with theirs ([`claims`](super::claims)).
-async fn claim_quick(store: &SqliteStore, params: &LeaseClaim) -> Result<Quick, StoreError> {
-    claims::quick(store, params).await
-}
-
-/// [`claim_quick`] in a transaction of its own.
+/// The common claim ([`QUICK`], one trip to the connection's thread) in a
+/// transaction of its own; [`claims::quick`] runs it so when no other claim
+/// waits for the writer, and in one transaction with theirs when some do.
 pub(super) async fn claim_quick_alone(
     store: &SqliteStore,
     params: &LeaseClaim,

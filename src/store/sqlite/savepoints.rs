@@ -27,26 +27,52 @@ macro_rules! release {
 }
 pub(super) use release;
 
-/// Runs `sql` (a request's statements, from [`savepoint!`] to [`release!`])
-/// once for each of `group`'s requests, bound by `bind`, one after the other
-/// in one transaction on the writer. Each is answered the first row its
-/// statements read, or [`Answer::Alone`] when they failed: its writes are
-/// then rolled back to its savepoint, and it runs again on its own. Nothing
-/// is answered unless the transaction commits.
+#[cfg(test)]
+thread_local! {
+    /// How many groups of one ran their request's own transaction on this
+    /// thread, for the tests: a current-thread runtime runs the groups' task
+    /// on the test's own thread.
+    pub(super) static ONES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs each of `group`'s requests, bound by `bind`, one after the other in
+/// one transaction on the writer: `in_group` (a request's statements, from
+/// [`savepoint!`] to [`release!`]) once per request. Each is answered the
+/// first row its statements read, or [`Answer::Alone`] when they failed: its
+/// writes are then rolled back to its savepoint, and it runs again on its
+/// own. Nothing is answered unless the transaction commits.
+///
+/// A group of one runs `alone` instead, the same statements in a transaction
+/// of their own (from `BEGIN` to `COMMIT`, one trip to the writer's thread
+/// where the savepoint's way takes three: `BEGIN`, the statements, `COMMIT`),
+/// and its error is its own: what several controllers at a low load, each
+/// request waiting for the one before but none joining it, would otherwise
+/// pay on every claim.
 pub(super) async fn each_in_its_savepoint<R, T>(
     store: &SqliteStore,
     group: &[R],
-    sql: &'static str,
+    (alone, in_group): (&'static str, &'static str),
     bind: for<'q> fn(&SqliteStore, &'q R, SqliteQuery<'q>) -> SqliteQuery<'q>,
 ) -> Result<Vec<Answer<T>>, StoreError>
 where
     T: for<'r> sqlx::FromRow<'r, SqliteRow>,
 {
-    debug_assert!(sql.starts_with(savepoint!()) && sql.ends_with(release!()));
+    debug_assert!(in_group.starts_with(savepoint!()) && in_group.ends_with(release!()));
+    if let [request] = group {
+        #[cfg(test)]
+        ONES.with(|ones| ones.set(ones.get() + 1));
+        let row = store
+            .lock()
+            .await?
+            .commit_with_row(alone, |query| bind(store, request, query))
+            .await
+            .db()?;
+        return Ok(vec![Answer::Done(row)]);
+    }
     let mut tx = store.begin().await?;
     let mut answers = Vec::with_capacity(group.len());
     for request in group {
-        match padded(bind(store, request, sqlx::query(sql)))
+        match padded(bind(store, request, sqlx::query(in_group)))
             .fetch_all(&mut *tx)
             .await
         {
