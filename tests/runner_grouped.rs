@@ -2,7 +2,7 @@
 //! together (the store's groups): when the link is cut after a group
 //! commits, each controller in it must act on an unknown commit. A claim's
 //! controller gives its session up, so the keys leased to it come back; a
-//! completion's run writes its outcome again and is told the lease is gone.
+//! completion's run writes its outcome again and is told it was written.
 //! Either way each key runs once and is left idle with one `done` run.
 
 mod support;
@@ -20,8 +20,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The controllers, one per process, each claiming both keys of its own.
-const PROCESSES: [&str; 4] = ["g0", "g1", "g2", "g3"];
+/// The controllers of a test, one per process, each claiming both keys of
+/// its own: each test has its own names, so that the counts of one
+/// (`drover_outcomes_total`, one registry per test binary) are its own.
+type Processes = [&'static str; 4];
 const KEYS: [&str; 2] = ["a", "b"];
 
 /// Text only the statement of a group of claims holds (`claims.rs`'s
@@ -34,10 +36,10 @@ const CLAIM_GROUP: &str = "unnest(";
 /// statement.
 const COMPLETION_GROUP: &str = "AS r(outcome, ctid";
 
-/// Every key of [`PROCESSES`] pending, on `db`, enqueued in one transaction
+/// Every key of `processes` pending, on `db`, enqueued in one transaction
 /// so that their controllers are woken together.
-async fn enqueue(db: &TestDb) {
-    let calls: Vec<String> = PROCESSES
+async fn enqueue(db: &TestDb, processes: Processes) {
+    let calls: Vec<String> = processes
         .iter()
         .map(|p| format!("drover_enqueue('{p}', ARRAY['{}'])", KEYS.join("', '")))
         .collect();
@@ -46,14 +48,15 @@ async fn enqueue(db: &TestDb) {
 
 /// A controller per process on one store, each reporting its runs.
 struct Fleet {
+    processes: Processes,
     running: Vec<(CancellationToken, JoinHandle<()>)>,
     ran: mpsc::UnboundedReceiver<(String, String)>,
 }
 
 impl Fleet {
-    fn start(store: &Store) -> Self {
+    fn start(store: &Store, processes: Processes) -> Self {
         let (tx, ran) = mpsc::unbounded_channel();
-        let running = PROCESSES
+        let running = processes
             .iter()
             .map(|process| {
                 let tx = tx.clone();
@@ -77,14 +80,18 @@ impl Fleet {
                 support::running::spawn(controller)
             })
             .collect();
-        Self { running, ran }
+        Self {
+            processes,
+            running,
+            ran,
+        }
     }
 
     /// Waits until every key has run, stops the controllers, and fails
     /// unless each key ran exactly once: judged by what the work reports.
     async fn each_key_ran_once(&mut self) {
         let mut ran = BTreeMap::new();
-        for _ in 0..PROCESSES.len() * KEYS.len() {
+        for _ in 0..self.processes.len() * KEYS.len() {
             let run = tokio::time::timeout(Duration::from_secs(20), self.ran.recv())
                 .await
                 .expect("every key ran within 20 s")
@@ -99,9 +106,20 @@ impl Fleet {
                 .expect("controller task");
         }
         assert!(self.ran.try_recv().is_err(), "no key ran a second time");
-        assert_eq!(ran.len(), PROCESSES.len() * KEYS.len());
+        assert_eq!(ran.len(), self.processes.len() * KEYS.len());
         assert!(ran.values().all(|n| *n == 1), "each key ran once: {ran:?}");
     }
+}
+
+/// `drover_outcomes_total{process, outcome}` in this test binary's registry.
+fn counted(process: &str, outcome: &str) -> u64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, drover::metrics::registry())
+        .expect("the registry encodes");
+    let series = format!(r#"drover_outcomes_total{{process="{process}",outcome="{outcome}"}} "#);
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
 }
 
 /// `process/key`'s runs, oldest first, after checking that it is idle.
@@ -146,14 +164,19 @@ impl Cut {
     /// once a statement containing `group` (which only a group of several
     /// controllers' requests runs) waits for it, and returns once that
     /// group's commit has been cut.
-    async fn of_a_group(base: &str, table: &'static str, group: &'static str) -> Self {
+    async fn of_a_group(
+        base: &str,
+        table: &'static str,
+        group: &'static str,
+        processes: Processes,
+    ) -> Self {
         let (db, schema) = support::postgres(base).await;
-        enqueue(&db).await;
+        enqueue(&db, processes).await;
         let (proxy, store) = CommitCut::in_front_of(base, &db.url).await;
         proxy.arm_for(group);
         let pool = db.store.postgres_pool().expect("postgres").clone();
         let holder = Holder::lock_table(&pool, table).await;
-        let fleet = Fleet::start(&store);
+        let fleet = Fleet::start(&store, processes);
         holder.wait_for_a_waiter_running(&pool, group).await;
         holder.release().await;
         tokio::time::timeout(Duration::from_secs(20), proxy.cut())
@@ -182,14 +205,15 @@ async fn a_group_of_claims_whose_commit_is_unknown_gives_every_session_up_and_lo
     };
     // Every claim reads the items: the first controller's claim runs on
     // its own, the others queue behind it and then go as one statement.
-    let mut cut = Cut::of_a_group(&base, "drover_items", CLAIM_GROUP).await;
+    let processes = ["c0", "c1", "c2", "c3"];
+    let mut cut = Cut::of_a_group(&base, "drover_items", CLAIM_GROUP, processes).await;
     let db = &cut.db;
     cut.fleet.each_key_ran_once().await;
 
     // The group's keys were leased by the lost commit, handed back when
     // each session was given up, then leased again; the others once.
     let mut grouped: BTreeMap<&str, usize> = BTreeMap::new();
-    for process in PROCESSES {
+    for process in processes {
         for key in KEYS {
             let runs = idle_with_runs(db, process, key).await;
             let outcomes: Vec<RunOutcome> = runs.iter().map(|r| r.outcome).collect();
@@ -221,17 +245,21 @@ async fn a_group_of_completions_whose_commit_is_unknown_writes_each_outcome_once
     };
     // Every completion appends runs: the first controller's batch is written
     // on its own, the others queue behind it and then go as one transaction.
-    let mut cut = Cut::of_a_group(&base, "drover_runs", COMPLETION_GROUP).await;
+    let processes = ["w0", "w1", "w2", "w3"];
+    let mut cut = Cut::of_a_group(&base, "drover_runs", COMPLETION_GROUP, processes).await;
     let db = &cut.db;
     cut.fleet.each_key_ran_once().await;
 
-    // Written once, by the lost commit or by the run's retry.
-    for process in PROCESSES {
+    // Written once, by the lost commit; its retry was told so, and each run
+    // counted `done`, none `lost`.
+    for process in processes {
         for key in KEYS {
             let runs = idle_with_runs(db, process, key).await;
             let outcomes: Vec<RunOutcome> = runs.iter().map(|r| r.outcome).collect();
             assert_eq!(outcomes, [RunOutcome::Done], "{process}/{key}");
         }
+        assert_eq!(counted(process, "lost"), 0, "{process}");
+        assert_eq!(counted(process, "done"), KEYS.len() as u64, "{process}");
     }
     cut.finish(&base).await;
 }

@@ -1259,3 +1259,75 @@ async fn a_trace_link_needs_the_lease_that_holds_the_key() {
     })
     .await;
 }
+
+/// A completion retried after its first try committed (its answer lost: a
+/// `CommitUnknown`, a cut link, an HTTP timeout) is answered `Ok` and
+/// changes nothing: its outcome is recorded once, even when the session has
+/// expired since. A retry with another outcome and the completion of a lease
+/// given back are still refused; a repeat within one batch is too (see
+/// `a_clean_done_repeated_in_one_batch_is_settled_once`).
+#[tokio::test]
+async fn a_completion_retried_after_its_commit_is_answered_as_written_and_changes_nothing() {
+    each_enqueue_path_and_pooler(|db| async move {
+        let s = db.session().await;
+        enqueue(&db.store, &["a", "b", "c"]).await;
+        let leases = claim(&db.store, s.id, 3).await;
+        let (a, b, c) = (&leases[0], &leases[1], &leases[2]);
+        let failed = Outcome::Transient("flaky".into());
+        let first = [
+            LeaseComplete {
+                lease: a,
+                outcome: &Outcome::Done,
+                trace_id: None,
+            },
+            LeaseComplete {
+                lease: b,
+                outcome: &failed,
+                trace_id: None,
+            },
+        ];
+        let results = db.store.lease_complete_batch(&first).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let b_before = item(&db.store, "b").await.expect("b");
+        let retried = db.store.lease_complete_batch(&first).await.expect("batch");
+        assert!(retried.iter().all(Result::is_ok), "{retried:?}");
+        assert_eq!(events(&db.store, "a").await, [RunOutcome::Done]);
+        assert_eq!(events(&db.store, "b").await, [RunOutcome::Retry]);
+        let b_after = item(&db.store, "b").await.expect("b");
+        assert_eq!(
+            (b_after.state, b_after.failures, b_after.ready_at),
+            (b_before.state, 1, b_before.ready_at),
+            "the retry changed nothing"
+        );
+        let other = complete(&db.store, a, Outcome::Permanent("no".into())).await;
+        assert!(
+            matches!(other, Err(StoreError::LeaseLost { .. })),
+            "another outcome: {other:?}"
+        );
+        db.store
+            .lease_release(LeaseRelease { lease: c })
+            .await
+            .expect("release");
+        let given_back = complete(&db.store, c, Outcome::Done).await;
+        assert!(
+            matches!(given_back, Err(StoreError::LeaseLost { .. })),
+            "a lease given back: {given_back:?}"
+        );
+        assert_eq!(events(&db.store, "c").await, [RunOutcome::Canceled]);
+        let late = db.reconnect().await;
+        late.clock().advance(Duration::from_secs(31));
+        let late_retry = late
+            .lease_complete(LeaseComplete {
+                lease: a,
+                outcome: &Outcome::Done,
+                trace_id: None,
+            })
+            .await;
+        assert!(
+            late_retry.is_ok(),
+            "past the session's deadline: {late_retry:?}"
+        );
+        assert_eq!(events(&db.store, "a").await, [RunOutcome::Done]);
+    })
+    .await;
+}

@@ -102,6 +102,9 @@ pub trait StoreEngine: Send + Sync {
 
     /// Records a run's outcome (DESIGN.md rule 4), checked against the session and
     /// the fencing token: the item's next state and the run's one history row.
+    /// A retry of a completion that an earlier call recorded (its answer lost)
+    /// is answered `Ok` and writes nothing, whatever became of the session
+    /// since: the same outcome under the same token is already there.
     fn lease_complete(
         &self,
         params: LeaseComplete<'_>,
@@ -110,8 +113,11 @@ pub trait StoreEngine: Send + Sync {
     /// Records many runs' outcomes in one transaction (one commit instead of one
     /// per key, which is what bounds throughput on both engines). Each lease is
     /// checked on its own: the result has one entry per input, in order, with
-    /// `LeaseLost` / `SessionExpired` for leases that changed nothing. The outer
-    /// error means nothing was written.
+    /// `LeaseLost` / `SessionExpired` for leases that changed nothing (a
+    /// lease twice in one batch is settled once and refused after; a retry
+    /// of an earlier call's recorded outcome is `Ok`, as in
+    /// [`lease_complete`](Self::lease_complete)). The outer error means
+    /// nothing was written.
     fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],

@@ -187,7 +187,11 @@ impl OnModel {
             }
             Op::Complete { lease, end } => match self.aliases.lease(*lease) {
                 None => Answer::Skipped,
-                Some(l) => done(m.lease_complete(l, &outcome(*end))),
+                Some(l) => {
+                    let end = outcome(*end);
+                    let mut results = m.lease_complete_batch([(l, &end)]);
+                    done(results.pop().expect("one answer"))
+                }
             },
             Op::Batch(each) => {
                 if self.aliases.leases.is_empty() {
@@ -197,9 +201,11 @@ impl OnModel {
                     .iter()
                     .map(|(l, end)| (self.aliases.lease(*l).expect("some").clone(), *end))
                     .collect();
-                let results = batch
-                    .iter()
-                    .map(|(l, end)| refused(m.lease_complete(l, &outcome(*end))))
+                let outcomes: Vec<Outcome> = batch.iter().map(|(_, end)| outcome(*end)).collect();
+                let results = m
+                    .lease_complete_batch(batch.iter().map(|(l, _)| l).zip(&outcomes))
+                    .into_iter()
+                    .map(refused)
                     .collect();
                 Answer::Batch(results)
             }

@@ -261,10 +261,7 @@ impl WorkerBackend for SimBackend {
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         self.call("lease_complete_batch", |m| {
-            Ok(batch
-                .iter()
-                .map(|c| m.lease_complete(c.lease, c.outcome))
-                .collect())
+            Ok(m.lease_complete_batch(batch.iter().map(|c| (c.lease, c.outcome))))
         })
         .await
     }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::log::{Event, RunEnd, What};
+use crate::model::RECORDED;
 use crate::world::{CONVERGE_WITHIN, Ran};
 
 /// A broken invariant: what, and the event where it showed.
@@ -84,7 +85,7 @@ pub(crate) fn accepted_outcomes_are_the_runs_own(events: &[Event]) -> Result<(),
                 outcome,
                 result,
                 ..
-            } if !result.starts_with("refused") => {
+            } if !result.starts_with("refused") && *result != RECORDED => {
                 if current.get(key.as_str()) != Some(token) {
                     return Err(broke(
                         "fencing",

@@ -6,7 +6,7 @@
 //! (`tests/differential/`) runs the same operations on it and on each engine
 //! and compares what they answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,10 @@ pub(crate) const PROCESS: &str = "sim";
 
 /// The reason an operator's park gives (the item's last error).
 pub(crate) const PARK_REASON: &str = "parked by the operator";
+
+/// A completion's result in the log when an earlier try recorded it: the
+/// store answers `Ok` and changes nothing.
+pub(crate) const RECORDED: &str = "recorded already";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -581,13 +585,55 @@ impl Model {
         }
     }
 
-    /// Rules 4 and 5, with rule 2's dirty re-run.
-    pub(crate) fn lease_complete(
+    /// A batch of completions, each as [`complete`](Self::complete) alone
+    /// (one completion is a batch of one), except that a lease whose token
+    /// the batch settled at another position stays refused (a repeat within
+    /// one batch is the caller's mistake, not a retry).
+    pub(crate) fn lease_complete_batch<'a>(
+        &mut self,
+        batch: impl IntoIterator<Item = (&'a Lease, &'a Outcome)>,
+    ) -> Vec<Result<(), StoreError>> {
+        let mut settled = HashSet::new();
+        batch
+            .into_iter()
+            .map(|(lease, outcome)| {
+                let retry = !settled.contains(&lease.token.0);
+                let (result, settles) = self.complete(lease, outcome, retry);
+                if settles {
+                    settled.insert(lease.token.0);
+                }
+                result
+            })
+            .collect()
+    }
+
+    /// Rules 4 and 5, with rule 2's dirty re-run; when `retry`, a refused
+    /// completion whose outcome is recorded under its token already (an
+    /// earlier try's, its answer lost) is answered `Ok` and changes nothing.
+    fn complete(
         &mut self,
         lease: &Lease,
         outcome: &Outcome,
-    ) -> Result<(), StoreError> {
+        retry: bool,
+    ) -> (Result<(), StoreError>, bool) {
         let checked = self.check(lease);
+        let recorded = checked.is_err()
+            && retry
+            && self.history.iter().any(|row| {
+                row.key == lease.key
+                    && row.token == Some(lease.token.0)
+                    && row.outcome == RunOutcome::of(outcome)
+            });
+        if recorded {
+            self.log.push(What::Complete {
+                session: lease.session.0,
+                key: lease.key.clone(),
+                token: lease.token.0,
+                outcome: outcome.name(),
+                result: RECORDED,
+            });
+            return (Ok(()), false);
+        }
         let word = match &checked {
             Ok(()) => {
                 let now = self.now();
@@ -618,10 +664,11 @@ impl Model {
             outcome: outcome.name(),
             result: word,
         });
-        if checked.is_ok() {
+        let settles = checked.is_ok();
+        if settles {
             self.wake.notify_waiters();
         }
-        checked
+        (checked, settles)
     }
 
     pub(crate) fn lease_release(&mut self, lease: &Lease) -> Result<(), StoreError> {

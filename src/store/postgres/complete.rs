@@ -21,7 +21,7 @@ use crate::store::rules::holding::{
 };
 use crate::store::rules::parts::{Answers, CompleteOnce};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
-use crate::store::types::{Outcome, RunOutcome, SessionId};
+use crate::store::types::{Lease, Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
 
 /// Locks the current row of every lease's key, in key order as every writer
@@ -381,5 +381,39 @@ impl CompleteOnce for PostgresStore {
     fn from_data(e: &StoreError) -> bool {
         e.database_code()
             .is_some_and(|code| DATA_ERROR_CLASSES.iter().any(|c| code.starts_with(c)))
+    }
+
+    /// One read of the runs by key (`drover_runs_key`), filtered by token
+    /// and outcome.
+    async fn recorded(
+        &self,
+        leases: &[(&Lease, RunOutcome)],
+    ) -> Result<HashSet<(i64, String)>, StoreError> {
+        let mut tx = self.read().await?;
+        let tokens: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT r.token, r.outcome FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[])
+                 AS l(process, key, token, outcome)
+             JOIN drover_runs r ON r.process = l.process AND r.key = l.key
+                 AND r.token = l.token AND r.outcome = l.outcome",
+        )
+        .bind(
+            leases
+                .iter()
+                .map(|(l, _)| l.process.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            leases
+                .iter()
+                .map(|(l, _)| l.key.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(leases.iter().map(|(l, _)| l.token.0).collect::<Vec<_>>())
+        .bind(leases.iter().map(|(_, o)| o.as_str()).collect::<Vec<_>>())
+        .fetch_all(&mut tx)
+        .await
+        .db()?;
+        tx.commit().await.db()?;
+        Ok(tokens.into_iter().collect())
     }
 }

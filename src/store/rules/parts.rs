@@ -4,7 +4,14 @@
 //! Written once for both engines: each says which of its errors may come from
 //! one outcome's data ([`CompleteOnce::from_data`]) and how to write one
 //! transaction ([`CompleteOnce::complete_once`]); this file does the halving.
+//!
+//! It also answers a retried completion as written when its first try was
+//! ([`answer_the_recorded`]): the caller that retries after a commit whose
+//! answer it never heard (`CommitUnknown`, a cut link, an HTTP timeout) finds
+//! its lease ended by its own first try, and was told `LeaseLost`, counted
+//! its run lost and warned so, though the outcome was recorded.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::ops::Range;
 
@@ -12,7 +19,7 @@ use crate::store::StoreError;
 use crate::store::error::error_chain;
 use crate::store::params::LeaseComplete;
 use crate::store::text::clean_text;
-use crate::store::types::Outcome;
+use crate::store::types::{Lease, Outcome, RunOutcome};
 
 /// Each lease's answer, by position in the batch.
 pub(crate) type Answers = Vec<Result<(), StoreError>>;
@@ -31,6 +38,14 @@ pub(crate) trait CompleteOnce: Sync {
     /// refuses), so that splitting the batch can isolate it. Connection,
     /// contention and unknown-commit errors are never such.
     fn from_data(e: &StoreError) -> bool;
+
+    /// Which of `leases` have their run recorded under their token with
+    /// their outcome, as `(token, outcome)`: a read of the runs, made only
+    /// for leases a batch refused.
+    fn recorded(
+        &self,
+        leases: &[(&Lease, RunOutcome)],
+    ) -> impl Future<Output = Result<HashSet<(i64, String)>, StoreError>> + Send;
 }
 
 /// Writes `batch`; when a transaction fails with an error that
@@ -75,10 +90,65 @@ pub(crate) async fn complete_in_parts<E: CompleteOnce>(
             }
         }
     }
-    Ok(answers
+    let mut answers: Answers = answers
         .into_iter()
         .map(|a| a.expect("each lease is in one part, which is written or answered"))
-        .collect())
+        .collect();
+    answer_the_recorded(engine, batch, &mut answers).await;
+    Ok(answers)
+}
+
+/// Answers `Ok` each lease of `batch` that was refused (`LeaseLost`,
+/// `SessionExpired`) although its run is recorded under its token with the
+/// outcome it asks for: an earlier try of the same completion committed, and
+/// this one changes nothing, as a refusal would not, but says the truth. A
+/// lease whose token this batch settled at another position stays refused
+/// (a repeat within one batch is the caller's), and so does one whose run
+/// ended otherwise (reclaimed: `expired`; given back: `canceled`). When the
+/// read fails, the refusals stand: they are what the caller got before.
+async fn answer_the_recorded<E: CompleteOnce>(
+    engine: &E,
+    batch: &[LeaseComplete<'_>],
+    answers: &mut Answers,
+) {
+    let settled: HashSet<i64> = batch
+        .iter()
+        .zip(answers.iter())
+        .filter(|(_, answer)| answer.is_ok())
+        .map(|(params, _)| params.lease.token.0)
+        .collect();
+    let refused: Vec<usize> = (0..batch.len())
+        .filter(|&n| {
+            answers[n]
+                .as_ref()
+                .is_err_and(StoreError::is_lease_rejection)
+                && !settled.contains(&batch[n].lease.token.0)
+        })
+        .collect();
+    if refused.is_empty() {
+        return;
+    }
+    let asked: Vec<(&Lease, RunOutcome)> = refused
+        .iter()
+        .map(|&n| (batch[n].lease, RunOutcome::of(batch[n].outcome)))
+        .collect();
+    let recorded = match engine.recorded(&asked).await {
+        Ok(recorded) => recorded,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot tell whether refused completions were recorded by an earlier try");
+            return;
+        }
+    };
+    for n in refused {
+        let asked = (
+            batch[n].lease.token.0,
+            RunOutcome::of(batch[n].outcome).as_str().to_owned(),
+        );
+        if recorded.contains(&asked) {
+            tracing::debug!(key = %batch[n].lease.key, "a retried completion was recorded by its earlier try");
+            answers[n] = Ok(());
+        }
+    }
 }
 
 /// The last try for one outcome the database refused: the same outcome with

@@ -28,7 +28,7 @@ use crate::store::rules::holding::{
 };
 use crate::store::rules::parts::{Answers, CompleteOnce};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
-use crate::store::types::{Outcome, RunOutcome, SessionId};
+use crate::store::types::{Lease, Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
 
 /// The running rows leased to the live sessions in `?1` under the tokens in
@@ -670,5 +670,28 @@ impl CompleteOnce for SqliteStore {
         e.database_code()
             .and_then(|c| c.parse::<i64>().ok())
             .is_some_and(|c| DATA_ERRORS.contains(&(c & 0xff)))
+    }
+
+    /// One read of the runs by key (`drover_runs_key`), on a reader (not the
+    /// writer), the leases passed as one JSON array of `[process, key,
+    /// token, outcome]`.
+    async fn recorded(
+        &self,
+        leases: &[(&Lease, RunOutcome)],
+    ) -> Result<HashSet<(i64, String)>, StoreError> {
+        let asked: Vec<Value> = leases
+            .iter()
+            .map(|(l, o)| json!([l.process, l.key, l.token.0, o.as_str()]))
+            .collect();
+        let tokens: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT r.token, r.outcome FROM json_each(?1) AS j
+             JOIN drover_runs r ON r.process = j.value ->> 0 AND r.key = j.value ->> 1
+                 AND r.token = j.value ->> 2 AND r.outcome = j.value ->> 3",
+        )
+        .bind(Value::Array(asked).to_string())
+        .fetch_all(self.pool())
+        .await
+        .db()?;
+        Ok(tokens.into_iter().collect())
     }
 }
