@@ -624,16 +624,6 @@ impl Model {
                     && row.token == Some(lease.token.0)
                     && row.outcome == RunOutcome::of(outcome)
             });
-        if recorded {
-            self.log.push(What::Complete {
-                session: lease.session.0,
-                key: lease.key.clone(),
-                token: lease.token.0,
-                outcome: outcome.name(),
-                result: RECORDED,
-            });
-            return (Ok(()), false);
-        }
         let word = match &checked {
             Ok(()) => {
                 let now = self.now();
@@ -654,6 +644,7 @@ impl Model {
                     State::Running => unreachable!("settled"),
                 }
             }
+            Err(_) if recorded => RECORDED,
             Err(StoreError::SessionExpired { .. }) => "refused: session expired",
             Err(_) => "refused: lease lost",
         };
@@ -664,6 +655,9 @@ impl Model {
             outcome: outcome.name(),
             result: word,
         });
+        if recorded {
+            return (Ok(()), false);
+        }
         let settles = checked.is_ok();
         if settles {
             self.wake.notify_waiters();

@@ -43,6 +43,12 @@ async fn store_and_holder() -> (tempfile::TempDir, SqliteStore, SqliteConnection
     (dir, store, holder)
 }
 
+/// A claim of process "poison" fails in its own statements, in a group or
+/// alone: in the one that counts its keys, after the one that leased them.
+const POISON_CLAIMS: &str = "CREATE TRIGGER poison BEFORE UPDATE ON drover_item_counts
+    WHEN NEW.process = 'poison' AND NEW.n > OLD.n
+    BEGIN SELECT RAISE(ABORT, 'poisoned claim'); END";
+
 /// Takes the file's write lock on `holder`: every write of the store waits.
 async fn hold(holder: &mut SqliteConnection) {
     holder
@@ -66,14 +72,8 @@ async fn claims_that_arrive_while_one_waits_for_the_writer_share_one_transaction
         })
         .await
         .expect("the process pauses");
-    // A claim of "poison" fails in its own statements, in a group or alone:
-    // in the one that counts its keys, after the one that leased them.
     holder
-        .execute(
-            "CREATE TRIGGER poison BEFORE UPDATE ON drover_item_counts
-             WHEN NEW.process = 'poison' AND NEW.n > OLD.n
-             BEGIN SELECT RAISE(ABORT, 'poisoned claim'); END",
-        )
+        .execute(POISON_CLAIMS)
         .await
         .expect("the trigger is created");
 
@@ -299,11 +299,7 @@ async fn a_group_of_one_is_answered_as_a_request_on_its_own() {
         enqueue(&store, process).await;
     }
     holder
-        .execute(
-            "CREATE TRIGGER poison BEFORE UPDATE ON drover_item_counts
-             WHEN NEW.process = 'poison' AND NEW.n > OLD.n
-             BEGIN SELECT RAISE(ABORT, 'poisoned claim'); END",
-        )
+        .execute(POISON_CLAIMS)
         .await
         .expect("the trigger is created");
     // Each round: the first request holds the store's requests of its kind
