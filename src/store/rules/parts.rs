@@ -111,20 +111,24 @@ async fn answer_the_recorded<E: CompleteOnce>(
     batch: &[LeaseComplete<'_>],
     answers: &mut Answers,
 ) {
+    let mut refused: Vec<usize> = (0..batch.len())
+        .filter(|&n| {
+            answers[n]
+                .as_ref()
+                .is_err_and(StoreError::is_lease_rejection)
+        })
+        .collect();
+    if refused.is_empty() {
+        // The common batch: nothing to look up, no set built.
+        return;
+    }
     let settled: HashSet<i64> = batch
         .iter()
         .zip(answers.iter())
         .filter(|(_, answer)| answer.is_ok())
         .map(|(params, _)| params.lease.token.0)
         .collect();
-    let refused: Vec<usize> = (0..batch.len())
-        .filter(|&n| {
-            answers[n]
-                .as_ref()
-                .is_err_and(StoreError::is_lease_rejection)
-                && !settled.contains(&batch[n].lease.token.0)
-        })
-        .collect();
+    refused.retain(|&n| !settled.contains(&batch[n].lease.token.0));
     if refused.is_empty() {
         return;
     }
