@@ -17,7 +17,7 @@ use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::Db as _;
 use super::rows::{RunningRow, duration_ms, json_rows, running_columns, to_ms, to_time};
 use super::runs::{log_from_rows, log_from_rows_sql, log_with_errors};
-use super::savepoints::{release, savepoint};
+use super::savepoints::{on_its_own, release, savepoint};
 use super::trace;
 use super::writer::{SqliteQuery, padded};
 use crate::store::StoreError;
@@ -141,11 +141,7 @@ impl Clean {
     /// Runs [`ONE_TRIP`] in a transaction of its own; returns the tokens it
     /// settled, as JSON.
     pub(super) async fn write(&self, store: &SqliteStore) -> Result<String, StoreError> {
-        let tx = store.lock().await?;
-        let (settled,): (String,) = tx
-            .commit_with_row(ONE_TRIP, |query| Self::bind(store, self, query))
-            .await
-            .db()?;
+        let (settled,): (String,) = on_its_own(store, self, ONE_TRIP, Self::bind).await?;
         Ok(settled)
     }
 

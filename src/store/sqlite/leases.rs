@@ -8,7 +8,7 @@ use super::error::{Db as _, map};
 use super::gate::{self, gate_columns};
 use super::processes::ensure_process;
 use super::rows::{RunningRow, json_rows, running_columns, to_time};
-use super::savepoints::{release, savepoint};
+use super::savepoints::{on_its_own, release, savepoint};
 use super::sessions::requeue;
 use super::trace;
 use super::writer::{SqliteQuery, padded};
@@ -379,11 +379,7 @@ pub(super) async fn claim_quick_alone(
     store: &SqliteStore,
     params: &LeaseClaim,
 ) -> Result<Quick, StoreError> {
-    let tx = store.lock().await?;
-    let row: QuickAnswer = tx
-        .commit_with_row(QUICK, |query| bind_quick(store, params, query))
-        .await
-        .db()?;
+    let row: QuickAnswer = on_its_own(store, params, QUICK, bind_quick).await?;
     quick_of(params, row)
 }
 

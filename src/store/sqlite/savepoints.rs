@@ -61,13 +61,9 @@ where
     if let [request] = group {
         #[cfg(test)]
         ONES.with(|ones| ones.set(ones.get() + 1));
-        let row = store
-            .lock()
-            .await?
-            .commit_with_row(alone, |query| bind(store, request, query))
-            .await
-            .db()?;
-        return Ok(vec![Answer::Done(row)]);
+        return Ok(vec![Answer::Done(
+            on_its_own(store, request, alone, bind).await?,
+        )]);
     }
     let mut tx = store.begin().await?;
     let mut answers = Vec::with_capacity(group.len());
@@ -92,4 +88,24 @@ where
     }
     tx.commit().await.db()?;
     Ok(answers)
+}
+
+/// Runs `sql` (a request's statements from `BEGIN` to `COMMIT`) for
+/// `request`, bound by `bind`, in a transaction of its own on the writer:
+/// one trip to its thread. Answers the first row the statements read.
+pub(super) async fn on_its_own<R, T>(
+    store: &SqliteStore,
+    request: &R,
+    sql: &'static str,
+    bind: for<'q> fn(&SqliteStore, &'q R, SqliteQuery<'q>) -> SqliteQuery<'q>,
+) -> Result<T, StoreError>
+where
+    T: for<'r> sqlx::FromRow<'r, SqliteRow>,
+{
+    store
+        .lock()
+        .await?
+        .commit_with_row(sql, |query| bind(store, request, query))
+        .await
+        .db()
 }
