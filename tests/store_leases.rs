@@ -1304,6 +1304,17 @@ async fn a_completion_retried_after_its_commit_is_answered_as_written_and_change
             matches!(other, Err(StoreError::LeaseLost { .. })),
             "another outcome: {other:?}"
         );
+        // Another session naming a's recorded run is not told it was its own.
+        let stranger = db.session().await;
+        let named = Lease {
+            session: stranger.id,
+            ..a.clone()
+        };
+        let named = complete(&db.store, &named, Outcome::Done).await;
+        assert!(
+            matches!(named, Err(StoreError::LeaseLost { .. })),
+            "another session's lease: {named:?}"
+        );
         db.store
             .lease_release(LeaseRelease { lease: c })
             .await

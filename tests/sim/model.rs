@@ -125,6 +125,9 @@ pub(crate) struct Model {
     sessions: BTreeMap<i64, Sess>,
     next_session: i64,
     next_token: i64,
+    /// The session each token was handed to: a retry is answered as
+    /// written only under the session its run was recorded for.
+    holders: BTreeMap<i64, i64>,
     next_seq: u64,
     pub paused: bool,
     pub concurrency: Option<u32>,
@@ -156,6 +159,7 @@ impl Model {
             sessions: BTreeMap::new(),
             next_session: 1,
             next_token: 1,
+            holders: BTreeMap::new(),
             next_seq: 0,
             paused: false,
             concurrency: None,
@@ -459,6 +463,7 @@ impl Model {
     fn take(&mut self, worker: u32, session: i64, key: String, now: Duration) -> Lease {
         let token = self.next_token;
         self.next_token += 1;
+        self.holders.insert(token, session);
         let item = self.items.get_mut(&key).expect("taken items exist");
         item.state = State::Running;
         item.backoff_until = None;
@@ -608,8 +613,9 @@ impl Model {
     }
 
     /// Rules 4 and 5, with rule 2's dirty re-run; when `retry`, a refused
-    /// completion whose outcome is recorded under its token already (an
-    /// earlier try's, its answer lost) is answered `Ok` and changes nothing.
+    /// completion whose outcome is recorded under its token and session
+    /// already (an earlier try's, its answer lost) is answered `Ok` and
+    /// changes nothing.
     fn complete(
         &mut self,
         lease: &Lease,
@@ -619,6 +625,7 @@ impl Model {
         let checked = self.check(lease);
         let recorded = checked.is_err()
             && retry
+            && self.holders.get(&lease.token.0) == Some(&lease.session.0)
             && self.history.iter().any(|row| {
                 row.key == lease.key
                     && row.token == Some(lease.token.0)

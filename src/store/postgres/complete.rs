@@ -383,18 +383,20 @@ impl CompleteOnce for PostgresStore {
             .is_some_and(|code| DATA_ERROR_CLASSES.iter().any(|c| code.starts_with(c)))
     }
 
-    /// One read of the runs by key (`drover_runs_key`), filtered by token
-    /// and outcome.
+    /// One read of the runs by key (`drover_runs_key`), filtered by token,
+    /// session and outcome.
     async fn recorded(
         &self,
         leases: &[(&Lease, RunOutcome)],
-    ) -> Result<HashSet<(i64, String)>, StoreError> {
+    ) -> Result<HashSet<(i64, i64, String)>, StoreError> {
         let mut tx = self.read().await?;
-        let tokens: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT r.token, r.outcome FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[])
-                 AS l(process, key, token, outcome)
+        let each = |f: fn(&(&Lease, RunOutcome)) -> i64| leases.iter().map(f).collect::<Vec<_>>();
+        let tokens: Vec<(i64, i64, String)> = sqlx::query_as(
+            "SELECT r.token, r.session, r.outcome
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[])
+                 AS l(process, key, token, session, outcome)
              JOIN drover_runs r ON r.process = l.process AND r.key = l.key
-                 AND r.token = l.token AND r.outcome = l.outcome",
+                 AND r.token = l.token AND r.session = l.session AND r.outcome = l.outcome",
         )
         .bind(
             leases
@@ -408,7 +410,8 @@ impl CompleteOnce for PostgresStore {
                 .map(|(l, _)| l.key.as_str())
                 .collect::<Vec<_>>(),
         )
-        .bind(leases.iter().map(|(l, _)| l.token.0).collect::<Vec<_>>())
+        .bind(each(|(l, _)| l.token.0))
+        .bind(each(|(l, _)| l.session.0))
         .bind(leases.iter().map(|(_, o)| o.as_str()).collect::<Vec<_>>())
         .fetch_all(&mut tx)
         .await

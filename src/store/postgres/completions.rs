@@ -17,7 +17,7 @@ use crate::store::StoreError;
 use crate::store::TraceId;
 use crate::store::grouped::{self, Answer, Group, Grouped};
 use crate::store::params::LeaseComplete;
-use crate::store::rules::parts::{Answers, complete_in_parts};
+use crate::store::rules::parts::{Answers, complete_callers_in_parts, complete_in_parts};
 use crate::store::types::{Lease, Outcome};
 
 /// One outcome to write, owned, as it waits for its group.
@@ -71,7 +71,8 @@ impl Group for Completing {
 
     async fn run(store: &PostgresStore, group: Vec<Vec<Owned>>) -> Vec<Self::Ans> {
         let all: Vec<LeaseComplete<'_>> = group.iter().flatten().map(Owned::params).collect();
-        match watched(store, complete_in_parts(store, &all)).await {
+        let callers: Vec<usize> = group.iter().map(Vec::len).collect();
+        match watched(store, complete_callers_in_parts(store, &all, &callers)).await {
             Ok(answers) => {
                 let mut answers = answers.into_iter();
                 group

@@ -289,3 +289,110 @@ async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
     holder.close().await.expect("the connection closes");
     schema.remove().await;
 }
+
+/// Runs (key, session, token) of `keys`, in key order.
+async fn runs_of(store: &PostgresStore, keys: &[&str]) -> Vec<(String, i64, i64)> {
+    sqlx::query_as(
+        "SELECT key, session, token FROM drover_runs WHERE key = ANY($1) ORDER BY key, id",
+    )
+    .bind(keys)
+    .fetch_all(store.pool())
+    .await
+    .expect("the runs are read")
+}
+
+/// Completes `first` while x-0's row is locked, queues `queued` behind it
+/// one after the other (in that order in the group), then releases the
+/// lock: the answers of `queued`, each batch's, in order.
+async fn queued_behind_x0(
+    schema: &Schema,
+    store: &PostgresStore,
+    first: &[Lease],
+    queued: Vec<Vec<(Lease, Outcome)>>,
+) -> Vec<Vec<Result<(), StoreError>>> {
+    let mut holder = holding(schema, LOCK_X0).await;
+    let first = complete(store, done(first));
+    until("the first batch to start", || store.completions.taken()).await;
+    let mut rest = Vec::new();
+    for batch in queued {
+        rest.push(complete(store, batch));
+        let n = rest.len();
+        until("the batch to queue", || store.completions.waiting() == n).await;
+    }
+    let (first, answers) = release(&mut holder, first, rest).await;
+    assert!(first.expect("a batch").iter().all(Result::is_ok));
+    holder.close().await.expect("the connection closes");
+    answers.into_iter().map(|a| a.expect("a batch")).collect()
+}
+
+/// A caller that names another caller's fencing token (tokens are handed
+/// out in order) with its own session and key, its batch in the same group
+/// ahead of the genuine one: the genuine lease is settled, the forged one
+/// refused. Matched by token alone, the row went to the forged lease's
+/// position, failed its check there, and the genuine lease was refused
+/// `LeaseLost`, its key left running with no one to end it.
+#[tokio::test]
+async fn a_lease_forged_with_another_callers_token_takes_nothing_from_it_in_a_group() {
+    let Some(schema) = Schema::create("drover_forged_token").await else {
+        return;
+    };
+    let store = never_beside(&schema.store);
+    let (one, two) = (session(&store, "one").await, session(&store, "two").await);
+    let x = claimed(&store, one, "x", 1).await;
+    let mine = claimed(&store, one, "m", 1).await;
+    let victim = claimed(&store, two, "v", 1).await;
+    let forged = Lease {
+        token: victim[0].token,
+        ..mine[0].clone()
+    };
+    let answers = queued_behind_x0(&schema, &store, &x, vec![done(&[forged]), done(&victim)]).await;
+    assert_eq!(store.completions.groups.load(Ordering::Relaxed), 1);
+    assert!(
+        matches!(answers[0].as_slice(), [Err(StoreError::LeaseLost { .. })]),
+        "the forged lease: {:?}",
+        answers[0]
+    );
+    assert!(answers[1].iter().all(Result::is_ok), "{:?}", answers[1]);
+    let states: Vec<(String, String)> = sqlx::query_as(
+        "SELECT key, state FROM drover_items WHERE key IN ('m-0', 'v-0') ORDER BY key",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("the rows are read");
+    let expected = [("m-0", "running"), ("v-0", "idle")].map(|(k, s)| (k.into(), s.into()));
+    assert_eq!(states, expected);
+    assert_eq!(
+        runs_of(&store, &["m-0", "v-0"]).await,
+        [("v-0".to_owned(), two.0, victim[0].token.0)],
+        "one run, the genuine lease's"
+    );
+    schema.remove().await;
+}
+
+/// A caller that retried a completion while its first try still waited
+/// for its group (an HTTP client that timed out and sent it again) meets
+/// the first try in the same group: both are answered as written, and the
+/// run is recorded once. The first try's settling of the lease is another
+/// caller's, not a repeat within the retry's own batch.
+#[tokio::test]
+async fn a_retry_that_meets_its_first_try_in_one_group_is_answered_as_written() {
+    let Some(schema) = Schema::create("drover_retry_in_group").await else {
+        return;
+    };
+    let store = never_beside(&schema.store);
+    let one = session(&store, "one").await;
+    let x = claimed(&store, one, "x", 1).await;
+    let y = claimed(&store, one, "y", 1).await;
+    let answers = queued_behind_x0(&schema, &store, &x, vec![done(&y), done(&y)]).await;
+    assert_eq!(store.completions.groups.load(Ordering::Relaxed), 1);
+    assert!(
+        answers.iter().flatten().all(Result::is_ok),
+        "both tries: {answers:?}"
+    );
+    assert_eq!(
+        runs_of(&store, &["y-0"]).await,
+        [("y-0".to_owned(), one.0, y[0].token.0)],
+        "one run"
+    );
+    schema.remove().await;
+}

@@ -30,9 +30,14 @@ pub(crate) struct Found<T> {
 }
 
 /// Each lease's row by position in `batch`, `None` where the lease no longer
-/// holds its key or its session is not in `live`. Fencing tokens are unique
-/// across all leases, so a token names one lease; a lease repeated in the batch
-/// keeps only its first position (the repeat is refused as lost).
+/// holds its key or its session is not in `live`. A row is its lease's when
+/// it runs under the lease's token and session for the lease's process and
+/// key, all four: a store's completion groups put many callers' batches in
+/// one, and a lease forged with another caller's token (tokens are handed
+/// out in order, so they are easy to guess) must not take that caller's
+/// place and leave its key running with no one to end it. A lease repeated
+/// in the batch keeps only its first position (the repeat is refused as
+/// lost).
 pub(crate) fn match_leases<R>(
     batch: &[LeaseComplete<'_>],
     live: &[i64],
@@ -40,20 +45,25 @@ pub(crate) fn match_leases<R>(
 ) -> Vec<Option<R>> {
     let mut position = HashMap::with_capacity(batch.len());
     for (n, params) in batch.iter().enumerate() {
-        position.entry(params.lease.token.0).or_insert(n);
+        let lease = params.lease;
+        let holder = (
+            lease.token.0,
+            lease.session.0,
+            lease.process.as_str(),
+            lease.key.as_str(),
+        );
+        position.entry(holder).or_insert(n);
     }
     let mut rows: Vec<Option<R>> = batch.iter().map(|_| None).collect();
     for found in found {
-        let Some(&n) = found.lease_token.and_then(|t| position.get(&t)) else {
+        let (Some(token), Some(session)) = (found.lease_token, found.lease_session) else {
             continue;
         };
-        let lease = batch[n].lease;
-        let holds = found.state == "running"
-            && found.lease_session == Some(lease.session.0)
-            && live.contains(&lease.session.0)
-            && found.process == lease.process
-            && found.key == lease.key;
-        if holds {
+        let holder = (token, session, found.process.as_str(), found.key.as_str());
+        let Some(&n) = position.get(&holder) else {
+            continue;
+        };
+        if found.state == "running" && live.contains(&session) {
             rows[n] = Some(found.row);
         }
     }
@@ -163,6 +173,34 @@ mod tests {
             lease_session: Some(session),
             row: "row",
         }
+    }
+
+    /// Two callers' batches in one group: a lease forged with the other
+    /// caller's token, its session and key its own, comes first. The row
+    /// stays the genuine lease's, and the forged one is refused.
+    #[test]
+    fn a_lease_forged_with_another_callers_token_does_not_take_its_row() {
+        let forged = Lease {
+            process: "q".into(),
+            ..lease("mine", 2, 8)
+        };
+        let genuine = lease("victim", 2, 7);
+        let done = Outcome::Done;
+        let batch: Vec<_> = [&forged, &genuine]
+            .into_iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &done,
+                trace_id: None,
+            })
+            .collect();
+        let rows = match_leases(
+            &batch,
+            &[7, 8],
+            [found("victim", true, 2, 7), found("mine", true, 5, 8)],
+        );
+        let held: Vec<bool> = rows.iter().map(Option::is_some).collect();
+        assert_eq!(held, [false, true], "the genuine lease keeps its row");
     }
 
     #[test]

@@ -39,13 +39,15 @@ pub(crate) trait CompleteOnce: Sync {
     /// contention and unknown-commit errors are never such.
     fn from_data(e: &StoreError) -> bool;
 
-    /// Which of `leases` have their run recorded under their token with
-    /// their outcome, as `(token, outcome)`: a read of the runs, made only
-    /// for leases a batch refused.
+    /// Which of `leases` have their run recorded under their token and
+    /// session with their outcome, as `(token, session, outcome)`: a read of
+    /// the runs, made only for leases a batch refused. The session is part
+    /// of it so that a caller naming another session's lease learns nothing
+    /// of that session's runs from its answer.
     fn recorded(
         &self,
         leases: &[(&Lease, RunOutcome)],
-    ) -> impl Future<Output = Result<HashSet<(i64, String)>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<HashSet<(i64, i64, String)>, StoreError>> + Send;
 }
 
 /// Writes `batch`; when a transaction fails with an error that
@@ -60,6 +62,19 @@ pub(crate) async fn complete_in_parts<E: CompleteOnce>(
     engine: &E,
     batch: &[LeaseComplete<'_>],
 ) -> Result<Answers, StoreError> {
+    complete_callers_in_parts(engine, batch, &[batch.len()]).await
+}
+
+/// [`complete_in_parts`] for a batch made of several callers' batches, one
+/// after the other, `callers` long each (a store's completion group): one
+/// caller's repeat of a lease is the caller's own, another caller's is
+/// not (see [`answer_the_recorded`]).
+pub(crate) async fn complete_callers_in_parts<E: CompleteOnce>(
+    engine: &E,
+    batch: &[LeaseComplete<'_>],
+    callers: &[usize],
+) -> Result<Answers, StoreError> {
+    debug_assert_eq!(callers.iter().sum::<usize>(), batch.len());
     let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
     let mut todo = Vec::with_capacity(1);
     todo.push(0..batch.len());
@@ -94,21 +109,24 @@ pub(crate) async fn complete_in_parts<E: CompleteOnce>(
         .into_iter()
         .map(|a| a.expect("each lease is in one part, which is written or answered"))
         .collect();
-    answer_the_recorded(engine, batch, &mut answers).await;
+    answer_the_recorded(engine, batch, callers, &mut answers).await;
     Ok(answers)
 }
 
 /// Answers `Ok` each lease of `batch` that was refused (`LeaseLost`,
-/// `SessionExpired`) although its run is recorded under its token with the
-/// outcome it asks for: an earlier try of the same completion committed, and
-/// this one changes nothing, as a refusal would not, but says the truth. A
-/// lease whose token this batch settled at another position stays refused
-/// (a repeat within one batch is the caller's), and so does one whose run
-/// ended otherwise (reclaimed: `expired`; given back: `canceled`). When the
-/// read fails, the refusals stand: they are what the caller got before.
+/// `SessionExpired`) although its run is recorded under its token and
+/// session with the outcome it asks for: an earlier try of the same
+/// completion committed, and this one changes nothing, as a refusal would
+/// not, but says the truth. A lease whose token its own caller's batch
+/// settled at another position stays refused (a repeat within one batch is
+/// the caller's); a retry from another caller that met its first try in the
+/// same group is answered as any retry. So does one whose run ended
+/// otherwise (reclaimed: `expired`; given back: `canceled`). When the read
+/// fails, the refusals stand: they are what the caller got before.
 async fn answer_the_recorded<E: CompleteOnce>(
     engine: &E,
     batch: &[LeaseComplete<'_>],
+    callers: &[usize],
     answers: &mut Answers,
 ) {
     let mut refused: Vec<usize> = (0..batch.len())
@@ -122,13 +140,19 @@ async fn answer_the_recorded<E: CompleteOnce>(
         // The common batch: nothing to look up, no set built.
         return;
     }
-    let settled: HashSet<i64> = batch
+    let caller: Vec<usize> = callers
+        .iter()
+        .enumerate()
+        .flat_map(|(c, &len)| std::iter::repeat_n(c, len))
+        .collect();
+    let settled: HashSet<(usize, i64)> = batch
         .iter()
         .zip(answers.iter())
-        .filter(|(_, answer)| answer.is_ok())
-        .map(|(params, _)| params.lease.token.0)
+        .enumerate()
+        .filter(|(_, (_, answer))| answer.is_ok())
+        .map(|(n, (params, _))| (caller[n], params.lease.token.0))
         .collect();
-    refused.retain(|&n| !settled.contains(&batch[n].lease.token.0));
+    refused.retain(|&n| !settled.contains(&(caller[n], batch[n].lease.token.0)));
     if refused.is_empty() {
         return;
     }
@@ -144,12 +168,14 @@ async fn answer_the_recorded<E: CompleteOnce>(
         }
     };
     for n in refused {
+        let lease = batch[n].lease;
         let asked = (
-            batch[n].lease.token.0,
+            lease.token.0,
+            lease.session.0,
             RunOutcome::of(batch[n].outcome).as_str().to_owned(),
         );
         if recorded.contains(&asked) {
-            tracing::debug!(key = %batch[n].lease.key, "a retried completion was recorded by its earlier try");
+            tracing::debug!(key = %lease.key, "a retried completion was recorded by its earlier try");
             answers[n] = Ok(());
         }
     }

@@ -670,19 +670,20 @@ impl CompleteOnce for SqliteStore {
 
     /// One read of the runs by key (`drover_runs_key`), on a reader (not the
     /// writer), the leases passed as one JSON array of `[process, key,
-    /// token, outcome]`.
+    /// token, session, outcome]`.
     async fn recorded(
         &self,
         leases: &[(&Lease, RunOutcome)],
-    ) -> Result<HashSet<(i64, String)>, StoreError> {
+    ) -> Result<HashSet<(i64, i64, String)>, StoreError> {
         let asked: Vec<Value> = leases
             .iter()
-            .map(|(l, o)| json!([l.process, l.key, l.token.0, o.as_str()]))
+            .map(|(l, o)| json!([l.process, l.key, l.token.0, l.session.0, o.as_str()]))
             .collect();
-        let tokens: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT r.token, r.outcome FROM json_each(?1) AS j
+        let tokens: Vec<(i64, i64, String)> = sqlx::query_as(
+            "SELECT r.token, r.session, r.outcome FROM json_each(?1) AS j
              JOIN drover_runs r ON r.process = j.value ->> 0 AND r.key = j.value ->> 1
-                 AND r.token = j.value ->> 2 AND r.outcome = j.value ->> 3",
+                 AND r.token = j.value ->> 2 AND r.session = j.value ->> 3
+                 AND r.outcome = j.value ->> 4",
         )
         .bind(Value::Array(asked).to_string())
         .fetch_all(self.pool())
