@@ -28,7 +28,7 @@ use crate::store::StoreError;
 /// own transaction holds the writer. Past this, the next group starts beside it, so
 /// one stuck request holds up its own controller, as it did before the
 /// grouping, and not every controller sharing the store.
-const STALL: Duration = Duration::from_millis(100);
+pub(super) const STALL: Duration = Duration::from_millis(100);
 
 /// The requests waiting for the next group, and who runs them.
 struct Queue<Req, Ans> {

@@ -69,9 +69,20 @@ impl Group for Completing {
         &store.completions
     }
 
+    /// A group of several callers steps aside from a row lock held past
+    /// [`STALL`](crate::store::grouped::STALL) (see
+    /// [`PostgresStore::stepping_aside`]): its callers then run their batches
+    /// on their own. A group of one runs as its caller would.
     async fn run(store: &PostgresStore, group: Vec<Vec<Owned>>) -> Vec<Self::Ans> {
         let all: Vec<LeaseComplete<'_>> = group.iter().flatten().map(Owned::params).collect();
         let callers: Vec<usize> = group.iter().map(Vec::len).collect();
+        let stepping_aside;
+        let store = if group.len() > 1 {
+            stepping_aside = store.stepping_aside();
+            &stepping_aside
+        } else {
+            store
+        };
         match watched(store, complete_callers_in_parts(store, &all, &callers)).await {
             Ok(answers) => {
                 let mut answers = answers.into_iter();

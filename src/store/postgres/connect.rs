@@ -103,6 +103,7 @@ impl PostgresStore {
                 options.caller_idle_timeout.as_millis()
             )
             .into(),
+            steps_aside: false,
         };
         store.migrate_or_check(options.migrate).await?;
         // The connections opened so far may predate the migration that

@@ -78,6 +78,11 @@ pub struct PostgresStore {
     /// starts with: `BEGIN` and its own idle timeout
     /// ([`StoreOptions::caller_idle_timeout`](crate::store::StoreOptions::caller_idle_timeout)).
     pub(super) caller_begin: Arc<str>,
+    /// Whether this store's write transactions give up a lock wait of more
+    /// than [`STALL`](crate::store::grouped::STALL): the clone a completion
+    /// group of several callers writes through (see
+    /// [`stepping_aside`](Self::stepping_aside)).
+    pub(super) steps_aside: bool,
 }
 
 impl PostgresStore {
@@ -198,9 +203,31 @@ impl PostgresStore {
     /// Starts a transaction (see [`connecting`](Self::connecting)), for a
     /// writer that reads no clock or reads it after taking its locks.
     pub(super) async fn begin(&self) -> Result<Tx, StoreError> {
+        if self.steps_aside {
+            return self
+                .connecting(Tx::begin_stepping_aside(&self.pool, self.pooled))
+                .await
+                .db();
+        }
         self.connecting(Tx::begin(&self.pool, self.pooled))
             .await
             .db()
+    }
+
+    /// This store, its write transactions giving up a lock wait of more
+    /// than [`STALL`](crate::store::grouped::STALL) with `Busy`, nothing
+    /// written, and not retrying it. A completion group of several callers
+    /// writes so: one caller's transaction that keeps a row of the group
+    /// locked while the caller waits for its own completion in that group
+    /// (an enqueue into a running key, then a completion, before its commit)
+    /// would otherwise wait for the group while the group waits for it,
+    /// until the caller's idle timeout ended its transaction. Stepped aside,
+    /// each request runs on its own, as before the grouping.
+    pub(super) fn stepping_aside(&self) -> Self {
+        Self {
+            steps_aside: true,
+            ..self.clone()
+        }
     }
 
     /// Starts a transaction and reads the clock inside it.

@@ -396,3 +396,72 @@ async fn a_retry_that_meets_its_first_try_in_one_group_is_answered_as_written() 
     );
     schema.remove().await;
 }
+
+/// A caller's own transaction keeps y-0's row locked (an enqueue into a
+/// running key, not yet committed) while the caller completes its own lease
+/// on z-0, and another worker's completion of y-0 lands in the same group.
+/// The group would wait for the caller's transaction while the caller
+/// waits for the group; it steps aside from the lock instead, and the
+/// caller's completion is written on its own while its transaction is open.
+#[tokio::test]
+async fn a_group_steps_aside_from_a_row_lock_its_own_callers_transaction_holds() {
+    let Some(schema) = Schema::create("drover_steps_aside").await else {
+        return;
+    };
+    let store = never_beside(&schema.store);
+    let (one, two) = (session(&store, "one").await, session(&store, "two").await);
+    let x = claimed(&store, one, "x", 1).await;
+    let y = claimed(&store, two, "y", 1).await;
+    let z = claimed(&store, one, "z", 1).await;
+    let mut callers = holding(
+        &schema,
+        "SELECT 1 FROM drover_items WHERE process = 'y' AND key = 'y-0' FOR UPDATE",
+    )
+    .await;
+    let mut holder = holding(&schema, LOCK_X0).await;
+    let first = complete(&store, done(&x));
+    until("the first batch to start", || store.completions.taken()).await;
+    let own = complete(&store, done(&z));
+    until("the caller's batch to queue", || {
+        store.completions.waiting() == 1
+    })
+    .await;
+    let other = complete(&store, done(&y));
+    until("the other batch to queue", || {
+        store.completions.waiting() == 2
+    })
+    .await;
+    holder
+        .execute("COMMIT")
+        .await
+        .expect("x-0's lock is released");
+    first
+        .await
+        .expect("the first batch's task")
+        .expect("a batch");
+    let own = tokio::time::timeout(PATIENCE, own)
+        .await
+        .expect("the caller's completion is written while its transaction is open")
+        .expect("the batch's task")
+        .expect("a batch");
+    assert!(own.iter().all(Result::is_ok), "{own:?}");
+    assert!(!other.is_finished(), "y-0's completion waits for its row");
+    callers.execute("COMMIT").await.expect("the caller commits");
+    let other = other.await.expect("the batch's task").expect("a batch");
+    assert!(other.iter().all(Result::is_ok), "{other:?}");
+    let idle: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM drover_items WHERE key IN ('x-0', 'y-0', 'z-0') AND state = 'idle'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("the rows are counted");
+    assert_eq!(idle, 3);
+    assert_eq!(
+        store.completions.groups.load(Ordering::Relaxed),
+        1,
+        "the two batches met in one group"
+    );
+    holder.close().await.expect("the connection closes");
+    callers.close().await.expect("the connection closes");
+    schema.remove().await;
+}

@@ -35,6 +35,19 @@ use sqlx::{Either, Execute, Executor, PgConnection, PgPool, Postgres, SqlStr, Tr
 /// `BEGIN` in one round trip.
 const POOLED_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '5s'";
 
+/// What a transaction that steps aside from a lock starts with: a lock
+/// waited for longer than [`STALL`](crate::store::grouped::STALL) ends it
+/// with `lock_not_available` (`Busy`), nothing written. A store's completion
+/// group writes so (see `completions`), directly connected and through a
+/// pooler.
+const STEPPING_ASIDE_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '100ms'";
+
+/// [`STEPPING_ASIDE_BEGIN`] through a pooler in transaction mode, with
+/// [`POOLED_BEGIN`]'s idle timeout.
+const POOLED_STEPPING_ASIDE_BEGIN: &str = "BEGIN; \
+     SET LOCAL idle_in_transaction_session_timeout = '5s'; \
+     SET LOCAL lock_timeout = '100ms'";
+
 /// Begins a READ COMMITTED transaction on `pool`, with [`POOLED_BEGIN`]
 /// through a pooler in transaction mode.
 pub(super) async fn pooled_begin(
@@ -45,6 +58,19 @@ pub(super) async fn pooled_begin(
         pool.begin_with(POOLED_BEGIN).await
     } else {
         pool.begin().await
+    }
+}
+
+/// Begins a transaction that steps aside from a lock held longer than
+/// [`STALL`](crate::store::grouped::STALL) (see [`STEPPING_ASIDE_BEGIN`]).
+async fn stepping_aside_begin(
+    pool: &PgPool,
+    pooled: bool,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    if pooled {
+        pool.begin_with(POOLED_STEPPING_ASIDE_BEGIN).await
+    } else {
+        pool.begin_with(STEPPING_ASIDE_BEGIN).await
     }
 }
 
@@ -66,6 +92,19 @@ impl Tx {
     /// Starts a READ COMMITTED transaction.
     pub(super) async fn begin(pool: &PgPool, pooled: bool) -> Result<Self, sqlx::Error> {
         let tx = pooled_begin(pool, pooled).await?;
+        Ok(Self {
+            inner: Inner::Tx(tx),
+            named: !pooled,
+        })
+    }
+
+    /// Starts a READ COMMITTED transaction that gives up a lock wait of
+    /// more than [`STALL`](crate::store::grouped::STALL).
+    pub(super) async fn begin_stepping_aside(
+        pool: &PgPool,
+        pooled: bool,
+    ) -> Result<Self, sqlx::Error> {
+        let tx = stepping_aside_begin(pool, pooled).await?;
         Ok(Self {
             inner: Inner::Tx(tx),
             named: !pooled,
@@ -212,5 +251,21 @@ impl<'a> Passed<'a> {
 
     fn conn(&mut self) -> &mut PgConnection {
         self.conn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::grouped::STALL;
+
+    /// The lock timeout a group steps aside at is the stall after which the
+    /// next group starts beside it: one number.
+    #[test]
+    fn a_group_steps_aside_from_a_lock_after_the_stall() {
+        let timeout = format!("SET LOCAL lock_timeout = '{}ms'", STALL.as_millis());
+        assert!(STEPPING_ASIDE_BEGIN.ends_with(&timeout));
+        assert!(POOLED_STEPPING_ASIDE_BEGIN.ends_with(&timeout));
+        assert!(POOLED_STEPPING_ASIDE_BEGIN.starts_with(POOLED_BEGIN));
     }
 }
