@@ -397,6 +397,146 @@ async fn sqlite_watches_made_before_17_follow_renames_and_see_or_replace() {
     store.close().await;
 }
 
+/// Migration 25 (SQLite): numbers the view `drover_enqueue` stored unchecked
+/// before it (a priority past an i32, text or bytes or a fraction for a
+/// priority, a REAL ready time from a fractional delay or one that overflowed,
+/// a REAL creation time from a fractional clock offset), and a time written
+/// straight into `drover_items` as text, are made integers. The claim that met
+/// such a row committed its leases and then failed to read them (on a limited
+/// process, every claim failed); now it hands out every key, and the lists
+/// read every row. The counts are untouched.
+#[tokio::test]
+async fn sqlite_numbers_the_enqueue_stored_unchecked_before_25_are_made_integers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (url, pool) = support::old_sqlite(dir.path(), "v24.db", "0025").await;
+    let old_enqueues = [
+        ("big", "priority", "5000000000"),
+        ("below", "priority", "-5000000000"),
+        ("high", "priority", "'high'"),
+        ("fraction", "priority", "1.5"),
+        ("bytes", "priority", "X'00'"),
+        ("half", "delay_ms", "0.5"),
+        ("never", "delay_ms", "9223372036854775807"),
+        ("offset", "clock_offset_ms", "0.5"),
+    ];
+    for (key, column, value) in old_enqueues {
+        let sql = format!(
+            "INSERT INTO drover_enqueue (process, key, {column}) VALUES ('{P}', '{key}', {value})"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("the old view took {column} = {value}: {e}"));
+    }
+    sqlx::query(
+        "INSERT INTO drover_enqueue (process, key, clock_offset_ms) VALUES ('other', 'k', 0.5)",
+    )
+    .execute(&pool)
+    .await
+    .expect("a process made at a REAL time");
+    // Text in an INTEGER column stays text: only hand-written SQL does this.
+    sqlx::query(
+        "INSERT INTO drover_items (process, key, state, ready_at, enqueued_at)
+         VALUES (?1, 'text-times', 'pending', 'soon', 'then')",
+    )
+    .bind(P)
+    .execute(&pool)
+    .await
+    .expect("a row written straight into the table");
+    let bad: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM drover_items WHERE typeof(priority) <> 'integer'
+            OR priority NOT BETWEEN -2147483648 AND 2147483647
+            OR typeof(ready_at) <> 'integer' OR typeof(enqueued_at) <> 'integer'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("bad rows");
+    assert_eq!(bad, 10, "the old view stored them as given");
+    pool.close().await;
+
+    let store = Store::connect(&url).await.expect("migrates to 25");
+    let sqlite = store.sqlite().expect("a SQLite store").pool().clone();
+    let counts = store.process_counts_all().await.expect("counts");
+    let counted: Vec<_> = counts
+        .iter()
+        .map(|c| (c.process.as_str(), c.pending, c.running))
+        .collect();
+    assert_eq!(counted, [("other", 1, 0), (P, 9, 0)], "counts untouched");
+    let types: Vec<(String, String)> = sqlx::query_as(
+        "SELECT DISTINCT typeof(priority), typeof(ready_at) || ' ' || typeof(enqueued_at)
+             || ' ' || typeof(first_enqueued_at) || ' ' || typeof(last_enqueued_at)
+         FROM drover_items
+         UNION SELECT DISTINCT 'process', typeof(created_at) FROM drover_processes
+         ORDER BY 1, 2",
+    )
+    .fetch_all(&sqlite)
+    .await
+    .expect("types");
+    let types: Vec<_> = types
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("integer", "integer integer integer integer"),
+            ("integer", "integer integer null null"),
+            ("process", "integer"),
+        ],
+        "every number is an integer"
+    );
+    let listed = store
+        .item_list(drover::store::ItemList {
+            process: P.into(),
+            state: None,
+            after_key: None,
+            limit: 100,
+        })
+        .await
+        .expect("the list reads every row");
+    assert_eq!(listed.len(), 9);
+
+    // A limited process: its claim reads the highest pending priority first.
+    let limited = drover::store::ProcessConfigure::new(P).concurrency(Some(100));
+    store.process_configure(limited).await.expect("limit");
+    let s = store
+        .session_start(SessionStart::new(
+            "test",
+            std::time::Duration::from_secs(30),
+        ))
+        .await
+        .expect("session");
+    let leases = claim(&store, s.id, 20).await;
+    let claimed: Vec<_> = leases
+        .iter()
+        .map(|l| (l.key.as_str(), l.priority))
+        .collect();
+    assert_eq!(
+        claimed[..2],
+        [("big", i32::MAX), ("fraction", 1)],
+        "a priority past an i32 is clamped, a fraction cut: {claimed:?}"
+    );
+    assert_eq!(claimed.last(), Some(&("below", i32::MIN)), "{claimed:?}");
+    let mut zero: Vec<_> = claimed[2..claimed.len() - 1].to_vec();
+    zero.sort_unstable();
+    assert_eq!(
+        zero,
+        [
+            ("bytes", 0),
+            ("half", 0),
+            ("high", 0),
+            ("offset", 0),
+            ("text-times", 0)
+        ],
+        "a priority that is no number is 0; text times are now, so ready; \
+         the overflowed delay still waits"
+    );
+    let never = item(&store, "never").await.expect("never is known");
+    assert_eq!(never.state, ItemState::Pending);
+    assert_eq!(never.ready_at, chrono::DateTime::<chrono::Utc>::MAX_UTC);
+    store.close().await;
+}
+
 /// Migration 13 (PostgreSQL): the watches made before it are recorded by
 /// their tables' oids: one under the name it was watched under, and one whose
 /// table was renamed before the upgrade, by the one unrecorded trigger of

@@ -212,6 +212,220 @@ async fn the_sql_enqueue_on_sqlite_refuses_text_that_is_not_utf8_and_writes_noth
     assert_eq!(claimed, expected);
 }
 
+/// Inserts `key` of [`P`] into SQLite's `drover_enqueue` view with `column`
+/// set to `value`, written as SQL (`'high'`, `1.5`, `X'00'`), as SQL in
+/// another program can.
+async fn enqueue_with(
+    pool: &sqlx::SqlitePool,
+    key: &str,
+    column: &str,
+    value: &str,
+) -> Result<(), String> {
+    let sql =
+        format!("INSERT INTO drover_enqueue (process, key, {column}) VALUES (?1, ?2, {value})");
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(P)
+        .bind(key)
+        .execute(pool)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Numbers the view's trigger refuses: its column, its SQL and the line the
+/// refusal says. Each once stored, and the claim that met the row committed
+/// its leases and then failed to read it back.
+const BAD_NUMBERS: [(&str, &str, &str); 11] = [
+    ("priority", "5000000000", "a priority is an integer from"),
+    ("priority", "-5000000000", "a priority is an integer from"),
+    ("priority", "'high'", "a priority is an integer from"),
+    ("priority", "1.5", "a priority is an integer from"),
+    ("priority", "X'00'", "a priority is an integer from"),
+    ("delay_ms", "0.5", "delay_ms is an integer of milliseconds"),
+    (
+        "delay_ms",
+        "'soon'",
+        "delay_ms is an integer of milliseconds",
+    ),
+    (
+        "delay_ms",
+        "9223372036854775807",
+        "at most 15552000000 (180 days)",
+    ),
+    ("clock_offset_ms", "'x'", "clock_offset_ms is an integer"),
+    ("clock_offset_ms", "0.5", "clock_offset_ms is an integer"),
+    ("bypass_backoff", "'yes'", "bypass_backoff is 0 or 1"),
+];
+
+/// SQLite's view refuses a priority, delay, clock offset or bypass flag the
+/// store could not read back (migration 0025): the statement fails with one
+/// line naming `drover_enqueue` and what it expects, and writes nothing.
+#[tokio::test]
+async fn the_sql_enqueue_on_sqlite_refuses_numbers_the_store_cannot_read_and_writes_nothing() {
+    let (db, _dir) = support::sqlite().await;
+    let pool = db.store.sqlite_pool().expect("SQLite").clone();
+    enqueue(&db.store, &["before"]).await;
+    for (i, (column, value, says)) in BAD_NUMBERS.into_iter().enumerate() {
+        let key = format!("bad-{i}");
+        let error = enqueue_with(&pool, &key, column, value)
+            .await
+            .expect_err(&format!("{column} = {value} is refused"));
+        assert!(
+            error.contains("drover_enqueue: ") && error.contains(says),
+            "{column} = {value}: {error}"
+        );
+        assert!(
+            item(&db.store, &key).await.is_none(),
+            "{column} = {value} wrote its key"
+        );
+    }
+    let counts = db.store.process_counts_all().await.expect("counts");
+    let counted: Vec<_> = counts
+        .iter()
+        .map(|c| (c.process.as_str(), c.pending, c.running))
+        .collect();
+    assert_eq!(counted, [(P, 1, 0)], "only the key enqueued before");
+}
+
+/// SQLite's view takes every number the Rust API can give (an i32 priority,
+/// a delay of up to 180 days) and NULL for the default, stored as integers,
+/// and nothing past each bound.
+#[tokio::test]
+async fn the_sql_enqueue_on_sqlite_takes_every_number_up_to_each_bound_and_none_past_it() {
+    let (db, _dir) = support::sqlite().await;
+    let pool = db.store.sqlite_pool().expect("SQLite").clone();
+    // A REAL without a fraction is the integer it is (as the HTTP API takes
+    // `7.0`): some clients bind every number as a double. A negative delay
+    // means none, as on PostgreSQL.
+    let taken = [
+        ("low", "priority", "-7", -7, 0),
+        ("max", "priority", "2147483647", i32::MAX, 0),
+        ("min", "priority", "-2147483648", i32::MIN, 0),
+        ("unset", "priority", "NULL", 0, 0),
+        ("real", "priority", "7.0", 7, 0),
+        ("now", "delay_ms", "0", 0, 0),
+        ("second", "delay_ms", "1000", 0, 1000),
+        ("real-second", "delay_ms", "1e3", 0, 1000),
+        ("longest", "delay_ms", "15552000000", 0, 15_552_000_000),
+        ("past", "delay_ms", "-5", 0, 0),
+        ("bypass", "bypass_backoff", "TRUE", 0, 0),
+        ("offset", "clock_offset_ms", "0", 0, 0),
+    ];
+    for (key, column, value, priority, delay_ms) in taken {
+        enqueue_with(&pool, key, column, value)
+            .await
+            .unwrap_or_else(|e| panic!("{column} = {value} is taken: {e}"));
+        let stored: (String, String, String) = sqlx::query_as(
+            "SELECT typeof(priority), typeof(ready_at), typeof(enqueued_at)
+             FROM drover_items WHERE process = ?1 AND key = ?2",
+        )
+        .bind(P)
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .expect("stored");
+        assert_eq!(
+            (stored.0.as_str(), stored.1.as_str(), stored.2.as_str()),
+            ("integer", "integer", "integer"),
+            "{column} = {value} is stored as integers"
+        );
+        let known = item(&db.store, key).await.expect("the key is known");
+        let delay = (known.ready_at - known.enqueued_at).num_milliseconds();
+        assert_eq!(
+            (known.priority, delay),
+            (priority, delay_ms),
+            "{column} = {value}"
+        );
+    }
+    let s = db.session().await;
+    let leases = claim(&db.store, s.id, 20).await;
+    let claimed: Vec<_> = leases
+        .iter()
+        .map(|l| (l.key.as_str(), l.priority))
+        .collect();
+    assert_eq!(
+        &claimed[..2],
+        [("max", i32::MAX), ("real", 7)],
+        "highest priority first: {claimed:?}"
+    );
+    assert_eq!(
+        claimed.last(),
+        Some(&("min", i32::MIN)),
+        "lowest priority last"
+    );
+    assert_eq!(leases.len(), 9, "every key without a delay: {claimed:?}");
+    // One past each bound is refused.
+    let past = [
+        ("priority", "2147483648"),
+        ("priority", "-2147483649"),
+        ("priority", "7.5"),
+        ("delay_ms", "15552000001"),
+        ("bypass_backoff", "2"),
+        ("clock_offset_ms", "1000000000000001"),
+        ("clock_offset_ms", "-1000000000000001"),
+    ];
+    for (column, value) in past {
+        let refused = enqueue_with(&pool, "past-a-bound", column, value).await;
+        let error = refused.expect_err(&format!("{column} = {value} is refused"));
+        assert!(
+            error.contains("drover_enqueue: "),
+            "{column} = {value}: {error}"
+        );
+    }
+    assert!(item(&db.store, "past-a-bound").await.is_none());
+}
+
+/// A claim after bad numbers were offered to SQLite's view hands out every
+/// valid key, on a process with and without a limit, and leaves no key
+/// running without a lease its caller holds.
+#[tokio::test]
+async fn a_claim_after_a_refused_sql_enqueue_on_sqlite_hands_out_every_valid_key() {
+    // Once, the bad row was stored and the claim that met it committed every
+    // lease it took and then failed: the caller got an error while its keys
+    // stayed running under its session. On a limited process the claim read
+    // the highest pending priority first, and every claim failed.
+    for limit in [None, Some(100)] {
+        let (db, _dir) = support::sqlite().await;
+        let pool = db.store.sqlite_pool().expect("SQLite").clone();
+        if limit.is_some() {
+            let limited = drover::store::ProcessConfigure::new(P).concurrency(limit);
+            db.store.process_configure(limited).await.expect("limit");
+        }
+        for key in ["a", "b"] {
+            enqueue_with(&pool, key, "priority", "1")
+                .await
+                .expect("a valid enqueue");
+        }
+        let mut taken = Vec::new();
+        for (i, (column, value, _)) in BAD_NUMBERS.into_iter().enumerate() {
+            if enqueue_with(&pool, &format!("bad-{i}"), column, value)
+                .await
+                .is_ok()
+            {
+                taken.push((column, value));
+            }
+        }
+        let s = db.session().await;
+        let leases = claim(&db.store, s.id, 20).await;
+        assert_eq!(keys(&leases), ["a", "b"], "limit {limit:?}");
+        assert!(taken.is_empty(), "taken: {taken:?}");
+        let running: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM drover_items WHERE state = 'running'")
+                .fetch_one(&pool)
+                .await
+                .expect("running");
+        assert_eq!(
+            running, 2,
+            "limit {limit:?}: no key runs without a lease the caller holds"
+        );
+        for lease in &leases {
+            complete(&db.store, lease, Outcome::Done)
+                .await
+                .expect("done");
+        }
+    }
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, ..Default::default() })]
 
