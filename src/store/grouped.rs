@@ -27,7 +27,12 @@ use crate::store::StoreError;
 /// that transaction ends, and on SQLite every write waits while a caller's
 /// own transaction holds the writer. Past this, the next group starts beside it, so
 /// one stuck request holds up its own controller, as it did before the
-/// grouping, and not every controller sharing the store.
+/// grouping, and not every controller sharing the store. The requests in the
+/// stuck group itself are held up with it; on PostgreSQL a completion group
+/// of several callers gives up a lock wait past this too, and each caller
+/// writes its batch on its own (`PostgresStore::stepping_aside`), so a
+/// caller whose own transaction holds the lock is not left waiting for the
+/// group that waits for it.
 pub(super) const STALL: Duration = Duration::from_millis(100);
 
 /// The requests waiting for the next group, and who runs them.
