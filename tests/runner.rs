@@ -336,6 +336,44 @@ async fn a_panicking_reconcile_is_a_transient_failure_and_the_worker_lives_on() 
     .await;
 }
 
+/// A reconciler that panics before it returns its future (code ahead of a
+/// closure's `async move`) fails its run as one that panics inside it does:
+/// the key backs off and runs again. The panic once escaped the run's catch
+/// and left the key running under the live session, never run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_that_panics_before_its_future_fails_its_run_and_the_key_runs_again() {
+    each_backend(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reconciler = move |task: Task| {
+            assert!(task.attempt() > 1, "bug ahead of the future");
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send((task.key().to_owned(), task.attempt()));
+                Ok::<_, BoxError>(Action::Done)
+            }
+        };
+        let running = Running::start(retrying(&db.worker, reconciler));
+        enqueue(&db.store, &["p"]).await;
+        assert_eq!(
+            recv(&mut rx).await,
+            ("p".to_owned(), 2),
+            "the key ran again"
+        );
+        running.stop().await;
+        let runs = runs_of(&db, "p").await;
+        assert_eq!(runs[0].outcome, RunOutcome::Retry);
+        assert!(
+            runs[0]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("bug ahead of the future")),
+            "{:?}",
+            runs[0].error
+        );
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_past_its_timeout_is_cancelled_and_retried_as_a_transient_failure() {
     each_backend(|db| async move {

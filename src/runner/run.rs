@@ -163,8 +163,13 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
         // per key, and could outlive its run (a reconcile that blocks its
         // thread past the grace kept running while its key was leased again).
         // Here a run ends only when its reconcile has returned or been
-        // dropped.
-        let work = AssertUnwindSafe(self.reconciler.reconcile(task)).catch_unwind();
+        // dropped. The reconcile is called inside the caught future, not
+        // before it: a reconciler may panic before it returns its future (a
+        // closure's code ahead of its `async move`), and that panic, uncaught,
+        // ended the run's task with its lease neither completed nor released,
+        // the key running under a live session with no run.
+        let work =
+            AssertUnwindSafe(async move { self.reconciler.reconcile(task).await }).catch_unwind();
         let mut work = pin!(work);
         let result = tokio::select! {
             result = &mut work => result,
