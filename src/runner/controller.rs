@@ -438,9 +438,17 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             match store.lease_lock(params).await {
                 Ok(lease) if finished.contains(&lease.key) => {
                     // Its last run ended between the check above and the lock.
+                    // Not released, it would stay leased to a session that
+                    // lives on and never run again: the session is given up
+                    // instead, and closing it hands the lease back (a lease
+                    // refused is another's already).
                     let release = StoreEngine::lease_release(store, LeaseRelease { lease: &lease });
-                    if let Err(e) = release.await {
-                        tracing::warn!(key = %lease.key, error = %e, "cannot release a stale candidate; it will expire");
+                    if let Err(e) = release.await
+                        && !e.is_lease_rejection()
+                    {
+                        tracing::warn!(key = %lease.key, error = %e, "cannot release a stale candidate; its session is given up");
+                        session.abandon();
+                        return Ok(Vec::new());
                     }
                 }
                 Ok(lease) => leases.push(lease),
@@ -455,9 +463,14 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                     tracing::warn!(%key, %reason, "candidate query returned an invalid key");
                 }
                 Err(e) if leases.is_empty() => return Err(e),
+                Err(e) if abandon_if_unknown(session, &e) => {
+                    // The session is given up: what it locked goes back with
+                    // it, none of it started under a session being closed.
+                    tracing::warn!(error = %e, "lock failed; its session is given up");
+                    return Ok(Vec::new());
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "lock failed; running what is locked");
-                    abandon_if_unknown(session, &e);
                     break;
                 }
             }
@@ -521,11 +534,13 @@ fn start<R: Reconciler, B: WorkerBackend>(
         // token alone here (a timeout cancels the reconcile's own child, in
         // `Run::reconcile`), and a child is an allocation and two locks of
         // the session token's tree per run.
-        runs.spawn(Box::pin(Arc::clone(run).execute(
+        // Tracked as the session's, so that a session given up is closed
+        // (its leases handed back) only once its runs have stopped.
+        runs.spawn(Box::pin(session.track(Arc::clone(run).execute(
             lease,
             session.token.clone(),
             permit,
-        )));
+        ))));
     }
 }
 

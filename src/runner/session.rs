@@ -11,14 +11,16 @@
 //! A claim whose commit went unknown (the connection broke at `COMMIT`) may
 //! have leased keys nobody here knows of; nothing would ever finish or release
 //! them while the session lives. The claim loop then abandons the session: its
-//! runs are cancelled, the session is closed (which hands every lease it still
-//! has back, the unknown ones included) and a new one starts.
+//! runs are cancelled, and once they have stopped the session is closed (which
+//! hands every lease it still has back, the unknown ones included) and a new
+//! one starts.
 
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::config::Settings;
 use super::lapse::{Held, hold};
@@ -36,6 +38,9 @@ const CLOSE_WITHIN: Duration = Duration::from_millis(500);
 pub(crate) struct Live {
     pub(crate) id: SessionId,
     pub(crate) token: CancellationToken,
+    /// The runs started under this session ([`Live::track`]): an abandoned
+    /// session is closed only once they have stopped.
+    runs: TaskTracker,
     /// Cancelled by [`Live::abandon`].
     abandoned: CancellationToken,
 }
@@ -46,6 +51,21 @@ impl Live {
     /// commit is unknown, which may have leased keys this node never heard of.
     pub(crate) fn abandon(&self) {
         self.abandoned.cancel();
+    }
+
+    /// `run`, counted as one of this session's runs until it ends.
+    pub(crate) fn track<F: Future>(&self, run: F) -> impl Future<Output = F::Output> + use<F> {
+        self.runs.track_future(run)
+    }
+
+    /// A session just started: its own token under `force`, no runs yet.
+    fn new(id: SessionId, force: &CancellationToken) -> Self {
+        Self {
+            id,
+            token: force.child_token(),
+            runs: TaskTracker::new(),
+            abandoned: CancellationToken::new(),
+        }
     }
 }
 
@@ -90,6 +110,7 @@ impl<B: WorkerBackend> Keeper<B> {
                         "a claim's commit is unknown or its session expired; closing it so that any \
                          lease it took goes back, and starting a new one"
                     );
+                    self.stopped(&live).await;
                     self.close(live.id, self.settings.ttl).await;
                 }
                 End::Stopped => {
@@ -104,12 +125,7 @@ impl<B: WorkerBackend> Keeper<B> {
     /// it, the instant taken before its start was sent.
     async fn start(&mut self, stop: &CancellationToken) -> Option<(Live, Instant)> {
         if let Some((session, sent)) = self.first.take() {
-            let live = Live {
-                id: session.id,
-                token: self.force.child_token(),
-                abandoned: CancellationToken::new(),
-            };
-            return Some((live, sent));
+            return Some((Live::new(session.id, &self.force), sent));
         }
         let mut delay = Duration::from_millis(50);
         loop {
@@ -120,15 +136,7 @@ impl<B: WorkerBackend> Keeper<B> {
                 started = self.backend.session_start(params) => started,
             };
             match started {
-                Ok(session) => {
-                    let token = self.force.child_token();
-                    let live = Live {
-                        id: session.id,
-                        token,
-                        abandoned: CancellationToken::new(),
-                    };
-                    return Some((live, sent));
-                }
+                Ok(session) => return Some((Live::new(session.id, &self.force), sent)),
                 Err(e) => tracing::warn!(error = %e, "cannot start a session; retrying"),
             }
             tokio::select! {
@@ -157,6 +165,23 @@ impl<B: WorkerBackend> Keeper<B> {
         match hold(self.settings.ttl, sent, beat, until).await {
             Held::Lost => End::Lost,
             Held::Until(end) => end,
+        }
+    }
+
+    /// Waits until the runs of `live` (its token cancelled) have stopped, for
+    /// one TTL at most. Closing a session hands its leases back at once,
+    /// where losing it hands them on only past its deadline: closed while a
+    /// cancelled run still stopped (a reconcile's grace to return, a command
+    /// being killed), its key could start again, here or on another node,
+    /// beside it. Past one TTL without a heartbeat the database gives the
+    /// leases away anyway.
+    async fn stopped(&self, live: &Live) {
+        live.runs.close();
+        if timeout(self.settings.ttl, live.runs.wait()).await.is_err() {
+            tracing::warn!(
+                session = %live.id,
+                "runs of a session given up have not stopped within its TTL; closing it anyway"
+            );
         }
     }
 
