@@ -663,8 +663,14 @@ async fn dashboard_buttons_retry_and_park_and_refuse_cross_site_posts() {
     .await;
 }
 
+/// A claim whose commit the server cannot know (its link to the database cut
+/// at the commit) is answered 503 `commit_unknown`, and the server leaves the
+/// session as it is: the worker's runs under it may still be going (here
+/// `held`'s), and closed at once, their keys could start elsewhere beside
+/// them. The worker gives the session up itself, once its runs have stopped,
+/// and the close hands back every key, the ones the lost answer leased too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_whose_commit_is_unknown_closes_the_session_and_hands_its_keys_back() {
+async fn a_claim_whose_commit_is_unknown_leaves_the_session_to_its_worker() {
     let Some(base) = support::postgres_url() else {
         return;
     };
@@ -672,31 +678,36 @@ async fn a_claim_whose_commit_is_unknown_closes_the_session_and_hands_its_keys_b
     let (proxy, proxied) = support::commit_cut::CommitCut::in_front_of(&base, &db.url).await;
     let api = Api::new(&proxied);
     let session = api.session(600_000).await;
-    db.store
-        .item_enqueue(ItemEnqueue::new(P, ["a", "b"]))
-        .await
-        .expect("enqueue");
+    api.enqueue(P, &["held"]).await;
+    assert_eq!(api.claim(session, P, 10).await.len(), 1);
+    api.enqueue(P, &["a", "b"]).await;
     proxy.arm();
     let uri = format!("/v1/sessions/{session}/claim");
-    let refused = api
+    let unknown = api
         .post(
             &uri,
             json!({ "process": P, "max": 10 }),
-            StatusCode::CONFLICT,
+            StatusCode::SERVICE_UNAVAILABLE,
         )
         .await;
-    assert_eq!(refused["error"], "session_expired", "{refused}");
+    assert_eq!(unknown["error"], "commit_unknown", "{unknown}");
     tokio::time::timeout(Duration::from_secs(5), proxy.cut())
         .await
         .expect("the claim's commit was the one cut");
-    // The claim did commit: both keys were started, then handed back by the close.
+    // The claim did commit: both keys were started, and nothing was handed
+    // back, held's lease included.
     let counts = api.counts(P).await.expect("process listed");
     assert_eq!(
         (&counts["pending"], &counts["running"]),
-        (&json!(2), &json!(0))
+        (&json!(0), &json!(3))
     );
+    let closed = api
+        .call(DELETE, &format!("/v1/sessions/{session}"), None)
+        .await;
+    assert_eq!(closed.status, StatusCode::OK, "{:?}", closed.json());
+    assert_eq!(closed.json()["released"], 3, "{:?}", closed.json());
     let fresh = api.session(600_000).await;
-    assert_eq!(api.claim(fresh, P, 10).await.len(), 2);
+    assert_eq!(api.claim(fresh, P, 10).await.len(), 3);
     drop(api);
     proxied.close().await;
     db.store.close().await;

@@ -21,8 +21,8 @@ use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
 use crate::store::{
-    Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionClose, SessionId,
-    StoreEngine as _, StoreError, TraceId, validate_process,
+    Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionId, StoreEngine as _,
+    TraceId, validate_process,
 };
 
 /// Leases up to `max` ready keys of a process for the session (at most 1000 in
@@ -33,9 +33,13 @@ use crate::store::{
 /// unless configured) is cut to it. An empty list means nothing became ready.
 ///
 /// If the database connection breaks as the claim commits, the claim may have
-/// leased keys the client never hears of; the server then closes the session
-/// (handing every lease it holds back) and answers 409 `session_expired`, so the
-/// client starts a new session, as after any lost session.
+/// leased keys the client never hears of: the server answers 503
+/// `commit_unknown`, and the client gives its session up: it stops the runs it
+/// started under it, then closes it (handing every lease it holds back, the
+/// unknown ones too), and starts a new one. drover's client does. The server
+/// does not close the session itself: the client's runs under it may still be
+/// going, and their keys, handed back at once, could start elsewhere beside
+/// them.
 #[utoipa::path(
     post, operation_id = "claim", path = "/v1/sessions/{session}/claim", tag = "work",
     security(("bearer" = [])),
@@ -47,6 +51,7 @@ use crate::store::{
         (status = 409, description = "The session expired or never existed", body = ErrorBody),
         (status = 422, description = "Invalid process name", body = ErrorBody),
         (status = 429, description = "Nothing was ready, and too many claims wait already (on this server, or of this session)", body = ErrorBody),
+        (status = 503, description = "The database is unavailable; or, `commit_unknown`, the claim may have leased keys: give the session up (stop its runs, then close it)", body = ErrorBody),
     )
 )]
 pub(crate) async fn claim(
@@ -144,28 +149,17 @@ async fn wait_for_leases(
     }
 }
 
-/// One claim statement; a claim whose commit is unknown closes its session
-/// (see [`give_up`]).
+/// One claim statement; a claim whose commit is unknown is answered 503
+/// `commit_unknown`, for its client to give the session up (see [`claim`]).
 async fn claim_once(state: &AppState, params: &LeaseClaim) -> Result<Claimed, ApiError> {
     state.metrics.claim_attempted();
     match state.store.lease_claim(params.clone()).await {
         Ok(claimed) => Ok(claimed),
-        Err(e) if e.is_commit_unknown() => Err(give_up(state, params.session, e).await),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// After a claim whose commit is unknown: closes `session`, so that whatever it
-/// may have leased goes back, and tells the client its session is gone. If the
-/// close fails too, the claim's error stands (503) and the session's leases go
-/// back when it expires.
-async fn give_up(state: &AppState, session: SessionId, unknown: StoreError) -> ApiError {
-    tracing::warn!(%session, error = %unknown, "a claim's commit is unknown; closing its session");
-    match state.store.session_close(SessionClose { session }).await {
-        Ok(_) => StoreError::SessionExpired { session }.into(),
         Err(e) => {
-            tracing::warn!(%session, error = %e, "cannot close the session; it will expire");
-            unknown.into()
+            if e.is_commit_unknown() {
+                tracing::warn!(session = %params.session, error = %e, "a claim's commit is unknown; its client gives the session up");
+            }
+            Err(e.into())
         }
     }
 }
