@@ -49,16 +49,23 @@ impl SessionOwners {
     }
 
     /// Refuses `caller` (a token's fingerprint; `None` on an open server)
-    /// unless it started `session`. An unknown session passes: the act itself
-    /// answers that it expired.
+    /// unless it started `session`; says whether the session is known.
+    ///
+    /// An unknown session is not passed on to the act: session ids are
+    /// sequential and never reused, and a caller learns one only once its
+    /// session has committed, so an id the database does not know is gone or
+    /// someone else's next. Passed, a caller naming the next id could close,
+    /// or claim under, the session another token was starting, between this
+    /// check and its own act (on SQLite nearly every time: the check reads
+    /// on a reader while the act queues behind that start on the writer).
     pub(crate) async fn check(
         &self,
         store: &Store,
         caller: Option<&str>,
         session: SessionId,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Standing, ApiError> {
         let Some(caller) = caller else {
-            return Ok(());
+            return Ok(Standing::Yours);
         };
         let known = self
             .known
@@ -69,7 +76,8 @@ impl SessionOwners {
         let owner = match known {
             Some(owner) => owner,
             None => match store.session_owner(session).await? {
-                None => return Ok(()),
+                // Not remembered: it may be started yet.
+                None => return Ok(Standing::Unknown),
                 Some(owner) => {
                     self.remember(session, owner.clone());
                     owner
@@ -77,11 +85,21 @@ impl SessionOwners {
             },
         };
         if owner.as_deref() == Some(caller) {
-            Ok(())
+            Ok(Standing::Yours)
         } else {
             Err(ApiError::NotYourSession(session))
         }
     }
+}
+
+/// What [`SessionOwners::check`] found of a session its caller may act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// The caller's (or any session, on an open server).
+    Yours,
+    /// Not in the database: expired and gone, or not started yet. Nothing
+    /// may act on it (an act answers as for an expired session).
+    Unknown,
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::known::KnownProcesses;
 use super::options::ServerOptions;
-use super::owner::{SessionOwners, fingerprint};
+use super::owner::{SessionOwners, Standing, fingerprint};
 use super::role::Role;
 use super::waiting::Waiting;
 use crate::metrics::ServerMetrics;
@@ -49,12 +49,28 @@ impl AppState {
         }
     }
 
-    /// Refuses `auth`'s caller unless it started `session` (see `owner.rs`).
+    /// Refuses `auth`'s caller unless it started `session` (see `owner.rs`);
+    /// an unknown session is answered as an expired one, 409
+    /// `session_expired`, without acting on it.
     pub(crate) async fn check_owner<C>(
         &self,
         auth: &super::auth::Authorized<C>,
         session: crate::store::SessionId,
     ) -> Result<(), ApiError> {
+        match self.standing(auth, session).await? {
+            Standing::Yours => Ok(()),
+            Standing::Unknown => Err(crate::store::StoreError::SessionExpired { session }.into()),
+        }
+    }
+
+    /// What the owner check found of `session` (see
+    /// [`SessionOwners::check`](super::owner::SessionOwners::check)), for an
+    /// act that answers an unknown session itself.
+    pub(crate) async fn standing<C>(
+        &self,
+        auth: &super::auth::Authorized<C>,
+        session: crate::store::SessionId,
+    ) -> Result<Standing, ApiError> {
         self.owners
             .check(&self.store, auth.owner.as_deref(), session)
             .await

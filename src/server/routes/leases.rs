@@ -2,6 +2,7 @@
 //! `drover work --db` runs, over HTTP: start a session, claim with `wait_ms`,
 //! complete each lease with its fencing token, heartbeat every ttl/3.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use axum::Json;
@@ -19,10 +20,11 @@ use crate::api::{
 use crate::server::auth::{Authorized, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, session_id};
+use crate::server::owner::Standing;
 use crate::server::state::AppState;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionId, StoreEngine as _,
-    TraceId, validate_process,
+    StoreError, TraceId, validate_process,
 };
 
 /// Leases up to `max` ready keys of a process for the session (at most 1000 in
@@ -268,19 +270,50 @@ pub(crate) async fn complete_batch(
     let mut sessions: Vec<SessionId> = runs.iter().map(|(lease, _)| lease.session).collect();
     sessions.sort_unstable_by_key(|s| s.0);
     sessions.dedup();
+    // Leases of a session the database does not know are answered as after
+    // it expired, without reaching the store (see `owner.rs`).
+    let mut unknown = HashSet::new();
     for session in sessions {
-        state.check_owner(&auth, session).await?;
+        if state.standing(&auth, session).await? == Standing::Unknown {
+            unknown.insert(session);
+        }
     }
     let batch: Vec<LeaseComplete<'_>> = runs
         .iter()
         .zip(trace_ids)
+        .filter(|((lease, _), _)| !unknown.contains(&lease.session))
         .map(|((lease, outcome), trace_id)| LeaseComplete {
             lease,
             outcome,
             trace_id,
         })
         .collect();
-    let results = state.store.lease_complete_batch(&batch).await?;
+    let written = if batch.is_empty() {
+        Vec::new()
+    } else {
+        state.store.lease_complete_batch(&batch).await?
+    };
+    if written.len() != batch.len() {
+        tracing::error!(
+            sent = batch.len(),
+            answered = written.len(),
+            "a completion batch was not answered once per completion"
+        );
+        return Err(ApiError::Internal);
+    }
+    let mut written = written.into_iter();
+    let results: Vec<Result<(), StoreError>> = runs
+        .iter()
+        .filter_map(|(lease, _)| {
+            if unknown.contains(&lease.session) {
+                Some(Err(StoreError::SessionExpired {
+                    session: lease.session,
+                }))
+            } else {
+                written.next()
+            }
+        })
+        .collect();
     let now = chrono::Utc::now();
     let results = results
         .into_iter()

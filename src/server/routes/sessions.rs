@@ -15,6 +15,7 @@ use crate::server::auth::{Authorized, Read, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams, session_id};
 use crate::server::operations::session_page;
+use crate::server::owner::Standing;
 use crate::server::redact;
 use crate::server::state::AppState;
 use crate::store::{
@@ -148,7 +149,9 @@ pub(crate) async fn close(
     PathParams(session): PathParams<String>,
 ) -> Result<Json<CloseResponse>, ApiError> {
     let session = session_id(&session)?;
-    state.check_owner(&auth, session).await?;
+    if state.standing(&auth, session).await? == Standing::Unknown {
+        return Ok(Json(CloseResponse { released: 0 }));
+    }
     let released = state.store.session_close(SessionClose { session }).await?;
     Ok(Json(CloseResponse { released }))
 }
