@@ -299,3 +299,53 @@ async fn enqueues_to_new_processes_over_the_cap_are_refused_and_the_known_ones_g
     })
     .await;
 }
+
+/// A lease naming a key or a process no lease can have (a NUL, 1,025 bytes)
+/// is 422 on every route that takes a lease, and a list's cursor likewise:
+/// PostgreSQL refused the NUL itself, and the caller's mistake came back as
+/// a 500 (in a batch, an `internal` result the client sent again).
+#[tokio::test]
+async fn a_lease_or_cursor_no_key_can_match_is_422_never_a_5xx() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(30_000).await;
+        let lease = api.claim(session, P, 1).await.remove(0);
+        let before = snapshot(&api).await;
+        let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        for (field, bad) in [
+            ("key", "a\0b".to_owned()),
+            ("key", "k".repeat(1025)),
+            ("process", "p\0".to_owned()),
+        ] {
+            let mut named = lease.clone();
+            named[field] = json!(bad);
+            let done = json!({ "lease": named, "outcome": { "type": "done" } });
+            for (uri, body) in [
+                ("/v1/leases/complete", done.clone()),
+                (
+                    "/v1/leases/complete-batch",
+                    json!({ "completions": [done.clone()] }),
+                ),
+                ("/v1/leases/release", json!({ "lease": named })),
+                (
+                    "/v1/leases/trace-link",
+                    json!({ "lease": named, "context": { "traceparent": traceparent } }),
+                ),
+            ] {
+                let reply = api.send(POST, uri, Some(body.to_string()), None).await;
+                rejected(&reply, StatusCode::UNPROCESSABLE_ENTITY, Some(field));
+            }
+        }
+        let cursor = api
+            .call(
+                GET,
+                &format!("/v1/processes/{P}/items?after_key=a%00b"),
+                None,
+            )
+            .await;
+        rejected(&cursor, StatusCode::UNPROCESSABLE_ENTITY, Some("after_key"));
+        assert_eq!(snapshot(&api).await, before);
+    })
+    .await;
+}

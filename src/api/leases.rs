@@ -218,10 +218,15 @@ impl From<LeaseBody> for Lease {
 
 impl LeaseRef {
     /// The store's lease; the described-only fields are filled with neutral
-    /// values the store does not check.
+    /// values the store does not check. A process or key that no lease can
+    /// have (empty, over 1024 bytes, a NUL) is refused here, as the routes
+    /// that take names refuse it (422): PostgreSQL would refuse the NUL
+    /// itself, as an internal error.
     #[cfg(feature = "server")] // read by the server only
-    pub(crate) fn to_lease(&self) -> Lease {
-        Lease {
+    pub(crate) fn to_lease(&self) -> Result<Lease, crate::store::StoreError> {
+        crate::store::validate_process(&self.process)?;
+        crate::store::validate_key(&self.key)?;
+        Ok(Lease {
             session: crate::store::SessionId(self.session),
             process: self.process.clone(),
             key: self.key.clone(),
@@ -231,7 +236,7 @@ impl LeaseRef {
             enqueued_at: self.enqueued_at.unwrap_or_default(),
             started_at: self.started_at.unwrap_or_default(),
             trace_links: None,
-        }
+        })
     }
 }
 

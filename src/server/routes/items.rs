@@ -105,6 +105,13 @@ pub(crate) async fn list(
 ) -> Result<Json<ItemPage>, ApiError> {
     let limit = page_limit(query.limit, 100)?;
     validate_process(&process)?;
+    if let Some(after) = &query.after_key {
+        validate_key(after).map_err(|e| ApiError::Unprocessable {
+            code: "invalid_key",
+            field: "after_key",
+            message: format!("after_key: {e}"),
+        })?;
+    }
     let items = state
         .store
         .item_list(ItemList {

@@ -185,7 +185,7 @@ pub(crate) async fn complete(
 ) -> Result<StatusCode, ApiError> {
     check_outcome(&body.outcome, "outcome.after_ms")?;
     let trace_id = trace_id(body.trace_id.as_deref(), "trace_id")?;
-    let lease = body.lease.to_lease();
+    let lease = body.lease.to_lease()?;
     state.check_owner(&auth, lease.session).await?;
     let outcome = body.outcome.to_outcome();
     state
@@ -265,8 +265,8 @@ pub(crate) async fn complete_batch(
     let runs: Vec<(Lease, Outcome)> = body
         .completions
         .iter()
-        .map(|c| (c.lease.to_lease(), c.outcome.to_outcome()))
-        .collect();
+        .map(|c| Ok((c.lease.to_lease()?, c.outcome.to_outcome())))
+        .collect::<Result<_, StoreError>>()?;
     let mut sessions: Vec<SessionId> = runs.iter().map(|(lease, _)| lease.session).collect();
     sessions.sort_unstable_by_key(|s| s.0);
     sessions.dedup();
@@ -364,7 +364,7 @@ pub(crate) async fn release(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<ReleaseRequest>,
 ) -> Result<StatusCode, ApiError> {
-    let lease = body.lease.to_lease();
+    let lease = body.lease.to_lease()?;
     state.check_owner(&auth, lease.session).await?;
     state
         .store

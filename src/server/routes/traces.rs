@@ -35,7 +35,7 @@ pub(crate) async fn link(
     let sent = &body.context;
     let context = TraceContext::new(&sent.traceparent, sent.tracestate.as_deref())
         .map_err(|e| ApiError::field("context", e.to_string()))?;
-    let lease = body.lease.to_lease();
+    let lease = body.lease.to_lease()?;
     state.check_owner(&auth, lease.session).await?;
     state.store.item_trace_link(&lease, &context).await?;
     Ok(StatusCode::NO_CONTENT)
