@@ -5,6 +5,8 @@
 mod server_support;
 mod support;
 
+use std::time::Duration;
+
 use axum::http::{Method, StatusCode};
 use base64::Engine as _;
 use drover::server::{Role, ServerOptions, Tokens};
@@ -350,4 +352,35 @@ fn serve_refuses_an_open_non_loopback_address_unless_insecure() {
         !dir.path().join("d.db").exists(),
         "refused before touching the database"
     );
+}
+
+/// A refused caller is answered before its body is read: every route that
+/// takes a body, the dashboard's forms included, answers 401 to a request
+/// without a token whose body never comes. A dashboard form read its body
+/// first (up to the body limit), so such a caller held a connection and a
+/// task for as long as it liked.
+#[tokio::test]
+async fn a_refused_caller_is_answered_before_its_body_is_read() {
+    each_engine(|db| async move {
+        let api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
+        for (method, uri, body, least) in routes() {
+            if body.is_none() || least.is_none() {
+                continue;
+            }
+            let never =
+                futures_util::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+            let request = axum::http::Request::builder()
+                .method(method.clone())
+                .uri(&uri)
+                .header("content-type", "application/json")
+                .header("content-length", "1000000")
+                .body(axum::body::Body::from_stream(never))
+                .expect("a request");
+            let reply = tokio::time::timeout(Duration::from_secs(5), api.request(request))
+                .await
+                .unwrap_or_else(|_| panic!("{method} {uri} waited for a body it would refuse"));
+            assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{method} {uri}");
+        }
+    })
+    .await;
 }

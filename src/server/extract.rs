@@ -21,17 +21,25 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge {
-                    limit: state.options.body_limit,
-                }
-            } else {
-                ApiError::field("body", e.body_text())
-            }
-        })?;
+        let bytes = body_of(req, state).await?;
         parse_json(&bytes).map(Self)
     }
+}
+
+/// The body of `req`, within the server's body limit (413 beyond it). For a
+/// handler that checks its caller itself before reading the body (a
+/// dashboard form, whose refusal is a page), so that no body is read for a
+/// caller refused.
+pub(crate) async fn body_of(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge {
+                limit: state.options.body_limit,
+            }
+        } else {
+            ApiError::field("body", e.body_text())
+        }
+    })
 }
 
 /// Parses JSON, reporting the path of the first bad field (`keys[2]`).

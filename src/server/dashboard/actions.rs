@@ -7,8 +7,7 @@
 //! [origin guard](crate::server::origin), a layer around every route, refuses
 //! it with 403 before these handlers run.
 
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::Redirect;
 use serde::Deserialize;
 
@@ -17,7 +16,7 @@ use super::layout::HtmlError;
 use crate::api::path_segment;
 use crate::server::auth::{Authorized, Manage};
 use crate::server::error::ApiError;
-use crate::server::extract::PathParams;
+use crate::server::extract::{PathParams, body_of};
 use crate::server::operations::process_pause;
 use crate::server::role::Role;
 use crate::server::state::AppState;
@@ -86,9 +85,12 @@ pub(super) async fn group(
     auth: Result<Authorized<Manage>, ApiError>,
     State(state): State<AppState>,
     PathParams((process, action)): PathParams<(String, String)>,
-    body: Bytes,
+    request: Request,
 ) -> Result<Redirect, HtmlError> {
+    // The caller is checked before the body is read: refused, it sends
+    // nothing the server waits for or holds.
     auth?;
+    let body = body_of(request, &state).await?;
     let form: GroupForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ApiError::field("signature", format!("a form with a signature: {e}")))?;
     let back = format!("/ui/processes/{}", path_segment(&process));
