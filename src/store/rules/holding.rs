@@ -175,6 +175,18 @@ mod tests {
         }
     }
 
+    /// Each of `leases` completed `done`, as a batch.
+    fn done<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> Vec<LeaseComplete<'a>> {
+        leases
+            .into_iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &Outcome::Done,
+                trace_id: None,
+            })
+            .collect()
+    }
+
     /// Two callers' batches in one group: a lease forged with the other
     /// caller's token, its session and key its own, comes first. The row
     /// stays the genuine lease's, and the forged one is refused.
@@ -185,17 +197,8 @@ mod tests {
             ..lease("mine", 2, 8)
         };
         let genuine = lease("victim", 2, 7);
-        let done = Outcome::Done;
-        let batch: Vec<_> = [&forged, &genuine]
-            .into_iter()
-            .map(|lease| LeaseComplete {
-                lease,
-                outcome: &done,
-                trace_id: None,
-            })
-            .collect();
         let rows = match_leases(
-            &batch,
+            &done([&forged, &genuine]),
             &[7, 8],
             [found("victim", true, 2, 7), found("mine", true, 5, 8)],
         );
@@ -214,17 +217,8 @@ mod tests {
             lease("forged", 6, 7),
             lease("held", 1, 7),
         ];
-        let done = Outcome::Done;
-        let batch: Vec<_> = leases
-            .iter()
-            .map(|lease| LeaseComplete {
-                lease,
-                outcome: &done,
-                trace_id: None,
-            })
-            .collect();
         let rows = match_leases(
-            &batch,
+            &done(&leases),
             &[7],
             [
                 found("held", true, 1, 7),
