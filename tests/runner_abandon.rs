@@ -101,6 +101,24 @@ impl WorkerBackend for AnswerLost {
 /// One run as it logged itself: its key, when it began and when it ended.
 type Logged = (String, Instant, Instant);
 
+/// A run going on: logs itself when dropped, at its end.
+struct Ran {
+    key: String,
+    began: Instant,
+    log: Arc<Mutex<Vec<Logged>>>,
+}
+
+impl Drop for Ran {
+    fn drop(&mut self) {
+        let ended = Instant::now();
+        let mut log = self
+            .log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.push((std::mem::take(&mut self.key), self.began, ended));
+    }
+}
+
 /// `slow`'s first run holds on until it is cancelled, then takes 80 ms to
 /// stop (a command being killed: within the runner's grace to return). A
 /// claim's lost answer makes the controller give its session up while that
@@ -122,14 +140,19 @@ async fn a_session_given_up_hands_its_keys_back_only_once_its_runs_have_stopped(
                 let (log, began, slow_runs) =
                     (Arc::clone(&log), began.clone(), Arc::clone(&slow_runs));
                 async move {
-                    let start = Instant::now();
                     let key = task.key().to_owned();
+                    // Logged when the run ends, however: returned, or dropped
+                    // past its grace on a slow machine.
+                    let _ran = Ran {
+                        key: key.clone(),
+                        began: Instant::now(),
+                        log,
+                    };
                     let _ = began.send(key.clone());
                     if key == "slow" && slow_runs.fetch_add(1, SeqCst) == 0 {
                         task.cancelled().await;
                         tokio::time::sleep(Duration::from_millis(80)).await;
                     }
-                    log.lock().unwrap().push((key, start, Instant::now()));
                     Ok::<_, BoxError>(Action::Done)
                 }
             }
