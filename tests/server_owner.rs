@@ -284,3 +284,36 @@ async fn an_act_on_a_session_not_started_yet_reaches_nothing_once_it_starts() {
     })
     .await;
 }
+
+/// A completion batch naming a session the database does not know answers
+/// that lease as expired, without reaching the store, and writes the rest.
+#[tokio::test]
+async fn a_batch_lease_of_an_unknown_session_is_expired_and_the_rest_is_written() {
+    each_engine(|db| async move {
+        let mut api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
+        api.token = Some("w1".into());
+        api.enqueue(P, &["a"]).await;
+        let session = api.session(30_000).await;
+        let lease = api.claim(session, P, 1).await.remove(0);
+        let mut stranger = lease.clone();
+        stranger["session"] = json!(session + 1000);
+        let done = |lease: &Value| json!({ "lease": lease, "outcome": { "type": "done" } });
+        let reply = api
+            .post(
+                "/v1/leases/complete-batch",
+                json!({ "completions": [done(&stranger), done(&lease)] }),
+                StatusCode::OK,
+            )
+            .await;
+        let errors: Vec<&Value> = reply["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|r| &r["error"])
+            .collect();
+        assert_eq!(errors, [&json!("session_expired"), &Value::Null], "{reply}");
+        let item = api.get_ok(&format!("/v1/processes/{P}/items/a")).await;
+        assert_eq!(item["item"]["state"], "idle", "{item}");
+    })
+    .await;
+}

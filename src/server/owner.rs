@@ -76,7 +76,7 @@ impl SessionOwners {
         let owner = match known {
             Some(owner) => owner,
             None => match store.session_owner(session).await? {
-                // Not remembered: it may be started yet.
+                // Not remembered: it may not have started yet.
                 None => return Ok(Standing::Unknown),
                 Some(owner) => {
                     self.remember(session, owner.clone());
