@@ -301,7 +301,8 @@ async fn enqueues_to_new_processes_over_the_cap_are_refused_and_the_known_ones_g
 }
 
 /// A lease naming a key or a process no lease can have (a NUL, 1,025 bytes)
-/// is 422 on every route that takes a lease, and a list's cursor likewise:
+/// is 422 on every route that takes a lease, and a list's cursor naming one
+/// is a bad query parameter (400), as triage's is:
 /// PostgreSQL refused the NUL itself, and the caller's mistake came back as
 /// a 500 (in a batch, an `internal` result the client sent again).
 #[tokio::test]
@@ -344,7 +345,7 @@ async fn a_lease_or_cursor_no_key_can_match_is_422_never_a_5xx() {
                 None,
             )
             .await;
-        rejected(&cursor, StatusCode::UNPROCESSABLE_ENTITY, Some("after_key"));
+        rejected(&cursor, StatusCode::BAD_REQUEST, Some("after_key"));
         assert_eq!(snapshot(&api).await, before);
     })
     .await;

@@ -106,11 +106,8 @@ pub(crate) async fn list(
     let limit = page_limit(query.limit, 100)?;
     validate_process(&process)?;
     if let Some(after) = &query.after_key {
-        validate_key(after).map_err(|e| ApiError::Unprocessable {
-            code: "invalid_key",
-            field: "after_key",
-            message: format!("after_key: {e}"),
-        })?;
+        // A bad cursor is a bad query parameter (400), as triage's is.
+        validate_key(after).map_err(|e| ApiError::field("after_key", e.to_string()))?;
     }
     let items = state
         .store

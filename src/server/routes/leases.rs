@@ -176,6 +176,7 @@ async fn claim_once(state: &AppState, params: &LeaseClaim) -> Result<Claimed, Ap
         (status = 204, description = "Recorded"),
         (status = 400, description = "Malformed body", body = ErrorBody),
         (status = 409, description = "The lease was lost or the session expired", body = ErrorBody),
+        (status = 422, description = "A lease naming a key or process no lease can have (empty, over 1024 bytes, a NUL)", body = ErrorBody),
     )
 )]
 pub(crate) async fn complete(
@@ -239,6 +240,7 @@ fn trace_id(sent: Option<&str>, field: &str) -> Result<Option<TraceId>, ApiError
         (status = 200, description = "One result per completion, in order", body = CompleteBatchResponse),
         (status = 400, description = "Malformed body, or no or too many completions", body = ErrorBody),
         (status = 503, description = "The database is unavailable; nothing was written", body = ErrorBody),
+        (status = 422, description = "A lease naming a key or process no lease can have (empty, over 1024 bytes, a NUL)", body = ErrorBody),
     )
 )]
 pub(crate) async fn complete_batch(
@@ -357,6 +359,7 @@ pub(crate) async fn complete_batch(
         (status = 204, description = "Released"),
         (status = 400, description = "Malformed body", body = ErrorBody),
         (status = 409, description = "The lease was lost or the session expired", body = ErrorBody),
+        (status = 422, description = "A lease naming a key or process no lease can have (empty, over 1024 bytes, a NUL)", body = ErrorBody),
     )
 )]
 pub(crate) async fn release(

@@ -25,6 +25,7 @@ use crate::store::TraceContext;
         (status = 204, description = "Linked"),
         (status = 400, description = "Malformed body or trace context", body = ErrorBody),
         (status = 409, description = "The lease no longer holds its key: nothing linked", body = ErrorBody),
+        (status = 422, description = "A lease naming a key or process no lease can have (empty, over 1024 bytes, a NUL)", body = ErrorBody),
     )
 )]
 pub(crate) async fn link(
