@@ -71,14 +71,21 @@ async fn refused(api: &Api, token: &str, session: i64, lease: &Value) {
     assert_eq!(item["item"]["lease_session"], session, "{item}");
 }
 
+/// A server with [`tokens`], calling as `w1`, whose session holds key `a`:
+/// the API, the session and its lease.
+async fn w1_holding_a(store: &drover::store::Store) -> (Api, i64, Value) {
+    let mut api = Api::with(store, ServerOptions::default().tokens(tokens()));
+    api.token = Some("w1".into());
+    api.enqueue(P, &["a"]).await;
+    let session = api.session(30_000).await;
+    let lease = api.claim(session, P, 1).await.remove(0);
+    (api, session, lease)
+}
+
 #[tokio::test]
 async fn only_the_token_that_started_a_session_may_act_on_it() {
     each_engine(|db| async move {
-        let mut api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
-        api.token = Some("w1".into());
-        api.enqueue(P, &["a"]).await;
-        let session = api.session(30_000).await;
-        let lease = api.claim(session, P, 1).await.remove(0);
+        let (api, session, lease) = w1_holding_a(&db.store).await;
         for token in ["w2", "a"] {
             refused(&api, token, session, &lease).await;
         }
@@ -290,11 +297,7 @@ async fn an_act_on_a_session_not_started_yet_reaches_nothing_once_it_starts() {
 #[tokio::test]
 async fn a_batch_lease_of_an_unknown_session_is_expired_and_the_rest_is_written() {
     each_engine(|db| async move {
-        let mut api = Api::with(&db.store, ServerOptions::default().tokens(tokens()));
-        api.token = Some("w1".into());
-        api.enqueue(P, &["a"]).await;
-        let session = api.session(30_000).await;
-        let lease = api.claim(session, P, 1).await.remove(0);
+        let (api, session, lease) = w1_holding_a(&db.store).await;
         let mut stranger = lease.clone();
         stranger["session"] = json!(session + 1000);
         let done = |lease: &Value| json!({ "lease": lease, "outcome": { "type": "done" } });
