@@ -139,3 +139,45 @@ async fn serve_hides_the_database_password_in_its_banner() {
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+/// `serve` fits `--max-connections` to the open-file limit, keeping room for
+/// the database's files: past the limit an accepted connection would take
+/// the descriptor a database connection needs. Under a hard limit of 512 it
+/// says it holds at most 256, and serves.
+#[tokio::test]
+async fn serve_fits_its_connections_to_the_open_file_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = format!("sqlite://{}", dir.path().join("d.db").display());
+    let mut child = Command::new("sh")
+        .args(["-c", r#"ulimit -n 512 && exec "$@""#, "sh"])
+        .arg(env!("CARGO_BIN_EXE_drover"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
+        .args(["--max-connections", "100000"])
+        .env_remove("DROVER_TOKENS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start drover serve");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let text = banner(&mut lines).await;
+    let addr = text
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .expect("address in the banner")
+        .to_owned();
+    assert!(get(&addr, "/healthz").await.starts_with("HTTP/1.0 200"));
+    let mut errors = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), errors.next_line())
+        .await
+        .expect("a line on stderr")
+        .expect("stderr")
+        .expect("a line");
+    assert!(
+        said.contains("--max-connections 100000 lowered to 256")
+            && said.contains("open-file limit is 512"),
+        "{said}"
+    );
+    stop(child, lines).await;
+}

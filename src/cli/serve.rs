@@ -61,6 +61,18 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 10_000, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_waiting_claims: u32,
+    /// The most connections to hold at once; past it new ones wait until one
+    /// closes. Lowered to fit the open-file limit (raised to its hard limit
+    /// at start).
+    #[arg(long, default_value_t = 16_384, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// How long a caller may stall: to send a request's headers or its
+    /// whole body (408 request_timeout), to take an answer it stopped
+    /// reading, or idle between requests. Waiting claims are bounded by
+    /// --max-wait instead.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    client_timeout: Duration,
     /// A link to your tracing UI for each traced run on the dashboard's key
     /// page: an http(s) URL where `{trace_id}` stands for the run's trace
     /// id, e.g. 'http://jaeger:16686/trace/{trace_id}'. Without it the id
@@ -122,6 +134,36 @@ async fn resolve(listen: &str, open: bool, insecure: bool) -> anyhow::Result<Vec
     Ok(addrs)
 }
 
+/// File descriptors kept for everything but callers' connections: the
+/// database's, SQLite's files, the listener, standard streams.
+const RESERVED_FILES: usize = 256;
+
+/// `wanted` connections, or fewer if the open-file limit cannot hold them
+/// beside [`RESERVED_FILES`]: past that limit an accepted connection would
+/// take the descriptor a database connection needs. The soft limit is
+/// raised to the hard one first (commonly 1,024 soft against 524,288 hard).
+fn fit_connections(wanted: usize) -> usize {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return wanted;
+    };
+    let limit = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    let room = usize::try_from(limit)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(RESERVED_FILES)
+        .max(1);
+    if room < wanted {
+        eprintln!(
+            "drover serve: --max-connections {wanted} lowered to {room}: the open-file limit is {limit} (raise it with `ulimit -n` to hold more)"
+        );
+    }
+    wanted.min(room)
+}
+
 /// Serves until SIGINT/SIGTERM, then shuts down gracefully.
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let tokens = load_tokens(args.tokens.as_ref())?;
@@ -157,7 +199,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .sample_interval(args.sample_every)
         .allowed_hosts(args.allowed_hosts)
         .max_processes(args.max_processes as usize)
-        .max_waiting_claims(args.max_waiting_claims as usize);
+        .max_waiting_claims(args.max_waiting_claims as usize)
+        .max_connections(fit_connections(args.max_connections as usize))
+        .client_timeout(args.client_timeout);
     if let Some(template) = args.trace_url {
         options = options.trace_url(template);
     }

@@ -61,8 +61,13 @@ impl Client {
                 reason: "expected http://HOST:PORT or https://…".into(),
             });
         }
+        // A drover server closes a connection idle for its client timeout
+        // (30 s by default): dropping ours well before means a request is
+        // never sent on one the server is closing, which would leave its
+        // outcome unknown.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .pool_idle_timeout(Duration::from_secs(15))
             .build()
             .map_err(|e| {
                 StoreError::InvalidArgument(format!("cannot build the HTTP client: {e}"))

@@ -12,8 +12,10 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::timeout::RequestBodyDeadlineLayer;
 use tower_http::trace::TraceLayer;
 
+use super::connections;
 use super::dashboard;
 use super::host;
 use super::options::ServerOptions;
@@ -64,6 +66,9 @@ impl Server {
             .fallback(routes::health::not_found)
             .method_not_allowed_fallback(routes::health::method_not_allowed)
             .layer(DefaultBodyLimit::max(state.options.body_limit))
+            // The whole body within the client timeout, however it trickles
+            // (408 from the extractors, `extract::body_of`).
+            .layer(RequestBodyDeadlineLayer::new(state.options.client_timeout))
             // Inside `record`, so refusals are counted like any response.
             .layer(middleware::from_fn(origin::guard))
             .layer(middleware::from_fn_with_state(state.clone(), host::guard))
@@ -95,8 +100,10 @@ impl Server {
     }
 
     /// Serves on `listener` until `shutdown` fires, then stops accepting,
-    /// answers waiting claims with no leases, lets in-flight requests finish and
-    /// returns. Reclaims expired sessions' leases and applies every process's
+    /// answers waiting claims with no leases, lets in-flight requests finish (for
+    /// 10 s at most) and returns. Connections are bounded by the options'
+    /// [`max_connections`](ServerOptions::max_connections) and
+    /// [`client_timeout`](ServerOptions::client_timeout). Reclaims expired sessions' leases and applies every process's
     /// retention ([`Pruner`]) and resync ([`Resyncer`]) in the background
     /// meanwhile.
     pub async fn serve(
@@ -113,17 +120,23 @@ impl Server {
             .run(stop.clone());
         let pruner = tokio::spawn(pruner);
         let resyncer = tokio::spawn(Resyncer::new(self.state.store.clone()).run(stop.clone()));
-        let relay = {
+        let relay = tokio::spawn({
             let stop = stop.clone();
+            let shutdown = shutdown.clone();
             async move {
-                shutdown.cancelled().await;
-                stop.cancel();
+                tokio::select! {
+                    () = shutdown.cancelled() => stop.cancel(),
+                    () = stop.cancelled() => {}
+                }
             }
+        });
+        let limits = connections::Limits {
+            max_connections: self.state.options.max_connections,
+            client_timeout: self.state.options.client_timeout,
         };
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(relay)
-            .await;
+        let result = connections::serve(listener, app, limits, shutdown).await;
         stop.cancel();
+        relay.await.ok();
         reclaim.await.ok();
         sampler.await.ok();
         pruner.await.ok();

@@ -90,6 +90,12 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// 408: the body did not arrive within the server's client timeout.
+    #[error(
+        "the request body did not arrive within {}s: send it whole without pausing, or ask for a longer --client-timeout",
+        .0.as_secs_f64()
+    )]
+    RequestTimeout(std::time::Duration),
     /// 422: well-formed, but a key or process name breaks drover's rules (empty,
     /// over 1024 bytes, NUL).
     #[error("{message}")]
@@ -142,6 +148,7 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) | Self::CommitUnknown => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -164,6 +171,7 @@ impl ApiError {
             Self::MethodNotAllowed => ("method_not_allowed", None),
             Self::Conflict { code, .. } => (*code, None),
             Self::PayloadTooLarge { .. } => ("payload_too_large", None),
+            Self::RequestTimeout(_) => ("request_timeout", None),
             Self::Unprocessable { code, field, .. } => (*code, Some((*field).to_owned())),
             Self::Unavailable(_) => ("unavailable", None),
             Self::CommitUnknown => ("commit_unknown", None),

@@ -26,7 +26,8 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     }
 }
 
-/// The body of `req`, within the server's body limit (413 beyond it). For a
+/// The body of `req`, within the server's body limit (413 beyond it) and
+/// its client timeout (408 past it). For a
 /// handler that checks its caller itself before reading the body (a
 /// dashboard form, whose refusal is a page), so that no body is read for a
 /// caller refused.
@@ -36,10 +37,25 @@ pub(crate) async fn body_of(req: Request, state: &AppState) -> Result<Bytes, Api
             ApiError::PayloadTooLarge {
                 limit: state.options.body_limit,
             }
+        } else if timed_out(&e) {
+            ApiError::RequestTimeout(state.options.client_timeout)
         } else {
             ApiError::field("body", e.body_text())
         }
     })
+}
+
+/// Whether `e` is the body's deadline passing (`RequestBodyDeadlineLayer`),
+/// somewhere in its chain of causes.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Parses JSON, reporting the path of the first bad field (`keys[2]`).

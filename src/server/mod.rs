@@ -34,6 +34,7 @@
 
 mod app;
 mod auth;
+mod connections;
 mod dashboard;
 mod error;
 mod extract;

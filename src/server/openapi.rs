@@ -72,8 +72,8 @@ pub fn document() -> Value {
 /// The answers most operations share, declared here once rather than on
 /// each handler (an operation that says more about one keeps its own): 401 on
 /// every operation that asks for a token; 403 on every operation a role
-/// guards, by its tag (`work`: a worker's, `admin`: an admin's); 413 on every
-/// operation with a body; 422 on every operation whose path names a process
+/// guards, by its tag (`work`: a worker's, `admin`: an admin's); 408 and 413
+/// on every operation with a body; 422 on every operation whose path names a process
 /// (or a key); 503 on every `/v1` operation. Each has the error body.
 fn shared_responses(document: &mut Value) {
     let paths = document["paths"]
@@ -103,6 +103,7 @@ fn shared_responses(document: &mut Value) {
             let shared = [
                 ("401", secured.then_some("No or unknown token")),
                 ("403", role),
+                ("408", body.then_some("The body did not arrive in time")),
                 ("413", body.then_some("Body over the limit")),
                 ("422", names),
                 (
@@ -392,6 +393,7 @@ mod tests {
                 assert_eq!(guarded, responses.get("403").is_some(), "{method} {path}");
                 let body = operation.get("requestBody").is_some();
                 assert_eq!(body, responses.get("413").is_some(), "{method} {path}");
+                assert_eq!(body, responses.get("408").is_some(), "{method} {path}");
                 if path.contains("{process}") {
                     assert!(responses.get("422").is_some(), "{method} {path}");
                 }

@@ -20,6 +20,8 @@ pub struct ServerOptions {
     pub(crate) sample_interval: Duration,
     pub(crate) allowed_hosts: Vec<String>,
     pub(crate) max_waiting_claims: usize,
+    pub(crate) max_connections: usize,
+    pub(crate) client_timeout: Duration,
     pub(crate) max_processes: usize,
     pub(crate) trace_url: Option<TraceUrl>,
 }
@@ -36,6 +38,8 @@ impl Default for ServerOptions {
             sample_interval: Duration::from_secs(60),
             allowed_hosts: Vec::new(),
             max_waiting_claims: 10_000,
+            max_connections: 16_384,
+            client_timeout: Duration::from_secs(30),
             max_processes: 100,
             trace_url: None,
         }
@@ -146,6 +150,39 @@ impl ServerOptions {
     pub fn max_waiting_claims(self, max: usize) -> Self {
         Self {
             max_waiting_claims: max.max(1),
+            ..self
+        }
+    }
+
+    /// The most connections the server holds at once (default 16,384; at
+    /// least 1). Past it the server accepts no more until one closes: they
+    /// wait in the kernel's queue rather than being refused. Each connection
+    /// is a file descriptor, so keep it below the process's open-file limit
+    /// with room for the database's (`drover serve` raises the soft limit
+    /// to the hard one and lowers this to fit). With the
+    /// [client timeout](Self::client_timeout) it bounds what callers that
+    /// never finish a request can hold.
+    #[must_use]
+    pub fn max_connections(self, max: usize) -> Self {
+        Self {
+            max_connections: max.max(1),
+            ..self
+        }
+    }
+
+    /// How long a caller may stall (default 30 s, at least 100 ms): the
+    /// longest it may take to send a request's headers, to send its body
+    /// (as a whole, so a trickle of bytes does not stretch it; 408
+    /// `request_timeout` after it), or to take a response it has stopped
+    /// reading, and the longest a kept-alive connection stays idle between
+    /// requests. A waiting claim is not a stall: it is bounded by
+    /// [`max_wait`](Self::max_wait). drover's client drops an idle
+    /// connection after 15 s, so a timeout below that may cut one the
+    /// client is about to reuse.
+    #[must_use]
+    pub fn client_timeout(self, timeout: Duration) -> Self {
+        Self {
+            client_timeout: timeout.max(Duration::from_millis(100)),
             ..self
         }
     }

@@ -1,0 +1,269 @@
+//! The server's connections are bounded (DESIGN.md rule 13: a caller cannot
+//! exhaust the server): a caller that never finishes its headers or its body,
+//! stays idle, or stops reading its answers is cut after the client timeout,
+//! and past `max_connections` new connections wait for one to close. Each
+//! test talks raw TCP on loopback, as a hostile caller would.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use drover::server::{Server, ServerOptions};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The longest any test here waits for the server to act; the timeouts under
+/// test are a fraction of it.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A server on a fresh SQLite file, on a loopback port.
+struct Running {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    served: JoinHandle<std::io::Result<()>>,
+    _db: (support::TestDb, tempfile::TempDir),
+}
+
+async fn start(options: ServerOptions) -> Running {
+    let db = support::sqlite().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("local address");
+    let stop = CancellationToken::new();
+    let served =
+        tokio::spawn(Server::new(db.0.store.clone(), options).serve(listener, stop.clone()));
+    Running {
+        addr,
+        stop,
+        served,
+        _db: db,
+    }
+}
+
+/// Reads until the server closes the connection (end of stream or reset),
+/// returning what came; fails the test if it stays open past [`PATIENCE`].
+async fn read_until_closed(stream: &mut (impl AsyncRead + Unpin), what: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await {
+            Err(_) => panic!("{what}: the server kept the connection open past {PATIENCE:?}"),
+            Ok(Ok(0) | Err(_)) => return got,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Reads one response whose body is `Content-Length` long, leaving the
+/// connection open.
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .expect("a content-length");
+            if got.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let n = tokio::time::timeout(PATIENCE, stream.read(&mut buf))
+            .await
+            .expect("a response in time")
+            .expect("read a response");
+        assert_ne!(n, 0, "the connection closed before the response");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Whether the server has closed `stream` by now: its end of stream (or
+/// reset) is already here, with nothing before it.
+async fn closed_by_now(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf)).await {
+        Ok(Ok(0) | Err(_)) => true,
+        Ok(Ok(n)) => panic!("unexpected bytes from a stalled connection: {n}"),
+        Err(_) => false,
+    }
+}
+
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+
+/// A caller that sends half its headers and then nothing is cut; so is a
+/// kept-alive connection left idle after its answer. Before, hyper ran
+/// without a timer and either held its connection for ever.
+#[tokio::test]
+async fn half_sent_headers_and_idle_connections_are_cut_after_the_client_timeout() {
+    let server = start(ServerOptions::default().client_timeout(Duration::from_millis(300))).await;
+
+    let mut half = TcpStream::connect(server.addr).await.expect("connect");
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .expect("send half the headers");
+    read_until_closed(&mut half, "half-sent headers").await;
+
+    let mut idle = TcpStream::connect(server.addr).await.expect("connect");
+    idle.write_all(HEALTHZ).await.expect("send a request");
+    let first = read_response(&mut idle).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // Kept alive: a request sent at once is answered on the same connection.
+    idle.write_all(HEALTHZ).await.expect("send another");
+    let second = read_response(&mut idle).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+    let rest = read_until_closed(&mut idle, "an idle kept-alive connection").await;
+    assert!(rest.is_empty(), "nothing more was asked: {rest:?}");
+    server.stop.cancel();
+    server.served.await.expect("joined").expect("served");
+}
+
+/// A body that trickles in, a byte at a time, is answered 408 once the
+/// client timeout has passed since its headers: the deadline is on the
+/// whole body, so a byte now and then does not stretch it. Both kinds of
+/// body reader are covered: the API's JSON and a dashboard form's.
+#[tokio::test]
+async fn a_trickling_body_is_answered_408_when_the_client_timeout_passes() {
+    let server = start(ServerOptions::default().client_timeout(Duration::from_millis(500))).await;
+    for (path, kind, says) in [
+        ("/v1/sessions", "application/json", "request_timeout"),
+        (
+            "/ui/processes/p/errors/park",
+            "application/x-www-form-urlencoded",
+            "did not arrive within",
+        ),
+    ] {
+        let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {kind}\r\n\
+             Content-Length: 10000\r\n\r\n"
+        );
+        stream
+            .write_all(head.as_bytes())
+            .await
+            .expect("send headers");
+        let (mut reader, mut writer) = stream.split();
+        let trickle = async {
+            // Each byte well within the timeout of the one before.
+            for _ in 0..10_000 {
+                if writer.write_all(b" ").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let answered = tokio::select! {
+            got = read_until_closed(&mut reader, path) => got,
+            () = trickle => panic!("{path}: the whole trickle was read"),
+        };
+        let text = String::from_utf8_lossy(&answered);
+        assert!(text.starts_with("HTTP/1.1 408"), "{path}: {text}");
+        assert!(text.contains(says), "{path}: {text}");
+    }
+    server.stop.cancel();
+    server.served.await.expect("joined").expect("served");
+}
+
+/// Past `max_connections` the server accepts nothing more until one of its
+/// connections closes: a request on a fourth connection beside three stalled
+/// ones is answered only after the server has cut one of them.
+#[tokio::test]
+async fn a_connection_past_the_cap_waits_until_one_closes() {
+    let server = start(
+        ServerOptions::default()
+            .max_connections(3)
+            .client_timeout(Duration::from_secs(2)),
+    )
+    .await;
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+        stream.write_all(b"GET /he").await.expect("send a little");
+        stalled.push(stream);
+    }
+    // The three are the server's before the fourth: one answered request on
+    // each would prove it, but would also end their stall; the accept queue
+    // is first come, first served.
+    let mut fourth = TcpStream::connect(server.addr).await.expect("connect");
+    fourth.write_all(HEALTHZ).await.expect("send a request");
+    let answer = read_response(&mut fourth).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let mut cut = 0;
+    for stream in &mut stalled {
+        if closed_by_now(stream).await {
+            cut += 1;
+        }
+    }
+    assert!(
+        cut >= 1,
+        "the fourth connection was served while the three stalled ones were all open"
+    );
+    server.stop.cancel();
+    server.served.await.expect("joined").expect("served");
+}
+
+/// A caller that sends requests and never reads the answers is cut once a
+/// write has waited the client timeout: its writes then fail, where before
+/// the server waited on it for ever (and so did the caller's writes, once
+/// the server stopped reading).
+#[tokio::test]
+async fn a_caller_that_stops_reading_is_cut() {
+    let server = start(ServerOptions::default().client_timeout(Duration::from_millis(300))).await;
+    let socket = TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("a small buffer");
+    let mut stream = socket.connect(server.addr).await.expect("connect");
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(64);
+    let writes = async {
+        loop {
+            if let Err(e) = stream.write_all(&request).await {
+                return e;
+            }
+        }
+    };
+    let error = tokio::time::timeout(PATIENCE, writes)
+        .await
+        .expect("the server cut a caller that does not read");
+    assert!(
+        matches!(
+            error.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "{error}"
+    );
+    server.stop.cancel();
+    server.served.await.expect("joined").expect("served");
+}
+
+/// Shutdown does not wait on a caller that stalls: `serve` returns while a
+/// half-sent request and a caller that stopped reading are still connected.
+#[tokio::test]
+async fn shutdown_is_not_held_by_stalled_callers() {
+    let server = start(ServerOptions::default().client_timeout(Duration::from_millis(300))).await;
+    let mut half = TcpStream::connect(server.addr).await.expect("connect");
+    half.write_all(
+        b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .await
+    .expect("send a part");
+    let idle = TcpStream::connect(server.addr).await.expect("connect");
+    // Both are the server's: a third connection is answered after them.
+    let mut probe = TcpStream::connect(server.addr).await.expect("connect");
+    probe.write_all(HEALTHZ).await.expect("send a request");
+    read_response(&mut probe).await;
+    server.stop.cancel();
+    tokio::time::timeout(PATIENCE, server.served)
+        .await
+        .expect("serve returned while callers stalled")
+        .expect("joined")
+        .expect("served");
+    drop((half, idle));
+}
