@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
-use drover::server::ServerOptions;
+use drover::server::{Role, ServerOptions, Tokens};
 use serde_json::json;
 use server_support::{Api, POST};
 use support::each_engine;
@@ -134,6 +134,74 @@ async fn claims_over_the_servers_or_a_sessions_cap_are_refused_at_once_and_ready
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["leases"][0]["key"], "ready", "{body}");
         for claim in claims {
+            claim.abort();
+        }
+    })
+    .await;
+}
+
+/// One token, however many sessions it starts, fills at most half the
+/// server's cap when more than one token may claim: its claims past that
+/// are answered 429, and another token's claim still waits, and ends with
+/// its wait (200). Before, one token's sessions took the whole cap
+/// and every other worker's waiting claim was turned away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_fills_at_most_half_the_cap_and_another_still_waits() {
+    each_engine(|db| async move {
+        let mut tokens = Tokens::default();
+        tokens.insert("worker-a", Role::Worker);
+        tokens.insert("worker-b", Role::Worker);
+        let options = ServerOptions::default()
+            .tokens(tokens)
+            .max_waiting_claims(4);
+        let mut api = Api::with(&db.store, options);
+        // For `/metrics`, which `until_claims_waiting` reads.
+        api.token = Some("worker-a".into());
+        let api = Arc::new(api);
+        let start = |token: &'static str| {
+            let api = Arc::clone(&api);
+            async move {
+                let body = json!({ "component": "test", "ttl_ms": 60_000 }).to_string();
+                let reply = api
+                    .send(POST, "/v1/sessions", Some(body), Some(token))
+                    .await;
+                assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+                reply.json()["id"].as_i64().expect("session id")
+            }
+        };
+        let claim = |token: &'static str, session: i64, wait_ms: u64| {
+            let api = Arc::clone(&api);
+            tokio::spawn(async move {
+                let body = json!({ "process": P, "max": 1, "wait_ms": wait_ms }).to_string();
+                let uri = format!("/v1/sessions/{session}/claim");
+                let reply = api.send(POST, &uri, Some(body), Some(token)).await;
+                (reply.status, reply.json())
+            })
+        };
+        let mut waiting = Vec::new();
+        for _ in 0..2 {
+            let session = start("worker-a").await;
+            waiting.push(claim("worker-a", session, 20_000));
+        }
+        api.until_claims_waiting(2).await;
+        for _ in 0..2 {
+            let session = start("worker-a").await;
+            let (status, body) = claim("worker-a", session, 20_000).await.expect("joined");
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+            assert!(
+                body["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("this token's sessions")),
+                "{body}"
+            );
+        }
+        let b = start("worker-b").await;
+        let theirs = claim("worker-b", b, 2_000);
+        api.until_claims_waiting(3).await;
+        let (status, body) = theirs.await.expect("joined");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["leases"], json!([]), "{body}");
+        for claim in waiting {
             claim.abort();
         }
     })

@@ -56,8 +56,9 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 100, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_processes: u32,
-    /// The most claims that may wait for work at once (16 per session at
-    /// most); a claim over it is answered 429 too_many_waiting_claims.
+    /// The most claims that may wait for work at once (16 per session, and
+    /// half of this per token when several tokens may claim); a claim over it
+    /// is answered 429 too_many_waiting_claims.
     #[arg(long, default_value_t = 10_000, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_waiting_claims: u32,

@@ -43,7 +43,14 @@ impl Server {
     /// [`stop`](Self::stop) or the end of [`serve`](Self::serve).
     #[must_use]
     pub fn new(store: Store, options: ServerOptions) -> Self {
-        let waiting = Arc::new(super::waiting::Waiting::new(options.max_waiting_claims));
+        let shared = options
+            .tokens
+            .as_ref()
+            .is_some_and(|tokens| tokens.may_claim() > 1);
+        let waiting = Arc::new(super::waiting::Waiting::new(
+            options.max_waiting_claims,
+            shared,
+        ));
         let state = AppState {
             store,
             slow_reads: super::dashboard::SlowReads::default(),

@@ -86,6 +86,11 @@ impl Tokens {
         self.roles.len()
     }
 
+    /// How many tokens may claim (a worker's or an admin's).
+    pub(crate) fn may_claim(&self) -> usize {
+        self.roles.values().filter(|r| **r >= Role::Worker).count()
+    }
+
     /// The caller's role from the request headers; `None` for no or an unknown
     /// token.
     #[cfg(test)]

@@ -12,9 +12,12 @@
 //! a process cost one claim per poll interval, not a thousand, and an enqueue
 //! of one key wakes one waiter, not all of them.
 //!
-//! Over [`MAX_PER_SESSION`] waiting claims of one session, or over the
-//! server's `max_waiting_claims`, a claim that would wait is answered at once
-//! with 429 `too_many_waiting_claims`.
+//! Over [`MAX_PER_SESSION`] waiting claims of one session, over half the
+//! server's `max_waiting_claims` for one token (when more than one token may
+//! claim), or over `max_waiting_claims`, a claim that would wait is answered
+//! at once with 429 `too_many_waiting_claims`. The token's share keeps one
+//! token, however many sessions it starts, from filling the server's cap and
+//! turning every other token's waiting claims away.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,21 +49,28 @@ struct Line {
 pub(crate) struct Waiting {
     counts: Mutex<Counts>,
     max_total: usize,
+    /// The most one token's claims may take (`None`: no share, one caller).
+    max_per_owner: Option<usize>,
 }
 
 #[derive(Debug, Default)]
 struct Counts {
     lines: HashMap<String, Arc<Line>>,
     sessions: HashMap<SessionId, usize>,
+    /// By the fingerprint of the token whose session waits.
+    owners: HashMap<String, usize>,
     total: usize,
 }
 
 impl Waiting {
-    /// No claim waits yet; at most `max_total` will at once.
-    pub(crate) fn new(max_total: usize) -> Self {
+    /// No claim waits yet; at most `max_total` will at once, and at most
+    /// half of them one token's when `shared` (more than one token may
+    /// claim).
+    pub(crate) fn new(max_total: usize, shared: bool) -> Self {
         Self {
             counts: Mutex::default(),
             max_total,
+            max_per_owner: shared.then(|| max_total.div_ceil(2)),
         }
     }
 
@@ -68,14 +78,16 @@ impl Waiting {
         self.counts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Puts a claim of `session` in `process`'s line, starting the line's
-    /// dispatcher (listening already when this returns) if it has none; 429
-    /// over a cap. The claim waits until its [`Place`] drops.
+    /// Puts a claim of `session`, started by the token `owner` (its
+    /// fingerprint; `None` on an open server), in `process`'s line, starting
+    /// the line's dispatcher (listening already when this returns) if it has
+    /// none; 429 over a cap. The claim waits until its [`Place`] drops.
     pub(crate) fn enter(
         self: &Arc<Self>,
         store: &Store,
         process: &str,
         session: SessionId,
+        owner: Option<&str>,
         poll: Duration,
         shutdown: &CancellationToken,
     ) -> Result<Place, ApiError> {
@@ -91,6 +103,17 @@ impl Waiting {
             return Err(ApiError::TooManyWaiting(format!(
                 "session {session} already has {MAX_PER_SESSION} claims waiting, its limit"
             )));
+        }
+        let owner = owner.filter(|_| self.max_per_owner.is_some());
+        if let (Some(owner), Some(max)) = (owner, self.max_per_owner) {
+            if counts.owners.get(owner).copied().unwrap_or(0) >= max {
+                return Err(ApiError::TooManyWaiting(format!(
+                    "this token's sessions already have {max} claims waiting, its share of \
+                     the server's {}",
+                    self.max_total
+                )));
+            }
+            *counts.owners.entry(owner.to_owned()).or_default() += 1;
         }
         counts.sessions.insert(session, of_session + 1);
         counts.total += 1;
@@ -108,6 +131,7 @@ impl Waiting {
             waiting: Arc::clone(self),
             line,
             session,
+            owner: owner.map(str::to_owned),
         })
     }
 
@@ -156,6 +180,8 @@ pub(crate) struct Place {
     waiting: Arc<Waiting>,
     line: Arc<Line>,
     session: SessionId,
+    /// The token counted for this claim, if its share is kept.
+    owner: Option<String>,
 }
 
 impl Place {
@@ -182,6 +208,14 @@ impl Drop for Place {
             }
             _ => {
                 counts.sessions.remove(&self.session);
+            }
+        }
+        if let Some(owner) = &self.owner {
+            match counts.owners.get_mut(owner) {
+                Some(n) if *n > 1 => *n -= 1,
+                _ => {
+                    counts.owners.remove(owner);
+                }
             }
         }
     }

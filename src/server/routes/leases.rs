@@ -71,7 +71,7 @@ pub(crate) async fn claim(
     // claims again when the answer comes back empty.
     let wait = Duration::from_millis(body.wait_ms).min(state.options.max_wait);
     validate_process(&body.process)?;
-    let claimed = wait_for_leases(&state, session, &body, wait).await?;
+    let claimed = wait_for_leases(&state, session, auth.owner.as_deref(), &body, wait).await?;
     for lease in &claimed.leases {
         let waited = (lease.started_at - lease.enqueued_at).to_std();
         state
@@ -96,6 +96,7 @@ pub(crate) async fn claim(
 async fn wait_for_leases(
     state: &AppState,
     session: SessionId,
+    owner: Option<&str>,
     body: &ClaimRequest,
     wait: Duration,
 ) -> Result<Claimed, ApiError> {
@@ -118,6 +119,7 @@ async fn wait_for_leases(
         &state.store,
         &params.process,
         session,
+        owner,
         state.options.poll_interval,
         &state.shutdown,
     )?;
