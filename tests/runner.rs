@@ -411,6 +411,40 @@ async fn a_run_past_its_timeout_is_cancelled_and_retried_as_a_transient_failure(
     .await;
 }
 
+/// A reconcile stopped past its timeout whose drop panics (a guard's
+/// destructor) still fails its run as timed out, and the key runs again. The
+/// panic escaped the run when the future was dropped, ending its task with
+/// nothing written: the key stayed running under the live session, never run
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_whose_drop_panics_after_its_timeout_fails_its_run_and_the_key_runs_again() {
+    each_backend(|db| async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reconciler = move |task: Task| {
+            let tx = tx.clone();
+            async move {
+                if task.attempt() == 1 {
+                    let _guard = OnDrop(Some(|| panic!("a guard that panics as it drops")));
+                    // Deaf to its cancellation: it is dropped where it stands.
+                    std::future::pending::<()>().await;
+                }
+                tx.send(task.attempt()).unwrap();
+                Ok::<_, BoxError>(Action::Done)
+            }
+        };
+        let running = Running::start(retrying(&db.worker, reconciler).timeout(ms(100)));
+        enqueue(&db.store, &["d"]).await;
+        assert_eq!(recv(&mut rx).await, 2, "the key ran again");
+        running.stop().await;
+        let runs = runs_of(&db, "d").await;
+        assert_eq!(runs[0].outcome, RunOutcome::Retry);
+        let error = runs[0].error.as_deref().unwrap_or_default();
+        assert!(error.contains("timed out after 100ms"), "{error}");
+        assert_eq!(runs[1].outcome, RunOutcome::Done);
+    })
+    .await;
+}
+
 /// A reconcile that blocks its thread cannot be cancelled or dropped until it
 /// gives the thread back; its key must not run again meanwhile. Judged from
 /// what the work itself logs: each run's start and end, by the test's clock.

@@ -168,17 +168,22 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
         // closure's code ahead of its `async move`), and that panic, uncaught,
         // ended the run's task with its lease neither completed nor released,
         // the key running under a live session with no run.
+        //
+        // In an `Option`, so that a reconcile stopped where it stands is
+        // dropped here, with a panic of its destructors (a guard's) caught
+        // too: uncaught, it ended the run's task with nothing written, as a
+        // panic ahead of the future did.
         let work =
             AssertUnwindSafe(async move { self.reconciler.reconcile(task).await }).catch_unwind();
-        let mut work = pin!(work);
+        let mut work = pin!(Some(work));
         let result = tokio::select! {
-            result = &mut work => result,
+            result = work.as_mut().as_pin_mut().expect("polled before it is dropped") => result,
             () = token.cancelled() => {
-                stop_reconcile(work, &cancel).await;
+                stop_reconcile(work.as_mut(), &cancel, &lease.key).await;
                 return if self.force.is_cancelled() { Ended::Released } else { Ended::Lost };
             }
             () = sleep_for(limit) => {
-                stop_reconcile(work, &cancel).await;
+                stop_reconcile(work.as_mut(), &cancel, &lease.key).await;
                 let limit = limit.unwrap_or_default();
                 return Ended::Outcome(Outcome::Transient(format!("timed out after {limit:?}")));
             }
@@ -322,13 +327,26 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
 /// Stops a reconcile that must end: cancels its task and lets it return on
 /// its own for [`STOP_GRACE`] (a reconciler watching
 /// [`Task::cancelled`](super::Task::cancelled) kills and reaps what it
-/// started); the caller then drops it where it stands, which runs its drop
-/// guards. A reconcile that blocks its thread cannot be stopped by either, and
-/// holds its run (and its key's lease) until it returns.
-async fn stop_reconcile<F: Future>(work: Pin<&mut F>, cancel: &CancellationToken) {
+/// started), then drops it where it stands, which runs its drop guards; a
+/// panic of theirs is caught and logged, since the run's outcome is decided
+/// already. A reconcile that blocks its thread cannot be stopped by either,
+/// and holds its run (and its key's lease) until it returns.
+async fn stop_reconcile<F: Future>(
+    mut work: Pin<&mut Option<F>>,
+    cancel: &CancellationToken,
+    key: &str,
+) {
     cancel.cancel();
-    if timeout(STOP_GRACE, work).await.is_err() {
-        tracing::warn!("a cancelled reconcile did not return within {STOP_GRACE:?}; dropping it");
+    if let Some(running) = work.as_mut().as_pin_mut()
+        && timeout(STOP_GRACE, running).await.is_err()
+    {
+        tracing::warn!(
+            key,
+            "a cancelled reconcile did not return within {STOP_GRACE:?}; dropping it"
+        );
+    }
+    if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| work.set(None))) {
+        tracing::error!(key, error = %panic_message(&*panic), "a stopped reconcile panicked as it was dropped");
     }
 }
 
