@@ -9,92 +9,44 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use drover::runner::{Action, BoxError, Controller, Task};
-use drover::store::{
-    Claimed, LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, ReclaimReport, RemoteError,
-    Session, SessionClose, SessionHeartbeat, SessionStart, Store, StoreError, WorkerBackend,
-};
+use drover::store::{Claimed, RemoteError, Store, StoreError};
+use support::claim_hook::{Hooked, OnClaim};
 use support::each_engine;
 use support::store::{P, enqueue};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The store, except that the claim after [`arm`](Self::arm) is answered
+/// The store, except that the claim after [`LoseNext::arm`] is answered
 /// with an unknown outcome after it committed (its answer lost, as a cut
 /// link or a timed-out long-poll loses it).
-#[derive(Debug, Clone)]
-struct AnswerLost {
-    inner: Store,
-    armed: Arc<AtomicBool>,
-}
+type AnswerLost = Hooked<Store, LoseNext>;
 
-impl AnswerLost {
+/// Loses the answer of the first claim with keys once armed.
+#[derive(Debug, Clone, Default)]
+struct LoseNext(Arc<AtomicBool>);
+
+impl LoseNext {
     fn arm(&self) {
-        self.armed.store(true, SeqCst);
+        self.0.store(true, SeqCst);
     }
 }
 
-impl WorkerBackend for AnswerLost {
-    const RECLAIMS: bool = true;
-
-    async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
-        WorkerBackend::session_start(&self.inner, params).await
-    }
-
-    async fn session_heartbeat(
+impl OnClaim for LoseNext {
+    fn on_claim(
         &self,
-        params: SessionHeartbeat,
-    ) -> Result<DateTime<Utc>, StoreError> {
-        WorkerBackend::session_heartbeat(&self.inner, params).await
-    }
-
-    async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
-        WorkerBackend::session_close(&self.inner, params).await
-    }
-
-    async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
-        WorkerBackend::session_reclaim(&self.inner).await
-    }
-
-    async fn lease_claim_wait(
-        &self,
-        params: LeaseClaim,
-        wait: Duration,
+        _asked: u32,
+        claimed: Result<Claimed, StoreError>,
     ) -> Result<Claimed, StoreError> {
-        let claimed = WorkerBackend::lease_claim_wait(&self.inner, params, wait).await?;
-        if !claimed.leases.is_empty() && self.armed.swap(false, SeqCst) {
+        if claimed.as_ref().is_ok_and(|c| !c.leases.is_empty()) && self.0.swap(false, SeqCst) {
             return Err(StoreError::Remote(RemoteError {
                 message: "the claim's answer was lost".into(),
                 status: None,
                 unknown: true,
             }));
         }
-        Ok(claimed)
-    }
-
-    async fn lease_complete_batch(
-        &self,
-        batch: &[LeaseComplete<'_>],
-    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        WorkerBackend::lease_complete_batch(&self.inner, batch).await
-    }
-
-    async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
-        WorkerBackend::lease_release(&self.inner, params).await
-    }
-
-    async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
-        WorkerBackend::process_configure(&self.inner, params).await
-    }
-
-    fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
-        WorkerBackend::subscribe(&self.inner, process)
-    }
-
-    fn local_store(&self) -> Option<&Store> {
-        WorkerBackend::local_store(&self.inner)
+        claimed
     }
 }
 
@@ -129,7 +81,7 @@ async fn a_session_given_up_hands_its_keys_back_only_once_its_runs_have_stopped(
     each_engine(|db| async move {
         let backend = AnswerLost {
             inner: db.store.clone(),
-            armed: Arc::new(AtomicBool::new(false)),
+            hook: LoseNext::default(),
         };
         let log: Arc<Mutex<Vec<Logged>>> = Arc::default();
         let (began, mut begun) = mpsc::unbounded_channel::<String>();
@@ -168,7 +120,7 @@ async fn a_session_given_up_hands_its_keys_back_only_once_its_runs_have_stopped(
         let running = tokio::spawn(controller.run(stop.clone()));
         enqueue(&db.store, &["slow"]).await;
         assert_eq!(begun.recv().await.as_deref(), Some("slow"));
-        backend.arm();
+        backend.hook.arm();
         enqueue(&db.store, &["other"]).await;
         // slow runs again (its first run was cancelled with the session), and
         // other, whose lease the lost answer held, runs under the new session.

@@ -20,6 +20,7 @@ use drover::store::{Session, SessionStart, Store, StoreEngine as _, StoreOptions
 
 pub(crate) mod backend;
 pub(crate) mod caller_tx;
+pub(crate) mod claim_hook;
 pub(crate) mod cli;
 pub(crate) mod commit_cut;
 pub(crate) mod fault_proxy;

@@ -12,20 +12,33 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use drover::store::{
-    Claimed, LeaseClaim, LeaseComplete, LeaseRelease, ProcessConfigure, ReclaimReport, Session,
-    SessionClose, SessionHeartbeat, SessionStart, Store, StoreError, WorkerBackend,
-};
-use tokio::sync::{Notify, watch};
+use drover::store::{Claimed, StoreError};
+use tokio::sync::watch;
 
 use super::backend::TestBackend;
+use super::claim_hook::{Hooked, OnClaim};
 
 /// A test backend whose short claim answers are counted.
+pub(crate) type Watched = Hooked<TestBackend, ShortClaims>;
+
+/// Counts the claims answered with fewer keys than asked for.
 #[derive(Debug, Clone)]
-pub(crate) struct Watched {
-    inner: TestBackend,
-    short: Arc<watch::Sender<u64>>,
+pub(crate) struct ShortClaims(Arc<watch::Sender<u64>>);
+
+impl OnClaim for ShortClaims {
+    fn on_claim(
+        &self,
+        asked: u32,
+        claimed: Result<Claimed, StoreError>,
+    ) -> Result<Claimed, StoreError> {
+        if claimed
+            .as_ref()
+            .is_ok_and(|c| c.leases.len() < asked as usize)
+        {
+            self.0.send_modify(|n| *n += 1);
+        }
+        claimed
+    }
 }
 
 impl Watched {
@@ -33,14 +46,14 @@ impl Watched {
     pub(crate) fn new(inner: &TestBackend) -> Self {
         Self {
             inner: inner.clone(),
-            short: Arc::new(watch::Sender::new(0)),
+            hook: ShortClaims(Arc::new(watch::Sender::new(0))),
         }
     }
 
     /// How many claims have come back short so far: pass it to
     /// [`waiting_since`](Self::waiting_since).
     pub(crate) fn mark(&self) -> u64 {
-        *self.short.borrow()
+        *self.hook.0.borrow()
     }
 
     /// Returns once the controller waits for a wake-up after `mark`: on the
@@ -50,7 +63,7 @@ impl Watched {
         let waited = tokio::time::timeout(Duration::from_secs(10), async {
             match &self.inner {
                 TestBackend::Store(_) => {
-                    let mut short = self.short.subscribe();
+                    let mut short = self.hook.0.subscribe();
                     short
                         .wait_for(|n| *n > mark)
                         .await
@@ -87,63 +100,4 @@ async fn claims_waiting(base: &str) -> i64 {
         .find_map(|l| l.strip_prefix("drover_claims_waiting "))
         .and_then(|v| v.trim().parse().ok())
         .expect("the server reports drover_claims_waiting")
-}
-
-impl WorkerBackend for Watched {
-    const RECLAIMS: bool = true;
-
-    async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
-        self.inner.session_start(params).await
-    }
-
-    async fn session_heartbeat(
-        &self,
-        params: SessionHeartbeat,
-    ) -> Result<DateTime<Utc>, StoreError> {
-        self.inner.session_heartbeat(params).await
-    }
-
-    async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
-        self.inner.session_close(params).await
-    }
-
-    async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
-        self.inner.session_reclaim().await
-    }
-
-    async fn lease_claim_wait(
-        &self,
-        params: LeaseClaim,
-        wait: Duration,
-    ) -> Result<Claimed, StoreError> {
-        let asked = params.max as usize;
-        let claimed = self.inner.lease_claim_wait(params, wait).await;
-        if claimed.as_ref().is_ok_and(|c| c.leases.len() < asked) {
-            self.short.send_modify(|n| *n += 1);
-        }
-        claimed
-    }
-
-    async fn lease_complete_batch(
-        &self,
-        batch: &[LeaseComplete<'_>],
-    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        self.inner.lease_complete_batch(batch).await
-    }
-
-    async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
-        self.inner.lease_release(params).await
-    }
-
-    async fn process_configure(&self, params: ProcessConfigure) -> Result<(), StoreError> {
-        self.inner.process_configure(params).await
-    }
-
-    fn subscribe(&self, process: &str) -> Option<Arc<Notify>> {
-        self.inner.subscribe(process)
-    }
-
-    fn local_store(&self) -> Option<&Store> {
-        self.inner.local_store()
-    }
 }
