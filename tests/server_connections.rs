@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use drover::server::{Server, ServerOptions};
+use drover::store::{SessionList, StoreEngine as _};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
@@ -24,7 +25,7 @@ struct Running {
     addr: SocketAddr,
     stop: CancellationToken,
     served: JoinHandle<std::io::Result<()>>,
-    _db: (support::TestDb, tempfile::TempDir),
+    db: (support::TestDb, tempfile::TempDir),
 }
 
 async fn start(options: ServerOptions) -> Running {
@@ -40,7 +41,7 @@ async fn start(options: ServerOptions) -> Running {
         addr,
         stop,
         served,
-        _db: db,
+        db,
     }
 }
 
@@ -266,4 +267,54 @@ async fn shutdown_is_not_held_by_stalled_callers() {
         .expect("joined")
         .expect("served");
     drop((half, idle));
+}
+
+/// Nothing is served after `serve` returns: a connection still holding half
+/// a request when shutdown's drain (10 s) runs out is dropped, and the rest of
+/// its request, sent later, reaches nothing. Before, its task lived on and
+/// served the request (here it would start a session) after the server had
+/// stopped, while the store was being closed.
+#[tokio::test]
+async fn nothing_is_served_after_serve_returns() {
+    // Longer than the drain, so only the drain ends the connection.
+    let server = start(ServerOptions::default().client_timeout(Duration::from_secs(60))).await;
+    let body = r#"{"component":"late","ttl_ms":60000}"#;
+    let mut late = TcpStream::connect(server.addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n",
+        body.len()
+    );
+    late.write_all(head.as_bytes())
+        .await
+        .expect("send most headers");
+    // The connection is the server's: a later one is answered after it.
+    let mut probe = TcpStream::connect(server.addr).await.expect("connect");
+    probe.write_all(HEALTHZ).await.expect("send a request");
+    read_response(&mut probe).await;
+    server.stop.cancel();
+    tokio::time::timeout(PATIENCE, server.served)
+        .await
+        .expect("serve returned")
+        .expect("joined")
+        .expect("served");
+    // The rest may find the connection reset already.
+    let _ = late.write_all(format!("\r\n{body}").as_bytes()).await;
+    let answer = read_until_closed(&mut late, "a connection after serve returned").await;
+    assert!(
+        answer.is_empty(),
+        "served after serve returned: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    let list = SessionList {
+        after: None,
+        limit: 10,
+        leases_per_session: 0,
+    };
+    let sessions = server.db.0.store.session_list(list).await.expect("list");
+    assert!(
+        sessions.items.is_empty(),
+        "a session was started after serve returned: {:?}",
+        sessions.items
+    );
 }

@@ -207,3 +207,32 @@ async fn one_token_fills_at_most_half_the_cap_and_another_still_waits() {
     })
     .await;
 }
+
+/// The token share applies between worker tokens only: beside an admin's
+/// token (an operator's, the common `admin:…,worker:…` set-up), the one
+/// worker token, the whole fleet, may fill the server's cap. Counting the
+/// admin's halved it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_worker_token_beside_an_admins_may_fill_the_cap() {
+    each_engine(|db| async move {
+        let mut tokens = Tokens::default();
+        tokens.insert("s3cret", Role::Admin);
+        tokens.insert("w0rk", Role::Worker);
+        let options = ServerOptions::default()
+            .tokens(tokens)
+            .max_waiting_claims(4);
+        let mut api = Api::with(&db.store, options);
+        api.token = Some("w0rk".into());
+        let api = Arc::new(api);
+        let mut claims = Vec::new();
+        for n in 1..=4 {
+            let session = api.session(60_000).await;
+            claims.push(waiting_claim(&api, session, P, 1));
+            api.until_claims_waiting(n).await;
+        }
+        for claim in claims {
+            claim.abort();
+        }
+    })
+    .await;
+}

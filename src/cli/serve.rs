@@ -57,7 +57,7 @@ pub(crate) struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     max_processes: u32,
     /// The most claims that may wait for work at once (16 per session, and
-    /// half of this per token when several tokens may claim); a claim over it
+    /// half of this per token when there are several worker tokens); a claim over it
     /// is answered 429 too_many_waiting_claims.
     #[arg(long, default_value_t = 10_000, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -135,31 +135,30 @@ async fn resolve(listen: &str, open: bool, insecure: bool) -> anyhow::Result<Vec
     Ok(addrs)
 }
 
-/// File descriptors kept for everything but callers' connections: the
-/// database's, SQLite's files, the listener, standard streams.
-const RESERVED_FILES: usize = 256;
-
 /// `wanted` connections, or fewer if the open-file limit cannot hold them
-/// beside [`RESERVED_FILES`]: past that limit an accepted connection would
-/// take the descriptor a database connection needs. The soft limit is
-/// raised to the hard one first (commonly 1,024 soft against 524,288 hard).
+/// beside the descriptors everything else needs (the database's connections,
+/// SQLite's files, the listener, standard streams): past that limit an
+/// accepted connection would take the descriptor a database connection
+/// needs. A quarter of the limit is kept back, between 32 and 256. The soft
+/// limit is raised first: to the hard one (commonly 1,024 soft against
+/// 524,288 hard), or where that is refused (macOS takes no more than
+/// 10,240), to 10,240.
 fn fit_connections(wanted: usize) -> usize {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return wanted;
     };
-    let limit = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-        hard
-    } else {
-        soft
-    };
-    let room = usize::try_from(limit)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(RESERVED_FILES)
-        .max(1);
+    let limit = [hard, hard.min(10_240)]
+        .into_iter()
+        .filter(|&raised| raised > soft)
+        .find(|&raised| setrlimit(Resource::RLIMIT_NOFILE, raised, hard).is_ok())
+        .unwrap_or(soft);
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let room = limit.saturating_sub((limit / 4).clamp(32, 256)).max(1);
     if room < wanted {
         eprintln!(
-            "drover serve: --max-connections {wanted} lowered to {room}: the open-file limit is {limit} (raise it with `ulimit -n` to hold more)"
+            "drover serve: --max-connections {wanted} lowered to {room}: the open-file limit is \
+             {limit} (raise it with `ulimit -n` to hold more)"
         );
     }
     wanted.min(room)

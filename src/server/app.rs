@@ -46,7 +46,7 @@ impl Server {
         let shared = options
             .tokens
             .as_ref()
-            .is_some_and(|tokens| tokens.may_claim() > 1);
+            .is_some_and(|tokens| tokens.workers() > 1);
         let waiting = Arc::new(super::waiting::Waiting::new(
             options.max_waiting_claims,
             shared,

@@ -86,9 +86,11 @@ impl Tokens {
         self.roles.len()
     }
 
-    /// How many tokens may claim (a worker's or an admin's).
-    pub(crate) fn may_claim(&self) -> usize {
-        self.roles.values().filter(|r| **r >= Role::Worker).count()
+    /// How many worker tokens there are. An admin's token may claim too,
+    /// but it is an operator's, not a fleet's: counted, it would halve the
+    /// one worker token of the common set-up (`admin:…,worker:…`).
+    pub(crate) fn workers(&self) -> usize {
+        self.roles.values().filter(|r| **r == Role::Worker).count()
     }
 
     /// The caller's role from the request headers; `None` for no or an unknown

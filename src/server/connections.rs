@@ -37,7 +37,9 @@ use tokio_util::task::TaskTracker;
 
 /// How long shutdown waits for connections to finish their requests after it
 /// has asked them to close: in-flight requests are short (waiting claims are
-/// answered at shutdown), so only a caller that stops reading takes this long.
+/// answered at shutdown), so only a caller that stalls takes this long. Those
+/// still open then are dropped where they stand, so nothing is served after
+/// [`serve`] returns (the store may be closing).
 const DRAIN: Duration = Duration::from_secs(10);
 
 /// What bounds each connection and their number.
@@ -51,8 +53,8 @@ pub(super) struct Limits {
 }
 
 /// Serves `app` on `listener` until `shutdown` fires; then stops accepting,
-/// lets each connection finish the request it is on (for [`DRAIN`] at most)
-/// and returns.
+/// lets each connection finish the request it is on (for [`DRAIN`] at most,
+/// then drops it) and returns once every connection is gone.
 pub(super) async fn serve(
     listener: TcpListener,
     app: Router,
@@ -62,6 +64,7 @@ pub(super) async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let connections = TaskTracker::new();
     let closing = CancellationToken::new();
+    let force = CancellationToken::new();
     let mut at_cap = false;
     loop {
         let permit = match permits.clone().try_acquire_owned() {
@@ -103,7 +106,7 @@ pub(super) async fn serve(
             app.clone(),
             limits,
             permit,
-            closing.clone(),
+            (closing.clone(), force.clone()),
         ));
     }
     drop(listener);
@@ -117,17 +120,21 @@ pub(super) async fn serve(
             connections = connections.len(),
             "connections still open {DRAIN:?} after shutdown began are dropped"
         );
+        force.cancel();
+        connections.wait().await;
     }
     Ok(())
 }
 
-/// Serves one connection, holding its `permit` until it closes.
+/// Serves one connection, holding its `permit` until it closes: to its end,
+/// or once `closing` fires to the end of the request it is on, or until
+/// `force` fires, which drops it where it stands.
 async fn connection(
     stream: TcpStream,
     app: Router,
     limits: Limits,
     permit: OwnedSemaphorePermit,
-    closing: CancellationToken,
+    (closing, force): (CancellationToken, CancellationToken),
 ) {
     // Answers are small and written whole: no reason to wait for more.
     stream.set_nodelay(true).ok();
@@ -143,7 +150,10 @@ async fn connection(
         served = conn.as_mut() => served,
         () = closing.cancelled() => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            tokio::select! {
+                served = conn.as_mut() => served,
+                () = force.cancelled() => return,
+            }
         }
     };
     if let Err(e) = served {

@@ -145,8 +145,8 @@ impl ServerOptions {
     /// (default 10,000; at least 1). Waiting claims share one claim per
     /// process per poll interval, so this bounds memory and connections, not
     /// database load; a claim over it is answered 429 at once. Each session
-    /// may also have at most 16 waiting, and, when more than one token may
-    /// claim, each token at most half of this, however many sessions it
+    /// may also have at most 16 waiting, and, when the server has more than one
+    /// worker token, each token at most half of this, however many sessions it
     /// starts.
     #[must_use]
     pub fn max_waiting_claims(self, max: usize) -> Self {

@@ -13,8 +13,8 @@
 //! of one key wakes one waiter, not all of them.
 //!
 //! Over [`MAX_PER_SESSION`] waiting claims of one session, over half the
-//! server's `max_waiting_claims` for one token (when more than one token may
-//! claim), or over `max_waiting_claims`, a claim that would wait is answered
+//! server's `max_waiting_claims` for one token (when the server has more than
+//! one worker token), or over `max_waiting_claims`, a claim that would wait is answered
 //! at once with 429 `too_many_waiting_claims`. The token's share keeps one
 //! token, however many sessions it starts, from filling the server's cap and
 //! turning every other token's waiting claims away.
@@ -64,8 +64,8 @@ struct Counts {
 
 impl Waiting {
     /// No claim waits yet; at most `max_total` will at once, and at most
-    /// half of them one token's when `shared` (more than one token may
-    /// claim).
+    /// half of them one token's when `shared` (the server has more than one
+    /// worker token).
     pub(crate) fn new(max_total: usize, shared: bool) -> Self {
         Self {
             counts: Mutex::default(),
