@@ -41,6 +41,16 @@ async fn banner(lines: &mut tokio::io::Lines<BufReader<ChildStdout>>) -> String 
     text
 }
 
+/// The `host:port` the banner says the server listens on.
+fn address(banner: &str) -> String {
+    banner
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .expect("address in the banner")
+        .to_owned()
+}
+
 /// A plain HTTP/1.0 GET; returns the whole response.
 async fn get(addr: &str, path: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -74,12 +84,7 @@ async fn serve_announces_its_address_and_dashboard_and_stops_on_sigterm() {
     let mut child = serve(&db);
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let text = banner(&mut lines).await;
-    let addr = text
-        .split("listening on http://")
-        .nth(1)
-        .and_then(|rest| rest.lines().next())
-        .expect("address in the banner")
-        .to_owned();
+    let addr = address(&text);
     assert!(
         text.contains(&format!("dashboard: http://{addr}/")),
         "{text}"
@@ -163,12 +168,7 @@ async fn serve_fits_its_connections_to_the_open_file_limit() {
         .expect("start drover serve");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let text = banner(&mut lines).await;
-    let addr = text
-        .split("listening on http://")
-        .nth(1)
-        .and_then(|rest| rest.lines().next())
-        .expect("address in the banner")
-        .to_owned();
+    let addr = address(&text);
     let mut errors = BufReader::new(child.stderr.take().expect("stderr")).lines();
     let said = tokio::time::timeout(Duration::from_secs(30), errors.next_line())
         .await

@@ -23,7 +23,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 /// A server on a fresh SQLite file, on a loopback port.
 struct Running {
     addr: SocketAddr,
-    stop: CancellationToken,
+    shutdown: CancellationToken,
     served: JoinHandle<std::io::Result<()>>,
     db: (support::TestDb, tempfile::TempDir),
 }
@@ -39,9 +39,17 @@ async fn start(options: ServerOptions) -> Running {
         tokio::spawn(Server::new(db.0.store.clone(), options).serve(listener, stop.clone()));
     Running {
         addr,
-        stop,
+        shutdown: stop,
         served,
         db,
+    }
+}
+
+impl Running {
+    /// Shuts the server down and waits for `serve` to return.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.served.await.expect("joined").expect("served");
     }
 }
 
@@ -124,8 +132,7 @@ async fn half_sent_headers_and_idle_connections_are_cut_after_the_client_timeout
     assert!(second.starts_with("HTTP/1.1 200"), "{second}");
     let rest = read_until_closed(&mut idle, "an idle kept-alive connection").await;
     assert!(rest.is_empty(), "nothing more was asked: {rest:?}");
-    server.stop.cancel();
-    server.served.await.expect("joined").expect("served");
+    server.stop().await;
 }
 
 /// A body that trickles in, a byte at a time, is answered 408 once the
@@ -170,8 +177,7 @@ async fn a_trickling_body_is_answered_408_when_the_client_timeout_passes() {
         assert!(text.starts_with("HTTP/1.1 408"), "{path}: {text}");
         assert!(text.contains(says), "{path}: {text}");
     }
-    server.stop.cancel();
-    server.served.await.expect("joined").expect("served");
+    server.stop().await;
 }
 
 /// Past `max_connections` the server accepts nothing more until one of its
@@ -208,8 +214,7 @@ async fn a_connection_past_the_cap_waits_until_one_closes() {
         cut >= 1,
         "the fourth connection was served while the three stalled ones were all open"
     );
-    server.stop.cancel();
-    server.served.await.expect("joined").expect("served");
+    server.stop().await;
 }
 
 /// A caller that sends requests and never reads the answers is cut once a
@@ -240,8 +245,7 @@ async fn a_caller_that_stops_reading_is_cut() {
         ),
         "{error}"
     );
-    server.stop.cancel();
-    server.served.await.expect("joined").expect("served");
+    server.stop().await;
 }
 
 /// Shutdown does not wait on a caller that stalls: `serve` returns while a
@@ -260,7 +264,7 @@ async fn shutdown_is_not_held_by_stalled_callers() {
     let mut probe = TcpStream::connect(server.addr).await.expect("connect");
     probe.write_all(HEALTHZ).await.expect("send a request");
     read_response(&mut probe).await;
-    server.stop.cancel();
+    server.shutdown.cancel();
     tokio::time::timeout(PATIENCE, server.served)
         .await
         .expect("serve returned while callers stalled")
@@ -292,7 +296,7 @@ async fn nothing_is_served_after_serve_returns() {
     let mut probe = TcpStream::connect(server.addr).await.expect("connect");
     probe.write_all(HEALTHZ).await.expect("send a request");
     read_response(&mut probe).await;
-    server.stop.cancel();
+    server.shutdown.cancel();
     tokio::time::timeout(PATIENCE, server.served)
         .await
         .expect("serve returned")
