@@ -890,6 +890,68 @@ async fn a_claim_that_meets_only_an_invalid_utf8_key_parks_it_for_good() {
     );
 }
 
+/// SQL straight into SQLite's `drover_items` (which checks no types) may
+/// leave numbers no drover write makes: text, a fraction, a REAL, a priority
+/// past an `i32`. No claim fails on them, on the quick path or the general
+/// one (a process with a fleet control goes that way), and every key runs,
+/// its numbers read as SQLite reads a value as an integer. They failed the
+/// claim, on the quick path after it had committed its leases, and on the
+/// general one every claim of the process, for good.
+#[tokio::test]
+async fn numbers_sql_wrote_straight_into_the_items_fail_no_claim() {
+    let (db, _dir) = support::sqlite().await;
+    let keys_of = ["a", "b", "c", "d", "e"];
+    enqueue(&db.store, &keys_of).await;
+    let gated = ItemEnqueue::new("gated", keys_of.iter().map(|k| (*k).to_owned()));
+    db.store.item_enqueue(gated).await.expect("enqueue");
+    db.store
+        .process_configure(ProcessConfigure::new("gated").concurrency(Some(100)))
+        .await
+        .expect("a fleet control");
+    for sql in [
+        "UPDATE drover_items SET priority = 'high' WHERE key = 'b'",
+        "UPDATE drover_items SET priority = 1e12 WHERE key = 'c'",
+        "UPDATE drover_items SET failures = 2.5 WHERE key = 'd'",
+        "UPDATE drover_items SET enqueued_at = 'then', ready_at = 1.5 WHERE key = 'e'",
+    ] {
+        db.execute(sql).await;
+    }
+    let s = db.session().await;
+    for process in [P, "gated"] {
+        let mut leases = Vec::new();
+        // Each claim makes progress; a few take them all.
+        for _ in 0..keys_of.len() {
+            let params = LeaseClaim {
+                session: s.id,
+                process: process.into(),
+                max: 10,
+                trace_links: false,
+            };
+            let claimed = db.store.lease_claim(params).await;
+            let claimed = claimed.unwrap_or_else(|e| panic!("{process}: {e}"));
+            leases.extend(claimed.leases);
+        }
+        leases.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(keys(&leases), keys_of, "{process}");
+        let numbers: Vec<_> = leases.iter().map(|l| (l.priority, l.attempt)).collect();
+        assert_eq!(
+            numbers,
+            [(0, 1), (0, 1), (i32::MAX, 1), (0, 3), (0, 1)],
+            "{process}: priority 'high' is 0, 1e12 the most an i32 holds, failures 2.5 two"
+        );
+        let done: Vec<_> = leases
+            .iter()
+            .map(|lease| LeaseComplete {
+                lease,
+                outcome: &Outcome::Done,
+                trace_id: None,
+            })
+            .collect();
+        let written = db.store.lease_complete_batch(&done).await.expect("batch");
+        assert!(written.iter().all(Result::is_ok), "{process}: {written:?}");
+    }
+}
+
 /// Claims `keys` (enqueued first) for a fresh session, in key order.
 async fn claimed(db: &support::TestDb, keys: &[&str]) -> Vec<Lease> {
     let s = db.session().await;

@@ -7,7 +7,7 @@ use super::engine::{SqliteStore, Tx, begin_immediate, clock_ms};
 use super::error::{Db as _, map};
 use super::gate::{self, gate_columns};
 use super::processes::ensure_process;
-use super::rows::{RunningRow, json_rows, running_columns, to_time};
+use super::rows::{RunningRow, SqlInt, json_rows, running_columns, to_time};
 use super::savepoints::{on_its_own, release, savepoint};
 use super::sessions::requeue;
 use super::trace;
@@ -149,21 +149,20 @@ async fn ready_rows(
             }
             Err(e) => return Err(map(e)),
         };
-        let mut more: Vec<(i64, i64, String, i64, i64)> = json_rows(&more, "a claim's ready rows")?;
+        let mut more: Vec<(SqlInt, i64, String, SqlInt, SqlInt)> =
+            json_rows(&more, "a claim's ready rows")?;
         // In the order SQLite aggregated them, which is the subquery's; sorted
         // again here, on the task's side, so the claim order never rests on it.
-        more.sort_unstable_by_key(|&(ready_at, id, ..)| (ready_at, id));
+        more.sort_unstable_by_key(|&(ready_at, id, ..)| (ready_at.0, id));
         more.truncate(usize::try_from(limit).unwrap_or(0));
-        rows.extend(
-            more.into_iter().map(|(_, id, key, failures, enqueued_at)| {
-                (id, key, priority, failures, enqueued_at)
-            }),
-        );
+        rows.extend(more.into_iter().map(|(_, id, key, failures, enqueued_at)| {
+            (id, key, priority, failures.0, enqueued_at.0)
+        }));
         if rows.len() >= max as usize {
             break;
         }
         next = sqlx::query_scalar(
-            "SELECT priority FROM drover_items
+            "SELECT MAX(-2147483648, MIN(2147483647, CAST(priority AS INTEGER))) FROM drover_items
              WHERE process = ?1 AND state = 'pending' AND priority < ?2
              ORDER BY priority DESC LIMIT 1",
         )
@@ -275,7 +274,7 @@ pub(super) const OPENING: &str = concat!(
 SELECT t.now, EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?2 AND deadline > t.now) AS alive,
     ",
     gate_columns!(),
-    ", top.priority AS top,
+    ", MAX(-2147483648, MIN(2147483647, CAST(top.priority AS INTEGER))) AS top,
     (SELECT value FROM drover_counters WHERE name = 'lease_token') AS tokens,
     (SELECT CAST(json_group_array(json_array(ready_at, id, key, failures, enqueued_at)) AS BLOB)
      FROM (SELECT id, key, failures, enqueued_at, ready_at FROM drover_items
@@ -370,7 +369,19 @@ pub(super) struct Quick {
 /// A lease as [`QUICK`] reads it back: `[ready_at, id, token, key,
 /// priority, failures, enqueued_at, started_at, trace_run]`, the last
 /// `null` unless the claim asked for its trace links.
-type QuickRow = (i64, i64, i64, String, i32, i64, i64, i64, Option<String>);
+/// The item's own numbers are [`SqlInt`]s: SQL may have written anything
+/// there.
+type QuickRow = (
+    SqlInt,
+    i64,
+    i64,
+    String,
+    SqlInt,
+    SqlInt,
+    SqlInt,
+    i64,
+    Option<String>,
+);
 
 /// The common claim ([`QUICK`], one trip to the connection's thread) in a
 /// transaction of its own; [`claims::quick`] runs it so when no other claim
@@ -414,13 +425,13 @@ pub(super) fn quick_of(
         .into_iter()
         .map(
             |(ready_at, id, token, key, priority, failures, enqueued_at, started_at, trace)| {
-                let row = (priority, failures, enqueued_at, started_at);
+                let row = (priority.to_i32(), failures.0, enqueued_at.0, started_at);
                 let process = params.process.clone();
                 let mut lease = lease(params.session, process, key, token, row);
                 if params.trace_links {
                     lease.trace_links = Some(TraceLinks::from_json(trace.as_deref()));
                 }
-                ((ready_at, id), lease)
+                ((ready_at.0, id), lease)
             },
         )
         .collect();

@@ -1,8 +1,11 @@
 //! SQLite's rows: the shared rows ([`crate::store::rules::rows`]) with times as
 //! integer milliseconds since the Unix epoch.
 
+use std::fmt;
+
 use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 
 use crate::store::StoreError;
 use crate::store::rules::decode::corrupt;
@@ -42,4 +45,95 @@ pub(super) type RunRow = crate::store::rules::rows::RunRow<i64>;
 /// JSON is parsed where the rows are used.
 pub(super) fn json_rows<T: DeserializeOwned>(json: &str, what: &str) -> Result<Vec<T>, StoreError> {
     serde_json::from_str(json).map_err(|e| corrupt(format!("{what} came back malformed: {e}")))
+}
+
+/// A number of an item's row read back through JSON ([`json_rows`]) as
+/// SQLite reads a value as an integer, so a row no drover write made (SQL
+/// straight into `drover_items`, which checks no types: text, a fraction, a
+/// huge REAL) is read as sqlx reads the same column, not refused. Refused, it
+/// failed every claim of its process after the claim had committed its
+/// leases. An integer is read as it is; a fraction is cut toward zero and
+/// saturates; text that is a number is that number, other text and `null` are
+/// 0, as `CAST(… AS INTEGER)` makes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SqlInt(pub(super) i64);
+
+impl SqlInt {
+    /// The value clamped to an `i32` (a priority).
+    pub(super) fn to_i32(self) -> i32 {
+        i32::try_from(self.0).unwrap_or(if self.0 < 0 { i32::MIN } else { i32::MAX })
+    }
+}
+
+impl<'de> Deserialize<'de> for SqlInt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(SqlIntVisitor)
+    }
+}
+
+/// Reads any JSON scalar as [`SqlInt`].
+struct SqlIntVisitor;
+
+impl Visitor<'_> for SqlIntVisitor {
+    type Value = SqlInt;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number, or text or null read as one")
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<SqlInt, E> {
+        Ok(SqlInt(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<SqlInt, E> {
+        Ok(SqlInt(i64::try_from(v).unwrap_or(i64::MAX)))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<SqlInt, E> {
+        // `as` cuts toward zero and saturates; NaN (SQLite has none) is 0.
+        #[allow(clippy::cast_possible_truncation)]
+        Ok(SqlInt(v as i64))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<SqlInt, E> {
+        Ok(SqlInt(i64::from(v)))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<SqlInt, E> {
+        let v = v.trim();
+        match v.parse::<i64>() {
+            Ok(n) => Ok(SqlInt(n)),
+            Err(_) => self.visit_f64(v.parse::<f64>().unwrap_or(0.0)),
+        }
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<SqlInt, E> {
+        Ok(SqlInt(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SqlInt;
+
+    fn read(json: &str) -> i64 {
+        serde_json::from_str::<SqlInt>(json).expect("read").0
+    }
+
+    #[test]
+    fn a_number_is_read_as_sqlite_reads_a_value_as_an_integer() {
+        assert_eq!(read("7"), 7);
+        assert_eq!(read("-7"), -7);
+        assert_eq!(read("2.9"), 2);
+        assert_eq!(read("-2.9"), -2);
+        assert_eq!(read("1e300"), i64::MAX);
+        assert_eq!(read("18446744073709551615"), i64::MAX);
+        assert_eq!(read(r#"" 12 ""#), 12);
+        assert_eq!(read(r#""1.5e3""#), 1500);
+        assert_eq!(read(r#""x""#), 0);
+        assert_eq!(read("null"), 0);
+        assert_eq!(SqlInt(1 << 40).to_i32(), i32::MAX);
+        assert_eq!(SqlInt(-(1 << 40)).to_i32(), i32::MIN);
+        assert_eq!(SqlInt(-5).to_i32(), -5);
+    }
 }
