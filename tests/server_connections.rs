@@ -51,6 +51,22 @@ impl Running {
         self.shutdown.cancel();
         self.served.await.expect("joined").expect("served");
     }
+
+    /// Shuts the server down once every connection made before this call is
+    /// its own (a probe connected after them is answered, and the accept
+    /// queue is first come, first served), and waits for `serve` to return,
+    /// [`PATIENCE`] at most, whatever those connections do.
+    async fn stop_once_accepted(&mut self) {
+        let mut probe = TcpStream::connect(self.addr).await.expect("connect");
+        probe.write_all(HEALTHZ).await.expect("send a request");
+        read_response(&mut probe).await;
+        self.shutdown.cancel();
+        tokio::time::timeout(PATIENCE, &mut self.served)
+            .await
+            .expect("serve returned while callers stalled")
+            .expect("joined")
+            .expect("served");
+    }
 }
 
 /// Reads until the server closes the connection (end of stream or reset),
@@ -252,7 +268,8 @@ async fn a_caller_that_stops_reading_is_cut() {
 /// half-sent request and a caller that stopped reading are still connected.
 #[tokio::test]
 async fn shutdown_is_not_held_by_stalled_callers() {
-    let server = start(ServerOptions::default().client_timeout(Duration::from_millis(300))).await;
+    let mut server =
+        start(ServerOptions::default().client_timeout(Duration::from_millis(300))).await;
     let mut half = TcpStream::connect(server.addr).await.expect("connect");
     half.write_all(
         b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",
@@ -260,16 +277,7 @@ async fn shutdown_is_not_held_by_stalled_callers() {
     .await
     .expect("send a part");
     let idle = TcpStream::connect(server.addr).await.expect("connect");
-    // Both are the server's: a third connection is answered after them.
-    let mut probe = TcpStream::connect(server.addr).await.expect("connect");
-    probe.write_all(HEALTHZ).await.expect("send a request");
-    read_response(&mut probe).await;
-    server.shutdown.cancel();
-    tokio::time::timeout(PATIENCE, server.served)
-        .await
-        .expect("serve returned while callers stalled")
-        .expect("joined")
-        .expect("served");
+    server.stop_once_accepted().await;
     drop((half, idle));
 }
 
@@ -281,7 +289,7 @@ async fn shutdown_is_not_held_by_stalled_callers() {
 #[tokio::test]
 async fn nothing_is_served_after_serve_returns() {
     // Longer than the drain, so only the drain ends the connection.
-    let server = start(ServerOptions::default().client_timeout(Duration::from_secs(60))).await;
+    let mut server = start(ServerOptions::default().client_timeout(Duration::from_secs(60))).await;
     let body = r#"{"component":"late","ttl_ms":60000}"#;
     let mut late = TcpStream::connect(server.addr).await.expect("connect");
     let head = format!(
@@ -292,16 +300,7 @@ async fn nothing_is_served_after_serve_returns() {
     late.write_all(head.as_bytes())
         .await
         .expect("send most headers");
-    // The connection is the server's: a later one is answered after it.
-    let mut probe = TcpStream::connect(server.addr).await.expect("connect");
-    probe.write_all(HEALTHZ).await.expect("send a request");
-    read_response(&mut probe).await;
-    server.shutdown.cancel();
-    tokio::time::timeout(PATIENCE, server.served)
-        .await
-        .expect("serve returned")
-        .expect("joined")
-        .expect("served");
+    server.stop_once_accepted().await;
     // The rest may find the connection reset already.
     let _ = late.write_all(format!("\r\n{body}").as_bytes()).await;
     let answer = read_until_closed(&mut late, "a connection after serve returned").await;

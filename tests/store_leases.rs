@@ -939,14 +939,7 @@ async fn numbers_sql_wrote_straight_into_the_items_fail_no_claim() {
             [(0, 1), (0, 1), (i32::MAX, 1), (0, 3), (0, 1)],
             "{process}: priority 'high' is 0, 1e12 the most an i32 holds, failures 2.5 two"
         );
-        let done: Vec<_> = leases
-            .iter()
-            .map(|lease| LeaseComplete {
-                lease,
-                outcome: &Outcome::Done,
-                trace_id: None,
-            })
-            .collect();
+        let done = batch(&leases, &Outcome::Done);
         let written = db.store.lease_complete_batch(&done).await.expect("batch");
         assert!(written.iter().all(Result::is_ok), "{process}: {written:?}");
     }

@@ -110,9 +110,9 @@ impl Server {
     /// answers waiting claims with no leases, lets in-flight requests finish (for
     /// 10 s at most) and returns. Connections are bounded by the options'
     /// [`max_connections`](ServerOptions::max_connections) and
-    /// [`client_timeout`](ServerOptions::client_timeout). Reclaims expired sessions' leases and applies every process's
-    /// retention ([`Pruner`]) and resync ([`Resyncer`]) in the background
-    /// meanwhile.
+    /// [`client_timeout`](ServerOptions::client_timeout). Reclaims expired
+    /// sessions' leases and applies every process's retention ([`Pruner`]) and
+    /// resync ([`Resyncer`]) in the background meanwhile.
     pub async fn serve(
         self,
         listener: TcpListener,
