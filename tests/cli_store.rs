@@ -108,6 +108,44 @@ async fn enqueue_status_and_history_work_end_to_end() {
     .await;
 }
 
+/// Runs `drover ARGS…` against `url` with a stdout nobody reads (the pipe's
+/// reader closed before drover writes, as `drover status | head -0` does).
+fn drover_unread(url: &str, args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(args)
+        .env("DROVER_DATABASE_URL", url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn drover");
+    drop(child.stdout.take().expect("stdout"));
+    child.wait_with_output().expect("drover runs")
+}
+
+/// A reader that has gone (`drover history | head`) ends a command quietly:
+/// exit 0, nothing on stderr, and what the command did stays done. `println!`
+/// panicked there ("failed printing to stdout"), exit 101.
+#[tokio::test]
+async fn a_command_whose_reader_has_gone_ends_quietly_and_keeps_what_it_did() {
+    let (db, _dir) = support::sqlite().await;
+    for args in [
+        &["enqueue", "gone", "a", "b"][..],
+        &["status"],
+        &["status", "--json"],
+        &["history", "--json"],
+        &["process", "list"],
+    ] {
+        let out = drover_unread(&db.url, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {} {stderr}", out.status);
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+    let status = json(&drover(Some(&db.url), None, &["status", "--json"], ""));
+    assert_eq!(status[0]["process"], "gone");
+    assert_eq!(status[0]["pending"], 2, "{status}");
+}
+
 #[tokio::test]
 async fn bad_input_fails_with_one_line_and_writes_nothing() {
     each_engine(|db| async move {

@@ -94,6 +94,20 @@ async fn serve_announces_its_address_and_dashboard_and_stops_on_sigterm() {
     stop(child, lines).await;
 }
 
+/// A `serve` whose stderr nobody reads any more (its log shipper died) still
+/// stops on SIGTERM: the signal task wrote "shutting down gracefully" into
+/// the closed pipe before it started the shutdown, and that write panicked,
+/// so SIGTERM stopped nothing.
+#[tokio::test]
+async fn serve_whose_stderr_reader_has_gone_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = serve(&format!("sqlite://{}", dir.path().join("d.db").display()));
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    banner(&mut lines).await;
+    drop(child.stderr.take().expect("stderr"));
+    stop(child, lines).await;
+}
+
 /// The binary turns transparent huge pages off for itself (`src/main.rs`:
 /// mimalloc asked for them and the kernel zeroed two megabytes per first
 /// touch); the kernel reports the process's setting in `/proc/PID/status`.
@@ -145,18 +159,15 @@ async fn serve_hides_the_database_password_in_its_banner() {
     support::drop_schema(&base, &schema).await;
 }
 
-/// `serve` fits `--max-connections` to the open-file limit, keeping room for
-/// the database's files: past the limit an accepted connection would take
-/// the descriptor a database connection needs. Under a hard limit of 256
-/// (macOS's usual soft limit) it keeps a quarter back and holds 192, so a
-/// caller holding a connection half-sent does not hold everyone off (a
-/// fixed reserve of 256 once left it one connection).
-#[tokio::test]
-async fn serve_fits_its_connections_to_the_open_file_limit() {
+/// A `drover serve` on a new SQLite file under the open-file limits `ulimit`
+/// sets (a shell command), asked for more connections than any such limit
+/// holds: the child, its banner's lines, its address and the first line it
+/// wrote on stderr, and the directory that holds its file.
+async fn serve_under(ulimit: &str) -> Limited {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = format!("sqlite://{}", dir.path().join("d.db").display());
     let mut child = Command::new("sh")
-        .args(["-c", r#"ulimit -n 256 && exec "$@""#, "sh"])
+        .args(["-c", &format!(r#"{ulimit} && exec "$@""#), "sh"])
         .arg(env!("CARGO_BIN_EXE_drover"))
         .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
         .args(["--max-connections", "100000"])
@@ -175,22 +186,74 @@ async fn serve_fits_its_connections_to_the_open_file_limit() {
         .expect("a line on stderr")
         .expect("stderr")
         .expect("a line");
+    Limited {
+        child,
+        lines,
+        addr,
+        said,
+        _stderr: errors,
+        _dir: dir,
+    }
+}
+
+/// A `drover serve` started by [`serve_under`].
+struct Limited {
+    child: Child,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    addr: String,
+    said: String,
+    /// Kept open: `serve` writes on stderr as it stops.
+    _stderr: tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Limited {
+    /// Sends SIGTERM and expects a clean exit (see [`stop`]).
+    async fn stop(self) {
+        stop(self.child, self.lines).await;
+    }
+}
+
+/// `serve` fits `--max-connections` to the open-file limit, keeping room for
+/// the database's files: past the limit an accepted connection would take
+/// the descriptor a database connection needs. Under a hard limit of 256
+/// (macOS's usual soft limit) it keeps a quarter back and holds 192, so a
+/// caller holding a connection half-sent does not hold everyone off (a
+/// fixed reserve of 256 once left it one connection).
+#[tokio::test]
+async fn serve_fits_its_connections_to_the_open_file_limit() {
+    let server = serve_under("ulimit -n 256").await;
+    let (said, addr) = (&server.said, &server.addr);
     assert!(
         said.contains("--max-connections 100000 lowered to 192")
             && said.contains("open-file limit is 256"),
         "{said}"
     );
-    let mut holder = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
+    let mut holder = tokio::net::TcpStream::connect(addr).await.expect("connect");
     holder
         .write_all(b"GET /healthz HTTP/1.1\r\n")
         .await
         .expect("send a part");
-    let answered = tokio::time::timeout(Duration::from_secs(10), get(&addr, "/healthz"))
+    let answered = tokio::time::timeout(Duration::from_secs(10), get(addr, "/healthz"))
         .await
         .expect("answered beside a held connection");
     assert!(answered.starts_with("HTTP/1.0 200"), "{answered}");
     drop(holder);
-    stop(child, lines).await;
+    server.stop().await;
+}
+
+/// A soft open-file limit below the hard one (commonly 1,024 against
+/// 524,288) is raised to the hard one before the connections are fitted:
+/// under 256 soft and 512 hard, `serve` holds 384 connections, not the 192
+/// the soft limit alone would leave.
+#[tokio::test]
+async fn serve_raises_its_soft_open_file_limit_to_the_hard_one() {
+    let server = serve_under("ulimit -S -n 256 && ulimit -H -n 512").await;
+    let said = &server.said;
+    assert!(
+        said.contains("--max-connections 100000 lowered to 384")
+            && said.contains("open-file limit is 512"),
+        "{said}"
+    );
+    server.stop().await;
 }

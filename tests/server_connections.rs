@@ -321,3 +321,32 @@ async fn nothing_is_served_after_serve_returns() {
         sessions.items
     );
 }
+
+/// Only HTTP/1.1 is served: HTTP/2 by prior knowledge (h2c), whose streams
+/// and pings these bounds do not cover, is refused. A caller that opens with
+/// HTTP/2's preface gets no SETTINGS frame (a server speaking HTTP/2 sends
+/// one first), at most an HTTP/1 error, and the connection closes.
+#[tokio::test]
+async fn http2_by_prior_knowledge_is_refused() {
+    let server = start(ServerOptions::default()).await;
+    let mut h2 = TcpStream::connect(server.addr).await.expect("connect");
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .expect("send HTTP/2's preface");
+    // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
+    h2.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
+        .await
+        .expect("send SETTINGS");
+    let got = read_until_closed(&mut h2, "HTTP/2's preface").await;
+    assert!(
+        got.is_empty() || got.starts_with(b"HTTP/1.1 "),
+        "an HTTP/2 answer: {got:?}"
+    );
+    // An HTTP/1.1 caller is served beside it.
+    let mut one = TcpStream::connect(server.addr).await.expect("connect");
+    one.write_all(HEALTHZ).await.expect("send a request");
+    let answer = read_response(&mut one).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(one);
+    server.stop().await;
+}

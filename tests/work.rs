@@ -286,6 +286,38 @@ async fn sigterm_mid_work_releases_the_running_keys_for_the_next_start() {
     .await;
 }
 
+/// A worker whose stderr nobody reads any more (`drover work … 2>&1 | tee`,
+/// and `tee` died): the lines its commands write are relayed there, and a
+/// write into a closed pipe used to panic, failing every run whose command
+/// wrote a line (each key retried for ever) and stopping the signal task
+/// before it started the shutdown (SIGTERM then stopped nothing). Now the
+/// lines are lost, the keys are done, and SIGTERM stops the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_stderr_reader_has_gone_finishes_its_keys_and_stops_on_sigterm() {
+    each_engine(|db| async move {
+        let exec = "sh -c 'echo working on $DROVER_KEY >&2' sh";
+        let args = [PROCESS, "--db", &db.url, "--exec", exec];
+        let mut child = support::cli::work_command(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn drover work");
+        drop(child.stderr.take().expect("stderr"));
+        enqueue(&db.store, &keys(3)).await;
+        eventually("the keys done", || async {
+            counts(&db.store).await == (0, 0, 0)
+        })
+        .await;
+        stop(child).await;
+        let runs = all_runs(&db.store).await;
+        assert_eq!(runs.len(), 3, "one run per key: {runs:?}");
+        assert!(
+            runs.iter().all(|r| r.outcome == RunOutcome::Done),
+            "{runs:?}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let (db, _dir) = support::sqlite().await;

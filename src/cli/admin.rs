@@ -3,6 +3,7 @@
 //! `--prefix` instead of keys, on every key that filter matches (in batches,
 //! never a running key).
 
+use crate::cli::say::{errln, outln};
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::store::{
@@ -110,13 +111,13 @@ async fn act(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     for key in &args.keys {
         let name = format!("{}/{key}", args.process);
         match action.apply(&store, &args.process, key).await {
-            Ok(Some(done)) => println!("{name}: {done}"),
+            Ok(Some(done)) => outln!("{name}: {done}")?,
             Ok(None) => {
-                eprintln!("error: {name} is not a known key");
+                errln!("error: {name} is not a known key");
                 failed += 1;
             }
             Err(e @ StoreError::AlreadyLeased { .. }) => {
-                eprintln!("error: cannot {} {name}: {e}", action.verb());
+                errln!("error: cannot {} {name}: {e}", action.verb());
                 failed += 1;
             }
             Err(e) => {
@@ -163,7 +164,7 @@ async fn act_where(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     store.close().await;
     let changed =
         changed.with_context(|| format!("cannot {} in {}", action.verb(), args.process))?;
-    println!("{}: {} {changed} key(s)", args.process, action.done());
+    outln!("{}: {} {changed} key(s)", args.process, action.done())?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `drover bench SCENARIO`: throughput, latency and recovery figures, one
 //! machine-readable line (or JSON object) each on stdout; progress on stderr.
 
+use crate::cli::say::outln;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
@@ -252,7 +253,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         let store = store.context("enqueue has a store")?;
         let b = store_bench(&args, &store, None, args.keys.unwrap_or(20_000), 1);
         for figure in bench::enqueue_transactional(&b).await? {
-            print(&args, &figure);
+            print(&args, &figure)?;
         }
         return Ok(());
     }
@@ -267,7 +268,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         };
         b.progress.finish_and_clear();
         for figure in figures? {
-            print(&args, &tagged(&args, store, figure));
+            print(&args, &tagged(&args, store, figure))?;
         }
         return Ok(());
     }
@@ -279,7 +280,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             let b = store_bench(&args, store, None, keys, workers);
             let figure = bench::burn_down_spread(&b, spread, &drover).await;
             b.progress.finish_and_clear();
-            print(&args, &tagged(&args, store, figure?));
+            print(&args, &tagged(&args, store, figure?))?;
         }
         return Ok(());
     }
@@ -288,15 +289,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             None => bench::queue_cycle(workers, keys, 5).await.figure(),
             Some(store) => store_figure(&args, store, None, keys, workers).await?,
         };
-        print(&args, &figure);
+        print(&args, &figure)?;
         if let (Some(store), Some(limits)) = (&store, limits) {
             let limited = limited_figure(&args, store, keys, workers, limits).await?;
             let ratio = keys_per_s(&limited) / keys_per_s(&figure).max(1.0);
-            print(&args, &limited.with("ratio", format!("{ratio:.2}")));
+            print(&args, &limited.with("ratio", format!("{ratio:.2}")))?;
         }
         if let (Some(store), Some(client)) = (&store, &server) {
             let figure = store_figure(&args, store, Some(client), keys, workers).await?;
-            print(&args, &figure);
+            print(&args, &figure)?;
         }
     }
     Ok(())
@@ -321,11 +322,11 @@ fn store_bench(
     }
 }
 
-fn print(args: &Args, figure: &Figure) {
+fn print(args: &Args, figure: &Figure) -> anyhow::Result<()> {
     if args.json {
-        println!("{}", figure.to_json());
+        outln!("{}", figure.to_json())
     } else {
-        println!("{figure}");
+        outln!("{figure}")
     }
 }
 

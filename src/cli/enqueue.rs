@@ -1,5 +1,6 @@
 //! `drover enqueue PROCESS KEY…`: add keys for a process, with coalescing.
 
+use crate::cli::say::{errln, outln};
 use std::io::BufRead as _;
 use std::time::Duration;
 
@@ -90,9 +91,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     if total.dirty > 0 {
         summary.push_str(&format!(", {} running (each runs once more)", total.dirty));
     }
-    println!("{summary}");
     store.close().await;
-    Ok(())
+    outln!("{summary}")
 }
 
 /// The trace context of the change behind this enqueue, from `TRACEPARENT`
@@ -107,7 +107,7 @@ fn trace_from_env() -> Option<TraceContext> {
     match TraceContext::new(&parent, state.as_deref()) {
         Ok(trace) => Some(trace),
         Err(e) => {
-            eprintln!("warning: TRACEPARENT ignored: {e}");
+            errln!("warning: TRACEPARENT ignored: {e}");
             None
         }
     }

@@ -2,6 +2,7 @@
 //! and backing-off keys failed with, the key replaced by `<key>` and numbers
 //! by `<n>`, most keys first.
 
+use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::{ErrorGroup, ErrorGroups, StoreEngine as _, validate_process};
 
@@ -33,12 +34,12 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     store.close().await;
     let groups = groups?;
     if args.listing.json {
-        println!("{}", serde_json::to_string_pretty(&groups)?);
+        outln!("{}", serde_json::to_string_pretty(&groups)?)?;
     } else if groups.is_empty() {
-        println!("{}: no parked or backing-off keys", args.process);
+        outln!("{}: no parked or backing-off keys", args.process)?;
     } else {
         for group in &groups {
-            println!("{}", lines(group));
+            outln!("{}", lines(group))?;
         }
     }
     Ok(())

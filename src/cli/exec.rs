@@ -17,6 +17,7 @@
 //! `SIGKILL` from the kernel the moment the worker dies, even by `SIGKILL`
 //! (`PR_SET_PDEATHSIG`).
 
+use crate::cli::say::errln;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::process::Stdio;
@@ -241,7 +242,7 @@ impl Tail {
     fn line(&mut self, key: &str) {
         let bytes = std::mem::take(&mut self.partial);
         let line = text_from_bytes(bytes.strip_suffix(b"\r").unwrap_or(&bytes));
-        eprintln!("[{key}] {line}");
+        errln!("[{key}] {line}");
         self.size += line.len() + 1;
         self.kept.push_back(line);
         while self.size > TAIL_BYTES && self.kept.len() > 1 {

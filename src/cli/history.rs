@@ -2,6 +2,7 @@
 //! (written when it ended) or operator action; `drover history prune` applies
 //! retention by hand.
 
+use crate::cli::say::outln;
 use clap::{Args as ClapArgs, Subcommand};
 use drover::runner::Pruner;
 use drover::store::{Run, RunList, RunOutcome, StoreEngine as _, validate_process};
@@ -93,15 +94,16 @@ async fn prune(args: PruneArgs) -> anyhow::Result<()> {
                 .collect(),
         };
         if processes.is_empty() {
-            println!("nothing to prune: no processes yet");
+            outln!("nothing to prune: no processes yet")?;
         }
         let pruner = Pruner::new(store.clone());
         for process in processes {
             let pruned = pruner.prune_process(&process).await?;
-            println!(
+            outln!(
                 "{process}: removed {} run(s) and {} idle key(s)",
-                pruned.runs, pruned.idle_keys
-            );
+                pruned.runs,
+                pruned.idle_keys
+            )?;
         }
         anyhow::Ok(())
     }
@@ -125,10 +127,10 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
         .await?;
     store.close().await;
     if args.listing.json {
-        println!("{}", serde_json::to_string_pretty(&runs)?);
+        outln!("{}", serde_json::to_string_pretty(&runs)?)?;
     } else {
         for run in &runs {
-            println!("{}", line(run));
+            outln!("{}", line(run))?;
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! `drover migrate`: bring a database's schema up to this binary's version.
 
+use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::Store;
 
@@ -17,7 +18,6 @@ pub(crate) struct Args {
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let store: Store = args.db.open().await?;
     store.migrate().await?;
-    println!("the {} database is up to date", store.engine_name());
     store.close().await;
-    Ok(())
+    outln!("the {} database is up to date", store.engine_name())
 }

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use say::errln;
 
 mod admin;
 mod bench;
@@ -20,6 +21,7 @@ mod otlp_grpc;
 mod otlp_protocol;
 mod pause;
 mod process;
+mod say;
 mod serve;
 mod server_args;
 mod signal;
@@ -104,7 +106,7 @@ pub(crate) fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            errln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -130,9 +132,12 @@ pub(crate) fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of the output has gone (`drover history | head`): it
+        // read what it wanted.
+        Err(e) if e.is::<say::Gone>() => ExitCode::SUCCESS,
         Err(e) if e.is::<Reported>() => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            errln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -26,6 +26,7 @@
 //! write's under its run (see [`SLOW_WRITE`](drover::runner::SLOW_WRITE)) and,
 //! in `drover serve`, each HTTP request's ([`HTTP_TARGET`]).
 
+use crate::cli::say::errln;
 use std::time::Duration;
 
 use drover::runner::RUN_TARGET;
@@ -101,7 +102,7 @@ impl Drop for Telemetry {
         if let Some(provider) = self.provider.take()
             && let Err(e) = provider.shutdown_with_timeout(FLUSH_WITHIN)
         {
-            eprintln!("warning: traces not all exported: {e}");
+            errln!("warning: traces not all exported: {e}");
         }
         // Its last export is over (or given up): nothing left to wait for,
         // and this may run inside another runtime, where a blocking drop
@@ -131,7 +132,7 @@ fn exporting() -> Telemetry {
         Err(refused) => Err(refused.to_string()),
     };
     built.unwrap_or_else(|e| {
-        eprintln!("warning: traces are not exported: {e}");
+        errln!("warning: traces are not exported: {e}");
         Telemetry::default()
     })
 }

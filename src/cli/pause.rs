@@ -2,6 +2,7 @@
 //! process, on the database or through a drover server's API, recorded in
 //! the history (key `""`) with the actor `cli` (or `admin` through a server).
 
+use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::{ProcessPause, StoreEngine as _, validate_process};
 
@@ -44,9 +45,9 @@ pub(crate) async fn run(args: Args, paused: bool) -> anyhow::Result<()> {
         ("resumed", "was not paused")
     };
     if changed {
-        println!("{now} {}", args.process);
+        outln!("{now} {}", args.process)?;
     } else {
-        println!("{} {was}", args.process);
+        outln!("{} {was}", args.process)?;
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `drover process configure|list`: a process's settings (retention, backoff,
 //! fleet limits), stored in the database so every node applies the same ones.
 
+use crate::cli::say::outln;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -314,8 +315,7 @@ async fn configure(args: ConfigureArgs) -> anyhow::Result<()> {
     }
     .await;
     store.close().await;
-    print_table(&[result?]);
-    Ok(())
+    print_table(&[result?])
 }
 
 /// Prints every process's settings.
@@ -326,11 +326,11 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
     let processes = processes?;
     if args.json {
         let rows: Vec<_> = processes.iter().map(to_json).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?)?;
     } else if processes.is_empty() {
-        println!("no processes yet: enqueue some keys or run `drover process configure PROCESS`");
+        outln!("no processes yet: enqueue some keys or run `drover process configure PROCESS`")?;
     } else {
-        print_table(&processes);
+        print_table(&processes)?;
     }
     Ok(())
 }
@@ -397,17 +397,22 @@ pub(crate) fn describe_limits(l: &FleetLimits) -> String {
     }
 }
 
-fn print_table(processes: &[ProcessSettings]) {
-    println!(
+fn print_table(processes: &[ProcessSettings]) -> anyhow::Result<()> {
+    outln!(
         "{:<24} {:>15} {:>13} {:>18} {:>22}  {:<28}  BACKOFF",
-        "PROCESS", "KEEP RUNS FOR", "RUNS PER KEY", "FORGET IDLE AFTER", "RESYNC", "FLEET"
-    );
+        "PROCESS",
+        "KEEP RUNS FOR",
+        "RUNS PER KEY",
+        "FORGET IDLE AFTER",
+        "RESYNC",
+        "FLEET"
+    )?;
     for s in processes {
         let r = &s.retention;
         let forget = r
             .forget_idle_after
             .map_or_else(|| "never".to_owned(), human);
-        println!(
+        outln!(
             "{:<24} {:>15} {:>13} {:>18} {:>22}  {:<28}  {}",
             s.process,
             human(r.keep_runs_for),
@@ -416,8 +421,9 @@ fn print_table(processes: &[ProcessSettings]) {
             describe_resync(s),
             describe_limits(&s.limits),
             describe_backoff(&s.backoff)
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn to_json(s: &ProcessSettings) -> serde_json::Value {

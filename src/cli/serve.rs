@@ -1,5 +1,6 @@
 //! `drover serve`: the HTTP API, `/metrics` and the dashboard over one database.
 
+use crate::cli::say::{errln, sayln};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -156,7 +157,7 @@ fn fit_connections(wanted: usize) -> usize {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let room = limit.saturating_sub((limit / 4).clamp(32, 256)).max(1);
     if room < wanted {
-        eprintln!(
+        errln!(
             "drover serve: --max-connections {wanted} lowered to {room}: the open-file limit is \
              {limit} (raise it with `ulimit -n` to hold more)"
         );
@@ -182,15 +183,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     // Handlers first: a signal right after the banner must shut down gracefully.
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_on_signals(shutdown.clone()));
-    println!("drover serve listening on http://{local}");
-    println!(
+    sayln!("drover serve listening on http://{local}");
+    sayln!(
         "  database:  {} ({})",
         args.db.redacted(),
         store.engine_name()
     );
-    println!("  dashboard: http://{local}/");
-    println!("  API:       http://{local}/v1 (OpenAPI at http://{local}/openapi.json)");
-    println!("  auth:      {auth}");
+    sayln!("  dashboard: http://{local}/");
+    sayln!("  API:       http://{local}/v1 (OpenAPI at http://{local}/openapi.json)");
+    sayln!("  auth:      {auth}");
     let mut options = ServerOptions::default()
         .tokens(tokens)
         .max_wait(args.max_wait)
@@ -210,6 +211,6 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .await;
     store.close().await;
     served.context("the server failed")?;
-    println!("drover serve stopped");
+    sayln!("drover serve stopped");
     Ok(())
 }

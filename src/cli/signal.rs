@@ -1,5 +1,6 @@
 //! SIGINT/SIGTERM handling shared by the long-running commands.
 
+use crate::cli::say::errln;
 use std::future::Future;
 
 use tokio::signal::unix::{SignalKind, signal};
@@ -16,7 +17,7 @@ pub(crate) fn shutdown_on_signals(shutdown: CancellationToken) -> impl Future<Ou
     );
     async move {
         let (Ok(mut int), Ok(mut term)) = handlers else {
-            eprintln!("warning: cannot install signal handlers; stop drover with SIGKILL");
+            errln!("warning: cannot install signal handlers; stop drover with SIGKILL");
             return;
         };
         for count in 0.. {
@@ -25,11 +26,12 @@ pub(crate) fn shutdown_on_signals(shutdown: CancellationToken) -> impl Future<Ou
                 _ = term.recv() => {}
             }
             if count > 0 {
-                eprintln!("second signal: exiting now");
+                errln!("second signal: exiting now");
                 std::process::exit(130);
             }
-            eprintln!("shutting down gracefully (signal again to exit now)");
+            // Cancelled before anything is written: stderr may be gone.
             shutdown.cancel();
+            errln!("shutting down gracefully (signal again to exit now)");
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `drover status`: items per process and state, and how far workers lag.
 
+use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::{ProcessCounts, StoreEngine as _};
 use serde_json::json;
@@ -25,17 +26,21 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     store.close().await;
     if args.json {
         let rows: Vec<_> = counts.iter().map(to_json).collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?)?;
         return Ok(());
     }
     if counts.is_empty() {
-        println!("no processes yet: enqueue some keys with `drover enqueue PROCESS KEY…`");
+        outln!("no processes yet: enqueue some keys with `drover enqueue PROCESS KEY…`")?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:>9} {:>9} {:>9} {:>9}  OLDEST PENDING",
-        "PROCESS", "PENDING", "BACKOFF", "RUNNING", "PARKED"
-    );
+        "PROCESS",
+        "PENDING",
+        "BACKOFF",
+        "RUNNING",
+        "PARKED"
+    )?;
     for c in &counts {
         let oldest = c.oldest_pending_age.map_or_else(
             || "-".to_owned(),
@@ -44,10 +49,14 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     .to_string()
             },
         );
-        println!(
+        outln!(
             "{:<24} {:>9} {:>9} {:>9} {:>9}  {oldest}",
-            c.process, c.pending, c.backoff, c.running, c.parked
-        );
+            c.process,
+            c.pending,
+            c.backoff,
+            c.running,
+            c.parked
+        )?;
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! transaction that made them (the informer of the SQL world), or stop it.
 //! `drover watch --list` shows the watched tables.
 
+use crate::cli::say::outln;
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::store::{StoreError, TableWatch, validate_process};
@@ -62,10 +63,10 @@ pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<()> {
         Err(e @ StoreError::Watch(_)) => return Err(e.into()),
         other => other.with_context(|| format!("cannot watch {}", watch.table))?,
     };
-    println!(
+    outln!(
         "watching {table}: its changes enqueue {} to {process}",
         watch.key_column
-    );
+    )?;
     Ok(())
 }
 
@@ -91,10 +92,12 @@ async fn list(db: &DbArgs) -> anyhow::Result<()> {
                 watch.table
             )
         };
-        println!(
+        outln!(
             "{}: {} -> {}{filter}{gone}",
-            watch.table, watch.key_column, watch.process
-        );
+            watch.table,
+            watch.key_column,
+            watch.process
+        )?;
     }
     Ok(())
 }
@@ -106,7 +109,7 @@ pub(crate) async fn unwatch(args: UnwatchArgs) -> anyhow::Result<()> {
     let result = store.table_unwatch(&args.table).await;
     store.close().await;
     match result.with_context(|| format!("cannot unwatch {}", args.table))? {
-        Some(table) => println!("{table} is no longer watched"),
+        Some(table) => outln!("{table} is no longer watched")?,
         None => anyhow::bail!(
             "{} is not watched (drover watch --list shows the watched tables)",
             args.table

@@ -1,5 +1,6 @@
 //! `drover work PROCESS --exec CMD`: a control loop whose reconciler is a command.
 
+use crate::cli::say::errln;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,15 +105,17 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         );
         let client = args.remote.client(server)?;
         let controller = controller(&args, client, exec, None)?;
-        eprintln!(
+        errln!(
             "drover work: process {} via {server}, parallelism {}, exec {:?}",
-            args.process, args.parallelism, args.exec
+            args.process,
+            args.parallelism,
+            args.exec
         );
         return serve_until_signal(&args, controller).await;
     }
     let store = args.db.open().await?;
     let controller = controller(&args, store, exec, backoff)?;
-    eprintln!(
+    errln!(
         "drover work: process {} on {}, parallelism {}, exec {:?}",
         args.process,
         args.db.redacted(),
@@ -164,7 +167,7 @@ async fn serve_until_signal<R: Reconciler, B: WorkerBackend>(
     let metrics_stop = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
         let bound = metrics_listen::start(addr, metrics_stop.clone()).await?;
-        eprintln!("drover work: metrics on http://{bound}/metrics");
+        errln!("drover work: metrics on http://{bound}/metrics");
     }
     tokio::spawn(shutdown_on_signals(shutdown.clone()));
     let ran = controller.run(shutdown).await;

@@ -258,6 +258,7 @@ impl<'a> Passed<'a> {
 mod tests {
     use super::*;
     use crate::store::grouped::STALL;
+    use std::time::Duration;
 
     /// The lock timeout a group steps aside at is the stall after which the
     /// next group starts beside it: one number.
@@ -267,5 +268,61 @@ mod tests {
         assert!(STEPPING_ASIDE_BEGIN.ends_with(&timeout));
         assert!(POOLED_STEPPING_ASIDE_BEGIN.ends_with(&timeout));
         assert!(POOLED_STEPPING_ASIDE_BEGIN.starts_with(POOLED_BEGIN));
+    }
+
+    /// Run on the test server, both forms of the stepping-aside `BEGIN` give
+    /// up a lock another connection holds with `lock_not_available` (a
+    /// `Busy` the group's callers retry alone), where a plain transaction
+    /// would wait for as long as the lock is held; the pooled form also
+    /// carries the idle-in-transaction timeout a pooler cannot set at
+    /// startup. The lock is an advisory one, so the test needs no table.
+    #[tokio::test]
+    async fn both_stepping_aside_begins_give_up_a_held_lock_on_the_server() {
+        const ENV: &str = "DROVER_TEST_POSTGRES_URL";
+        let Ok(url) = std::env::var(ENV) else {
+            eprintln!("skipping: {ENV} is not set");
+            return;
+        };
+        let pool = PgPool::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{ENV} is set but unreachable: {e}"));
+        let mut holder = pool.acquire().await.expect("a connection");
+        let key = (i64::from(std::process::id()) << 20) | 0x5_7A11;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut *holder)
+            .await
+            .expect("the holder takes the lock");
+        for pooled in [false, true] {
+            let mut tx = Tx::begin_stepping_aside(&pool, pooled)
+                .await
+                .expect("begin");
+            let waited = sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(key)
+                .execute(&mut tx);
+            let err = tokio::time::timeout(Duration::from_secs(30), waited)
+                .await
+                .unwrap_or_else(|_| panic!("pooled {pooled}: still waiting for the lock"))
+                .expect_err("the lock is held elsewhere");
+            let code = err.as_database_error().and_then(|e| e.code());
+            assert_eq!(code.as_deref(), Some("55P03"), "pooled {pooled}: {err}");
+            drop(tx);
+            if pooled {
+                let mut tx = Tx::begin_stepping_aside(&pool, true).await.expect("begin");
+                let shown: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+                    .fetch_one(&mut tx)
+                    .await
+                    .expect("show");
+                assert_eq!(shown, "5s");
+                tx.commit().await.expect("commit");
+            }
+        }
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(key)
+            .execute(&mut *holder)
+            .await
+            .expect("the holder lets the lock go");
+        drop(holder);
+        pool.close().await;
     }
 }
