@@ -124,8 +124,9 @@ fn drover_unread(url: &str, args: &[&str]) -> Output {
 }
 
 /// A reader that has gone (`drover history | head`) ends a command quietly:
-/// exit 0, nothing on stderr, and what the command did stays done. `println!`
-/// panicked there ("failed printing to stdout"), exit 101.
+/// exit 0, nothing on stderr, and what the command did stays done; a command
+/// that acts on several keys acts on each. `println!` panicked there
+/// ("failed printing to stdout"), exit 101, after the first key.
 #[tokio::test]
 async fn a_command_whose_reader_has_gone_ends_quietly_and_keeps_what_it_did() {
     let (db, _dir) = support::sqlite().await;
@@ -135,6 +136,7 @@ async fn a_command_whose_reader_has_gone_ends_quietly_and_keeps_what_it_did() {
         &["status", "--json"],
         &["history", "--json"],
         &["process", "list"],
+        &["park", "gone", "a", "b"],
     ] {
         let out = drover_unread(&db.url, args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -143,7 +145,8 @@ async fn a_command_whose_reader_has_gone_ends_quietly_and_keeps_what_it_did() {
     }
     let status = json(&drover(Some(&db.url), None, &["status", "--json"], ""));
     assert_eq!(status[0]["process"], "gone");
-    assert_eq!(status[0]["pending"], 2, "{status}");
+    assert_eq!(status[0]["pending"], 0, "{status}");
+    assert_eq!(status[0]["parked"], 2, "every key asked for: {status}");
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! `--prefix` instead of keys, on every key that filter matches (in batches,
 //! never a running key).
 
-use crate::cli::say::{errln, outln};
+use crate::cli::say::{errln, outln, sayln};
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::store::{
@@ -111,7 +111,8 @@ async fn act(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     for key in &args.keys {
         let name = format!("{}/{key}", args.process);
         match action.apply(&store, &args.process, key).await {
-            Ok(Some(done)) => outln!("{name}: {done}")?,
+            // Every key asked for is acted on, read or not.
+            Ok(Some(done)) => sayln!("{name}: {done}"),
             Ok(None) => {
                 errln!("error: {name} is not a known key");
                 failed += 1;

@@ -2,7 +2,7 @@
 //! (written when it ended) or operator action; `drover history prune` applies
 //! retention by hand.
 
-use crate::cli::say::outln;
+use crate::cli::say::{outln, sayln};
 use clap::{Args as ClapArgs, Subcommand};
 use drover::runner::Pruner;
 use drover::store::{Run, RunList, RunOutcome, StoreEngine as _, validate_process};
@@ -99,11 +99,12 @@ async fn prune(args: PruneArgs) -> anyhow::Result<()> {
         let pruner = Pruner::new(store.clone());
         for process in processes {
             let pruned = pruner.prune_process(&process).await?;
-            outln!(
+            // Every process is pruned, read or not.
+            sayln!(
                 "{process}: removed {} run(s) and {} idle key(s)",
                 pruned.runs,
                 pruned.idle_keys
-            )?;
+            );
         }
         anyhow::Ok(())
     }
