@@ -181,6 +181,30 @@ async fn bad_input_fails_with_one_line_and_writes_nothing() {
     .await;
 }
 
+/// A line on stdin no key fits in is refused as soon as it is too long, not
+/// read whole: 256 MiB without a newline fail with the line's number, where
+/// the whole stream was held in memory before any key was checked (from
+/// `/dev/zero`, until memory ran out).
+#[tokio::test]
+async fn a_line_on_stdin_too_long_for_a_key_is_refused_before_it_is_read_whole() {
+    let (db, _dir) = support::sqlite().await;
+    let output = Command::new("sh")
+        .args([
+            "-c",
+            r#"{ echo first; head -c 268435456 /dev/zero | tr '\0' k; } | exec "$@""#,
+            "sh",
+        ])
+        .arg(env!("CARGO_BIN_EXE_drover"))
+        .args(["enqueue", "p", "-"])
+        .env("DROVER_DATABASE_URL", &db.url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run drover enqueue");
+    fails_with(&output, "line 2 of stdin is longer than 1024 bytes");
+    let status = json(&drover(Some(&db.url), None, &["status", "--json"], ""));
+    assert_eq!(status, Value::Array(vec![]), "nothing was written");
+}
+
 #[test]
 fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
     let cases = [

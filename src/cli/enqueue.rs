@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::store::{
-    EnqueueReport, ItemEnqueue, StoreEngine as _, TraceContext, validate_key, validate_process,
+    EnqueueReport, ItemEnqueue, MAX_NAME_BYTES, StoreEngine as _, TraceContext, validate_key,
+    validate_process,
 };
 
 use super::db::{DbArgs, parse_duration};
@@ -44,12 +45,14 @@ fn collect_keys(args: &[String]) -> anyhow::Result<Vec<String>> {
             keys.push(arg.clone());
             continue;
         }
-        for (n, line) in std::io::stdin().lock().split(b'\n').enumerate() {
-            let line = line.context("cannot read keys from stdin")?;
+        let mut stdin = std::io::stdin().lock();
+        for n in 1.. {
+            let Some(line) = next_line(&mut stdin, n)? else {
+                break;
+            };
             let line = String::from_utf8(line).map_err(|_| {
                 anyhow::anyhow!(
-                    "line {} of stdin is not valid UTF-8 text (keys are text): nothing was enqueued",
-                    n + 1
+                    "line {n} of stdin is not valid UTF-8 text (keys are text): nothing was enqueued"
                 )
             })?;
             let key = line.strip_suffix('\r').unwrap_or(&line);
@@ -59,6 +62,33 @@ fn collect_keys(args: &[String]) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(keys)
+}
+
+/// Line `n` of `input` without its newline, `None` at the end. A line no key
+/// fits in is refused as soon as it is longer than that, not read whole: a
+/// stream without a newline (`drover enqueue p - < /dev/zero`) would
+/// otherwise be held in memory until it ran out.
+fn next_line(input: &mut impl std::io::BufRead, n: usize) -> anyhow::Result<Option<Vec<u8>>> {
+    use std::io::Read as _;
+    // A key, a carriage return and the newline.
+    let most = MAX_NAME_BYTES + 2;
+    let mut line = Vec::new();
+    let read = input
+        .take(most as u64)
+        .read_until(b'\n', &mut line)
+        .context("cannot read keys from stdin")?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    } else if read == most {
+        anyhow::bail!(
+            "line {n} of stdin is longer than {MAX_NAME_BYTES} bytes (a key is at most \
+             {MAX_NAME_BYTES}): nothing was enqueued"
+        );
+    }
+    Ok(Some(line))
 }
 
 /// Validates every key before connecting (so bad input writes nothing, not even a
