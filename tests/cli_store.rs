@@ -250,6 +250,20 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
         !String::from_utf8_lossy(&out.stderr).contains("hunter2"),
         "password leaked"
     );
+    // A server's refusal is its message alone: sqlx adds the line of
+    // PostgreSQL's C source it came from ("… at line 948"), which reads as a
+    // line of the user's input.
+    let Ok(base) = std::env::var("DROVER_TEST_POSTGRES_URL") else {
+        eprintln!("skipping the server's refusal: DROVER_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
+    let url = format!("{server}/drover_no_such_database");
+    let out = drover(None, None, &["status", "--db", &url], "");
+    let needle = "database \"drover_no_such_database\" does not exist";
+    fails_with(&out, needle);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.trim_end().ends_with(needle), "{stderr}");
 }
 
 #[test]

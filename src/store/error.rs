@@ -299,10 +299,18 @@ impl DriverError {
     }
 }
 
+/// The driver's message, but for a database's error without the line of
+/// the server's own C source it was raised at: sqlx shows PostgreSQL's `L`
+/// field as "at line 948", which reads as a line of the caller's input.
 #[cfg(feature = "_engine")]
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        match &self.0 {
+            sqlx::Error::Database(db) => {
+                write!(f, "error returned from database: {}", db.message())
+            }
+            other => other.fmt(f),
+        }
     }
 }
 

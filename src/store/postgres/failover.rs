@@ -170,7 +170,7 @@ impl Failover {
         let mut conn =
             match tokio::time::timeout(timeout, PgConnection::connect_with(options)).await {
                 Err(_) => return Err(format!("did not answer within {timeout:?}")),
-                Ok(Err(e)) => return Err(format!("refused: {e}")),
+                Ok(Err(e)) => return Err(format!("refused: {}", DriverError(e))),
                 Ok(Ok(conn)) => conn,
             };
         if self.target == Target::Any {
@@ -180,7 +180,7 @@ impl Failover {
             Ok((recovery, read_only)) if self.target.fits(recovery, read_only) => Ok(conn),
             Ok((true, _)) => Err("is a standby".into()),
             Ok((false, _)) => Err("is read-only".into()),
-            Err(e) => Err(format!("failed: {e}")),
+            Err(e) => Err(format!("failed: {}", DriverError(e))),
         }
     }
 
