@@ -3,7 +3,6 @@
 //! `--prefix` instead of keys, on every key that filter matches (in batches,
 //! never a running key).
 
-use crate::cli::say::{errln, outln, sayln};
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::store::{
@@ -13,6 +12,7 @@ use drover::store::{
 
 use super::Reported;
 use super::db::DbArgs;
+use super::say::{errln, outln, sayln};
 
 /// Who the history says took the action.
 const ACTOR: &str = "cli";

@@ -1,7 +1,6 @@
 //! `drover bench SCENARIO`: throughput, latency and recovery figures, one
 //! machine-readable line (or JSON object) each on stdout; progress on stderr.
 
-use crate::cli::say::outln;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use drover::store::{LimitChanges, Store, StoreOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::db::parse_duration;
+use super::say::outln;
 use super::server_args::ServerArgs;
 
 /// Arguments of `drover bench`.

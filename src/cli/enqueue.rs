@@ -1,6 +1,5 @@
 //! `drover enqueue PROCESS KEY…`: add keys for a process, with coalescing.
 
-use crate::cli::say::{errln, outln};
 use std::io::BufRead as _;
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use drover::store::{
 };
 
 use super::db::{DbArgs, parse_duration};
+use super::say::{errln, outln};
 
 /// Keys per database round trip when many keys arrive on stdin.
 const BATCH: usize = 5_000;

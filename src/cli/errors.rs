@@ -2,12 +2,12 @@
 //! and backing-off keys failed with, the key replaced by `<key>` and numbers
 //! by `<n>`, most keys first.
 
-use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::{ErrorGroup, ErrorGroups, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
 use super::listing::Listing;
+use super::say::outln;
 
 /// Arguments of `drover errors`.
 #[derive(Debug, ClapArgs)]

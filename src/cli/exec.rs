@@ -17,12 +17,12 @@
 //! `SIGKILL` from the kernel the moment the worker dies, even by `SIGKILL`
 //! (`PR_SET_PDEATHSIG`).
 
-use crate::cli::say::errln;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::process::Stdio;
 use std::time::Duration;
 
+use super::say::errln;
 use anyhow::Context as _;
 use drover::runner::{Action, BoxError, Task, permanent, transient};
 use drover::store::{TraceContext, text_from_bytes};

@@ -2,13 +2,13 @@
 //! (written when it ended) or operator action; `drover history prune` applies
 //! retention by hand.
 
-use crate::cli::say::{outln, sayln};
 use clap::{Args as ClapArgs, Subcommand};
 use drover::runner::Pruner;
 use drover::store::{Run, RunList, RunOutcome, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
 use super::listing::Listing;
+use super::say::{outln, sayln};
 
 /// Arguments of `drover history`: a listing, or a subcommand.
 #[derive(Debug, ClapArgs)]

@@ -1,10 +1,10 @@
 //! `drover migrate`: bring a database's schema up to this binary's version.
 
-use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::Store;
 
 use super::db::DbArgs;
+use super::say::outln;
 
 /// Arguments of `drover migrate`.
 #[derive(Debug, ClapArgs)]

@@ -26,7 +26,6 @@
 //! write's under its run (see [`SLOW_WRITE`](drover::runner::SLOW_WRITE)) and,
 //! in `drover serve`, each HTTP request's ([`HTTP_TARGET`]).
 
-use crate::cli::say::errln;
 use std::time::Duration;
 
 use drover::runner::RUN_TARGET;
@@ -40,6 +39,7 @@ use opentelemetry_sdk::trace::{
 };
 
 use super::otlp_protocol::Protocol;
+use super::say::errln;
 use super::span_export::{Counted, Gate, Queue};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};

@@ -2,11 +2,11 @@
 //! process, on the database or through a drover server's API, recorded in
 //! the history (key `""`) with the actor `cli` (or `admin` through a server).
 
-use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::{ProcessPause, StoreEngine as _, validate_process};
 
 use super::db::DbArgs;
+use super::say::outln;
 use super::server_args::ServerArgs;
 
 /// Arguments of `drover pause` and `drover resume`.

@@ -1,7 +1,6 @@
 //! `drover process configure|list`: a process's settings (retention, backoff,
 //! fleet limits), stored in the database so every node applies the same ones.
 
-use crate::cli::say::outln;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -13,6 +12,7 @@ use drover::store::{
 use serde_json::json;
 
 use super::db::{DbArgs, parse_duration};
+use super::say::outln;
 
 /// Arguments of `drover process`.
 #[derive(Debug, ClapArgs)]

@@ -1,6 +1,5 @@
 //! `drover serve`: the HTTP API, `/metrics` and the dashboard over one database.
 
-use crate::cli::say::{errln, sayln};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +10,7 @@ use drover::server::{Server, ServerOptions, Tokens, TraceUrl};
 use tokio_util::sync::CancellationToken;
 
 use super::db::{DbArgs, parse_duration};
+use super::say::{errln, sayln};
 use super::signal::shutdown_on_signals;
 
 /// The variable holding tokens (`ROLE:TOKEN,ROLE:TOKEN`), added to `--tokens`.

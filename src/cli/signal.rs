@@ -1,8 +1,8 @@
 //! SIGINT/SIGTERM handling shared by the long-running commands.
 
-use crate::cli::say::errln;
 use std::future::Future;
 
+use super::say::errln;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 

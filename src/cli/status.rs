@@ -1,11 +1,11 @@
 //! `drover status`: items per process and state, and how far workers lag.
 
-use crate::cli::say::outln;
 use clap::Args as ClapArgs;
 use drover::store::{ProcessCounts, StoreEngine as _};
 use serde_json::json;
 
 use super::db::DbArgs;
+use super::say::outln;
 
 /// Arguments of `drover status`.
 #[derive(Debug, ClapArgs)]

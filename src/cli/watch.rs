@@ -3,12 +3,12 @@
 //! transaction that made them (the informer of the SQL world), or stop it.
 //! `drover watch --list` shows the watched tables.
 
-use crate::cli::say::outln;
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use drover::store::{StoreError, TableWatch, validate_process};
 
 use super::db::DbArgs;
+use super::say::outln;
 
 /// Arguments of `drover watch`.
 #[derive(Debug, ClapArgs)]

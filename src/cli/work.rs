@@ -1,6 +1,5 @@
 //! `drover work PROCESS --exec CMD`: a control loop whose reconciler is a command.
 
-use crate::cli::say::errln;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::db::{DbArgs, parse_duration};
 use super::exec::{Exec, Job};
 use super::metrics_listen;
+use super::say::errln;
 use super::server_args::ServerArgs;
 use super::signal::shutdown_on_signals;
 
