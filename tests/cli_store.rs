@@ -182,27 +182,83 @@ async fn bad_input_fails_with_one_line_and_writes_nothing() {
 }
 
 /// A line on stdin no key fits in is refused as soon as it is too long, not
-/// read whole: 256 MiB without a newline fail with the line's number, where
-/// the whole stream was held in memory before any key was checked (from
-/// `/dev/zero`, until memory ran out).
+/// read whole: an endless line (from `/dev/zero`) under an address space of
+/// 4 GiB fails with the line's number, where reading it whole ended in an
+/// allocation failure (and, unbounded, took every byte of memory).
 #[tokio::test]
 async fn a_line_on_stdin_too_long_for_a_key_is_refused_before_it_is_read_whole() {
     let (db, _dir) = support::sqlite().await;
-    let output = Command::new("sh")
+    let child = tokio::process::Command::new("sh")
         .args([
             "-c",
-            r#"{ echo first; head -c 268435456 /dev/zero | tr '\0' k; } | exec "$@""#,
+            r#"ulimit -v 4194304 && { echo first; tr '\0' k </dev/zero; } | exec "$@""#,
             "sh",
         ])
         .arg(env!("CARGO_BIN_EXE_drover"))
         .args(["enqueue", "p", "-"])
         .env("DROVER_DATABASE_URL", &db.url)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
         .expect("run drover enqueue");
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("refused within 60 s")
+        .expect("drover enqueue runs");
     fails_with(&output, "line 2 of stdin is longer than 1024 bytes");
     let status = json(&drover(Some(&db.url), None, &["status", "--json"], ""));
     assert_eq!(status, Value::Array(vec![]), "nothing was written");
+}
+
+/// A SQLite refusal keeps its result code ("(code: 26) file is not a
+/// database"): several codes share one message (every `SQLITE_IOERR_*` is
+/// "disk I/O error"). Only PostgreSQL's errors lose sqlx's addition, the
+/// server's source line.
+#[test]
+fn a_sqlite_refusal_keeps_its_result_code() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("garbage.db");
+    std::fs::write(&path, vec![0x5a_u8; 8192]).expect("write garbage");
+    let url = format!("sqlite://{}", path.display());
+    let out = drover(None, None, &["status", "--db", &url], "");
+    fails_with(&out, "(code: 26) file is not a database");
+}
+
+/// Output that fails for another reason than its reader having gone (a
+/// full disk: `/dev/full`) is an error that says so, exit 1; a command that
+/// acts on several keys still acts on each.
+#[tokio::test]
+async fn a_full_disk_under_stdout_is_an_error_and_every_key_is_still_acted_on() {
+    let (db, _dir) = support::sqlite().await;
+    ok(&drover(
+        Some(&db.url),
+        None,
+        &["enqueue", "full", "a", "b"],
+        "",
+    ));
+    for args in [
+        &["status"][..],
+        &["park", "full", "a", "b"],
+        &["history", "prune"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let out = Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args(args)
+            .env("DROVER_DATABASE_URL", &db.url)
+            .stdin(Stdio::null())
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("drover runs");
+        fails_with(&out, "cannot write to stdout");
+    }
+    let status = json(&drover(Some(&db.url), None, &["status", "--json"], ""));
+    assert_eq!(status[0]["parked"], 2, "every key asked for: {status}");
 }
 
 #[test]

@@ -318,6 +318,90 @@ async fn a_worker_whose_stderr_reader_has_gone_finishes_its_keys_and_stops_on_si
     .await;
 }
 
+/// A worker whose stdout reader has gone (`drover work … | tee log`, and
+/// `tee` died) finishes keys whose command writes on its stdout. The
+/// command inherited drover's stdout, so its `echo` died of SIGPIPE: a death
+/// by a signal is transient, and each key was retried for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_stdout_reader_has_gone_finishes_keys_whose_command_writes_stdout() {
+    each_engine(|db| async move {
+        let exec = "sh -c 'echo working on $DROVER_KEY' sh";
+        let args = [PROCESS, "--db", &db.url, "--exec", exec];
+        let mut child = support::cli::work_command(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn drover work");
+        drop(child.stdout.take().expect("stdout"));
+        enqueue(&db.store, &keys(2)).await;
+        eventually("the keys done", || async {
+            counts(&db.store).await == (0, 0, 0)
+        })
+        .await;
+        stop(child).await;
+        let runs = all_runs(&db.store).await;
+        assert_eq!(runs.len(), 2, "one run per key: {runs:?}");
+        assert!(
+            runs.iter().all(|r| r.outcome == RunOutcome::Done),
+            "{runs:?}"
+        );
+    })
+    .await;
+}
+
+/// `drover work` raises its soft open-file limit to the hard one and fits
+/// its runs to it: each command holds two pipes, and a command that cannot
+/// be started for want of a descriptor is a transient failure that backs
+/// its key off for nothing. Under 256 soft and 1,024 hard, 1,000 runs are
+/// lowered to 384 ((1,024 − 256) / 2) and 500 keys each run once, done;
+/// before, commands past about the 80th could not be started (each a
+/// failed run, its key backed off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_fits_its_runs_to_the_open_file_limit_and_starts_every_command() {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+    let (db, _dir) = support::sqlite().await;
+    let mut child = tokio::process::Command::new("sh")
+        .args([
+            "-c",
+            r#"ulimit -S -n 256 && ulimit -H -n 1024 && exec "$@""#,
+            "sh",
+        ])
+        .arg(support::process::drover_bin())
+        .args(["work", PROCESS, "--db", &db.url])
+        .args(["--exec", "sh -c 'sleep 0.2' sh", "--parallelism", "1000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drover work");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("a line on stderr")
+        .expect("stderr")
+        .expect("a line");
+    assert!(
+        said.contains("--parallelism 1000 lowered to 384")
+            && said.contains("open-file limit is 1024"),
+        "{said}"
+    );
+    // The rest of its log is read and dropped (a full pipe would stall it).
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let all: Vec<String> = (0..500).map(|i| format!("key-{i:03}")).collect();
+    enqueue(&db.store, &all).await;
+    support::process::eventually_within("every key done", Duration::from_secs(90), || async {
+        counts(&db.store).await == (0, 0, 0)
+    })
+    .await;
+    stop(child).await;
+    let runs = all_runs(&db.store).await;
+    let done = runs
+        .iter()
+        .filter(|r| r.outcome == RunOutcome::Done)
+        .count();
+    assert_eq!((done, runs.len()), (500, 500), "each key once, done");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let (db, _dir) = support::sqlite().await;

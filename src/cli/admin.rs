@@ -12,7 +12,7 @@ use drover::store::{
 
 use super::Reported;
 use super::db::DbArgs;
-use super::say::{errln, outln, sayln};
+use super::say::{Lines, errln, outln};
 
 /// Who the history says took the action.
 const ACTOR: &str = "cli";
@@ -108,11 +108,11 @@ async fn act(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     let store = args.db.open().await?;
     let mut failed = 0_usize;
     let mut result = Ok(());
+    let mut lines = Lines::default();
     for key in &args.keys {
         let name = format!("{}/{key}", args.process);
         match action.apply(&store, &args.process, key).await {
-            // Every key asked for is acted on, read or not.
-            Ok(Some(done)) => sayln!("{name}: {done}"),
+            Ok(Some(done)) => lines.line(format_args!("{name}: {done}")),
             Ok(None) => {
                 errln!("error: {name} is not a known key");
                 failed += 1;
@@ -132,7 +132,7 @@ async fn act(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     if failed > 0 {
         return Err(Reported.into());
     }
-    Ok(())
+    lines.finish()
 }
 
 /// Applies `action` to every key the filter matches, printing how many

@@ -19,6 +19,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::io::IsTerminal as _;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use drover::store::{TraceContext, text_from_bytes};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt as _;
-use tokio::process::{Child, ChildStderr, Command};
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
 /// Exit code that asks for a retry with backoff (`EX_TEMPFAIL` from sysexits.h).
 pub(crate) const EXIT_TRANSIENT: i32 = 75;
@@ -72,6 +73,9 @@ pub(crate) struct Exec {
     /// Whether the key is appended as the last argument (else it is only in
     /// `DROVER_KEY`; see [`Exec::key_in_env_only`]).
     key_arg: bool,
+    /// Whether the command writes straight to drover's stdout, a terminal
+    /// (see [`relay`]).
+    stdout_inherited: bool,
 }
 
 /// A failed run: the exit status and the tail of stderr.
@@ -93,6 +97,7 @@ impl Exec {
             program,
             args: words.collect(),
             key_arg: true,
+            stdout_inherited: std::io::stdout().is_terminal(),
         })
     }
 
@@ -126,6 +131,7 @@ impl Exec {
         // future included), so nothing the command started outlives the run.
         let group = child.id().map(GroupKill);
         let tail = tokio::spawn(tail(child.stderr.take(), job.key.clone()));
+        tokio::spawn(relay(child.stdout.take()));
         let status = tokio::select! {
             status = child.wait() => status?,
             () = cancelled => {
@@ -149,7 +155,8 @@ impl Exec {
     }
 
     /// The command for `job`: its own process group, stdin closed, stderr
-    /// piped, the job in its arguments and environment.
+    /// piped (stdout too, but to a terminal), the job in its arguments and
+    /// environment.
     fn command(&self, job: &Job) -> Command {
         let mut command = Command::new(&self.program);
         command.args(&self.args);
@@ -161,6 +168,11 @@ impl Exec {
             .env("DROVER_PROCESS", &job.process)
             .env("DROVER_ATTEMPT", job.attempt.to_string())
             .stdin(Stdio::null())
+            .stdout(if self.stdout_inherited {
+                Stdio::inherit()
+            } else {
+                Stdio::piped()
+            })
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
@@ -195,6 +207,25 @@ fn shown(key: &str) -> String {
         }
     }
     shown
+}
+
+/// Copies the command's stdout to ours while ours takes it, and reads it to
+/// the end either way: a reader of ours that has gone (`drover work … | tee
+/// log`, and `tee` died) must not kill the command with SIGPIPE, a transient
+/// failure retried for ever. A terminal cannot go that way, so there the
+/// command keeps drover's stdout, and sees a terminal.
+async fn relay(stdout: Option<ChildStdout>) {
+    use std::io::Write as _;
+    let Some(mut stdout) = stdout else {
+        return;
+    };
+    let mut buf = vec![0; 8192];
+    let mut ours = true;
+    while let Ok(n @ 1..) = stdout.read(&mut buf).await {
+        if ours {
+            ours = std::io::stdout().lock().write_all(&buf[..n]).is_ok();
+        }
+    }
 }
 
 /// Copies the command's stderr to ours, prefixed with the key, and returns its

@@ -8,7 +8,7 @@ use drover::store::{Run, RunList, RunOutcome, StoreEngine as _, validate_process
 
 use super::db::DbArgs;
 use super::listing::Listing;
-use super::say::{outln, sayln};
+use super::say::{Lines, outln};
 
 /// Arguments of `drover history`: a listing, or a subcommand.
 #[derive(Debug, ClapArgs)]
@@ -97,16 +97,15 @@ async fn prune(args: PruneArgs) -> anyhow::Result<()> {
             outln!("nothing to prune: no processes yet")?;
         }
         let pruner = Pruner::new(store.clone());
+        let mut lines = Lines::default();
         for process in processes {
             let pruned = pruner.prune_process(&process).await?;
-            // Every process is pruned, read or not.
-            sayln!(
+            lines.line(format_args!(
                 "{process}: removed {} run(s) and {} idle key(s)",
-                pruned.runs,
-                pruned.idle_keys
-            );
+                pruned.runs, pruned.idle_keys
+            ));
         }
-        anyhow::Ok(())
+        lines.finish()
     }
     .await;
     store.close().await;

@@ -15,6 +15,7 @@ mod history;
 mod listing;
 mod metrics_listen;
 mod migrate;
+mod open_files;
 mod otel;
 #[cfg(feature = "otlp-grpc")]
 mod otlp_grpc;

@@ -65,6 +65,10 @@ pub(crate) struct Telemetry {
 pub(crate) fn init() -> Telemetry {
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        // Off, as by default: a log line stderr cannot take is lost.
+        // Reported, it would be written with `eprintln!` to that same
+        // stderr, which panics on a closed pipe (see `say`).
+        .log_internal_errors(false)
         // Colours only on a terminal: a log piped to a file or a journal
         // would otherwise carry escape codes on every line.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

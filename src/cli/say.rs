@@ -35,6 +35,29 @@ pub(crate) fn out(line: fmt::Arguments<'_>) -> anyhow::Result<()> {
     }
 }
 
+/// The output of a command that acts on several things and writes a line
+/// for each: every one is acted on whatever becomes of the output, and the
+/// first failed write ([`Gone`], or a full disk) is the command's result at
+/// the end.
+#[derive(Debug, Default)]
+pub(crate) struct Lines {
+    failed: Option<anyhow::Error>,
+}
+
+impl Lines {
+    /// Writes `line` to stdout unless a write has failed already.
+    pub(crate) fn line(&mut self, line: fmt::Arguments<'_>) {
+        if self.failed.is_none() {
+            self.failed = out(line).err();
+        }
+    }
+
+    /// The first failed write, if any.
+    pub(crate) fn finish(self) -> anyhow::Result<()> {
+        self.failed.map_or(Ok(()), Err)
+    }
+}
+
 /// Writes one line to stdout if it can: a long-running command's banner
 /// must not stop it.
 pub(crate) fn say(line: fmt::Arguments<'_>) {

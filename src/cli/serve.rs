@@ -10,6 +10,7 @@ use drover::server::{Server, ServerOptions, Tokens, TraceUrl};
 use tokio_util::sync::CancellationToken;
 
 use super::db::{DbArgs, parse_duration};
+use super::open_files;
 use super::say::{errln, sayln};
 use super::signal::shutdown_on_signals;
 
@@ -136,26 +137,15 @@ async fn resolve(listen: &str, open: bool, insecure: bool) -> anyhow::Result<Vec
     Ok(addrs)
 }
 
-/// `wanted` connections, or fewer if the open-file limit cannot hold them
-/// beside the descriptors everything else needs (the database's connections,
-/// SQLite's files, the listener, standard streams): past that limit an
-/// accepted connection would take the descriptor a database connection
-/// needs. A quarter of the limit is kept back, between 32 and 256. The soft
-/// limit is raised first: to the hard one (commonly 1,024 soft against
-/// 524,288 hard), or where that is refused (macOS takes no more than
-/// 10,240), to 10,240.
+/// `wanted` connections, or fewer if the open-file limit (raised first, see
+/// [`open_files::raise`]) cannot hold them beside the descriptors everything
+/// else needs ([`open_files::reserve`]): past that limit an accepted
+/// connection would take the descriptor a database connection needs.
 fn fit_connections(wanted: usize) -> usize {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+    let Some(limit) = open_files::raise() else {
         return wanted;
     };
-    let limit = [hard, hard.min(10_240)]
-        .into_iter()
-        .filter(|&raised| raised > soft)
-        .find(|&raised| setrlimit(Resource::RLIMIT_NOFILE, raised, hard).is_ok())
-        .unwrap_or(soft);
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let room = limit.saturating_sub((limit / 4).clamp(32, 256)).max(1);
+    let room = limit.saturating_sub(open_files::reserve(limit)).max(1);
     if room < wanted {
         errln!(
             "drover serve: --max-connections {wanted} lowered to {room}: the open-file limit is \

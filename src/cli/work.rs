@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::db::{DbArgs, parse_duration};
 use super::exec::{Exec, Job};
 use super::metrics_listen;
+use super::open_files;
 use super::say::errln;
 use super::server_args::ServerArgs;
 use super::signal::shutdown_on_signals;
@@ -88,10 +89,31 @@ impl Args {
     }
 }
 
+/// `wanted` runs at once, or fewer if the open-file limit (raised first, see
+/// [`open_files::raise`]) cannot hold their commands' pipes (two each: the
+/// command's stdout and stderr) beside what else the worker holds
+/// ([`open_files::reserve`]). Past it a command cannot be started, a
+/// transient failure that would back its key off for nothing.
+fn fit_runs(wanted: u16) -> u16 {
+    let Some(limit) = open_files::raise() else {
+        return wanted;
+    };
+    let room = (limit.saturating_sub(open_files::reserve(limit)) / 2).max(1);
+    let room = u16::try_from(room).unwrap_or(u16::MAX);
+    if room < wanted {
+        errln!(
+            "drover work: --parallelism {wanted} lowered to {room}: the open-file limit is \
+             {limit} and each run holds two (raise it with `ulimit -n` to run more)"
+        );
+    }
+    wanted.min(room)
+}
+
 /// Runs the worker until SIGINT/SIGTERM, then shuts down gracefully (a second
 /// signal exits at once). With `--server` the same controller works through a
 /// drover server's HTTP API instead of the database.
-pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) async fn run(mut args: Args) -> anyhow::Result<()> {
+    args.parallelism = fit_runs(args.parallelism);
     let mut exec = Exec::parse(&args.exec)?;
     if args.key_in_env_only {
         exec = exec.key_in_env_only();

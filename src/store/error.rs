@@ -299,18 +299,21 @@ impl DriverError {
     }
 }
 
-/// The driver's message, but for a database's error without the line of
-/// the server's own C source it was raised at: sqlx shows PostgreSQL's `L`
-/// field as "at line 948", which reads as a line of the caller's input.
+/// The driver's message, but for a PostgreSQL error without the line of the
+/// server's own C source it was raised at: sqlx shows PostgreSQL's `L` field
+/// as "at line 948", which reads as a line of the caller's input. SQLite's
+/// errors keep sqlx's text, with their result code ("(code: 26) file is not
+/// a database"): several codes share one message.
 #[cfg(feature = "_engine")]
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            sqlx::Error::Database(db) => {
-                write!(f, "error returned from database: {}", db.message())
-            }
-            other => other.fmt(f),
+        #[cfg(feature = "postgres")]
+        if let sqlx::Error::Database(db) = &self.0
+            && let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        {
+            return write!(f, "error returned from database: {}", pg.message());
         }
+        self.0.fmt(f)
     }
 }
 
