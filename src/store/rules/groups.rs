@@ -30,9 +30,10 @@ const KEY_MARK: &str = "<key>";
 /// What replaces each run of ASCII digits in a signature.
 const NUMBER_MARK: &str = "<n>";
 
-/// The signature of `key`'s error `error`: the key (wherever it occurs)
-/// replaced by `<key>`, then every run of ASCII digits by `<n>`. Errors that
-/// differ only by their key or their numbers have the same signature.
+/// The signature of `key`'s error `error`: the key replaced by `<key>` where
+/// it stands on its own (see [`without_key`]), then every run of ASCII
+/// digits by `<n>`. Errors that differ only by their key or their numbers
+/// have the same signature.
 ///
 /// A signature is at most [`MAX_SIGNATURE_BYTES`]: a longer one keeps its
 /// start and ends in `…#` and a hash of the whole, so long errors that differ
@@ -49,7 +50,41 @@ const NUMBER_MARK: &str = "<n>";
 /// ```
 #[must_use]
 pub fn error_signature(key: &str, error: &str) -> String {
-    bounded(numbers(&error.replace(key, KEY_MARK)))
+    bounded(numbers(&without_key(key, error)))
+}
+
+/// `error` with `key` replaced by `<key>` where it stands on its own, not
+/// inside a longer word: where the key starts (ends) with a letter, a digit
+/// or `_`, the character before (after) it must not be one. Replaced
+/// everywhere, key `a` made "killed (signal: 13)" read "killed
+/// (sign<key>l: <n>)", a group of its own. A key of digits alone is left to
+/// [`numbers`], which replaces it with every other number.
+fn without_key(key: &str, error: &str) -> String {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    if key.is_empty() || key.bytes().all(|b| b.is_ascii_digit()) {
+        return error.to_owned();
+    }
+    let opens = key.chars().next().is_some_and(word);
+    let closes = key.chars().next_back().is_some_and(word);
+    let mut out = String::with_capacity(error.len());
+    let mut at = 0;
+    while let Some(found) = error[at..].find(key).map(|i| at + i) {
+        let end = found + key.len();
+        let before = error[..found].chars().next_back().is_some_and(word);
+        let after = error[end..].chars().next().is_some_and(word);
+        if (opens && before) || (closes && after) {
+            // Inside a longer word: look again one character on.
+            let next = found + error[found..].chars().next().map_or(1, char::len_utf8);
+            out.push_str(&error[at..next]);
+            at = next;
+        } else {
+            out.push_str(&error[at..found]);
+            out.push_str(KEY_MARK);
+            at = end;
+        }
+    }
+    out.push_str(&error[at..]);
+    out
 }
 
 /// The longest [`error_signature`], in bytes.
@@ -419,6 +454,29 @@ mod tests {
         assert_eq!(error_signature("k", &fits), fits);
         assert_eq!(numbers("a123b4"), "a<n>b<n>");
         assert_eq!(numbers("٣ is not ASCII"), "٣ is not ASCII");
+    }
+
+    #[test]
+    fn the_key_is_replaced_only_where_it_stands_on_its_own() {
+        let signal = "killed (signal: 13): a failed";
+        assert_eq!(
+            error_signature("a", signal),
+            "killed (signal: <n>): <key> failed"
+        );
+        assert_eq!(
+            error_signature("b", "killed (signal: 9): b failed"),
+            error_signature("a", signal),
+            "one group for both keys"
+        );
+        assert_eq!(error_signature("ns/a", "ns/ab, ns/a."), "ns/ab, <key>.");
+        assert_eq!(error_signature("-x-", "a-x-b"), "a<key>b");
+        assert_eq!(error_signature("é", "café é"), "café <key>");
+        assert_eq!(error_signature("aa", "aaa aa"), "aaa <key>");
+        assert_eq!(
+            error_signature("7", "exit 7 after 17s"),
+            error_signature("8", "exit 8 after 17s"),
+            "a number for a key is a number"
+        );
     }
 
     #[test]
