@@ -31,8 +31,8 @@ const KEY_MARK: &str = "<key>";
 const NUMBER_MARK: &str = "<n>";
 
 /// The signature of `key`'s error `error`: the key replaced by `<key>` where
-/// it stands on its own (see [`without_key`]), then every run of ASCII
-/// digits by `<n>`. Errors that differ only by their key or their numbers
+/// it stands on its own (not inside a longer word; a key of digits alone is
+/// left to the numbers), then every run of ASCII digits by `<n>`. Errors that differ only by their key or their numbers
 /// have the same signature.
 ///
 /// A signature is at most [`MAX_SIGNATURE_BYTES`]: a longer one keeps its
