@@ -322,6 +322,39 @@ async fn a_worker_whose_readers_have_gone_finishes_its_keys_and_stops_on_sigterm
     .await;
 }
 
+/// A worker whose stderr is not read (a journal that is throttling, a pipe
+/// into a pager nobody scrolls) keeps working: its lines wait for no one.
+/// Its commands write 200 KB each to stderr, which the worker relays; the
+/// pipe holds 64 KB. The relay wrote on the runtime's threads, which blocked
+/// on the full pipe and stopped everything on them, the heartbeat and the
+/// timer that kills commands before the session lapses included; no key
+/// was done. Now lines the stream cannot take are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_stderr_is_not_read_keeps_working() {
+    let (db, _dir) = support::sqlite().await;
+    let exec = "sh -c 'head -c 200000 /dev/zero | tr \"\\0\" x | fold -w 100 >&2' sh";
+    let args = [PROCESS, "--db", &db.url, "--exec", exec, "--ttl", "1s"];
+    let mut child = support::cli::work_command(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn drover work");
+    // Held open, never read.
+    let unread = child.stderr.take().expect("stderr");
+    enqueue(&db.store, &keys(20)).await;
+    eventually("the keys done", || async {
+        counts(&db.store).await == (0, 0, 0)
+    })
+    .await;
+    stop(child).await;
+    drop(unread);
+    let runs = all_runs(&db.store).await;
+    assert_eq!(runs.len(), 20, "one run per key: {runs:?}");
+    assert!(
+        runs.iter().all(|r| r.outcome == RunOutcome::Done),
+        "{runs:?}"
+    );
+}
+
 /// `drover work` raises its soft open-file limit to the hard one and fits
 /// its runs to it: each command holds two pipes, and a command that cannot
 /// be started for want of a descriptor is a transient failure that backs

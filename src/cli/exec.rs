@@ -209,22 +209,20 @@ fn shown(key: &str) -> String {
     shown
 }
 
-/// Copies the command's stdout to ours while ours takes it, and reads it to
-/// the end either way: a reader of ours that has gone (`drover work … | tee
+/// Copies the command's stdout to ours, and reads it to the end whatever
+/// becomes of ours: a reader of ours that has gone (`drover work … | tee
 /// log`, and `tee` died) must not kill the command with SIGPIPE, a transient
-/// failure retried for ever. A terminal cannot go that way, so there the
+/// failure retried for ever. A slow reader makes the relay wait for room
+/// (see [`streams`](super::streams)), and the command for its pipe, as it
+/// would writing to ours itself. A terminal cannot go away, so there the
 /// command keeps drover's stdout, and sees a terminal.
 async fn relay(stdout: Option<ChildStdout>) {
-    use std::io::Write as _;
     let Some(mut stdout) = stdout else {
         return;
     };
     let mut buf = vec![0; 8192];
-    let mut ours = true;
     while let Ok(n @ 1..) = stdout.read(&mut buf).await {
-        if ours {
-            ours = std::io::stdout().lock().write_all(&buf[..n]).is_ok();
-        }
+        super::streams::stdout().send(buf[..n].to_vec()).await;
     }
 }
 

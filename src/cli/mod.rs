@@ -29,6 +29,7 @@ mod signal;
 mod span_export;
 mod spawner;
 mod status;
+mod streams;
 mod watch;
 mod work;
 
@@ -131,7 +132,7 @@ pub(crate) fn main() -> ExitCode {
             Command::Unwatch(args) => watch::unwatch(args).await,
         }
     });
-    match result {
+    let code = match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of the output has gone (`drover history | head`): it
         // read what it wanted.
@@ -141,5 +142,7 @@ pub(crate) fn main() -> ExitCode {
             errln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    streams::flush();
+    code
 }

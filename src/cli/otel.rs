@@ -64,10 +64,11 @@ pub(crate) struct Telemetry {
 /// their own: the HTTP client blocks on one, gRPC has its own runtime).
 pub(crate) fn init() -> Telemetry {
     let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(super::streams::LogWriter)
         // Off, as by default: a log line stderr cannot take is lost.
         // Reported, it would be written with `eprintln!` to that same
-        // stderr, which panics on a closed pipe (see `say`).
+        // stderr, which panics on a closed pipe (see `say`) and waits on a
+        // slow one (see `streams`).
         .log_internal_errors(false)
         // Colours only on a terminal: a log piped to a file or a journal
         // would otherwise carry escape codes on every line.

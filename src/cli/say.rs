@@ -7,7 +7,8 @@
 //! it relays. So a command's own output stops the command quietly when its
 //! reader has gone ([`outln!`]), and the lines of a long-running command (its
 //! banner, warnings, a run's relayed output) are written if they can be,
-//! and lost otherwise ([`sayln!`], [`errln!`]).
+//! and lost otherwise ([`sayln!`], [`errln!`], through
+//! [`streams`](super::streams), so they never wait either).
 
 use std::fmt;
 use std::io::{self, Write as _};
@@ -58,15 +59,16 @@ impl Lines {
     }
 }
 
-/// Writes one line to stdout if it can: a long-running command's banner
-/// must not stop it.
+/// Writes one line to stdout if it can, never waiting for it (see
+/// [`streams`](super::streams)): a long-running command's banner must not
+/// stop it.
 pub(crate) fn say(line: fmt::Arguments<'_>) {
-    let _ = writeln!(io::stdout().lock(), "{line}");
+    super::streams::stdout().lossy(format!("{line}\n"));
 }
 
-/// Writes one line to stderr if it can.
+/// Writes one line to stderr if it can, never waiting for it.
 pub(crate) fn err(line: fmt::Arguments<'_>) {
-    let _ = writeln!(io::stderr().lock(), "{line}");
+    super::streams::stderr().lossy(format!("{line}\n"));
 }
 
 /// `println!` for a command's own output: evaluates to
@@ -77,14 +79,16 @@ macro_rules! outln {
     };
 }
 
-/// `println!` that never panics: the line is lost when stdout cannot take it.
+/// `println!` that never panics nor waits: the line is lost when stdout
+/// cannot take it.
 macro_rules! sayln {
     ($($arg:tt)*) => {
         $crate::cli::say::say(::std::format_args!($($arg)*))
     };
 }
 
-/// `eprintln!` that never panics: the line is lost when stderr cannot take it.
+/// `eprintln!` that never panics nor waits: the line is lost when stderr
+/// cannot take it.
 macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::cli::say::err(::std::format_args!($($arg)*))

@@ -1,0 +1,155 @@
+//! drover's own stdout and stderr for the long-running commands, each written
+//! by a thread of its own, so that no runtime thread ever waits on a reader
+//! (a terminal paused with ^S, a journal that is throttling, a pipe into a
+//! pager nobody scrolls). A runtime thread blocked in `write(2)` stops
+//! everything on it: the heartbeat, and the timer that kills a worker's
+//! commands before its session can lapse (DESIGN.md rule 6). The session
+//! then lapses, another worker takes the keys, and the blocked worker's
+//! commands run on beside theirs once its output moves again.
+//!
+//! Log lines (drover's, tracing's, a command's relayed stderr) are lossy: a
+//! line the stream cannot take now is dropped and counted, and the count is
+//! written once the stream moves again. A command's relayed stdout waits for
+//! room instead (its output is data, not a log): the relay stops reading,
+//! and the command waits on its own pipe, as it would writing to the stream
+//! itself. A stream whose reader has gone takes everything and writes
+//! nothing.
+
+use std::io::{self, Write as _};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+/// Messages a stream holds before lines are dropped (or a relay waits).
+const HELD: usize = 1024;
+
+/// How long the end of a command waits for its last lines to be written.
+const FLUSH: Duration = Duration::from_secs(2);
+
+/// What the writing thread is sent.
+#[derive(Debug)]
+enum Message {
+    Bytes(Vec<u8>),
+    /// Answered once every message before it is written.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// One of drover's standard streams, written by its own thread.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    tx: mpsc::Sender<Message>,
+    /// Lines dropped since the last one that went through.
+    dropped: AtomicU64,
+}
+
+impl Stream {
+    /// Starts the thread that writes to `out` (`None` when the thread cannot
+    /// start: then every line is dropped).
+    fn start(name: &str, out: fn() -> Box<dyn io::Write>) -> Self {
+        let (tx, mut rx) = mpsc::channel::<Message>(HELD);
+        let spawned = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let mut out = out();
+                let mut open = true;
+                while let Some(message) = rx.blocking_recv() {
+                    match message {
+                        Message::Bytes(bytes) if open => {
+                            open = out.write_all(&bytes).and_then(|()| out.flush()).is_ok();
+                        }
+                        Message::Bytes(_) => {}
+                        Message::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            });
+        drop(spawned);
+        Self {
+            tx,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Writes `line` (with its newline) unless the stream is full: then it is
+    /// dropped and counted. Never waits.
+    pub(crate) fn lossy(&self, mut line: String) {
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            line = format!(
+                "drover: {dropped} line(s) of output dropped: this stream was not keeping up\n{line}"
+            );
+        }
+        if self.tx.try_send(Message::Bytes(line.into_bytes())).is_err() {
+            self.dropped.fetch_add(dropped + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes `bytes`, waiting (without blocking a thread) for room.
+    pub(crate) async fn send(&self, bytes: Vec<u8>) {
+        let _ = self.tx.send(Message::Bytes(bytes)).await;
+    }
+
+    /// Waits up to `within` for every message sent before to be written.
+    /// Called outside the runtime, as the command ends.
+    fn flush(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let (done, written) = std::sync::mpsc::channel();
+        let mut message = Message::Flush(done);
+        loop {
+            match self.tx.try_send(message) {
+                Ok(()) => break,
+                Err(mpsc::error::TrySendError::Full(back)) if Instant::now() < deadline => {
+                    message = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return,
+            }
+        }
+        let _ = written.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// drover's stdout.
+pub(crate) fn stdout() -> &'static Stream {
+    static STDOUT: OnceLock<Stream> = OnceLock::new();
+    STDOUT.get_or_init(|| Stream::start("drover-stdout", || Box::new(io::stdout())))
+}
+
+/// drover's stderr.
+pub(crate) fn stderr() -> &'static Stream {
+    static STDERR: OnceLock<Stream> = OnceLock::new();
+    STDERR.get_or_init(|| Stream::start("drover-stderr", || Box::new(io::stderr())))
+}
+
+/// Writes out what both streams hold (a short wait at most), so the lines a
+/// command wrote last reach their readers before the process exits.
+pub(crate) fn flush() {
+    stdout().flush(FLUSH);
+    stderr().flush(FLUSH);
+}
+
+/// tracing's writer: each event is one lossy write to [`stderr`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogWriter;
+
+impl io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        stderr().lossy(String::from_utf8_lossy(buf).into_owned());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        *self
+    }
+}
