@@ -153,3 +153,69 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
         *self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Mutex, MutexGuard, PoisonError};
+
+    use super::*;
+
+    /// Held by the test while the stream must not move.
+    static GATE: Mutex<()> = Mutex::new(());
+    /// What the gated writer wrote.
+    static WRITTEN: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A writer that waits for [`GATE`] before each write.
+    struct Gated;
+
+    impl io::Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            drop(lock(&GATE));
+            lock(&WRITTEN).extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A stream that does not move never makes its writer wait: what it
+    /// cannot hold is dropped, counted, and the count written with the
+    /// next line that goes through; nothing else is lost.
+    #[test]
+    fn a_stream_that_does_not_move_drops_and_counts_and_never_waits() {
+        let gate = lock(&GATE);
+        let stream = Stream::start("drover-test", || Box::new(Gated));
+        let sent = HELD + 10;
+        let started = Instant::now();
+        for n in 0..sent {
+            stream.lossy(format!("line {n}\n"));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the writer waited"
+        );
+        drop(gate);
+        // Once the stream has moved, the next line goes through with the
+        // count.
+        stream.flush(Duration::from_secs(30));
+        stream.lossy("last\n".to_owned());
+        stream.flush(Duration::from_secs(30));
+        let written = String::from_utf8(lock(&WRITTEN).clone()).expect("text");
+        let lines = written.lines().filter(|l| l.starts_with("line ")).count();
+        let dropped: usize = written
+            .lines()
+            .find_map(|l| l.strip_prefix("drover: "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count of dropped lines in {written:?}"));
+        assert!(dropped >= 9, "{dropped}");
+        assert_eq!(lines + dropped, sent, "every line written or counted");
+        assert!(written.ends_with("last\n"), "{written:?}");
+    }
+}
