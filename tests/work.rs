@@ -412,10 +412,13 @@ async fn a_worker_fits_its_runs_to_the_open_file_limit_and_starts_every_command(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let (db, _dir) = support::sqlite().await;
-    let mut child = worker(
-        &db,
+    let log = log_path(&db);
+    let mut child = support::cli::worker_logged(
+        &db.url,
+        PROCESS,
         "sh -c 'exec sleep 60' sh",
         &["--shutdown-deadline", "1h"],
+        &log,
     );
     enqueue(&db.store, &keys(1)).await;
     eventually("the key running", || async {
@@ -429,6 +432,10 @@ async fn a_second_signal_exits_at_once() {
         .expect("exits long before the one-hour deadline")
         .unwrap();
     assert_eq!(status.code(), Some(130));
+    // Its last line is written before it exits, though its stderr is
+    // written by a thread of its own.
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(said.contains("second signal: exiting now"), "{said}");
 }
 
 /// A key that looks like an option (issue 35): by default it is the command's

@@ -27,6 +27,7 @@ pub(crate) fn shutdown_on_signals(shutdown: CancellationToken) -> impl Future<Ou
             }
             if count > 0 {
                 errln!("second signal: exiting now");
+                super::streams::flush_within(std::time::Duration::from_millis(100));
                 std::process::exit(130);
             }
             // Cancelled before anything is written: stderr may be gone.

@@ -127,8 +127,14 @@ pub(crate) fn stderr() -> &'static Stream {
 /// Writes out what both streams hold (a short wait at most), so the lines a
 /// command wrote last reach their readers before the process exits.
 pub(crate) fn flush() {
-    stdout().flush(FLUSH);
-    stderr().flush(FLUSH);
+    flush_within(FLUSH);
+}
+
+/// [`flush`], waiting at most `within` per stream: for an exit that must
+/// not wait long (a second signal).
+pub(crate) fn flush_within(within: Duration) {
+    stdout().flush(within);
+    stderr().flush(within);
 }
 
 /// tracing's writer: each event is one lossy write to [`stderr`].
