@@ -356,16 +356,20 @@ async fn a_worker_whose_stderr_is_not_read_keeps_working() {
 }
 
 /// `drover work` raises its soft open-file limit to the hard one and fits
-/// its runs to it: each command holds two pipes, and a command that cannot
-/// be started for want of a descriptor is a transient failure that backs
-/// its key off for nothing. Under 256 soft and 1,024 hard, 1,000 runs are
-/// lowered to 384 ((1,024 − 256) / 2) and 500 keys each run once, done;
-/// before, commands past about the 80th could not be started (each a
-/// failed run, its key backed off).
+/// its runs to it: each command takes three descriptors (its stdout and
+/// stderr pipes, and the one tokio waits on it with), and a command that
+/// cannot be started for want of one is a transient failure that backs its
+/// key off for nothing. Under 256 soft and 1,024 hard, 1,000 runs are
+/// lowered to 256 ((1,024 − 256) / 3), and 400 keys of two seconds each run
+/// once, done, 256 at a time. Before, commands past about the 80th could
+/// not be started; fitted at two descriptors a run (384), past about the
+/// 330th. The commands get the limit the worker found, not the raised one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_fits_its_runs_to_the_open_file_limit_and_starts_every_command() {
     use tokio::io::{AsyncBufReadExt as _, BufReader};
-    let (db, _dir) = support::sqlite().await;
+    let (db, dir) = support::sqlite().await;
+    let limits = dir.path().join("limits");
+    let exec = format!("sh -c 'ulimit -Sn >> {}; sleep 2' sh", limits.display());
     let mut child = tokio::process::Command::new("sh")
         .args([
             "-c",
@@ -373,8 +377,8 @@ async fn a_worker_fits_its_runs_to_the_open_file_limit_and_starts_every_command(
             "sh",
         ])
         .arg(support::process::drover_bin())
-        .args(["work", PROCESS, "--db", &db.url])
-        .args(["--exec", "sh -c 'sleep 0.2' sh", "--parallelism", "1000"])
+        .args(["work", PROCESS, "--db", &db.url, "--exec", &exec])
+        .args(["--parallelism", "1000"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -388,13 +392,13 @@ async fn a_worker_fits_its_runs_to_the_open_file_limit_and_starts_every_command(
         .expect("stderr")
         .expect("a line");
     assert!(
-        said.contains("--parallelism 1000 lowered to 384")
+        said.contains("--parallelism 1000 lowered to 256")
             && said.contains("open-file limit is 1024"),
         "{said}"
     );
     // The rest of its log is read and dropped (a full pipe would stall it).
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let all: Vec<String> = (0..500).map(|i| format!("key-{i:03}")).collect();
+    let all: Vec<String> = (0..400).map(|i| format!("key-{i:03}")).collect();
     enqueue(&db.store, &all).await;
     support::process::eventually_within("every key done", Duration::from_secs(90), || async {
         counts(&db.store).await == (0, 0, 0)
@@ -406,7 +410,10 @@ async fn a_worker_fits_its_runs_to_the_open_file_limit_and_starts_every_command(
         .iter()
         .filter(|r| r.outcome == RunOutcome::Done)
         .count();
-    assert_eq!((done, runs.len()), (500, 500), "each key once, done");
+    assert_eq!((done, runs.len()), (400, 400), "each key once, done");
+    let seen = std::fs::read_to_string(&limits).expect("the commands' limits");
+    assert!(seen.lines().all(|l| l == "256"), "{seen}");
+    assert_eq!(seen.lines().count(), 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

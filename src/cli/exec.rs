@@ -131,7 +131,7 @@ impl Exec {
         // future included), so nothing the command started outlives the run.
         let group = child.id().map(GroupKill);
         let tail = tokio::spawn(tail(child.stderr.take(), job.key.clone()));
-        tokio::spawn(relay(child.stdout.take()));
+        let relayed = tokio::spawn(relay(child.stdout.take()));
         let status = tokio::select! {
             status = child.wait() => status?,
             () = cancelled => {
@@ -142,6 +142,7 @@ impl Exec {
             }
         };
         let tail = tail.await.unwrap_or_default();
+        let _ = relayed.await;
         let failed = |status: String| Failed {
             status,
             tail: (!tail.is_empty()).then(|| tail.clone()),
@@ -212,18 +213,41 @@ fn shown(key: &str) -> String {
 /// Copies the command's stdout to ours, and reads it to the end whatever
 /// becomes of ours: a reader of ours that has gone (`drover work … | tee
 /// log`, and `tee` died) must not kill the command with SIGPIPE, a transient
-/// failure retried for ever. A slow reader makes the relay wait for room
-/// (see [`streams`](super::streams)), and the command for its pipe, as it
-/// would writing to ours itself. A terminal cannot go away, so there the
-/// command keeps drover's stdout, and sees a terminal.
+/// failure retried for ever. Whole lines are passed on (see
+/// [`whole_lines`]), so the lines of commands run side by side never mix. A
+/// slow reader makes the relay wait for room (see
+/// [`streams`](super::streams)), and the command for its pipe, as it would
+/// writing to ours itself; the run ends once the relay has passed
+/// everything on. A terminal cannot go away, so there the command keeps
+/// drover's stdout, and sees a terminal.
 async fn relay(stdout: Option<ChildStdout>) {
     let Some(mut stdout) = stdout else {
         return;
     };
     let mut buf = vec![0; 8192];
+    let mut pending = Vec::new();
     while let Ok(n @ 1..) = stdout.read(&mut buf).await {
-        super::streams::stdout().send(buf[..n].to_vec()).await;
+        pending.extend_from_slice(&buf[..n]);
+        if let Some(lines) = whole_lines(&mut pending) {
+            super::streams::stdout().send(lines).await;
+        }
     }
+    if !pending.is_empty() {
+        super::streams::stdout().send(pending).await;
+    }
+}
+
+/// The complete lines at the start of `pending`, taken out of it; or, when
+/// it holds a line longer than [`MAX_LINE_BYTES`] with no end yet, all of
+/// it (memory stays bounded).
+fn whole_lines(pending: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let cut = match pending.iter().rposition(|&b| b == b'\n') {
+        Some(end) => end + 1,
+        None if pending.len() >= MAX_LINE_BYTES => pending.len(),
+        None => return None,
+    };
+    let rest = pending.split_off(cut);
+    Some(std::mem::replace(pending, rest))
 }
 
 /// Copies the command's stderr to ours, prefixed with the key, and returns its
@@ -344,14 +368,20 @@ impl Drop for GroupKill {
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)] // pre_exec is unsafe by contract; see SAFETY below.
 fn die_with_worker(command: &mut Command) {
+    use nix::sys::resource::{Resource, setrlimit};
     let worker = nix::unistd::getpid();
-    // SAFETY: the closure runs in the forked child before exec and only makes two
-    // async-signal-safe system calls (prctl, getppid); it allocates nothing and
+    let found = super::open_files::found();
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (prctl, setrlimit, getppid); it allocates nothing and
     // touches no lock. The getppid check closes the race where the worker died
     // between fork and prctl: the command is then not started at all.
     unsafe {
         command.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The open-file limit the worker found, not the one it raised.
+            if let Some((soft, hard)) = found {
+                setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
+            }
             if nix::unistd::getppid() != worker {
                 return Err(std::io::Error::other(
                     "the worker died before the command started",
@@ -377,6 +407,26 @@ mod tests {
             tail.push(chunk, "k");
         }
         tail.finish("k")
+    }
+
+    #[test]
+    fn only_whole_lines_are_passed_on_but_a_line_past_the_bound_is() {
+        let mut pending = b"one\ntwo\nthr".to_vec();
+        assert_eq!(
+            whole_lines(&mut pending).as_deref(),
+            Some(&b"one\ntwo\n"[..])
+        );
+        assert_eq!(pending, b"thr");
+        assert_eq!(whole_lines(&mut pending), None);
+        pending.extend_from_slice(b"ee\n");
+        assert_eq!(whole_lines(&mut pending).as_deref(), Some(&b"three\n"[..]));
+        assert!(pending.is_empty());
+        let mut long = vec![b'x'; MAX_LINE_BYTES];
+        assert_eq!(
+            whole_lines(&mut long).map(|l| l.len()),
+            Some(MAX_LINE_BYTES)
+        );
+        assert!(long.is_empty());
     }
 
     #[test]

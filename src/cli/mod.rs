@@ -100,7 +100,11 @@ impl std::error::Error for Reported {}
 /// line on stderr and a non-zero exit code.
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Dropped last (after the runtime): the last spans are flushed on exit.
+    // Dropped last, however `main` ends (a return, a panic): what drover's
+    // streams hold is written before the process exits.
+    let _flush = streams::FlushOnDrop;
+    // Dropped after the runtime: the last spans are flushed on exit (and a
+    // warning about them still reaches the streams before their flush).
     let _telemetry = otel::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -132,7 +136,7 @@ pub(crate) fn main() -> ExitCode {
             Command::Unwatch(args) => watch::unwatch(args).await,
         }
     });
-    let code = match result {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of the output has gone (`drover history | head`): it
         // read what it wanted.
@@ -142,7 +146,5 @@ pub(crate) fn main() -> ExitCode {
             errln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    };
-    streams::flush();
-    code
+    }
 }

@@ -16,14 +16,15 @@
 //! nothing.
 
 use std::io::{self, Write as _};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
-/// Messages a stream holds before lines are dropped (or a relay waits).
-const HELD: usize = 1024;
+/// The bytes a stream holds before lines are dropped (or a relay waits): a
+/// bound on memory, whatever the size of each line.
+const HELD_BYTES: usize = 1 << 20;
 
 /// How long the end of a command waits for its last lines to be written.
 const FLUSH: Duration = Duration::from_secs(2);
@@ -31,7 +32,8 @@ const FLUSH: Duration = Duration::from_secs(2);
 /// What the writing thread is sent.
 #[derive(Debug)]
 enum Message {
-    Bytes(Vec<u8>),
+    /// Bytes to write, and the room they took (given back once written).
+    Bytes(Vec<u8>, u32),
     /// Answered once every message before it is written.
     Flush(std::sync::mpsc::Sender<()>),
 }
@@ -39,16 +41,20 @@ enum Message {
 /// One of drover's standard streams, written by its own thread.
 #[derive(Debug)]
 pub(crate) struct Stream {
-    tx: mpsc::Sender<Message>,
+    tx: mpsc::UnboundedSender<Message>,
+    /// A permit per byte the stream may still hold ([`HELD_BYTES`] in all).
+    room: Arc<Semaphore>,
     /// Lines dropped since the last one that went through.
     dropped: AtomicU64,
 }
 
 impl Stream {
-    /// Starts the thread that writes to `out` (`None` when the thread cannot
-    /// start: then every line is dropped).
+    /// Starts the thread that writes to `out` (when the thread cannot start,
+    /// every line is dropped).
     fn start(name: &str, out: fn() -> Box<dyn io::Write>) -> Self {
-        let (tx, mut rx) = mpsc::channel::<Message>(HELD);
+        let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+        let room = Arc::new(Semaphore::new(HELD_BYTES));
+        let given_back = Arc::clone(&room);
         let spawned = std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
@@ -56,10 +62,12 @@ impl Stream {
                 let mut open = true;
                 while let Some(message) = rx.blocking_recv() {
                     match message {
-                        Message::Bytes(bytes) if open => {
-                            open = out.write_all(&bytes).and_then(|()| out.flush()).is_ok();
+                        Message::Bytes(bytes, took) => {
+                            if open {
+                                open = out.write_all(&bytes).and_then(|()| out.flush()).is_ok();
+                            }
+                            given_back.add_permits(took as usize);
                         }
-                        Message::Bytes(_) => {}
                         Message::Flush(done) => {
                             let _ = done.send(());
                         }
@@ -69,47 +77,71 @@ impl Stream {
         drop(spawned);
         Self {
             tx,
+            room,
             dropped: AtomicU64::new(0),
         }
     }
 
+    /// The room `bytes` take: their length, but no more than the whole.
+    fn room_for(bytes: &[u8]) -> u32 {
+        u32::try_from(bytes.len().min(HELD_BYTES)).unwrap_or(u32::MAX)
+    }
+
     /// Writes `line` (with its newline) unless the stream is full: then it is
     /// dropped and counted. Never waits.
-    pub(crate) fn lossy(&self, mut line: String) {
+    pub(crate) fn lossy(&self, line: String) {
         let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        self.lossy_counted(dropped, line);
+    }
+
+    /// [`lossy`](Self::lossy), with the count of lines dropped before it.
+    fn lossy_counted(&self, dropped: u64, mut line: String) {
         if dropped > 0 {
-            line = format!(
-                "drover: {dropped} line(s) of output dropped: this stream was not keeping up\n{line}"
-            );
+            line = format!("{}{line}", dropped_notice(dropped));
         }
-        if self.tx.try_send(Message::Bytes(line.into_bytes())).is_err() {
+        let bytes = line.into_bytes();
+        let took = Self::room_for(&bytes);
+        let sent = match self.room.try_acquire_many(took) {
+            Ok(permit) => {
+                permit.forget();
+                self.tx.send(Message::Bytes(bytes, took)).is_ok()
+            }
+            Err(_) => false,
+        };
+        if !sent {
             self.dropped.fetch_add(dropped + 1, Ordering::Relaxed);
         }
     }
 
     /// Writes `bytes`, waiting (without blocking a thread) for room.
     pub(crate) async fn send(&self, bytes: Vec<u8>) {
-        let _ = self.tx.send(Message::Bytes(bytes)).await;
+        let took = Self::room_for(&bytes);
+        if let Ok(permit) = self.room.acquire_many(took).await {
+            permit.forget();
+            let _ = self.tx.send(Message::Bytes(bytes, took));
+        }
     }
 
-    /// Waits up to `within` for every message sent before to be written.
-    /// Called outside the runtime, as the command ends.
-    fn flush(&self, within: Duration) {
-        let deadline = Instant::now() + within;
-        let (done, written) = std::sync::mpsc::channel();
-        let mut message = Message::Flush(done);
-        loop {
-            match self.tx.try_send(message) {
-                Ok(()) => break,
-                Err(mpsc::error::TrySendError::Full(back)) if Instant::now() < deadline => {
-                    message = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(_) => return,
-            }
+    /// Waits until `deadline` at most for every message sent before to be
+    /// written, the count of lines dropped last included. Called outside
+    /// the runtime, as the command ends.
+    fn flush(&self, deadline: Instant) {
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            // Past the bound: the last line, and a short one.
+            let notice = dropped_notice(dropped).into_bytes();
+            let _ = self.tx.send(Message::Bytes(notice, 0));
         }
-        let _ = written.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+        let (done, written) = std::sync::mpsc::channel();
+        if self.tx.send(Message::Flush(done)).is_ok() {
+            let _ = written.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+        }
     }
+}
+
+/// The line that says `dropped` lines were dropped.
+fn dropped_notice(dropped: u64) -> String {
+    format!("drover: {dropped} line(s) of output dropped: this stream was not keeping up\n")
 }
 
 /// drover's stdout.
@@ -124,17 +156,25 @@ pub(crate) fn stderr() -> &'static Stream {
     STDERR.get_or_init(|| Stream::start("drover-stderr", || Box::new(io::stderr())))
 }
 
-/// Writes out what both streams hold (a short wait at most), so the lines a
-/// command wrote last reach their readers before the process exits.
-pub(crate) fn flush() {
-    flush_within(FLUSH);
+/// Writes out what both streams hold, waiting at most `within` for both, so
+/// the lines a command wrote last reach their readers before the process
+/// exits.
+pub(crate) fn flush_within(within: Duration) {
+    let deadline = Instant::now() + within;
+    stdout().flush(deadline);
+    stderr().flush(deadline);
 }
 
-/// [`flush`], waiting at most `within` per stream: for an exit that must
-/// not wait long (a second signal).
-pub(crate) fn flush_within(within: Duration) {
-    stdout().flush(within);
-    stderr().flush(within);
+/// Flushes both streams ([`FLUSH`] at most) when dropped: held by
+/// `cli::main` for its whole run, so every way out of it (a return, an
+/// error, a panic) writes out the last lines.
+#[derive(Debug)]
+pub(crate) struct FlushOnDrop;
+
+impl Drop for FlushOnDrop {
+    fn drop(&mut self) {
+        flush_within(FLUSH);
+    }
 }
 
 /// tracing's writer: each event is one lossy write to [`stderr`].
@@ -193,25 +233,33 @@ mod tests {
     /// A stream that does not move never makes its writer wait: what it
     /// cannot hold is dropped, counted, and the count written with the
     /// next line that goes through; nothing else is lost.
+    /// A line of exactly 1 KiB, numbered `n`.
+    fn kib_line(n: usize) -> String {
+        let mut line = format!("line {n} ");
+        line.push_str(&"x".repeat(1023 - line.len()));
+        line.push('\n');
+        line
+    }
+
+    /// A stream that does not move never makes its writer wait: what it
+    /// cannot hold ([`HELD_BYTES`]) is dropped and counted, the count
+    /// written with the next line that goes through, or by the flush that
+    /// ends the command when none does; nothing else is lost.
     #[test]
     fn a_stream_that_does_not_move_drops_and_counts_and_never_waits() {
         let gate = lock(&GATE);
         let stream = Stream::start("drover-test", || Box::new(Gated));
-        let sent = HELD + 10;
+        let sent = HELD_BYTES / 1024 + 10;
         let started = Instant::now();
         for n in 0..sent {
-            stream.lossy(format!("line {n}\n"));
+            stream.lossy(kib_line(n));
         }
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "the writer waited"
         );
         drop(gate);
-        // Once the stream has moved, the next line goes through with the
-        // count.
-        stream.flush(Duration::from_secs(30));
-        stream.lossy("last\n".to_owned());
-        stream.flush(Duration::from_secs(30));
+        stream.flush(Instant::now() + Duration::from_secs(30));
         let written = String::from_utf8(lock(&WRITTEN).clone()).expect("text");
         let lines = written.lines().filter(|l| l.starts_with("line ")).count();
         let dropped: usize = written
@@ -219,9 +267,11 @@ mod tests {
             .find_map(|l| l.strip_prefix("drover: "))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no count of dropped lines in {written:?}"));
-        assert!(dropped >= 9, "{dropped}");
-        assert_eq!(lines + dropped, sent, "every line written or counted");
-        assert!(written.ends_with("last\n"), "{written:?}");
+            .unwrap_or_else(|| panic!("no count of dropped lines after {lines} lines"));
+        assert_eq!(
+            (lines, dropped),
+            (sent - 10, 10),
+            "every line written or counted"
+        );
     }
 }

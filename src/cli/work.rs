@@ -90,20 +90,21 @@ impl Args {
 }
 
 /// `wanted` runs at once, or fewer if the open-file limit (raised first, see
-/// [`open_files::raise`]) cannot hold their commands' pipes (two each: the
-/// command's stdout and stderr) beside what else the worker holds
+/// [`open_files::raise`]) cannot hold what their commands take (three
+/// each: the command's stdout and stderr pipes and the descriptor tokio
+/// waits on it with) beside what else the worker holds
 /// ([`open_files::reserve`]). Past it a command cannot be started, a
 /// transient failure that would back its key off for nothing.
 fn fit_runs(wanted: u16) -> u16 {
     let Some(limit) = open_files::raise() else {
         return wanted;
     };
-    let room = (limit.saturating_sub(open_files::reserve(limit)) / 2).max(1);
+    let room = (limit.saturating_sub(open_files::reserve(limit)) / 3).max(1);
     let room = u16::try_from(room).unwrap_or(u16::MAX);
     if room < wanted {
         errln!(
             "drover work: --parallelism {wanted} lowered to {room}: the open-file limit is \
-             {limit} and each run holds two (raise it with `ulimit -n` to run more)"
+             {limit} and each run holds three (raise it with `ulimit -n` to run more)"
         );
     }
     wanted.min(room)

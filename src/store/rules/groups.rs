@@ -72,8 +72,17 @@ fn without_key(key: &str, error: &str) -> String {
         let end = found + key.len();
         let before = error[..found].chars().next_back().is_some_and(word);
         let after = error[end..].chars().next().is_some_and(word);
-        if (opens && before) || (closes && after) {
-            // Inside a longer word: look again one character on.
+        if opens && before {
+            // Inside a longer word: no match starts before the word ends
+            // (skipping it keeps the walk linear in the error's length).
+            let next = error[found..]
+                .char_indices()
+                .find(|&(_, c)| !word(c))
+                .map_or(error.len(), |(i, _)| found + i);
+            out.push_str(&error[at..next]);
+            at = next;
+        } else if closes && after {
+            // Runs on into a longer word: look again one character on.
             let next = found + error[found..].chars().next().map_or(1, char::len_utf8);
             out.push_str(&error[at..next]);
             at = next;
@@ -472,6 +481,14 @@ mod tests {
         assert_eq!(error_signature("-x-", "a-x-b"), "a<key>b");
         assert_eq!(error_signature("é", "café é"), "café <key>");
         assert_eq!(error_signature("aa", "aaa aa"), "aaa <key>");
+        assert_eq!(error_signature("ab", "abab ab.ab"), "abab <key>.<key>");
+        // Linear: a key that recurs inside one long word is not looked for
+        // again at every character of it.
+        let long = "a".repeat(200_000);
+        let key = "a".repeat(1000);
+        let signature = error_signature(&key, &long);
+        assert!(!signature.contains(KEY_MARK), "the key stands in no word");
+        assert_eq!(signature, error_signature("b", &long));
         assert_eq!(
             error_signature("7", "exit 7 after 17s"),
             error_signature("8", "exit 8 after 17s"),
