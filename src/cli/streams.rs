@@ -104,7 +104,7 @@ impl Stream {
         let sent = match self.room.try_acquire_many(took) {
             Ok(permit) => {
                 permit.forget();
-                self.tx.send(Message::Bytes(bytes, took)).is_ok()
+                self.put(bytes, took)
             }
             Err(_) => false,
         };
@@ -118,8 +118,18 @@ impl Stream {
         let took = Self::room_for(&bytes);
         if let Ok(permit) = self.room.acquire_many(took).await {
             permit.forget();
-            let _ = self.tx.send(Message::Bytes(bytes, took));
+            self.put(bytes, took);
         }
+    }
+
+    /// Hands `bytes`, which took `took` of the room, to the writing thread;
+    /// `false` (the room given back) when there is no such thread.
+    fn put(&self, bytes: Vec<u8>, took: u32) -> bool {
+        let sent = self.tx.send(Message::Bytes(bytes, took)).is_ok();
+        if !sent {
+            self.room.add_permits(took as usize);
+        }
+        sent
     }
 
     /// Waits until `deadline` at most for every message sent before to be
