@@ -31,8 +31,8 @@ pub(super) fn reserve(limit: usize) -> usize {
     (limit / 4).clamp(32, 256)
 }
 
-/// The limits as the process found them, when [`raise`] changed them: what
-/// the commands `work` starts are given back (a program that `select()`s or
+/// The limits as the process found them, once [`raise`] has run: what the
+/// commands `work` starts are given back (a program that `select()`s or
 /// closes every descriptor up to its limit expects the usual one).
 pub(super) fn found() -> Option<(u64, u64)> {
     FOUND.get().copied()

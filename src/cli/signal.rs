@@ -2,9 +2,10 @@
 
 use std::future::Future;
 
-use super::say::errln;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
+
+use super::say::errln;
 
 /// Installs SIGINT and SIGTERM handlers now (call it before announcing readiness,
 /// so a signal sent right after the banner is not fatal) and returns the task to

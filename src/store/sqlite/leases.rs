@@ -22,6 +22,19 @@ use crate::store::rules::refusal::{Unlockable, lock_refusal};
 use crate::store::types::{FencingToken, Lease, RunOutcome, SessionId};
 use crate::store::{StoreError, TraceLinks};
 
+/// `column` as an `i32` priority, as SQLite reads a value as an integer and
+/// clamped to an `i32`: SQL may write anything into `drover_items` (see
+/// [`SqlInt`]).
+macro_rules! priority_i32 {
+    ($column:literal) => {
+        concat!(
+            "MAX(-2147483648, MIN(2147483647, CAST(",
+            $column,
+            " AS INTEGER)))"
+        )
+    };
+}
+
 /// Fails with `SessionExpired` unless the session exists and its deadline is
 /// still ahead.
 async fn check_session(tx: &mut Tx, now: i64, session: SessionId) -> Result<(), StoreError> {
@@ -161,11 +174,13 @@ async fn ready_rows(
         if rows.len() >= max as usize {
             break;
         }
-        next = sqlx::query_scalar(
-            "SELECT MAX(-2147483648, MIN(2147483647, CAST(priority AS INTEGER))) FROM drover_items
-             WHERE process = ?1 AND state = 'pending' AND priority < ?2
-             ORDER BY priority DESC LIMIT 1",
-        )
+        next = sqlx::query_scalar(concat!(
+            "SELECT ",
+            priority_i32!("priority"),
+            " FROM drover_items
+                 WHERE process = ?1 AND state = 'pending' AND priority < ?2
+                 ORDER BY priority DESC LIMIT 1"
+        ))
         .bind(process)
         .bind(priority)
         .fetch_optional(&mut **tx)
@@ -274,7 +289,9 @@ pub(super) const OPENING: &str = concat!(
 SELECT t.now, EXISTS (SELECT 1 FROM drover_sessions WHERE id = ?2 AND deadline > t.now) AS alive,
     ",
     gate_columns!(),
-    ", MAX(-2147483648, MIN(2147483647, CAST(top.priority AS INTEGER))) AS top,
+    ", ",
+    priority_i32!("top.priority"),
+    " AS top,
     (SELECT value FROM drover_counters WHERE name = 'lease_token') AS tokens,
     (SELECT CAST(json_group_array(json_array(ready_at, id, key, failures, enqueued_at)) AS BLOB)
      FROM (SELECT id, key, failures, enqueued_at, ready_at FROM drover_items
