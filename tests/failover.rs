@@ -602,3 +602,132 @@ async fn a_commit_the_primary_never_answers_is_unknown_after_a_while_not_awaited
     assert!(e.is_commit_unknown(), "{e}");
     drop(store);
 }
+
+/// A worker whose claim is in flight on the old primary when that server
+/// freezes (SIGSTOP, as a frozen virtual machine: its kernel keeps the
+/// sockets open, so nothing fails by itself), while the standby is promoted,
+/// moves to the new primary and runs what is enqueued there. Before, only a
+/// commit had a timeout: the claim loop waited on the frozen server for
+/// ever, while the worker's keeper heartbeated on the new primary. A lock
+/// held by the test on `drover_lineage` keeps the claim waiting inside the
+/// old primary at the moment it freezes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_claim_waits_on_a_frozen_old_primary_moves_to_the_new_one() {
+    use sqlx::{Connection as _, PgConnection};
+    let Some(cluster) = ha::cluster(Replication::Async) else {
+        return;
+    };
+    cluster.wait_streaming(Replication::Async).await;
+    let log = TickLog::new();
+    let runs = Arc::new(AtomicU64::new(0));
+    let a_store = Store::connect(&cluster.multi_host_url())
+        .await
+        .expect("node a");
+    let (stop_a, a) = start(a_store.clone(), ticking(log.clone(), runs.clone(), "a"));
+    a_store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k1"]))
+        .await
+        .expect("enqueue");
+    eventually_within("node a runs k1", Duration::from_secs(20), || async {
+        runs_by_key(&log).contains_key("k1")
+    })
+    .await;
+    let mut locker = PgConnection::connect(&cluster.url(cluster.primary))
+        .await
+        .expect("locker");
+    sqlx::query("BEGIN")
+        .execute(&mut locker)
+        .await
+        .expect("begin");
+    sqlx::query("LOCK TABLE drover_lineage IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut locker)
+        .await
+        .expect("lock");
+    let mut watcher = PgConnection::connect(&cluster.url(cluster.primary))
+        .await
+        .expect("watcher");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%drover_claim%'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .expect("pg_stat_activity");
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no claim waits inside the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let frozen = cluster.freeze_primary();
+    cluster.promote();
+    let promoted = Instant::now();
+    let client = Store::connect(&cluster.url(cluster.standby))
+        .await
+        .expect("a client on the new primary");
+    client
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k2"]))
+        .await
+        .expect("enqueue on the new primary");
+    let ran = tokio::time::timeout(Duration::from_secs(60), async {
+        while !runs_by_key(&log).contains_key("k2") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    eprintln!("node a ran k2 {:?} after the promotion", promoted.elapsed());
+    stop_a.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), a).await;
+    drop(frozen);
+    drop((locker, watcher));
+    client.close().await;
+    assert!(
+        ran.is_ok(),
+        "node a never ran k2, enqueued on the new primary, within 60 s of the promotion"
+    );
+    assert!(stopped.is_ok(), "node a stops");
+    drop(a_store);
+}
+
+/// With `target_session_attrs=primary`, an old primary left running
+/// read-only (a demoted writer) is still a primary, but refuses every write:
+/// the store reconnected after each refusal and chose it again for ever,
+/// while the promoted standby took writes. A primary that writes is now
+/// preferred; a read-only one is taken only when no host writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_primary_leaves_an_old_primary_made_read_only_for_one_that_writes() {
+    let Some(cluster) = ha::cluster(Replication::Async) else {
+        return;
+    };
+    cluster.wait_streaming(Replication::Async).await;
+    let url = format!("{}?target_session_attrs=primary", cluster.multi_host_url());
+    let store = Store::connect(&url).await.expect("connect");
+    store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["a"]))
+        .await
+        .expect("enqueue before");
+    cluster.make_primary_read_only().await;
+    cluster.promote();
+    let started = Instant::now();
+    let mut last = None;
+    while started.elapsed() < Duration::from_secs(30) {
+        match store.item_enqueue(ItemEnqueue::new(PROCESS, ["b"])).await {
+            Ok(_) => {
+                eprintln!(
+                    "writes reached the new primary {:?} after the promotion",
+                    started.elapsed()
+                );
+                store.close().await;
+                return;
+            }
+            Err(e) => last = Some(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("30 s after the promotion every write is still refused: {last:?}");
+}

@@ -8,8 +8,8 @@
 mod support;
 
 use drover::store::{
-    ItemEnqueue, LeaseClaim, ProcessConfigure, SessionHeartbeat, SessionStart, StoreEngine as _,
-    StoreError,
+    ItemEnqueue, LeaseClaim, LeaseLock, ProcessConfigure, SessionHeartbeat, SessionStart, Store,
+    StoreEngine as _, StoreError,
 };
 use support::store::{P, secs};
 
@@ -126,6 +126,98 @@ async fn after_a_fork_old_sessions_expire_and_nothing_is_claimed_for_the_longest
     assert!(still.is_ok(), "no second fork: {still:?}");
     node.close().await;
     third.close().await;
+    store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// A connection that outlived a fork (one opened to a standby before its
+/// promotion, one a pooler's server connections moved under) hands no key
+/// out before the fork is observed, and a lock (a query source's path) is
+/// held back like a claim, before the fork is observed and during the pause.
+/// Before, the claims asked only for the pause, which only a new connection
+/// or the reclaim started, and `lease_lock` asked for nothing: both handed a
+/// key out that a worker of before the fork may still run.
+#[tokio::test]
+async fn a_connection_that_outlived_a_fork_and_a_lock_hand_nothing_out_until_the_pause_ends() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let store = db.store.clone();
+    store
+        .process_configure(ProcessConfigure::new(LIMITED).concurrency(Some(5)))
+        .await
+        .expect("configure");
+    for process in [P, LIMITED] {
+        store
+            .item_enqueue(ItemEnqueue::new(process, ["a", "b"]))
+            .await
+            .expect("enqueue");
+    }
+    // One connection, opened and observed before the fork.
+    let options = drover::store::StoreOptions::default().max_connections(1);
+    let node = Store::connect_with(&db.url, &options)
+        .await
+        .expect("connect");
+    let session = node
+        .session_start(SessionStart::new("node", secs(20)))
+        .await
+        .expect("session");
+    let claim = |session, process: &str| LeaseClaim {
+        session,
+        process: process.into(),
+        max: 1,
+        trace_links: false,
+    };
+    let lock = |session, process: &str| LeaseLock {
+        session,
+        process: process.into(),
+        key: "b".into(),
+    };
+    // The server's timeline moves under the open connection, as a promotion's.
+    db.execute("UPDATE drover_lineage SET timeline = timeline + 1")
+        .await;
+    for process in [P, LIMITED] {
+        let claimed = node
+            .lease_claim(claim(session.id, process))
+            .await
+            .expect("claim");
+        assert!(
+            claimed.leases.is_empty(),
+            "{process}: claimed through a connection that outlived the fork"
+        );
+        let locked = node.lease_lock(lock(session.id, process)).await;
+        assert!(
+            matches!(locked, Err(StoreError::Held { .. })),
+            "{process}: locked through a connection that outlived the fork: {locked:?}"
+        );
+    }
+    // The reclaim observes the fork: the pause starts, and holds locks too.
+    node.session_reclaim().await.expect("reclaim");
+    let new = node
+        .session_start(SessionStart::new("new", secs(20)))
+        .await
+        .expect("a new session starts during the pause");
+    let locked = node.lease_lock(lock(new.id, P)).await;
+    let Err(StoreError::Held { why, .. }) = &locked else {
+        panic!("locked during the pause: {locked:?}");
+    };
+    assert!(why.contains("fork"), "{why}");
+    node.clock().advance(secs(21));
+    let after = node
+        .session_start(SessionStart::new("after", secs(20)))
+        .await
+        .expect("session");
+    for process in [P, LIMITED] {
+        let claimed = node
+            .lease_claim(claim(after.id, process))
+            .await
+            .expect("claim");
+        assert_eq!(claimed.leases.len(), 1, "{process}: claims resume");
+    }
+    let locked = node.lease_lock(lock(after.id, P)).await;
+    assert!(locked.is_ok(), "locks resume: {locked:?}");
+    node.close().await;
     store.close().await;
     support::drop_schema(&base, &schema).await;
 }

@@ -766,3 +766,88 @@ async fn the_store_folds_the_count_deltas_behind_a_limited_claim() {
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+/// Requests the server never answers (its link frozen while both ends live,
+/// so the kernel keeps the socket open and nothing fails by itself) end
+/// within the answer timeout as `CommitUnknown`, for a claim, a batch of
+/// completions, a heartbeat and a lock alike, instead of waiting for ever: a
+/// worker's claim loop, its completer and its keeper wait on them, so one
+/// frozen old primary stalled the worker for good (found with a primary
+/// stopped by SIGSTOP while its standby was promoted). Once the link heals
+/// the store works again, on new connections.
+#[tokio::test]
+async fn requests_on_a_frozen_link_end_unknown_within_the_answer_timeout() {
+    use drover::store::{LeaseClaim, LeaseLock, SessionHeartbeat, SessionStart};
+    use support::fault_proxy::FaultProxy;
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let (proxy, node) = FaultProxy::in_front_of(&base, &db.url).await;
+    enqueue(&node, &["a", "b", "c"]).await;
+    let session = node
+        .session_start(SessionStart::new("node", Duration::from_secs(60)))
+        .await
+        .expect("session")
+        .id;
+    let held = claim(&node, session, 1).await;
+    assert_eq!(keys(&held), ["a"]);
+    proxy.freeze();
+    let done = Outcome::Done;
+    let unanswered = |what: &str, took: Duration, result: Result<(), StoreError>| {
+        assert!(
+            took < Duration::from_secs(20),
+            "{what} answered after {took:?}"
+        );
+        match result {
+            Err(e) if e.is_commit_unknown() => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    };
+    let within = Duration::from_secs(60);
+    let started = std::time::Instant::now();
+    let claimed = tokio::time::timeout(
+        within,
+        node.lease_claim(LeaseClaim {
+            session,
+            process: P.into(),
+            max: 1,
+            trace_links: false,
+        }),
+    )
+    .await
+    .expect("a claim on a frozen link ends");
+    unanswered("claim", started.elapsed(), claimed.map(drop));
+    let started = std::time::Instant::now();
+    let completed = tokio::time::timeout(within, node.lease_complete_batch(&batch(&held, &done)))
+        .await
+        .expect("completions on a frozen link end");
+    unanswered("completion", started.elapsed(), completed.map(drop));
+    let started = std::time::Instant::now();
+    let beat = tokio::time::timeout(within, node.session_heartbeat(SessionHeartbeat { session }))
+        .await
+        .expect("a heartbeat on a frozen link ends");
+    unanswered("heartbeat", started.elapsed(), beat.map(drop));
+    let started = std::time::Instant::now();
+    let locked = tokio::time::timeout(
+        within,
+        node.lease_lock(LeaseLock {
+            session,
+            process: P.into(),
+            key: "c".into(),
+        }),
+    )
+    .await
+    .expect("a lock on a frozen link ends");
+    unanswered("lock", started.elapsed(), locked.map(drop));
+    proxy.heal();
+    let results = node
+        .lease_complete_batch(&batch(&held, &done))
+        .await
+        .expect("completions once the link healed");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(events(&node, "a").await, [RunOutcome::Done]);
+    node.close().await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

@@ -545,3 +545,63 @@ async fn a_command_longer_than_ten_seconds_is_not_killed_with_the_thread_that_st
     let done = all.iter().filter(|r| r.outcome == RunOutcome::Done).count();
     assert_eq!((done, all.len()), (1, 1), "one run, done: {all:?}");
 }
+
+/// A command sees a terminal where drover's stdout is one, and a pipe
+/// otherwise (the README's promise): an interactive user's command keeps its
+/// colours and line buffering, and a command under a log shipper cannot be
+/// killed by a reader that has gone. The worker runs under `script`, which
+/// gives it a pseudo-terminal; each command logs what its stdout is, and its
+/// parent's pid, the worker, which the test stops with SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_sees_a_terminal_only_where_the_worker_has_one() {
+    let (db, _dir) = support::sqlite().await;
+    for (under_terminal, seen) in [(true, "terminal"), (false, "pipe")] {
+        let log = log_path(&db);
+        let exec = format!(
+            r#"sh -c 'if [ -t 1 ]; then t=terminal; else t=pipe; fi; echo "$DROVER_KEY $t $PPID" >> {}' sh"#,
+            log.display()
+        );
+        let args = [PROCESS, "--db", &db.url, "--exec", &exec];
+        let mut child = if under_terminal {
+            let words: Vec<String> = std::iter::once(support::process::drover_bin())
+                .chain(["work".to_owned()])
+                .chain(args.iter().map(|a| (*a).to_owned()))
+                .collect();
+            let line = shell_words::join(&words);
+            tokio::process::Command::new("script")
+                .args(["--quiet", "--return", "--command", &line, "/dev/null"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn script (util-linux)")
+        } else {
+            support::cli::work_command(args)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn drover work")
+        };
+        let batch: Vec<String> = keys(3).iter().map(|k| format!("{k}-{seen}")).collect();
+        enqueue(&db.store, &batch).await;
+        eventually("the keys ran", || async {
+            counts(&db.store).await == (0, 0, 0) && read_log(&log).len() == 3
+        })
+        .await;
+        let lines = read_log(&log);
+        let worker: i32 = lines[0][2].parse().expect("the worker's pid");
+        kill(Pid::from_raw(worker), Signal::SIGTERM).expect("stop the worker");
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("the worker stops on SIGTERM")
+            .unwrap();
+        assert!(status.success(), "{status}");
+        for line in &lines {
+            assert_eq!(
+                line[1], seen,
+                "under a terminal: {under_terminal}: {lines:?}"
+            );
+            assert_eq!(line[2], lines[0][2], "one worker ran them: {lines:?}");
+        }
+    }
+}

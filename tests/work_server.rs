@@ -392,3 +392,95 @@ async fn each_worker_serves_its_own_metrics_on_either_backend() {
     })
     .await;
 }
+
+/// A worker whose server does not answer its first session start (a frozen
+/// link, a server that hangs) stops at once on SIGTERM, exit 0: before, it
+/// waited out the client's 30 s request timeout and then exited 1, saying
+/// it could not start a session, though a shutdown was asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_worker_whose_first_session_start_is_not_answered() {
+    use support::fault_proxy::FaultProxy;
+    let (db, dir) = support::sqlite().await;
+    let (_serve, url) = serve(&db, dir.path()).await;
+    let addr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("an address");
+    let proxy = FaultProxy::start(addr).await;
+    proxy.freeze();
+    let worker = remote_worker(&format!("http://{}", proxy.addr), "true", &[]);
+    eventually("the session start in flight", || async {
+        proxy.connections() > 0
+    })
+    .await;
+    let asked = std::time::Instant::now();
+    stop(worker).await;
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped {took:?} after SIGTERM"
+    );
+}
+
+/// A traced worker (an OTLP endpoint set) links a transient failure's retry
+/// to its attempt through the server before writing the outcome. With the
+/// link to the server frozen, SIGTERM with a 1 s shutdown deadline still
+/// ends it within a few seconds: the trace link waited out the client's
+/// 30 s request timeout, past the deadline and past the session's loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_worker_stops_within_its_deadline_when_its_server_freezes() {
+    use support::fault_proxy::FaultProxy;
+    let (db, dir) = support::sqlite().await;
+    let (_serve, url) = serve(&db, dir.path()).await;
+    let addr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("an address");
+    let proxy = FaultProxy::start(addr).await;
+    let log = dir.path().join("work.log");
+    let exec = format!(
+        "sh -c 'echo start >> {0}; sleep 1; echo end >> {0}; exit 75'",
+        log.display()
+    );
+    let args = [
+        PROCESS,
+        "--server",
+        &format!("http://{}", proxy.addr),
+        "--token",
+        TOKEN,
+        "--exec",
+        &exec,
+        "--ttl",
+        "10s",
+        "--shutdown-deadline",
+        "1s",
+    ];
+    let worker = work_command(args)
+        // Nothing listens there: the spans are dropped, but runs are traced.
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("TRACEPARENT")
+        .spawn()
+        .expect("spawn drover work");
+    db.store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+        .await
+        .unwrap();
+    let said = |what: &'static str| {
+        let log = log.clone();
+        move || {
+            let log = log.clone();
+            async move { std::fs::read_to_string(&log).is_ok_and(|l| l.contains(what)) }
+        }
+    };
+    eventually("the command started", said("start")).await;
+    proxy.freeze();
+    eventually("the command ended", said("end")).await;
+    let asked = std::time::Instant::now();
+    stop(worker).await;
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped {took:?} after SIGTERM"
+    );
+}

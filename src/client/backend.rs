@@ -13,9 +13,9 @@ use crate::api::{
     OutcomeBody, ReleaseRequest, SessionBody, SessionRequest, TraceContextBody, TraceLinkRequest,
 };
 use crate::store::{
-    ClaimGate, Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, MAX_TEXT_BYTES, Outcome,
-    ProcessConfigure, RemoteError, Session, SessionClose, SessionHeartbeat, SessionId,
-    SessionStart, StoreError, TraceContext, WorkerBackend, clean_text,
+    ClaimGate, Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, ProcessConfigure,
+    RemoteError, Session, SessionClose, SessionHeartbeat, SessionId, SessionStart, StoreError,
+    TraceContext, WorkerBackend, clean_text,
 };
 
 /// The most bytes of completions one request carries: half the server's
@@ -100,10 +100,18 @@ impl WorkerBackend for Client {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        let mut results = Vec::with_capacity(batch.len());
-        for chunk in chunks(batch) {
+        let mut results: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
+        // Ranges of `batch` still to send, the next last, each with the most
+        // bytes its error texts may take as JSON (`None`: as they are).
+        let mut todo: Vec<(usize, usize, Option<usize>)> = chunks(batch)
+            .into_iter()
+            .rev()
+            .map(|(start, end)| (start, end, None))
+            .collect();
+        while let Some((start, end, cut)) = todo.pop() {
+            let chunk = &batch[start..end];
             let request = CompleteBatchRequest {
-                completions: chunk.iter().map(completion).collect(),
+                completions: chunk.iter().map(|c| completion(c, cut)).collect(),
             };
             let path = "/v1/leases/complete-batch";
             let answer: Result<CompleteBatchResponse, Failure> = self
@@ -111,11 +119,13 @@ impl WorkerBackend for Client {
                 .await;
             // An earlier chunk may have committed: a chunk that fails is
             // answered per completion, so each is retried (a retry of one that
-            // did commit is refused as lost, which is harmless).
+            // did commit is answered as written).
             let failed = match answer {
                 Ok(answer) if answer.results.len() == chunk.len() => {
                     let each = chunk.iter().zip(&answer.results);
-                    results.extend(each.map(|(sent, result)| refusal(sent.lease, result)));
+                    for (at, (sent, result)) in (start..end).zip(each) {
+                        results[at] = Some(refusal(sent.lease, result));
+                    }
                     continue;
                 }
                 Ok(answer) => RemoteError {
@@ -129,13 +139,32 @@ impl WorkerBackend for Client {
                 },
                 Err(failure) => failure.into_remote(),
             };
-            results.extend(
-                chunk
-                    .iter()
-                    .map(|_| Err(StoreError::Remote(failed.clone()))),
-            );
+            if failed.status == Some(TOO_LARGE) {
+                // The server takes smaller bodies than this one (its
+                // `--body-limit`): nothing was written, so send it in halves,
+                // and a lone completion with its error text cut shorter,
+                // rather than fail it again at every retry until its lease
+                // lapses and its key runs again.
+                if end - start > 1 {
+                    let middle = start + (end - start) / 2;
+                    todo.push((middle, end, cut));
+                    todo.push((start, middle, cut));
+                    continue;
+                }
+                let now = cut.unwrap_or_else(|| error_len(&chunk[0]));
+                if now > MIN_CUT {
+                    todo.push((start, end, Some(now / 2)));
+                    continue;
+                }
+            }
+            for result in &mut results[start..end] {
+                *result = Some(Err(StoreError::Remote(failed.clone())));
+            }
         }
-        Ok(results)
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every completion is answered"))
+            .collect())
     }
 
     async fn item_trace_link(
@@ -186,41 +215,85 @@ impl WorkerBackend for Client {
 }
 
 /// Splits a batch into requests within [`MAX_COMPLETE_BATCH`] completions and
-/// about [`MAX_BATCH_BYTES`] of error text.
-fn chunks<'b, 'a>(batch: &'b [LeaseComplete<'a>]) -> Vec<&'b [LeaseComplete<'a>]> {
+/// [`MAX_BATCH_BYTES`] of error text as JSON sends it, as ranges of `batch`.
+fn chunks(batch: &[LeaseComplete<'_>]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, c) in batch.iter().enumerate() {
-        let size = 256 + c.lease.key.len() + c.lease.process.len() + error_len(c);
+        let size = 256 + json_len(&c.lease.key) + json_len(&c.lease.process) + error_len(c);
         if i > start && (i - start == MAX_COMPLETE_BATCH || bytes + size > MAX_BATCH_BYTES) {
-            out.push(&batch[start..i]);
+            out.push((start, i));
             (start, bytes) = (i, 0);
         }
         bytes += size;
     }
     if start < batch.len() {
-        out.push(&batch[start..]);
+        out.push((start, batch.len()));
     }
     out
 }
 
-/// The error text's size as [`completion`] sends it.
+/// The HTTP status of a body over the server's limit.
+const TOO_LARGE: u16 = 413;
+
+/// The fewest bytes of error text (as JSON) a completion refused as too
+/// large is cut to before its refusal is its answer.
+const MIN_CUT: usize = 64;
+
+/// The error text's size as [`completion`] sends it, as JSON: a control
+/// character (a terminal's colours, a progress bar's carriage returns) takes
+/// up to six bytes there, so the text's own length undercounted a batch of
+/// them sixfold, and a batch the server refused whole (413) was sent again
+/// at every retry until its leases lapsed.
 fn error_len(c: &LeaseComplete<'_>) -> usize {
     match c.outcome {
-        Outcome::Transient(e) | Outcome::Permanent(e) => e.len().min(MAX_TEXT_BYTES),
+        Outcome::Transient(e) | Outcome::Permanent(e) => json_len(&clean_text(e)),
         Outcome::Done | Outcome::RequeueAfter(_) => 0,
     }
 }
 
+/// The bytes `text` takes as a JSON string's contents (serde_json's escapes).
+fn json_len(text: &str) -> usize {
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// `text` cut to at most `most` bytes as JSON, on a character boundary, with
+/// an ellipsis saying so.
+fn cut_to(text: &str, most: usize) -> String {
+    let mut taken = 0;
+    let mut end = 0;
+    for (at, c) in text.char_indices() {
+        let mut buf = [0; 4];
+        taken += json_len(c.encode_utf8(&mut buf));
+        if taken > most.saturating_sub(3) {
+            break;
+        }
+        end = at + c.len_utf8();
+    }
+    format!("{}…", &text[..end])
+}
+
 /// One completion as the API takes it, its error text cleaned as the store
-/// would store it: a huge error then cannot make every retry of the request
-/// too large for the server (a 413, and the key never parked).
-fn completion(c: &LeaseComplete<'_>) -> CompleteRequest {
+/// would store it (a huge error then cannot make every retry of the request
+/// too large for the server), and cut to `cut` bytes as JSON when the server
+/// refused it as too large.
+fn completion(c: &LeaseComplete<'_>, cut: Option<usize>) -> CompleteRequest {
     let mut outcome = OutcomeBody::from(c.outcome);
-    if let OutcomeBody::Transient { error } | OutcomeBody::Permanent { error } = &mut outcome
-        && let Cow::Owned(cleaned) = clean_text(error)
-    {
-        *error = cleaned;
+    if let OutcomeBody::Transient { error } | OutcomeBody::Permanent { error } = &mut outcome {
+        if let Cow::Owned(cleaned) = clean_text(error) {
+            *error = cleaned;
+        }
+        if let Some(most) = cut
+            && json_len(error) > most
+        {
+            *error = cut_to(error, most);
+        }
     }
     CompleteRequest {
         lease: LeaseRef::from(c.lease),
@@ -275,6 +348,25 @@ fn millis(d: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::store::FencingToken;
+
+    #[test]
+    fn text_is_measured_and_cut_as_json_sends_it() {
+        for text in [
+            "plain",
+            "\u{1b}[31mred\r\n",
+            "quote \" and \\",
+            "é\u{0}\u{7f}",
+            "",
+        ] {
+            let sent = serde_json::to_string(text).expect("a string");
+            assert_eq!(json_len(text), sent.len() - 2, "{text:?}");
+        }
+        let colours = "\u{1b}[1mé".repeat(100);
+        let cut = cut_to(&colours, 50);
+        assert!(json_len(&cut) <= 50, "{cut:?}");
+        assert!(cut.ends_with('…') && colours.starts_with(cut.trim_end_matches('…')));
+        assert_eq!(cut_to("é", 3), "…", "never inside a character");
+    }
 
     #[test]
     fn a_batch_result_is_final_only_for_a_lost_lease_or_session() {

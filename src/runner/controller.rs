@@ -144,22 +144,27 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
     /// goes away) is retried while the run goes on.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
         let process = self.settings.process.clone();
+        // A shutdown asked for before the first session started ends the run
+        // at once: a server or database that does not answer held it for the
+        // whole of its request's timeout. A session started meanwhile, unheard
+        // of, holds no lease and expires.
         if let Some(backoff) = self.settings.backoff {
             let params = ProcessConfigure::new(process.clone()).backoff(backoff);
-            self.backend
-                .process_configure(params)
-                .await
-                .map_err(|source| RunError::Configure { process, source })?;
+            let Some(configured) = or_stop(&shutdown, self.backend.process_configure(params)).await
+            else {
+                return Ok(());
+            };
+            configured.map_err(|source| RunError::Configure { process, source })?;
         }
         let sent = tokio::time::Instant::now();
-        let first = self
-            .backend
-            .session_start(SessionStart::new(
-                self.settings.component.clone(),
-                self.settings.ttl,
-            ))
-            .await
-            .map_err(RunError::Session)?;
+        let start = self.backend.session_start(SessionStart::new(
+            self.settings.component.clone(),
+            self.settings.ttl,
+        ));
+        let Some(first) = or_stop(&shutdown, start).await else {
+            return Ok(());
+        };
+        let first = first.map_err(RunError::Session)?;
         let metrics = RunnerMetrics::global(&self.settings.process);
         let force = CancellationToken::new();
         let services_stop = CancellationToken::new();

@@ -108,7 +108,15 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
             Ended::Outcome(outcome) => {
                 trace::record_outcome(span, &outcome);
                 if !span.is_disabled() && matches!(outcome, Outcome::Transient(_)) {
-                    Box::pin(trace::link_retry(span, &self.backend, &lease)).await;
+                    // Best effort, and never longer than the run may last: a
+                    // server that does not answer held the run (its slot, the
+                    // worker's shutdown) for the client's whole request timeout.
+                    let link = Box::pin(trace::link_retry(span, &self.backend, &lease));
+                    tokio::select! {
+                        biased;
+                        () = token.cancelled() => {}
+                        () = link => {}
+                    }
                 }
                 if let Some(finished) = &self.finished {
                     finished.record(&lease.key);

@@ -52,9 +52,12 @@ pub(crate) fn served_unpolled(store: &Store) -> TestBackend {
 }
 
 fn served_polling(store: &Store, poll: Duration) -> TestBackend {
-    let options = ServerOptions::default()
-        .poll_interval(poll)
-        .reclaim_interval(Duration::from_millis(100));
+    served_with(store, ServerOptions::default().poll_interval(poll))
+}
+
+/// [`served`] by a server with `options` (its reclaim every 100 ms).
+pub(crate) fn served_with(store: &Store, options: ServerOptions) -> TestBackend {
+    let options = options.reclaim_interval(Duration::from_millis(100));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     listener.set_nonblocking(true).expect("non-blocking");
     let addr = listener.local_addr().expect("local address");

@@ -129,6 +129,13 @@ impl FaultProxy {
         self.answers.send_replace(Mode::Delay(by));
     }
 
+    /// How many connections are open through the proxy (two pumps each):
+    /// with the link frozen, a request is in flight once one is.
+    pub(crate) fn connections(&self) -> usize {
+        let pumps = self.pumps.lock();
+        pumps.iter().filter(|pump| !pump.is_finished()).count() / 2
+    }
+
     /// Lets bytes flow again, both ways.
     pub(crate) fn heal(&self) {
         self.set(Mode::Flow);

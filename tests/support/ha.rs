@@ -283,6 +283,30 @@ impl Cluster {
         self.ctl(&["promote", "-w", "-D", s(&self.data("standby"))]);
     }
 
+    /// Stops the primary's server and every one of its backends with
+    /// SIGSTOP, as a frozen virtual machine: its sockets stay open and its
+    /// kernel keeps acknowledging what is sent, so nothing fails by itself.
+    /// It runs again when the guard is dropped.
+    pub(crate) fn freeze_primary(&self) -> Frozen {
+        let pid_file = std::fs::read_to_string(self.data("primary").join("postmaster.pid"))
+            .expect("the primary's postmaster.pid");
+        let postmaster = pid_file.lines().next().expect("a pid").trim().to_owned();
+        let mut pids = vec![postmaster.clone()];
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid …; comm may hold spaces, so read past it.
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            if after.split_whitespace().nth(1) == Some(postmaster.as_str()) {
+                pids.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        let frozen = Frozen(pids);
+        frozen.signal("STOP");
+        frozen
+    }
+
     fn data(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -317,6 +341,26 @@ impl Cluster {
             .open(file)
             .expect("open conf");
         f.write_all(text.as_bytes()).expect("write conf");
+    }
+}
+
+/// A server stopped by [`Cluster::freeze_primary`]: its processes, which
+/// run again when this is dropped.
+pub(crate) struct Frozen(Vec<String>);
+
+impl Frozen {
+    fn signal(&self, signal: &str) {
+        Command::new("kill")
+            .arg(format!("-{signal}"))
+            .args(&self.0)
+            .output()
+            .expect("kill");
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        self.signal("CONT");
     }
 }
 

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use super::engine::PostgresStore;
 use super::error::{commit, map_commit};
 use super::leases::{CLAIM, ClaimRow, claim_rows};
+use super::retry::bounded;
 use crate::store::StoreError;
 use crate::store::grouped::{self, Answer, Group, Grouped};
 use crate::store::params::LeaseClaim;
@@ -110,7 +111,8 @@ pub(super) async fn claim(
 }
 
 /// [`CLAIM_GROUP`]'s rows for `group`; directly connected the statement is
-/// its own transaction, through a pooler one is wrapped around it.
+/// its own transaction, through a pooler one is wrapped around it. Bounded
+/// by [`ANSWER_TIMEOUT`](super::retry::ANSWER_TIMEOUT).
 async fn group_rows(
     store: &PostgresStore,
     group: &[LeaseClaim],
@@ -119,16 +121,19 @@ async fn group_rows(
     let processes: Vec<&str> = group.iter().map(|w| w.process.as_str()).collect();
     let maxes: Vec<i64> = group.iter().map(|w| i64::from(w.max)).collect();
     let traces: Vec<bool> = group.iter().map(|w| w.trace_links).collect();
-    let mut tx = store.read().await?;
-    let rows = sqlx::query_as(CLAIM_GROUP)
-        .bind(sessions)
-        .bind(processes)
-        .bind(maxes)
-        .bind(store.clock.offset_ms())
-        .bind(traces)
-        .fetch_all(&mut tx)
-        .await
-        .map_err(map_commit)?;
-    commit(tx).await?;
-    Ok(rows)
+    bounded(store, async {
+        let mut tx = store.read().await?;
+        let rows = sqlx::query_as(CLAIM_GROUP)
+            .bind(sessions)
+            .bind(processes)
+            .bind(maxes)
+            .bind(store.clock.offset_ms())
+            .bind(traces)
+            .fetch_all(&mut tx)
+            .await
+            .map_err(map_commit)?;
+        commit(tx).await?;
+        Ok(rows)
+    })
+    .await
 }

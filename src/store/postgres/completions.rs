@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use super::engine::PostgresStore;
-use super::retry::watched;
+use super::retry::{bounded, watched};
 use crate::store::StoreError;
 use crate::store::TraceId;
 use crate::store::grouped::{self, Answer, Group, Grouped};
@@ -83,7 +83,12 @@ impl Group for Completing {
         } else {
             store
         };
-        match watched(store, complete_callers_in_parts(store, &all, &callers)).await {
+        match bounded(
+            store,
+            watched(store, complete_callers_in_parts(store, &all, &callers)),
+        )
+        .await
+        {
             Ok(answers) => {
                 let mut answers = answers.into_iter();
                 group
@@ -102,11 +107,11 @@ pub(super) async fn complete(
     batch: &[LeaseComplete<'_>],
 ) -> Result<Answers, StoreError> {
     if let Some(_leading) = grouped::lead::<Completing>(store) {
-        return watched(store, complete_in_parts(store, batch)).await;
+        return bounded(store, watched(store, complete_in_parts(store, batch))).await;
     }
     let owned = batch.iter().map(Owned::of).collect();
     match Answer::result(grouped::wait::<Completing>(store, owned).await) {
         Some(result) => result,
-        None => watched(store, complete_in_parts(store, batch)).await,
+        None => bounded(store, watched(store, complete_in_parts(store, batch))).await,
     }
 }

@@ -17,7 +17,7 @@ use super::error::Db as _;
 use super::failover::Failover;
 use super::gated::GatedProcesses;
 use super::listen::Listener;
-use super::retry::{retry, watched};
+use super::retry::{bounded, retry, watched};
 use super::statistics::Statistics;
 use super::{
     admin, counts, enqueue, gate, groups, inspect, leases, processes, runs, series, sessions,
@@ -274,18 +274,22 @@ impl PostgresStore {
 
 impl StoreEngine for PostgresStore {
     async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
-        retry(self, || sessions::start(self, &params)).await
+        bounded(self, retry(self, || sessions::start(self, &params))).await
     }
 
     async fn session_heartbeat(
         &self,
         params: SessionHeartbeat,
     ) -> Result<DateTime<Utc>, StoreError> {
-        retry(self, || sessions::heartbeat(self, params.session)).await
+        bounded(
+            self,
+            retry(self, || sessions::heartbeat(self, params.session)),
+        )
+        .await
     }
 
     async fn session_close(&self, params: SessionClose) -> Result<u64, StoreError> {
-        retry(self, || sessions::close(self, params.session)).await
+        bounded(self, retry(self, || sessions::close(self, params.session))).await
     }
 
     async fn session_list(
@@ -303,10 +307,10 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
-        let report = retry(self, || sessions::reclaim(self)).await?;
+        let report = bounded(self, retry(self, || sessions::reclaim(self))).await?;
         // Housekeeping every live node already runs every few seconds: keeps
         // the item counts' deltas short even when nobody reads the counts.
-        retry(self, || counts::fold(self)).await?;
+        bounded(self, retry(self, || counts::fold(self))).await?;
         Ok(report)
     }
 
@@ -331,11 +335,11 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
-        retry(self, || leases::release(self, params)).await
+        bounded(self, retry(self, || leases::release(self, params))).await
     }
 
     async fn lease_lock(&self, params: LeaseLock) -> Result<Lease, StoreError> {
-        retry(self, || leases::lock(self, &params)).await
+        bounded(self, retry(self, || leases::lock(self, &params))).await
     }
 
     async fn item_list(&self, params: ItemList) -> Result<Vec<Item>, StoreError> {

@@ -85,17 +85,22 @@ pub(super) async fn commit(tx: super::engine::Tx) -> Result<(), StoreError> {
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(ABANDONED_COMMIT, pending).await;
             });
-            Err(StoreError::CommitUnknown(DriverError(sqlx::Error::Io(
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "the commit was not answered within {COMMIT_TIMEOUT:?} (a primary that \
-                         lost its synchronous standby waits for ever)"
-                    ),
-                ),
-            ))))
+            Err(unanswered(format!(
+                "the commit was not answered within {COMMIT_TIMEOUT:?} (a primary that lost \
+                 its synchronous standby waits for ever)"
+            )))
         }
     }
+}
+
+/// The error of a request the server did not answer in time: its outcome is
+/// unknown (a commit may have been sent), and the link counts as broken, so
+/// it retires the store's connections (see `failover`).
+pub(super) fn unanswered(why: String) -> StoreError {
+    StoreError::CommitUnknown(DriverError(sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        why,
+    ))))
 }
 
 impl crate::store::exec::EngineDatabase for sqlx::Postgres {

@@ -143,14 +143,17 @@ impl Failover {
     /// the URL names several. Errors say what each host answered.
     pub(crate) async fn find(&self, timeout: Duration) -> Result<usize, String> {
         let mut answers = Vec::new();
-        for (i, (name, options)) in self.hosts.iter().enumerate() {
-            match self.try_host(options, timeout).await {
-                Ok(conn) => {
-                    conn.close().await.ok();
-                    self.reached(i);
-                    return Ok(i);
+        for &pass in self.target.passes() {
+            answers.clear();
+            for (i, (name, options)) in self.hosts.iter().enumerate() {
+                match self.try_host(options, timeout, pass).await {
+                    Ok(conn) => {
+                        conn.close().await.ok();
+                        self.reached(i);
+                        return Ok(i);
+                    }
+                    Err(why) => answers.push(format!("{name} {why}")),
                 }
-                Err(why) => answers.push(format!("{name} {why}")),
             }
         }
         Err(format!(
@@ -160,12 +163,13 @@ impl Failover {
         ))
     }
 
-    /// A connection to `options`' host if it fits the target; otherwise what
-    /// the host is.
+    /// A connection to `options`' host if it fits `target` (one of the
+    /// target's [`passes`](Target::passes)); otherwise what the host is.
     async fn try_host(
         &self,
         options: &PgConnectOptions,
         timeout: Duration,
+        target: Target,
     ) -> Result<PgConnection, String> {
         let mut conn =
             match tokio::time::timeout(timeout, PgConnection::connect_with(options)).await {
@@ -173,11 +177,11 @@ impl Failover {
                 Ok(Err(e)) => return Err(format!("refused: {}", DriverError(e))),
                 Ok(Ok(conn)) => conn,
             };
-        if self.target == Target::Any {
+        if target == Target::Any {
             return Ok(conn);
         }
         match role(&mut conn).await {
-            Ok((recovery, read_only)) if self.target.fits(recovery, read_only) => Ok(conn),
+            Ok((recovery, read_only)) if target.fits(recovery, read_only) => Ok(conn),
             Ok((true, _)) => Err("is a standby".into()),
             Ok((false, _)) => Err("is read-only".into()),
             Err(e) => Err(format!("failed: {}", DriverError(e))),
@@ -238,7 +242,9 @@ impl Failover {
         tx.commit().await
     }
 
-    /// The check of a new connection against the target.
+    /// The check of a new connection against the target, pass by pass (see
+    /// [`Target::passes`]): kept when it is as good as the pass asks,
+    /// otherwise swapped for the first host that is.
     async fn fit(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         if self.target == Target::Any {
             if self.reconnecting.swap(false, Ordering::Relaxed) {
@@ -247,19 +253,21 @@ impl Failover {
             return Ok(());
         }
         let (recovery, read_only) = role(conn).await?;
-        if self.target.fits(recovery, read_only) {
-            if self.reconnecting.swap(false, Ordering::Relaxed) {
-                tracing::warn!(host = %self.hosts[self.current()].0, "reconnected to the database");
-            }
-            return Ok(());
-        }
-        self.reconnecting.store(true, Ordering::Relaxed);
-        for (i, (_, options)) in self.hosts.iter().enumerate() {
-            if let Ok(found) = self.try_host(options, HOST_TIMEOUT).await {
-                let wrong = std::mem::replace(conn, found);
-                wrong.close().await.ok();
-                self.reached(i);
+        for &pass in self.target.passes() {
+            if pass.fits(recovery, read_only) {
+                if self.reconnecting.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(host = %self.hosts[self.current()].0, "reconnected to the database");
+                }
                 return Ok(());
+            }
+            self.reconnecting.store(true, Ordering::Relaxed);
+            for (i, (_, options)) in self.hosts.iter().enumerate() {
+                if let Ok(found) = self.try_host(options, HOST_TIMEOUT, pass).await {
+                    let wrong = std::mem::replace(conn, found);
+                    wrong.close().await.ok();
+                    self.reached(i);
+                    return Ok(());
+                }
             }
         }
         Err(sqlx::Error::Protocol(format!(

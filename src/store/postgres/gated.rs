@@ -57,12 +57,11 @@ impl GatedProcesses {
 
 /// The claim, one statement; directly connected it is its own transaction,
 /// through a pooler [`Tx`](super::engine::Tx) wraps it in one. During the
-/// pause after a fork in the database's history (see `lineage`) it asks for
-/// no key, and says so in `forked`.
+/// pause after a fork in the database's history, or before the fork was
+/// noticed (see `lineage`), it asks for no key, and says so in `forked`.
 const CLAIM_GATED: &str = "
 SELECT g.*, f.forked
-FROM (SELECT EXISTS (SELECT 1 FROM drover_lineage
-        WHERE paused_until > clock_timestamp() + $4::float8 * interval '1 millisecond')
+FROM (SELECT drover_claims_paused(clock_timestamp() + $4::float8 * interval '1 millisecond')
       AS forked) f
 CROSS JOIN LATERAL drover_claim_gated($1, $2, CASE WHEN f.forked THEN 0 ELSE $3 END, $4)
     WITH ORDINALITY g

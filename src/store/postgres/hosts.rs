@@ -30,6 +30,20 @@ impl Target {
         }
     }
 
+    /// The kinds of server to look for, best first: `primary` prefers a
+    /// primary whose sessions can write, and takes a read-only one only when
+    /// no host can write. libpq would keep the first primary it reaches, but
+    /// drover writes: an old primary made read-only while its standby was
+    /// promoted refused every write, and the store, reconnecting after each
+    /// refusal, chose it again for ever.
+    pub(crate) fn passes(self) -> &'static [Self] {
+        match self {
+            Self::Any => &[Self::Any],
+            Self::ReadWrite => &[Self::ReadWrite],
+            Self::Primary => &[Self::ReadWrite, Self::Primary],
+        }
+    }
+
     /// Whether a server in this state fits.
     pub(crate) fn fits(self, in_recovery: bool, read_only: bool) -> bool {
         match self {
@@ -162,6 +176,20 @@ mod tests {
 
     fn urls(hosts: &Hosts) -> Vec<&str> {
         hosts.hosts.iter().map(|(_, url)| url.as_str()).collect()
+    }
+
+    #[test]
+    fn primary_prefers_a_primary_that_writes_and_takes_a_read_only_one_last() {
+        let passes = Target::Primary.passes();
+        assert_eq!(passes, [Target::ReadWrite, Target::Primary]);
+        // A read-only old primary fits only the last pass; a standby none.
+        let read_only_primary = (false, true);
+        let fits = |(recovery, read_only)| passes.iter().position(|t| t.fits(recovery, read_only));
+        assert_eq!(fits(read_only_primary), Some(1));
+        assert_eq!(fits((false, false)), Some(0));
+        assert_eq!(fits((true, true)), None);
+        assert_eq!(Target::ReadWrite.passes(), [Target::ReadWrite]);
+        assert_eq!(Target::Any.passes(), [Target::Any]);
     }
 
     #[test]

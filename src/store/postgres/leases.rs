@@ -9,6 +9,7 @@ use super::error::{Db as _, commit, map, map_commit};
 use super::gate;
 use super::gated;
 use super::processes::ensure_process;
+use super::retry::bounded;
 use super::rows::{LockedRow, running_columns};
 use super::sessions::requeue;
 use crate::store::fleet::Claimed;
@@ -111,6 +112,7 @@ impl ClaimedKey {
 /// does). Directly connected
 /// the statement is its own transaction; through a pooler it needs one around
 /// it (see `Tx`), and then the commit is where the outcome may become unknown.
+/// Bounded by [`ANSWER_TIMEOUT`](super::retry::ANSWER_TIMEOUT).
 pub(super) async fn claim_rows<R>(
     store: &PostgresStore,
     (sql, binds_trace): (&'static str, bool),
@@ -119,18 +121,21 @@ pub(super) async fn claim_rows<R>(
 where
     R: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
 {
-    let mut tx = store.read().await?;
-    let mut query = sqlx::query_as(sql)
-        .bind(params.session.0)
-        .bind(&params.process)
-        .bind(i64::from(params.max))
-        .bind(store.clock.offset_ms());
-    if binds_trace {
-        query = query.bind(params.trace_links);
-    }
-    let rows: Vec<R> = query.fetch_all(&mut tx).await.map_err(map_commit)?;
-    commit(tx).await?;
-    Ok(rows)
+    bounded(store, async {
+        let mut tx = store.read().await?;
+        let mut query = sqlx::query_as(sql)
+            .bind(params.session.0)
+            .bind(&params.process)
+            .bind(i64::from(params.max))
+            .bind(store.clock.offset_ms());
+        if binds_trace {
+            query = query.bind(params.trace_links);
+        }
+        let rows: Vec<R> = query.fetch_all(&mut tx).await.map_err(map_commit)?;
+        commit(tx).await?;
+        Ok(rows)
+    })
+    .await
 }
 
 pub(super) async fn claim(
@@ -227,6 +232,7 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     validate_key(&params.key)?;
     let (mut tx, now) = store.write().await?;
     check_session(&mut tx, now, params.session).await?;
+    lock_pause(&mut tx, now, &params.process).await?;
     ensure_process(&mut tx, now, &params.process).await?;
     let decided = lock_gate(store, &mut tx, &params.process).await?;
     // The started time is read when the row is taken, after any wait for it.
@@ -280,6 +286,29 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
         trace_links: None,
     })
 }
+
+/// The pause after a fork in the database's history (see `lineage`) on one
+/// `lease_lock`: refused with [`StoreError::Held`] while claims are paused,
+/// as a claim would take nothing. A query source locks its keys one by one
+/// through here, and locked a key its worker of before the fork still ran.
+async fn lock_pause(tx: &mut Tx, now: DateTime<Utc>, process: &str) -> Result<(), StoreError> {
+    let paused: bool = sqlx::query_scalar("SELECT drover_claims_paused($1)")
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await
+        .db()?;
+    if paused {
+        return Err(StoreError::Held {
+            process: process.to_owned(),
+            why: FORKED,
+        });
+    }
+    Ok(())
+}
+
+/// Why a lock is refused during the pause after a fork.
+const FORKED: &str = "held back after a fork in the database's history (a standby was \
+    promoted): no key is handed out until every worker of before has given its runs up";
 
 /// The fleet controls' say on one `lease_lock`: nothing to decide for a
 /// process that is neither paused nor limited (its row is not locked);

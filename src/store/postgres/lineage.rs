@@ -4,11 +4,15 @@
 //! Every new connection asks the SQL function `drover_observe_lineage`
 //! (migration 0011) before it is used: the first to meet a new timeline or
 //! system identifier expires every session of before the fork and pauses
-//! claims for the longest of their TTLs, on the database clock. The claim
-//! statements (`CLAIM` in `leases`, `CLAIM_GATED` in `gated`) hand no key out
-//! while the pause lasts. A connection that never broke (one held by a
-//! pooler whose own connections moved to the new primary) is caught by the
-//! reclaim, which every live node runs every few seconds and which asks too.
+//! claims for the longest of their TTLs, on the database clock. Every claim
+//! and lock (`drover_claim`, `CLAIM_GATED` in `gated`, `lease_lock`) asks
+//! `drover_claims_paused` (migration 0026) and hands no key out while the
+//! pause lasts, nor while the server's timeline is not the one recorded: a
+//! connection that never broke (one opened to a standby before its
+//! promotion, one held by a pooler whose own connections moved to the new
+//! primary) claims nothing until the fork is observed, by the next new
+//! connection or by the reclaim, which every live node runs every few
+//! seconds and which asks too; the pause then runs from that moment.
 
 use chrono::{DateTime, Utc};
 

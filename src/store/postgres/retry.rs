@@ -46,6 +46,38 @@ where
     noticed(store, op().await)
 }
 
+/// How long one of a worker's own requests (a session's start, heartbeat or
+/// close, a reclaim, a claim, a lock, a release, a batch of completions) may
+/// go unanswered. Each is a few statements of milliseconds; a server that
+/// does not answer for this long is frozen (a VM paused, a process stopped,
+/// a link that drops packets while both ends live: the kernel keeps the
+/// socket open, so nothing fails by itself). Before, such a request waited
+/// for ever, and with it the worker's claim loop or completer, every later
+/// outcome included, while its keeper moved on to the new primary.
+pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Awaits `op` for at most [`ANSWER_TIMEOUT`]. Past it the request is
+/// dropped (its connection is closed, not reused: the notice retires it) and
+/// answered `CommitUnknown`, since a commit may have been sent: a claim's
+/// caller gives its session up, a batch of completions is sent again. The
+/// store's connections are retired and, with several hosts, the host that
+/// now accepts writes is looked for.
+pub(super) async fn bounded<T>(
+    store: &PostgresStore,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(ANSWER_TIMEOUT, op).await {
+        Ok(result) => result,
+        Err(_) => {
+            let e = super::error::unanswered(format!(
+                "the database did not answer within {ANSWER_TIMEOUT:?} (a frozen server or link)"
+            ));
+            notice(store, &e);
+            Err(e)
+        }
+    }
+}
+
 /// Awaits `op`, retiring the store's connections when its error says their
 /// server is read-only, shutting down or gone.
 pub(super) async fn watched<T>(
