@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use drover::runner::{Action, Controller, Task, permanent};
+use drover::runner::{Action, BoxError, Controller, Task, permanent};
 use drover::server::ServerOptions;
 use drover::store::{
     ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, Outcome, SessionStart, Store,
@@ -117,16 +117,20 @@ async fn a_lone_completion_over_the_limit_is_written_with_its_error_cut() {
     assert!(error.len() < 4 * 1024, "{} bytes", error.len());
 }
 
-/// A worker of 1,000 runs at once on a server that takes bodies of 64 KiB at
-/// most: every key runs once and is done. Before, its batches of up to
-/// 512 KiB were refused whole, retried until their leases lapsed, and their
-/// keys ran again (2,086 runs for 1,000 keys).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_outcome_lands_once_on_a_server_with_a_small_body_limit() {
-    let (db, _dir) = support::sqlite().await;
-    let backend = served_with(&db.store, ServerOptions::default().body_limit(64 * 1024));
-    let keys: Vec<String> = (0..1000).map(|i| format!("key-{i:04}")).collect();
-    db.store
+/// Enqueues `n` keys and runs them through a worker of `parallelism` runs on
+/// `backend` (10 s TTL, so a heartbeat late on a loaded machine cannot rerun
+/// a key), each run taking `took` and ending with `end()`, until the
+/// process's counts are `until`; returns how many runs there were.
+async fn drain(
+    store: &Store,
+    backend: TestBackend,
+    (n, parallelism): (usize, usize),
+    took: Duration,
+    end: fn() -> Result<Action, BoxError>,
+    until: (u64, u64, u64),
+) -> u64 {
+    let keys: Vec<String> = (0..n).map(|i| format!("key-{i:04}")).collect();
+    store
         .item_enqueue(ItemEnqueue::new(PROCESS, keys))
         .await
         .expect("enqueue");
@@ -136,24 +140,45 @@ async fn every_outcome_lands_once_on_a_server_with_a_small_body_limit() {
         let counted = Arc::clone(&counted);
         async move {
             counted.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            Ok::<_, std::io::Error>(Action::Done)
+            tokio::time::sleep(took).await;
+            end()
         }
     })
-    .parallelism(1000)
-    .ttl(Duration::from_secs(2))
+    .parallelism(parallelism)
+    .ttl(Duration::from_secs(10))
     .idle_poll(Duration::from_millis(100))
     .build()
     .expect("valid settings");
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(controller.run(shutdown.clone()));
-    eventually_within("every key done", Duration::from_secs(60), || async {
-        counts(&db.store).await == (0, 0, 0)
+    eventually_within("the keys settled", Duration::from_secs(60), || async {
+        counts(store).await == until
     })
     .await;
     shutdown.cancel();
     worker.await.expect("worker task").expect("worker");
-    assert_eq!(runs.load(Ordering::SeqCst), 1000, "each key ran once");
+    runs.load(Ordering::SeqCst)
+}
+
+/// A worker of 1,000 runs at once on a server that takes bodies of 64 KiB at
+/// most: every key runs once and is done. Before, its batches of up to
+/// 512 KiB were refused whole, retried until their leases lapsed, and their
+/// keys ran again (2,086 runs for 1,000 keys with a 2 s TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_outcome_lands_once_on_a_server_with_a_small_body_limit() {
+    let (db, _dir) = support::sqlite().await;
+    let backend = served_with(&db.store, ServerOptions::default().body_limit(64 * 1024));
+    let done = || Ok(Action::Done);
+    let runs = drain(
+        &db.store,
+        backend,
+        (1000, 1000),
+        Duration::from_millis(200),
+        done,
+        (0, 0, 0),
+    )
+    .await;
+    assert_eq!(runs, 1000, "each key ran once");
 }
 
 /// Permanent failures of long control-character errors through a whole
@@ -162,34 +187,15 @@ async fn every_outcome_lands_once_on_a_server_with_a_small_body_limit() {
 async fn long_permanent_failures_park_their_keys_after_one_run() {
     let (db, _dir) = support::sqlite().await;
     let backend = served_with(&db.store, ServerOptions::default());
-    let keys: Vec<String> = (0..32).map(|i| format!("k{i}")).collect();
-    db.store
-        .item_enqueue(ItemEnqueue::new(PROCESS, keys))
-        .await
-        .expect("enqueue");
-    let runs = Arc::new(AtomicU64::new(0));
-    let counted = Arc::clone(&runs);
-    let controller = Controller::builder(backend, PROCESS, move |_task: Task| {
-        let counted = Arc::clone(&counted);
-        async move {
-            counted.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let error = "\u{1b}".repeat(60 * 1024);
-            Err::<Action, _>(permanent(std::io::Error::other(error)))
-        }
-    })
-    .parallelism(32)
-    .ttl(Duration::from_secs(2))
-    .idle_poll(Duration::from_millis(100))
-    .build()
-    .expect("valid settings");
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn(controller.run(shutdown.clone()));
-    eventually_within("every key parked", Duration::from_secs(60), || async {
-        counts(&db.store).await == (0, 0, 32)
-    })
+    let failed = || Err(permanent(std::io::Error::other("\u{1b}".repeat(60 * 1024))).into());
+    let runs = drain(
+        &db.store,
+        backend,
+        (32, 32),
+        Duration::from_millis(300),
+        failed,
+        (0, 0, 32),
+    )
     .await;
-    shutdown.cancel();
-    worker.await.expect("worker task").expect("worker");
-    assert_eq!(runs.load(Ordering::SeqCst), 32, "each key ran once");
+    assert_eq!(runs, 32, "each key ran once");
 }

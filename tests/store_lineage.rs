@@ -221,3 +221,132 @@ async fn a_connection_that_outlived_a_fork_and_a_lock_hand_nothing_out_until_the
     store.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+/// Creates a database of its own (the revokes below are per database) and a
+/// login role with every privilege on the test schema's objects.
+async fn restricted(base: &str, tag: &str, revoke: &str) -> (String, String, String, String) {
+    let dbname = format!("lineage_role_{tag}_{}", std::process::id());
+    let role = format!("lineage_role_{tag}_{}", std::process::id());
+    support::admin_execute(base, &format!("DROP DATABASE IF EXISTS {dbname}")).await;
+    support::admin_execute(base, &format!("CREATE DATABASE {dbname}")).await;
+    support::admin_execute(base, &format!("DROP ROLE IF EXISTS {role}")).await;
+    support::admin_execute(base, &format!("CREATE ROLE {role} LOGIN")).await;
+    let (prefix, _) = base.rsplit_once('/').expect("a base URL with a database");
+    let db_base = format!("{prefix}/{dbname}");
+    let (url, schema) = support::postgres_schema(&db_base).await;
+    // An administrator migrates (and so records the server's timeline).
+    let admin = Store::connect(&url).await.expect("admin connect");
+    admin.close().await;
+    for sql in [
+        format!("GRANT ALL ON SCHEMA {schema} TO {role}"),
+        format!("GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role}"),
+        format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"),
+        revoke.to_owned(),
+    ] {
+        support::admin_execute(&url, &sql).await;
+    }
+    let worker_url = url.replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(worker_url, url, "the base URL names the user postgres");
+    (url, worker_url, dbname, role)
+}
+
+async fn cleanup(base: &str, dbname: &str, role: &str) {
+    support::admin_execute(
+        base,
+        &format!("DROP DATABASE IF EXISTS {dbname} WITH (FORCE)"),
+    )
+    .await;
+    support::admin_execute(base, &format!("DROP ROLE IF EXISTS {role}")).await;
+}
+
+/// A worker role that may not call `pg_walfile_name` (revoked, as hardened or
+/// managed servers do) while the timeline was recorded by the administrator
+/// who migrated: its claims work, as `drover_observe_lineage` tolerates the
+/// same. Migration 0026's first check failed every claim of such a role with
+/// "permission denied" (found in review; migration 0027).
+#[tokio::test]
+async fn a_worker_role_without_pg_walfile_name_can_still_claim() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (_admin_url, worker_url, dbname, role) = restricted(
+        &base,
+        "wal",
+        "REVOKE EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) FROM PUBLIC",
+    )
+    .await;
+    let outcome = async {
+        let worker = Store::connect(&worker_url).await.expect("worker connect");
+        worker
+            .item_enqueue(ItemEnqueue::new(P, ["a"]))
+            .await
+            .expect("enqueue");
+        let claimed = claim_one(&worker).await;
+        worker.close().await;
+        claimed
+    }
+    .await;
+    cleanup(&base, &dbname, &role).await;
+    match outcome {
+        Ok(n) => assert_eq!(n, 1),
+        Err(e) => panic!("claim as a role without pg_walfile_name: {e}"),
+    }
+}
+
+/// How many keys (at most one) a new session of `worker` claims from [`P`].
+async fn claim_one(worker: &Store) -> Result<usize, StoreError> {
+    let session = worker
+        .session_start(SessionStart::new("node", secs(20)))
+        .await?;
+    let claim = LeaseClaim {
+        session: session.id,
+        process: P.into(),
+        max: 1,
+        trace_links: false,
+    };
+    Ok(worker.lease_claim(claim).await?.leases.len())
+}
+
+/// A worker role that may not call `pg_control_system` (so its
+/// `drover_observe_lineage` returns early and never records a timeline)
+/// while an administrator recorded one is not paused for ever after the
+/// server's timeline moves: it compares no timeline it could not record.
+/// Migration 0026's first check compared the stale record with the new
+/// timeline, which nothing the worker does could update (found in review).
+#[tokio::test]
+async fn a_worker_role_without_pg_control_system_is_not_paused_for_ever() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (admin_url, worker_url, dbname, role) = restricted(
+        &base,
+        "ctl",
+        "REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC",
+    )
+    .await;
+    let outcome: Result<usize, StoreError> = async {
+        let worker = Store::connect(&worker_url).await?;
+        worker.item_enqueue(ItemEnqueue::new(P, ["a"])).await?;
+        // The promotion, as the tests above make it.
+        support::admin_execute(
+            &admin_url,
+            "UPDATE drover_lineage SET timeline = timeline + 1",
+        )
+        .await;
+        // Every node reclaims every few seconds: its observation is all
+        // that could notice the fork. An hour passes.
+        worker.session_reclaim().await?;
+        worker.clock().advance(secs(3600));
+        worker.session_reclaim().await?;
+        let claimed = claim_one(&worker).await?;
+        worker.close().await;
+        Ok(claimed)
+    }
+    .await;
+    cleanup(&base, &dbname, &role).await;
+    assert_eq!(
+        outcome.expect("worker"),
+        1,
+        "claims paused an hour after the fork by a worker that cannot observe it"
+    );
+}

@@ -188,6 +188,19 @@ impl Failover {
         }
     }
 
+    /// Whether host `i` answers a new connection of its own (made, and one
+    /// round trip on it) within `within`: a sign of life that no lock and no
+    /// busy pool holds up.
+    pub(crate) async fn answers(&self, i: usize, within: Duration) -> bool {
+        let options = self.hosts[i].1.clone();
+        let probe = async {
+            let mut conn = PgConnection::connect_with(&options).await?;
+            conn.ping().await?;
+            conn.close().await
+        };
+        matches!(tokio::time::timeout(within, probe).await, Ok(Ok(())))
+    }
+
     /// Records that new connections go to host `i`, logging a change.
     fn reached(&self, i: usize) {
         let before = self.current.swap(i, Ordering::Relaxed);

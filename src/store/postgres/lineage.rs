@@ -6,8 +6,9 @@
 //! system identifier expires every session of before the fork and pauses
 //! claims for the longest of their TTLs, on the database clock. Every claim
 //! and lock (`drover_claim`, `CLAIM_GATED` in `gated`, `lease_lock`) asks
-//! `drover_claims_paused` (migration 0026) and hands no key out while the
-//! pause lasts, nor while the server's timeline is not the one recorded: a
+//! `drover_claims_paused` (migrations 0026, 0027) and hands no key out while
+//! the pause lasts, nor, for a role that may read it, while the server's
+//! timeline is not the one recorded: a
 //! connection that never broke (one opened to a standby before its
 //! promotion, one held by a pooler whose own connections moved to the new
 //! primary) claims nothing until the fork is observed, by the next new

@@ -48,32 +48,61 @@ where
 
 /// How long one of a worker's own requests (a session's start, heartbeat or
 /// close, a reclaim, a claim, a lock, a release, a batch of completions) may
-/// go unanswered. Each is a few statements of milliseconds; a server that
-/// does not answer for this long is frozen (a VM paused, a process stopped,
-/// a link that drops packets while both ends live: the kernel keeps the
-/// socket open, so nothing fails by itself). Before, such a request waited
-/// for ever, and with it the worker's claim loop or completer, every later
-/// outcome included, while its keeper moved on to the new primary.
+/// go unanswered before the store looks whether its server is alive. Each is
+/// a few statements of milliseconds, but one may rightly wait far longer: for
+/// a lock (a caller's transaction holding a key's row, an index built on the
+/// items), for a pooled connection, or through a reclaim of many leases.
 pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Awaits `op` for at most [`ANSWER_TIMEOUT`]. Past it the request is
-/// dropped (its connection is closed, not reused: the notice retires it) and
-/// answered `CommitUnknown`, since a commit may have been sent: a claim's
-/// caller gives its session up, a batch of completions is sent again. The
-/// store's connections are retired and, with several hosts, the host that
-/// now accepts writes is looked for.
+/// How long the look at the server may take: a new connection to the host
+/// new connections go to, and one round trip on it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Awaits `op`; each time it has gone [`ANSWER_TIMEOUT`] without an answer,
+/// asks its server for a sign of life on a new connection of its own (while
+/// `op` goes on). A server that answers is busy, or `op` waits for a lock or
+/// a connection: `op` is awaited on. A server that does not answer within
+/// [`PROBE_TIMEOUT`], or one the store has moved away from meanwhile, is
+/// frozen or gone (a VM paused, a process stopped, a link that
+/// drops packets while both ends live: the kernel keeps the socket open, so
+/// nothing fails by itself): `op` is dropped (its connection is closed, not
+/// reused: the notice retires it) and answered `CommitUnknown`, since a
+/// commit may have been sent. A claim's caller then gives its session up, a
+/// batch of completions is sent again; the store's connections are retired
+/// and, with several hosts, the host that now accepts writes is looked for.
+/// Before, such a request waited for ever, and with it the worker's claim
+/// loop or completer, every later outcome included, while its keeper moved
+/// on to the new primary.
 pub(super) async fn bounded<T>(
     store: &PostgresStore,
     op: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(ANSWER_TIMEOUT, op).await {
-        Ok(result) => result,
-        Err(_) => {
+    // The host the request's connection reached: new connections go to it
+    // as the request starts.
+    let host = store.failover.current();
+    let mut op = std::pin::pin!(op);
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut op => return done,
+            () = tokio::time::sleep(ANSWER_TIMEOUT) => {}
+        }
+        // The store found another host meanwhile (a new connection waited
+        // too long and the search chose one that fits now): the request's
+        // server is the one that went away, however well the new one answers.
+        let alive = store.failover.current() == host
+            && tokio::select! {
+                biased;
+                done = &mut op => return done,
+                alive = store.failover.answers(host, PROBE_TIMEOUT) => alive,
+            };
+        if !alive {
             let e = super::error::unanswered(format!(
-                "the database did not answer within {ANSWER_TIMEOUT:?} (a frozen server or link)"
+                "the database did not answer within {ANSWER_TIMEOUT:?}, nor a new connection \
+                 within {PROBE_TIMEOUT:?} (a frozen server or link)"
             ));
             notice(store, &e);
-            Err(e)
+            return Err(e);
         }
     }
 }
