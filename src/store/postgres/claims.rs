@@ -111,8 +111,9 @@ pub(super) async fn claim(
 }
 
 /// [`CLAIM_GROUP`]'s rows for `group`; directly connected the statement is
-/// its own transaction, through a pooler one is wrapped around it. Bounded
-/// by [`ANSWER_TIMEOUT`](super::retry::ANSWER_TIMEOUT).
+/// its own transaction, through a pooler one is wrapped around it. Watched
+/// by [`bounded`]: unanswered past its timeout, its server must show a sign
+/// of life.
 async fn group_rows(
     store: &PostgresStore,
     group: &[LeaseClaim],

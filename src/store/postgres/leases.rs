@@ -112,7 +112,7 @@ impl ClaimedKey {
 /// does). Directly connected
 /// the statement is its own transaction; through a pooler it needs one around
 /// it (see `Tx`), and then the commit is where the outcome may become unknown.
-/// Bounded by [`ANSWER_TIMEOUT`](super::retry::ANSWER_TIMEOUT).
+/// Watched by [`bounded`] (see [`ANSWER_TIMEOUT`](super::retry::ANSWER_TIMEOUT)).
 pub(super) async fn claim_rows<R>(
     store: &PostgresStore,
     (sql, binds_trace): (&'static str, bool),
