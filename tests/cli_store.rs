@@ -287,6 +287,25 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
             "sqlite:///nonexistent-drover-dir/x.db",
             "the directory /nonexistent-drover-dir does not exist: create it",
         ),
+        // `sqlite://$UNSET`: SQLite gave each connection a private temporary
+        // database, and the writer's had no tables ("no such table").
+        ("sqlite://", "it names no file"),
+        // A store several processes share, with SQLite's locking off, was
+        // corrupted within seconds.
+        (
+            "sqlite:///nonexistent-drover-dir/x.db?vfs=unix-none",
+            "`vfs` turns SQLite's locking off",
+        ),
+        (
+            "sqlite:///nonexistent-drover-dir/x.db?immutable=1",
+            "`immutable` turns SQLite's locking off",
+        ),
+        // A one-shot command's in-memory database ends with it, and what it
+        // wrote: `enqueue` said "enqueued" of keys no worker could see.
+        (
+            "sqlite::memory:",
+            "an in-memory database ends with this command",
+        ),
     ];
     for (url, needle) in cases {
         let started = Instant::now();
@@ -296,6 +315,15 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
             "{url} took too long"
         );
     }
+    fails_with(
+        &drover(
+            None,
+            None,
+            &["enqueue", "p", "a", "--db", "sqlite::memory:"],
+            "",
+        ),
+        "an in-memory database ends with this command",
+    );
     let out = drover(
         Some("postgres://u:hunter2@127.0.0.1:1/x"),
         None,

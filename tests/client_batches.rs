@@ -4,6 +4,8 @@
 //! too large (413) wrote nothing; before, it was sent again whole at every
 //! retry until its leases lapsed, so permanent failures were never parked
 //! and runs that succeeded ran again. SQLite behind an in-process server.
+//! Also how long the worker waits for a claim its server is slow to answer
+//! (on PostgreSQL, behind a table lock).
 
 mod support;
 
@@ -198,4 +200,44 @@ async fn long_permanent_failures_park_their_keys_after_one_run() {
     )
     .await;
     assert_eq!(runs, 32, "each key ran once");
+}
+
+/// A busy worker claims without waiting (`wait_ms` 0), and its server may
+/// rightly take longer than 10 s to answer: here its claim waits 13 s behind
+/// a table lock, and the server's store, finding the database alive, waits
+/// it out. The client waits as long as for any other request (30 s). Before,
+/// it gave such a claim 10 s, then took the answer for unknown and gave its
+/// whole session up, stopping every run under it. PostgreSQL only: a
+/// SQLite claim does not queue behind a reader's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_wait_is_awaited_while_its_server_waits_on_a_lock() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    db.store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["a"]))
+        .await
+        .expect("enqueue");
+    let backend = served_with(&db.store, ServerOptions::default());
+    let session = backend
+        .session_start(SessionStart::new("batches", Duration::from_secs(60)))
+        .await
+        .expect("session");
+    let holder = support::locks::items_held_for(&db.sql_url, Duration::from_secs(13)).await;
+    let claim = LeaseClaim {
+        session: session.id,
+        process: PROCESS.into(),
+        max: 1,
+        trace_links: false,
+    };
+    let claimed = backend.lease_claim_wait(claim, Duration::ZERO).await;
+    holder.await.expect("holder");
+    let leases = claimed
+        .expect("the claim is answered once the lock goes")
+        .leases;
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    drop(backend);
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
 }

@@ -350,3 +350,37 @@ async fn http2_by_prior_knowledge_is_refused() {
     drop(one);
     server.stop().await;
 }
+
+/// A body over the limit is answered 413 with the connection kept: the
+/// server reads the body to its end first, so the next request on that
+/// connection (an HTTP client's pool reuses it, and drover's worker sends the
+/// batch again in halves) is answered. Before, the server answered at once
+/// and closed the connection with the body unread, without saying so; the
+/// client's next request on it failed with a broken pipe, and the worker
+/// could not tell "too large, send less" from a lost request.
+#[tokio::test]
+async fn a_body_over_the_limit_is_answered_413_on_a_connection_kept_open() {
+    let server = start(ServerOptions::default().body_limit(4096)).await;
+    let body = vec![b' '; 256 * 1024];
+    let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("send headers");
+    stream.write_all(&body).await.expect("send the body");
+    let answer = read_response(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
+    stream
+        .write_all(HEALTHZ)
+        .await
+        .expect("send another request");
+    let next = read_response(&mut stream).await;
+    assert!(next.starts_with("HTTP/1.1 200"), "{next}");
+    server.stop().await;
+}

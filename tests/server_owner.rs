@@ -320,3 +320,106 @@ async fn a_batch_lease_of_an_unknown_session_is_expired_and_the_rest_is_written(
     })
     .await;
 }
+
+/// The SQL statements sqlx runs on this thread while it lives (its
+/// `sqlx::query` events), for a test that counts a request's reads.
+struct Statements {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    _default: tracing::subscriber::DefaultGuard,
+}
+
+impl Statements {
+    /// Starts listening on this thread (a current-thread runtime's tasks
+    /// all run on it).
+    fn listen() -> Self {
+        let seen = std::sync::Arc::default();
+        let recorder = Recorder {
+            seen: std::sync::Arc::clone(&seen),
+        };
+        Self {
+            seen,
+            _default: tracing::subscriber::set_default(recorder),
+        }
+    }
+
+    /// How many statements seen so far contain `text`.
+    fn containing(&self, text: &str) -> usize {
+        let seen = self.seen.lock().expect("statements");
+        seen.iter().filter(|s| s.contains(text)).count()
+    }
+}
+
+/// A subscriber that keeps every `sqlx::query` event's fields as text.
+struct Recorder {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl tracing::Subscriber for Recorder {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "sqlx::query"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={value:?} ", field.name()));
+            }
+        }
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        self.seen.lock().expect("statements").push(text.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A completion batch may name up to 4,096 sessions this server has never
+/// seen (made up, or started through another server): their owners are read
+/// in one query, so one request cannot make the server read the database
+/// thousands of times. The made-up ones are answered as expired, the
+/// caller's own lease commits.
+#[tokio::test]
+async fn a_batch_naming_thousands_of_unseen_sessions_reads_their_owners_once() {
+    each_engine(|db| async move {
+        let (api, session, lease) = w1_holding_a(&db.store).await;
+        let mut completions = vec![json!({ "lease": lease, "outcome": { "type": "done" } })];
+        for made_up in 1..4096 {
+            let mut other = lease.clone();
+            other["session"] = json!(session + 1_000_000 + made_up);
+            completions.push(json!({ "lease": other, "outcome": { "type": "done" } }));
+        }
+        let statements = Statements::listen();
+        let reply = api
+            .send(
+                POST,
+                "/v1/leases/complete-batch",
+                Some(json!({ "completions": completions }).to_string()),
+                Some("w1"),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        let results = reply.json()["results"].as_array().expect("results").clone();
+        assert_eq!(results.len(), 4096);
+        assert!(results[0]["error"].is_null(), "{}", results[0]);
+        assert!(
+            results[1..].iter().all(|r| r["error"] == "session_expired"),
+            "{}",
+            results[1]
+        );
+        // sqlx reports SQLite's statements from its own worker thread, where
+        // this listener does not hear them: the count is PostgreSQL's.
+        if db.engine == "postgres" {
+            assert_eq!(
+                statements.containing("FROM drover_sessions WHERE id"),
+                1,
+                "the unseen sessions' owners are read in one statement"
+            );
+        }
+    })
+    .await;
+}

@@ -251,3 +251,58 @@ async fn connections_carry_the_stores_application_name() {
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+/// An application name holding a NUL is refused with an error: on SQLite it
+/// names the connections' threads, and a thread name with a NUL panicked
+/// inside sqlx.
+#[tokio::test]
+async fn an_application_name_with_a_nul_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("d.db").display());
+    let options = StoreOptions::default().application_name("drover\0worker");
+    let err = Store::connect_with(&url, &options)
+        .await
+        .expect_err("a NUL in the name");
+    assert!(
+        matches!(err, StoreError::InvalidArgument(ref why) if why.contains("NUL")),
+        "{err}"
+    );
+}
+
+/// A store opens on a migrated SQLite file while another process holds a
+/// write transaction on it (an application's on its own tables, a long bulk
+/// enqueue): with nothing to migrate, opening takes no write lock. Before,
+/// every open (a `drover status` too) waited for that transaction, and
+/// failed "busy" after the 30 s busy timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrated_sqlite_file_opens_while_another_process_writes() {
+    use sqlx::ConnectOptions as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let url = format!("sqlite://{}", path.display());
+    Store::connect(&url).await.expect("create").close().await;
+    let mut other = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
+        .await
+        .expect("another program's connection");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .expect("its write transaction");
+    sqlx::query("CREATE TABLE app_rows (id INTEGER PRIMARY KEY)")
+        .execute(&mut other)
+        .await
+        .expect("its write");
+    // Bounded only so that a failure ends before the busy timeout does.
+    let opened = tokio::time::timeout(std::time::Duration::from_secs(20), Store::connect(&url))
+        .await
+        .expect("the store opened without waiting for the writer")
+        .expect("open");
+    let counts = opened.process_counts_all().await.expect("a read");
+    assert!(counts.is_empty(), "{counts:?}");
+    sqlx::query("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("rollback");
+}

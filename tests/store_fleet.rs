@@ -2,7 +2,8 @@
 //! concurrency limit (with the worst interleaving forced on PostgreSQL, and a
 //! stress of many claimers) and the rate limit's token bucket on the database
 //! clock. What decides a claim of a limited process runs through PgBouncer
-//! too.
+//! too. On PostgreSQL, a query source's lock that waits for its key's row
+//! obeys what changed meanwhile and holds no other claim back.
 
 mod support;
 
@@ -430,6 +431,42 @@ async fn claims_queued_behind_a_claim_holding_the_process_lock_see_its_runs() {
     }
 }
 
+/// A database or role whose default isolation is REPEATABLE READ (chosen
+/// for other applications) does not change drover's: its connections set
+/// READ COMMITTED at startup, which the limited claim's lock-then-count is
+/// written for, and the limit holds. Before, they took the default: claims
+/// queued behind the holder of the process row would have counted from
+/// their snapshot of before the wait; PostgreSQL failed them with
+/// serialization errors instead, which the store retried (a few times, so
+/// under contention a claim could fail).
+#[tokio::test]
+async fn a_repeatable_read_default_does_not_loosen_the_concurrency_limit() {
+    const REPEATABLE_READ: &str = "%20-c%20default_transaction_isolation%3Drepeatable%5C%20read";
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    for known in [false, true] {
+        let (db, schema) = support::postgres_with(&base, REPEATABLE_READ).await;
+        let own = sqlx::PgPool::connect(&db.url).await.expect("connect");
+        let isolation = "SHOW transaction_isolation";
+        let default: String = sqlx::query_scalar(isolation)
+            .fetch_one(&own)
+            .await
+            .expect("show");
+        assert_eq!(default, "repeatable read", "the URL sets the default");
+        let pool = db.store.postgres_pool().expect("postgres");
+        let drovers: String = sqlx::query_scalar(isolation)
+            .fetch_one(pool)
+            .await
+            .expect("show");
+        assert_eq!(drovers, "read committed");
+        queued_claims(&db, known).await;
+        own.close().await;
+        db.store.close().await;
+        support::drop_schema(&base, &schema).await;
+    }
+}
+
 async fn queued_claims(db: &TestDb, known: bool) {
     enqueue(&db.store, 5).await;
     configure(&db.store, ProcessConfigure::new(P).concurrency(Some(1))).await;
@@ -581,6 +618,143 @@ async fn limits_no_process_can_run_with_are_refused_and_change_nothing() {
         assert!(
             (rate.per_second - 2.5).abs() < 1e-9 && rate.burst == 4,
             "{rate:?}"
+        );
+    })
+    .await;
+}
+
+/// A test transaction holding key `k`'s row of [`P`], as a caller's
+/// transaction that enqueued the key does until it commits (or a watched
+/// table's trigger in it), with its pool: one of the test's own, since the
+/// store's connections end a transaction idle for 5 s.
+async fn holding_k(db: &TestDb) -> (Holder, sqlx::PgPool) {
+    const LOCK: &str =
+        "SELECT 1 FROM drover_items WHERE process = 'fleet' AND key = 'k' AND $1 = $1 FOR UPDATE";
+    let pool = sqlx::PgPool::connect(&db.sql_url)
+        .await
+        .expect("the test's pool");
+    (Holder::lock(&pool, LOCK, 0).await, pool)
+}
+
+/// A `lease_lock` of `key` by `session`, started on its own task.
+fn lock_in_flight(
+    store: &Store,
+    session: SessionId,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<drover::store::Lease, StoreError>> {
+    let (store, params) = (store.clone(), lock(session, key));
+    tokio::spawn(async move { store.lease_lock(params).await })
+}
+
+/// On PostgreSQL, fresh schema each run of `test`.
+async fn on_postgres<F, Fut>(test: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let store = db.store.clone();
+    test(db).await;
+    store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
+/// A query source's `lease_lock` waits for its key's row while a caller's
+/// transaction holds it; meanwhile the process, which had no fleet control,
+/// is paused, and the pause returns. The lock, let go, is refused: before,
+/// it had read the process's controls before its wait, and leased a key of
+/// a paused process after the pause had returned.
+#[tokio::test]
+async fn a_lock_waiting_for_its_keys_row_obeys_a_pause_committed_meanwhile() {
+    on_postgres(|db| async move {
+        db.store
+            .item_enqueue(ItemEnqueue::new(P, ["k"]))
+            .await
+            .expect("enqueue");
+        let session = db.session().await;
+        let (holder, pool) = holding_k(&db).await;
+        let locking = lock_in_flight(&db.store, session.id, "k");
+        holder.wait_for_waiters(&pool, 1).await;
+        pause(&db.store, true).await;
+        holder.release().await;
+        let locked = locking.await.expect("join");
+        assert!(
+            matches!(locked, Err(StoreError::Held { .. })),
+            "a key of a paused process was leased after the pause returned: {locked:?}"
+        );
+        assert_eq!(pending(&db.store).await, 1, "the key is still pending");
+    })
+    .await;
+}
+
+/// The same with a concurrency limit of 1 set while the lock waits and
+/// another key runs: the lock is refused. Before, it was let through, and
+/// two keys ran under a limit of one.
+#[tokio::test]
+async fn a_lock_waiting_for_its_keys_row_obeys_a_limit_set_meanwhile() {
+    on_postgres(|db| async move {
+        db.store
+            .item_enqueue(ItemEnqueue::new(P, ["a", "k"]))
+            .await
+            .expect("enqueue");
+        let session = db.session().await;
+        db.store
+            .lease_lock(lock(session.id, "a"))
+            .await
+            .expect("a runs");
+        let (holder, pool) = holding_k(&db).await;
+        let locking = lock_in_flight(&db.store, session.id, "k");
+        holder.wait_for_waiters(&pool, 1).await;
+        configure(&db.store, ProcessConfigure::new(P).concurrency(Some(1))).await;
+        holder.release().await;
+        let locked = locking.await.expect("join");
+        assert!(
+            matches!(locked, Err(StoreError::Held { .. })),
+            "a second key was leased under a limit of 1: {locked:?}"
+        );
+    })
+    .await;
+}
+
+/// Under a fleet control, a `lease_lock` waiting for its key's row holds no
+/// lock that other keys' claims, or the operator's pause, wait for: both
+/// are answered while the caller's transaction still holds the row. Before,
+/// the lock held the process row while it waited, and every claim of the
+/// process on every node (and the pause) waited as long as the caller's
+/// transaction lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_waiting_for_its_keys_row_holds_no_other_claim_back() {
+    on_postgres(|db| async move {
+        configure(&db.store, ProcessConfigure::new(P).concurrency(Some(10))).await;
+        db.store
+            .item_enqueue(ItemEnqueue::new(P, ["k", "x", "y"]))
+            .await
+            .expect("enqueue");
+        let (a, b) = (db.session().await, db.session().await);
+        let (holder, pool) = holding_k(&db).await;
+        let locking = lock_in_flight(&db.store, a.id, "k");
+        holder.wait_for_waiters(&pool, 1).await;
+        // Bounded only so that a failure ends: the answers must come while
+        // the row is still held, which it is until the end.
+        let bound = Duration::from_secs(20);
+        let claimed = tokio::time::timeout(bound, claim_leases(&db.store, b.id, 2))
+            .await
+            .expect("another node's claim of ready keys waited for the lock");
+        let mut keys: Vec<_> = claimed.iter().map(|l| l.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["x", "y"]);
+        tokio::time::timeout(bound, pause(&db.store, true))
+            .await
+            .expect("the pause waited for the lock");
+        assert!(!locking.is_finished(), "the lock still waits for its row");
+        holder.release().await;
+        let locked = locking.await.expect("join");
+        assert!(
+            matches!(locked, Err(StoreError::Held { .. })),
+            "paused meanwhile: {locked:?}"
         );
     })
     .await;

@@ -874,15 +874,7 @@ async fn a_claim_behind_a_table_lock_past_the_answer_timeout_is_answered() {
         .await
         .expect("session");
     let admin = sqlx::PgPool::connect(&db.url).await.expect("admin");
-    let mut tx = admin.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE drover_items IN SHARE MODE")
-        .execute(&mut *tx)
-        .await
-        .expect("lock");
-    let holder = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(13)).await;
-        tx.commit().await.expect("commit");
-    });
+    let holder = support::locks::items_held_for(&db.url, Duration::from_secs(13)).await;
     let started = Instant::now();
     let claimed = store
         .lease_claim(LeaseClaim {

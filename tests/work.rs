@@ -159,32 +159,51 @@ async fn a_command_writing_invalid_utf8_and_nul_to_stderr_is_parked_with_readabl
     .await;
 }
 
+/// A command whose work is a tool it starts (as a script runs `terraform`
+/// or `curl`): it logs its own pid, then the tool's, and waits for the tool.
+fn command_with_a_tool(log: &Path) -> String {
+    format!(
+        r#"sh -c 'echo start $1 $$ >> {0}; sleep 60 & echo tool $1 $! >> {0}; wait' sh"#,
+        log.display()
+    )
+}
+
+/// The pids in `log`'s lines (a command's and its tool's).
+fn logged_pids(log: &Path) -> Vec<i32> {
+    read_log(log)
+        .iter()
+        .map(|l| l[2].parse().unwrap())
+        .collect()
+}
+
+/// The worker's commands die with it, and so do the tools they started:
+/// the kernel kills each command (`PR_SET_PDEATHSIG`), the worker's keeper
+/// the rest of its process group. Before the keeper, a tool outlived the
+/// killed worker, and once the TTL passed another worker ran its key beside
+/// it. Judged from the pids the commands and tools logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_with_sigkill_takes_its_commands_down_and_its_keys_run_elsewhere_after_the_ttl()
  {
     each_engine(|db| async move {
         let log = log_path(&db);
-        let hold = format!(
-            r#"sh -c 'echo start $1 $$ >> {}; exec sleep 60' sh"#,
-            log.display()
-        );
+        let hold = command_with_a_tool(&log);
         let doomed = worker(&db, &hold, &["--parallelism", "3", "--ttl", "1s"]);
         let all = keys(3);
         enqueue(&db.store, &all).await;
-        eventually("three commands running", || async {
-            read_log(&log).len() == 3
+        eventually("three commands and their tools running", || async {
+            read_log(&log).len() == 6
         })
         .await;
         signal(&doomed, Signal::SIGKILL);
 
-        let pids: Vec<i32> = read_log(&log)
-            .iter()
-            .map(|l| l[2].parse().unwrap())
-            .collect();
-        eventually("the dead worker's commands to die", || async {
-            pids.iter()
-                .all(|pid| kill(Pid::from_raw(*pid), None).is_err())
-        })
+        let pids = logged_pids(&log);
+        eventually(
+            "the dead worker's commands and their tools to die",
+            || async {
+                pids.iter()
+                    .all(|pid| kill(Pid::from_raw(*pid), None).is_err())
+            },
+        )
         .await;
         let quick = format!(
             r#"sh -c 'echo start $1 $$ >> {0}; echo end $1 $$ >> {0}' sh"#,
@@ -200,11 +219,11 @@ async fn a_worker_killed_with_sigkill_takes_its_commands_down_and_its_keys_run_e
         let lines = read_log(&log);
         assert_eq!(
             lines.len(),
-            9,
-            "3 killed runs, then 3 complete runs: {lines:?}"
+            12,
+            "3 killed runs with their tools, then 3 complete runs: {lines:?}"
         );
         assert!(
-            lines[3..]
+            lines[6..]
                 .iter()
                 .all(|l| !pids.contains(&l[2].parse().unwrap()))
         );
@@ -416,20 +435,24 @@ async fn a_worker_fits_its_runs_to_the_open_file_limit_and_starts_every_command(
     assert_eq!(seen.lines().count(), 400);
 }
 
+/// A second signal exits at once, and what the commands started dies with
+/// the worker (its keeper kills their process groups): before, `exit` ran
+/// no destructor, and a command's tool ran on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let (db, _dir) = support::sqlite().await;
     let log = log_path(&db);
+    let tools = log_path(&db);
     let mut child = support::cli::worker_logged(
         &db.url,
         PROCESS,
-        "sh -c 'exec sleep 60' sh",
+        &command_with_a_tool(&tools),
         &["--shutdown-deadline", "1h"],
         &log,
     );
     enqueue(&db.store, &keys(1)).await;
-    eventually("the key running", || async {
-        counts(&db.store).await.1 == 1
+    eventually("the key's command and its tool running", || async {
+        read_log(&tools).len() == 2
     })
     .await;
     signal(&child, Signal::SIGTERM);
@@ -443,6 +466,12 @@ async fn a_second_signal_exits_at_once() {
     // written by a thread of its own.
     let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(said.contains("second signal: exiting now"), "{said}");
+    let pids = logged_pids(&tools);
+    eventually("the command and its tool to die", || async {
+        pids.iter()
+            .all(|pid| kill(Pid::from_raw(*pid), None).is_err())
+    })
+    .await;
 }
 
 /// A key that looks like an option (issue 35): by default it is the command's

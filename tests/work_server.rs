@@ -33,6 +33,20 @@ async fn serve_on(db: &TestDb, dir: &std::path::Path, listen: &str) -> (Child, S
     (serve.child, serve.url)
 }
 
+/// [`serve`] with a fault proxy in front of it: workers reach the server
+/// through the proxy's address, so a test can freeze or cut their link.
+async fn serve_behind_proxy(
+    db: &TestDb,
+    dir: &std::path::Path,
+) -> (Child, support::fault_proxy::FaultProxy) {
+    let (serve, url) = serve(db, dir).await;
+    let addr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("an address");
+    (serve, support::fault_proxy::FaultProxy::start(addr).await)
+}
+
 fn remote_worker(url: &str, exec: &str, flags: &[&str]) -> Child {
     let args = [PROCESS, "--server", url, "--token", TOKEN, "--exec", exec];
     support::cli::work(args.into_iter().chain(flags.iter().copied()))
@@ -399,14 +413,8 @@ async fn each_worker_serves_its_own_metrics_on_either_backend() {
 /// it could not start a session, though a shutdown was asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_a_worker_whose_first_session_start_is_not_answered() {
-    use support::fault_proxy::FaultProxy;
     let (db, dir) = support::sqlite().await;
-    let (_serve, url) = serve(&db, dir.path()).await;
-    let addr = url
-        .trim_start_matches("http://")
-        .parse()
-        .expect("an address");
-    let proxy = FaultProxy::start(addr).await;
+    let (_serve, proxy) = serve_behind_proxy(&db, dir.path()).await;
     proxy.freeze();
     let worker = remote_worker(&format!("http://{}", proxy.addr), "true", &[]);
     eventually("the session start in flight", || async {
@@ -429,14 +437,8 @@ async fn sigterm_stops_a_worker_whose_first_session_start_is_not_answered() {
 /// 30 s request timeout, past the deadline and past the session's loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_traced_worker_stops_within_its_deadline_when_its_server_freezes() {
-    use support::fault_proxy::FaultProxy;
     let (db, dir) = support::sqlite().await;
-    let (_serve, url) = serve(&db, dir.path()).await;
-    let addr = url
-        .trim_start_matches("http://")
-        .parse()
-        .expect("an address");
-    let proxy = FaultProxy::start(addr).await;
+    let (_serve, proxy) = serve_behind_proxy(&db, dir.path()).await;
     let log = dir.path().join("work.log");
     let exec = format!(
         "sh -c 'echo start >> {0}; sleep 1; echo end >> {0}; exit 75'",

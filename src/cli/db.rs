@@ -35,11 +35,33 @@ impl DbArgs {
         drover::store::redact_url(&self.url)
     }
 
-    /// Connects, applying any migrations the database lacks.
+    /// Connects, applying any migrations the database lacks, for a command
+    /// that ends once its work is done. An in-memory database would end
+    /// with it, and what it wrote with it (an enqueue said "enqueued" of
+    /// keys no worker could ever see), so one is refused.
     pub(crate) async fn open(&self) -> anyhow::Result<Store> {
+        anyhow::ensure!(
+            !self.in_memory(),
+            "--db {}: an in-memory database ends with this command, and what it writes \
+             with it; give a file (sqlite://drover.db) or a PostgreSQL URL (only serve and \
+             work keep one, for as long as they run)",
+            self.redacted()
+        );
+        self.open_lasting().await
+    }
+
+    /// [`open`](Self::open) for `serve` and `work`, which keep an in-memory
+    /// database for as long as they run.
+    pub(crate) async fn open_lasting(&self) -> anyhow::Result<Store> {
         Store::connect_with(&self.url, &self.options())
             .await
             .context("cannot open the store")
+    }
+
+    /// Whether the URL names an in-memory SQLite database.
+    fn in_memory(&self) -> bool {
+        self.url.starts_with("sqlite:")
+            && (self.url.contains(":memory:") || self.url.contains("mode=memory"))
     }
 
     /// The connect options these flags ask for.

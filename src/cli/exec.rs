@@ -15,7 +15,8 @@
 //! so nothing of an old run is alive once its session is given up; the group is
 //! killed too whenever the run's future is dropped. On Linux the command gets
 //! `SIGKILL` from the kernel the moment the worker dies, even by `SIGKILL`
-//! (`PR_SET_PDEATHSIG`).
+//! (`PR_SET_PDEATHSIG`), and the rest of its group from the worker's keeper
+//! (`keeper.rs`).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -129,7 +130,7 @@ impl Exec {
             child.map_err(|e| transient(format!("cannot start {}: {e}", self.program)))?;
         // Kills the whole group when the run ends, however it ends (a dropped
         // future included), so nothing the command started outlives the run.
-        let group = child.id().map(GroupKill);
+        let group = child.id().map(GroupKill::new);
         let tail = tokio::spawn(tail(child.stderr.take(), job.key.clone()));
         let relayed = tokio::spawn(relay(child.stdout.take()));
         let status = tokio::select! {
@@ -326,6 +327,13 @@ const GROUP_GONE_WITHIN: Duration = Duration::from_millis(50);
 struct GroupKill(u32);
 
 impl GroupKill {
+    /// The group led by `leader`, made known to the keeper (see `keeper.rs`)
+    /// until it is killed.
+    fn new(leader: u32) -> Self {
+        super::keeper::watch(leader);
+        Self(leader)
+    }
+
     fn kill(&self) {
         if let Ok(pid) = i32::try_from(self.0) {
             // ESRCH (the group is gone already) is the normal case.
@@ -361,6 +369,7 @@ impl GroupKill {
 impl Drop for GroupKill {
     fn drop(&mut self) {
         self.kill();
+        super::keeper::forget(self.0);
     }
 }
 

@@ -12,6 +12,7 @@ mod enqueue;
 mod errors;
 mod exec;
 mod history;
+mod keeper;
 mod listing;
 mod metrics_listen;
 mod migrate;
@@ -81,6 +82,10 @@ enum Command {
     Watch(watch::WatchArgs),
     /// Stop watching a table (drop the triggers `drover watch` installed).
     Unwatch(watch::UnwatchArgs),
+    /// Internal: the process `drover work` starts to kill its commands'
+    /// process groups if it dies (see `keeper.rs`).
+    #[command(hide = true)]
+    Keeper,
 }
 
 /// A failure already reported on stderr, one line per cause: `main` exits
@@ -100,6 +105,9 @@ impl std::error::Error for Reported {}
 /// line on stderr and a non-zero exit code.
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Keeper) {
+        return keeper::run();
+    }
     // Dropped last, however `main` ends (a return, a panic): what drover's
     // streams hold is written before the process exits.
     let _flush = streams::FlushOnDrop;
@@ -134,6 +142,7 @@ pub(crate) fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Watch(args) => watch::watch(args).await,
             Command::Unwatch(args) => watch::unwatch(args).await,
+            Command::Keeper => unreachable!("the keeper runs without a runtime, above"),
         }
     });
     match result {

@@ -159,7 +159,7 @@ fn fit_connections(wanted: usize) -> usize {
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let tokens = load_tokens(args.tokens.as_ref())?;
     let addrs = resolve(&args.listen, tokens.is_empty(), args.insecure).await?;
-    let store = args.db.open().await?;
+    let store = args.db.open_lasting().await?;
     let listener = tokio::net::TcpListener::bind(addrs.as_slice())
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -120,6 +120,7 @@ pub(crate) async fn run(mut args: Args) -> anyhow::Result<()> {
         exec = exec.key_in_env_only();
     }
     let exec = Arc::new(exec);
+    super::keeper::start();
     let backoff = args.backoff()?;
     if let Some(server) = &args.remote.server {
         anyhow::ensure!(
@@ -136,7 +137,7 @@ pub(crate) async fn run(mut args: Args) -> anyhow::Result<()> {
         );
         return serve_until_signal(&args, controller).await;
     }
-    let store = args.db.open().await?;
+    let store = args.db.open_lasting().await?;
     let controller = controller(&args, store, exec, backoff)?;
     errln!(
         "drover work: process {} on {}, parallelism {}, exec {:?}",

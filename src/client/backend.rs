@@ -22,8 +22,11 @@ use crate::store::{
 /// default body limit (1 MiB), so a batch of long error texts still fits.
 const MAX_BATCH_BYTES: usize = 512 * 1024;
 
-/// How much longer than the long-poll itself a claim may take to answer.
-const CLAIM_SLACK: Duration = Duration::from_secs(10);
+/// How much longer than the long-poll itself a claim may take to answer: as
+/// long as any other request ([`CALL_TIMEOUT`]). A claim may rightly wait on
+/// the server for a lock or a connection, and a claim given up is a session
+/// given up (its answer is unknown), with every run under it.
+const CLAIM_SLACK: Duration = CALL_TIMEOUT;
 
 impl WorkerBackend for Client {
     const RECLAIMS: bool = false;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -231,7 +231,10 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
     ///
     /// Claimed leases wait in `ready` (at most the prefetch beyond the free
     /// slots) and start as slots free up; a claim is made only when `ready`
-    /// cannot fill the free slots. Leases of a session that was lost are
+    /// cannot fill the free slots, or when its oldest lease was claimed more
+    /// than an idle poll ago (the claim's answer says whether the process
+    /// was paused since; if it was, they are handed back unstarted). Leases
+    /// of a session that was lost are
     /// dropped unstarted (another node reclaims them); those still waiting at
     /// shutdown go back to pending when the session is closed. Each turn is
     /// [`claim_turn`](Self::claim_turn).
@@ -271,17 +274,29 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         let session = or_stop(shutdown, current(live)).await?;
         loop_state.drop_lost(session.id);
         let ready = &mut loop_state.ready;
-        if ready.len() >= permits.len() {
+        // Leases claimed within the idle poll start at once. Older ones wait
+        // for a claim first, whose answer says whether the process was
+        // paused since: a pause reaches prefetched keys within one poll, as
+        // it reaches claims.
+        let fresh = ready
+            .front()
+            .is_some_and(|(_, claimed)| claimed.elapsed() < self.settings.idle_poll);
+        if ready.len() >= permits.len() && fresh {
             start(ready, permits, &session, run, runs);
             return Some(());
         }
         // Registered before the claim, so an enqueue during it is not missed.
         let woken = wake.map(Notify::notified);
-        let asked = permits.len() + self.settings.prefetch - ready.len();
+        // At least one: a claim made to hear the gate for stale leases that
+        // fill the free slots takes at most one key beyond the prefetch.
+        let asked = (permits.len() + self.settings.prefetch)
+            .saturating_sub(ready.len())
+            .max(1);
         // Without a subscription, the backend waits for work itself (a
         // long-poll) once a claim found less than it asked for; the server
-        // watches the database meanwhile, so the wait can be long.
-        let wait = if wake.is_none() && loop_state.idle {
+        // watches the database meanwhile, so the wait can be long. Never
+        // with leases waiting to start: they wait on the answer.
+        let wait = if wake.is_none() && loop_state.idle && ready.is_empty() {
             self.settings.idle_poll.max(LONG_POLL)
         } else {
             Duration::ZERO
@@ -301,7 +316,15 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         };
         let next_token_in = claimed.gate.next_token_in;
         let got = claimed.leases.len();
-        ready.extend(claimed.leases);
+        let now = Instant::now();
+        ready.extend(claimed.leases.into_iter().map(|lease| (lease, now)));
+        if claimed.gate.paused {
+            // Paused since these were claimed: none of them starts. They are
+            // handed back, pending again for whoever claims after the resume.
+            drop(permits);
+            self.give_back(ready).await;
+            return self.wait_for_work(shutdown, loop_state, 0, woken).await;
+        }
         start(ready, permits, &session, run, runs);
         if got == asked || !ready.is_empty() {
             loop_state.idle = false;
@@ -309,9 +332,12 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         }
         if let Some(token) = next_token_in {
             // The process's rate limit, not an empty queue, held the claim
-            // back: claim again when its next token comes, not at a poll.
+            // back: claim again when its next token comes, not at a poll;
+            // or at the poll if it comes first, so that a limit raised or
+            // removed meanwhile is obeyed within one poll, as every change is.
             loop_state.idle = false;
-            return or_stop(shutdown, sleep(token)).await;
+            let nap = token.min(self.settings.idle_poll);
+            return or_stop(shutdown, sleep(nap)).await;
         }
         self.wait_for_work(shutdown, loop_state, got, woken).await
     }
@@ -340,6 +366,29 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             or_stop(shutdown, sleep(pause)).await?;
         }
         Some(false)
+    }
+
+    /// Hands back every lease waiting to start (the process was paused since
+    /// they were claimed). One the backend could not release (a lost link)
+    /// stays, to be handed back after the next claim; one whose lease is
+    /// already lost is dropped.
+    async fn give_back(&self, ready: &mut VecDeque<(Lease, Instant)>) {
+        let mut kept = VecDeque::new();
+        for (lease, claimed) in ready.drain(..) {
+            match self
+                .backend
+                .lease_release(LeaseRelease { lease: &lease })
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.is_lease_rejection() => {}
+                Err(e) => {
+                    tracing::warn!(process = %self.settings.process, key = %lease.key, error = %e, "could not hand back a lease of a paused process");
+                    kept.push_back((lease, claimed));
+                }
+            }
+        }
+        *ready = kept;
     }
 
     /// Nothing more is ready: waits for an enqueue (`woken`) or the idle poll.
@@ -489,8 +538,9 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
 struct Claiming {
     /// One permit per run the controller may have in flight.
     slots: Arc<Semaphore>,
-    /// Claimed leases not started yet (the prefetch), oldest first.
-    ready: VecDeque<Lease>,
+    /// Claimed leases not started yet (the prefetch), oldest first, each
+    /// with when it was claimed.
+    ready: VecDeque<(Lease, Instant)>,
     /// Whether the last claim found less than it asked for.
     idle: bool,
 }
@@ -503,7 +553,7 @@ impl Claiming {
         while self
             .ready
             .front()
-            .is_some_and(|lease| lease.session != session)
+            .is_some_and(|(lease, _)| lease.session != session)
         {
             self.ready.pop_front();
         }
@@ -523,14 +573,14 @@ async fn or_stop<T>(shutdown: &CancellationToken, future: impl Future<Output = T
 /// Starts a run for each free slot that a waiting lease can fill, oldest lease
 /// first; slots left over are given back.
 fn start<R: Reconciler, B: WorkerBackend>(
-    ready: &mut VecDeque<Lease>,
+    ready: &mut VecDeque<(Lease, Instant)>,
     permits: Vec<OwnedSemaphorePermit>,
     session: &Live,
     run: &Arc<Run<R, B>>,
     runs: &TaskTracker,
 ) {
     for permit in permits {
-        let Some(lease) = ready.pop_front() else {
+        let Some((lease, _)) = ready.pop_front() else {
             return;
         };
         // Boxed: the run future is kilobytes, and tokio would copy it into the

@@ -5,7 +5,9 @@ use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::StatusCode;
+use axum::http::header::CONTENT_LENGTH;
 use axum::http::request::Parts;
+use futures_util::StreamExt as _;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -31,7 +33,32 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 /// handler that checks its caller itself before reading the body (a
 /// dashboard form, whose refusal is a page), so that no body is read for a
 /// caller refused.
+///
+/// A body declared over the limit (its `Content-Length`) but not over
+/// [`DRAIN_MOST`] is read to its end, and dropped, before it is answered,
+/// so the connection stays usable. Answered at once, the connection was
+/// closed after the 413 with the body unread, without a word to the client,
+/// whose pool sent its next request on it: a broken pipe, so drover's worker
+/// could not tell "too large, send less" from a lost request.
 pub(crate) async fn body_of(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    let limit = u64::try_from(state.options.body_limit).unwrap_or(u64::MAX);
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(declared) = declared
+        && declared > limit
+    {
+        if declared <= DRAIN_MOST {
+            // Ends at the body's end, or at its deadline (the client timeout).
+            let mut body = req.into_body().into_data_stream();
+            while let Some(Ok(_)) = body.next().await {}
+        }
+        return Err(ApiError::PayloadTooLarge {
+            limit: state.options.body_limit,
+        });
+    }
     Bytes::from_request(req, state).await.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge {
@@ -44,6 +71,11 @@ pub(crate) async fn body_of(req: Request, state: &AppState) -> Result<Bytes, Api
         }
     })
 }
+
+/// The largest body over the limit that is read to its end before its 413
+/// (see [`body_of`]): a batch a client sized for a larger limit, several
+/// times over. A bigger one is answered at once, and its connection cut.
+const DRAIN_MOST: u64 = 8 * 1024 * 1024;
 
 /// Whether `e` is the body's deadline passing (`RequestBodyDeadlineLayer`),
 /// somewhere in its chain of causes.

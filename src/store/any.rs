@@ -67,6 +67,13 @@ impl Store {
 
     /// Connects with the given options.
     pub async fn connect_with(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        // Names threads on SQLite (whose names may not hold a NUL: a panic)
+        // and connections on PostgreSQL.
+        if options.application_name.contains('\0') {
+            return Err(StoreError::InvalidArgument(
+                "the application name holds a NUL byte; name the store without one".into(),
+            ));
+        }
         let Some((scheme, _)) = url.split_once(':') else {
             return Err(StoreError::InvalidUrl {
                 url: url.to_owned(),
@@ -284,11 +291,12 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.session_list(params).await)
     }
 
-    async fn session_owner(
+    async fn session_owners(
         &self,
-        session: crate::store::SessionId,
-    ) -> Result<Option<Option<String>>, StoreError> {
-        dispatch!(self, s => s.session_owner(session).await)
+        sessions: &[crate::store::SessionId],
+    ) -> Result<std::collections::HashMap<crate::store::SessionId, Option<String>>, StoreError>
+    {
+        dispatch!(self, s => s.session_owners(sessions).await)
     }
 
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {

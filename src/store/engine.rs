@@ -57,14 +57,18 @@ pub trait StoreEngine: Send + Sync {
     /// [`StoreError::SessionExpired`]; the two never both win.
     fn session_reclaim(&self) -> impl Future<Output = Result<ReclaimReport, StoreError>> + Send;
 
-    /// Who may act on `session` through a server (see [`SessionStart::owner`]):
-    /// `None` when there is no such session, `Some(None)` for one started
-    /// without an owner. A session's owner never changes, so a server may
-    /// keep the answer.
-    fn session_owner(
+    /// Who may act on each of `sessions` through a server (see
+    /// [`SessionStart::owner`]), in one read however many are asked: a
+    /// session that does not exist is left out, one started without an owner
+    /// maps to `None`. A session's owner never changes, so a server may keep
+    /// the answer. One read, because a caller may name thousands of sessions
+    /// in one completion batch.
+    fn session_owners(
         &self,
-        session: super::types::SessionId,
-    ) -> impl Future<Output = Result<Option<Option<String>>, StoreError>> + Send;
+        sessions: &[super::types::SessionId],
+    ) -> impl Future<
+        Output = Result<std::collections::HashMap<SessionId, Option<String>>, StoreError>,
+    > + Send;
 
     /// One page of the sessions, live or expired and not yet reclaimed,
     /// oldest (lowest id) first, each with who runs it and the leases it

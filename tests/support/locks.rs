@@ -103,6 +103,23 @@ impl Holder {
     }
 }
 
+/// Holds `drover_items` in SHARE mode (no row of it may change, so every
+/// claim waits) on a connection of `url` for `held`, from a task of its
+/// own, which ends once it has let go.
+pub(crate) async fn items_held_for(url: &str, held: Duration) -> tokio::task::JoinHandle<()> {
+    let pool = PgPool::connect(url).await.expect("the holder's pool");
+    let mut tx = pool.begin().await.expect("begin the holder");
+    sqlx::query("LOCK TABLE drover_items IN SHARE MODE")
+        .execute(&mut *tx)
+        .await
+        .expect("the holder locks the items");
+    tokio::spawn(async move {
+        tokio::time::sleep(held).await;
+        tx.commit().await.expect("the holder commits");
+        pool.close().await;
+    })
+}
+
 /// A lock that makes a store operation wait, on either engine: on PostgreSQL a
 /// [`Holder`] of one row, on SQLite the write lock (`BEGIN IMMEDIATE` on a
 /// connection of the test's own), which every writer waits for.

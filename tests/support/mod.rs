@@ -278,7 +278,14 @@ pub(crate) async fn postgres_schema(base: &str) -> (String, String) {
 
 /// A fresh schema on the PostgreSQL server at `base`; panics if it is unreachable.
 pub(crate) async fn postgres(base: &str) -> (TestDb, String) {
+    postgres_with(base, "").await
+}
+
+/// [`postgres`], with `settings` added to the startup options of its URL:
+/// more `-c name=value`, URL-encoded, each starting with `%20`.
+pub(crate) async fn postgres_with(base: &str, settings: &str) -> (TestDb, String) {
     let (url, schema) = postgres_schema(base).await;
+    let url = format!("{url}{settings}");
     let store = Store::connect(&url).await.expect("connect to PostgreSQL");
     let db = TestDb::new(store, url, "postgres");
     (db, schema)

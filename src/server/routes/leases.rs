@@ -2,7 +2,6 @@
 //! `drover work --db` runs, over HTTP: start a session, claim with `wait_ms`,
 //! complete each lease with its fencing token, heartbeat every ttl/3.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use axum::Json;
@@ -20,7 +19,6 @@ use crate::api::{
 use crate::server::auth::{Authorized, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, session_id};
-use crate::server::owner::Standing;
 use crate::server::state::AppState;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionId, StoreEngine as _,
@@ -92,7 +90,8 @@ pub(crate) async fn claim(
 /// `wait` passes. A wake-up sent between the first claim and entering the
 /// line is caught by the store's signal, armed before that claim. When the
 /// process's rate limit held the claim back, the claim is tried again when
-/// the next token comes instead, since no wake-up can come sooner.
+/// the next token comes instead (or at the poll interval, if sooner: the
+/// limit may be changed meanwhile), since no wake-up can come sooner.
 async fn wait_for_leases(
     state: &AppState,
     session: SessionId,
@@ -133,7 +132,11 @@ async fn wait_for_leases(
             }
             let next = match claimed.gate.next_token_in {
                 Some(token) if token >= left => return Ok(claimed),
-                Some(token) => futures_util::future::Either::Left(tokio::time::sleep(token)),
+                // At the poll interval if it comes first: a limit raised or
+                // removed meanwhile is obeyed within one poll.
+                Some(token) => futures_util::future::Either::Left(tokio::time::sleep(
+                    token.min(state.options.poll_interval),
+                )),
                 None => futures_util::future::Either::Right(place.turn()),
             };
             tokio::select! {
@@ -276,12 +279,10 @@ pub(crate) async fn complete_batch(
     sessions.dedup();
     // Leases of a session the database does not know are answered as after
     // it expired, without reaching the store (see `owner.rs`).
-    let mut unknown = HashSet::new();
-    for session in sessions {
-        if state.standing(&auth, session).await? == Standing::Unknown {
-            unknown.insert(session);
-        }
-    }
+    let unknown = state
+        .owners
+        .check_all(&state.store, auth.owner.as_deref(), &sessions)
+        .await?;
     let batch: Vec<LeaseComplete<'_>> = runs
         .iter()
         .zip(trace_ids)

@@ -52,9 +52,15 @@ fn connect_options(url: &str, app_name: &str) -> Result<(Arc<Failover>, PoolMode
             options = options.application_name(app_name);
         }
         let options = match mode {
-            PoolMode::Session => {
-                options.options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)])
-            }
+            // READ COMMITTED whatever the database's or role's default: a
+            // limited claim locks its process row, then counts the running
+            // keys in a later statement, which must see every claim that
+            // committed while it waited (under REPEATABLE READ it would
+            // count from its snapshot of before the wait, and over-admit).
+            PoolMode::Session => options.options([
+                ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION),
+                ("default_transaction_isolation", "read committed"),
+            ]),
             PoolMode::Transaction => options.extra_float_digits(None),
         };
         hosts.push((name, options));

@@ -299,11 +299,12 @@ impl StoreEngine for PostgresStore {
         watched(self, sessions::list(self, params)).await
     }
 
-    async fn session_owner(
+    async fn session_owners(
         &self,
-        session: crate::store::SessionId,
-    ) -> Result<Option<Option<String>>, StoreError> {
-        watched(self, sessions::owner(self, session)).await
+        sessions: &[crate::store::SessionId],
+    ) -> Result<std::collections::HashMap<crate::store::SessionId, Option<String>>, StoreError>
+    {
+        watched(self, sessions::owners(self, sessions)).await
     }
 
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {

@@ -63,13 +63,16 @@ pub(super) async fn read(
     ))
 }
 
-/// Locks the process row and decides how many of `max` keys may start now.
-/// Returns the row, the admission, and the clock read after the lock.
+/// Locks the process row and decides how many of `max` keys may start now,
+/// `own` of them already running in this transaction (so counted by the
+/// running count it reads). Returns the row, the admission, and the clock
+/// read after the lock.
 pub(super) async fn admit(
     store: &PostgresStore,
     tx: &mut Tx,
     process: &str,
     max: u32,
+    own: i64,
 ) -> Result<(GateRow, Admission), StoreError> {
     let row = read(tx, process, true).await?.unwrap_or_default();
     // Read by one statement that starts after the lock is held, from the item
@@ -85,7 +88,7 @@ pub(super) async fn admit(
     .fetch_one(&mut *tx)
     .await
     .db()?;
-    let admission = row.admit(now, running, max);
+    let admission = row.admit(now, (running - own).max(0), max);
     Ok((row, admission))
 }
 

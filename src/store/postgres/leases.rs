@@ -234,9 +234,14 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
     check_session(&mut tx, now, params.session).await?;
     lock_pause(&mut tx, now, &params.process).await?;
     ensure_process(&mut tx, now, &params.process).await?;
-    let decided = lock_gate(store, &mut tx, &params.process).await?;
-    // The started time is read when the row is taken, after any wait for it.
-    // An idle key is taken like a new one: pending since then.
+    // The key's row is taken first, after any wait for it (a caller's
+    // transaction that enqueued the key holds it), and the fleet controls
+    // are read after: a pause or a limit committed while the lock waited is
+    // obeyed, and the process row is not held while it waits, which would
+    // stall every claim of the process on every node behind one caller's
+    // transaction. A refusal then rolls the row back. The started time is
+    // read when the row is taken; an idle key is taken like a new one:
+    // pending since then.
     let row: Option<Locked> = sqlx::query_as(
         "INSERT INTO drover_items AS i (process, key, state, priority, ready_at, enqueued_at,
              lease_session, lease_token, started_at)
@@ -267,8 +272,12 @@ pub(super) async fn lock(store: &PostgresStore, params: &LeaseLock) -> Result<Le
         started_at: now,
     }) = row
     else {
+        // The controls' refusal first, as a claim would give it (and SQLite
+        // does): a key that is running, of a paused process, is held back.
+        lock_gate(store, &mut tx, &params.process, 0).await?;
         return Err(refusal(&mut tx, now, params).await);
     };
+    let decided = lock_gate(store, &mut tx, &params.process, 1).await?;
     let attempt = u32::try_from(failures).unwrap_or(0).saturating_add(1);
     if let Some(decided) = decided {
         gate::take(&mut tx, &params.process, decided, 1).await?;
@@ -310,14 +319,17 @@ async fn lock_pause(tx: &mut Tx, now: DateTime<Utc>, process: &str) -> Result<()
 const FORKED: &str = "held back after a fork in the database's history (a standby was \
     promoted): no key is handed out until every worker of before has given its runs up";
 
-/// The fleet controls' say on one `lease_lock`: nothing to decide for a
-/// process that is neither paused nor limited (its row is not locked);
-/// otherwise the row is locked and the lock refused with
-/// [`StoreError::Held`] unless one more run may start now.
+/// The fleet controls' say on one `lease_lock`, `own` runs of it (its key's
+/// row, once taken) running in this transaction already: nothing to decide
+/// for a process that is neither paused nor limited (its row is not
+/// locked); otherwise the row is locked and the lock refused with
+/// [`StoreError::Held`] unless one more run may start now (the running count
+/// read under the lock includes this transaction's).
 async fn lock_gate(
     store: &PostgresStore,
     tx: &mut Tx,
     process: &str,
+    own: i64,
 ) -> Result<Option<(GateRow, Admission)>, StoreError> {
     if !gate::read(tx, process, false)
         .await?
@@ -325,7 +337,7 @@ async fn lock_gate(
     {
         return Ok(None);
     }
-    let decided = gate::admit(store, tx, process, 1).await?;
+    let decided = gate::admit(store, tx, process, 1, own).await?;
     if decided.1.allowed == 0 {
         return Err(StoreError::Held {
             process: process.to_owned(),

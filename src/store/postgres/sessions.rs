@@ -1,5 +1,7 @@
 //! Sessions on PostgreSQL: start, heartbeat, close, and reclaiming expired ones.
 
+use std::collections::HashMap;
+
 use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 
@@ -246,17 +248,22 @@ impl HeldLeases<DateTime<Utc>> for Tx {
     }
 }
 
-/// The owner of `session`: `None` when there is no such session.
-pub(super) async fn owner(
+/// The owners of those of `sessions` that exist, in one read.
+pub(super) async fn owners(
     store: &PostgresStore,
-    session: SessionId,
-) -> Result<Option<Option<String>>, StoreError> {
+    sessions: &[SessionId],
+) -> Result<HashMap<SessionId, Option<String>>, StoreError> {
+    let ids: Vec<i64> = sessions.iter().map(|s| s.0).collect();
     let mut tx = store.read().await?;
-    let owner = sqlx::query_scalar("SELECT owner FROM drover_sessions WHERE id = $1")
-        .bind(session.0)
-        .fetch_optional(&mut tx)
-        .await
-        .db()?;
+    let rows: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT id, owner FROM drover_sessions WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut tx)
+            .await
+            .db()?;
     commit(tx).await?;
-    Ok(owner)
+    Ok(rows
+        .into_iter()
+        .map(|(id, owner)| (SessionId(id), owner))
+        .collect())
 }

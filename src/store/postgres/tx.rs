@@ -32,8 +32,11 @@ use sqlx::{Either, Execute, Executor, PgConnection, PgPool, Postgres, SqlStr, Tr
 /// What a transaction through a pooler starts with: the server's
 /// idle-in-transaction timeout for this transaction only (see
 /// [`IDLE_IN_TRANSACTION`](super::connect::IDLE_IN_TRANSACTION)), sent with
-/// `BEGIN` in one round trip.
-const POOLED_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '5s'";
+/// `BEGIN` in one round trip. It names READ COMMITTED, which a connection
+/// started directly sets at startup (see `connect`): a pooler refuses
+/// startup settings.
+const POOLED_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+     SET LOCAL idle_in_transaction_session_timeout = '5s'";
 
 /// What a transaction that steps aside from a lock starts with: a lock
 /// waited for longer than [`STALL`](crate::store::grouped::STALL) ends it
@@ -44,7 +47,7 @@ const STEPPING_ASIDE_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '100ms'";
 
 /// [`STEPPING_ASIDE_BEGIN`] through a pooler in transaction mode, with
 /// [`POOLED_BEGIN`]'s idle timeout.
-const POOLED_STEPPING_ASIDE_BEGIN: &str = "BEGIN; \
+const POOLED_STEPPING_ASIDE_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
      SET LOCAL idle_in_transaction_session_timeout = '5s'; \
      SET LOCAL lock_timeout = '100ms'";
 

@@ -105,8 +105,10 @@ impl SqliteStore {
         let name = options.application_name.clone();
         let writer_name = format!("{name}-w");
         let writer_thread = move |_| writer_name.clone();
+        unsafe_parameters(url)?;
         let memory = url.contains(":memory:") || url.contains("mode=memory");
         if !memory {
+            no_file(url, connect.get_filename())?;
             missing_directory(url, connect.get_filename())?;
         }
         if memory {
@@ -154,6 +156,43 @@ impl SqliteStore {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         migrate_pool(&self.pool, true).await
     }
+}
+
+/// Refuses a URL that names no file (`sqlite://` with an unset variable
+/// after it): SQLite would give each connection a private temporary
+/// database, so the migrations landed on one and the writer found no tables.
+fn no_file(url: &str, file: &std::path::Path) -> Result<(), StoreError> {
+    if file.as_os_str().is_empty() {
+        return Err(StoreError::InvalidUrl {
+            url: url.to_owned(),
+            reason: "it names no file: give a path (sqlite://drover.db), or sqlite::memory:".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The URL parameters that turn SQLite's file locking off or claim nothing
+/// else writes the file: with them, several processes on one file corrupted
+/// it within seconds (another VFS, `unix-none`, takes no locks).
+const UNSAFE_PARAMETERS: [&str; 3] = ["vfs", "immutable", "nolock"];
+
+/// Refuses a URL carrying one of [`UNSAFE_PARAMETERS`].
+fn unsafe_parameters(url: &str) -> Result<(), StoreError> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    for pair in query.split('&') {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        if UNSAFE_PARAMETERS.contains(&name) {
+            return Err(StoreError::InvalidUrl {
+                url: url.to_owned(),
+                reason: format!(
+                    "`{name}` turns SQLite's locking off or says no one else writes the file,                      which corrupts a store that several processes share: remove it"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a file whose directory does not exist, which SQLite reports only
@@ -224,8 +263,21 @@ where
 /// at once (the others wait on the busy timeout, then find the work done).
 /// Watches made before migration 17 get their `OR REPLACE` triggers in the
 /// same transaction, which SQL alone cannot write.
+///
+/// A plain read comes first: with nothing to migrate the store opens without
+/// the write lock, which in WAL mode a read never waits for. Before, every
+/// open (a `drover status` too) waited for any other process's write
+/// transaction on the file, and failed "busy" after the busy timeout.
 async fn migrate_pool(pool: &SqlitePool, migrating: bool) -> Result<(), StoreError> {
     let migrator = migrate::sqlite();
+    let current: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(version) FROM drover_migrations WHERE success")
+            .fetch_one(pool)
+            .await
+            .unwrap_or(None);
+    if current == Some(migrate::supported(&migrator)) {
+        return Ok(());
+    }
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
     let found: Option<i64> =
         sqlx::query_scalar("SELECT MAX(version) FROM drover_migrations WHERE success")

@@ -1,5 +1,7 @@
 //! Sessions on SQLite: start, heartbeat, close, and reclaiming expired ones.
 
+use std::collections::HashMap;
+
 use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
 use sqlx::SqlitePool;
@@ -168,14 +170,22 @@ pub(super) fn list_sql() -> String {
     )
 }
 
-/// The owner of `session`: `None` when there is no such session.
-pub(super) async fn owner(
+/// The owners of those of `sessions` that exist, in one read.
+pub(super) async fn owners(
     store: &SqliteStore,
-    session: SessionId,
-) -> Result<Option<Option<String>>, StoreError> {
-    sqlx::query_scalar("SELECT owner FROM drover_sessions WHERE id = ?1")
-        .bind(session.0)
-        .fetch_optional(&store.pool)
-        .await
-        .db()
+    sessions: &[SessionId],
+) -> Result<HashMap<SessionId, Option<String>>, StoreError> {
+    let ids: Vec<i64> = sessions.iter().map(|s| s.0).collect();
+    let ids = serde_json::Value::from(ids).to_string();
+    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(
+        "SELECT id, owner FROM drover_sessions WHERE id IN (SELECT value FROM json_each(?1))",
+    )
+    .bind(&ids)
+    .fetch_all(&store.pool)
+    .await
+    .db()?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, owner)| (SessionId(id), owner))
+        .collect())
 }

@@ -1,0 +1,134 @@
+//! The keeper: a small process `drover work --exec` starts beside itself, so
+//! that a command's whole process group dies with the worker, not only the
+//! command.
+//!
+//! `PR_SET_PDEATHSIG` kills the command the worker started when the worker
+//! dies, but not what the command started in turn (the tool a script runs,
+//! in the command's process group). Killed by `SIGKILL` (the OOM killer, an
+//! operator) or ended by a second signal (`std::process::exit`, no
+//! destructor runs), the worker left that tool running, and after the TTL
+//! another worker ran the key beside it: twice at once.
+//!
+//! The worker tells the keeper every group it starts and every group it has
+//! killed (one line each, `+PGID` and `-PGID`, on the keeper's stdin). The
+//! keeper holds the only other end of that pipe, so it reads end of file
+//! exactly when the worker is gone, however it went; it then kills every
+//! group it was told of and not told is gone, and exits. It lives in a
+//! process group of its own and ignores the signals a terminal or a
+//! supervisor sends the worker's group, so it outlives the worker; it holds
+//! no other file of the worker's.
+
+use std::collections::HashSet;
+use std::io::{BufRead as _, Write as _};
+use std::process::{ChildStdin, ExitCode, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::say::errln;
+
+/// The hidden subcommand that runs a keeper (`drover keeper`).
+pub(crate) const SUBCOMMAND: &str = "keeper";
+
+/// The pipe to this worker's keeper, once started.
+static PIPE: OnceLock<Mutex<Option<ChildStdin>>> = OnceLock::new();
+
+/// Starts this worker's keeper (once). Without one (the binary cannot be
+/// started again), a worker killed by `SIGKILL` leaves what its commands
+/// started running: said once, on stderr.
+pub(crate) fn start() {
+    PIPE.get_or_init(|| match spawn() {
+        Ok(stdin) => Mutex::new(Some(stdin)),
+        Err(e) => {
+            errln!(
+                "warning: cannot start the keeper process ({e}): what a command starts \
+                 outlives a worker killed by SIGKILL"
+            );
+            Mutex::new(None)
+        }
+    });
+}
+
+#[allow(unsafe_code)] // pre_exec is unsafe by contract; see SAFETY below.
+fn spawn() -> std::io::Result<ChildStdin> {
+    use std::os::unix::process::CommandExt as _;
+    let mut command = std::process::Command::new(std::env::current_exe()?);
+    command
+        .arg(SUBCOMMAND)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // sigaction (async-signal-safe); it allocates nothing and takes no lock.
+    // An ignored signal stays ignored across exec.
+    unsafe {
+        command.pre_exec(|| {
+            use nix::sys::signal::{SigHandler, signal};
+            for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+                signal(sig, SigHandler::SigIgn).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn()?;
+    // The child is not waited for: it outlives this process by design, and
+    // exits on its own once this process is gone.
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| std::io::Error::other("no pipe to the keeper"))
+}
+
+/// Tells the keeper of a command's process group (`+`) or that it is gone
+/// (`-`). A keeper that cannot be told is said once; the worker goes on.
+fn tell(sign: char, group: u32) {
+    let Some(pipe) = PIPE.get() else { return };
+    let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(stdin) = pipe.as_mut() else { return };
+    if let Err(e) = writeln!(stdin, "{sign}{group}") {
+        errln!(
+            "warning: the keeper process is gone ({e}): what a command starts outlives a \
+             worker killed by SIGKILL"
+        );
+        *pipe = None;
+    }
+}
+
+/// A command's process group started: killed if this worker dies.
+pub(crate) fn watch(group: u32) {
+    tell('+', group);
+}
+
+/// A command's process group was killed and its leader reaped.
+pub(crate) fn forget(group: u32) {
+    tell('-', group);
+}
+
+/// The keeper's own `main`: reads the worker's lines until end of file,
+/// then kills every group still listed.
+pub(crate) fn run() -> ExitCode {
+    let mut groups = HashSet::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let (sign, group) = line.split_at(line.len().min(1));
+        let Ok(group) = group.parse::<i32>() else {
+            continue;
+        };
+        match sign {
+            "+" => {
+                groups.insert(group);
+            }
+            "-" => {
+                groups.remove(&group);
+            }
+            _ => {}
+        }
+    }
+    for group in groups {
+        // ESRCH (the group is gone already) is the normal case.
+        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+    }
+    ExitCode::SUCCESS
+}
