@@ -22,7 +22,7 @@ pub struct SessionStart {
     pub identity: WorkerIdentity,
     /// Who may act on the session through a server: a fingerprint of the
     /// bearer token that started it (`None`: anyone who reaches the store).
-    /// The store keeps it; `drover serve` compares it ([`session_owner`](super::StoreEngine::session_owner)).
+    /// The store keeps it; `drover serve` compares it ([`session_owners`](super::StoreEngine::session_owners)).
     pub owner: Option<String>,
 }
 
