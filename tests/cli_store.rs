@@ -300,6 +300,11 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
             "sqlite:///nonexistent-drover-dir/x.db?immutable=1",
             "`immutable` turns SQLite's locking off",
         ),
+        // Read as SQLite reads them, percent-decoded.
+        (
+            "sqlite:///nonexistent-drover-dir/x.db?%76fs=unix-none",
+            "`vfs` turns SQLite's locking off",
+        ),
         // A one-shot command's in-memory database ends with it, and what it
         // wrote: `enqueue` said "enqueued" of keys no worker could see.
         (
@@ -315,15 +320,12 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
             "{url} took too long"
         );
     }
-    fails_with(
-        &drover(
-            None,
-            None,
-            &["enqueue", "p", "a", "--db", "sqlite::memory:"],
-            "",
-        ),
-        "an in-memory database ends with this command",
-    );
+    for memory in ["sqlite::memory:", "sqlite://x.db?mode=%6Demory"] {
+        fails_with(
+            &drover(None, None, &["enqueue", "p", "a", "--db", memory], ""),
+            "an in-memory database ends with this command",
+        );
+    }
     let out = drover(
         Some("postgres://u:hunter2@127.0.0.1:1/x"),
         None,

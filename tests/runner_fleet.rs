@@ -114,11 +114,11 @@ async fn a_paused_process_runs_nothing_and_a_resume_wakes_its_worker() {
     .await;
 }
 
-/// (pending, running) of [`PROCESS`].
-async fn pending_running(store: &drover::store::Store) -> (u64, u64) {
+/// (pending, running) of `process`.
+async fn pending_running(store: &drover::store::Store, process: &str) -> (u64, u64) {
     let all = store.process_counts_all().await.expect("counts");
     all.iter()
-        .find(|c| c.process == PROCESS)
+        .find(|c| c.process == process)
         .map_or((0, 0), |c| (c.pending, c.running))
 }
 
@@ -127,75 +127,82 @@ async fn pending_running(store: &drover::store::Store) -> (u64, u64) {
 /// it claimed ahead starts (they were claimed more than an idle poll before),
 /// and they are handed back, pending again. Before, the worker started them
 /// one after the other without a claim, so without seeing the pause, for as
-/// long as the runs ahead of them lasted.
+/// long as the runs ahead of them lasted. With 4 keys nothing else is
+/// pending, so the claim that answers "paused" finds nothing to take (on
+/// SQLite its quick path said nothing of the pause until it read it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_reaches_the_keys_a_worker_claimed_ahead() {
     each_backend(|db| async move {
-        const KEYS: usize = 10;
-        let keys: Vec<String> = (0..KEYS).map(|i| format!("k{i}")).collect();
-        db.store
-            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
-            .await
-            .expect("enqueue");
-        let started = Arc::new(AtomicU32::new(0));
-        let first_may_end = Arc::new(tokio::sync::Notify::new());
-        let controller = {
-            let (started, first_may_end) = (Arc::clone(&started), Arc::clone(&first_may_end));
-            Controller::builder(db.worker.clone(), PROCESS, move |_: Task| {
-                let (started, first_may_end) = (Arc::clone(&started), Arc::clone(&first_may_end));
-                async move {
-                    if started.fetch_add(1, SeqCst) == 0 {
-                        first_may_end.notified().await;
-                    }
-                    Ok::<_, BoxError>(Action::Done)
-                }
-            })
-            .parallelism(1)
-            .prefetch(3)
-            .idle_poll(Duration::from_millis(100))
-            .build()
-            .expect("controller")
-        };
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn({
-            let stop = stop.clone();
-            async move { controller.run(stop).await.expect("runs") }
-        });
-        eventually_within("the first run started", Duration::from_secs(30), || async {
-            started.load(SeqCst) == 1
-        })
-        .await;
-        let pause = |paused| ProcessPause {
-            process: PROCESS.into(),
-            paused,
-            actor: "test".into(),
-        };
-        db.store.process_pause(pause(true)).await.expect("pause");
-        // The keys claimed ahead are older than an idle poll by now.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        first_may_end.notify_one();
-        eventually_within(
-            "the keys claimed ahead are handed back",
-            Duration::from_secs(30),
-            || async { pending_running(&db.store).await == ((KEYS - 1) as u64, 0) },
-        )
-        .await;
-        // Several idle polls more: nothing else may start.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(
-            started.load(SeqCst),
-            1,
-            "a run started after the pause returned"
-        );
-        db.store.process_pause(pause(false)).await.expect("resume");
-        eventually_within("every key ran", Duration::from_secs(30), || async {
-            started.load(SeqCst) == KEYS as u32
-        })
-        .await;
-        stop.cancel();
-        handle.await.expect("join");
+        claimed_ahead_then_paused(&db, "ahead", 10).await;
+        claimed_ahead_then_paused(&db, "ahead_all", 4).await;
     })
     .await;
+}
+
+async fn claimed_ahead_then_paused(db: &support::TestDb, process: &'static str, n: usize) {
+    let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    db.store
+        .item_enqueue(ItemEnqueue::new(process, keys))
+        .await
+        .expect("enqueue");
+    let started = Arc::new(AtomicU32::new(0));
+    let first_may_end = Arc::new(tokio::sync::Notify::new());
+    let controller = {
+        let (started, first_may_end) = (Arc::clone(&started), Arc::clone(&first_may_end));
+        Controller::builder(db.worker.clone(), process, move |_: Task| {
+            let (started, first_may_end) = (Arc::clone(&started), Arc::clone(&first_may_end));
+            async move {
+                if started.fetch_add(1, SeqCst) == 0 {
+                    first_may_end.notified().await;
+                }
+                Ok::<_, BoxError>(Action::Done)
+            }
+        })
+        .parallelism(1)
+        .prefetch(3)
+        .idle_poll(Duration::from_millis(100))
+        .build()
+        .expect("controller")
+    };
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let stop = stop.clone();
+        async move { controller.run(stop).await.expect("runs") }
+    });
+    eventually_within("the first run started", Duration::from_secs(30), || async {
+        started.load(SeqCst) == 1
+    })
+    .await;
+    let pause = |paused| ProcessPause {
+        process: process.into(),
+        paused,
+        actor: "test".into(),
+    };
+    db.store.process_pause(pause(true)).await.expect("pause");
+    // The keys claimed ahead are older than an idle poll by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first_may_end.notify_one();
+    let left = (n as u64 - 1, 0);
+    eventually_within(
+        "the keys claimed ahead are handed back",
+        Duration::from_secs(30),
+        || async { pending_running(&db.store, process).await == left },
+    )
+    .await;
+    // Several idle polls more: nothing else may start.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        started.load(SeqCst),
+        1,
+        "{process}: a run started after the pause returned"
+    );
+    db.store.process_pause(pause(false)).await.expect("resume");
+    eventually_within("every key ran", Duration::from_secs(30), || async {
+        started.load(SeqCst) == n as u32
+    })
+    .await;
+    stop.cancel();
+    handle.await.expect("join");
 }
 
 /// A worker held back by a rate limit of 2 an hour (its next token half an
@@ -234,6 +241,239 @@ async fn removing_a_rate_limit_reaches_a_worker_waiting_for_its_next_token() {
         .await;
         stop.cancel();
         handle.await.expect("join");
+    })
+    .await;
+}
+
+/// A backend whose lease releases, while `lost` is set, reach the store but
+/// lose their answer (as an HTTP worker's request that timed out after the
+/// server applied it).
+#[derive(Clone, Debug)]
+struct LostAnswers {
+    store: drover::store::Store,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl drover::store::WorkerBackend for LostAnswers {
+    const RECLAIMS: bool = true;
+
+    async fn session_start(
+        &self,
+        params: drover::store::SessionStart,
+    ) -> Result<drover::store::Session, drover::store::StoreError> {
+        drover::store::WorkerBackend::session_start(&self.store, params).await
+    }
+    async fn session_heartbeat(
+        &self,
+        params: drover::store::SessionHeartbeat,
+    ) -> Result<chrono::DateTime<chrono::Utc>, drover::store::StoreError> {
+        drover::store::WorkerBackend::session_heartbeat(&self.store, params).await
+    }
+    async fn session_close(
+        &self,
+        params: drover::store::SessionClose,
+    ) -> Result<u64, drover::store::StoreError> {
+        drover::store::WorkerBackend::session_close(&self.store, params).await
+    }
+    async fn session_reclaim(
+        &self,
+    ) -> Result<drover::store::ReclaimReport, drover::store::StoreError> {
+        drover::store::WorkerBackend::session_reclaim(&self.store).await
+    }
+    async fn lease_claim_wait(
+        &self,
+        params: drover::store::LeaseClaim,
+        wait: Duration,
+    ) -> Result<drover::store::Claimed, drover::store::StoreError> {
+        drover::store::WorkerBackend::lease_claim_wait(&self.store, params, wait).await
+    }
+    async fn lease_complete_batch(
+        &self,
+        batch: &[drover::store::LeaseComplete<'_>],
+    ) -> Result<Vec<Result<(), drover::store::StoreError>>, drover::store::StoreError> {
+        drover::store::WorkerBackend::lease_complete_batch(&self.store, batch).await
+    }
+    async fn lease_release(
+        &self,
+        params: drover::store::LeaseRelease<'_>,
+    ) -> Result<(), drover::store::StoreError> {
+        let released = drover::store::WorkerBackend::lease_release(&self.store, params).await;
+        if self.lost.load(SeqCst) {
+            return Err(drover::store::StoreError::Remote(
+                drover::store::RemoteError {
+                    message: "the answer was lost".into(),
+                    status: None,
+                    unknown: true,
+                },
+            ));
+        }
+        released
+    }
+    async fn process_configure(
+        &self,
+        params: ProcessConfigure,
+    ) -> Result<(), drover::store::StoreError> {
+        drover::store::WorkerBackend::process_configure(&self.store, params).await
+    }
+}
+
+/// Keys claimed ahead of a paused process are handed back; when a hand-back's
+/// answer is lost (it went through), the lease is handed back again and
+/// never started. Before, it was kept to start after the resume: its key ran
+/// without a lease, beside its run under the lease the next claim took.
+/// Judged from the store as each run begins: its lease is the item's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_hand_back_was_not_answered_never_starts_without_its_lease() {
+    support::each_engine(|db| async move {
+        let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, keys))
+            .await
+            .expect("enqueue");
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let backend = LostAnswers {
+            store: db.store.clone(),
+            lost: Arc::clone(&lost),
+        };
+        let unleased = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let started = Arc::new(AtomicU32::new(0));
+        let (first_end, first_end_rx) = tokio::sync::watch::channel(false);
+        let controller = {
+            let (store, unleased, started) = (
+                db.store.clone(),
+                Arc::clone(&unleased),
+                Arc::clone(&started),
+            );
+            Controller::builder(backend, PROCESS, move |task: Task| {
+                let (store, unleased, started) =
+                    (store.clone(), Arc::clone(&unleased), Arc::clone(&started));
+                let mut first_end = first_end_rx.clone();
+                async move {
+                    let n = started.fetch_add(1, SeqCst);
+                    let get = drover::store::ItemGet {
+                        process: PROCESS.into(),
+                        key: task.key().to_owned(),
+                        runs_limit: 0,
+                    };
+                    let item = store.item_get(get).await.expect("get").expect("known");
+                    if item.item.lease_token != Some(task.fencing_token()) {
+                        unleased.lock().expect("log").push(task.key().to_owned());
+                    }
+                    if n < 2 {
+                        let _ = first_end.wait_for(|end| *end).await;
+                    }
+                    Ok::<_, BoxError>(Action::Done)
+                }
+            })
+            .parallelism(2)
+            .prefetch(1)
+            .idle_poll(Duration::from_millis(100))
+            .build()
+            .expect("controller")
+        };
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn({
+            let stop = stop.clone();
+            async move { controller.run(stop).await.expect("runs") }
+        });
+        eventually_within("two runs going", Duration::from_secs(30), || async {
+            started.load(SeqCst) == 2
+        })
+        .await;
+        let pause = |paused| ProcessPause {
+            process: PROCESS.into(),
+            paused,
+            actor: "test".into(),
+        };
+        db.store.process_pause(pause(true)).await.expect("pause");
+        lost.store(true, SeqCst);
+        // The key claimed ahead is older than an idle poll by now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        first_end.send(true).expect("let the runs end");
+        eventually_within(
+            "the key claimed ahead handed back",
+            Duration::from_secs(30),
+            || async { pending_running(&db.store, PROCESS).await == (4, 0) },
+        )
+        .await;
+        // Resumed while hand-backs still lose their answers: the lease whose
+        // hand-back went through unanswered must not start.
+        db.store.process_pause(pause(false)).await.expect("resume");
+        eventually_within("every key ran", Duration::from_secs(30), || async {
+            pending_running(&db.store, PROCESS).await == (0, 0)
+        })
+        .await;
+        lost.store(false, SeqCst);
+        stop.cancel();
+        handle.await.expect("join");
+        let unleased = unleased.lock().expect("log").clone();
+        assert!(
+            unleased.is_empty(),
+            "runs without their lease: {unleased:?}"
+        );
+    })
+    .await;
+}
+
+/// A query source's worker locks its candidates ahead (`prefetch`) and is
+/// paused while its first run goes on: the key it locked ahead does not
+/// start. Its claims are locks, and a lock refused for the pause, or no lock
+/// at all, said nothing of it before; now an empty claim reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_reaches_a_key_a_query_source_locked_ahead() {
+    support::each_engine(|db| async move {
+        let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (first_end, first_end_rx) = tokio::sync::watch::channel(false);
+        let controller = {
+            let started = Arc::clone(&started);
+            Controller::builder(db.store.clone(), PROCESS, move |task: Task| {
+                let started = Arc::clone(&started);
+                let mut first_end = first_end_rx.clone();
+                async move {
+                    started.lock().expect("log").push(task.key().to_owned());
+                    if task.key() == "k0" {
+                        let _ = first_end.wait_for(|end| *end).await;
+                    }
+                    Ok::<_, BoxError>(Action::Done)
+                }
+            })
+            .source(drover::runner::Source::query(|_store, _limit| async {
+                Ok(vec!["k0".to_owned(), "k1".to_owned(), "k2".to_owned()])
+            }))
+            .parallelism(1)
+            .prefetch(1)
+            .idle_poll(Duration::from_millis(100))
+            .build()
+            .expect("controller")
+        };
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn({
+            let stop = stop.clone();
+            async move { controller.run(stop).await.expect("runs") }
+        });
+        eventually_within("k0 running", Duration::from_secs(30), || async {
+            started.lock().expect("log").len() == 1
+        })
+        .await;
+        let pause = ProcessPause {
+            process: PROCESS.into(),
+            paused: true,
+            actor: "test".into(),
+        };
+        db.store.process_pause(pause).await.expect("pause");
+        // The key locked ahead is older than an idle poll by now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        first_end.send(true).expect("let k0 end");
+        eventually_within("k1 handed back", Duration::from_secs(30), || async {
+            pending_running(&db.store, PROCESS).await.1 == 0
+        })
+        .await;
+        // Several idle polls more: nothing else may start.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.cancel();
+        handle.await.expect("join");
+        let seen = started.lock().expect("log").clone();
+        assert_eq!(seen, ["k0"], "a key locked ahead started while paused");
     })
     .await;
 }

@@ -634,3 +634,49 @@ async fn a_command_sees_a_terminal_only_where_the_worker_has_one() {
         }
     }
 }
+
+/// A keeper that stops reading (stopped with SIGSTOP: a debugger, a frozen
+/// cgroup) never stalls its worker: the worker writes to it from a thread of
+/// its own. Before, the runtime thread that started or ended a command wrote
+/// to the keeper's pipe itself; once the pipe was full (some 4,700 runs),
+/// every such thread blocked, and with them the heartbeats. Judged by the
+/// store: runs keep ending, to the last key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keeper_that_stops_reading_never_stalls_its_worker() {
+    const KEYS: u64 = 6_000;
+    let (db, _dir) = support::sqlite().await;
+    let child = worker(&db, "true", &["--parallelism", "8"]);
+    let parent = child.id().expect("the worker's pid").to_string();
+    let keeper = || {
+        let found = std::process::Command::new("pgrep")
+            .args(["-P", &parent, "-f", "drover keeper"])
+            .output()
+            .expect("pgrep");
+        String::from_utf8_lossy(&found.stdout)
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<i32>().ok())
+    };
+    eventually("the worker's keeper", || async { keeper().is_some() }).await;
+    let keeper = Pid::from_raw(keeper().expect("found above"));
+    kill(keeper, Signal::SIGSTOP).expect("stop the keeper");
+    let all: Vec<String> = (0..KEYS).map(|i| format!("k{i}")).collect();
+    enqueue(&db.store, &all).await;
+    let mut last = (u64::MAX, std::time::Instant::now());
+    let stalled = loop {
+        let (waiting, running, _) = counts(&db.store).await;
+        let done = KEYS - waiting - running;
+        if done == KEYS {
+            break None;
+        }
+        if done != last.0 {
+            last = (done, std::time::Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(20) {
+            break Some(format!("no run ended for 20 s: {done} of {KEYS} done"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = kill(keeper, Signal::SIGCONT);
+    stop(child).await;
+    assert_eq!(stalled, None);
+}

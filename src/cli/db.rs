@@ -60,8 +60,7 @@ impl DbArgs {
 
     /// Whether the URL names an in-memory SQLite database.
     fn in_memory(&self) -> bool {
-        self.url.starts_with("sqlite:")
-            && (self.url.contains(":memory:") || self.url.contains("mode=memory"))
+        self.url.starts_with("sqlite:") && drover::store::is_in_memory(&self.url)
     }
 
     /// The connect options these flags ask for.

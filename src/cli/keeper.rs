@@ -10,17 +10,21 @@
 //! another worker ran the key beside it: twice at once.
 //!
 //! The worker tells the keeper every group it starts and every group it has
-//! killed (one line each, `+PGID` and `-PGID`, on the keeper's stdin). The
+//! killed (one line each, `+PGID` and `-PGID`, on the keeper's stdin, written
+//! by a thread of its own so a keeper that stops reading blocks no runtime
+//! thread). The
 //! keeper holds the only other end of that pipe, so it reads end of file
 //! exactly when the worker is gone, however it went; it then kills every
 //! group it was told of and not told is gone, and exits. It lives in a
 //! process group of its own and ignores the signals a terminal or a
 //! supervisor sends the worker's group, so it outlives the worker; it holds
-//! no other file of the worker's.
+//! no other file of the worker's. A process that leaves its command's group
+//! (`setsid`) is out of its reach.
 
 use std::collections::HashSet;
 use std::io::{BufRead as _, Write as _};
 use std::process::{ChildStdin, ExitCode, Stdio};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use nix::sys::signal::{Signal, killpg};
@@ -31,23 +35,49 @@ use super::say::errln;
 /// The hidden subcommand that runs a keeper (`drover keeper`).
 pub(crate) const SUBCOMMAND: &str = "keeper";
 
-/// The pipe to this worker's keeper, once started.
-static PIPE: OnceLock<Mutex<Option<ChildStdin>>> = OnceLock::new();
+/// The line to the thread that writes to this worker's keeper, once
+/// started (`None`: no keeper).
+static LINE: OnceLock<Option<Mutex<Sender<String>>>> = OnceLock::new();
 
 /// Starts this worker's keeper (once). Without one (the binary cannot be
 /// started again), a worker killed by `SIGKILL` leaves what its commands
 /// started running: said once, on stderr.
 pub(crate) fn start() {
-    PIPE.get_or_init(|| match spawn() {
-        Ok(stdin) => Mutex::new(Some(stdin)),
+    LINE.get_or_init(|| match spawn() {
+        Ok(stdin) => {
+            let (line, lines) = std::sync::mpsc::channel();
+            let writer = std::thread::Builder::new()
+                .name("drover-keeper-pipe".into())
+                .spawn(move || write_lines(stdin, &lines));
+            match writer {
+                Ok(_) => Some(Mutex::new(line)),
+                Err(e) => {
+                    errln!("warning: cannot start the keeper's writer ({e}): {UNKEPT}");
+                    None
+                }
+            }
+        }
         Err(e) => {
-            errln!(
-                "warning: cannot start the keeper process ({e}): what a command starts \
-                 outlives a worker killed by SIGKILL"
-            );
-            Mutex::new(None)
+            errln!("warning: cannot start the keeper process ({e}): {UNKEPT}");
+            None
         }
     });
+}
+
+/// What a worker without a keeper cannot promise.
+const UNKEPT: &str = "what a command starts outlives a worker killed by SIGKILL";
+
+/// Writes each line to the keeper, on a thread of its own: a keeper that
+/// stops reading (stopped, frozen) fills the pipe and blocks this thread
+/// only, never a runtime thread that starts or ends a command. Stops at the
+/// first failed write (the keeper is gone), saying so once.
+fn write_lines(mut stdin: ChildStdin, lines: &Receiver<String>) {
+    for line in lines {
+        if let Err(e) = stdin.write_all(line.as_bytes()) {
+            errln!("warning: the keeper process is gone ({e}): {UNKEPT}");
+            return;
+        }
+    }
 }
 
 #[allow(unsafe_code)] // pre_exec is unsafe by contract; see SAFETY below.
@@ -82,18 +112,12 @@ fn spawn() -> std::io::Result<ChildStdin> {
 }
 
 /// Tells the keeper of a command's process group (`+`) or that it is gone
-/// (`-`). A keeper that cannot be told is said once; the worker goes on.
+/// (`-`), through its writer thread: never waits.
 fn tell(sign: char, group: u32) {
-    let Some(pipe) = PIPE.get() else { return };
-    let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
-    let Some(stdin) = pipe.as_mut() else { return };
-    if let Err(e) = writeln!(stdin, "{sign}{group}") {
-        errln!(
-            "warning: the keeper process is gone ({e}): what a command starts outlives a \
-             worker killed by SIGKILL"
-        );
-        *pipe = None;
-    }
+    let Some(Some(line)) = LINE.get() else { return };
+    let line = line.lock().unwrap_or_else(PoisonError::into_inner);
+    // A writer that stopped (the keeper is gone) said so already.
+    let _ = line.send(format!("{sign}{group}\n"));
 }
 
 /// A command's process group started: killed if this worker dies.

@@ -250,6 +250,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             slots: Arc::new(Semaphore::new(self.settings.parallelism)),
             ready: VecDeque::new(),
             idle: false,
+            handing_back: Vec::new(),
         };
         while self
             .claim_turn(shutdown, &mut loop_state, &mut live, wake, run, runs)
@@ -273,6 +274,9 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         let permits = or_stop(shutdown, free_slots(&loop_state.slots)).await?;
         let session = or_stop(shutdown, current(live)).await?;
         loop_state.drop_lost(session.id);
+        if !loop_state.handing_back.is_empty() {
+            self.hand_back(&mut loop_state.handing_back).await;
+        }
         let ready = &mut loop_state.ready;
         // Leases claimed within the idle poll start at once. Older ones wait
         // for a claim first, whose answer says whether the process was
@@ -311,6 +315,12 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                 {
                     return Some(());
                 }
+                if !fresh && !ready.is_empty() {
+                    // Stale leases wait for a claim that answers whether the
+                    // process was paused since; until then, the idle poll.
+                    drop(permits);
+                    return self.wait_for_work(shutdown, loop_state, 0, woken).await;
+                }
                 Claimed::default()
             }
         };
@@ -322,7 +332,9 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             // Paused since these were claimed: none of them starts. They are
             // handed back, pending again for whoever claims after the resume.
             drop(permits);
-            self.give_back(ready).await;
+            let handing_back = &mut loop_state.handing_back;
+            handing_back.extend(ready.drain(..).map(|(lease, _)| lease));
+            self.hand_back(handing_back).await;
             return self.wait_for_work(shutdown, loop_state, 0, woken).await;
         }
         start(ready, permits, &session, run, runs);
@@ -368,13 +380,14 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         Some(false)
     }
 
-    /// Hands back every lease waiting to start (the process was paused since
-    /// they were claimed). One the backend could not release (a lost link)
-    /// stays, to be handed back after the next claim; one whose lease is
-    /// already lost is dropped.
-    async fn give_back(&self, ready: &mut VecDeque<(Lease, Instant)>) {
-        let mut kept = VecDeque::new();
-        for (lease, claimed) in ready.drain(..) {
+    /// Hands back the leases in `handing_back` (claimed, never started: the
+    /// process was paused since). One the backend could not release stays,
+    /// to be handed back at the next turn, and is never started: a release
+    /// whose answer was lost may have gone through, and a lease given up so
+    /// must not run. One whose lease is already lost is dropped.
+    async fn hand_back(&self, handing_back: &mut Vec<Lease>) {
+        let mut kept = Vec::new();
+        for lease in handing_back.drain(..) {
             match self
                 .backend
                 .lease_release(LeaseRelease { lease: &lease })
@@ -384,11 +397,11 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                 Err(e) if e.is_lease_rejection() => {}
                 Err(e) => {
                     tracing::warn!(process = %self.settings.process, key = %lease.key, error = %e, "could not hand back a lease of a paused process");
-                    kept.push_back((lease, claimed));
+                    kept.push(lease);
                 }
             }
         }
-        *ready = kept;
+        *handing_back = kept;
     }
 
     /// Nothing more is ready: waits for an enqueue (`woken`) or the idle poll.
@@ -458,9 +471,22 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
                         return Ok(Claimed::default());
                     }
                 };
-                self.lock_candidates(store, session, keys, max as usize, finished)
-                    .await
-                    .map(Claimed::open)
+                let leases = self
+                    .lock_candidates(store, session, keys, max as usize, finished)
+                    .await?;
+                if !leases.is_empty() {
+                    return Ok(Claimed::open(leases));
+                }
+                // No lock went through, so none said whether the process is
+                // paused: keys locked ahead start only if it is not.
+                let paused = store.process_paused(process).await?;
+                Ok(Claimed {
+                    gate: crate::store::ClaimGate {
+                        paused,
+                        ..crate::store::ClaimGate::default()
+                    },
+                    ..Claimed::default()
+                })
             }
         }
     }
@@ -543,6 +569,9 @@ struct Claiming {
     ready: VecDeque<(Lease, Instant)>,
     /// Whether the last claim found less than it asked for.
     idle: bool,
+    /// Claimed leases of a paused process whose hand-back has not been
+    /// answered yet: handed back again at each turn, never started.
+    handing_back: Vec<Lease>,
 }
 
 impl Claiming {
@@ -557,6 +586,8 @@ impl Claiming {
         {
             self.ready.pop_front();
         }
+        // Closing a lost session handed its leases back already.
+        self.handing_back.retain(|lease| lease.session == session);
     }
 }
 

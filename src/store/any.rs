@@ -134,6 +134,14 @@ impl Store {
         self.sqlite().map(SqliteStore::pool)
     }
 
+    /// Whether `process` is paused: one row read. For the runner's query
+    /// sources, whose claims (locks of their candidates) may try no key at
+    /// all, and so hear nothing of a pause that keys they locked ahead must
+    /// not start under.
+    pub(crate) async fn process_paused(&self, process: &str) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.process_paused(process).await)
+    }
+
     /// The PostgreSQL engine, when the store is on PostgreSQL: for what only
     /// that engine has, such as enqueueing in the caller's transaction
     /// ([`PostgresStore::item_enqueue_in`]).

@@ -136,7 +136,7 @@ pub use postgres::PostgresStore;
 pub use rules::{MAX_SIGNATURE_BYTES, error_signature};
 pub use settings::{ProcessConfigure, ProcessSettings, Resync, Retention};
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, is_in_memory};
 pub use text::{MAX_TEXT_BYTES, clean_text, text_from_bytes};
 pub use trace::{InvalidTraceContext, TRACE_LINKS_KEPT, TraceContext, TraceId, TraceLinks};
 #[cfg(feature = "_engine")]

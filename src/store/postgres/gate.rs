@@ -140,3 +140,18 @@ pub(super) async fn pause(
     commit(tx).await?;
     Ok(changed)
 }
+
+impl PostgresStore {
+    /// Whether `process` is paused: one row read.
+    pub(crate) async fn process_paused(&self, process: &str) -> Result<bool, StoreError> {
+        let mut tx = self.read().await?;
+        let paused: Option<bool> =
+            sqlx::query_scalar("SELECT paused FROM drover_processes WHERE process = $1")
+                .bind(process)
+                .fetch_optional(&mut tx)
+                .await
+                .db()?;
+        super::error::commit(tx).await?;
+        Ok(paused.unwrap_or(false))
+    }
+}

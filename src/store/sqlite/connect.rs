@@ -106,7 +106,7 @@ impl SqliteStore {
         let writer_name = format!("{name}-w");
         let writer_thread = move |_| writer_name.clone();
         unsafe_parameters(url)?;
-        let memory = url.contains(":memory:") || url.contains("mode=memory");
+        let memory = is_in_memory(url);
         if !memory {
             no_file(url, connect.get_filename())?;
             missing_directory(url, connect.get_filename())?;
@@ -176,23 +176,37 @@ fn no_file(url: &str, file: &std::path::Path) -> Result<(), StoreError> {
 /// it within seconds (another VFS, `unix-none`, takes no locks).
 const UNSAFE_PARAMETERS: [&str; 3] = ["vfs", "immutable", "nolock"];
 
-/// Refuses a URL carrying one of [`UNSAFE_PARAMETERS`].
+/// Refuses a URL carrying one of [`UNSAFE_PARAMETERS`], by name as SQLite
+/// reads it (percent-decoded: `%76fs` is `vfs`).
 fn unsafe_parameters(url: &str) -> Result<(), StoreError> {
-    let Some((_, query)) = url.split_once('?') else {
-        return Ok(());
-    };
-    for pair in query.split('&') {
-        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-        if UNSAFE_PARAMETERS.contains(&name) {
+    for (name, _) in parameters(url) {
+        if UNSAFE_PARAMETERS.contains(&name.as_ref()) {
             return Err(StoreError::InvalidUrl {
                 url: url.to_owned(),
                 reason: format!(
-                    "`{name}` turns SQLite's locking off or says no one else writes the file,                      which corrupts a store that several processes share: remove it"
+                    "`{name}` turns SQLite's locking off or says no one else writes the file, \
+                     which corrupts a store that several processes share: remove it"
                 ),
             });
         }
     }
     Ok(())
+}
+
+/// The URL's query parameters, decoded as sqlx decodes them.
+fn parameters(url: &str) -> form_urlencoded::Parse<'_> {
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    form_urlencoded::parse(query.as_bytes())
+}
+
+/// Whether `url` names an in-memory SQLite database (`sqlite::memory:`,
+/// or `mode=memory` however it is spelt), which lives only as long as the
+/// store that opened it.
+#[must_use]
+pub fn is_in_memory(url: &str) -> bool {
+    let path = url.split_once('?').map_or(url, |(path, _)| path);
+    path.ends_with(":memory:")
+        || parameters(url).any(|(name, value)| name == "mode" && value == "memory")
 }
 
 /// Refuses a file whose directory does not exist, which SQLite reports only

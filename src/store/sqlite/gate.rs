@@ -139,3 +139,16 @@ pub(super) async fn pause(store: &SqliteStore, params: ProcessPause) -> Result<b
     tx.commit().await.db()?;
     Ok(changed)
 }
+
+impl SqliteStore {
+    /// Whether `process` is paused: one row read on a reader connection.
+    pub(crate) async fn process_paused(&self, process: &str) -> Result<bool, StoreError> {
+        let paused: Option<bool> =
+            sqlx::query_scalar("SELECT paused FROM drover_processes WHERE process = ?1")
+                .bind(process)
+                .fetch_optional(&self.pool)
+                .await
+                .db()?;
+        Ok(paused.unwrap_or(false))
+    }
+}

@@ -351,6 +351,18 @@ pub(super) async fn claim(store: &SqliteStore, params: LeaseClaim) -> Result<Cla
                 session: params.session,
             });
         }
+        if quick.leases.is_empty() {
+            // Nothing was ready: whether the process is paused is one read
+            // more, which a worker holding keys claimed ahead waits on (they
+            // start only if it is not; see the runner's claim loop).
+            return Ok(Claimed {
+                gate: ClaimGate {
+                    paused: store.process_paused(&params.process).await?,
+                    ..ClaimGate::default()
+                },
+                ..Claimed::default()
+            });
+        }
         return Ok(Claimed::open(quick.leases));
     }
     let rest = LeaseClaim {

@@ -34,5 +34,6 @@ mod transactional;
 mod watch;
 mod writer;
 
+pub use connect::is_in_memory;
 pub use engine::SqliteStore;
 pub(crate) use transactional::CallerTx;
