@@ -220,22 +220,10 @@ async fn a_claim_without_wait_is_awaited_while_its_server_waits_on_a_lock() {
         .await
         .expect("enqueue");
     let backend = served_with(&db.store, ServerOptions::default());
-    let session = backend
-        .session_start(SessionStart::new("batches", Duration::from_secs(60)))
-        .await
-        .expect("session");
     let holder = support::locks::items_held_for(&db.sql_url, Duration::from_secs(13)).await;
-    let claim = LeaseClaim {
-        session: session.id,
-        process: PROCESS.into(),
-        max: 1,
-        trace_links: false,
-    };
-    let claimed = backend.lease_claim_wait(claim, Duration::ZERO).await;
+    // A new session, then a claim without wait, answered once the lock goes.
+    let leases = claimed(&backend, 1).await;
     holder.await.expect("holder");
-    let leases = claimed
-        .expect("the claim is answered once the lock goes")
-        .leases;
     assert_eq!(leases.len(), 1, "{leases:?}");
     drop(backend);
     db.store.close().await;

@@ -17,6 +17,30 @@ use tokio_util::sync::CancellationToken;
 
 const PROCESS: &str = "paced";
 
+/// Runs `controller` on a task of its own until the token is cancelled;
+/// join the handle after.
+fn spawn_run<R, B>(controller: Controller<R, B>) -> (CancellationToken, tokio::task::JoinHandle<()>)
+where
+    R: drover::runner::Reconciler,
+    B: drover::store::WorkerBackend,
+{
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let stop = stop.clone();
+        async move { controller.run(stop).await.expect("runs") }
+    });
+    (stop, handle)
+}
+
+/// Pauses (`true`) or resumes `process`, as the test.
+fn pause(process: &str, paused: bool) -> ProcessPause {
+    ProcessPause {
+        process: process.into(),
+        paused,
+        actor: "test".into(),
+    }
+}
+
 /// A controller whose runs count themselves in `ran`, polling when idle
 /// every `idle_poll`.
 fn counting(
@@ -53,12 +77,8 @@ async fn a_rate_limited_worker_claims_at_each_token_not_at_its_idle_poll() {
         // An idle poll far longer than the whole run: only the token hint
         // can make the worker claim again in time.
         let controller = counting(&db, &ran, Duration::from_secs(60));
-        let stop = CancellationToken::new();
         let started = Instant::now();
-        let handle = tokio::spawn({
-            let stop = stop.clone();
-            async move { controller.run(stop).await.expect("runs") }
-        });
+        let (stop, handle) = spawn_run(controller);
         eventually_within("every key ran", Duration::from_secs(30), || async {
             ran.load(SeqCst) == KEYS
         })
@@ -83,27 +103,24 @@ async fn a_rate_limited_worker_claims_at_each_token_not_at_its_idle_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_process_runs_nothing_and_a_resume_wakes_its_worker() {
     each_backend(|db| async move {
-        let pause = |paused| ProcessPause {
-            process: PROCESS.into(),
-            paused,
-            actor: "test".into(),
-        };
-        db.store.process_pause(pause(true)).await.expect("pause");
+        db.store
+            .process_pause(pause(PROCESS, true))
+            .await
+            .expect("pause");
         db.store
             .item_enqueue(ItemEnqueue::new(PROCESS, ["a", "b"]))
             .await
             .expect("enqueue");
         let ran = Arc::new(AtomicU32::new(0));
         let controller = counting(&db, &ran, Duration::from_millis(200));
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn({
-            let stop = stop.clone();
-            async move { controller.run(stop).await.expect("runs") }
-        });
+        let (stop, handle) = spawn_run(controller);
         // Several idle polls of a paused process: nothing may run.
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(ran.load(SeqCst), 0, "a paused process ran a key");
-        db.store.process_pause(pause(false)).await.expect("resume");
+        db.store
+            .process_pause(pause(PROCESS, false))
+            .await
+            .expect("resume");
         eventually_within("both keys ran", Duration::from_secs(30), || async {
             ran.load(SeqCst) == 2
         })
@@ -164,21 +181,15 @@ async fn claimed_ahead_then_paused(db: &support::TestDb, process: &'static str, 
         .build()
         .expect("controller")
     };
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let stop = stop.clone();
-        async move { controller.run(stop).await.expect("runs") }
-    });
+    let (stop, handle) = spawn_run(controller);
     eventually_within("the first run started", Duration::from_secs(30), || async {
         started.load(SeqCst) == 1
     })
     .await;
-    let pause = |paused| ProcessPause {
-        process: process.into(),
-        paused,
-        actor: "test".into(),
-    };
-    db.store.process_pause(pause(true)).await.expect("pause");
+    db.store
+        .process_pause(pause(process, true))
+        .await
+        .expect("pause");
     // The keys claimed ahead are older than an idle poll by now.
     tokio::time::sleep(Duration::from_millis(300)).await;
     first_may_end.notify_one();
@@ -196,7 +207,10 @@ async fn claimed_ahead_then_paused(db: &support::TestDb, process: &'static str, 
         1,
         "{process}: a run started after the pause returned"
     );
-    db.store.process_pause(pause(false)).await.expect("resume");
+    db.store
+        .process_pause(pause(process, false))
+        .await
+        .expect("resume");
     eventually_within("every key ran", Duration::from_secs(30), || async {
         started.load(SeqCst) == n as u32
     })
@@ -221,11 +235,7 @@ async fn removing_a_rate_limit_reaches_a_worker_waiting_for_its_next_token() {
             .expect("enqueue");
         let ran = Arc::new(AtomicU32::new(0));
         let controller = counting(&db, &ran, Duration::from_millis(100));
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn({
-            let stop = stop.clone();
-            async move { controller.run(stop).await.expect("runs") }
-        });
+        let (stop, handle) = spawn_run(controller);
         eventually_within("the burst's one run", Duration::from_secs(30), || async {
             ran.load(SeqCst) == 1
         })
@@ -371,21 +381,15 @@ async fn a_key_whose_hand_back_was_not_answered_never_starts_without_its_lease()
             .build()
             .expect("controller")
         };
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn({
-            let stop = stop.clone();
-            async move { controller.run(stop).await.expect("runs") }
-        });
+        let (stop, handle) = spawn_run(controller);
         eventually_within("two runs going", Duration::from_secs(30), || async {
             started.load(SeqCst) == 2
         })
         .await;
-        let pause = |paused| ProcessPause {
-            process: PROCESS.into(),
-            paused,
-            actor: "test".into(),
-        };
-        db.store.process_pause(pause(true)).await.expect("pause");
+        db.store
+            .process_pause(pause(PROCESS, true))
+            .await
+            .expect("pause");
         lost.store(true, SeqCst);
         // The key claimed ahead is older than an idle poll by now.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -398,7 +402,10 @@ async fn a_key_whose_hand_back_was_not_answered_never_starts_without_its_lease()
         .await;
         // Resumed while hand-backs still lose their answers: the lease whose
         // hand-back went through unanswered must not start.
-        db.store.process_pause(pause(false)).await.expect("resume");
+        db.store
+            .process_pause(pause(PROCESS, false))
+            .await
+            .expect("resume");
         eventually_within("every key ran", Duration::from_secs(30), || async {
             pending_running(&db.store, PROCESS).await == (0, 0)
         })
@@ -446,21 +453,15 @@ async fn a_pause_reaches_a_key_a_query_source_locked_ahead() {
             .build()
             .expect("controller")
         };
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn({
-            let stop = stop.clone();
-            async move { controller.run(stop).await.expect("runs") }
-        });
+        let (stop, handle) = spawn_run(controller);
         eventually_within("k0 running", Duration::from_secs(30), || async {
             started.lock().expect("log").len() == 1
         })
         .await;
-        let pause = ProcessPause {
-            process: PROCESS.into(),
-            paused: true,
-            actor: "test".into(),
-        };
-        db.store.process_pause(pause).await.expect("pause");
+        db.store
+            .process_pause(pause(PROCESS, true))
+            .await
+            .expect("pause");
         // The key locked ahead is older than an idle poll by now.
         tokio::time::sleep(Duration::from_millis(300)).await;
         first_end.send(true).expect("let k0 end");

@@ -24,8 +24,8 @@
 use std::collections::HashSet;
 use std::io::{BufRead as _, Write as _};
 use std::process::{ChildStdin, ExitCode, Stdio};
+use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Mutex, OnceLock, PoisonError};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -37,7 +37,7 @@ pub(crate) const SUBCOMMAND: &str = "keeper";
 
 /// The line to the thread that writes to this worker's keeper, once
 /// started (`None`: no keeper).
-static LINE: OnceLock<Option<Mutex<Sender<String>>>> = OnceLock::new();
+static LINE: OnceLock<Option<Sender<String>>> = OnceLock::new();
 
 /// Starts this worker's keeper (once). Without one (the binary cannot be
 /// started again), a worker killed by `SIGKILL` leaves what its commands
@@ -50,7 +50,7 @@ pub(crate) fn start() {
                 .name("drover-keeper-pipe".into())
                 .spawn(move || write_lines(stdin, &lines));
             match writer {
-                Ok(_) => Some(Mutex::new(line)),
+                Ok(_) => Some(line),
                 Err(e) => {
                     errln!("warning: cannot start the keeper's writer ({e}): {UNKEPT}");
                     None
@@ -115,7 +115,6 @@ fn spawn() -> std::io::Result<ChildStdin> {
 /// (`-`), through its writer thread: never waits.
 fn tell(sign: char, group: u32) {
     let Some(Some(line)) = LINE.get() else { return };
-    let line = line.lock().unwrap_or_else(PoisonError::into_inner);
     // A writer that stopped (the keeper is gone) said so already.
     let _ = line.send(format!("{sign}{group}\n"));
 }
