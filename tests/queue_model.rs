@@ -157,11 +157,12 @@ impl Model {
         let end = self.not_before.get(&key).map_or(end, |nb| (*nb).max(end));
         self.not_before.insert(key, end);
         let mut want = PLAIN;
-        if let Some((at, _, w)) = self.waiting.get(&key).copied() {
-            if !w.bypass && at < end {
-                want = want.merge(w);
-                self.waiting.remove(&key);
-            }
+        if let Some((at, _, w)) = self.waiting.get(&key).copied()
+            && !w.bypass
+            && at < end
+        {
+            want = want.merge(w);
+            self.waiting.remove(&key);
         }
         self.schedule(key, end, want);
     }

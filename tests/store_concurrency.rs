@@ -330,3 +330,66 @@ async fn two_processes_on_one_sqlite_file_share_the_work() {
     assert_eq!(tokens.len(), keys.len());
     assert_distinct(tokens);
 }
+
+/// A quiet node's heartbeat gets the file's write lock while a busy node on
+/// the same SQLite file writes back to back. Each store has a writer
+/// connection of its own, as two processes do. Before, the quiet one waited in
+/// SQLite's busy handler, which sleeps 1, 2, 5 … up to 100 ms between tries:
+/// the busy node took the lock again microseconds after each commit, so the
+/// heartbeat kept missing the gap, for seconds, past its session's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quiet_node_heartbeats_while_a_busy_node_writes_the_same_file() {
+    let (db, _dir) = support::sqlite().await;
+    let busy = Store::connect(&db.url).await.expect("the busy node");
+    let quiet = Store::connect(&db.url).await.expect("the quiet node");
+    let session = quiet
+        .session_start(SessionStart::new("quiet", Duration::from_secs(60)))
+        .await
+        .expect("session");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    // Several tasks keep the busy node's writer queued for: one transaction
+    // starts the moment the one before commits, as under a burn-down.
+    for w in 0..4 {
+        let (busy, stop) = (busy.clone(), Arc::clone(&stop));
+        writers.push(tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let keys = (0..200).map(|i| format!("busy-{w}-{round}-{i}"));
+                busy.item_enqueue(ItemEnqueue::new("busy", keys))
+                    .await
+                    .expect("a busy enqueue");
+                round += 1;
+            }
+            round
+        }));
+    }
+    // Let the busy node get going, then time the quiet node's heartbeats.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..30 {
+        let started = std::time::Instant::now();
+        quiet
+            .session_heartbeat(drover::store::SessionHeartbeat {
+                session: session.id,
+            })
+            .await
+            .expect("a heartbeat");
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut rounds = 0;
+    for writer in writers {
+        rounds += writer.await.expect("a busy writer");
+    }
+    assert!(
+        rounds > 30,
+        "the busy node hardly wrote: {rounds} transactions"
+    );
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a heartbeat waited {slowest:?} for the write lock while the busy node \
+         committed {rounds} transactions"
+    );
+}

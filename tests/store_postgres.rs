@@ -849,6 +849,67 @@ async fn requests_on_a_frozen_link_end_unknown_within_the_answer_timeout() {
     support::drop_schema(&base, &schema).await;
 }
 
+/// Requests stuck on a frozen link at once share one look at the server's
+/// sign of life: one new connection, not one per request. Before, each
+/// opened its own, so a hundred requests stuck behind a busy pool opened a
+/// hundred connections to the busy server about together.
+#[tokio::test]
+async fn requests_stuck_together_share_one_look_at_the_server() {
+    use drover::store::{SessionHeartbeat, SessionStart};
+    use support::fault_proxy::FaultProxy;
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let (proxy, node) = FaultProxy::in_front_of(&base, &db.url).await;
+    let mut sessions = Vec::new();
+    for _ in 0..6 {
+        let start = SessionStart::new("node", Duration::from_secs(300));
+        sessions.push(node.session_start(start).await.expect("session").id);
+    }
+    // Six pooled connections open before the link freezes, so each request
+    // has one and opens none: every connection made later is a look.
+    let mut open = Vec::new();
+    for _ in 0..6 {
+        open.push(node.begin().await.expect("a transaction"));
+    }
+    for tx in open {
+        tx.rollback().await.expect("rollback");
+    }
+    proxy.freeze();
+    let before = proxy.accepted();
+    let stuck = sessions.into_iter().map(|session| {
+        let node = node.clone();
+        tokio::spawn(async move {
+            node.session_heartbeat(SessionHeartbeat { session })
+                .await
+                .map(drop)
+        })
+    });
+    let stuck: Vec<_> = stuck.collect();
+    for request in stuck {
+        let answer = tokio::time::timeout(Duration::from_secs(60), request)
+            .await
+            .expect("a request on a frozen link ends")
+            .expect("the request's task");
+        assert!(
+            matches!(&answer, Err(e) if e.is_commit_unknown()),
+            "{answer:?}"
+        );
+    }
+    // One look, and the `LISTEN` connection, which the first request's
+    // notice tells to reconnect (before or after the others return).
+    let looks = proxy.accepted() - before;
+    assert!(
+        looks <= 2,
+        "six requests stuck together opened {looks} connections to look at the server"
+    );
+    proxy.heal();
+    node.close().await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 /// A claim that waits 13 s behind a table lock on a healthy server (a DBA's
 /// `CREATE INDEX` on `drover_items` takes SHARE for as long as the build
 /// lasts; `VACUUM FULL`, `ALTER TABLE`, `pg_repack`'s swap do likewise) is

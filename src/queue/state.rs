@@ -279,11 +279,11 @@ impl<K: Clone> Lanes<K> {
         if entry.queued.is_some() || entry.dirty.is_some() {
             return Change::Unchanged;
         }
-        if let Some(waiting) = entry.waiting.as_mut() {
-            if waiting.at <= at {
-                waiting.pending = waiting.pending.merge(pending);
-                return Change::Unchanged;
-            }
+        if let Some(waiting) = entry.waiting.as_mut()
+            && waiting.at <= at
+        {
+            waiting.pending = waiting.pending.merge(pending);
+            return Change::Unchanged;
         }
         let pending = entry.waiting.map_or(pending, |w| w.pending.merge(pending));
         self.clear_waiting(entry);

@@ -136,6 +136,12 @@ impl FaultProxy {
         pumps.iter().filter(|pump| !pump.is_finished()).count() / 2
     }
 
+    /// How many connections the proxy took since it started or was last
+    /// reset, open or not.
+    pub(crate) fn accepted(&self) -> usize {
+        self.pumps.lock().len() / 2
+    }
+
     /// Lets bytes flow again, both ways.
     pub(crate) fn heal(&self) {
         self.set(Mode::Flow);

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
+use futures_util::FutureExt as _;
+use futures_util::future::{BoxFuture, Shared};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::sync::watch;
@@ -32,6 +33,10 @@ const SEARCH_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a search goes on (the next notice starts another).
 const SEARCH_FOR: Duration = Duration::from_secs(120);
+
+/// How long, from its start, a finished look at a host's sign of life
+/// answers the stuck requests that ask after it.
+const PROBE_FRESH: Duration = Duration::from_secs(1);
 
 /// Why a statement says its connection must go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +111,24 @@ pub(crate) struct Failover {
     /// The store's clock, which the check of a new connection reads the
     /// database's lineage with.
     clock: Clock,
+    /// The last look at each host's sign of life (see [`answers`](Self::answers)).
+    probes: Mutex<Vec<Option<Probe>>>,
+}
+
+/// One look at a host's sign of life, which every request stuck on that host
+/// meanwhile shares.
+struct Probe {
+    started: Instant,
+    alive: Shared<BoxFuture<'static, bool>>,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe")
+            .field("started", &self.started)
+            .field("alive", &self.alive.peek())
+            .finish()
+    }
 }
 
 impl Failover {
@@ -121,6 +144,7 @@ impl Failover {
             searching: AtomicBool::new(false),
             notices: watch::Sender::new(0),
             clock: Clock::default(),
+            probes: Mutex::new(Vec::new()),
         })
     }
 
@@ -191,14 +215,47 @@ impl Failover {
     /// Whether host `i` answers a new connection of its own (made, and one
     /// round trip on it) within `within`: a sign of life that no lock and no
     /// busy pool holds up.
+    ///
+    /// One look at a time per host: requests that ask while one is under
+    /// way, or after one that started less than [`PROBE_FRESH`] ago, share
+    /// its answer (so a host gets at most one look a second). A hundred
+    /// requests stuck behind a busy pool used to open a hundred connections
+    /// to the busy server, about together. The look runs on a task of its
+    /// own, so it goes on when the request that started it is answered.
     pub(crate) async fn answers(&self, i: usize, within: Duration) -> bool {
-        let options = self.hosts[i].1.clone();
-        let probe = async {
-            let mut conn = PgConnection::connect_with(&options).await?;
-            conn.ping().await?;
-            conn.close().await
+        let alive = {
+            let mut probes = self.probes.lock().unwrap_or_else(PoisonError::into_inner);
+            if probes.len() < self.hosts.len() {
+                probes.resize_with(self.hosts.len(), || None);
+            }
+            match &probes[i] {
+                Some(probe)
+                    if probe.started.elapsed() < within
+                        && (probe.alive.peek().is_none()
+                            || probe.started.elapsed() < PROBE_FRESH) =>
+                {
+                    probe.alive.clone()
+                }
+                _ => {
+                    let options = self.hosts[i].1.clone();
+                    let look = tokio::spawn(async move {
+                        let probe = async {
+                            let mut conn = PgConnection::connect_with(&options).await?;
+                            conn.ping().await?;
+                            conn.close().await
+                        };
+                        matches!(tokio::time::timeout(within, probe).await, Ok(Ok(())))
+                    });
+                    let alive = async move { look.await.unwrap_or(false) }.boxed().shared();
+                    probes[i] = Some(Probe {
+                        started: Instant::now(),
+                        alive: alive.clone(),
+                    });
+                    alive
+                }
+            }
         };
-        matches!(tokio::time::timeout(within, probe).await, Ok(Ok(())))
+        alive.await
     }
 
     /// Records that new connections go to host `i`, logging a change.

@@ -54,8 +54,8 @@ where
 /// items), for a pooled connection, or through a reclaim of many leases.
 pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long the look at the server may take: a new connection to the host
-/// new connections go to, and one round trip on it.
+/// How long the look at the server may take: a new connection to the
+/// request's host, and one round trip on it.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Awaits `op`; each time it has gone [`ANSWER_TIMEOUT`] without an answer,

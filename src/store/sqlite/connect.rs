@@ -13,6 +13,7 @@ use sqlx::{ConnectOptions as _, SqlitePool};
 use super::checkpoint::Checkpoints;
 use super::engine::SqliteStore;
 use super::error::{locked, map};
+use super::turns::Turns;
 use super::writer::Writer;
 use crate::store::{Clock, StoreError, StoreOptions, migrate};
 
@@ -136,6 +137,7 @@ impl SqliteStore {
         let opening = while_locked(|| readers.clone().connect_with(connect.clone()));
         let pool = within(url, options, opening).await?;
         migrate_pool(&pool, options.migrate).await?;
+        let turns = Turns::open(connect.get_filename());
         let writer = connect
             .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)
             .pragma("temp_store", WRITER_TEMP_STORE)
@@ -144,7 +146,7 @@ impl SqliteStore {
         Ok(Self {
             _checkpoints: Some(Checkpoints::start(pool.clone())),
             pool,
-            writer: Writer::held(writer),
+            writer: Writer::held(writer, turns),
             claims: Arc::default(),
             completions: Arc::default(),
             clock: Clock::default(),

@@ -31,6 +31,7 @@ mod series;
 mod sessions;
 mod trace;
 mod transactional;
+mod turns;
 mod watch;
 mod writer;
 

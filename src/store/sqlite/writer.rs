@@ -21,6 +21,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+use super::turns::{Turn, Turns};
+
 /// Where a store's write transactions get their connection. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(super) enum Writer {
@@ -39,14 +41,18 @@ pub(super) struct Slot {
     /// (it runs on a task, or on the next `begin` when there was no runtime to
     /// run a task on).
     unfinished: bool,
+    /// The lock file that gives the processes on this database their turns
+    /// (see [`turns`](super::turns)); `None` when it could not be opened.
+    turns: Option<Turns>,
 }
 
 impl Writer {
-    /// A writer holding `conn`.
-    pub(super) fn held(conn: SqliteConnection) -> Self {
+    /// A writer holding `conn`, taking its turns on `turns`.
+    pub(super) fn held(conn: SqliteConnection, turns: Option<Turns>) -> Self {
         Self::Held(Arc::new(Mutex::new(Slot {
             conn: Some(conn),
             unfinished: false,
+            turns,
         })))
     }
 
@@ -70,6 +76,10 @@ impl Writer {
     /// `BEGIN` that may still run, and the drop's rollback, queued behind it,
     /// ends what it began. A `BEGIN` that failed or was never sent leaves
     /// nothing open, and that rollback only finds no transaction.
+    ///
+    /// A file database's transaction also waits for this process's turn among
+    /// the processes on the file, after any unfinished rollback (which never
+    /// waits for a turn) and before its `BEGIN`.
     pub(super) async fn lock(&self) -> Result<Tx, sqlx::Error> {
         let conn = match self {
             Self::Held(slot) => {
@@ -80,7 +90,11 @@ impl Writer {
                     roll_back(conn).await;
                     slot.unfinished = false;
                 }
-                Conn::Held(slot)
+                let turn = match &slot.turns {
+                    Some(turns) => Some(turns.take().await),
+                    None => None,
+                };
+                Conn::Held(turn, slot)
             }
             Self::Pooled(pool) => Conn::Pooled(pool.acquire().await?),
         };
@@ -167,9 +181,11 @@ fn ends_with_commit(sql: &str) {
     );
 }
 
-/// A transaction's hold on the connection.
+/// A transaction's hold on the connection. A held connection's turn comes
+/// first, so it is let go before the connection is: the next transaction of
+/// this process takes its own turn, not this one's about to end.
 enum Conn {
-    Held(OwnedMutexGuard<Slot>),
+    Held(Option<Turn>, OwnedMutexGuard<Slot>),
     Pooled(PoolConnection<Sqlite>),
 }
 
@@ -262,7 +278,7 @@ impl Deref for Tx {
             .as_ref()
             .expect("a live transaction has its connection")
         {
-            Conn::Held(slot) => slot.conn.as_ref().expect("begin checked the connection"),
+            Conn::Held(_, slot) => slot.conn.as_ref().expect("begin checked the connection"),
             Conn::Pooled(conn) => conn,
         }
     }
@@ -275,7 +291,7 @@ impl DerefMut for Tx {
             .as_mut()
             .expect("a live transaction has its connection")
         {
-            Conn::Held(slot) => slot.conn.as_mut().expect("begin checked the connection"),
+            Conn::Held(_, slot) => slot.conn.as_mut().expect("begin checked the connection"),
             Conn::Pooled(conn) => conn,
         }
     }
@@ -293,7 +309,7 @@ impl Drop for Tx {
         if !self.open {
             return;
         }
-        if let Conn::Held(slot) = &mut conn {
+        if let Conn::Held(_, slot) = &mut conn {
             slot.unfinished = true;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -304,11 +320,13 @@ impl Drop for Tx {
         };
         runtime.spawn(async move {
             match conn {
-                Conn::Held(mut slot) => {
+                Conn::Held(turn, mut slot) => {
                     if let Some(c) = slot.conn.as_mut() {
                         roll_back(c).await;
                     }
                     slot.unfinished = false;
+                    // The turn lasts until SQLite's lock is let go.
+                    drop(turn);
                 }
                 Conn::Pooled(mut c) => roll_back(&mut c).await,
             }
