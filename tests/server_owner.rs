@@ -189,6 +189,10 @@ async fn a_viewer_sees_no_fencing_tokens() {
             format!("/v1/processes/{P}/items/{key}"),
             format!("/v1/processes/{P}/items/{done_key}"),
             format!("/v1/processes/{P}/runs"),
+            // The item list and triage showed a running key's token to
+            // viewers until session 40 (found in review).
+            format!("/v1/processes/{P}/items?state=running"),
+            format!("/v1/processes/{P}/triage?state=running"),
             "/ui/workers".to_owned(),
             format!("/ui/processes/{P}/items/{key}"),
             format!("/ui/processes/{P}/items/{done_key}"),

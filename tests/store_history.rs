@@ -368,6 +368,50 @@ async fn retention_forgets_only_idle_keys_untouched_for_the_period() {
     .await;
 }
 
+/// Retention periods longer than 180 days are kept as set, and periods are
+/// bounded at 100 years with an error, not cut. Before, every period went
+/// through the 180-day clamp of a delay: a year's retention was stored as 180
+/// days, and runs and idle keys went at half the age asked for.
+#[tokio::test]
+async fn retention_periods_over_180_days_are_kept_as_set() {
+    each_engine_and_pooler(|db| async move {
+        let year = secs(365 * 24 * 3600);
+        let keep = ProcessConfigure::new(P)
+            .keep_runs_for(year)
+            .forget_idle_after(Some(year));
+        db.store.process_configure(keep).await.expect("set");
+        run(&db, "a", Outcome::Done).await;
+        let stored = db.store.process_list().await.expect("list");
+        let stored = stored
+            .iter()
+            .find(|p| p.process == P)
+            .expect("P's settings");
+        assert_eq!(stored.retention.keep_runs_for, year);
+        assert_eq!(stored.retention.forget_idle_after, Some(year));
+        db.store.clock().advance(secs(200 * 24 * 3600));
+        assert_eq!(
+            prune(&db.store, 100).await,
+            (0, 0),
+            "200 days is not a year"
+        );
+        db.store.clock().advance(secs(166 * 24 * 3600));
+        assert_eq!(prune(&db.store, 100).await, (1, 1), "past a year");
+        for too_long in [
+            ProcessConfigure::new(P).keep_runs_for(secs(36_501 * 24 * 3600)),
+            ProcessConfigure::new(P).forget_idle_after(Some(secs(36_501 * 24 * 3600))),
+            ProcessConfigure::new(P).resync_every(Some(secs(36_501 * 24 * 3600))),
+        ] {
+            match db.store.process_configure(too_long).await {
+                Err(StoreError::InvalidArgument(why)) => {
+                    assert!(why.contains("36500 days"), "{why}")
+                }
+                other => panic!("a period over 100 years: {other:?}"),
+            }
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn activity_counts_the_runs_that_ended_within_the_window() {
     each_engine_and_pooler(|db| async move {

@@ -84,21 +84,22 @@ pub struct ProcessConfigureRequest {
     #[serde(default)]
     #[schema(minimum = 0.0, maximum = 1.0)]
     pub backoff_jitter: Option<f64>,
-    /// Keep runs this long (at least 1).
+    /// Keep runs this long (at least 1, at most 100 years).
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 15552000000_u64)]
+    #[schema(minimum = 1, maximum = 3153600000000_u64)]
     pub keep_runs_for_ms: Option<u64>,
     /// Keep at most this many runs per key (at least 1).
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2147483647)]
     pub keep_runs_per_key: Option<u32>,
-    /// Forget idle keys untouched this long (at least 1); null: never.
+    /// Forget idle keys untouched this long (at least 1, at most 100 years);
+    /// null: never.
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(minimum = 1, maximum = 15552000000_u64)]
+    #[schema(minimum = 1, maximum = 3153600000000_u64)]
     pub forget_idle_after_ms: Option<Option<u64>>,
     /// At most this many keys running at once across the fleet (at least 1);
     /// null: no limit.
@@ -149,13 +150,13 @@ impl ProcessConfigureRequest {
             params = params.backoff(backoff);
         }
         if let Some(period) = self.keep_runs_for_ms {
-            params = params.keep_runs_for(ms(period).min(MAX_DELAY));
+            params = params.keep_runs_for(ms(period));
         }
         if let Some(runs) = self.keep_runs_per_key {
             params = params.keep_runs_per_key(runs);
         }
         if let Some(period) = self.forget_idle_after_ms {
-            params = params.forget_idle_after(period.map(|p| ms(p).min(MAX_DELAY)));
+            params = params.forget_idle_after(period.map(ms));
         }
         params.limits = LimitChanges {
             concurrency: self.concurrency,

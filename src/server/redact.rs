@@ -7,7 +7,7 @@
 
 use super::auth::Authorized;
 use super::role::Role;
-use crate::api::{ItemDetailBody, RunBody, SessionListBody};
+use crate::api::{ItemBody, ItemDetailBody, RunBody, SessionListBody};
 
 /// Whether `auth`'s caller is shown fencing tokens.
 pub(crate) fn shows_tokens<C>(auth: &Authorized<C>) -> bool {
@@ -45,4 +45,15 @@ pub(crate) fn item(mut detail: ItemDetailBody, shown: bool) -> ItemDetailBody {
         detail.runs = runs(detail.runs, false);
     }
     detail
+}
+
+/// `items` (a page of the item list or of triage) without their leases'
+/// fencing tokens unless `shown`.
+pub(crate) fn items(mut items: Vec<ItemBody>, shown: bool) -> Vec<ItemBody> {
+    if !shown {
+        for item in &mut items {
+            item.lease_token = None;
+        }
+    }
+    items
 }

@@ -98,7 +98,7 @@ pub(crate) async fn enqueue(
     )
 )]
 pub(crate) async fn list(
-    _: Authorized<Read>,
+    auth: Authorized<Read>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
     QueryParams(query): QueryParams<ItemListQuery>,
@@ -121,8 +121,9 @@ pub(crate) async fn list(
     let next_after_key = (items.len() == limit as usize)
         .then(|| items.last().map(|i| i.key.clone()))
         .flatten();
+    let items = items.into_iter().map(Into::into).collect();
     Ok(Json(ItemPage {
-        items: items.into_iter().map(Into::into).collect(),
+        items: redact::items(items, redact::shows_tokens(&auth)),
         next_after_key,
     }))
 }
@@ -143,14 +144,15 @@ pub(crate) async fn list(
     )
 )]
 pub(crate) async fn triage(
-    _: Authorized<Read>,
+    auth: Authorized<Read>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
     QueryParams(query): QueryParams<TriageQuery>,
 ) -> Result<Json<TriagePageBody>, ApiError> {
     let page = triage_page(&state, process, query).await?;
+    let items = page.items.into_iter().map(Into::into).collect();
     Ok(Json(TriagePageBody {
-        items: page.items.into_iter().map(Into::into).collect(),
+        items: redact::items(items, redact::shows_tokens(&auth)),
         next: page.next.map(|c| c.to_string()),
     }))
 }

@@ -3,7 +3,6 @@
 //! process's retention.
 
 use crate::store::exec::Exec as _;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
@@ -16,7 +15,7 @@ use crate::store::StoreError;
 use crate::store::params::{PruneTurn, RunList};
 use crate::store::rules::retention::{PruneSteps, Rules, runs_window};
 use crate::store::rules::rows::runs;
-use crate::store::rules::settle::{earlier, later};
+use crate::store::rules::settle::later;
 use crate::store::types::{Run, RunOutcome};
 
 /// Ends the runs of the running rows whose `ctid`s are in `$3` (rows this
@@ -173,9 +172,11 @@ pub(super) async fn list(store: &PostgresStore, params: &RunList) -> Result<Vec<
     runs(rows)
 }
 
-/// Milliseconds before `now`.
+/// A retention period of `ms` milliseconds before `now`, as the operator set
+/// it (not clamped to the 180 days a delay is), or the earliest time there is.
 fn before(now: DateTime<Utc>, ms: i64) -> DateTime<Utc> {
-    earlier(now, Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+    now.checked_sub_signed(chrono::Duration::milliseconds(ms.max(0)))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// Takes, renews or is refused `params.process`'s turn to prune (see

@@ -6,7 +6,7 @@ use sqlx::query::Query;
 
 use super::decode::backoff_policy;
 use super::resync::{Rules, next_pass};
-use super::rows::{Stamp, duration_ms};
+use super::rows::{MAX_PERIOD, Stamp, duration_ms, period_ms};
 use crate::store::StoreError;
 use crate::store::fleet::{FleetLimits, RateLimit};
 use crate::store::key::validate_process;
@@ -201,12 +201,12 @@ where
         .bind(b.map(|b| b.factor()))
         .bind(b.map(|b| duration_ms(b.max())))
         .bind(b.map(|b| b.jitter()))
-        .bind(params.keep_runs_for.map(duration_ms))
+        .bind(params.keep_runs_for.map(period_ms))
         .bind(params.keep_runs_per_key.map(clamp_i32))
         .bind(params.forget_idle_after.is_some())
-        .bind(params.forget_idle_after.flatten().map(duration_ms))
+        .bind(params.forget_idle_after.flatten().map(period_ms))
         .bind(params.resync_every.is_some())
-        .bind(params.resync_every.flatten().map(duration_ms))
+        .bind(params.resync_every.flatten().map(period_ms))
         .bind(params.resync_jitter)
         .bind(params.resync_priority)
         .bind(l.concurrency.is_some())
@@ -238,6 +238,20 @@ pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
         return Err(StoreError::InvalidArgument(
             "keep runs for longer than 0 (use 1s to keep them as briefly as possible)".into(),
         ));
+    }
+    let periods = [
+        ("keep runs for", params.keep_runs_for),
+        ("forget idle keys after", params.forget_idle_after.flatten()),
+        ("resync every", params.resync_every.flatten()),
+    ];
+    if let Some((what, _)) = periods
+        .iter()
+        .find(|(_, period)| period.is_some_and(|p| p > MAX_PERIOD))
+    {
+        return Err(StoreError::InvalidArgument(format!(
+            "{what} at most {} days (100 years)",
+            MAX_PERIOD.as_secs() / 86_400
+        )));
     }
     if let Some(problem) = params.limits.problem() {
         return Err(StoreError::InvalidArgument(problem.into()));

@@ -12,9 +12,22 @@ use crate::store::types::{FencingToken, HeldLease, Item, Page, Run, SessionId, S
 use crate::store::{StoreError, TraceId};
 
 /// A duration as whole milliseconds, clamped to drover's maximum delay: how
-/// both engines store a delay, a TTL or a retention period.
+/// both engines store a delay or a TTL.
 pub(crate) fn duration_ms(d: std::time::Duration) -> i64 {
     i64::try_from(crate::backoff::clamp_delay(d).as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The longest retention or resync period a process may set: 100 years. A
+/// period is a setting the operator chose, kept as given, unlike a delay
+/// (which drover clamps to 180 days); bounded so that a time plus or minus it
+/// stays an integer in SQLite and a timestamp in PostgreSQL.
+pub(crate) const MAX_PERIOD: std::time::Duration =
+    std::time::Duration::from_secs(36_500 * 24 * 60 * 60);
+
+/// A retention or resync period as whole milliseconds, as given (up to
+/// [`MAX_PERIOD`], which `checked` holds settings to; longer saturates there).
+pub(crate) fn period_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.min(MAX_PERIOD).as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A time as an engine stores it.
