@@ -760,6 +760,43 @@ async fn errors_lists_the_groups_and_a_filter_acts_on_every_matching_key() {
     .await;
 }
 
+/// What workers and producers wrote (a key, an error) is printed with its
+/// control characters escaped, so it can neither forge a line of `drover
+/// history` nor send the operator's terminal an escape sequence (a new title,
+/// the clipboard, the cursor). Before, both went out raw; `drover work`
+/// already escaped keys in its log prefixes.
+#[tokio::test]
+async fn listings_escape_what_workers_wrote() {
+    let (db, _dir) = support::sqlite().await;
+    let url = Some(db.url.as_str());
+    let key = "vm-1\u{1b}]0;owned\u{7}";
+    ok(&drover(url, None, &["enqueue", "provision", key], ""));
+    let forged = "boom\n999  2026-12-07 06:00:00.000Z  provision  vm-1  done  by=cli";
+    let failed = Outcome::Permanent(forged.into());
+    support::store::run_ready(&db.store, "provision", 1, &failed).await;
+    let history = ok(&drover(
+        url,
+        None,
+        &["history", "--process", "provision"],
+        "",
+    ));
+    let errors = ok(&drover(url, None, &["errors", "provision"], ""));
+    let status = ok(&drover(url, None, &["status"], ""));
+    for (what, out) in [
+        ("history", &history),
+        ("errors", &errors),
+        ("status", &status),
+    ] {
+        assert!(
+            !out.chars().any(|c| c.is_control() && c != '\n'),
+            "{what} printed control characters: {out:?}"
+        );
+    }
+    assert_eq!(history.lines().count(), 1, "one run: {history:?}");
+    assert!(history.contains(r"vm-1\u{1b}]0;owned\u{7}"), "{history}");
+    assert!(history.contains(r"error: boom\n999"), "{history}");
+}
+
 #[test]
 fn a_bulk_action_takes_keys_or_a_filter_never_both_nor_neither() {
     let dir = tempfile::tempdir().expect("tempdir");

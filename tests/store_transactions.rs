@@ -707,6 +707,61 @@ async fn a_delete_in_a_transaction_forgets_the_key_only_when_it_commits_and_neve
     .await;
 }
 
+/// A delete in a caller's transaction refused because the key is running
+/// leaves no lock on its row, and the transaction goes on: the worker's
+/// completion of that key is not held up by a caller that carries on working.
+/// Before, the refused delete's `FOR UPDATE` stayed until the caller's
+/// transaction ended (PostgreSQL; SQLite's caller holds the whole file's write
+/// lock for its transaction anyway).
+#[tokio::test]
+async fn a_refused_delete_in_a_transaction_leaves_the_running_keys_row_unlocked() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let s = db.session().await;
+    enqueue(&db.store, &["busy", "gone"]).await;
+    let busy = claim(&db.store, s.id, 1).await;
+    assert_eq!(keys(&busy), ["busy"]);
+    let delete = |key: &str| ItemDelete {
+        process: P.into(),
+        key: key.into(),
+        actor: "producer".into(),
+    };
+    let mut tx = db.store.begin().await.expect("begin");
+    let refused = tx.item_delete(delete("busy")).await;
+    assert!(
+        matches!(refused, Err(StoreError::AlreadyLeased { .. })),
+        "{refused:?}"
+    );
+    let other = sqlx::PgPool::connect(&db.url)
+        .await
+        .expect("another connection");
+    let row = sqlx::query(
+        "SELECT 1 FROM drover_items WHERE process = $1 AND key = 'busy' FOR UPDATE NOWAIT",
+    )
+    .bind(P)
+    .execute(&other)
+    .await;
+    assert!(
+        row.is_ok(),
+        "the refused delete still holds the running key's row: {row:?}"
+    );
+    assert!(
+        tx.item_delete(delete("gone"))
+            .await
+            .expect("the transaction goes on")
+    );
+    tx.commit().await.expect("commit");
+    assert!(item(&db.store, "gone").await.is_none());
+    complete(&db.store, &busy[0], Outcome::Done)
+        .await
+        .expect("done");
+    other.close().await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 /// A caller's transaction is bounded by its own idle timeout
 /// (`StoreOptions::caller_idle_timeout`, issue 35): past it the database ends
 /// the transaction, so a stalled caller cannot hold its keys' rows locked for

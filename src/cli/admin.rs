@@ -13,6 +13,7 @@ use drover::store::{
 use super::Reported;
 use super::db::DbArgs;
 use super::say::{Lines, errln, outln};
+use super::shown::shown;
 
 /// Who the history says took the action.
 const ACTOR: &str = "cli";
@@ -165,7 +166,11 @@ async fn act_where(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     store.close().await;
     let changed =
         changed.with_context(|| format!("cannot {} in {}", action.verb(), args.process))?;
-    outln!("{}: {} {changed} key(s)", args.process, action.done())?;
+    outln!(
+        "{}: {} {changed} key(s)",
+        shown(&args.process),
+        action.done()
+    )?;
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use drover::store::{ErrorGroup, ErrorGroups, StoreEngine as _, validate_process}
 use super::db::DbArgs;
 use super::listing::Listing;
 use super::say::outln;
+use super::shown::shown;
 
 /// Arguments of `drover errors`.
 #[derive(Debug, ClapArgs)]
@@ -52,7 +53,7 @@ fn lines(g: &ErrorGroup) -> String {
         "{:>7}  {:<15} {}\n         e.g. {}",
         g.count,
         states.join(","),
-        g.signature,
-        g.sample.lines().next().unwrap_or_default()
+        shown(&g.signature),
+        shown(g.sample.lines().next().unwrap_or_default())
     )
 }

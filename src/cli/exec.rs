@@ -25,6 +25,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use super::say::errln;
+use super::shown::shown;
 use anyhow::Context as _;
 use drover::runner::{Action, BoxError, Task, permanent, transient};
 use drover::store::{TraceContext, text_from_bytes};
@@ -195,21 +196,6 @@ impl Exec {
 /// The longest stderr line kept whole: a longer one (binary output with no
 /// newline) is cut into pieces of this size, so memory stays bounded.
 const MAX_LINE_BYTES: usize = 64 * 1024;
-
-/// `key` as a log line's prefix shows it: control characters (a newline, an
-/// escape sequence) written as Rust escapes (`\n`, `\u{1b}`), so a key can
-/// neither start a line of its own nor recolour the terminal.
-fn shown(key: &str) -> String {
-    let mut shown = String::with_capacity(key.len());
-    for c in key.chars() {
-        if c.is_control() {
-            shown.extend(c.escape_default());
-        } else {
-            shown.push(c);
-        }
-    }
-    shown
-}
 
 /// Copies the command's stdout to ours, and reads it to the end whatever
 /// becomes of ours: a reader of ours that has gone (`drover work … | tee
@@ -466,14 +452,5 @@ mod tests {
             assert!(tail.partial.len() < MAX_LINE_BYTES);
         }
         assert_eq!(tail.finish("k").len(), TAIL_BYTES);
-    }
-
-    #[test]
-    fn a_key_shown_in_a_log_prefix_cannot_start_a_line_or_send_escapes() {
-        assert_eq!(shown("vm-42/ü"), "vm-42/ü");
-        assert_eq!(
-            shown("k\n[other] forged\u{1b}[31mred\r"),
-            "k\\n[other] forged\\u{1b}[31mred\\r"
-        );
     }
 }

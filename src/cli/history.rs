@@ -9,6 +9,7 @@ use drover::store::{Run, RunList, RunOutcome, StoreEngine as _, validate_process
 use super::db::DbArgs;
 use super::listing::Listing;
 use super::say::{Lines, outln};
+use super::shown::shown;
 
 /// Arguments of `drover history`: a listing, or a subcommand.
 #[derive(Debug, ClapArgs)]
@@ -101,8 +102,10 @@ async fn prune(args: PruneArgs) -> anyhow::Result<()> {
         for process in processes {
             let pruned = pruner.prune_process(&process).await?;
             lines.line(format_args!(
-                "{process}: removed {} run(s) and {} idle key(s)",
-                pruned.runs, pruned.idle_keys
+                "{}: removed {} run(s) and {} idle key(s)",
+                shown(&process),
+                pruned.runs,
+                pruned.idle_keys
             ));
         }
         lines.finish()
@@ -144,8 +147,8 @@ fn line(r: &Run) -> String {
         "{}  {}  {}  {}  {}",
         r.id,
         r.ended_at.format("%Y-%m-%d %H:%M:%S%.3fZ"),
-        r.process,
-        r.key,
+        shown(&r.process),
+        shown(&r.key),
         r.outcome
     );
     if let Some(attempt) = r.attempt {
@@ -161,13 +164,13 @@ fn line(r: &Run) -> String {
         out.push_str(&format!("  token={token}"));
     }
     if let Some(actor) = &r.actor {
-        out.push_str(&format!("  by={actor}"));
+        out.push_str(&format!("  by={}", shown(actor)));
     }
     if let Some(trace) = &r.trace_id {
         out.push_str(&format!("  trace={trace}"));
     }
     if let Some(error) = &r.error {
-        out.push_str(&format!("  error: {error}"));
+        out.push_str(&format!("  error: {}", shown(error)));
     }
     out
 }

@@ -26,6 +26,7 @@ mod process;
 mod say;
 mod serve;
 mod server_args;
+mod shown;
 mod signal;
 mod span_export;
 mod spawner;

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::db::{DbArgs, parse_duration};
 use super::say::outln;
+use super::shown::shown;
 
 /// Arguments of `drover process`.
 #[derive(Debug, ClapArgs)]
@@ -414,7 +415,7 @@ fn print_table(processes: &[ProcessSettings]) -> anyhow::Result<()> {
             .map_or_else(|| "never".to_owned(), human);
         outln!(
             "{:<24} {:>15} {:>13} {:>18} {:>22}  {:<28}  {}",
-            s.process,
+            shown(&s.process),
             human(r.keep_runs_for),
             r.keep_runs_per_key,
             forget,

@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::db::DbArgs;
 use super::say::outln;
+use super::shown::shown;
 
 /// Arguments of `drover status`.
 #[derive(Debug, ClapArgs)]
@@ -51,7 +52,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         );
         outln!(
             "{:<24} {:>9} {:>9} {:>9} {:>9}  {oldest}",
-            c.process,
+            shown(&c.process),
             c.pending,
             c.backoff,
             c.running,

@@ -126,6 +126,12 @@ pub(super) async fn delete(store: &PostgresStore, params: &ItemDelete) -> Result
 }
 
 /// [`delete`] on a connection of the caller's transaction.
+///
+/// The row is locked inside a savepoint, rolled back when the delete is
+/// refused (a running key): a refused delete leaves no lock behind in a
+/// transaction the caller goes on with. Before, the running key's row stayed
+/// locked until the caller's transaction ended, and its worker's completion,
+/// with every outcome batched behind it, waited that long.
 pub(super) async fn delete_in(
     store: &PostgresStore,
     conn: &mut Passed<'_>,
@@ -133,9 +139,21 @@ pub(super) async fn delete_in(
 ) -> Result<bool, StoreError> {
     validate_process(&params.process)?;
     validate_key(&params.key)?;
-    let Some(now) = lock_item(store, conn, &params.process, &params.key).await? else {
-        return Ok(false);
+    sqlx::query("SAVEPOINT drover_item_delete")
+        .exec(&mut *conn)
+        .await?;
+    let now = match lock_item(store, conn, &params.process, &params.key).await {
+        Ok(Some(now)) => now,
+        refused => {
+            sqlx::query("ROLLBACK TO SAVEPOINT drover_item_delete")
+                .exec(&mut *conn)
+                .await?;
+            return refused.map(|_| false);
+        }
     };
+    sqlx::query("RELEASE SAVEPOINT drover_item_delete")
+        .exec(&mut *conn)
+        .await?;
     forget(conn, now, params).await?;
     Ok(true)
 }
