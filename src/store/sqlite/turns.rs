@@ -79,11 +79,14 @@ impl Drop for Turn {
 }
 
 impl Turns {
-    /// Opens (creating it if missing) the lock file beside `database`. `None`,
-    /// logged, when it cannot be opened (a read-only directory): the store then
-    /// writes on SQLite's busy handler alone, as it did before.
+    /// Opens (creating it if missing) the lock file beside `database`, by its
+    /// real path (so processes that name the file through a symbolic link or
+    /// another relative path share one lock). `None`, logged, when it cannot
+    /// be opened (a read-only directory): the store then writes on SQLite's
+    /// busy handler alone, as it did before.
     pub(super) fn open(database: &Path) -> Option<Self> {
-        let mut path = database.as_os_str().to_owned();
+        let real = std::fs::canonicalize(database);
+        let mut path = real.as_deref().unwrap_or(database).as_os_str().to_owned();
         path.push("-lock");
         match File::options()
             .read(true)
