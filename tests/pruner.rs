@@ -239,6 +239,37 @@ async fn a_walk_longer_than_the_budget_goes_on_at_the_next_tick() {
     .await;
 }
 
+/// SQLite keeps any bytes SQL writes as text, and `drover_enqueue` took a
+/// process name that is not UTF-8 before migration 0014. One such name failed
+/// the whole process list (a `ColumnDecode` of `process`), and with it every
+/// tick of retention (and resync) for every process: the pruner removed
+/// nothing, anywhere. Now the list leaves that one name out and the pruner
+/// prunes the others.
+#[tokio::test]
+async fn a_process_name_that_is_not_utf8_stops_no_other_process_retention() {
+    let (db, _dir) = support::sqlite().await;
+    let store = &db.store;
+    let keys = twelve_runs_over_the_cap(store).await;
+    db.execute(
+        "INSERT INTO drover_processes (process, created_at) VALUES (CAST(X'70FF' AS TEXT), 0)",
+    )
+    .await;
+    let listed: Vec<String> = store
+        .process_list()
+        .await
+        .expect("the list reads past the name")
+        .into_iter()
+        .map(|s| s.process)
+        .collect();
+    assert_eq!(listed, [P]);
+    let (registry, stop) = start(store, |p| p);
+    wait_for(&registry, 12, 0).await;
+    stop.cancel();
+    for key in keys {
+        assert_eq!(run_ids(store, key).await.len(), 1, "{key} keeps 1 run");
+    }
+}
+
 /// Asks for [`P`]'s (or `process`'s) turn to prune as `holder`, held for a
 /// minute.
 async fn turn(store: &Store, process: &str, holder: i64) -> bool {

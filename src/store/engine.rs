@@ -340,7 +340,9 @@ pub trait StoreEngine: Send + Sync {
         params: ProcessPause,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Every known process with its settings, in name order.
+    /// Every known process with its settings, in name order. On SQLite, a
+    /// name that is not UTF-8 (which only SQL can have written) is left out:
+    /// no call can name it, and it failed the whole list.
     fn process_list(&self)
     -> impl Future<Output = Result<Vec<ProcessSettings>, StoreError>> + Send;
 
