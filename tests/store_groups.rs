@@ -538,3 +538,27 @@ async fn a_long_error_is_stored_whole_and_groups_by_a_bounded_signature() {
     })
     .await;
 }
+
+/// SQL straight into SQLite's `drover_items` checks no types, so a key's
+/// `backoff_until` may be a fraction. Read as it was stored, it failed every
+/// batch of a bulk action whose window met the row with a `ColumnDecode`
+/// error, so no bulk action could act on the process's keys behind it. Now
+/// it is read as SQLite reads a value as an integer, and the action takes
+/// every key its filter matches.
+#[tokio::test]
+async fn a_fraction_sql_wrote_into_a_backoff_stops_no_bulk_action() {
+    let (db, _dir) = support::sqlite().await;
+    fail(&db, &["a", "b"], timeout).await;
+    db.execute("UPDATE drover_items SET backoff_until = 1.5 WHERE key = 'a'")
+        .await;
+    let parked = ItemFilter::new(P).state(ItemState::Parked);
+    let retry = ItemsRetry::new(parked, "admin").batch(1);
+    assert_eq!(db.store.items_retry_where(retry).await.expect("retry"), 2);
+    for key in ["a", "b"] {
+        assert_eq!(
+            state(&db.store, key).await,
+            Some(ItemState::Pending),
+            "{key}"
+        );
+    }
+}

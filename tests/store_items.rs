@@ -637,3 +637,79 @@ async fn an_enqueue_that_bypasses_the_backoff_clears_it_for_status_and_lock() {
     })
     .await;
 }
+
+/// SQL straight into SQLite's `drover_items` checks no types, so an item's
+/// numbers may be fractions: a time, a priority, a failure count. Read as
+/// they were stored, one such row failed the process's item list, its
+/// listing on the process page, its own read and the operator's park and
+/// retry of it with a `ColumnDecode` error, so the operator could neither
+/// see the key nor act on it. Now each is read as SQLite reads a value as an
+/// integer (cut toward zero), as the claim reads them.
+#[tokio::test]
+async fn fractions_sql_wrote_into_an_item_fail_no_read_of_it() {
+    use drover::store::ItemTriage;
+    let (db, _dir) = support::sqlite().await;
+    enqueue(&db.store, &["a", "b"]).await;
+    let s = db.session().await;
+    let lease = claim(&db.store, s.id, 1).await.remove(0);
+    assert_eq!(lease.key, "a");
+    complete(&db.store, &lease, Outcome::Done)
+        .await
+        .expect("done");
+    for sql in [
+        "UPDATE drover_items SET last_ended_at = last_ended_at + 0.5, enqueue_count = 1.5
+         WHERE key = 'a'",
+        "UPDATE drover_items SET backoff_until = 1.5, priority = 2.5, failures = 1.5,
+             ready_at = ready_at + 0.5 WHERE key = 'b'",
+    ] {
+        db.execute(sql).await;
+    }
+    let list = ItemList {
+        process: P.into(),
+        state: None,
+        after_key: None,
+        limit: 10,
+    };
+    let listed = db.store.item_list(list).await.expect("the item list");
+    assert_eq!(keys_of(&listed), ["a", "b"]);
+    let triage = ItemTriage {
+        process: P.into(),
+        state: None,
+        key_prefix: None,
+        after: None,
+        limit: 10,
+    };
+    let page = db
+        .store
+        .item_triage(triage)
+        .await
+        .expect("the process page");
+    assert_eq!(keys_of(&page.items), ["b", "a"], "pending, then idle");
+    let a = item(&db.store, "a").await.expect("a");
+    assert_eq!((a.state, a.enqueue_count), (ItemState::Idle, 1));
+    let b = item(&db.store, "b").await.expect("b");
+    let at_1_ms = chrono::DateTime::from_timestamp_millis(1);
+    assert_eq!(
+        (b.state, b.priority, b.failures, b.backoff_until),
+        (ItemState::Pending, 2, 1, at_1_ms)
+    );
+    let park = ItemPark {
+        process: P.into(),
+        key: "b".into(),
+        reason: "by hand".into(),
+        actor: "test".into(),
+    };
+    let parked = db.store.item_park(park).await.expect("park").expect("b");
+    assert_eq!(parked.state, ItemState::Parked);
+    let retry = ItemRetry {
+        process: P.into(),
+        key: "b".into(),
+        actor: "test".into(),
+    };
+    let retried = db.store.item_retry(retry).await.expect("retry").expect("b");
+    assert_eq!(retried.state, ItemState::Pending);
+}
+
+fn keys_of(items: &[drover::store::Item]) -> Vec<&str> {
+    items.iter().map(|i| i.key.as_str()).collect()
+}

@@ -363,3 +363,36 @@ async fn a_key_that_is_not_utf8_neither_stops_the_resync_nor_retention() {
     let bad = runs.iter().filter(|r| r.key == "f\u{FFFD}").count();
     assert_eq!(bad, 1, "its runs capped to one like the others': {runs:?}");
 }
+
+/// SQL straight into SQLite's `drover_items` checks no types, so a key's
+/// last run may end at a fraction of a millisecond. Read as it was stored,
+/// that failed the window with a `ColumnDecode` error: every batch of the
+/// process's resync failed at that window, for good, and no key of it came
+/// back. Now the time is read as SQLite reads a value as an integer (cut
+/// toward zero), the walk goes on past it, and the key comes back with the
+/// others.
+#[tokio::test]
+async fn a_fraction_sql_wrote_into_a_keys_last_run_stops_no_resync() {
+    let (db, _dir) = support::sqlite().await;
+    hourly(&db).await;
+    enqueue(&db.store, &["a", "b", "c"]).await;
+    assert_eq!(run_ready(&db.store, P, 10, &Outcome::Done).await.len(), 3);
+    db.execute("UPDATE drover_items SET last_ended_at = last_ended_at + 0.5 WHERE key = 'b'")
+        .await;
+    db.store.clock().advance(HOUR + MINUTE);
+    let batch = |start| ResyncBatch {
+        process: P.into(),
+        batch: 1,
+        start,
+    };
+    let mut reports = vec![db.store.resync_batch(batch(true)).await.expect("batch")];
+    while !reports.last().expect("one").done {
+        assert!(reports.len() < 10, "the walk goes round: {reports:?}");
+        reports.push(db.store.resync_batch(batch(false)).await.expect("batch"));
+    }
+    let resynced: u64 = reports.iter().map(|r| r.resynced).sum();
+    assert_eq!(resynced, 3, "a, b and c: {reports:?}");
+    for key in ["a", "b", "c"] {
+        assert_eq!(state(&db, key).await, ItemState::Pending, "{key}");
+    }
+}

@@ -132,6 +132,7 @@ pub(super) async fn item_get(
 pub(super) const TRIAGE: Dialect = Dialect {
     mark: '$',
     running_from: "drover_items",
+    columns: item_columns!(),
 };
 
 impl PageSteps for PostgresStore {

@@ -65,6 +65,10 @@ pub(crate) struct Dialect {
     /// table, with an index hint where the planner, left to choose, would walk
     /// every key of the process in key order to find the running ones.
     pub(crate) running_from: &'static str,
+    /// The columns of an [`ItemRow`](super::rows::ItemRow) as the engine
+    /// reads them back (SQLite reads each number as an integer, whatever SQL
+    /// stored there).
+    pub(crate) columns: &'static str,
 }
 
 /// Builds a query, numbering placeholders as arguments are added.
@@ -72,15 +76,18 @@ struct Builder {
     mark: char,
     /// The table, with an index hint where one is needed.
     from: &'static str,
+    /// The columns read ([`Dialect::columns`]).
+    columns: &'static str,
     conds: Vec<String>,
     args: Vec<Arg>,
 }
 
 impl Builder {
-    fn new(mark: char, process: &str) -> Self {
+    fn new(dialect: &Dialect, process: &str) -> Self {
         let mut b = Self {
-            mark,
+            mark: dialect.mark,
             from: "drover_items",
+            columns: dialect.columns,
             conds: Vec::new(),
             args: Vec::new(),
         };
@@ -103,7 +110,7 @@ impl Builder {
         SectionQuery {
             sql: format!(
                 "SELECT id, {} FROM {} WHERE {} ORDER BY {order} LIMIT {l}",
-                super::rows::item_columns!(),
+                self.columns,
                 self.from,
                 self.conds.join(" AND ")
             ),
@@ -167,8 +174,7 @@ pub(crate) fn section_queries(
     after: Option<&Position>,
     limit: u32,
 ) -> Result<Vec<SectionQuery>, StoreError> {
-    let mark = dialect.mark;
-    let mut b = Builder::new(mark, process);
+    let mut b = Builder::new(dialect, process);
     section_cond(section, &mut b);
     let by_key = prefix.is_some()
         || matches!(
@@ -199,15 +205,19 @@ pub(crate) fn section_queries(
             }
             Some(_) => return Err(foreign()),
         }
-        return Ok(vec![b.finish("backoff_until, id", limit)]);
+        // Named with its table, as the claim order below is.
+        return Ok(vec![b.finish("drover_items.backoff_until, id", limit)]);
     }
     // Pending, in claim order: the rest of the cursor's priority, then the
     // lower priorities, each a range of the claim index.
-    let order = "priority DESC, ready_at, id";
+    // Each column named with its table: a bare name orders SQLite's rows by
+    // the result column of that name, which `Dialect::columns` reads cast,
+    // and no index gives that order.
+    let order = "drover_items.priority DESC, drover_items.ready_at, id";
     match after {
         None => Ok(vec![b.finish(order, limit)]),
         Some(Position::Claim { priority, at, id }) => {
-            let mut rest = Builder::new(mark, process);
+            let mut rest = Builder::new(dialect, process);
             section_cond(section, &mut rest);
             let p = b.arg(Arg::Int(i64::from(*priority)));
             let (at, id) = (b.arg(Arg::At(*at)), b.arg(Arg::Int(*id)));

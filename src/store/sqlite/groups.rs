@@ -43,8 +43,13 @@ LEFT JOIN drover_items i ON i.id = g.first";
 /// place of its bad bytes ([`Lossy`](crate::store::rules::rows::Lossy)), which sorts
 /// before them, so a walk going on from that would read the same key again,
 /// forever if the action leaves it in the window.
+///
+/// `backoff_until` is read as SQLite reads a value as an integer: SQL
+/// straight into `drover_items` checks no types, and one fraction there
+/// failed every batch that met the row with a `ColumnDecode` error.
 pub(super) const WINDOW: &str = "
-SELECT id, key, error_signature, state, backoff_until, hex(key) AS cursor FROM drover_items
+SELECT id, key, error_signature, state, CAST(backoff_until AS INTEGER) AS backoff_until,
+    hex(key) AS cursor FROM drover_items
 WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT) AND key >= ?3
     AND state IN (SELECT value FROM json_each(?4))
 ORDER BY key LIMIT ?5";

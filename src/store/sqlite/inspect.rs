@@ -42,6 +42,7 @@ macro_rules! running_rows {
 pub(super) const TRIAGE: Dialect = Dialect {
     mark: '?',
     running_from: running_rows!(),
+    columns: item_columns!(),
 };
 
 /// [`item_list`] without a state.

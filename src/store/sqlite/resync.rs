@@ -29,7 +29,19 @@ struct SeenRow {
     /// The key's bytes in hex (see [`Seen::cursor`]).
     cursor: String,
     idle: bool,
+    /// Read as SQLite reads a value as an integer (see `base!`).
     base: i64,
+}
+
+/// When a key's last run ended (its enqueue, if it never ran), as SQLite
+/// reads the value as an integer: SQL straight into `drover_items` checks no
+/// types, and read as it was stored, one fraction there failed the window
+/// with a `ColumnDecode` error, and so every batch of the process's resync,
+/// stuck at that window for good. [`RESYNC`] checks the same value.
+macro_rules! base {
+    () => {
+        "CAST(COALESCE(last_ended_at, enqueued_at) AS INTEGER)"
+    };
 }
 
 /// The next `?3` keys of the process after the key whose bytes are the hex
@@ -37,17 +49,23 @@ struct SeenRow {
 /// batch). Walked by the exact bytes: a key that is not UTF-8 is read with
 /// U+FFFD, which sorts before its bad bytes, and a walk going on from that
 /// would read it again.
-const WINDOW: &str = "
-SELECT key, hex(key) AS cursor, state = 'idle' AS idle,
-    COALESCE(last_ended_at, enqueued_at) AS base
-FROM drover_items WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT) ORDER BY key LIMIT ?3";
+const WINDOW: &str = concat!(
+    "SELECT key, hex(key) AS cursor, state = 'idle' AS idle, ",
+    base!(),
+    " AS base
+FROM drover_items WHERE process = ?1 AND key > CAST(unhex(?2) AS TEXT) ORDER BY key LIMIT ?3"
+);
 
 /// Makes the due keys (`?2`, a JSON array of their bytes in hex) pending at
 /// priority `?3`, pending since `?4`, if still idle and not run since `?5`.
-const RESYNC: &str = "
+const RESYNC: &str = concat!(
+    "
 UPDATE drover_items SET state = 'pending', priority = ?3, ready_at = ?4, enqueued_at = ?4
 WHERE process = ?1 AND key IN (SELECT CAST(unhex(value) AS TEXT) FROM json_each(?2))
-    AND state = 'idle' AND COALESCE(last_ended_at, enqueued_at) <= ?5";
+    AND state = 'idle' AND ",
+    base!(),
+    " <= ?5"
+);
 
 /// Stores the walk after a batch; `?7` ends the pass with `?8` keys resynced.
 const SAVE: &str = "

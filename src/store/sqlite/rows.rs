@@ -10,9 +10,7 @@ use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use crate::store::StoreError;
 use crate::store::rules::decode::corrupt;
 use crate::store::rules::rows::Stamp as _;
-pub(super) use crate::store::rules::rows::{
-    duration_ms, item_columns, run_columns, running_columns,
-};
+pub(super) use crate::store::rules::rows::{duration_ms, run_columns, running_columns};
 
 /// Milliseconds since the epoch as a time (out-of-range values saturate).
 pub(super) fn to_time(ms: i64) -> DateTime<Utc> {
@@ -23,6 +21,35 @@ pub(super) fn to_time(ms: i64) -> DateTime<Utc> {
 pub(super) fn to_ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
+
+/// `SELECT <this> FROM drover_items` yields an [`ItemRow`]: the shared
+/// columns ([`item_columns`](crate::store::rules::rows::item_columns)), each
+/// number read as SQLite reads a value as an integer (`CAST(… AS INTEGER)`,
+/// an `i32` clamped), as the claim reads them (see [`SqlInt`]).
+///
+/// SQL straight into `drover_items` checks no types, and a fraction there (a
+/// `backoff_until` of `1.5`) failed every list, read and operator action
+/// that met the row with a `ColumnDecode` error, so the operator could not
+/// even see the key to fix it. Only where rows are read back whole: the
+/// statements' own conditions and orders still read the stored values.
+macro_rules! item_columns {
+    () => {
+        "process, key, state, \
+         MAX(-2147483648, MIN(2147483647, CAST(priority AS INTEGER))) AS priority, \
+         CAST(ready_at AS INTEGER) AS ready_at, CAST(enqueued_at AS INTEGER) AS enqueued_at, \
+         MAX(-2147483648, MIN(2147483647, CAST(failures AS INTEGER))) AS failures, \
+         CAST(backoff_until AS INTEGER) AS backoff_until, last_error, \
+         CAST(dirty_since AS INTEGER) AS dirty_since, \
+         CAST(lease_session AS INTEGER) AS lease_session, \
+         CAST(lease_token AS INTEGER) AS lease_token, \
+         CAST(started_at AS INTEGER) AS started_at, \
+         CAST(first_enqueued_at AS INTEGER) AS first_enqueued_at, \
+         CAST(last_enqueued_at AS INTEGER) AS last_enqueued_at, \
+         CAST(enqueue_count AS INTEGER) AS enqueue_count, last_outcome, \
+         CAST(last_ended_at AS INTEGER) AS last_ended_at"
+    };
+}
+pub(super) use item_columns;
 
 /// An item row.
 pub(super) type ItemRow = crate::store::rules::rows::ItemRow<i64>;
