@@ -901,6 +901,25 @@ async fn bulk_actions_refuse_filters_that_could_act_on_everything_or_on_running_
     .await;
 }
 
+/// Keys that failed with an empty error form a group whose signature is
+/// empty; a bulk action by an empty signature is refused (it names no keys),
+/// so the dashboard offers no buttons for that group. Before, it showed
+/// "retry all", "park all" and "delete all", each answered with a refusal.
+#[tokio::test]
+async fn an_empty_errors_group_has_no_bulk_buttons() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a", "b"]).await;
+        fail_all(&api, |_| String::new()).await;
+        let page = api.call(GET, &format!("/ui/processes/{P}"), None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(page.text.contains("id=\"errors\""), "{}", page.text);
+        assert!(page.text.contains("an empty error"), "{}", page.text);
+        assert!(!page.text.contains("retry all"), "{}", page.text);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn dashboard_lists_error_groups_and_its_buttons_act_on_a_whole_group() {
     each_engine(|db| async move {

@@ -184,12 +184,17 @@ fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool)
                         td.states { (g.states.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")) }
                         td.signature { code { (g.signature) } }
                         td.err.sample { (g.sample) }
-                        @if admin { td { @for (action, label) in [("retry", "retry all"), ("park", "park all"), ("delete", "delete all")] {
+                        // An empty error's group cannot be named by its
+                        // signature (an empty filter is no filter): no
+                        // buttons that would only be refused.
+                        @if admin { td { @if g.signature.is_empty() {
+                            span.hint { "an empty error: act on these keys one by one or by state" }
+                        } @else { @for (action, label) in [("retry", "retry all"), ("park", "park all"), ("delete", "delete all")] {
                             form.inline method="post" action=(format!("{base}/errors/{action}")) {
                                 input type="hidden" name="signature" value=(g.signature);
                                 button type="submit" { (label) }
                             } " "
-                        } } }
+                        } } } }
                     }
                 }
             }
