@@ -797,6 +797,36 @@ async fn listings_escape_what_workers_wrote() {
     assert!(history.contains(r"error: boom\n999"), "{history}");
 }
 
+/// Processes on one SQLite file take turns on one lock file beside it,
+/// however the URL names the file: `sqlite:file:…` (a URI, whose path only
+/// SQLite reads) and `sqlite://…` alike. Before, the URI form locked a file
+/// named after the URI's text (`file:d.db-lock`), so such a process never took
+/// turns with the others.
+#[test]
+fn the_writers_lock_file_sits_beside_the_database_whatever_the_url_form() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for url in ["sqlite:file:d.db", "sqlite://d.db"] {
+        ok(&drover(
+            Some(url),
+            Some(dir.path()),
+            &["enqueue", "p", "a"],
+            "",
+        ));
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("the directory")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.ends_with("-lock"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["d.db-lock"]);
+}
+
 #[test]
 fn a_bulk_action_takes_keys_or_a_filter_never_both_nor_neither() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -396,14 +396,19 @@ async fn retention_periods_over_180_days_are_kept_as_set() {
         );
         db.store.clock().advance(secs(166 * 24 * 3600));
         assert_eq!(prune(&db.store, 100).await, (1, 1), "past a year");
+        // 100 years as the CLI counts them (`100y`: years of 365.25 days).
+        let century = secs(36_525 * 24 * 3600);
+        let fits = ProcessConfigure::new(P).keep_runs_for(century);
+        db.store.process_configure(fits).await.expect("100 years");
+        let too_long = century + secs(1);
         for too_long in [
-            ProcessConfigure::new(P).keep_runs_for(secs(36_501 * 24 * 3600)),
-            ProcessConfigure::new(P).forget_idle_after(Some(secs(36_501 * 24 * 3600))),
-            ProcessConfigure::new(P).resync_every(Some(secs(36_501 * 24 * 3600))),
+            ProcessConfigure::new(P).keep_runs_for(too_long),
+            ProcessConfigure::new(P).forget_idle_after(Some(too_long)),
+            ProcessConfigure::new(P).resync_every(Some(too_long)),
         ] {
             match db.store.process_configure(too_long).await {
                 Err(StoreError::InvalidArgument(why)) => {
-                    assert!(why.contains("36500 days"), "{why}")
+                    assert!(why.contains("at most 100 years"), "{why}")
                 }
                 other => panic!("a period over 100 years: {other:?}"),
             }

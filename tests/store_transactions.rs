@@ -754,6 +754,37 @@ async fn a_refused_delete_in_a_transaction_leaves_the_running_keys_row_unlocked(
     );
     tx.commit().await.expect("commit");
     assert!(item(&db.store, "gone").await.is_none());
+    // Nor does it leave its savepoint: each refusal nested the caller's
+    // transaction one level deeper (past 64, every snapshot on the server
+    // slows down).
+    let mut tx = db.store.begin().await.expect("begin");
+    for _ in 0..3 {
+        assert!(tx.item_delete(delete("busy")).await.is_err());
+    }
+    let conn = tx.postgres().expect("a PostgreSQL transaction");
+    let left = sqlx::query("RELEASE SAVEPOINT drover_item_delete")
+        .execute(&mut *conn)
+        .await;
+    let code = left
+        .as_ref()
+        .err()
+        .and_then(|e| e.as_database_error())
+        .and_then(|d| d.code().map(|c| c.into_owned()));
+    assert_eq!(
+        code.as_deref(),
+        Some("3B001"),
+        "a refused delete left its savepoint: {left:?}"
+    );
+    tx.rollback().await.expect("rollback");
+    // On a connection outside any transaction: refused in words.
+    let pg = db.store.postgres().expect("a PostgreSQL store");
+    let mut conn = pg.pool().acquire().await.expect("a connection");
+    let outside = pg.item_delete_in(&mut conn, delete("busy")).await;
+    assert!(
+        matches!(&outside, Err(StoreError::InvalidArgument(why)) if why.contains("BEGIN")),
+        "{outside:?}"
+    );
+    drop(conn);
     complete(&db.store, &busy[0], Outcome::Done)
         .await
         .expect("done");

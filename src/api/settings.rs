@@ -86,7 +86,7 @@ pub struct ProcessConfigureRequest {
     pub backoff_jitter: Option<f64>,
     /// Keep runs this long (at least 1, at most 100 years).
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 3153600000000_u64)]
+    #[schema(minimum = 1, maximum = 3155760000000_u64)]
     pub keep_runs_for_ms: Option<u64>,
     /// Keep at most this many runs per key (at least 1).
     #[serde(default)]
@@ -99,7 +99,7 @@ pub struct ProcessConfigureRequest {
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(minimum = 1, maximum = 3153600000000_u64)]
+    #[schema(minimum = 1, maximum = 3155760000000_u64)]
     pub forget_idle_after_ms: Option<Option<u64>>,
     /// At most this many keys running at once across the fleet (at least 1);
     /// null: no limit.

@@ -9,17 +9,32 @@
 
 /// `text` with its control characters (a newline, a carriage return, an
 /// escape) written as Rust escapes (`\n`, `\r`, `\u{1b}`), so it can neither
-/// start a line of its own nor send the terminal a command.
+/// start a line of its own nor send the terminal a command; and with the
+/// invisible characters that reorder or hide text (bidirectional overrides
+/// and isolates, zero-width ones) written as `\u{…}`, so a line cannot be made
+/// to read as another.
 pub(crate) fn shown(text: &str) -> String {
     let mut shown = String::with_capacity(text.len());
     for c in text.chars() {
         if c.is_control() {
             shown.extend(c.escape_default());
+        } else if invisible(c) {
+            shown.extend(c.escape_unicode());
         } else {
             shown.push(c);
         }
     }
     shown
+}
+
+/// Format characters a terminal draws as nothing: zero-width spaces and
+/// joiners, the bidirectional marks, embeddings, overrides and isolates, and
+/// the byte-order mark.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}'
+    )
 }
 
 #[cfg(test)]
@@ -32,6 +47,10 @@ mod tests {
         assert_eq!(
             shown("k\n[other] forged\u{1b}[31mred\r"),
             "k\\n[other] forged\\u{1b}[31mred\\r"
+        );
+        assert_eq!(
+            shown("vm-1\u{202E}kcab\u{200B}"),
+            "vm-1\\u{202e}kcab\\u{200b}"
         );
     }
 }

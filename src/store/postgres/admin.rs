@@ -139,15 +139,23 @@ pub(super) async fn delete_in(
 ) -> Result<bool, StoreError> {
     validate_process(&params.process)?;
     validate_key(&params.key)?;
-    sqlx::query("SAVEPOINT drover_item_delete")
+    if let Err(e) = sqlx::query("SAVEPOINT drover_item_delete")
         .exec(&mut *conn)
-        .await?;
+        .await
+    {
+        return Err(outside_a_transaction(e));
+    }
     let now = match lock_item(store, conn, &params.process, &params.key).await {
         Ok(Some(now)) => now,
         refused => {
-            sqlx::query("ROLLBACK TO SAVEPOINT drover_item_delete")
-                .exec(&mut *conn)
-                .await?;
+            // `ROLLBACK TO` keeps the savepoint: released too, or each refusal
+            // would nest the caller's transaction one subtransaction deeper.
+            for undo in [
+                "ROLLBACK TO SAVEPOINT drover_item_delete",
+                "RELEASE SAVEPOINT drover_item_delete",
+            ] {
+                sqlx::query(undo).exec(&mut *conn).await?;
+            }
             return refused.map(|_| false);
         }
     };
@@ -156,6 +164,17 @@ pub(super) async fn delete_in(
         .await?;
     forget(conn, now, params).await?;
     Ok(true)
+}
+
+/// The error of a `SAVEPOINT` sent on a connection with no transaction open
+/// (SQLSTATE 25P01), in words: [`delete_in`] needs its caller's transaction.
+fn outside_a_transaction(e: StoreError) -> StoreError {
+    if e.database_code().as_deref() == Some("25P01") {
+        return StoreError::InvalidArgument(
+            "a delete in a transaction needs a connection inside one: send BEGIN first".into(),
+        );
+    }
+    e
 }
 
 /// Deletes the admitted item and records the action.

@@ -249,7 +249,7 @@ pub(crate) fn checked(params: &ProcessConfigure) -> Result<(), StoreError> {
         .find(|(_, period)| period.is_some_and(|p| p > MAX_PERIOD))
     {
         return Err(StoreError::InvalidArgument(format!(
-            "{what} at most {} days (100 years)",
+            "{what} at most 100 years (100y, {} days)",
             MAX_PERIOD.as_secs() / 86_400
         )));
     }

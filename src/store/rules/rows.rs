@@ -21,8 +21,9 @@ pub(crate) fn duration_ms(d: std::time::Duration) -> i64 {
 /// period is a setting the operator chose, kept as given, unlike a delay
 /// (which drover clamps to 180 days); bounded so that a time plus or minus it
 /// stays an integer in SQLite and a timestamp in PostgreSQL.
+/// Years of 365.25 days, as the CLI's durations count them (`100y`).
 pub(crate) const MAX_PERIOD: std::time::Duration =
-    std::time::Duration::from_secs(36_500 * 24 * 60 * 60);
+    std::time::Duration::from_secs(36_525 * 24 * 60 * 60);
 
 /// A retention or resync period as whole milliseconds, as given (up to
 /// [`MAX_PERIOD`], which `checked` holds settings to; longer saturates there).
@@ -127,7 +128,10 @@ pub(crate) struct ItemRow<T> {
     last_ended_at: Option<T>,
 }
 
-/// `SELECT <this> FROM drover_items` yields an [`ItemRow`].
+/// `SELECT <this> FROM drover_items` yields an [`ItemRow`] on PostgreSQL,
+/// whose columns hold their types. SQLite reads its own, each number cast
+/// (`src/store/sqlite/rows.rs`).
+#[cfg(feature = "postgres")]
 macro_rules! item_columns {
     () => {
         "process, key, state, priority, ready_at, enqueued_at, failures, backoff_until, \
@@ -135,6 +139,7 @@ macro_rules! item_columns {
          last_enqueued_at, enqueue_count, last_outcome, last_ended_at"
     };
 }
+#[cfg(feature = "postgres")]
 pub(crate) use item_columns;
 
 impl<T: Stamp> ItemRow<T> {

@@ -137,7 +137,7 @@ impl SqliteStore {
         let opening = while_locked(|| readers.clone().connect_with(connect.clone()));
         let pool = within(url, options, opening).await?;
         migrate_pool(&pool, options.migrate).await?;
-        let turns = Turns::open(connect.get_filename());
+        let turns = Turns::open(&main_file(&pool, connect.get_filename()).await);
         let writer = connect
             .pragma("wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)
             .pragma("temp_store", WRITER_TEMP_STORE)
@@ -157,6 +157,21 @@ impl SqliteStore {
     /// Applies any migrations this binary has and the database lacks.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         migrate_pool(&self.pool, true).await
+    }
+}
+
+/// The main database's file as SQLite opened it: the URL's file name may be
+/// a URI (`sqlite:file:drover.db`), which only SQLite reads the path out of,
+/// so the writers' lock file of every process on one database is found by one
+/// name. `named` (the URL's) if SQLite does not say.
+async fn main_file(pool: &SqlitePool, named: &std::path::Path) -> std::path::PathBuf {
+    let file: Result<String, _> =
+        sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+            .fetch_one(pool)
+            .await;
+    match file {
+        Ok(file) if !file.is_empty() => file.into(),
+        _ => named.to_owned(),
     }
 }
 

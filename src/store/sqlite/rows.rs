@@ -22,8 +22,8 @@ pub(super) fn to_ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
-/// `SELECT <this> FROM drover_items` yields an [`ItemRow`]: the shared
-/// columns ([`item_columns`](crate::store::rules::rows::item_columns)), each
+/// `SELECT <this> FROM drover_items` yields an [`ItemRow`]: PostgreSQL's
+/// columns (`item_columns!` in `src/store/rules/rows.rs`), each
 /// number read as SQLite reads a value as an integer (`CAST(… AS INTEGER)`,
 /// an `i32` clamped), as the claim reads them (see [`SqlInt`]).
 ///

@@ -37,7 +37,9 @@ use tokio::sync::oneshot;
 /// process's turn came within 300 ms beside four busy writers); short,
 /// because a neighbour stopped (`SIGSTOP`, Ctrl-Z) between taking its turn and
 /// its `BEGIN`, or between its `COMMIT` and letting go, holds the turn but not
-/// SQLite's lock, and each transaction of the others waits this long.
+/// SQLite's lock: the first transaction of the others to meet it waits this
+/// long, and the next ones not at all until it lets go (see
+/// [`Asking::stalled`]).
 pub(super) const PATIENCE: Duration = Duration::from_secs(1);
 
 /// The lock file a store's writer takes its turns on.
@@ -58,6 +60,12 @@ pub(super) struct Turns {
 struct Asking {
     /// A thread is blocked on the lock.
     waiting: bool,
+    /// A transaction gave up waiting ([`PATIENCE`]) and the thread has not got
+    /// the lock since: the holder is stalled (stopped, or its runtime stuck),
+    /// so later transactions go straight to SQLite's busy handler instead of
+    /// each waiting out its own patience (ten writes took 11 s behind one
+    /// stopped neighbour). Patience is spent once per stall.
+    stalled: bool,
     /// Where that thread says it got the lock; `None` once the transaction
     /// that asked stopped waiting, so the thread lets the lock go at once.
     answer: Option<oneshot::Sender<()>>,
@@ -88,13 +96,15 @@ impl Turns {
         let real = std::fs::canonicalize(database);
         let mut path = real.as_deref().unwrap_or(database).as_os_str().to_owned();
         path.push("-lock");
-        match File::options()
+        // Read-only where the file is another user's: a lock needs no write.
+        let opened = File::options()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)
-        {
+            .or_else(|_| File::open(&path));
+        match opened {
             Ok(file) => Some(Self {
                 file: Arc::new(file),
                 asking: Arc::default(),
@@ -116,7 +126,14 @@ impl Turns {
     /// transaction at a time (under the writer's queue). Cancel-safe: a caller
     /// that stops waiting leaves the lock free.
     pub(super) async fn take(&self) -> Turn {
-        if !self.asking.lock().waiting {
+        let (waiting, stalled) = {
+            let asking = self.asking.lock();
+            (asking.waiting, asking.stalled)
+        };
+        if waiting && stalled {
+            return Turn { file: None };
+        }
+        if !waiting {
             match self.file.try_lock() {
                 Ok(()) => return self.held(),
                 Err(TryLockError::WouldBlock) => {}
@@ -149,9 +166,15 @@ impl Turns {
                 waiting.answered = true;
                 self.held()
             }
-            // The thread could not take the lock, or PATIENCE ran out: go on
-            // without it (the drop of `waiting` lets go of a lock got late).
-            Ok(Err(_)) | Err(_) => Turn { file: None },
+            // The thread could not take the lock: go on without it.
+            Ok(Err(_)) => Turn { file: None },
+            // PATIENCE ran out: go on without it (the drop of `waiting` lets go
+            // of a lock got late), and so do the next transactions until the
+            // thread gets it.
+            Err(_) => {
+                self.asking.lock().stalled = true;
+                Turn { file: None }
+            }
         }
     }
 
@@ -191,6 +214,7 @@ fn wait_for_the_lock(file: &File, asking: &Mutex<Asking>) {
     let locked = file.lock();
     let mut asking = asking.lock();
     asking.waiting = false;
+    asking.stalled = false;
     let answer = asking.answer.take();
     match locked {
         Ok(()) => {
@@ -312,6 +336,33 @@ mod tests {
         let turn = b.take().await;
         assert!(turn.file.is_some());
         assert!(!free(&db));
+    }
+
+    /// Behind a neighbour that holds its turn and stays stalled, only the
+    /// first transaction waits out its patience; the next go straight on
+    /// (SQLite's busy handler then decides). Before, each waited its own
+    /// second, and ten writes took eleven.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn patience_is_spent_once_per_stalled_neighbour() {
+        let (_dir, a, b, db) = two();
+        let held = a.take().await;
+        assert!(b.take().await.file.is_none(), "b holds a lock a holds");
+        let started = std::time::Instant::now();
+        for _ in 0..5 {
+            assert!(b.take().await.file.is_none());
+        }
+        assert!(
+            started.elapsed() < PATIENCE / 2,
+            "five transactions behind a stalled turn waited {:?}",
+            started.elapsed()
+        );
+        drop(held);
+        until_free(&db).await;
+        let turn = b.take().await;
+        assert!(
+            turn.file.is_some(),
+            "once a let go, b's turns are the lock again"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
