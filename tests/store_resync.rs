@@ -45,6 +45,22 @@ async fn pass(db: &TestDb) -> u64 {
         .expect("resync")
 }
 
+/// One pass walked by hand, `batch` keys per window: each window's report
+/// (at most ten windows, so a walk that goes round fails).
+async fn windows(db: &TestDb, batch: u32) -> Vec<drover::store::ResyncReport> {
+    let window = |start| ResyncBatch {
+        process: P.into(),
+        batch,
+        start,
+    };
+    let mut reports = vec![db.store.resync_batch(window(true)).await.expect("batch")];
+    while !reports.last().expect("one").done {
+        assert!(reports.len() < 10, "the walk goes round: {reports:?}");
+        reports.push(db.store.resync_batch(window(false)).await.expect("batch"));
+    }
+    reports
+}
+
 async fn state(db: &TestDb, key: &str) -> ItemState {
     item(&db.store, key).await.expect("a known key").state
 }
@@ -153,15 +169,7 @@ async fn the_walk_goes_in_batches_and_resumes_where_it_stopped() {
             .expect("enqueue");
         assert_eq!(run_ready(&db.store, P, 100, &Outcome::Done).await.len(), 25);
         db.store.clock().advance(HOUR + MINUTE);
-        let batch = |start| ResyncBatch {
-            process: P.into(),
-            batch: 4,
-            start,
-        };
-        let mut reports = vec![db.store.resync_batch(batch(true)).await.expect("batch")];
-        while !reports.last().expect("one").done {
-            reports.push(db.store.resync_batch(batch(false)).await.expect("batch"));
-        }
+        let reports = windows(&db, 4).await;
         let counts: Vec<u64> = reports.iter().map(|r| r.resynced).collect();
         assert_eq!(
             counts,
@@ -169,7 +177,12 @@ async fn the_walk_goes_in_batches_and_resumes_where_it_stopped() {
             "seven windows of at most 4 keys"
         );
         // The pass is over and none is due: a batch walks nothing.
-        let idle = db.store.resync_batch(batch(false)).await.expect("batch");
+        let next = ResyncBatch {
+            process: P.into(),
+            batch: 4,
+            start: false,
+        };
+        let idle = db.store.resync_batch(next).await.expect("batch");
         assert_eq!((idle.resynced, idle.done), (0, true));
         let settings = db.store.process_list().await.expect("list");
         let settings = settings.iter().find(|s| s.process == P).expect("known");
@@ -318,16 +331,7 @@ async fn a_key_that_is_not_utf8_neither_stops_the_resync_nor_retention() {
     )
     .await;
     db.store.clock().advance(HOUR + MINUTE);
-    let batch = |start| ResyncBatch {
-        process: P.into(),
-        batch: 1,
-        start,
-    };
-    let mut reports = vec![db.store.resync_batch(batch(true)).await.expect("batch")];
-    while !reports.last().expect("one").done {
-        assert!(reports.len() < 10, "the walk goes round: {reports:?}");
-        reports.push(db.store.resync_batch(batch(false)).await.expect("batch"));
-    }
+    let reports = windows(&db, 1).await;
     let resynced: u64 = reports.iter().map(|r| r.resynced).sum();
     assert_eq!(
         resynced, 3,
@@ -380,16 +384,7 @@ async fn a_fraction_sql_wrote_into_a_keys_last_run_stops_no_resync() {
     db.execute("UPDATE drover_items SET last_ended_at = last_ended_at + 0.5 WHERE key = 'b'")
         .await;
     db.store.clock().advance(HOUR + MINUTE);
-    let batch = |start| ResyncBatch {
-        process: P.into(),
-        batch: 1,
-        start,
-    };
-    let mut reports = vec![db.store.resync_batch(batch(true)).await.expect("batch")];
-    while !reports.last().expect("one").done {
-        assert!(reports.len() < 10, "the walk goes round: {reports:?}");
-        reports.push(db.store.resync_batch(batch(false)).await.expect("batch"));
-    }
+    let reports = windows(&db, 1).await;
     let resynced: u64 = reports.iter().map(|r| r.resynced).sum();
     assert_eq!(resynced, 3, "a, b and c: {reports:?}");
     for key in ["a", "b", "c"] {
