@@ -154,6 +154,7 @@ impl Turns {
                     return Turn { file: None };
                 }
                 asking.waiting = true;
+                asking.stalled = false;
             }
         }
         let mut waiting = Waiting {
@@ -172,7 +173,10 @@ impl Turns {
             // of a lock got late), and so do the next transactions until the
             // thread gets it.
             Err(_) => {
-                self.asking.lock().stalled = true;
+                let mut asking = self.asking.lock();
+                // Unless the thread got the lock just now (then the drop of
+                // `waiting` lets it go, and nothing is stalled).
+                asking.stalled = asking.waiting;
                 Turn { file: None }
             }
         }
