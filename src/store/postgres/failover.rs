@@ -119,6 +119,9 @@ pub(crate) struct Failover {
 /// meanwhile shares.
 struct Probe {
     started: Instant,
+    /// How long it may take: a caller that allows another time starts a
+    /// look of its own.
+    within: Duration,
     alive: Shared<BoxFuture<'static, bool>>,
 }
 
@@ -126,6 +129,7 @@ impl std::fmt::Debug for Probe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Probe")
             .field("started", &self.started)
+            .field("within", &self.within)
             .field("alive", &self.alive.peek())
             .finish()
     }
@@ -230,7 +234,8 @@ impl Failover {
             }
             match &probes[i] {
                 Some(probe)
-                    if probe.started.elapsed() < within
+                    if probe.within == within
+                        && probe.started.elapsed() < within
                         && (probe.alive.peek().is_none()
                             || probe.started.elapsed() < PROBE_FRESH) =>
                 {
@@ -249,6 +254,7 @@ impl Failover {
                     let alive = async move { look.await.unwrap_or(false) }.boxed().shared();
                     probes[i] = Some(Probe {
                         started: Instant::now(),
+                        within,
                         alive: alive.clone(),
                     });
                     alive
