@@ -14,7 +14,9 @@ use drover::store::{
     StoreEngine as _, StoreError,
 };
 use support::each_enqueue_path_and_pooler;
-use support::store::{P, claim, complete, configure, enqueue, events, filler, item, keys, secs};
+use support::store::{
+    P, claim, complete, configure, enqueue, events, filler, first_page, item, keys, secs,
+};
 
 #[tokio::test]
 async fn enqueueing_a_pending_key_again_keeps_one_entry_with_the_earlier_ready_time() {
@@ -647,7 +649,6 @@ async fn an_enqueue_that_bypasses_the_backoff_clears_it_for_status_and_lock() {
 /// integer (cut toward zero), as the claim reads them.
 #[tokio::test]
 async fn fractions_sql_wrote_into_an_item_fail_no_read_of_it() {
-    use drover::store::ItemTriage;
     let (db, _dir) = support::sqlite().await;
     enqueue(&db.store, &["a", "b"]).await;
     let s = db.session().await;
@@ -672,19 +673,8 @@ async fn fractions_sql_wrote_into_an_item_fail_no_read_of_it() {
     };
     let listed = db.store.item_list(list).await.expect("the item list");
     assert_eq!(keys_of(&listed), ["a", "b"]);
-    let triage = ItemTriage {
-        process: P.into(),
-        state: None,
-        key_prefix: None,
-        after: None,
-        limit: 10,
-    };
-    let page = db
-        .store
-        .item_triage(triage)
-        .await
-        .expect("the process page");
-    assert_eq!(keys_of(&page.items), ["b", "a"], "pending, then idle");
+    let page = first_page(&db.store).await;
+    assert_eq!(keys_of(&page), ["b", "a"], "pending, then idle");
     let a = item(&db.store, "a").await.expect("a");
     assert_eq!((a.state, a.enqueue_count), (ItemState::Idle, 1));
     let b = item(&db.store, "b").await.expect("b");

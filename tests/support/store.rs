@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use drover::backoff::Backoff;
 use drover::store::{
-    Item, ItemEnqueue, ItemGet, Lease, LeaseClaim, LeaseComplete, Outcome, ProcessConfigure,
-    ProcessCounts, Run, RunList, RunOutcome, SessionId, SessionStart, Store, StoreEngine as _,
-    StoreError,
+    Item, ItemEnqueue, ItemGet, ItemTriage, Lease, LeaseClaim, LeaseComplete, Outcome,
+    ProcessConfigure, ProcessCounts, Run, RunList, RunOutcome, SessionId, SessionStart, Store,
+    StoreEngine as _, StoreError,
 };
 
 /// The process every contract test works on.
@@ -113,6 +113,19 @@ pub(crate) async fn item(store: &Store, key: &str) -> Option<Item> {
         .await
         .expect("item_get")
         .map(|d| d.item)
+}
+
+/// The first page (up to ten items) of [`P`]'s process page, in triage order.
+pub(crate) async fn first_page(store: &Store) -> Vec<Item> {
+    let triage = ItemTriage {
+        process: P.into(),
+        state: None,
+        key_prefix: None,
+        after: None,
+        limit: 10,
+    };
+    let page = store.item_triage(triage).await.expect("the process page");
+    page.items
 }
 
 /// The newest `limit` runs (and actions) of `key`, newest first.
