@@ -875,3 +875,75 @@ async fn a_huge_error_with_nul_bytes_parks_its_key_with_the_text_cleaned() {
     })
     .await;
 }
+
+/// A caller's open transaction that enqueued a running key holds back that
+/// key's outcome alone (PostgreSQL, directly and through a server): the
+/// controller's other runs write their outcomes while the transaction stays
+/// open, the held key's outcome is answered "busy" and sent again by its
+/// run, and once the caller commits it is written and the key runs once more
+/// for the caller's change. Before, the controller's one writer waited for
+/// the caller's commit with the held outcome, and every outcome queued
+/// behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_open_transaction_holds_back_its_keys_outcome_alone() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    for served in [false, true] {
+        let (db, schema) = support::postgres(&base).await;
+        let db = if served { db.served() } else { db };
+        let (started, mut starts) = mpsc::unbounded_channel();
+        let (release, released) = tokio::sync::watch::channel(false);
+        let reconciler = move |task: Task| {
+            let (started, mut released) = (started.clone(), released.clone());
+            async move {
+                started
+                    .send(task.key().to_owned())
+                    .expect("the test listens");
+                if task.key() == "held" && task.attempt() == 1 {
+                    released.wait_for(|go| *go).await.expect("the test lives");
+                }
+                Ok::<_, BoxError>(Action::Done)
+            }
+        };
+        enqueue(&db.store, &["held"]).await;
+        let running = Running::start(controller(&db.worker, reconciler).parallelism(4));
+        assert_eq!(recv(&mut starts).await, "held");
+        let mut caller = support::caller_tx::CallerTx::begin(&db.store).await;
+        let report = caller.enqueue(ItemEnqueue::new(PROCESS, ["held"])).await;
+        assert_eq!(report.expect("the caller's enqueue").dirty, 1);
+        release.send(true).expect("the run listens");
+        enqueue(&db.store, &["free-1", "free-2"]).await;
+        support::process::eventually_within(
+            "the other keys' outcomes while the caller's transaction is open",
+            Duration::from_secs(3),
+            || async {
+                let mut written = 0;
+                for key in ["free-1", "free-2"] {
+                    written += events(&db, key, RunOutcome::Done).await.len();
+                }
+                written == 2
+            },
+        )
+        .await;
+        let held = item(&db, "held").await.expect("held");
+        assert_eq!(held.item.state, ItemState::Running, "served: {served}");
+        assert!(events(&db, "held", RunOutcome::Done).await.is_empty());
+        caller.commit().await;
+        support::process::eventually("the held key's two runs written", || async {
+            events(&db, "held", RunOutcome::Done).await.len() == 2
+        })
+        .await;
+        running.stop().await;
+        let mut seen = Vec::new();
+        while let Ok(key) = starts.try_recv() {
+            seen.push(key);
+        }
+        seen.sort();
+        assert_eq!(seen, ["free-1", "free-2", "held"], "served: {served}");
+        let held = item(&db, "held").await.expect("held");
+        assert_eq!(held.item.state, ItemState::Idle, "served: {served}");
+        db.store.close().await;
+        support::drop_schema(&base, &schema).await;
+    }
+}

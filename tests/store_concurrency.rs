@@ -144,7 +144,7 @@ async fn work_until_stopped(store: Store, stop: Arc<std::sync::atomic::AtomicBoo
                 trace_id: None,
             })
             .collect();
-        for result in store.lease_complete_batch(&done).await.expect("complete") {
+        for result in support::store::complete_batch_as_a_worker(&store, &done).await {
             result.expect("lease held");
         }
     }

@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use drover::store::{
-    HistoryActivity, ItemDelete, ItemGet, ItemPark, ItemRetry, ItemState, Outcome,
+    HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemPark, ItemRetry, ItemState, Outcome,
     ProcessConfigure, ProcessPage, PruneCursor, Retention, RetentionPrune, RunList, RunOutcome,
     Store, StoreEngine as _, StoreError,
 };
@@ -366,6 +366,45 @@ async fn retention_forgets_only_idle_keys_untouched_for_the_period() {
         );
     })
     .await;
+}
+
+/// Retention's forgetting of idle keys skips a row a caller's open
+/// transaction holds (PostgreSQL: an enqueue of that idle key, not committed
+/// yet) and forgets the rest of its window at once. Before, its range delete
+/// waited for the caller's row while holding the rows it had deleted, so a
+/// producer's enqueue of one of those keys waited for the caller's commit
+/// too, and so did the pass.
+#[tokio::test]
+async fn forgetting_idle_keys_skips_a_row_a_callers_transaction_holds() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    for key in ["a", "b", "c"] {
+        run(&db, key, Outcome::Done).await;
+    }
+    db.store.clock().advance(secs(3600));
+    let forget = ProcessConfigure::new(P).forget_idle_after(Some(secs(600)));
+    db.store.process_configure(forget).await.expect("set");
+    let mut caller = support::caller_tx::CallerTx::begin(&db.store).await;
+    let report = caller.enqueue(ItemEnqueue::new(P, ["b"])).await;
+    assert_eq!(report.expect("the caller's enqueue").pending, 1);
+    let within = Duration::from_secs(3);
+    let pass = tokio::time::timeout(within, prune(&db.store, 100))
+        .await
+        .expect("the pass does not wait for the caller's transaction");
+    assert_eq!(pass, (0, 2), "a and c forgotten, b left to the next pass");
+    let enqueued = tokio::time::timeout(within, db.store.item_enqueue(ItemEnqueue::new(P, ["a"])))
+        .await
+        .expect("an enqueue of a forgotten key waits for no one")
+        .expect("enqueue");
+    assert_eq!(enqueued.pending, 1, "a is pending again");
+    caller.commit().await;
+    let b = item(&db.store, "b").await.expect("b is kept");
+    assert_eq!(b.state, ItemState::Pending, "the caller's enqueue stands");
+    assert_eq!(item(&db.store, "c").await, None);
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
 }
 
 /// Retention periods longer than 180 days are kept as set, and periods are

@@ -542,14 +542,17 @@ async fn row_is_free(pool: &sqlx::PgPool, id: i64) -> bool {
     locked.is_ok()
 }
 
-/// Enqueues and completions lock item rows in one order, key order, so they
-/// cannot deadlock (PostgreSQL; SQLite has one writer and no row locks). Shown
-/// with keys whose ids run the other way: while a test transaction holds `a`,
-/// an enqueue of `[b, a]` and a completion of `[b, a]` each wait for `a`
-/// holding nothing, so `b` stays free. (Before: the enqueue locked in input
-/// order and the completion in id order, each taking `b` first.)
+/// Enqueues lock item rows in one order, key order, and completions wait for
+/// no row lock, so none can deadlock another (PostgreSQL; SQLite has one
+/// writer and no row locks). Shown with keys whose ids run the other way:
+/// while a test transaction holds `a`, an enqueue of `[b, a]` waits for `a`
+/// holding nothing, so `b` stays free; a completion of `[b, a]` skips `a`
+/// (answered `KeyBusy`, sent again once `a` is let go) and settles `b` at
+/// once. (Before: the enqueue locked in input order and the completion in id
+/// order, each taking `b` first; then the completion waited for `a` in key
+/// order.)
 #[tokio::test]
-async fn enqueues_and_completions_lock_rows_in_key_order_on_postgres() {
+async fn enqueues_lock_rows_in_key_order_and_completions_wait_for_none_on_postgres() {
     let Some(base) = support::postgres_url() else {
         return;
     };
@@ -585,26 +588,34 @@ async fn enqueues_and_completions_lock_rows_in_key_order_on_postgres() {
     let report = enqueue.await.expect("joined").expect("enqueue");
     assert_eq!(report.dirty, 2);
     let holder = support::locks::Holder::lock(&pool, LOCK, a).await;
-    let store = db.store.clone();
-    let complete = tokio::spawn(async move {
-        let done = Outcome::Done;
-        let batch: Vec<_> = leases
-            .iter()
-            .map(|lease| drover::store::LeaseComplete {
-                lease,
-                outcome: &done,
-                trace_id: None,
-            })
-            .collect();
-        store.lease_complete_batch(&batch).await
-    });
-    holder.wait_for_waiters(&pool, 1).await;
+    let done = Outcome::Done;
+    let batch: Vec<_> = leases
+        .iter()
+        .map(|lease| drover::store::LeaseComplete {
+            lease,
+            outcome: &done,
+            trace_id: None,
+        })
+        .collect();
+    let results = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        db.store.lease_complete_batch(&batch),
+    )
+    .await
+    .expect("the completion waits for no row")
+    .expect("batch");
+    assert!(results[0].is_ok(), "b: {results:?}");
     assert!(
-        row_is_free(&pool, b).await,
-        "the completion took b before a"
+        matches!(&results[1], Err(StoreError::KeyBusy { key, .. }) if key == "a"),
+        "a: {results:?}"
     );
+    assert!(row_is_free(&pool, b).await, "the completion let b go");
     holder.release().await;
-    let results = complete.await.expect("joined").expect("batch");
+    let results = db
+        .store
+        .lease_complete_batch(&batch[1..])
+        .await
+        .expect("a's outcome, sent again");
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     db.store.close().await;
     support::drop_schema(&base, &schema).await;

@@ -8,6 +8,13 @@
 //! A reclaim that requeued the item without locking it would write over a
 //! completion that committed while it waited (a `done` and an `expired` row
 //! for one run, and a converged key pending again).
+//!
+//! A completion waits for no row: it skips one another transaction holds
+//! and answers `KeyBusy`. So a completion queues behind a reclaim only by
+//! being sent again after it, and it takes the row first by locking it
+//! before the reclaim comes: the test then holds the runs table instead,
+//! which the completion writes after it locked the row (an outcome that is
+//! not a clean `done`, settled statement by statement).
 
 mod support;
 
@@ -28,7 +35,7 @@ enum Rival {
 impl Rival {
     async fn run(self, store: Store, lease: Lease) -> Result<(), StoreError> {
         match self {
-            Self::Complete => complete(&store, &lease, Outcome::Done).await,
+            Self::Complete => complete(&store, &lease, Outcome::Transient("flaky".into())).await,
             Self::Release => store.lease_release(LeaseRelease { lease: &lease }).await,
         }
     }
@@ -36,7 +43,7 @@ impl Rival {
     /// The history row and the item's state when this rival wins.
     fn wins_with(self) -> (RunOutcome, ItemState) {
         match self {
-            Self::Complete => (RunOutcome::Done, ItemState::Idle),
+            Self::Complete => (RunOutcome::Retry, ItemState::Backoff),
             Self::Release => (RunOutcome::Canceled, ItemState::Pending),
         }
     }
@@ -60,12 +67,18 @@ async fn race(
         .fetch_one(&pool)
         .await
         .expect("the item's id");
-    let holder = Holder::lock(
-        &pool,
-        "SELECT 1 FROM drover_items WHERE id = $1 FOR UPDATE",
-        id,
-    )
-    .await;
+    let holder = match (rival, rival_first) {
+        // The completion locks the row, then waits to write its run.
+        (Rival::Complete, true) => Holder::lock_table(&pool, "drover_runs").await,
+        _ => {
+            Holder::lock(
+                &pool,
+                "SELECT 1 FROM drover_items WHERE id = $1 FOR UPDATE",
+                id,
+            )
+            .await
+        }
+    };
     let (worker, held) = (db.store.clone(), lease.clone());
     let rival_task = || tokio::spawn(rival.run(worker, held));
     let reclaim_task = || tokio::spawn(async move { reaper.session_reclaim().await });
@@ -79,6 +92,16 @@ async fn race(
         let c = reclaim_task();
         holder.wait_for_waiters(&pool, 1).await;
         let r = rival_task();
+        if matches!(rival, Rival::Complete) {
+            // It skips the held row, writes nothing and is answered at once,
+            // and is sent again once the reclaim has taken the row.
+            let busy = r.await.expect("the rival joined");
+            assert!(matches!(busy, Err(StoreError::KeyBusy { .. })), "{busy:?}");
+            holder.release().await;
+            let report = c.await.expect("the reclaim joined").expect("reclaim");
+            let again = rival.run(db.store.clone(), lease.clone()).await;
+            return (again, report, lease);
+        }
         holder.wait_for_waiters(&pool, 2).await;
         (r, c)
     };

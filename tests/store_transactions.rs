@@ -7,15 +7,16 @@
 mod support;
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use drover::store::{
-    ItemDelete, ItemEnqueue, Outcome, PostgresStore, RunList, RunOutcome, Store, StoreEngine as _,
-    StoreError,
+    ItemDelete, ItemEnqueue, ItemState, LeaseComplete, Outcome, PostgresStore, RunList, RunOutcome,
+    Store, StoreEngine as _, StoreError,
 };
 use nix::sys::signal::Signal;
 use proptest::strategy::Strategy as _;
 use support::caller_tx::CallerTx;
-use support::store::{P, claim, complete, enqueue, item, keys};
+use support::store::{P, claim, complete, enqueue, events, item, keys};
 use support::{TestDb, each_enqueue_path};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
@@ -800,6 +801,98 @@ async fn a_refused_delete_in_a_transaction_leaves_the_running_keys_row_unlocked(
 /// written. A caller that sets a longer bound may think between statements.
 /// On PostgreSQL (SQLite's caller holds the one write lock; no such timer).
 /// The waits are time passing on the database's timer, not synchronisation.
+/// A caller's open transaction that enqueued a running key holds back that
+/// key's outcome alone (PostgreSQL; on SQLite such a transaction holds the
+/// one write lock, and every write waits). A completion batch skips the row
+/// the caller holds and answers its lease `KeyBusy`, nothing written for it,
+/// and commits the batch's other outcomes at once, on both of the batch's
+/// paths (all clean `done`s, one statement; a mixed batch, the general way).
+/// Sent again once the caller has committed, the held key's outcome is
+/// written, and the caller's enqueue makes the key run once more. Before,
+/// every outcome of the batch (and of every controller writing through the
+/// store) waited for the caller's commit.
+#[tokio::test]
+async fn a_callers_open_transaction_holds_back_the_outcome_of_its_own_key_only() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let s = db.session().await;
+    enqueue(&db.store, &["clean", "held", "mixed"]).await;
+    let running = claim(&db.store, s.id, 10).await;
+    assert_eq!(keys(&running), ["clean", "held", "mixed"]);
+    let lease = |key: &str| {
+        running
+            .iter()
+            .find(|l| l.key == key)
+            .expect("claimed")
+            .clone()
+    };
+    let mut tx = CallerTx::begin(&db.store).await;
+    let report = tx.enqueue(ItemEnqueue::new(P, ["held"])).await;
+    assert_eq!(report.expect("enqueue").dirty, 1);
+    let (held, failed) = (lease("held"), Outcome::Transient("flaky".into()));
+    let batches = [
+        vec![
+            (lease("clean"), Outcome::Done),
+            (held.clone(), Outcome::Done),
+        ],
+        vec![(held.clone(), failed.clone()), (lease("mixed"), failed)],
+    ];
+    for (n, batch) in batches.iter().enumerate() {
+        let params: Vec<LeaseComplete<'_>> = batch
+            .iter()
+            .map(|(lease, outcome)| LeaseComplete {
+                lease,
+                outcome,
+                trace_id: None,
+            })
+            .collect();
+        // Under the caller's idle bound (5 s), after which the old code's
+        // wait ended with the caller's transaction.
+        let written = tokio::time::timeout(
+            Duration::from_secs(4),
+            db.store.lease_complete_batch(&params),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("batch {n} waited for the caller's transaction"))
+        .expect("the batch");
+        for ((lease, _), result) in batch.iter().zip(&written) {
+            if lease.key == "held" {
+                assert!(
+                    matches!(result, Err(StoreError::KeyBusy { key, .. }) if key == "held"),
+                    "batch {n}: {result:?}"
+                );
+            } else {
+                assert!(result.is_ok(), "batch {n}, {}: {result:?}", lease.key);
+            }
+        }
+    }
+    assert_eq!(events(&db.store, "clean").await, [RunOutcome::Done]);
+    assert_eq!(events(&db.store, "mixed").await, [RunOutcome::Retry]);
+    assert_eq!(
+        events(&db.store, "held").await,
+        [],
+        "nothing written for it"
+    );
+    let it = item(&db.store, "held").await.expect("held");
+    assert_eq!(it.state, ItemState::Running, "still its lease's");
+    assert_eq!(it.lease_token, Some(held.token));
+    tx.commit().await;
+    complete(&db.store, &held, Outcome::Done)
+        .await
+        .expect("sent again, it is written");
+    assert_eq!(events(&db.store, "held").await, [RunOutcome::Done]);
+    let again = claim(&db.store, s.id, 10).await;
+    assert_eq!(
+        keys(&again),
+        ["held"],
+        "the caller's enqueue runs it once more"
+    );
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 #[tokio::test]
 async fn a_callers_transaction_idle_past_its_own_timeout_is_ended_in_words_and_writes_nothing() {
     let Some(base) = support::postgres_url() else {

@@ -1262,7 +1262,9 @@ async fn spans_a_silent_collector_never_takes_are_counted_dropped() {
 /// the write (`{process} settle`, kind client), with the write's real
 /// duration: a test transaction holds the key's row (PostgreSQL) or the
 /// write lock (SQLite) while the run's command returns, until the worker's
-/// write is seen waiting, then for 300 ms more.
+/// write is seen waiting, then for 300 ms more. On PostgreSQL the write
+/// waits for a held row 100 ms at most and is then answered "busy" and
+/// tried again: the span covers every try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_outcome_write_is_a_span_under_its_run() {
     each_engine(|db| async move {
@@ -1334,7 +1336,15 @@ async fn a_slow_outcome_write_is_a_span_under_its_run() {
         assert!(settle.end_time_unix_nano <= run.end_time_unix_nano);
         assert_eq!(text(&settle, "drover.key"), "slow");
         assert_eq!(text(&settle, "drover.write_result"), "written");
-        assert_eq!(int(&settle, "drover.write_tries"), 1);
+        let tries = int(&settle, "drover.write_tries");
+        if db.engine == "postgres" {
+            assert!(
+                tries >= 2,
+                "tried while the row was held, then written: {tries}"
+            );
+        } else {
+            assert_eq!(tries, 1);
+        }
         assert_eq!(int(&settle, "drover.fencing_token"), token);
         assert_eq!(text(&settle, "messaging.operation.type"), "settle");
     })

@@ -9,7 +9,9 @@ pub struct ErrorBody {
     /// A stable, machine-readable code: `bad_request`, `unauthorized`,
     /// `forbidden`, `cross_origin` (a browser's request for another site's
     /// page), `not_found`, `method_not_allowed`, `lease_lost`,
-    /// `session_expired`, `item_running`, `payload_too_large`, `invalid_key`,
+    /// `session_expired`, `item_running`, `process_held`, `key_busy` (one
+    /// outcome of a batch, whose key's row another transaction holds: send it
+    /// again), `payload_too_large`, `invalid_key`,
     /// `invalid_process`, `unavailable`, `commit_unknown` (a 503 after which
     /// the request may have been applied), `internal`.
     pub error: String,

@@ -330,8 +330,9 @@ pub struct CompleteBatchRequest {
 pub struct CompletionResult {
     /// Null when the outcome was recorded; otherwise why this lease alone
     /// changed nothing: `lease_lost` or `session_expired` (final), or the code
-    /// of an error that kept it from being written (`internal`, `unavailable`:
-    /// it may be sent again).
+    /// of an error that kept it from being written (`key_busy`: another
+    /// transaction holds the key's row; `internal`, `unavailable`: it may be
+    /// sent again).
     pub error: Option<String>,
     /// The refusal's message, when refused.
     pub message: Option<String>,

@@ -314,6 +314,10 @@ fn refusal(lease: &Lease, result: &CompletionResult) -> Result<(), StoreError> {
         Some(code @ ("lease_lost" | "session_expired")) => {
             Err(lease_failure(Failure::Conflict(code.to_owned()), lease))
         }
+        Some("key_busy") => Err(StoreError::KeyBusy {
+            process: lease.process.clone(),
+            key: lease.key.clone(),
+        }),
         Some(code) => Err(StoreError::Remote(RemoteError {
             message: format!("{code}: {}", result.message.as_deref().unwrap_or("")),
             status: None,

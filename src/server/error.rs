@@ -225,6 +225,7 @@ impl From<StoreError> for ApiError {
             | StoreError::InBackoff { .. }
             | StoreError::Parked { .. } => conflict("item_running", &e),
             StoreError::Held { .. } => conflict("process_held", &e),
+            StoreError::KeyBusy { .. } => conflict("key_busy", &e),
             e if e.is_commit_unknown() => {
                 tracing::warn!(error = %chain(&e), "commit unknown");
                 Self::CommitUnknown

@@ -108,7 +108,10 @@ pub trait StoreEngine: Send + Sync {
     /// the fencing token: the item's next state and the run's one history row.
     /// A retry of a completion that an earlier call recorded (its answer lost)
     /// is answered `Ok` and writes nothing, whatever became of the session
-    /// since: the same outcome under the same token is already there.
+    /// since: the same outcome under the same token is already there. On
+    /// PostgreSQL an outcome whose key's row another transaction holds past
+    /// 100 ms (a caller's transaction that enqueued the running key) is
+    /// answered [`StoreError::KeyBusy`], nothing written: send it again.
     fn lease_complete(
         &self,
         params: LeaseComplete<'_>,
@@ -120,8 +123,11 @@ pub trait StoreEngine: Send + Sync {
     /// `LeaseLost` / `SessionExpired` for leases that changed nothing (a
     /// lease twice in one batch is settled once and refused after; a retry
     /// of an earlier call's recorded outcome is `Ok`, as in
-    /// [`lease_complete`](Self::lease_complete)). The outer error means
-    /// nothing was written.
+    /// [`lease_complete`](Self::lease_complete)), and `KeyBusy` (PostgreSQL)
+    /// for one whose key's row another transaction holds: it changed nothing
+    /// and is sent again, while the rest of the batch is written without
+    /// waiting for that transaction. The outer error means nothing was
+    /// written.
     fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],

@@ -158,6 +158,23 @@ pub enum StoreError {
         /// `paused`, `at its concurrency limit` or `out of rate-limit tokens`.
         why: &'static str,
     },
+    /// One outcome of a completion batch was not written because another
+    /// transaction holds its key's row: a caller's transaction that enqueued
+    /// the running key and has not committed yet, or an operator's action in
+    /// flight (PostgreSQL). The batch's other outcomes were written; this one
+    /// changed nothing and may be sent again once that transaction ends. A
+    /// completion skips such a row rather than waiting for it, so one
+    /// caller's open transaction holds back the outcome of its own keys only,
+    /// not every outcome written in the same batch.
+    #[error(
+        "{process}/{key} is held by another transaction; its outcome was not written: send it again"
+    )]
+    KeyBusy {
+        /// The process.
+        process: String,
+        /// The key whose row is held.
+        key: String,
+    },
     /// Contention outlasted drover's patience: SQLite stayed locked past its busy
     /// timeout, PostgreSQL kept aborting the transaction (serialization failure,
     /// deadlock) through every retry, or no pooled connection came free. Nothing
@@ -373,6 +390,10 @@ impl StoreError {
             Self::Full(e) => Self::Full(text(e)),
             Self::Database(e) => Self::Database(text(e)),
             Self::Remote(remote) => Self::Remote(remote.clone()),
+            Self::KeyBusy { process, key } => Self::KeyBusy {
+                process: process.clone(),
+                key: key.clone(),
+            },
             other => Self::Database(DriverError(sqlx::Error::Protocol(other.to_string()))),
         }
     }
@@ -383,7 +404,7 @@ impl StoreError {
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::ConnectTimeout { .. } => true,
+            Self::ConnectTimeout { .. } | Self::KeyBusy { .. } => true,
             #[cfg(feature = "_engine")]
             Self::Busy(_) | Self::Unavailable(_) | Self::Full(_) => true,
             Self::Remote(remote) => {

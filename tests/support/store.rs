@@ -87,6 +87,37 @@ pub(crate) fn keys(leases: &[Lease]) -> Vec<&str> {
     leases.iter().map(|l| l.key.as_str()).collect()
 }
 
+/// Completes `batch` as a worker does: an outcome answered
+/// [`StoreError::KeyBusy`] (its key's row held by another transaction, a
+/// producer's enqueue of the running key on PostgreSQL) is sent again after
+/// a short backoff until it is answered otherwise. The answers, by position.
+pub(crate) async fn complete_batch_as_a_worker(
+    store: &Store,
+    batch: &[LeaseComplete<'_>],
+) -> Vec<Result<(), StoreError>> {
+    let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
+    let mut backoff = std::time::Duration::from_millis(5);
+    for _ in 0..100 {
+        let todo: Vec<usize> = (0..batch.len()).filter(|&n| answers[n].is_none()).collect();
+        if todo.is_empty() {
+            break;
+        }
+        let again: Vec<LeaseComplete<'_>> = todo.iter().map(|&n| batch[n]).collect();
+        let got = store.lease_complete_batch(&again).await.expect("complete");
+        for (n, answer) in todo.into_iter().zip(got) {
+            if !matches!(answer, Err(StoreError::KeyBusy { .. })) {
+                answers[n] = Some(answer);
+            }
+        }
+        tokio::time::sleep(backoff).await; // a worker's retry backoff
+        backoff = (backoff * 2).min(std::time::Duration::from_millis(100));
+    }
+    answers
+        .into_iter()
+        .map(|a| a.expect("answered other than busy within 100 tries"))
+        .collect()
+}
+
 /// Completes one lease.
 pub(crate) async fn complete(
     store: &Store,

@@ -24,27 +24,14 @@ use crate::store::rules::settle::{NextRow, NextState, Settled};
 use crate::store::types::{Lease, Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
 
-/// Locks the current row of every lease's key, in key order as every writer
-/// that waits on item rows does (enqueues sort their batch, reclaims and
-/// closes order alike), so none of them can deadlock another; whether the lease
-/// still holds it (running, same token and session) is checked on the locked
-/// rows by [`held`]. Each row comes with its `ctid`, by which the batch's
-/// writes find it again ([`Tid`]).
-///
-/// The shape is chosen so that no statistics can mislead the planner: the
-/// distinct keys, sorted (bytewise, as the columns and the enqueues sort
-/// them), drive a `LATERAL` subquery that finds and locks one key's row by one
-/// primary-key probe. The lateral reference makes it a nested loop over the
-/// sorted keys, so the rows are locked in key order whatever is joined after
-/// it (the process's policy, one probe per process). Written as a join on
-/// `state = 'running'` and the token, PostgreSQL's estimates — taken when no
-/// row was running — made it scan every running row once per lease
-/// (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
-pub(super) const HELD: &str = concat!(
-    "
+/// [`HELD`]'s and [`HELD_WAITING`]'s statement, locking each row with `$lock`.
+macro_rules! held_rows {
+    ($lock:literal) => {
+        concat!(
+            "
 SELECT i.ctid::text AS ctid, i.process, i.key, i.state, i.lease_token, i.lease_session, ",
-    running_columns!(),
-    "
+            running_columns!(),
+            "
 FROM (
   SELECT DISTINCT l.process COLLATE \"C\" AS process, l.key COLLATE \"C\" AS key
   FROM UNNEST($1::text[], $2::text[]) AS l(process, key)
@@ -52,9 +39,45 @@ FROM (
 CROSS JOIN LATERAL (
   SELECT j.ctid AS ctid, j.* FROM drover_items j
   WHERE j.process = l.process AND j.key = l.key
-  FOR UPDATE OF j) i
+  ",
+            $lock,
+            ") i
 LEFT JOIN drover_processes p ON p.process = i.process"
-);
+        )
+    };
+}
+
+/// Locks the current row of every lease's key, in key order, skipping the
+/// rows another transaction holds; whether the lease still holds it
+/// (running, same token and session) is checked on the locked rows by
+/// [`held`]. Each row comes with its `ctid`, by which the batch's writes
+/// find it again ([`Tid`]).
+///
+/// A batch waits for no row: a caller's transaction that enqueued a running
+/// key holds its row until it commits, and a batch waiting for it held back
+/// every other outcome of the batch (and of every controller writing
+/// through the store) for as long. The skipped keys' outcomes get one more
+/// try of their own, which waits for their rows a little ([`HELD_WAITING`],
+/// see [`retry_the_busy`]); one whose row is still held then is answered
+/// [`StoreError::KeyBusy`] and sent again by its run.
+///
+/// The shape is chosen so that no statistics can mislead the planner: the
+/// distinct keys, sorted (bytewise, as the columns and the enqueues sort
+/// them), drive a `LATERAL` subquery that finds and locks one key's row by one
+/// primary-key probe. The lateral reference makes it a nested loop over the
+/// sorted keys, so the rows are locked in key order whatever is joined after
+/// it (the process's policy, one probe per process), as every writer that
+/// waits on item rows locks them (enqueues sort their batch, reclaims and
+/// closes order alike), so the waiting try cannot deadlock with them. Written
+/// as a join on `state = 'running'` and the token, PostgreSQL's estimates —
+/// taken when no row was running — made it scan every running row once per
+/// lease (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
+pub(super) const HELD: &str = held_rows!("FOR UPDATE OF j SKIP LOCKED");
+
+/// [`HELD`], waiting for the rows other transactions hold: the second try of
+/// the outcomes whose rows the first skipped, in a transaction that gives a
+/// lock wait up after [`STALL`](crate::store::grouped::STALL).
+pub(super) const HELD_WAITING: &str = held_rows!("FOR UPDATE OF j");
 
 /// The columns of an item left idle by a clean `done` ended at `$1`: no
 /// lease, no failures, no error, its last outcome `done`. What
@@ -69,27 +92,41 @@ macro_rules! idle_columns {
     };
 }
 
+/// How a batch locks its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Locks {
+    /// Skipping the rows other transactions hold ([`HELD`]).
+    Skip,
+    /// Waiting for them ([`HELD_WAITING`]), in a transaction whose lock waits
+    /// end after [`STALL`](crate::store::grouped::STALL).
+    Wait,
+}
+
 /// Settles every lease in one transaction. A lease that was lost or whose
-/// session expired gets its own error and changes nothing; the others commit.
-/// Any other failure rolls the whole batch back.
+/// session expired gets its own error and changes nothing; one whose row
+/// another transaction holds (skipped, with [`Locks::Skip`]) gets
+/// [`StoreError::KeyBusy`] and changes nothing; the others commit. Any
+/// other failure rolls the whole batch back.
 pub(super) async fn complete_batch(
     store: &PostgresStore,
     batch: &[LeaseComplete<'_>],
+    locks: Locks,
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let (mut tx, now) = store.write().await?;
-    if all_at_once(&mut tx, now, batch).await? {
+    if locks == Locks::Skip && all_at_once(&mut tx, now, batch).await? {
         commit(tx).await?;
         return Ok(batch.iter().map(|_| Ok(())).collect());
     }
     let (live, expired) = sessions(&mut tx, now, batch).await?;
-    let rows = held(&mut tx, &live, batch).await?;
+    let (rows, busy) = held(&mut tx, &live, batch, locks).await?;
     // Read after the row locks' wait: the next ready time and any backoff are
     // measured from when they are written.
     let now = store.now(&mut tx).await?;
     let mut writes = Writes::default();
-    let settling = settle_batch(now, batch, rows, &expired, |params, row, s| {
+    let mut settling = settle_batch(now, batch, rows, &expired, |params, row, s| {
         writes.add(row.ctid, s, params.trace_id.map(|id| id.to_string()));
     });
+    busy.answer(batch, &mut settling.results);
     writes.flush(&mut tx, now).await?;
     commit(tx).await?;
     for process in settling.ready {
@@ -156,7 +193,9 @@ async fn all_at_once(
 /// [`all_at_once`]'s statement: `$1` the end time, `$2` the session, `$3`
 /// the process, `$4`–`$6` each lease's key, token and trace id.
 ///
-/// `locked` takes the row locks, in key order as [`HELD`] takes them: the
+/// `locked` takes the row locks, in key order and skipping the rows other
+/// transactions hold, as [`HELD`] takes them (a skipped row settles fewer
+/// leases than asked, and the general path answers it): the
 /// sorted keys (each once: a key repeated in the batch leaves fewer rows
 /// than leases, and the general path answers the repeat) drive a `LATERAL`
 /// subquery that finds one key's row by one index probe and locks it if it
@@ -192,7 +231,7 @@ WITH locked AS MATERIALIZED (
     FROM drover_items j
     WHERE j.process = $3 AND j.key = l.key AND j.state = 'running'
       AND j.lease_session = $2 AND j.lease_token = l.token AND j.dirty_since IS NULL
-    FOR UPDATE OF j) x),
+    FOR UPDATE OF j SKIP LOCKED) x),
 idled AS (
   UPDATE drover_items AS i SET ",
     idle_columns!(),
@@ -210,20 +249,124 @@ RETURNING token"
 );
 
 /// Each lease's locked running row, by position (`None`: not held, see
-/// [`match_leases`]).
+/// [`match_leases`]), and the keys whose rows [`HELD`] skipped because
+/// another transaction holds them.
 async fn held(
     tx: &mut Tx,
     live: &[i64],
     batch: &[LeaseComplete<'_>],
-) -> Result<Vec<Option<LockedRow>>, StoreError> {
+    locks: Locks,
+) -> Result<(Vec<Option<LockedRow>>, Busy), StoreError> {
     let leases = || batch.iter().map(|p| p.lease);
-    let found: Vec<Found<LockedRow>> = sqlx::query_as(HELD)
+    let statement = match locks {
+        Locks::Skip => HELD,
+        Locks::Wait => HELD_WAITING,
+    };
+    let found: Vec<Found<LockedRow>> = sqlx::query_as(statement)
         .bind(leases().map(|l| l.process.as_str()).collect::<Vec<_>>())
         .bind(leases().map(|l| l.key.as_str()).collect::<Vec<_>>())
         .fetch_all(&mut *tx)
         .await
         .db()?;
-    Ok(match_leases(batch, live, found))
+    let locked: HashSet<(&str, &str)> = found
+        .iter()
+        .map(|f| (f.process.as_str(), f.key.as_str()))
+        .collect();
+    let unlocked: Vec<&Lease> = leases()
+        .filter(|l| !locked.contains(&(l.process.as_str(), l.key.as_str())))
+        .collect();
+    let busy = Busy::among(tx, &unlocked).await?;
+    Ok((match_leases(batch, live, found), busy))
+}
+
+/// Tries the outcomes of `batch` answered [`StoreError::KeyBusy`] once more,
+/// on their own, waiting for their rows up to
+/// [`STALL`](crate::store::grouped::STALL) (100 ms): most rows a batch skips
+/// are held by a producer's enqueue of the running key for a moment, and
+/// are written so without a trip back to the run. A row still held then (a
+/// caller's transaction that has not committed) keeps its `KeyBusy`, as does
+/// an outcome this try fails to write for any other reason: the run sends it
+/// again, and an outcome that did commit is then answered as written. The
+/// rest of the batch has committed before this waits, so one held row holds
+/// back the batch's writer (and its next batch) for 100 ms at most.
+async fn retry_the_busy(store: &PostgresStore, batch: &[LeaseComplete<'_>], answers: &mut Answers) {
+    let busy: Vec<usize> = answers
+        .iter()
+        .enumerate()
+        .filter(|(_, answer)| matches!(answer, Err(StoreError::KeyBusy { .. })))
+        .map(|(n, _)| n)
+        .collect();
+    if busy.is_empty() {
+        return;
+    }
+    let again: Vec<LeaseComplete<'_>> = busy.iter().map(|&n| batch[n]).collect();
+    match complete_batch(&store.stepping_aside(), &again, Locks::Wait).await {
+        Ok(got) => {
+            for (n, answer) in busy.into_iter().zip(got) {
+                answers[n] = answer;
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, outcomes = again.len(), "outcomes whose rows are held wait for their run to send them again");
+        }
+    }
+}
+
+/// The keys of a batch whose rows exist but were held by another
+/// transaction when [`HELD`] skipped them.
+#[derive(Debug, Default)]
+struct Busy(HashSet<(String, String)>);
+
+impl Busy {
+    /// Which of `unlocked` (the leases whose key [`HELD`] returned no row
+    /// for) have a row all the same: skipped as held, where a key with no
+    /// row was deleted and its lease is lost. Read without a lock, after
+    /// the skip: a holder that committed meanwhile leaves the row (the
+    /// outcome is sent again and judged then) or deletes it (lost, as it
+    /// would be after the wait). Costs a statement only when a row was
+    /// skipped or gone.
+    async fn among(tx: &mut Tx, unlocked: &[&Lease]) -> Result<Self, StoreError> {
+        if unlocked.is_empty() {
+            return Ok(Self::default());
+        }
+        let present: Vec<(String, String)> = sqlx::query_as(
+            "SELECT l.process, l.key FROM UNNEST($1::text[], $2::text[]) AS l(process, key)
+             WHERE EXISTS (SELECT 1 FROM drover_items j
+                           WHERE j.process = l.process AND j.key = l.key)",
+        )
+        .bind(
+            unlocked
+                .iter()
+                .map(|l| l.process.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(unlocked.iter().map(|l| l.key.as_str()).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await
+        .db()?;
+        Ok(Self(present.into_iter().collect()))
+    }
+
+    /// Answers [`StoreError::KeyBusy`] in place of "lost" for each lease of
+    /// `batch` whose row was skipped: nothing is known of it until the
+    /// holder lets go. An expired session's refusal stands, as it does
+    /// whatever the row holds.
+    fn answer(&self, batch: &[LeaseComplete<'_>], results: &mut [Result<(), StoreError>]) {
+        if self.0.is_empty() {
+            return;
+        }
+        for (params, result) in batch.iter().zip(results) {
+            let lease = params.lease;
+            if matches!(result, Err(StoreError::LeaseLost { .. }))
+                && self.0.contains(&(lease.process.clone(), lease.key.clone()))
+            {
+                *result = Err(StoreError::KeyBusy {
+                    process: lease.process.clone(),
+                    key: lease.key.clone(),
+                });
+            }
+        }
+    }
 }
 
 /// The batch's sessions split into those alive at `now` and those gone or past
@@ -375,11 +518,14 @@ const DATA_ERROR_CLASSES: [&str; 4] = ["22", "23", "54", "P0"];
 
 impl CompleteOnce for PostgresStore {
     async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
-        if self.steps_aside {
+        let mut answers = if self.steps_aside {
             // A group: what failed before its commit runs again on its own.
-            return complete_batch(self, batch).await;
-        }
-        retry(self, || complete_batch(self, batch)).await
+            complete_batch(self, batch, Locks::Skip).await?
+        } else {
+            retry(self, || complete_batch(self, batch, Locks::Skip)).await?
+        };
+        retry_the_busy(self, batch, &mut answers).await;
+        Ok(answers)
     }
 
     fn from_data(e: &StoreError) -> bool {

@@ -34,7 +34,13 @@ fn never_beside(store: &PostgresStore) -> PostgresStore {
     store
 }
 
-/// Locks x-0's row.
+/// Holds every completion statement at its start (each writes the runs'
+/// history), for as long as the lock is held. A row lock no longer would:
+/// a completion skips a row another transaction holds.
+const STALL_COMPLETIONS: &str = "LOCK TABLE drover_runs IN EXCLUSIVE MODE";
+
+/// Locks x-0's row, as a caller's transaction that enqueued the running key
+/// does until it commits.
 const LOCK_X0: &str = "SELECT 1 FROM drover_items WHERE process = 'x' AND key = 'x-0' FOR UPDATE";
 
 /// A connection of the test's own in a transaction that has run `lock`. Not
@@ -170,8 +176,8 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
         ..w[0].clone()
     };
 
-    // The first batch waits for this lock on one of its rows.
-    let mut holder = holding(&schema, LOCK_X0).await;
+    // The first batch waits for this lock.
+    let mut holder = holding(&schema, STALL_COMPLETIONS).await;
     let first = complete(&store, done(&x));
     until("the first batch to start", || store.completions.taken()).await;
     let rest = vec![
@@ -246,8 +252,14 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
     schema.remove().await;
 }
 
+/// A caller's transaction keeps x-0's row locked (as an enqueue into a
+/// running key does until it commits). x-0's completion skips the row and is
+/// answered at once, `KeyBusy`, nothing written for it; a batch after it is
+/// written while the row is still locked. Sent again after the commit, x-0's
+/// outcome is written. (Before, x-0's batch waited for the lock, and the next
+/// batch started beside it only after a stall.)
 #[tokio::test]
-async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
+async fn a_batch_that_meets_a_held_row_is_answered_at_once_and_holds_up_no_other_batch() {
     let Some(schema) = Schema::create("drover_stuck").await else {
         return;
     };
@@ -255,29 +267,19 @@ async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
     let (one, two) = (session(&store, "one").await, session(&store, "two").await);
     let x = claimed(&store, one, "x", 1).await;
     let y = claimed(&store, two, "y", 1).await;
-    // A caller's transaction keeps x-0's row locked (as an enqueue into a
-    // running key does until it commits).
     let mut holder = holding(&schema, LOCK_X0).await;
-    let stuck = complete(&store, vec![(x[0].clone(), Outcome::Done)]);
-    until("the stuck batch to start", || store.completions.taken()).await;
-    // Queued behind the stuck one, y's batch starts beside it once it has
-    // stalled, and is written while x-0's row is still locked.
-    let beside = complete(&store, vec![(y[0].clone(), Outcome::Done)]);
-    let answers = tokio::time::timeout(PATIENCE, beside)
-        .await
-        .expect("a batch behind a stuck one is written")
-        .expect("the batch's task")
-        .expect("a batch");
-    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let answers = answered(&store, done(&x)).await;
     assert!(
-        !stuck.is_finished(),
-        "the stuck batch waits for the row lock"
+        matches!(answers.as_slice(), [Err(StoreError::KeyBusy { key, .. })] if key == "x-0"),
+        "{answers:?}"
     );
+    let answers = answered(&store, done(&y)).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     holder
         .execute("COMMIT")
         .await
         .expect("the lock is released");
-    let answers = stuck.await.expect("the batch's task").expect("a batch");
+    let answers = answered(&store, done(&x)).await;
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     let idle: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM drover_items WHERE key IN ('x-0', 'y-0') AND state = 'idle'",
@@ -286,8 +288,21 @@ async fn a_batch_stuck_on_a_row_lock_holds_up_no_other_batch_for_long() {
     .await
     .expect("the rows are counted");
     assert_eq!(idle, 2);
+    assert_eq!(runs_of(&store, &["x-0"]).await.len(), 1, "one run for x-0");
     holder.close().await.expect("the connection closes");
     schema.remove().await;
+}
+
+/// The answers of `batch`, which must come within [`PATIENCE`].
+async fn answered(
+    store: &PostgresStore,
+    batch: Vec<(Lease, Outcome)>,
+) -> Vec<Result<(), StoreError>> {
+    tokio::time::timeout(PATIENCE, complete(store, batch))
+        .await
+        .expect("the batch is answered in time")
+        .expect("the batch's task")
+        .expect("a batch")
 }
 
 /// Runs (key, session, token) of `keys`, in key order.
@@ -301,16 +316,16 @@ async fn runs_of(store: &PostgresStore, keys: &[&str]) -> Vec<(String, i64, i64)
     .expect("the runs are read")
 }
 
-/// Completes `first` while x-0's row is locked, queues `queued` behind it
-/// one after the other (in that order in the group), then releases the
-/// lock: the answers of `queued`, each batch's, in order.
-async fn queued_behind_x0(
+/// Completes `first` while completions are held at their start, queues
+/// `queued` behind it one after the other (in that order in the group), then
+/// releases the lock: the answers of `queued`, each batch's, in order.
+async fn queued_behind_a_stall(
     schema: &Schema,
     store: &PostgresStore,
     first: &[Lease],
     queued: Vec<Vec<(Lease, Outcome)>>,
 ) -> Vec<Vec<Result<(), StoreError>>> {
-    let mut holder = holding(schema, LOCK_X0).await;
+    let mut holder = holding(schema, STALL_COMPLETIONS).await;
     let first = complete(store, done(first));
     until("the first batch to start", || store.completions.taken()).await;
     let mut rest = Vec::new();
@@ -345,7 +360,8 @@ async fn a_lease_forged_with_another_callers_token_takes_nothing_from_it_in_a_gr
         token: victim[0].token,
         ..mine[0].clone()
     };
-    let answers = queued_behind_x0(&schema, &store, &x, vec![done(&[forged]), done(&victim)]).await;
+    let answers =
+        queued_behind_a_stall(&schema, &store, &x, vec![done(&[forged]), done(&victim)]).await;
     assert_eq!(store.completions.groups.load(Ordering::Relaxed), 1);
     assert!(
         matches!(answers[0].as_slice(), [Err(StoreError::LeaseLost { .. })]),
@@ -383,7 +399,7 @@ async fn a_retry_that_meets_its_first_try_in_one_group_is_answered_as_written() 
     let one = session(&store, "one").await;
     let x = claimed(&store, one, "x", 1).await;
     let y = claimed(&store, one, "y", 1).await;
-    let answers = queued_behind_x0(&schema, &store, &x, vec![done(&y), done(&y)]).await;
+    let answers = queued_behind_a_stall(&schema, &store, &x, vec![done(&y), done(&y)]).await;
     assert_eq!(store.completions.groups.load(Ordering::Relaxed), 1);
     assert!(
         answers.iter().flatten().all(Result::is_ok),
@@ -400,11 +416,13 @@ async fn a_retry_that_meets_its_first_try_in_one_group_is_answered_as_written() 
 /// A caller's own transaction keeps y-0's row locked (an enqueue into a
 /// running key, not yet committed) while the caller completes its own lease
 /// on z-0, and another worker's completion of y-0 lands in the same group.
-/// The group would wait for the caller's transaction while the caller
-/// waits for the group; it steps aside from the lock instead, and the
-/// caller's completion is written on its own while its transaction is open.
+/// Had the group waited for the caller's transaction, the caller would have
+/// waited for the group; the group skips y-0's row instead, answers its
+/// lease `KeyBusy`, and writes the caller's completion while its
+/// transaction is open. y-0's outcome, sent again after the commit, is
+/// written.
 #[tokio::test]
-async fn a_group_steps_aside_from_a_row_lock_its_own_callers_transaction_holds() {
+async fn a_group_skips_a_row_its_own_callers_transaction_holds() {
     let Some(schema) = Schema::create("drover_steps_aside").await else {
         return;
     };
@@ -418,37 +436,21 @@ async fn a_group_steps_aside_from_a_row_lock_its_own_callers_transaction_holds()
         "SELECT 1 FROM drover_items WHERE process = 'y' AND key = 'y-0' FOR UPDATE",
     )
     .await;
-    let mut holder = holding(&schema, LOCK_X0).await;
-    let first = complete(&store, done(&x));
-    until("the first batch to start", || store.completions.taken()).await;
-    let own = complete(&store, done(&z));
-    until("the caller's batch to queue", || {
-        store.completions.waiting() == 1
-    })
-    .await;
-    let other = complete(&store, done(&y));
-    until("the other batch to queue", || {
-        store.completions.waiting() == 2
-    })
-    .await;
-    holder
-        .execute("COMMIT")
-        .await
-        .expect("x-0's lock is released");
-    first
-        .await
-        .expect("the first batch's task")
-        .expect("a batch");
-    let own = tokio::time::timeout(PATIENCE, own)
-        .await
-        .expect("the caller's completion is written while its transaction is open")
-        .expect("the batch's task")
-        .expect("a batch");
-    assert!(own.iter().all(Result::is_ok), "{own:?}");
-    assert!(!other.is_finished(), "y-0's completion waits for its row");
+    let answers = queued_behind_a_stall(&schema, &store, &x, vec![done(&z), done(&y)]).await;
+    assert_eq!(
+        store.completions.groups.load(Ordering::Relaxed),
+        1,
+        "the two batches met in one group"
+    );
+    assert!(answers[0].iter().all(Result::is_ok), "{:?}", answers[0]);
+    assert!(
+        matches!(answers[1].as_slice(), [Err(StoreError::KeyBusy { key, .. })] if key == "y-0"),
+        "{:?}",
+        answers[1]
+    );
     callers.execute("COMMIT").await.expect("the caller commits");
-    let other = other.await.expect("the batch's task").expect("a batch");
-    assert!(other.iter().all(Result::is_ok), "{other:?}");
+    let again = answered(&store, done(&y)).await;
+    assert!(again.iter().all(Result::is_ok), "{again:?}");
     let idle: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM drover_items WHERE key IN ('x-0', 'y-0', 'z-0') AND state = 'idle'",
     )
@@ -456,12 +458,6 @@ async fn a_group_steps_aside_from_a_row_lock_its_own_callers_transaction_holds()
     .await
     .expect("the rows are counted");
     assert_eq!(idle, 3);
-    assert_eq!(
-        store.completions.groups.load(Ordering::Relaxed),
-        1,
-        "the two batches met in one group"
-    );
-    holder.close().await.expect("the connection closes");
     callers.close().await.expect("the connection closes");
     schema.remove().await;
 }

@@ -306,11 +306,22 @@ impl PruneSteps for PostgresStore {
         let Some(last) = last else {
             return Ok((0, None));
         };
+        // The window's rows another transaction holds (a caller's that
+        // enqueued an idle key, not committed yet) are skipped, left for the
+        // next pass: deleting the range row by row waited for such a row
+        // while holding the rows deleted before it, so a producer's enqueue
+        // of any of those keys waited for the caller's commit too. The outer
+        // conditions are checked again on the row the delete meets.
         let (mut tx, now) = self.write().await?;
         let forgotten = sqlx::query(
-            "DELETE FROM drover_items
-             WHERE process = $1 AND key > $2 AND key <= $3 AND state = 'idle'
-                 AND COALESCE(last_ended_at, enqueued_at) < $4",
+            "DELETE FROM drover_items d
+             USING (SELECT process, key FROM drover_items
+                    WHERE process = $1 AND key > $2 AND key <= $3 AND state = 'idle'
+                        AND COALESCE(last_ended_at, enqueued_at) < $4
+                    ORDER BY key
+                    FOR UPDATE SKIP LOCKED) f
+             WHERE d.process = f.process AND d.key = f.key AND d.state = 'idle'
+                 AND COALESCE(d.last_ended_at, d.enqueued_at) < $4",
         )
         .bind(process)
         .bind(after)
