@@ -580,7 +580,7 @@ async fn a_claim_and_a_completion_write_no_index_entry_for_the_item_id() {
 /// The worst moment for a clean `done`: another transaction has enqueued the
 /// running key (its row locked, the change not yet committed) when the
 /// completion reads the row. The completion skips that row and answers its
-/// lease `KeyBusy` at once, writing nothing for it, and settles the batch's
+/// lease `KeyBusy` after waiting 100 ms, writing nothing for it, and settles the batch's
 /// other keys. Sent again once the rival has ended, the outcome honours the
 /// enqueue when it committed (the key pending for one more run) and leaves
 /// the key idle when it rolled back.

@@ -93,7 +93,7 @@ async fn race(
         holder.wait_for_waiters(&pool, 1).await;
         let r = rival_task();
         if matches!(rival, Rival::Complete) {
-            // It skips the held row, writes nothing and is answered at once,
+            // It waits 100 ms for the held row, then skips it, writes nothing
             // and is sent again once the reclaim has taken the row.
             let busy = r.await.expect("the rival joined");
             assert!(matches!(busy, Err(StoreError::KeyBusy { .. })), "{busy:?}");

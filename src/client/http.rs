@@ -144,6 +144,14 @@ fn transport(what: &str, e: &reqwest::Error) -> Failure {
 }
 
 /// An error status with the server's [`ErrorBody`], when it sent one.
+///
+/// A 5xx that is not drover's own answer (no [`ErrorBody`]: a gateway's or
+/// a load balancer's page, as nginx's 502 and 504 or envoy's 503 "upstream
+/// reset") says nothing of what drover did with the request: the gateway
+/// may have given up on it after drover took it, and a claim may then have
+/// leased keys. It is unknown, as a request whose answer never came.
+/// Taken for "nothing applied", a claim's lost leases stayed with a session
+/// its worker kept alive, and their keys never ran again.
 fn refusal(what: &str, status: StatusCode, bytes: &[u8]) -> Failure {
     let body = serde_json::from_slice::<ErrorBody>(bytes).ok();
     let code = body.as_ref().map_or("", |b| b.error.as_str());
@@ -154,10 +162,14 @@ fn refusal(what: &str, status: StatusCode, bytes: &[u8]) -> Failure {
         || String::from_utf8_lossy(bytes).chars().take(200).collect(),
         |b| b.message.clone(),
     );
+    let unknown = match &body {
+        Some(body) => body.error == "commit_unknown",
+        None => status.is_server_error(),
+    };
     Failure::Remote(RemoteError {
         message: format!("{what}: {status}: {message}"),
         status: Some(status.as_u16()),
-        unknown: code == "commit_unknown",
+        unknown,
     })
 }
 
@@ -192,11 +204,16 @@ mod tests {
             !token.is_commit_unknown() && !token.is_transient(),
             "{token}"
         );
-        // Not JSON (a proxy's page): still a clear error with the status.
+        // Not JSON (a proxy's page): still a clear error with the status,
+        // and, a 5xx, maybe applied: the gateway may have given up on a
+        // request drover took.
         let page = refusal("POST /x", StatusCode::BAD_GATEWAY, b"<html>oops").into_store();
         assert!(
-            page.is_transient() && page.to_string().contains("502"),
+            page.is_commit_unknown() && page.to_string().contains("502"),
             "{page}"
         );
+        // A proxy's 4xx page: the request went no further.
+        let page = refusal("POST /x", StatusCode::FORBIDDEN, b"<html>no").into_store();
+        assert!(!page.is_commit_unknown(), "{page}");
     }
 }

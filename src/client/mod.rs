@@ -9,7 +9,8 @@
 //! batches (one request and one transaction for many runs), and every answer
 //! is mapped back to the store's words: a 409 is `SessionExpired` or
 //! `LeaseLost`, and a request whose answer never came (a timeout, a connection
-//! lost after sending, a 503 `commit_unknown`) is reported as possibly applied
+//! lost after sending, a 503 `commit_unknown`, a gateway's own 5xx page) is
+//! reported as possibly applied
 //! ([`StoreError::is_commit_unknown`](crate::store::StoreError::is_commit_unknown)),
 //! so the controller gives a session up rather than lose a claim's leases.
 //!

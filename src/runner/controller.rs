@@ -84,8 +84,12 @@ impl<R, B> std::fmt::Debug for Controller<R, B> {
 /// The shortest wait of an idle controller's long-polling claim, on a backend
 /// that waits for work itself (a server): the server wakes the claim on
 /// enqueues and polls the database for delayed keys, so a longer wait only
-/// saves requests.
-const LONG_POLL: Duration = Duration::from_secs(20);
+/// saves requests. Kept under the read timeouts of the gateways that stand
+/// in front of servers (envoy's route timeout is 15 s by default, load
+/// balancers' 30–60 s): a gateway's own 5xx page leaves a claim's fate
+/// unknown, and the worker then gives its session up, with its runs. It was
+/// 20 s.
+const LONG_POLL: Duration = Duration::from_secs(10);
 
 /// Why a controller could not run.
 #[derive(Debug, thiserror::Error)]

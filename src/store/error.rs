@@ -163,9 +163,9 @@ pub enum StoreError {
     /// the running key and has not committed yet, or an operator's action in
     /// flight (PostgreSQL). The batch's other outcomes were written; this one
     /// changed nothing and may be sent again once that transaction ends. A
-    /// completion skips such a row rather than waiting for it, so one
-    /// caller's open transaction holds back the outcome of its own keys only,
-    /// not every outcome written in the same batch.
+    /// completion waits 100 ms at most for such a row and then skips it, so
+    /// one caller's open transaction holds back the outcome of its own keys
+    /// only, not every outcome written in the same batch.
     #[error(
         "{process}/{key} is held by another transaction; its outcome was not written: send it again"
     )]
@@ -286,8 +286,10 @@ pub struct RemoteError {
     pub message: String,
     /// The HTTP status, when one came back.
     pub status: Option<u16>,
-    /// `true` when the request was sent and its fate is unknown (a timeout or a
-    /// connection lost before the answer): it may have been applied.
+    /// `true` when the request was sent and its fate is unknown (a timeout, a
+    /// connection lost before the answer, or a 5xx page of a gateway in
+    /// front of the server rather than drover's own answer): it may have
+    /// been applied.
     pub unknown: bool,
 }
 

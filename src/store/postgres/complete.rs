@@ -14,7 +14,6 @@ use super::retry::retry;
 use super::rows::{LockedRow, duration_ms, running_columns};
 use super::runs::{Ending, log_runs};
 use super::tid::Tid;
-use crate::store::StoreError;
 use crate::store::params::LeaseComplete;
 use crate::store::rules::holding::{
     Found, asked_sessions, expired_sessions, match_leases, settle_batch,
@@ -23,8 +22,10 @@ use crate::store::rules::parts::{Answers, CompleteOnce};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
 use crate::store::types::{Lease, Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
+use crate::store::{DriverError, StoreError};
 
-/// [`HELD`]'s and [`HELD_WAITING`]'s statement, locking each row with `$lock`.
+/// [`HELD`]'s and [`HELD_SKIPPING`]'s statement, locking each row with
+/// `$lock`.
 macro_rules! held_rows {
     ($lock:literal) => {
         concat!(
@@ -47,37 +48,28 @@ LEFT JOIN drover_processes p ON p.process = i.process"
     };
 }
 
-/// Locks the current row of every lease's key, in key order, skipping the
-/// rows another transaction holds; whether the lease still holds it
-/// (running, same token and session) is checked on the locked rows by
-/// [`held`]. Each row comes with its `ctid`, by which the batch's writes
-/// find it again ([`Tid`]).
-///
-/// A batch waits for no row: a caller's transaction that enqueued a running
-/// key holds its row until it commits, and a batch waiting for it held back
-/// every other outcome of the batch (and of every controller writing
-/// through the store) for as long. The skipped keys' outcomes get one more
-/// try of their own, which waits for their rows a little ([`HELD_WAITING`],
-/// see [`retry_the_busy`]); one whose row is still held then is answered
-/// [`StoreError::KeyBusy`] and sent again by its run.
+/// Locks the current row of every lease's key, in key order as every writer
+/// that waits on item rows does (enqueues sort their batch, reclaims and
+/// closes order alike), so none of them can deadlock another; whether the lease
+/// still holds it (running, same token and session) is checked on the locked
+/// rows by [`held`]. Each row comes with its `ctid`, by which the batch's
+/// writes find it again ([`Tid`]).
 ///
 /// The shape is chosen so that no statistics can mislead the planner: the
 /// distinct keys, sorted (bytewise, as the columns and the enqueues sort
 /// them), drive a `LATERAL` subquery that finds and locks one key's row by one
 /// primary-key probe. The lateral reference makes it a nested loop over the
 /// sorted keys, so the rows are locked in key order whatever is joined after
-/// it (the process's policy, one probe per process), as every writer that
-/// waits on item rows locks them (enqueues sort their batch, reclaims and
-/// closes order alike), so the waiting try cannot deadlock with them. Written
-/// as a join on `state = 'running'` and the token, PostgreSQL's estimates —
-/// taken when no row was running — made it scan every running row once per
-/// lease (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
-pub(super) const HELD: &str = held_rows!("FOR UPDATE OF j SKIP LOCKED");
+/// it (the process's policy, one probe per process). Written as a join on
+/// `state = 'running'` and the token, PostgreSQL's estimates — taken when no
+/// row was running — made it scan every running row once per lease
+/// (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
+pub(super) const HELD: &str = held_rows!("FOR UPDATE OF j");
 
-/// [`HELD`], waiting for the rows other transactions hold: the second try of
-/// the outcomes whose rows the first skipped, in a transaction that gives a
-/// lock wait up after [`STALL`](crate::store::grouped::STALL).
-pub(super) const HELD_WAITING: &str = held_rows!("FOR UPDATE OF j");
+/// [`HELD`], skipping the rows other transactions hold: the batch's second
+/// try, after its first waited past [`STALL`](crate::store::grouped::STALL)
+/// for a row (see [`Locks`]).
+pub(super) const HELD_SKIPPING: &str = held_rows!("FOR UPDATE OF j SKIP LOCKED");
 
 /// The columns of an item left idle by a clean `done` ended at `$1`: no
 /// lease, no failures, no error, its last outcome `done`. What
@@ -93,32 +85,63 @@ macro_rules! idle_columns {
 }
 
 /// How a batch locks its rows.
+///
+/// A batch first skips the rows other transactions hold ([`Locks::Try`]);
+/// when it meets none, as nearly always, it settles as it did when it
+/// waited. When it meets one, it is rolled back and settled again waiting
+/// for such rows, but for [`STALL`](crate::store::grouped::STALL) (100 ms)
+/// at most ([`Locks::Wait`]): most are held for a moment (a producer's
+/// enqueue of a running key, a claim of another node that met the row just
+/// after it was claimed and keeps its lock to the end of its transaction).
+/// A row held longer is a caller's transaction that enqueued the running
+/// key and has not committed: waiting for it held back every other outcome
+/// of the batch (and of every controller writing through the store) for as
+/// long as that transaction lasted. Then the batch is settled skipping the
+/// rows others hold ([`Locks::Skip`]): those outcomes alone are answered
+/// [`StoreError::KeyBusy`], nothing written for them, and their runs send
+/// them again; the rest commit. (Waiting first in every batch, a
+/// `lock_timeout` set in each transaction, cost a node about 4 % of its
+/// drain.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Locks {
-    /// Skipping the rows other transactions hold ([`HELD`]).
-    Skip,
-    /// Waiting for them ([`HELD_WAITING`]), in a transaction whose lock waits
-    /// end after [`STALL`](crate::store::grouped::STALL).
+    /// Skipping ([`DONE_AT_ONCE_SKIPPING`] for a clean batch, then
+    /// [`HELD_SKIPPING`]); when a row is skipped, nothing is written.
+    Try,
+    /// Waiting ([`DONE_AT_ONCE`], [`HELD`]), in a transaction whose lock
+    /// waits end after [`STALL`](crate::store::grouped::STALL).
     Wait,
+    /// Skipping ([`HELD_SKIPPING`]), a skipped row's lease answered
+    /// [`StoreError::KeyBusy`].
+    Skip,
 }
 
 /// Settles every lease in one transaction. A lease that was lost or whose
 /// session expired gets its own error and changes nothing; one whose row
 /// another transaction holds (skipped, with [`Locks::Skip`]) gets
 /// [`StoreError::KeyBusy`] and changes nothing; the others commit. Any
-/// other failure rolls the whole batch back.
+/// other failure rolls the whole batch back. `None`: with [`Locks::Try`], a
+/// row was skipped, and nothing was written.
 pub(super) async fn complete_batch(
     store: &PostgresStore,
     batch: &[LeaseComplete<'_>],
     locks: Locks,
-) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+) -> Result<Option<Vec<Result<(), StoreError>>>, StoreError> {
     let (mut tx, now) = store.write().await?;
-    if locks == Locks::Skip && all_at_once(&mut tx, now, batch).await? {
+    let at_once = match locks {
+        Locks::Try => Some(DONE_AT_ONCE_SKIPPING),
+        Locks::Wait => Some(DONE_AT_ONCE),
+        Locks::Skip => None,
+    };
+    if let Some(statement) = at_once
+        && all_at_once(&mut tx, now, batch, statement).await?
+    {
         commit(tx).await?;
-        return Ok(batch.iter().map(|_| Ok(())).collect());
+        return Ok(Some(batch.iter().map(|_| Ok(())).collect()));
     }
     let (live, expired) = sessions(&mut tx, now, batch).await?;
-    let (rows, busy) = held(&mut tx, &live, batch, locks).await?;
+    let Some((rows, busy)) = held(&mut tx, &live, batch, locks).await? else {
+        return Ok(None); // rolled back as `tx` drops
+    };
     // Read after the row locks' wait: the next ready time and any backoff are
     // measured from when they are written.
     let now = store.now(&mut tx).await?;
@@ -132,7 +155,7 @@ pub(super) async fn complete_batch(
     for process in settling.ready {
         wakeup::notify(process);
     }
-    Ok(settling.results)
+    Ok(Some(settling.results))
 }
 
 /// A batch of clean `done`s settled by one statement ([`DONE_AT_ONCE`]),
@@ -149,6 +172,7 @@ async fn all_at_once(
     tx: &mut Tx,
     now: DateTime<Utc>,
     batch: &[LeaseComplete<'_>],
+    statement: &'static str,
 ) -> Result<bool, StoreError> {
     let Some(first) = batch.first() else {
         return Ok(false);
@@ -166,7 +190,7 @@ async fn all_at_once(
         .exec(&mut *tx)
         .await?;
     let leases = || batch.iter().map(|p| p.lease);
-    let settled: Vec<i64> = sqlx::query_scalar(DONE_AT_ONCE)
+    let settled: Vec<i64> = sqlx::query_scalar(statement)
         .bind(now)
         .bind(session.0)
         .bind(process)
@@ -190,12 +214,48 @@ async fn all_at_once(
     Ok(false)
 }
 
+/// [`DONE_AT_ONCE`]'s and [`DONE_AT_ONCE_SKIPPING`]'s statement, locking each
+/// row with `$lock`.
+macro_rules! done_at_once {
+    ($lock:literal) => {
+        concat!(
+            "
+WITH locked AS MATERIALIZED (
+  SELECT x.tid, l.key, l.token, l.trace_id, x.failures, x.enqueued_at, x.started_at
+  FROM (
+    SELECT DISTINCT ON (1) l.key COLLATE \"C\" AS key, l.token, l.trace_id
+    FROM UNNEST($4::text[], $5::bigint[], $6::text[]) AS l(key, token, trace_id)
+    ORDER BY 1) l
+  CROSS JOIN LATERAL (
+    SELECT j.ctid AS tid, j.failures, j.enqueued_at, j.started_at
+    FROM drover_items j
+    WHERE j.process = $3 AND j.key = l.key AND j.state = 'running'
+      AND j.lease_session = $2 AND j.lease_token = l.token AND j.dirty_since IS NULL
+    ",
+            $lock,
+            ") x),
+idled AS (
+  UPDATE drover_items AS i SET ",
+            idle_columns!(),
+            "
+  WHERE i.ctid = ANY(ARRAY(SELECT tid FROM locked))
+    AND EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = $2 AND s.deadline > $1)
+  RETURNING i.process, i.key)
+INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
+    started_at, ended_at, trace_id)
+SELECT d.process, d.key, 'done', k.failures + 1, $2, k.token, k.enqueued_at, k.started_at,
+    $1, k.trace_id
+FROM idled d JOIN locked k ON k.key = d.key
+ORDER BY k.token
+RETURNING token"
+        )
+    };
+}
+
 /// [`all_at_once`]'s statement: `$1` the end time, `$2` the session, `$3`
 /// the process, `$4`–`$6` each lease's key, token and trace id.
 ///
-/// `locked` takes the row locks, in key order and skipping the rows other
-/// transactions hold, as [`HELD`] takes them (a skipped row settles fewer
-/// leases than asked, and the general path answers it): the
+/// `locked` takes the row locks, in key order as [`HELD`] takes them: the
 /// sorted keys (each once: a key repeated in the batch leaves fewer rows
 /// than leases, and the general path answers the repeat) drive a `LATERAL`
 /// subquery that finds one key's row by one index probe and locks it if it
@@ -218,49 +278,26 @@ async fn all_at_once(
 /// outer loop in token order against every key (2,600–2,800 keys/s); joined
 /// to `locked` by `ctid` too, it checked each row against the whole array
 /// once more (`ExecEvalScalarArrayOp` and `tideq`: 8 % of a drain's CPU).
-pub(super) const DONE_AT_ONCE: &str = concat!(
-    "
-WITH locked AS MATERIALIZED (
-  SELECT x.tid, l.key, l.token, l.trace_id, x.failures, x.enqueued_at, x.started_at
-  FROM (
-    SELECT DISTINCT ON (1) l.key COLLATE \"C\" AS key, l.token, l.trace_id
-    FROM UNNEST($4::text[], $5::bigint[], $6::text[]) AS l(key, token, trace_id)
-    ORDER BY 1) l
-  CROSS JOIN LATERAL (
-    SELECT j.ctid AS tid, j.failures, j.enqueued_at, j.started_at
-    FROM drover_items j
-    WHERE j.process = $3 AND j.key = l.key AND j.state = 'running'
-      AND j.lease_session = $2 AND j.lease_token = l.token AND j.dirty_since IS NULL
-    FOR UPDATE OF j SKIP LOCKED) x),
-idled AS (
-  UPDATE drover_items AS i SET ",
-    idle_columns!(),
-    "
-  WHERE i.ctid = ANY(ARRAY(SELECT tid FROM locked))
-    AND EXISTS (SELECT 1 FROM drover_sessions s WHERE s.id = $2 AND s.deadline > $1)
-  RETURNING i.process, i.key)
-INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
-    started_at, ended_at, trace_id)
-SELECT d.process, d.key, 'done', k.failures + 1, $2, k.token, k.enqueued_at, k.started_at,
-    $1, k.trace_id
-FROM idled d JOIN locked k ON k.key = d.key
-ORDER BY k.token
-RETURNING token"
-);
+pub(super) const DONE_AT_ONCE: &str = done_at_once!("FOR UPDATE OF j");
+
+/// [`DONE_AT_ONCE`], skipping the rows other transactions hold (see
+/// [`Locks::Try`]).
+pub(super) const DONE_AT_ONCE_SKIPPING: &str = done_at_once!("FOR UPDATE OF j SKIP LOCKED");
 
 /// Each lease's locked running row, by position (`None`: not held, see
-/// [`match_leases`]), and the keys whose rows [`HELD`] skipped because
-/// another transaction holds them.
+/// [`match_leases`]), and the keys whose rows [`HELD_SKIPPING`] skipped
+/// because another transaction holds them (with [`Locks::Skip`]). `None`
+/// when, with [`Locks::Try`], a lease's key had no row locked.
 async fn held(
     tx: &mut Tx,
     live: &[i64],
     batch: &[LeaseComplete<'_>],
     locks: Locks,
-) -> Result<(Vec<Option<LockedRow>>, Busy), StoreError> {
+) -> Result<Option<(Vec<Option<LockedRow>>, Busy)>, StoreError> {
     let leases = || batch.iter().map(|p| p.lease);
     let statement = match locks {
-        Locks::Skip => HELD,
-        Locks::Wait => HELD_WAITING,
+        Locks::Wait => HELD,
+        Locks::Try | Locks::Skip => HELD_SKIPPING,
     };
     let found: Vec<Found<LockedRow>> = sqlx::query_as(statement)
         .bind(leases().map(|l| l.process.as_str()).collect::<Vec<_>>())
@@ -268,57 +305,55 @@ async fn held(
         .fetch_all(&mut *tx)
         .await
         .db()?;
-    let locked: HashSet<(&str, &str)> = found
-        .iter()
-        .map(|f| (f.process.as_str(), f.key.as_str()))
-        .collect();
-    let unlocked: Vec<&Lease> = leases()
-        .filter(|l| !locked.contains(&(l.process.as_str(), l.key.as_str())))
-        .collect();
-    let busy = Busy::among(tx, &unlocked).await?;
-    Ok((match_leases(batch, live, found), busy))
+    let busy = match locks {
+        // Waiting, a row not found is gone (its lease is lost).
+        Locks::Wait => Busy::default(),
+        // One row per distinct key: fewer rows than leases is a key skipped
+        // or gone (or a lease repeated, which the set tells apart).
+        Locks::Try if found.len() < batch.len() && found.len() < distinct_keys(batch) => {
+            return Ok(None);
+        }
+        Locks::Try => Busy::default(),
+        Locks::Skip => {
+            let locked: HashSet<(&str, &str)> = found
+                .iter()
+                .map(|f| (f.process.as_str(), f.key.as_str()))
+                .collect();
+            let unlocked: Vec<&Lease> = leases()
+                .filter(|l| !locked.contains(&(l.process.as_str(), l.key.as_str())))
+                .collect();
+            Busy::among(tx, &unlocked).await?
+        }
+    };
+    Ok(Some((match_leases(batch, live, found), busy)))
 }
 
-/// Tries the outcomes of `batch` answered [`StoreError::KeyBusy`] once more,
-/// on their own, waiting for their rows up to
-/// [`STALL`](crate::store::grouped::STALL) (100 ms): most rows a batch skips
-/// are held by a producer's enqueue of the running key for a moment, and
-/// are written so without a trip back to the run. A row still held then (a
-/// caller's transaction that has not committed) keeps its `KeyBusy`, as does
-/// an outcome this try fails to write for any other reason: the run sends it
-/// again, and an outcome that did commit is then answered as written. The
-/// rest of the batch has committed before this waits, so one held row holds
-/// back the batch's writer (and its next batch) for 100 ms at most.
-async fn retry_the_busy(store: &PostgresStore, batch: &[LeaseComplete<'_>], answers: &mut Answers) {
-    let busy: Vec<usize> = answers
+/// How many distinct keys (process and key) `batch` names.
+fn distinct_keys(batch: &[LeaseComplete<'_>]) -> usize {
+    batch
         .iter()
-        .enumerate()
-        .filter(|(_, answer)| matches!(answer, Err(StoreError::KeyBusy { .. })))
-        .map(|(n, _)| n)
-        .collect();
-    if busy.is_empty() {
-        return;
-    }
-    let again: Vec<LeaseComplete<'_>> = busy.iter().map(|&n| batch[n]).collect();
-    match complete_batch(&store.stepping_aside(), &again, Locks::Wait).await {
-        Ok(got) => {
-            for (n, answer) in busy.into_iter().zip(got) {
-                answers[n] = answer;
-            }
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, outcomes = again.len(), "outcomes whose rows are held wait for their run to send them again");
-        }
-    }
+        .map(|p| (p.lease.process.as_str(), p.lease.key.as_str()))
+        .collect::<HashSet<_>>()
+        .len()
+}
+
+/// Whether `e` is a lock wait given up after the transaction's
+/// `lock_timeout` (SQLSTATE 55P03), the transaction rolled back.
+fn lock_timed_out(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Busy(DriverError(sqlx::Error::Database(db)))
+            if db.code().as_deref() == Some("55P03")
+    )
 }
 
 /// The keys of a batch whose rows exist but were held by another
-/// transaction when [`HELD`] skipped them.
+/// transaction when [`HELD_SKIPPING`] skipped them.
 #[derive(Debug, Default)]
 struct Busy(HashSet<(String, String)>);
 
 impl Busy {
-    /// Which of `unlocked` (the leases whose key [`HELD`] returned no row
+    /// Which of `unlocked` (the leases whose key [`HELD_SKIPPING`] returned no row
     /// for) have a row all the same: skipped as held, where a key with no
     /// row was deleted and its lease is lost. Read without a lock, after
     /// the skip: a holder that committed meanwhile leaves the row (the
@@ -518,14 +553,35 @@ const DATA_ERROR_CLASSES: [&str; 4] = ["22", "23", "54", "P0"];
 
 impl CompleteOnce for PostgresStore {
     async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
-        let mut answers = if self.steps_aside {
-            // A group: what failed before its commit runs again on its own.
-            complete_batch(self, batch, Locks::Skip).await?
-        } else {
-            retry(self, || complete_batch(self, batch, Locks::Skip)).await?
+        // Skipping held rows; when one was, waiting for them up to STALL;
+        // past it, skipping them with their leases answered `KeyBusy` (see
+        // `Locks`). A group steps aside already: what failed before its
+        // commit runs again on its own, so it is not retried here.
+        let once = |store: &PostgresStore, locks| {
+            let store = store.clone();
+            async move {
+                match complete_batch(&store, batch, locks).await {
+                    Err(e) if locks == Locks::Wait && lock_timed_out(&e) => Ok(None),
+                    other => other,
+                }
+            }
         };
-        retry_the_busy(self, batch, &mut answers).await;
-        Ok(answers)
+        let waiting = self.stepping_aside();
+        for (store, locks) in [
+            (self, Locks::Try),
+            (&waiting, Locks::Wait),
+            (self, Locks::Skip),
+        ] {
+            let answers = if self.steps_aside {
+                once(store, locks).await?
+            } else {
+                retry(self, || once(store, locks)).await?
+            };
+            if let Some(answers) = answers {
+                return Ok(answers);
+            }
+        }
+        unreachable!("a batch that skips held rows is always answered")
     }
 
     fn from_data(e: &StoreError) -> bool {

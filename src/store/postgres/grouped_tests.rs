@@ -35,8 +35,9 @@ fn never_beside(store: &PostgresStore) -> PostgresStore {
 }
 
 /// Holds every completion statement at its start (each writes the runs'
-/// history), for as long as the lock is held. A row lock no longer would:
-/// a completion skips a row another transaction holds.
+/// history), for as long as the lock is held. A row lock no longer would: a
+/// completion waits 100 ms at most for a row another transaction holds,
+/// then skips it.
 const STALL_COMPLETIONS: &str = "LOCK TABLE drover_runs IN EXCLUSIVE MODE";
 
 /// Locks x-0's row, as a caller's transaction that enqueued the running key
@@ -253,8 +254,8 @@ async fn batches_that_arrive_while_one_is_written_share_one_transaction_each_ans
 }
 
 /// A caller's transaction keeps x-0's row locked (as an enqueue into a
-/// running key does until it commits). x-0's completion skips the row and is
-/// answered at once, `KeyBusy`, nothing written for it; a batch after it is
+/// running key does until it commits). x-0's completion waits 100 ms for the
+/// row, then skips it and is answered `KeyBusy`, nothing written for it; a batch after it is
 /// written while the row is still locked. Sent again after the commit, x-0's
 /// outcome is written. (Before, x-0's batch waited for the lock, and the next
 /// batch started beside it only after a stall.)
