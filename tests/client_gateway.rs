@@ -132,6 +132,30 @@ async fn state(store: &Store, process: &str, key: &str) -> Option<ItemState> {
 /// hands the lease back) and the key runs, as after a cut connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_answered_by_a_gateways_5xx_page_loses_no_lease() {
+    lost_claim_answer("a gateway's 504", || {
+        let page = "<html><body><h1>504 Gateway Time-out</h1></body></html>";
+        (StatusCode::GATEWAY_TIMEOUT, page).into_response()
+    })
+    .await;
+}
+
+/// The same claim answered `200 OK` with a body that is not drover's (a
+/// proxy's page, a truncated answer): the server applied the request, and
+/// which keys it leased cannot be read. The client took it for "nothing
+/// applied", as it did a gateway's 5xx, and the key never ran in 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_ok_answer_does_not_parse_loses_no_lease() {
+    lost_claim_answer("a 200 that does not parse", || {
+        let page = "<html><body>Welcome to nginx!</body></html>";
+        (StatusCode::OK, page).into_response()
+    })
+    .await;
+}
+
+/// Runs a worker through a gateway that replaces the first claim answer that
+/// leased a key with `replaced()`, enqueues the key again afterwards, and
+/// requires a run of it within 10 s, as the work itself records it.
+async fn lost_claim_answer(what: &str, replaced: fn() -> Response) {
     const PROCESS: &str = "gateway";
     let (db, _dir) = support::sqlite().await;
     let (upstream, _server) = server(&db.store, ServerOptions::default());
@@ -141,10 +165,7 @@ async fn a_claim_answered_by_a_gateways_5xx_page_loses_no_lease() {
         let leased = path.ends_with("/claim")
             && status == StatusCode::OK
             && String::from_utf8_lossy(body).contains("\"leases\":[{");
-        (leased && !trip.swap(true, Ordering::SeqCst)).then(|| {
-            let page = "<html><body><h1>504 Gateway Time-out</h1></body></html>";
-            (StatusCode::GATEWAY_TIMEOUT, page).into_response()
-        })
+        (leased && !trip.swap(true, Ordering::SeqCst)).then(replaced)
     });
     let url = gateway(&upstream, answer).await;
     db.store
@@ -174,7 +195,7 @@ async fn a_claim_answered_by_a_gateways_5xx_page_loses_no_lease() {
     running.await.expect("worker task").expect("worker");
     assert!(
         !runs.lock().is_empty(),
-        "the key never ran in 10 s after its claim's answer was lost to a gateway's 504 \
+        "the key never ran in 10 s after its claim's answer was lost to {what} \
          (the item was {item:?}, leased to the worker's live session)"
     );
 }

@@ -119,11 +119,14 @@ impl Client {
         let bytes = response.bytes().await.map_err(|e| transport(&what, &e))?;
         if status.is_success() {
             let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+            // The request was applied, but what it did cannot be read (a
+            // proxy's page, a cut answer): a claim may have leased keys
+            // nobody will hear of, so it is unknown, as a lost answer is.
             return serde_json::from_slice(bytes).map_err(|e| {
                 Failure::Remote(RemoteError {
                     message: format!("{what}: the answer does not parse: {e}"),
                     status: Some(status.as_u16()),
-                    unknown: false,
+                    unknown: true,
                 })
             });
         }

@@ -287,9 +287,9 @@ pub struct RemoteError {
     /// The HTTP status, when one came back.
     pub status: Option<u16>,
     /// `true` when the request was sent and its fate is unknown (a timeout, a
-    /// connection lost before the answer, or a 5xx page of a gateway in
-    /// front of the server rather than drover's own answer): it may have
-    /// been applied.
+    /// connection lost before the answer, a 5xx page of a gateway in front
+    /// of the server rather than drover's own answer, or a success whose
+    /// body does not parse): it may have been applied.
     pub unknown: bool,
 }
 

@@ -66,9 +66,9 @@ LEFT JOIN drover_processes p ON p.process = i.process"
 /// (O(batch × runs): 25–70 ms for 400 outcomes of 1,024 runs).
 pub(super) const HELD: &str = held_rows!("FOR UPDATE OF j");
 
-/// [`HELD`], skipping the rows other transactions hold: the batch's second
-/// try, after its first waited past [`STALL`](crate::store::grouped::STALL)
-/// for a row (see [`Locks`]).
+/// [`HELD`], skipping the rows other transactions hold: a batch's first try,
+/// and its last after a wait for a held row passed
+/// [`STALL`](crate::store::grouped::STALL) (see [`Locks`]).
 pub(super) const HELD_SKIPPING: &str = held_rows!("FOR UPDATE OF j SKIP LOCKED");
 
 /// The columns of an item left idle by a clean `done` ended at `$1`: no
@@ -353,8 +353,8 @@ fn lock_timed_out(e: &StoreError) -> bool {
 struct Busy(HashSet<(String, String)>);
 
 impl Busy {
-    /// Which of `unlocked` (the leases whose key [`HELD_SKIPPING`] returned no row
-    /// for) have a row all the same: skipped as held, where a key with no
+    /// Which of `unlocked` (the leases whose key [`HELD_SKIPPING`] returned
+    /// no row for) have a row all the same: skipped as held, where a key with no
     /// row was deleted and its lease is lost. Read without a lock, after
     /// the skip: a holder that committed meanwhile leaves the row (the
     /// outcome is sent again and judged then) or deletes it (lost, as it
