@@ -891,11 +891,13 @@ async fn requests_stuck_together_share_one_look_at_the_server() {
             "{answer:?}"
         );
     }
-    // One look, and the `LISTEN` connection, which the first request's
-    // notice tells to reconnect (before or after the others return).
+    // One look, and the connections the first request's notice has the
+    // store open again in the background (the `LISTEN` connection, the
+    // pool's), whose number depends on how the machine's timers fall: 2 in
+    // most runs, 3 in one CI run. One look per request opened 8.
     let looks = proxy.accepted() - before;
     assert!(
-        looks <= 2,
+        looks < 6,
         "six requests stuck together opened {looks} connections to look at the server"
     );
     proxy.heal();
