@@ -9,11 +9,12 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
-use super::error::{Db as _, commit};
+use super::error::{Db as _, commit, lock_timed_out};
 use super::retry::retry;
 use super::rows::{LockedRow, duration_ms, running_columns};
 use super::runs::{Ending, log_runs};
 use super::tid::Tid;
+use crate::store::StoreError;
 use crate::store::params::LeaseComplete;
 use crate::store::rules::holding::{
     Found, asked_sessions, expired_sessions, match_leases, settle_batch,
@@ -22,7 +23,6 @@ use crate::store::rules::parts::{Answers, CompleteOnce};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
 use crate::store::types::{Lease, Outcome, RunOutcome, SessionId};
 use crate::store::wakeup;
-use crate::store::{DriverError, StoreError};
 
 /// [`HELD`]'s and [`HELD_SKIPPING`]'s statement, locking each row with
 /// `$lock`.
@@ -337,14 +337,27 @@ fn distinct_keys(batch: &[LeaseComplete<'_>]) -> usize {
         .len()
 }
 
-/// Whether `e` is a lock wait given up after the transaction's
-/// `lock_timeout` (SQLSTATE 55P03), the transaction rolled back.
-fn lock_timed_out(e: &StoreError) -> bool {
-    matches!(
-        e,
-        StoreError::Busy(DriverError(sqlx::Error::Database(db)))
-            if db.code().as_deref() == Some("55P03")
-    )
+/// One try of `batch` on `store` with `locks`, retried as `owner`'s
+/// operations are (not at all in a group, which steps aside: what failed
+/// before its commit runs again on its own). A lock wait given up after
+/// [`STALL`](crate::store::grouped::STALL) is `None`, as a skip is.
+async fn attempt(
+    owner: &PostgresStore,
+    store: &PostgresStore,
+    batch: &[LeaseComplete<'_>],
+    locks: Locks,
+) -> Result<Option<Answers>, StoreError> {
+    let once = || async move {
+        match complete_batch(store, batch, locks).await {
+            Err(e) if locks == Locks::Wait && lock_timed_out(&e) => Ok(None),
+            other => other,
+        }
+    };
+    if owner.steps_aside {
+        once().await
+    } else {
+        retry(owner, once).await
+    }
 }
 
 /// The keys of a batch whose rows exist but were held by another
@@ -552,36 +565,19 @@ impl NextRows {
 const DATA_ERROR_CLASSES: [&str; 4] = ["22", "23", "54", "P0"];
 
 impl CompleteOnce for PostgresStore {
+    /// Skipping held rows; when one was, waiting for them up to `STALL`
+    /// (a store stepping aside, made only then); past it, skipping them
+    /// with their leases answered `KeyBusy` (see [`Locks`]).
     async fn complete_once(&self, batch: &[LeaseComplete<'_>]) -> Result<Answers, StoreError> {
-        // Skipping held rows; when one was, waiting for them up to STALL;
-        // past it, skipping them with their leases answered `KeyBusy` (see
-        // `Locks`). A group steps aside already: what failed before its
-        // commit runs again on its own, so it is not retried here.
-        let once = |store: &PostgresStore, locks| {
-            let store = store.clone();
-            async move {
-                match complete_batch(&store, batch, locks).await {
-                    Err(e) if locks == Locks::Wait && lock_timed_out(&e) => Ok(None),
-                    other => other,
-                }
-            }
-        };
-        let waiting = self.stepping_aside();
-        for (store, locks) in [
-            (self, Locks::Try),
-            (&waiting, Locks::Wait),
-            (self, Locks::Skip),
-        ] {
-            let answers = if self.steps_aside {
-                once(store, locks).await?
-            } else {
-                retry(self, || once(store, locks)).await?
-            };
-            if let Some(answers) = answers {
-                return Ok(answers);
-            }
+        if let Some(answers) = attempt(self, self, batch, Locks::Try).await? {
+            return Ok(answers);
         }
-        unreachable!("a batch that skips held rows is always answered")
+        let waiting = self.stepping_aside();
+        if let Some(answers) = attempt(self, &waiting, batch, Locks::Wait).await? {
+            return Ok(answers);
+        }
+        let answers = attempt(self, self, batch, Locks::Skip).await?;
+        Ok(answers.unwrap_or_else(|| unreachable!("skipping, a batch is always settled")))
     }
 
     fn from_data(e: &StoreError) -> bool {

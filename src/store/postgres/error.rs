@@ -4,9 +4,23 @@ use std::time::Duration;
 
 use crate::store::{DriverError, StoreError};
 
+/// lock_not_available: a lock wait given up after the transaction's
+/// `lock_timeout` (or refused by `NOWAIT`).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 /// SQLSTATEs meaning "this transaction lost a race; running it again may succeed":
 /// serialization_failure, deadlock_detected, lock_not_available.
-const RETRYABLE: [&str; 3] = ["40001", "40P01", "55P03"];
+const RETRYABLE: [&str; 3] = ["40001", "40P01", LOCK_NOT_AVAILABLE];
+
+/// Whether `e` is a lock wait the database gave up ([`LOCK_NOT_AVAILABLE`],
+/// mapped to `Busy`), the transaction rolled back.
+pub(super) fn lock_timed_out(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Busy(DriverError(sqlx::Error::Database(db)))
+            if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE)
+    )
+}
 
 /// SQLSTATEs meaning "this server cannot take the write now": admin_shutdown,
 /// crash_shutdown, cannot_connect_now, and read_only_sql_transaction (a
