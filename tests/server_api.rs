@@ -425,6 +425,63 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
     .await;
 }
 
+/// A store listens on at most 1,024 processes at once. A caller's claims on
+/// made-up names, one each, used to take every channel for the server's
+/// lifetime, and a real long-poll then heard another node's enqueue only at
+/// the poll interval (found in review). Now a claim that does not wait
+/// listens for nothing, a line lets go of its process's signal when its last
+/// waiter leaves, and a store short of channels lets go of those nobody
+/// waits on.
+#[tokio::test]
+async fn on_postgres_claims_on_a_thousand_made_up_names_leave_a_real_waiter_its_wakeups() {
+    each_engine(|db| async move {
+        if db.engine != "postgres" {
+            eprintln!(
+                "skipping on {}: only PostgreSQL listens for other processes' wake-ups",
+                db.engine
+            );
+            return;
+        }
+        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+        let api = std::sync::Arc::new(Api::with(&db.store, options));
+        let session = api.session(60_000).await;
+        let uri = format!("/v1/sessions/{session}/claim");
+        // Waits that end at once, and claims that do not wait at all.
+        // More waits than a store has channels: the last ones need the
+        // channels of those that ended.
+        for (i, wait_ms) in (0..1300).map(|i| (i, if i % 6 == 0 { 0 } else { 1 })) {
+            let body = json!({ "process": format!("made-up-{i}"), "max": 1, "wait_ms": wait_ms });
+            api.post(&uri, body, StatusCode::OK).await;
+        }
+        let process = support::process_name("listen");
+        let waiting = {
+            let api = std::sync::Arc::clone(&api);
+            let (process, uri) = (process.clone(), uri.clone());
+            tokio::spawn(async move {
+                let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
+                api.post(&uri, body, StatusCode::OK).await
+            })
+        };
+        api.until_claims_waiting(1).await;
+        let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args(["enqueue", &process, "from-elsewhere", "--db", &db.url])
+            .output()
+            .await
+            .expect("run drover enqueue");
+        assert!(
+            enqueued.status.success(),
+            "{}",
+            String::from_utf8_lossy(&enqueued.stderr)
+        );
+        let claimed = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("woken by NOTIFY, long before the 60 s poll")
+            .expect("claim task");
+        assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_waiting_claim_held_back_by_the_rate_limit_returns_at_the_next_token() {
     each_engine(|db| async move {

@@ -176,6 +176,38 @@ fn logged_pids(log: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// What still runs of `pid`: `None` once it is gone or a zombie (a zombie
+/// runs nothing; it waits for init, or a container's first process, to
+/// reap it, which may take seconds), else its state, parent and name as
+/// `/proc` shows them.
+fn running(pid: i32) -> Option<String> {
+    kill(Pid::from_raw(pid), None).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid …: comm may hold spaces, so split after its ')'.
+    let (comm, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    let parent = fields.next()?;
+    (state != "Z").then(|| format!("{pid} {state} parent {parent} {comm})"))
+}
+
+/// Waits (at most 30 s) until none of `pids` runs any more; on timeout says
+/// which still run, in what state, under which parent.
+async fn all_die(what: &str, pids: &[i32]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: Vec<String> = pids.iter().filter_map(|pid| running(*pid)).collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what} to die; still running: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// The worker's commands die with it, and so do the tools they started:
 /// the kernel kills each command (`PR_SET_PDEATHSIG`), the worker's keeper
 /// the rest of its process group. Before the keeper, a tool outlived the
@@ -197,14 +229,7 @@ async fn a_worker_killed_with_sigkill_takes_its_commands_down_and_its_keys_run_e
         signal(&doomed, Signal::SIGKILL);
 
         let pids = logged_pids(&log);
-        eventually(
-            "the dead worker's commands and their tools to die",
-            || async {
-                pids.iter()
-                    .all(|pid| kill(Pid::from_raw(*pid), None).is_err())
-            },
-        )
-        .await;
+        all_die("the dead worker's commands and their tools", &pids).await;
         let quick = format!(
             r#"sh -c 'echo start $1 $$ >> {0}; echo end $1 $$ >> {0}' sh"#,
             log.display()
@@ -467,11 +492,7 @@ async fn a_second_signal_exits_at_once() {
     let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(said.contains("second signal: exiting now"), "{said}");
     let pids = logged_pids(&tools);
-    eventually("the command and its tool to die", || async {
-        pids.iter()
-            .all(|pid| kill(Pid::from_raw(*pid), None).is_err())
-    })
-    .await;
+    all_die("the command and its tool", &pids).await;
 }
 
 /// A key that looks like an option (issue 35): by default it is the command's

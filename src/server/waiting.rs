@@ -42,6 +42,10 @@ struct Line {
     turn: Notify,
     /// How many wait in it; changed under [`Waiting`]'s lock.
     waiters: AtomicUsize,
+    /// Fired when the last waiter leaves, so the dispatcher ends at once
+    /// and lets go of the process's signal (and, on PostgreSQL, of the
+    /// store's `LISTEN` channel for it), not a poll interval later.
+    emptied: Notify,
 }
 
 /// Every line of this server, and the counts its caps are kept by.
@@ -156,6 +160,15 @@ impl Waiting {
                     () = &mut woke => {}
                     () = tokio::time::sleep(poll) => {}
                     () = shutdown.cancelled() => return,
+                    () = line.emptied.notified() => {
+                        let mut counts = waiting.lock();
+                        if line.waiters.load(Ordering::Relaxed) == 0 {
+                            counts.lines.remove(&process);
+                            return;
+                        }
+                        // A waiter came in since: nothing to claim for.
+                        continue;
+                    }
                 }
                 // Listening again before the turn is given: a wake-up sent
                 // while the waiter claims is not missed.
@@ -200,7 +213,9 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         let mut counts = self.waiting.lock();
-        self.line.waiters.fetch_sub(1, Ordering::Relaxed);
+        if self.line.waiters.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.line.emptied.notify_one();
+        }
         counts.total -= 1;
         match counts.sessions.get(&self.session).copied() {
             Some(n) if n > 1 => {
@@ -218,5 +233,42 @@ impl Drop for Place {
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use crate::store::wakeup;
+
+    /// A line whose last waiter left lets go of its process's signal at
+    /// once, not at its next poll (an hour here): on PostgreSQL the signal
+    /// holds one of the store's 1,024 `LISTEN` channels.
+    #[tokio::test]
+    async fn a_line_lets_go_of_its_signal_when_its_last_waiter_leaves() {
+        let store = Store::connect("sqlite::memory:").await.expect("store");
+        let waiting = Arc::new(Waiting::new(8, false));
+        let process = "a-line-that-empties";
+        let shutdown = CancellationToken::new();
+        let hour = Duration::from_secs(3600);
+        let first = waiting
+            .enter(&store, process, SessionId(1), None, hour, &shutdown)
+            .expect("room");
+        let second = waiting
+            .enter(&store, process, SessionId(2), None, hour, &shutdown)
+            .expect("room");
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(wakeup::waited_on(process), "one waiter is left");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while wakeup::waited_on(process) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the signal let go within 5 s, not at the hour's poll");
+        assert!(waiting.lock().lines.is_empty());
+        store.close().await;
     }
 }

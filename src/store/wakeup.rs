@@ -28,6 +28,16 @@ pub(crate) fn notify(process: &str) {
     }
 }
 
+/// Whether anything in this process holds `process`'s signal (a
+/// controller, a waiting claim, a server's line): the store keeps
+/// listening for other nodes' wake-ups of that process only while one does.
+pub(crate) fn waited_on(process: &str) -> bool {
+    let registry = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    registry
+        .get(process)
+        .is_some_and(|notify| notify.strong_count() > 0)
+}
+
 /// Processes whose last claim through this OS process was held back by
 /// their concurrency limit: their runs' endings wake claimers, since a slot
 /// came free. A limit that does not bind costs no wake-ups.
@@ -84,15 +94,20 @@ impl Store {
 
     /// The wake-up signal of `process` (see [`wakeup`](Self::wakeup)), fired
     /// also by enqueues on other nodes where the engine can hear them: on
-    /// PostgreSQL the store `LISTEN`s on the process's channel from now on (one
-    /// connection per store, reconnected after errors); SQLite has no other
-    /// nodes to hear. Must be called inside a Tokio runtime.
+    /// PostgreSQL the store `LISTEN`s on the process's channel (one
+    /// connection per store, reconnected after errors) for as long as the
+    /// signal is held, by the caller or anything else in this process;
+    /// SQLite has no other nodes to hear. Hold the signal for as long as you
+    /// wait on it. Must be called inside a Tokio runtime.
     #[must_use]
     pub fn subscribe(&self, process: &str) -> Arc<Notify> {
+        // The signal first: a store short of channels lets go of those whose
+        // signal nobody holds, and this one is held from here on.
+        let signal = self.wakeup(process);
         #[cfg(feature = "postgres")]
         if let Some(postgres) = self.postgres() {
             postgres.subscribe(process);
         }
-        self.wakeup(process)
+        signal
     }
 }

@@ -106,12 +106,18 @@ async fn wait_for_leases(
         max: body.max.min(MAX_CLAIM),
         trace_links: body.trace_links,
     };
+    // A claim that will not wait listens for nothing: subscribing it would
+    // hold one of the store's `LISTEN` channels for a process nobody waits
+    // on (a busy worker's claims, or made-up names by the thousand).
+    if wait.is_zero() {
+        return claim_once(state, &params).await;
+    }
     let signal = state.store.subscribe(&params.process);
     let before = signal.notified();
     tokio::pin!(before);
     before.as_mut().enable();
     let mut claimed = claim_once(state, &params).await?;
-    if !claimed.leases.is_empty() || wait.is_zero() {
+    if !claimed.leases.is_empty() {
         return Ok(claimed);
     }
     let place = state.waiting.enter(

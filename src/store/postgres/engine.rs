@@ -114,8 +114,12 @@ impl PostgresStore {
     /// in transaction mode, which cannot keep a `LISTEN` (the server behind
     /// the connection changes), it listens on the direct connection given as
     /// [`StoreOptions::listen_url`](crate::store::StoreOptions::listen_url),
-    /// and without one does nothing: waiters poll. Must be called inside a
-    /// Tokio runtime.
+    /// and without one does nothing: waiters poll. A store listens on at
+    /// most 1,024 processes at once; to make room it stops listening on
+    /// those whose wake-up signal ([`Store::wakeup`](crate::store::Store::wakeup))
+    /// nobody in this process holds, so call it through
+    /// [`Store::subscribe`](crate::store::Store::subscribe), which holds the
+    /// signal for you. Must be called inside a Tokio runtime.
     pub fn subscribe(&self, process: &str) {
         let Some(listen) = &self.listen else { return };
         self.listener

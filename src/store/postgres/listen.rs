@@ -2,7 +2,9 @@
 //! controller and waiting claim that uses it.
 //!
 //! A process is subscribed the first time something waits on it; from then on
-//! a notification on its channel (sent when an enqueue, a retry or a dirty
+//! (until the store runs short of channels and nothing in this process holds
+//! the process's signal any more, when it is let go to make room) a
+//! notification on its channel (sent when an enqueue, a retry or a dirty
 //! completion commits on any node) fires the process's in-process signal
 //! ([`wakeup::notify`]). Notifications are hints: waiters poll as well, and
 //! after the connection breaks every subscribed process is woken once, since
@@ -27,15 +29,24 @@ use crate::store::wakeup;
 /// while failures repeat.
 const FIRST_DELAY: Duration = Duration::from_millis(100);
 
-/// The most channels one store listens on; waits on further processes poll.
+/// The most channels one store listens on. When all are taken, those of
+/// processes nothing here waits on any more are let go; past that, waits on
+/// further processes poll.
 const MAX_CHANNELS: usize = 1024;
+
+/// What the listening task is asked to do, in the order asked.
+#[derive(Debug)]
+enum Request {
+    Listen(String),
+    Unlisten(String),
+}
 
 /// The listening task's handle: dropping it (with the last clone of its
 /// store) or [`stop`](Self::stop) ends the task and its connection.
 #[derive(Debug)]
 pub(super) struct Listener {
     subscribed: Mutex<HashSet<String>>,
-    requests: mpsc::UnboundedSender<String>,
+    requests: mpsc::UnboundedSender<Request>,
     stop: CancellationToken,
 }
 
@@ -56,13 +67,30 @@ impl Listener {
     }
 
     /// Makes sure notifications of `process` wake this process's waiters.
+    /// With every channel taken, first lets go of the processes whose signal
+    /// nothing in this process holds (their waits ended): a caller's claims
+    /// on a thousand made-up names cannot keep a real waiter from being
+    /// woken once they are over.
     pub(super) fn subscribe(&self, process: &str) {
         let mut subscribed = self
             .subscribed
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if subscribed.len() < MAX_CHANNELS && subscribed.insert(process.to_owned()) {
-            self.requests.send(process.to_owned()).ok();
+        if subscribed.contains(process) {
+            return;
+        }
+        if subscribed.len() >= MAX_CHANNELS {
+            subscribed.retain(|other| {
+                let waited = wakeup::waited_on(other);
+                if !waited {
+                    self.requests.send(Request::Unlisten(other.clone())).ok();
+                }
+                waited
+            });
+        }
+        if subscribed.len() < MAX_CHANNELS {
+            subscribed.insert(process.to_owned());
+            self.requests.send(Request::Listen(process.to_owned())).ok();
         }
     }
 
@@ -81,7 +109,7 @@ impl Drop for Listener {
 /// Relays notifications, reconnecting with a growing delay after errors.
 async fn listen(
     pool: PgPool,
-    mut requests: mpsc::UnboundedReceiver<String>,
+    mut requests: mpsc::UnboundedReceiver<Request>,
     mut notices: watch::Receiver<u64>,
     stop: CancellationToken,
 ) {
@@ -122,15 +150,18 @@ async fn listen(
 /// notifications sent meanwhile were lost.
 async fn relay(
     pool: &PgPool,
-    requests: &mut mpsc::UnboundedReceiver<String>,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
     channels: &mut HashMap<String, String>,
 ) -> Result<(), Option<sqlx::Error>> {
     // Nothing to listen on yet: connect only once something waits.
-    if channels.is_empty() {
-        let Some(process) = requests.recv().await else {
-            return Ok(());
-        };
-        channels.insert(PostgresStore::notify_channel(&process), process);
+    while channels.is_empty() {
+        match requests.recv().await {
+            None => return Ok(()),
+            Some(Request::Listen(process)) => {
+                channels.insert(PostgresStore::notify_channel(&process), process);
+            }
+            Some(Request::Unlisten(_)) => {}
+        }
     }
     let mut listener = PgListener::connect_with(pool).await?;
     for channel in channels.keys() {
@@ -142,13 +173,22 @@ async fn relay(
     }
     loop {
         tokio::select! {
-            process = requests.recv() => {
-                let Some(process) = process else { return Ok(()) };
-                let channel = PostgresStore::notify_channel(&process);
-                listener.listen(&channel).await?;
-                wakeup::notify(&process);
-                channels.insert(channel, process);
-            }
+            request = requests.recv() => match request {
+                None => return Ok(()),
+                Some(Request::Listen(process)) => {
+                    let channel = PostgresStore::notify_channel(&process);
+                    // Recorded first: a failed LISTEN is tried again on
+                    // the next connection.
+                    channels.insert(channel.clone(), process.clone());
+                    listener.listen(&channel).await?;
+                    wakeup::notify(&process);
+                }
+                Some(Request::Unlisten(process)) => {
+                    let channel = PostgresStore::notify_channel(&process);
+                    channels.remove(&channel);
+                    listener.unlisten(&channel).await?;
+                }
+            },
             notification = listener.try_recv() => match notification? {
                 Some(notification) => {
                     if let Some(process) = channels.get(notification.channel()) {
