@@ -367,8 +367,8 @@ fn die_with_worker(command: &mut Command) {
     let worker = nix::unistd::getpid();
     let found = super::open_files::found();
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (prctl, setrlimit, getppid); it allocates nothing and
-    // touches no lock. The getppid check closes the race where the worker died
+    // async-signal-safe system calls (prctl, setrlimit, getppid, and the
+    // keeper's getpid and send); it allocates nothing and touches no lock. The getppid check closes the race where the worker died
     // between fork and prctl: the command is then not started at all.
     unsafe {
         command.pre_exec(move || {
@@ -382,6 +382,9 @@ fn die_with_worker(command: &mut Command) {
                     "the worker died before the command started",
                 ));
             }
+            // The keeper knows the group before the command can start
+            // anything in it (see `keeper.rs`).
+            super::keeper::announce_from_child();
             Ok(())
         });
     }
@@ -395,6 +398,33 @@ fn die_with_worker(_command: &mut Command) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command tells the keeper of its group itself, from its child
+    /// before `exec`: the worker's own line, sent by a thread of its own
+    /// (none here), came a wake-up later, and a worker killed meanwhile left
+    /// what the command had started running.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_command_tells_the_keeper_of_its_group_itself() {
+        use std::io::BufRead as _;
+        let (ours, keepers_end) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        assert!(super::super::keeper::install_for_test(ours));
+        let mut command = Command::new("true");
+        command.process_group(0);
+        die_with_worker(&mut command);
+        let mut child = command.spawn().expect("start true");
+        let pid = child.id().expect("a pid");
+        child.wait().await.expect("reap true");
+        keepers_end
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let line = std::io::BufReader::new(keepers_end)
+            .lines()
+            .next()
+            .expect("a line within 5 s")
+            .expect("readable");
+        assert_eq!(line, format!("+{pid}"));
+    }
 
     fn tail_of(chunks: &[&[u8]]) -> String {
         let mut tail = Tail::default();

@@ -9,21 +9,31 @@
 //! destructor runs), the worker left that tool running, and after the TTL
 //! another worker ran the key beside it: twice at once.
 //!
-//! The worker tells the keeper every group it starts and every group it has
-//! killed (one line each, `+PGID` and `-PGID`, on the keeper's stdin, written
-//! by a thread of its own so a keeper that stops reading blocks no runtime
-//! thread). The
-//! keeper holds the only other end of that pipe, so it reads end of file
-//! exactly when the worker is gone, however it went; it then kills every
-//! group it was told of and not told is gone, and exits. It lives in a
-//! process group of its own and ignores the signals a terminal or a
-//! supervisor sends the worker's group, so it outlives the worker; it holds
-//! no other file of the worker's. A process that leaves its command's group
-//! (`setsid`) is out of its reach.
+//! The keeper learns of every group a command leads (one line each, `+PGID`,
+//! on the keeper's stdin: a Unix socket) and of every group the worker has
+//! killed (`-PGID`). The worker holds the only other end of that socket, so
+//! the keeper reads end of file exactly when the worker is gone, however it
+//! went; it then kills every group it was told of and not told is gone, and
+//! exits. It lives in a process group of its own and ignores the signals a
+//! terminal or a supervisor sends the worker's group, so it outlives the
+//! worker; it holds no other file of the worker's. A process that leaves its
+//! command's group (`setsid`) is out of its reach.
+//!
+//! Each command tells the keeper of its group itself, in its forked child
+//! before `exec` ([`announce_from_child`]): before it can start anything,
+//! and so before a worker killed at any moment after could leave a tool of
+//! it behind. The worker's own lines go through a thread of its own, so a
+//! keeper that stops reading blocks no runtime thread; they arrived a
+//! thread's wake-up after the command started, and a worker killed in that
+//! window (a loaded machine: the command had logged, started its tool and
+//! logged again) left the tool running. The worker still sends `+PGID` too,
+//! in case the child's own line found the socket full.
 
 use std::collections::HashSet;
 use std::io::{BufRead as _, Write as _};
-use std::process::{ChildStdin, ExitCode, Stdio};
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::{ExitCode, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, Sender};
 
@@ -35,45 +45,60 @@ use super::say::errln;
 /// The hidden subcommand that runs a keeper (`drover keeper`).
 pub(crate) const SUBCOMMAND: &str = "keeper";
 
-/// The line to the thread that writes to this worker's keeper, once
-/// started (`None`: no keeper).
-static LINE: OnceLock<Option<Sender<String>>> = OnceLock::new();
+/// This worker's end of its keeper's socket, and the line to the thread that
+/// writes the worker's own lines to it.
+struct Keeper {
+    /// Never closed (it lives in a static): a command's child writes to its
+    /// file descriptor by number, which must not name another file later.
+    socket: UnixStream,
+    line: Sender<String>,
+}
+
+/// This worker's keeper, once started (`None`: no keeper).
+static KEEPER: OnceLock<Option<Keeper>> = OnceLock::new();
 
 /// Starts this worker's keeper (once). Without one (the binary cannot be
 /// started again), a worker killed by `SIGKILL` leaves what its commands
 /// started running: said once, on stderr.
 pub(crate) fn start() {
-    LINE.get_or_init(|| match spawn() {
-        Ok(stdin) => {
-            let (line, lines) = std::sync::mpsc::channel();
-            let writer = std::thread::Builder::new()
-                .name("drover-keeper-pipe".into())
-                .spawn(move || write_lines(stdin, &lines));
-            match writer {
-                Ok(_) => Some(line),
-                Err(e) => {
-                    errln!("warning: cannot start the keeper's writer ({e}): {UNKEPT}");
-                    None
-                }
-            }
+    let mut lines = None;
+    let keeper = KEEPER.get_or_init(|| match spawn() {
+        Ok(socket) => {
+            let (line, receiver) = std::sync::mpsc::channel();
+            lines = Some(receiver);
+            Some(Keeper { socket, line })
         }
         Err(e) => {
             errln!("warning: cannot start the keeper process ({e}): {UNKEPT}");
             None
         }
     });
+    if let (Some(keeper), Some(lines)) = (keeper, lines) {
+        let socket = &keeper.socket;
+        let writer = std::thread::Builder::new()
+            .name("drover-keeper-pipe".into())
+            .spawn(move || write_lines(socket, &lines));
+        if let Err(e) = writer {
+            // Commands still tell the keeper of their groups themselves.
+            errln!("warning: cannot start the keeper's writer ({e}): {UNKEPT_LATE}");
+        }
+    }
 }
 
 /// What a worker without a keeper cannot promise.
 const UNKEPT: &str = "what a command starts outlives a worker killed by SIGKILL";
 
+/// What a worker whose keeper hears only the commands themselves cannot.
+const UNKEPT_LATE: &str =
+    "what a command starts may outlive a worker killed by SIGKILL while the socket is full";
+
 /// Writes each line to the keeper, on a thread of its own: a keeper that
-/// stops reading (stopped, frozen) fills the pipe and blocks this thread
+/// stops reading (stopped, frozen) fills the socket and blocks this thread
 /// only, never a runtime thread that starts or ends a command. Stops at the
 /// first failed write (the keeper is gone), saying so once.
-fn write_lines(mut stdin: ChildStdin, lines: &Receiver<String>) {
+fn write_lines(mut socket: &UnixStream, lines: &Receiver<String>) {
     for line in lines {
-        if let Err(e) = stdin.write_all(line.as_bytes()) {
+        if let Err(e) = socket.write_all(line.as_bytes()) {
             errln!("warning: the keeper process is gone ({e}): {UNKEPT}");
             return;
         }
@@ -81,12 +106,14 @@ fn write_lines(mut stdin: ChildStdin, lines: &Receiver<String>) {
 }
 
 #[allow(unsafe_code)] // pre_exec is unsafe by contract; see SAFETY below.
-fn spawn() -> std::io::Result<ChildStdin> {
+fn spawn() -> std::io::Result<UnixStream> {
     use std::os::unix::process::CommandExt as _;
+    // Both ends close on exec: no command inherits either.
+    let (ours, theirs) = UnixStream::pair()?;
     let mut command = std::process::Command::new(std::env::current_exe()?);
     command
         .arg(SUBCOMMAND)
-        .stdin(Stdio::piped())
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .process_group(0);
@@ -102,21 +129,61 @@ fn spawn() -> std::io::Result<ChildStdin> {
             Ok(())
         });
     }
-    let mut child = command.spawn()?;
     // The child is not waited for: it outlives this process by design, and
-    // exits on its own once this process is gone.
-    child
-        .stdin
-        .take()
-        .ok_or_else(|| std::io::Error::other("no pipe to the keeper"))
+    // exits on its own once this process is gone. The command's copy of
+    // the keeper's end is closed when it is dropped here.
+    command.spawn()?;
+    Ok(ours)
+}
+
+/// Tells the keeper of the process group this process leads: called in a
+/// command's forked child, after `setpgid` and before `exec`, so the keeper
+/// knows the group before the command can start anything in it.
+///
+/// Async-signal-safe, as code between `fork` and `exec` must be: an atomic
+/// load, `getpid`, digits written into a stack buffer, and one `send` that
+/// neither waits (a full socket: the worker's own line follows) nor raises
+/// `SIGPIPE` (the keeper is gone). A line this short is never split.
+pub(crate) fn announce_from_child() {
+    use nix::sys::socket::{MsgFlags, send};
+    let Some(Some(keeper)) = KEEPER.get() else {
+        return;
+    };
+    let mut line = [0_u8; 24];
+    let len = group_line(nix::unistd::getpid().as_raw(), &mut line);
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+    let _ = send(keeper.socket.as_raw_fd(), &line[..len], flags);
+}
+
+/// Writes `+PID\n` into `line` without allocating; returns its length.
+fn group_line(pid: i32, line: &mut [u8; 24]) -> usize {
+    let mut digits = [0_u8; 20];
+    let mut n = 0;
+    let mut rest = pid.unsigned_abs();
+    loop {
+        digits[n] = b'0' + u8::try_from(rest % 10).unwrap_or(0);
+        n += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    line[0] = b'+';
+    for i in 0..n {
+        line[1 + i] = digits[n - 1 - i];
+    }
+    line[1 + n] = b'\n';
+    n + 2
 }
 
 /// Tells the keeper of a command's process group (`+`) or that it is gone
 /// (`-`), through its writer thread: never waits.
 fn tell(sign: char, group: u32) {
-    let Some(Some(line)) = LINE.get() else { return };
+    let Some(Some(keeper)) = KEEPER.get() else {
+        return;
+    };
     // A writer that stopped (the keeper is gone) said so already.
-    let _ = line.send(format!("{sign}{group}\n"));
+    let _ = keeper.line.send(format!("{sign}{group}\n"));
 }
 
 /// A command's process group started: killed if this worker dies.
@@ -154,4 +221,28 @@ pub(crate) fn run() -> ExitCode {
         let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
     }
     ExitCode::SUCCESS
+}
+
+/// Makes `socket` this process's keeper, with no writer thread: only what
+/// commands tell it themselves reaches it. `false` if a keeper was set.
+#[cfg(test)]
+pub(crate) fn install_for_test(socket: UnixStream) -> bool {
+    let (line, _) = std::sync::mpsc::channel();
+    KEEPER.set(Some(Keeper { socket, line })).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_line_is_a_plus_the_pid_in_decimal_and_a_newline() {
+        let mut line = [0_u8; 24];
+        for (pid, text) in [(0, "+0\n"), (7, "+7\n"), (4_194_304, "+4194304\n")] {
+            let len = group_line(pid, &mut line);
+            assert_eq!(&line[..len], text.as_bytes());
+        }
+        let len = group_line(i32::MAX, &mut line);
+        assert_eq!(&line[..len], format!("+{}\n", i32::MAX).as_bytes());
+    }
 }
