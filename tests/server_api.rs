@@ -482,6 +482,53 @@ async fn on_postgres_claims_on_a_thousand_made_up_names_leave_a_real_waiter_its_
     .await;
 }
 
+/// A caller's open transaction that enqueued a running key holds its row;
+/// the key's outcome, sent on its own, is answered 503 `key_busy` (nothing
+/// written, send it again), not 409, which the API documents as a lost
+/// lease or session and a hand-written worker takes for final (found in
+/// review). Sent again after the caller commits, it is recorded, and the
+/// caller's change runs the key once more.
+#[tokio::test]
+async fn on_postgres_an_outcome_whose_row_a_caller_holds_is_answered_key_busy_to_send_again() {
+    each_engine(|db| async move {
+        if db.engine != "postgres" {
+            eprintln!(
+                "skipping on {}: only PostgreSQL completions skip a row another transaction holds",
+                db.engine
+            );
+            return;
+        }
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["held"]).await;
+        let session = api.session(60_000).await;
+        let lease = api.claim(session, P, 1).await.remove(0);
+        let mut caller = support::caller_tx::CallerTx::begin(&db.store).await;
+        caller
+            .enqueue(ItemEnqueue::new(P, ["held"]))
+            .await
+            .expect("the caller's enqueue");
+        let body = complete_body(&lease, json!({ "type": "done" }));
+        let busy = api
+            .post(
+                "/v1/leases/complete",
+                body.clone(),
+                StatusCode::SERVICE_UNAVAILABLE,
+            )
+            .await;
+        assert_eq!(busy["error"], "key_busy", "{busy}");
+        caller.commit().await;
+        api.post("/v1/leases/complete", body, StatusCode::NO_CONTENT)
+            .await;
+        let counts = api.counts(P).await.expect("process listed");
+        assert_eq!(
+            counts["pending"], 1,
+            "the caller's change runs the key again: {counts}"
+        );
+        assert_eq!(counts["running"], 0, "{counts}");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_waiting_claim_held_back_by_the_rate_limit_returns_at_the_next_token() {
     each_engine(|db| async move {

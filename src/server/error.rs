@@ -112,6 +112,13 @@ pub enum ApiError {
     /// succeed.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// 503 `key_busy`: another transaction (a caller's that enqueued the
+    /// running key) holds the key's row; nothing was written: send the
+    /// outcome again (drover's workers do, with their backoff). Not a 409:
+    /// the lease still holds, and a worker that takes a 409 for final would
+    /// drop the outcome.
+    #[error("{0}")]
+    KeyBusy(String),
     /// 503 `commit_unknown`: the database connection broke while committing,
     /// so the request may or may not have been applied.
     #[error(
@@ -150,7 +157,9 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) | Self::CommitUnknown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::KeyBusy(_) | Self::CommitUnknown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -174,6 +183,7 @@ impl ApiError {
             Self::RequestTimeout(_) => ("request_timeout", None),
             Self::Unprocessable { code, field, .. } => (*code, Some((*field).to_owned())),
             Self::Unavailable(_) => ("unavailable", None),
+            Self::KeyBusy(_) => ("key_busy", None),
             Self::CommitUnknown => ("commit_unknown", None),
             Self::Internal => ("internal", None),
         };
@@ -225,7 +235,7 @@ impl From<StoreError> for ApiError {
             | StoreError::InBackoff { .. }
             | StoreError::Parked { .. } => conflict("item_running", &e),
             StoreError::Held { .. } => conflict("process_held", &e),
-            StoreError::KeyBusy { .. } => conflict("key_busy", &e),
+            StoreError::KeyBusy { .. } => Self::KeyBusy(e.to_string()),
             e if e.is_commit_unknown() => {
                 tracing::warn!(error = %chain(&e), "commit unknown");
                 Self::CommitUnknown

@@ -31,6 +31,7 @@ pub(crate) fn notify(process: &str) {
 /// Whether anything in this process holds `process`'s signal (a
 /// controller, a waiting claim, a server's line): the store keeps
 /// listening for other nodes' wake-ups of that process only while one does.
+#[cfg(any(feature = "postgres", test))]
 pub(crate) fn waited_on(process: &str) -> bool {
     let registry = registry().lock().unwrap_or_else(PoisonError::into_inner);
     registry

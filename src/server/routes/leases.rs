@@ -188,6 +188,7 @@ async fn claim_once(state: &AppState, params: &LeaseClaim) -> Result<Claimed, Ap
         (status = 400, description = "Malformed body", body = ErrorBody),
         (status = 409, description = "The lease was lost or the session expired", body = ErrorBody),
         (status = 422, description = "A lease naming a key or process no lease can have (empty, over 1024 bytes, a NUL)", body = ErrorBody),
+        (status = 503, description = "`key_busy`: another transaction holds the key's row, nothing was written: send the outcome again. `unavailable`: the database, nothing was written. `commit_unknown`: the outcome may have been written: send it again (one recorded is answered 204)", body = ErrorBody),
     )
 )]
 pub(crate) async fn complete(

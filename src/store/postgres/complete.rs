@@ -17,7 +17,7 @@ use super::tid::Tid;
 use crate::store::StoreError;
 use crate::store::params::LeaseComplete;
 use crate::store::rules::holding::{
-    Found, asked_sessions, expired_sessions, match_leases, settle_batch,
+    Found, Settling, asked_sessions, expired_sessions, match_leases, settle_batch,
 };
 use crate::store::rules::parts::{Answers, CompleteOnce};
 use crate::store::rules::settle::{NextRow, NextState, Settled};
@@ -121,41 +121,82 @@ pub(super) enum Locks {
 /// [`StoreError::KeyBusy`] and changes nothing; the others commit. Any
 /// other failure rolls the whole batch back. `None`: with [`Locks::Try`], a
 /// row was skipped, and nothing was written.
+///
+/// A try that gives up (a row skipped, a lock wait past its bound) is
+/// rolled back before this returns, not as its transaction drops: sqlx
+/// sends a dropped transaction's `ROLLBACK` from a task of its own, and
+/// until then the try's row locks stand, so the next try could wait on
+/// them, or skip them and answer `KeyBusy` for a key nobody else holds.
 pub(super) async fn complete_batch(
     store: &PostgresStore,
     batch: &[LeaseComplete<'_>],
     locks: Locks,
 ) -> Result<Option<Vec<Result<(), StoreError>>>, StoreError> {
     let (mut tx, now) = store.write().await?;
+    match write_batch(store, &mut tx, now, batch, locks).await {
+        Ok(Some(settling)) => {
+            commit(tx).await?;
+            for process in settling.ready {
+                wakeup::notify(process);
+            }
+            Ok(Some(settling.results))
+        }
+        Ok(None) => {
+            tx.rollback().await;
+            Ok(None)
+        }
+        Err(e) => {
+            if lock_timed_out(&e) {
+                tx.rollback().await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// [`complete_batch`]'s writes in `tx`, left for the caller to commit or
+/// roll back; `None` as there.
+async fn write_batch<'a>(
+    store: &PostgresStore,
+    tx: &mut Tx,
+    now: DateTime<Utc>,
+    batch: &[LeaseComplete<'a>],
+    locks: Locks,
+) -> Result<Option<Settling<'a>>, StoreError> {
     let at_once = match locks {
         Locks::Try => Some(DONE_AT_ONCE_SKIPPING),
         Locks::Wait => Some(DONE_AT_ONCE),
         Locks::Skip => None,
     };
     if let Some(statement) = at_once
-        && all_at_once(&mut tx, now, batch, statement).await?
+        && all_at_once(tx, now, batch, statement).await?
     {
-        commit(tx).await?;
-        return Ok(Some(batch.iter().map(|_| Ok(())).collect()));
+        return Ok(Some(Settling {
+            results: batch.iter().map(|_| Ok(())).collect(),
+            ready: HashSet::new(),
+        }));
     }
-    let (live, expired) = sessions(&mut tx, now, batch).await?;
-    let Some((rows, busy)) = held(&mut tx, &live, batch, locks).await? else {
-        return Ok(None); // rolled back as `tx` drops
+    let (live, expired) = sessions(tx, now, batch).await?;
+    let Some((rows, busy)) = held(tx, &live, batch, locks).await? else {
+        return Ok(None);
     };
     // Read after the row locks' wait: the next ready time and any backoff are
     // measured from when they are written.
-    let now = store.now(&mut tx).await?;
+    let now = store.now(&mut *tx).await?;
     let mut writes = Writes::default();
     let mut settling = settle_batch(now, batch, rows, &expired, |params, row, s| {
         writes.add(row.ctid, s, params.trace_id.map(|id| id.to_string()));
     });
     busy.answer(batch, &mut settling.results);
-    writes.flush(&mut tx, now).await?;
-    commit(tx).await?;
-    for process in settling.ready {
-        wakeup::notify(process);
+    writes.flush(tx, now).await?;
+    // A key left pending and ready (a dirty re-run, a requeue without
+    // delay) can be claimed now: other nodes' waiters hear it at the commit,
+    // as they hear an enqueue (whose own notification came while the key
+    // still ran, and woke them for nothing).
+    for process in &settling.ready {
+        PostgresStore::notify_ready(tx, process).await?;
     }
-    Ok(Some(settling.results))
+    Ok(Some(settling))
 }
 
 /// A batch of clean `done`s settled by one statement ([`DONE_AT_ONCE`]),

@@ -462,3 +462,192 @@ async fn a_group_skips_a_row_its_own_callers_transaction_holds() {
     callers.close().await.expect("the connection closes");
     schema.remove().await;
 }
+
+/// Each state's count of `process`'s items as the stored counts and their
+/// deltas say, and as the rows say: the two must agree.
+async fn counts_of(
+    store: &PostgresStore,
+    process: &str,
+) -> (Vec<(String, i64)>, Vec<(String, i64)>) {
+    let stored: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, sum(n)::bigint FROM (
+             SELECT state, n FROM drover_item_counts WHERE process = $1
+             UNION ALL SELECT state, delta FROM drover_item_count_deltas WHERE process = $1) u
+         GROUP BY state HAVING sum(n) <> 0 ORDER BY state",
+    )
+    .bind(process)
+    .fetch_all(store.pool())
+    .await
+    .expect("the counts are read");
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM drover_items WHERE process = $1 GROUP BY state ORDER BY state",
+    )
+    .bind(process)
+    .fetch_all(store.pool())
+    .await
+    .expect("the rows are counted");
+    (stored, rows)
+}
+
+/// A batch of every kind of outcome (done, transient, permanent, requeue,
+/// a lease repeated) meets a held row: it is skipped, then waited for, then
+/// skipped with its lease answered `KeyBusy`. Each other lease is written
+/// once, as if the batch had met no held row: one run each, one failure for
+/// the transient, the repeat refused; the counts agree with the rows though
+/// two tries were rolled back. Sent again after the holder commits, the
+/// held key's outcome is written once.
+#[tokio::test]
+async fn a_mixed_batch_that_meets_a_held_row_writes_every_other_outcome_once() {
+    let Some(schema) = Schema::create("drover_mixed_busy").await else {
+        return;
+    };
+    let store = schema.store.clone();
+    let one = session(&store, "one").await;
+    let x = claimed(&store, one, "x", 6).await;
+    assert_eq!(x.len(), 6);
+    let mut holder = holding(&schema, LOCK_X0).await;
+    let batch = vec![
+        (x[0].clone(), Outcome::Transient("held".into())),
+        (x[1].clone(), Outcome::Transient("boom".into())),
+        (x[2].clone(), Outcome::Permanent("bad".into())),
+        (x[3].clone(), Outcome::RequeueAfter(Duration::from_secs(60))),
+        (x[4].clone(), Outcome::Done),
+        (x[4].clone(), Outcome::Done),
+        (x[0].clone(), Outcome::Transient("held".into())),
+    ];
+    let answers = answered(&store, batch.clone()).await;
+    let busy = |a: &Result<(), StoreError>| matches!(a, Err(StoreError::KeyBusy { key, .. }) if key == "x-0");
+    assert!(busy(&answers[0]) && busy(&answers[6]), "{answers:?}");
+    assert!(answers[1..5].iter().all(Result::is_ok), "{answers:?}");
+    assert!(
+        matches!(answers[5], Err(StoreError::LeaseLost { .. })),
+        "{answers:?}"
+    );
+    let (stored, rows) = counts_of(&store, "x").await;
+    assert_eq!(stored, rows, "the counts agree with the rows");
+    holder
+        .execute("COMMIT")
+        .await
+        .expect("the lock is released");
+    let again = answered(&store, vec![batch[0].clone(), batch[1].clone()]).await;
+    // x-1's outcome again: recorded by the first batch, answered so.
+    assert!(again.iter().all(Result::is_ok), "{again:?}");
+    let states: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT key, state, failures FROM drover_items WHERE process = 'x' ORDER BY key",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("the rows are read");
+    let expected = [
+        ("x-0", "pending", 1),
+        ("x-1", "pending", 1),
+        ("x-2", "parked", 1),
+        ("x-3", "pending", 0),
+        ("x-4", "idle", 0),
+        ("x-5", "running", 0),
+    ]
+    .map(|(k, s, f)| (k.to_owned(), s.to_owned(), f));
+    assert_eq!(states, expected);
+    let runs: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT key, count(*) FROM drover_runs WHERE process = 'x' GROUP BY key ORDER BY key",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("the runs are read");
+    let expected: Vec<(String, i64)> = ["x-0", "x-1", "x-2", "x-3", "x-4"]
+        .map(|k| (k.to_owned(), 1))
+        .to_vec();
+    assert_eq!(runs, expected, "one run each");
+    let (stored, rows) = counts_of(&store, "x").await;
+    assert_eq!(stored, rows, "the counts agree with the rows");
+    holder.close().await.expect("the connection closes");
+    schema.remove().await;
+}
+
+/// A batch of clean `done`s (the one-statement path) meets a held row in
+/// its middle: the statement is rolled back to its savepoint on the first
+/// try, times out waiting on the second, and the third writes the other
+/// two and answers the held one `KeyBusy`. Nothing of the rolled-back tries
+/// is left in the counts or the runs.
+#[tokio::test]
+async fn clean_dones_that_meet_a_held_row_leave_the_counts_as_the_rows_say() {
+    let Some(schema) = Schema::create("drover_clean_busy").await else {
+        return;
+    };
+    let store = schema.store.clone();
+    let one = session(&store, "one").await;
+    let x = claimed(&store, one, "x", 3).await;
+    let mut holder = holding(
+        &schema,
+        "SELECT 1 FROM drover_items WHERE process = 'x' AND key = 'x-1' FOR UPDATE",
+    )
+    .await;
+    let answers = answered(&store, done(&x)).await;
+    assert!(answers[0].is_ok() && answers[2].is_ok(), "{answers:?}");
+    assert!(
+        matches!(&answers[1], Err(StoreError::KeyBusy { key, .. }) if key == "x-1"),
+        "{answers:?}"
+    );
+    let (stored, rows) = counts_of(&store, "x").await;
+    assert_eq!(stored, rows, "the counts agree with the rows");
+    assert_eq!(
+        runs_of(&store, &["x-0", "x-1", "x-2"]).await,
+        [("x-0", &x[0]), ("x-2", &x[2])].map(|(k, l)| (k.to_owned(), one.0, l.token.0)),
+        "one run each for the written ones"
+    );
+    holder
+        .execute("COMMIT")
+        .await
+        .expect("the lock is released");
+    let again = answered(&store, done(&x)).await;
+    assert!(again.iter().all(Result::is_ok), "{again:?}");
+    assert_eq!(runs_of(&store, &["x-0", "x-1", "x-2"]).await.len(), 3);
+    let (stored, rows) = counts_of(&store, "x").await;
+    assert_eq!(stored, rows, "the counts agree with the rows");
+    holder.close().await.expect("the connection closes");
+    schema.remove().await;
+}
+
+/// An enqueue of a running key wakes other nodes at its commit, when the
+/// key cannot be claimed yet; the completion that leaves it pending and
+/// ready (a dirty re-run) is what they can claim, and must tell them so
+/// (as `PostgresStore::subscribe` says: enqueues, retries and dirty
+/// completions notify every node). Another node listening on the process's
+/// channel hears the completion.
+#[tokio::test]
+async fn a_dirty_completion_notifies_other_nodes() {
+    let Some(schema) = Schema::create("drover_dirty_notify").await else {
+        return;
+    };
+    let store = schema.store.clone();
+    let one = session(&store, "one").await;
+    let x = claimed(&store, one, "x", 1).await;
+    let mut node = sqlx::postgres::PgListener::connect(&schema.url)
+        .await
+        .expect("a listener");
+    node.listen(&PostgresStore::notify_channel("x"))
+        .await
+        .expect("LISTEN");
+    store
+        .item_enqueue(ItemEnqueue::new("x", vec!["x-0".to_owned()]))
+        .await
+        .expect("the running key is enqueued again");
+    tokio::time::timeout(PATIENCE, node.recv())
+        .await
+        .expect("the enqueue's notification")
+        .expect("a notification");
+    let answers = answered(&store, done(&x)).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM drover_items WHERE process = 'x' AND key = 'x-0'")
+            .fetch_one(store.pool())
+            .await
+            .expect("the row is read");
+    assert_eq!(state, "pending", "a dirty re-run, ready now");
+    let heard = tokio::time::timeout(Duration::from_secs(5), node.recv()).await;
+    assert!(
+        heard.is_ok(),
+        "another node hears nothing of the key that became claimable"
+    );
+    schema.remove().await;
+}

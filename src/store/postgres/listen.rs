@@ -34,6 +34,10 @@ const FIRST_DELAY: Duration = Duration::from_millis(100);
 /// further processes poll.
 const MAX_CHANNELS: usize = 1024;
 
+/// The channels listened on, each with the processes whose notifications
+/// it carries.
+type Channels = HashMap<String, HashSet<String>>;
+
 /// What the listening task is asked to do, in the order asked.
 #[derive(Debug)]
 enum Request {
@@ -113,8 +117,9 @@ async fn listen(
     mut notices: watch::Receiver<u64>,
     stop: CancellationToken,
 ) {
-    // channel → process
-    let mut channels: HashMap<String, String> = HashMap::new();
+    // channel → the processes listening on it (names may share a channel:
+    // a hashed name's channel is also that of the name its hash spells)
+    let mut channels: Channels = HashMap::new();
     let mut delay = FIRST_DELAY;
     loop {
         notices.mark_unchanged();
@@ -133,7 +138,7 @@ async fn listen(
                 delay = FIRST_DELAY;
             }
         }
-        for process in channels.values() {
+        for process in channels.values().flatten() {
             wakeup::notify(process);
         }
         tokio::select! {
@@ -151,14 +156,15 @@ async fn listen(
 async fn relay(
     pool: &PgPool,
     requests: &mut mpsc::UnboundedReceiver<Request>,
-    channels: &mut HashMap<String, String>,
+    channels: &mut Channels,
 ) -> Result<(), Option<sqlx::Error>> {
     // Nothing to listen on yet: connect only once something waits.
     while channels.is_empty() {
         match requests.recv().await {
             None => return Ok(()),
             Some(Request::Listen(process)) => {
-                channels.insert(PostgresStore::notify_channel(&process), process);
+                let channel = PostgresStore::notify_channel(&process);
+                channels.entry(channel).or_default().insert(process);
             }
             Some(Request::Unlisten(_)) => {}
         }
@@ -168,7 +174,7 @@ async fn relay(
         listener.listen(channel).await?;
     }
     // An enqueue before the LISTEN took effect sent nothing we could hear.
-    for process in channels.values() {
+    for process in channels.values().flatten() {
         wakeup::notify(process);
     }
     loop {
@@ -179,28 +185,111 @@ async fn relay(
                     let channel = PostgresStore::notify_channel(&process);
                     // Recorded first: a failed LISTEN is tried again on
                     // the next connection.
-                    channels.insert(channel.clone(), process.clone());
+                    channels
+                        .entry(channel.clone())
+                        .or_default()
+                        .insert(process.clone());
                     listener.listen(&channel).await?;
                     wakeup::notify(&process);
                 }
                 Some(Request::Unlisten(process)) => {
+                    // The channel is let go with the last process on it.
                     let channel = PostgresStore::notify_channel(&process);
-                    channels.remove(&channel);
-                    listener.unlisten(&channel).await?;
+                    let Some(processes) = channels.get_mut(&channel) else {
+                        continue;
+                    };
+                    processes.remove(&process);
+                    if processes.is_empty() {
+                        channels.remove(&channel);
+                        listener.unlisten(&channel).await?;
+                    }
                 }
             },
             notification = listener.try_recv() => match notification? {
                 Some(notification) => {
-                    if let Some(process) = channels.get(notification.channel()) {
+                    for process in channels.get(notification.channel()).into_iter().flatten() {
                         wakeup::notify(process);
                     }
                 }
                 None => {
-                    for process in channels.values() {
+                    for process in channels.values().flatten() {
                         wakeup::notify(process);
                     }
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::{Connection as _, PgConnection};
+
+    use super::super::plans::Schema;
+    use super::PostgresStore;
+    use crate::store::Store;
+
+    /// How long a `LISTEN`, or a notification's relay, may take here.
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    /// Subscribes `store` to `process` and returns its signal once the
+    /// store listens on its channel (the listening task wakes a process
+    /// whose `LISTEN` took effect).
+    async fn listening(store: &Store, process: &str) -> std::sync::Arc<tokio::sync::Notify> {
+        let signal = store.wakeup(process);
+        let mut listened = Box::pin(std::sync::Arc::clone(&signal).notified_owned());
+        listened.as_mut().enable();
+        let subscribed = store.subscribe(process);
+        assert!(std::sync::Arc::ptr_eq(&signal, &subscribed));
+        tokio::time::timeout(PATIENCE, listened)
+            .await
+            .unwrap_or_else(|_| panic!("{process}: the store listens"));
+        signal
+    }
+
+    /// A made-up process named as another process's channel hash (a hashed
+    /// name's channel is `drover_` and 16 hex digits, and 16 hex digits are
+    /// a name whose channel is `drover_` and itself) shares that process's
+    /// channel. A waiting claim on it, over at once, must leave the real
+    /// waiter its wake-ups from other nodes. The listening task kept one
+    /// process per channel: the made-up name took the channel's
+    /// notifications, and the real waiter slept until its poll (and, with
+    /// the store short of channels, the made-up name's `UNLISTEN` would end
+    /// the channel for both).
+    #[tokio::test]
+    async fn a_made_up_name_sharing_a_channel_leaves_the_real_waiter_its_wakeups() {
+        let Some(schema) = Schema::create("drover_shared_channel").await else {
+            return;
+        };
+        let store = Store::connect(&schema.url).await.expect("a store");
+        let real = format!("Shared-Channel-{}", std::process::id());
+        let channel = PostgresStore::notify_channel(&real);
+        let made_up = channel
+            .strip_prefix("drover_")
+            .expect("a channel")
+            .to_owned();
+        assert_eq!(PostgresStore::notify_channel(&made_up), channel);
+        let signal = listening(&store, &real).await;
+        drop(listening(&store, &made_up).await);
+        let woken = signal.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        // Another node's enqueue of the real process.
+        let mut node = PgConnection::connect(&schema.url)
+            .await
+            .expect("a connection");
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(&channel)
+            .execute(&mut node)
+            .await
+            .expect("a notification");
+        tokio::time::timeout(PATIENCE, woken)
+            .await
+            .expect("the real waiter is woken by the other node's notification");
+        node.close().await.expect("the connection closes");
+        store.close().await;
+        schema.remove().await;
     }
 }

@@ -135,6 +135,16 @@ impl Tx {
         }
     }
 
+    /// Rolls the transaction back now, with its locks (a plain connection
+    /// goes back to the pool). A rollback that fails leaves a broken
+    /// connection, which the pool closes on its return, and the locks end
+    /// with its session: nothing to answer.
+    pub(super) async fn rollback(self) {
+        if let Inner::Tx(tx) = self.inner {
+            let _ = tx.rollback().await;
+        }
+    }
+
     /// The connection, for what is not a query (`COPY`).
     pub(super) fn conn(&mut self) -> &mut PgConnection {
         match &mut self.inner {
