@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use drover::runner::{Action, BoxError, Controller, Reconciler, Task};
 use drover::store::{
-    ItemEnqueue, ItemGet, ItemState, RunList, RunOutcome, Store, StoreEngine as _,
+    ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseRelease, RunList, RunOutcome, SessionClose,
+    SessionStart, Store, StoreEngine as _,
 };
 use support::each_backend_unpolled;
 use support::wakeups::Watched;
@@ -97,6 +98,61 @@ async fn an_idle_controller_wakes_on_an_enqueue_without_polling() {
             "later",
             "woken, not polled"
         );
+        hold.add_permits(1);
+        stop(running).await;
+    })
+    .await;
+}
+
+/// A key another worker gives back (it released the lease shutting down, or
+/// its session was closed) is pending and ready at once: an idle controller
+/// hears of it as of an enqueue, not at its poll an hour away. Neither woke
+/// anyone before, on either engine, directly or through a server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_controller_wakes_when_another_worker_gives_keys_back() {
+    each_backend_unpolled(|db| async move {
+        let process = support::process_name("given");
+        enqueue(&db.store, &process, "released").await;
+        enqueue(&db.store, &process, "closed").await;
+        let other = db
+            .store
+            .session_start(SessionStart::new("other", Duration::from_secs(600)))
+            .await
+            .expect("another worker's session")
+            .id;
+        let leases = db
+            .store
+            .lease_claim(LeaseClaim {
+                session: other,
+                process: process.clone(),
+                max: 2,
+                trace_links: false,
+            })
+            .await
+            .expect("the other worker's claim")
+            .leases;
+        assert_eq!(leases.len(), 2);
+        let worker = Watched::new(&db.worker);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let hold = Arc::new(Semaphore::new(0));
+        let running = start(&worker, &process, reporting(tx, &hold));
+        let mark = worker.mark();
+        enqueue(&db.store, &process, "warm").await;
+        assert_eq!(recv(&mut rx, "the first key ran").await, "warm");
+        worker.waiting_since(mark).await;
+        let mark = worker.mark();
+        let released = leases.iter().find(|l| l.key == "released").expect("leased");
+        db.store
+            .lease_release(LeaseRelease { lease: released })
+            .await
+            .expect("the release");
+        assert_eq!(recv(&mut rx, "woken by the release").await, "released");
+        worker.waiting_since(mark).await;
+        db.store
+            .session_close(SessionClose { session: other })
+            .await
+            .expect("the close");
+        assert_eq!(recv(&mut rx, "woken by the close").await, "closed");
         hold.add_permits(1);
         stop(running).await;
     })

@@ -39,6 +39,36 @@ pub(crate) fn waited_on(process: &str) -> bool {
         .is_some_and(|notify| notify.strong_count() > 0)
 }
 
+/// The processes a write made keys pending and ready in at once (a lease
+/// given back, a session closed, an expired session reclaimed): their idle
+/// claimers are woken once it commits, as for an enqueue. Before, they heard
+/// of such keys only at their poll.
+#[cfg(feature = "_engine")]
+#[derive(Debug, Default)]
+#[must_use = "wake the processes once the write commits"]
+pub(crate) struct Requeued(std::collections::BTreeSet<String>);
+
+#[cfg(feature = "_engine")]
+impl Requeued {
+    /// The processes of `names` (repeats counted once).
+    pub(crate) fn of(names: impl IntoIterator<Item = String>) -> Self {
+        Self(names.into_iter().collect())
+    }
+
+    /// The processes, each once.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn processes(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+
+    /// Wakes each process's waiters in this process (call after the commit).
+    pub(crate) fn wake(self) {
+        for process in &self.0 {
+            notify(process);
+        }
+    }
+}
+
 /// Processes whose last claim through this OS process was held back by
 /// their concurrency limit: their runs' endings wake claimers, since a slot
 /// came free. A limit that does not bind costs no wake-ups.

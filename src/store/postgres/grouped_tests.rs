@@ -651,3 +651,73 @@ async fn a_dirty_completion_notifies_other_nodes() {
     );
     schema.remove().await;
 }
+
+/// A key given back (a lease released, its session closed, an expired
+/// session reclaimed) is pending and ready at once, so every node's waiting
+/// claimers must hear of it, as of an enqueue: another node listening on
+/// the process's channel hears each at its commit. None of the three sent
+/// a notification, and other nodes found such keys only at their poll.
+#[tokio::test]
+async fn keys_given_back_notify_other_nodes() {
+    use crate::store::params::{LeaseRelease, SessionClose};
+    let Some(schema) = Schema::create("drover_given_back_notify").await else {
+        return;
+    };
+    let store = schema.store.clone();
+    let mut node = sqlx::postgres::PgListener::connect(&schema.url)
+        .await
+        .expect("a listener");
+    for process in ["r", "c", "e"] {
+        node.listen(&PostgresStore::notify_channel(process))
+            .await
+            .expect("LISTEN");
+    }
+    let one = session(&store, "one").await;
+    let released = claimed(&store, one, "r", 1).await;
+    let two = session(&store, "two").await;
+    claimed(&store, two, "c", 2).await;
+    let doomed = store
+        .session_start(crate::store::params::SessionStart::new(
+            "doomed",
+            Duration::from_secs(1),
+        ))
+        .await
+        .expect("a session starts")
+        .id;
+    claimed(&store, doomed, "e", 3).await;
+    // The three enqueues' own notifications, heard before the keys are
+    // given back.
+    for process in ["r", "c", "e"] {
+        heard(&mut node, "enqueue", process).await;
+    }
+    store
+        .lease_release(LeaseRelease {
+            lease: &released[0],
+        })
+        .await
+        .expect("the release");
+    heard(&mut node, "released key", "r").await;
+    store
+        .session_close(SessionClose { session: two })
+        .await
+        .expect("the close");
+    heard(&mut node, "closed session's keys", "c").await;
+    store.clock().advance(Duration::from_secs(2));
+    let report = store.session_reclaim().await.expect("the reclaim");
+    assert_eq!(report.leases, 3, "{report:?}");
+    heard(&mut node, "reclaimed keys", "e").await;
+    schema.remove().await;
+}
+
+/// Waits for `node`'s next notification, which must be `process`'s.
+async fn heard(node: &mut sqlx::postgres::PgListener, what: &str, process: &str) {
+    let got = tokio::time::timeout(PATIENCE, node.recv())
+        .await
+        .unwrap_or_else(|_| panic!("another node hears nothing of the {what}"))
+        .expect("a notification");
+    assert_eq!(
+        got.channel(),
+        PostgresStore::notify_channel(process),
+        "{what}"
+    );
+}

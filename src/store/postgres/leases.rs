@@ -213,8 +213,10 @@ pub(super) async fn release(
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
     let now = store.now(&mut tx).await?; // after the row lock's wait
-    requeue(&mut tx, now, &[row.ctid], RunOutcome::Canceled).await?;
-    commit(tx).await
+    let requeued = requeue(&mut tx, now, &[row.ctid], RunOutcome::Canceled).await?;
+    commit(tx).await?;
+    requeued.wake();
+    Ok(())
 }
 
 /// The row `lease_lock` took.

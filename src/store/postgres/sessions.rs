@@ -16,6 +16,7 @@ use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldLeases, HeldRow, SESSION_COLUMNS, SessionRow, session_page};
 use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
+use crate::store::wakeup::Requeued;
 
 pub(super) async fn start(
     store: &PostgresStore,
@@ -87,8 +88,9 @@ pub(super) async fn close(store: &PostgresStore, session: SessionId) -> Result<u
     let ctids = lock_leases(&mut tx, &[session.0]).await?;
     // Read after the locks: the requeue's time is when it is written.
     let now = store.now(&mut tx).await?;
-    requeue(&mut tx, now, &ctids, RunOutcome::Canceled).await?;
+    let requeued = requeue(&mut tx, now, &ctids, RunOutcome::Canceled).await?;
     commit(tx).await?;
+    requeued.wake();
     Ok(ctids.len() as u64)
 }
 
@@ -117,8 +119,9 @@ pub(super) async fn reclaim(store: &PostgresStore) -> Result<ReclaimReport, Stor
     ctids.extend(orphans(&mut tx, &ctids).await?);
     // Read after the locks: the requeue's time is when it is written.
     let now = store.now(&mut tx).await?;
-    requeue(&mut tx, now, &ctids, RunOutcome::Expired).await?;
+    let requeued = requeue(&mut tx, now, &ctids, RunOutcome::Expired).await?;
     commit(tx).await?;
+    requeued.wake();
     Ok(ReclaimReport {
         sessions: expired.len() as u64,
         leases: ctids.len() as u64,
@@ -181,30 +184,40 @@ async fn orphans(tx: &mut Tx, taken: &[Tid]) -> Result<Vec<Tid>, StoreError> {
 /// ready at once, keeping the higher of their own and a dirty enqueue's priority,
 /// each run ending with `outcome` (`canceled` or `expired`) in the history.
 /// The rows are found by their `ctid`s, one TID scan (see [`Tid`]).
+///
+/// Their processes' channels are notified in the same transaction, so every
+/// node's waiting claimers hear of the keys at the commit; the caller wakes
+/// this process's with [`Requeued::wake`] once it commits.
 pub(super) async fn requeue(
     tx: &mut Tx,
     now: DateTime<Utc>,
     ctids: &[Tid],
     outcome: RunOutcome,
-) -> Result<(), StoreError> {
+) -> Result<Requeued, StoreError> {
     if ctids.is_empty() {
-        return Ok(());
+        return Ok(Requeued::default());
     }
     log_runs(tx, now, &Ending::all(ctids, outcome)).await?;
-    sqlx::query(
+    let processes: Vec<String> = sqlx::query_scalar(
         "UPDATE drover_items SET state = 'pending', ready_at = $1,
              priority = GREATEST(priority, dirty_priority),
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
              last_outcome = $3, last_ended_at = $1
-         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))",
+         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))
+         RETURNING process",
     )
     .bind(now)
     .bind(ctids)
     .bind(outcome.as_str())
-    .exec(&mut *tx)
-    .await?;
-    Ok(())
+    .fetch_all(&mut *tx)
+    .await
+    .db()?;
+    let requeued = Requeued::of(processes);
+    for process in requeued.processes() {
+        PostgresStore::notify_ready(tx, process).await?;
+    }
+    Ok(requeued)
 }
 
 /// One page of sessions with their first leases: one query for the sessions

@@ -704,8 +704,10 @@ pub(super) async fn release(
 ) -> Result<(), StoreError> {
     let (mut tx, now) = store.write().await?;
     let row = held(&mut tx, now, params.lease).await?;
-    requeue(&mut tx, now, &[row.id], RunOutcome::Canceled).await?;
-    tx.commit().await.db()
+    let requeued = requeue(&mut tx, now, &[row.id], RunOutcome::Canceled).await?;
+    tx.commit().await.db()?;
+    requeued.wake();
+    Ok(())
 }
 
 pub(super) async fn lock(store: &SqliteStore, params: LeaseLock) -> Result<Lease, StoreError> {

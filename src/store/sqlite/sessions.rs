@@ -16,6 +16,7 @@ use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldLeases, HeldRow, SESSION_COLUMNS, SessionRow, session_page};
 use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
+use crate::store::wakeup::Requeued;
 
 pub(super) async fn start(
     store: &SqliteStore,
@@ -66,12 +67,13 @@ pub(super) async fn close(store: &SqliteStore, session: SessionId) -> Result<u64
     .fetch_all(&mut *tx)
     .await
     .db()?;
-    requeue(&mut tx, now, &ids, RunOutcome::Canceled).await?;
+    let requeued = requeue(&mut tx, now, &ids, RunOutcome::Canceled).await?;
     sqlx::query("DELETE FROM drover_sessions WHERE id = ?1")
         .bind(session.0)
         .exec(&mut *tx)
         .await?;
     tx.commit().await.db()?;
+    requeued.wake();
     Ok(ids.len() as u64)
 }
 
@@ -94,8 +96,9 @@ pub(super) async fn reclaim(store: &SqliteStore) -> Result<ReclaimReport, StoreE
     .fetch_all(&mut *tx)
     .await
     .db()?;
-    requeue(&mut tx, now, &ids, RunOutcome::Expired).await?;
+    let requeued = requeue(&mut tx, now, &ids, RunOutcome::Expired).await?;
     tx.commit().await.db()?;
+    requeued.wake();
     Ok(ReclaimReport {
         sessions: expired.len() as u64,
         leases: ids.len() as u64,
@@ -110,26 +113,28 @@ pub(super) async fn requeue(
     now: i64,
     ids: &[i64],
     outcome: RunOutcome,
-) -> Result<(), StoreError> {
+) -> Result<Requeued, StoreError> {
     if ids.is_empty() {
-        return Ok(());
+        return Ok(Requeued::default());
     }
     let ids = serde_json::Value::from(ids).to_string();
     log_from_rows(tx, now, outcome, &ids).await?;
-    sqlx::query(
+    let processes: Vec<String> = sqlx::query_scalar(
         "UPDATE drover_items SET state = 'pending', ready_at = ?1,
              priority = MAX(priority, COALESCE(dirty_priority, priority)),
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
              last_outcome = ?3, last_ended_at = ?1
-         WHERE id IN (SELECT value FROM json_each(?2))",
+         WHERE id IN (SELECT value FROM json_each(?2))
+         RETURNING process",
     )
     .bind(now)
     .bind(&ids)
     .bind(outcome.as_str())
-    .exec(&mut **tx)
-    .await?;
-    Ok(())
+    .fetch_all(&mut **tx)
+    .await
+    .db()?;
+    Ok(Requeued::of(processes))
 }
 
 /// One page of sessions with their first leases: one query for the sessions
