@@ -80,26 +80,57 @@ fn reporting(tx: mpsc::UnboundedSender<String>, hold: &Arc<Semaphore>) -> impl R
     }
 }
 
+/// A controller of a process of its own, idle: its first key, `warm`, holds
+/// one of its two slots until [`stop`](Self::stop), and it has claimed again
+/// and found nothing, so what it runs next can only come from a wake-up.
+struct Idle {
+    worker: Watched,
+    ran: mpsc::UnboundedReceiver<String>,
+    hold: Arc<Semaphore>,
+    running: (CancellationToken, tokio::task::JoinHandle<()>),
+}
+
+impl Idle {
+    async fn start(db: &support::TestDb, process: &str) -> Self {
+        let worker = Watched::new(&db.worker);
+        let (tx, mut ran) = mpsc::unbounded_channel();
+        let hold = Arc::new(Semaphore::new(0));
+        let running = start(&worker, process, reporting(tx, &hold));
+        let mark = worker.mark();
+        enqueue(&db.store, process, "warm").await;
+        assert_eq!(recv(&mut ran, "the first key ran").await, "warm");
+        worker.waiting_since(mark).await;
+        Self {
+            worker,
+            ran,
+            hold,
+            running,
+        }
+    }
+
+    /// The key of the next run (`what` names what should start it).
+    async fn next(&mut self, what: &str) -> String {
+        recv(&mut self.ran, what).await
+    }
+
+    async fn stop(self) {
+        self.hold.add_permits(1);
+        stop(self.running).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_controller_wakes_on_an_enqueue_without_polling() {
     each_backend_unpolled(|db| async move {
         let process = support::process_name("woken");
-        let worker = Watched::new(&db.worker);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let hold = Arc::new(Semaphore::new(0));
-        let running = start(&worker, &process, reporting(tx, &hold));
-        let mark = worker.mark();
-        enqueue(&db.store, &process, "warm").await;
-        assert_eq!(recv(&mut rx, "the first key ran").await, "warm");
-        worker.waiting_since(mark).await;
+        let mut idle = Idle::start(&db, &process).await;
         enqueue(&db.store, &process, "later").await;
         assert_eq!(
-            recv(&mut rx, "woken by the enqueue").await,
+            idle.next("woken by the enqueue").await,
             "later",
             "woken, not polled"
         );
-        hold.add_permits(1);
-        stop(running).await;
+        idle.stop().await;
     })
     .await;
 }
@@ -132,29 +163,21 @@ async fn an_idle_controller_wakes_when_another_worker_gives_keys_back() {
             .expect("the other worker's claim")
             .leases;
         assert_eq!(leases.len(), 2);
-        let worker = Watched::new(&db.worker);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let hold = Arc::new(Semaphore::new(0));
-        let running = start(&worker, &process, reporting(tx, &hold));
-        let mark = worker.mark();
-        enqueue(&db.store, &process, "warm").await;
-        assert_eq!(recv(&mut rx, "the first key ran").await, "warm");
-        worker.waiting_since(mark).await;
-        let mark = worker.mark();
+        let mut idle = Idle::start(&db, &process).await;
+        let mark = idle.worker.mark();
         let released = leases.iter().find(|l| l.key == "released").expect("leased");
         db.store
             .lease_release(LeaseRelease { lease: released })
             .await
             .expect("the release");
-        assert_eq!(recv(&mut rx, "woken by the release").await, "released");
-        worker.waiting_since(mark).await;
+        assert_eq!(idle.next("woken by the release").await, "released");
+        idle.worker.waiting_since(mark).await;
         db.store
             .session_close(SessionClose { session: other })
             .await
             .expect("the close");
-        assert_eq!(recv(&mut rx, "woken by the close").await, "closed");
-        hold.add_permits(1);
-        stop(running).await;
+        assert_eq!(idle.next("woken by the close").await, "closed");
+        idle.stop().await;
     })
     .await;
 }
@@ -231,14 +254,7 @@ async fn an_idle_controller_hears_an_enqueue_from_another_process_through_listen
     };
     let (db, schema) = support::postgres(&base).await;
     let process = support::process_name("listen");
-    let worker = Watched::new(&db.worker);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let hold = Arc::new(Semaphore::new(0));
-    let running = start(&worker, &process, reporting(tx, &hold));
-    let mark = worker.mark();
-    enqueue(&db.store, &process, "warm").await;
-    assert_eq!(recv(&mut rx, "the first key ran").await, "warm");
-    worker.waiting_since(mark).await;
+    let mut idle = Idle::start(&db, &process).await;
     // Another OS process: only LISTEN/NOTIFY can tell this one about it.
     let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
         .args(["enqueue", &process, "from-elsewhere", "--db", &db.url])
@@ -247,12 +263,11 @@ async fn an_idle_controller_hears_an_enqueue_from_another_process_through_listen
         .unwrap();
     assert!(status.success());
     assert_eq!(
-        recv(&mut rx, "woken by NOTIFY").await,
+        idle.next("woken by NOTIFY").await,
         "from-elsewhere",
         "woken by NOTIFY, not by the hourly poll"
     );
-    hold.add_permits(1);
-    stop(running).await;
+    idle.stop().await;
     db.store.close().await;
     support::drop_schema(&base, &schema).await;
 }

@@ -378,6 +378,43 @@ async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
     .await;
 }
 
+/// A claim of a process of its own that waits (30 s) on `api`'s server, and
+/// the key `from-elsewhere` enqueued to that process by another OS process
+/// (`drover enqueue` on `url`) once it waits. On a server that polls once a
+/// minute only the store's `LISTEN` can answer it within the 20 s this
+/// waits. Returns its answer.
+async fn claim_woken_from_another_process(
+    api: &std::sync::Arc<Api>,
+    url: &str,
+    session: i64,
+) -> Value {
+    let process = support::process_name("listen");
+    let waiting = {
+        let api = std::sync::Arc::clone(api);
+        let process = process.clone();
+        tokio::spawn(async move {
+            let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
+            let uri = format!("/v1/sessions/{session}/claim");
+            api.post(&uri, body, StatusCode::OK).await
+        })
+    };
+    api.until_claims_waiting(1).await;
+    let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(["enqueue", &process, "from-elsewhere", "--db", url])
+        .output()
+        .await
+        .expect("run drover enqueue");
+    assert!(
+        enqueued.status.success(),
+        "{}",
+        String::from_utf8_lossy(&enqueued.stderr)
+    );
+    tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("woken by NOTIFY, long before the 60 s poll")
+        .expect("claim task")
+}
+
 #[tokio::test]
 async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
     each_engine(|db| async move {
@@ -388,38 +425,10 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
             );
             return;
         }
-        let process = support::process_name("listen");
         let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
         let api = std::sync::Arc::new(Api::with(&db.store, options));
         let session = api.session(60_000).await;
-        let waiting = {
-            let api = std::sync::Arc::clone(&api);
-            let process = process.clone();
-            tokio::spawn(async move {
-                let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
-                api.post(
-                    &format!("/v1/sessions/{session}/claim"),
-                    body,
-                    StatusCode::OK,
-                )
-                .await
-            })
-        };
-        api.until_claims_waiting(1).await;
-        let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
-            .args(["enqueue", &process, "from-elsewhere", "--db", &db.url])
-            .output()
-            .await
-            .expect("run drover enqueue");
-        assert!(
-            enqueued.status.success(),
-            "{}",
-            String::from_utf8_lossy(&enqueued.stderr)
-        );
-        let claimed = tokio::time::timeout(Duration::from_secs(20), waiting)
-            .await
-            .expect("woken by NOTIFY, long before the 60 s poll")
-            .expect("claim task");
+        let claimed = claim_woken_from_another_process(&api, &db.url, session).await;
         assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
     })
     .await;
@@ -453,30 +462,7 @@ async fn on_postgres_claims_on_a_thousand_made_up_names_leave_a_real_waiter_its_
             let body = json!({ "process": format!("made-up-{i}"), "max": 1, "wait_ms": wait_ms });
             api.post(&uri, body, StatusCode::OK).await;
         }
-        let process = support::process_name("listen");
-        let waiting = {
-            let api = std::sync::Arc::clone(&api);
-            let (process, uri) = (process.clone(), uri.clone());
-            tokio::spawn(async move {
-                let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
-                api.post(&uri, body, StatusCode::OK).await
-            })
-        };
-        api.until_claims_waiting(1).await;
-        let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
-            .args(["enqueue", &process, "from-elsewhere", "--db", &db.url])
-            .output()
-            .await
-            .expect("run drover enqueue");
-        assert!(
-            enqueued.status.success(),
-            "{}",
-            String::from_utf8_lossy(&enqueued.stderr)
-        );
-        let claimed = tokio::time::timeout(Duration::from_secs(20), waiting)
-            .await
-            .expect("woken by NOTIFY, long before the 60 s poll")
-            .expect("claim task");
+        let claimed = claim_woken_from_another_process(&api, &db.url, session).await;
         assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
     })
     .await;

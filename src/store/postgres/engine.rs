@@ -109,7 +109,7 @@ impl PostgresStore {
     }
 
     /// Makes notifications of `process` from every node (enqueues, retries,
-    /// dirty completions) fire this process's wake-up signal, through one
+    /// dirty completions, keys given back) fire this process's wake-up signal, through one
     /// `LISTEN` connection per store started on first use. Through a pooler
     /// in transaction mode, which cannot keep a `LISTEN` (the server behind
     /// the connection changes), it listens on the direct connection given as

@@ -4,8 +4,9 @@
 //! A process is subscribed the first time something waits on it; from then on
 //! (until the store runs short of channels and nothing in this process holds
 //! the process's signal any more, when it is let go to make room) a
-//! notification on its channel (sent when an enqueue, a retry or a dirty
-//! completion commits on any node) fires the process's in-process signal
+//! notification on its channel (sent when a write that leaves keys ready
+//! commits on any node: an enqueue, a retry or a dirty completion, a key
+//! given back by a release, a close or a reclaim) fires the process's in-process signal
 //! ([`wakeup::notify`]). Notifications are hints: waiters poll as well, and
 //! after the connection breaks every subscribed process is woken once, since
 //! anything may have been missed. When the store retires its connections (a
