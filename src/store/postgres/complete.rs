@@ -122,11 +122,12 @@ pub(super) enum Locks {
 /// other failure rolls the whole batch back. `None`: with [`Locks::Try`], a
 /// row was skipped, and nothing was written.
 ///
-/// A try that gives up (a row skipped, a lock wait past its bound) is
-/// rolled back before this returns, not as its transaction drops: sqlx
-/// sends a dropped transaction's `ROLLBACK` from a task of its own, and
-/// until then the try's row locks stand, so the next try could wait on
-/// them, or skip them and answer `KeyBusy` for a key nobody else holds.
+/// A try that gives up (a row skipped, a lock wait past its bound, a value
+/// the database refused) is rolled back before this returns, not as its
+/// transaction drops: sqlx sends a dropped transaction's `ROLLBACK` from a
+/// task of its own, and until then the try's row locks stand, so the next
+/// try could wait on them, or skip them and answer `KeyBusy` for a key
+/// nobody else holds.
 pub(super) async fn complete_batch(
     store: &PostgresStore,
     batch: &[LeaseComplete<'_>],
@@ -146,7 +147,10 @@ pub(super) async fn complete_batch(
             Ok(None)
         }
         Err(e) => {
-            if lock_timed_out(&e) {
+            // The database answered (a lock wait past its bound, a value
+            // it refused, whose batch is written again in halves): the
+            // connection is live, and the rollback is one quick round trip.
+            if e.database_code().is_some() {
                 tx.rollback().await;
             }
             Err(e)
