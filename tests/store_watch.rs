@@ -746,3 +746,103 @@ async fn every_key_changed_by_ten_thousand_updates_runs_after_its_last_change() 
     })
     .await;
 }
+
+/// Poison in a watched SQLite table's key column (SQLite stores any bytes
+/// and any type in any column): NUL inside text, a blob, bytes that are not
+/// UTF-8 (a lone continuation byte, an overlong form, a surrogate, a code
+/// point past U+10FFFF, too many continuation bytes), text over 1,024 bytes,
+/// and a blob in an INTEGER column each fail the change that wrote it with
+/// drover's one-line message and enqueue nothing, while NULL enqueues nothing
+/// and succeeds; the claims and the good keys go on.
+#[tokio::test]
+async fn poison_in_a_watched_sqlite_key_column_fails_its_change_and_never_reaches_a_claim() {
+    each_enqueue_path(|db| async move {
+        if db.engine != "sqlite" {
+            return;
+        }
+        machines(&db).await;
+        db.execute("CREATE TABLE numbered (id INTEGER UNIQUE, v TEXT)")
+            .await;
+        for table in ["machines", "numbered"] {
+            db.store
+                .table_watch(&TableWatch::new(table, P, "id"))
+                .await
+                .expect("watch");
+        }
+        let poison = [
+            "'a' || char(0) || 'b'",
+            "X'6100'",
+            "X'FF'",
+            "CAST(X'80' AS TEXT)",
+            "CAST(X'C0AF' AS TEXT)",
+            "CAST(X'EDA080' AS TEXT)",
+            "CAST(X'F4908080' AS TEXT)",
+            "CAST(X'C3A9A9' AS TEXT)",
+            "printf('%.1025c', 'x')",
+            "zeroblob(3)",
+        ];
+        for value in poison {
+            let sql = format!("INSERT INTO machines VALUES ({value}, 'on', '')");
+            let Some(error) = failure(&db, &sql).await else {
+                panic!("{value}: a key drover refuses was written");
+            };
+            assert!(
+                error.contains("drover_enqueue") && !error.contains('\n'),
+                "{value}: {error}"
+            );
+        }
+        for value in ["X'FF'", "X''"] {
+            let sql = format!("INSERT INTO numbered VALUES ({value}, 'a')");
+            let error = failure(&db, &sql).await.expect("a refused key was written");
+            assert!(error.contains("drover_enqueue"), "{value}: {error}");
+        }
+        assert!(succeeds(&db, "INSERT INTO numbered VALUES (1.5, 'a')").await);
+        assert!(succeeds(&db, "INSERT INTO machines VALUES (NULL, 'on', '')").await);
+        assert!(succeeds(&db, "INSERT INTO machines VALUES ('good', 'on', '')").await);
+        assert_eq!(drain(&db).await, ["1.5", "good"]);
+        let counts = db.store.process_counts_all().await.expect("counts");
+        assert_eq!(counts.len(), 1, "{counts:?}");
+        let c = &counts[0];
+        assert_eq!(c.pending + c.parked + c.running, 0, "{counts:?}");
+    })
+    .await;
+}
+
+/// A table that already holds a row whose key drover refuses (written
+/// before any watch: a NUL in it, bytes that are not UTF-8, an empty one)
+/// is refused a watch with one line naming the row's key, and nothing is
+/// installed; once the row is fixed the watch goes on. Before, the watch
+/// was made, and then every change of that row failed, its `DELETE` too,
+/// with `drover_enqueue: a key is text of 1 to 1024 bytes without NUL`:
+/// the row could not be removed while the table was watched.
+#[tokio::test]
+async fn a_sqlite_table_holding_a_key_drover_refuses_is_refused_a_watch_until_it_is_fixed() {
+    each_enqueue_path(|db| async move {
+        if db.engine != "sqlite" {
+            return;
+        }
+        machines(&db).await;
+        let watch = TableWatch::new("machines", P, "id");
+        let bad = [
+            ("'old' || char(0) || 'x'", "old\\0x"),
+            ("CAST(X'6FFF' AS TEXT)", "o\u{fffd}"),
+            ("''", "\"\""),
+        ];
+        for (value, shown) in bad {
+            db.execute(&format!("INSERT INTO machines VALUES ({value}, 'on', '')"))
+                .await;
+            refused(&db, watch.clone(), shown).await;
+            assert!(db.store.table_watches().await.expect("list").is_empty());
+            assert!(
+                succeeds(&db, &format!("DELETE FROM machines WHERE id = {value}")).await,
+                "the row can be removed"
+            );
+        }
+        db.execute("INSERT INTO machines VALUES ('m1', 'on', ''), (NULL, 'on', ''), ('\u{e9}t\u{e9}', 'on', '')")
+            .await;
+        db.store.table_watch(&watch).await.expect("a clean table is watched");
+        db.execute("DELETE FROM machines").await;
+        assert_eq!(drain(&db).await, ["m1", "\u{e9}t\u{e9}"]);
+    })
+    .await;
+}

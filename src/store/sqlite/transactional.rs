@@ -8,6 +8,7 @@ use super::admin;
 use super::engine::SqliteStore;
 use super::enqueue::coalesce;
 use super::error::Db as _;
+use super::turns::Turn;
 use crate::store::StoreError;
 use crate::store::params::{ItemDelete, ItemEnqueue};
 use crate::store::types::EnqueueReport;
@@ -27,6 +28,13 @@ impl SqliteStore {
     /// once after the commit with `store.wakeup(process).notify_waiters()`.
     /// Begin the transaction with `BEGIN IMMEDIATE` (as the store's writes do)
     /// so it cannot fail half-way on a lock upgrade.
+    ///
+    /// A transaction begun on the pool takes no turn at the file among the
+    /// drover processes that share it (see the README's SQLite section), as
+    /// another program's does not: back to back, such transactions can keep
+    /// a worker in another process from its heartbeats past its TTL. Where
+    /// that matters, enqueue in [`Store::begin`](crate::store::Store::begin)'s
+    /// transaction, which takes the turn.
     ///
     /// ```no_run
     /// # async fn run(store: drover::store::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
@@ -74,23 +82,58 @@ impl SqliteStore {
     }
 }
 
-/// A caller's transaction on this store's database, for [`StoreTx`](crate::store::StoreTx).
-pub(crate) type CallerTx = sqlx::Transaction<'static, sqlx::Sqlite>;
+/// A caller's transaction on this store's database, for [`StoreTx`](crate::store::StoreTx),
+/// and this process's turn at the file (see [`turns`](super::turns)), held
+/// until the transaction has ended: it is a write transaction of this store
+/// like the writer's own, and without its turn a program enqueueing in its
+/// transactions back to back took SQLite's lock again microseconds after each
+/// commit, while a worker in another process, woken in the kernel for
+/// nothing, waited in SQLite's busy handler past its session's TTL.
+pub(crate) struct CallerTx {
+    /// Dropped before the turn: its rollback is queued first.
+    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    _turn: Option<Turn>,
+}
+
+impl std::fmt::Debug for CallerTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallerTx").finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for CallerTx {
+    type Target = sqlx::Transaction<'static, sqlx::Sqlite>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for CallerTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
 
 impl SqliteStore {
     /// Begins a caller's transaction with `BEGIN IMMEDIATE`, so it holds the
-    /// write lock from the start and cannot fail half-way on an upgrade.
+    /// write lock from the start and cannot fail half-way on an upgrade,
+    /// after taking this process's turn at the file.
     pub(crate) async fn caller_begin(&self) -> Result<CallerTx, StoreError> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await.db()
+        let turn = self.writer.turn().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.db()?;
+        Ok(CallerTx { tx, _turn: turn })
     }
 
     /// Commits a caller's transaction.
     pub(crate) async fn caller_commit(tx: CallerTx) -> Result<(), StoreError> {
+        let CallerTx { tx, _turn } = tx;
         tx.commit().await.db()
     }
 
     /// Rolls a caller's transaction back.
     pub(crate) async fn caller_rollback(tx: CallerTx) -> Result<(), StoreError> {
+        let CallerTx { tx, _turn } = tx;
         tx.rollback().await.db()
     }
 }

@@ -447,6 +447,48 @@ async fn check_columns(
     }
 }
 
+/// Refuses a table already holding a row whose key `drover_enqueue` refuses
+/// (empty, over 1,024 bytes, holding a NUL, not UTF-8: written before the
+/// watch, since the watch's triggers refuse it after). Watched, such a row
+/// could be neither updated nor deleted: every trigger that enqueues its key
+/// fails the change, with a message about writing a key that a `DELETE`
+/// does not write. Only keys that fail a cheap check in SQL (a length, a NUL,
+/// a byte outside printable ASCII) are read, and the scan stops at the
+/// first one that is refused.
+async fn check_keys(
+    conn: &mut SqliteConnection,
+    table: &str,
+    key_column: &str,
+) -> Result<(), StoreError> {
+    use futures_util::TryStreamExt as _;
+    let bytes = format!("CAST(CAST({} AS TEXT) AS BLOB)", ident(key_column));
+    let sql = format!(
+        "SELECT {bytes} FROM {table} WHERE {key} IS NOT NULL AND (length({bytes}) NOT BETWEEN 1 AND {max} \
+         OR instr({bytes}, x'00') > 0 OR CAST({key} AS TEXT) GLOB '*[^ -~]*')",
+        table = ident(table),
+        key = ident(key_column),
+        max = crate::store::key::MAX_NAME_BYTES,
+    );
+    let mut rows = sqlx::query_scalar::<_, Vec<u8>>(sqlx::AssertSqlSafe(sql)).fetch(&mut *conn);
+    while let Some(key) = rows.try_next().await.db()? {
+        let refused = key.is_empty()
+            || key.len() > crate::store::key::MAX_NAME_BYTES
+            || key.contains(&0)
+            || std::str::from_utf8(&key).is_err();
+        if refused {
+            let shown: String = String::from_utf8_lossy(&key).chars().take(40).collect();
+            return Err(StoreError::Watch(format!(
+                "table {} holds a row whose key {} drover refuses ({shown:?}: a key is 1 to \
+                 1,024 bytes of UTF-8 text without NUL); watched, its changes would fail: \
+                 fix or delete such rows, then watch",
+                ident(table),
+                ident(key_column)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The watches joined with the insert trigger (`i`) and update trigger
 /// (`u`) each has, when the table still has them: `FROM` this, then `WHERE`.
 const WITH_TRIGGERS: &str = "drover_watches w \
@@ -507,6 +549,7 @@ impl SqliteStore {
         let (mut tx, now) = self.write().await?;
         let table = resolve_table(&mut tx, &watch.table).await?;
         check_columns(&mut tx, &table, watch).await?;
+        check_keys(&mut tx, &table, &watch.key_column).await?;
         // A watch under this name whose triggers are gone watched a table
         // since dropped: this is another table.
         let stale = format!(

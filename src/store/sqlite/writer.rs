@@ -104,6 +104,24 @@ impl Writer {
         })
     }
 
+    /// This process's turn at the file for a write transaction that runs on
+    /// a connection of the pool (a caller's own, `Store::begin`), held until
+    /// dropped: taken under the writer's queue, as every turn is (one
+    /// transaction asks at a time), after the writer's transaction in
+    /// progress. `None` for an in-memory database or without a lock file.
+    pub(super) async fn turn(&self) -> Option<Turn> {
+        match self {
+            Self::Held(slot) => {
+                let slot = slot.lock().await;
+                match &slot.turns {
+                    Some(turns) => Some(turns.take().await),
+                    None => None,
+                }
+            }
+            Self::Pooled(_) => None,
+        }
+    }
+
     /// Closes the connection once the transaction in progress (if any) ends;
     /// later transactions fail with `PoolClosed`.
     pub(super) async fn close(&self) {
