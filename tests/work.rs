@@ -724,65 +724,63 @@ async fn a_worker_beside_a_process_enqueueing_in_its_own_transactions_keeps_its_
 /// One `drover work --ttl 1s` beside four tasks of this process enqueueing
 /// one key each, back to back (through `Store::begin` when `in_caller_tx`).
 async fn worker_beside_a_busy_writer(db: TestDb, in_caller_tx: bool) {
-    {
-        let child = worker(&db, "true", &["--parallelism", "4", "--ttl", "1s"]);
-        let stop_hammer = tokio_util::sync::CancellationToken::new();
-        let hammers: Vec<_> = (0..4)
-            .map(|n| {
-                let store = db.store.clone();
-                let stop_hammer = stop_hammer.clone();
-                tokio::spawn(async move {
-                    let mut i = 0u64;
-                    while !stop_hammer.is_cancelled() {
-                        let params = ItemEnqueue::new("other", [format!("h{n}-{i}")]);
-                        if in_caller_tx {
-                            let mut tx = support::caller_tx::CallerTx::begin(&store).await;
-                            tx.enqueue(params).await.expect("enqueue");
-                            tx.commit().await;
-                        } else {
-                            store.item_enqueue(params).await.expect("enqueue");
-                        }
-                        i += 1;
+    let child = worker(&db, "true", &["--parallelism", "4", "--ttl", "1s"]);
+    let stop_hammer = tokio_util::sync::CancellationToken::new();
+    let hammers: Vec<_> = (0..4)
+        .map(|n| {
+            let store = db.store.clone();
+            let stop_hammer = stop_hammer.clone();
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop_hammer.is_cancelled() {
+                    let params = ItemEnqueue::new("other", [format!("h{n}-{i}")]);
+                    if in_caller_tx {
+                        let mut tx = support::caller_tx::CallerTx::begin(&store).await;
+                        tx.enqueue(params).await.expect("enqueue");
+                        tx.commit().await;
+                    } else {
+                        store.item_enqueue(params).await.expect("enqueue");
                     }
-                    i
-                })
+                    i += 1;
+                }
+                i
             })
-            .collect();
-        let all = keys(40);
-        for round in 0..40 {
-            enqueue(&db.store, &all[round..=round]).await;
-            // Load, not synchronisation: a key every 100 ms for 4 s.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        support::process::eventually("the worker's keys done", || async {
-            counts(&db.store).await == (0, 0, 0)
         })
-        .await;
-        stop_hammer.cancel();
-        let mut written = 0;
-        for h in hammers {
-            written += h.await.unwrap();
-        }
-        stop(child).await;
-        let runs = all_runs(&db.store).await;
-        let lost: Vec<_> = runs
-            .iter()
-            .filter(|r| r.outcome != RunOutcome::Done)
-            .collect();
-        let sessions: std::collections::HashSet<_> = runs.iter().map(|r| r.session).collect();
-        eprintln!(
-            "{}: {written} enqueues beside the worker, {} runs",
-            db.engine,
-            runs.len()
-        );
-        assert!(
-            lost.is_empty(),
-            "runs given up beside a busy writer: {lost:?}"
-        );
-        assert_eq!(
-            sessions.len(),
-            1,
-            "the worker lost its session: {sessions:?}"
-        );
+        .collect();
+    let all = keys(40);
+    for round in 0..40 {
+        enqueue(&db.store, &all[round..=round]).await;
+        // Load, not synchronisation: a key every 100 ms for 4 s.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    support::process::eventually("the worker's keys done", || async {
+        counts(&db.store).await == (0, 0, 0)
+    })
+    .await;
+    stop_hammer.cancel();
+    let mut written = 0;
+    for h in hammers {
+        written += h.await.unwrap();
+    }
+    stop(child).await;
+    let runs = all_runs(&db.store).await;
+    let lost: Vec<_> = runs
+        .iter()
+        .filter(|r| r.outcome != RunOutcome::Done)
+        .collect();
+    let sessions: std::collections::HashSet<_> = runs.iter().map(|r| r.session).collect();
+    eprintln!(
+        "{}: {written} enqueues beside the worker, {} runs",
+        db.engine,
+        runs.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "runs given up beside a busy writer: {lost:?}"
+    );
+    assert_eq!(
+        sessions.len(),
+        1,
+        "the worker lost its session: {sessions:?}"
+    );
 }

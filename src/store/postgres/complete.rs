@@ -197,9 +197,7 @@ async fn write_batch<'a>(
     // delay) can be claimed now: other nodes' waiters hear it at the commit,
     // as they hear an enqueue (whose own notification came while the key
     // still ran, and woke them for nothing).
-    for process in &settling.ready {
-        PostgresStore::notify_ready(tx, process).await?;
-    }
+    PostgresStore::notify_ready_all(tx, settling.ready.iter().copied()).await?;
     Ok(Some(settling))
 }
 

@@ -158,6 +158,24 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// [`notify_ready`](Self::notify_ready) for each of `processes`, in one
+    /// statement (a batch's or a reclaim's keys may span many processes:
+    /// one round trip, not one each); none for none.
+    pub(super) async fn notify_ready_all<'a>(
+        tx: &mut Tx,
+        processes: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), StoreError> {
+        let channels: Vec<String> = processes.into_iter().map(Self::notify_channel).collect();
+        if channels.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("SELECT pg_notify(c, '') FROM unnest($1::text[]) AS c")
+            .bind(channels)
+            .exec(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
     /// Notifies `process`'s channel at once (outside any transaction).
     pub(crate) async fn notify(&self, process: &str) -> Result<(), StoreError> {
         let mut tx = self.read().await?;

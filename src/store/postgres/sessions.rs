@@ -214,9 +214,7 @@ pub(super) async fn requeue(
     .await
     .db()?;
     let requeued = Requeued::of(processes);
-    for process in requeued.processes() {
-        PostgresStore::notify_ready(tx, process).await?;
-    }
+    PostgresStore::notify_ready_all(tx, requeued.processes()).await?;
     Ok(requeued)
 }
 
