@@ -132,7 +132,7 @@ async fn old_database(db: &support::TestDb) {
                  drover_claim_gated, drover_watch_truncate, drover_watch_install, \
                  drover_channel, drover_observe_lineage, drover_items_trace_run, \
                  drover_trace_link, drover_running_count, drover_items_counted_truncate, \
-                 drover_trace_context_valid, drover_claim, drover_claims_paused",
+                 drover_trace_context_valid, drover_claim, drover_claims_paused, drover_watch_check_keys",
             ];
             for sql in DROP_ALL.into_iter().chain(drop_sequence) {
                 sqlx::query(sql).execute(&pool).await.expect(sql);
