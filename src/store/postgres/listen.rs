@@ -7,7 +7,9 @@
 //! notification on its channel (sent when a write that leaves keys ready
 //! commits on any node: an enqueue, a retry or a dirty completion, a key
 //! given back by a release, a close or a reclaim) fires the process's in-process signal
-//! ([`wakeup::notify`]). Notifications are hints: waiters poll as well, and
+//! ([`wakeup::notify`]). A process that found all 1,024 channels held by
+//! processes still waited on is listened for as soon as one comes free
+//! (checked every second), for as long as it is still waited on. Notifications are hints: waiters poll as well, and
 //! after the connection breaks every subscribed process is woken once, since
 //! anything may have been missed. When the store retires its connections (a
 //! read-only or shutting-down server, see `failover.rs`), the `LISTEN`
@@ -15,7 +17,7 @@
 //! new primary) and wakes every process once, so no wake-up sent there is lost.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -46,11 +48,64 @@ enum Request {
     Unlisten(String),
 }
 
+/// How often a store with waiters it could not listen for (every channel
+/// was taken when they subscribed) checks whether channels came free: a
+/// signal let go tells nobody, so the check is a look at this process's
+/// registry, never a query.
+const ADMIT_EVERY: Duration = Duration::from_secs(1);
+
+/// The processes a store listens for, and those refused a channel while
+/// every channel was taken.
+#[derive(Debug, Default)]
+struct Subscriptions {
+    listening: HashSet<String>,
+    /// Refused processes; admitted when a channel comes free while one
+    /// still waits, forgotten once none does (so made-up names cannot pile
+    /// up here either).
+    refused: HashSet<String>,
+}
+
+impl Subscriptions {
+    /// Listens for `process` if a channel is free or can be freed; `false`
+    /// when every channel is taken by a process still waited on.
+    fn admit(&mut self, process: &str, requests: &mpsc::UnboundedSender<Request>) -> bool {
+        if self.listening.len() >= MAX_CHANNELS {
+            self.listening.retain(|other| {
+                let waited = wakeup::waited_on(other);
+                if !waited {
+                    requests.send(Request::Unlisten(other.clone())).ok();
+                }
+                waited
+            });
+        }
+        if self.listening.len() >= MAX_CHANNELS {
+            return false;
+        }
+        self.listening.insert(process.to_owned());
+        requests.send(Request::Listen(process.to_owned())).ok();
+        true
+    }
+
+    /// Admits the refused processes still waited on, while channels can be
+    /// freed; forgets those nobody waits on any more.
+    fn admit_refused(&mut self, requests: &mpsc::UnboundedSender<Request>) {
+        let mut refused = std::mem::take(&mut self.refused);
+        refused.retain(|process| wakeup::waited_on(process));
+        let mut full = false;
+        for process in refused {
+            if full || !self.admit(&process, requests) {
+                full = true;
+                self.refused.insert(process);
+            }
+        }
+    }
+}
+
 /// The listening task's handle: dropping it (with the last clone of its
 /// store) or [`stop`](Self::stop) ends the task and its connection.
 #[derive(Debug)]
 pub(super) struct Listener {
-    subscribed: Mutex<HashSet<String>>,
+    subscriptions: Arc<Mutex<Subscriptions>>,
     requests: mpsc::UnboundedSender<Request>,
     stop: CancellationToken,
 }
@@ -63,9 +118,15 @@ impl Listener {
     pub(super) fn start(pool: PgPool, notices: watch::Receiver<u64>) -> Self {
         let (requests, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
+        let subscriptions = Arc::default();
         tokio::spawn(listen(pool, rx, notices, stop.clone()));
+        tokio::spawn(admit(
+            Arc::downgrade(&subscriptions),
+            requests.clone(),
+            stop.clone(),
+        ));
         Self {
-            subscribed: Mutex::new(HashSet::new()),
+            subscriptions,
             requests,
             stop,
         }
@@ -75,27 +136,22 @@ impl Listener {
     /// With every channel taken, first lets go of the processes whose signal
     /// nothing in this process holds (their waits ended): a caller's claims
     /// on a thousand made-up names cannot keep a real waiter from being
-    /// woken once they are over.
+    /// woken once they are over. A process refused because every channel is
+    /// held is admitted within [`ADMIT_EVERY`] of one coming free, for as
+    /// long as it is still waited on: a controller subscribes once, at its
+    /// start, and would otherwise poll for its life.
     pub(super) fn subscribe(&self, process: &str) {
-        let mut subscribed = self
-            .subscribed
+        let mut subscriptions = self
+            .subscriptions
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if subscribed.contains(process) {
+        if subscriptions.listening.contains(process) {
             return;
         }
-        if subscribed.len() >= MAX_CHANNELS {
-            subscribed.retain(|other| {
-                let waited = wakeup::waited_on(other);
-                if !waited {
-                    self.requests.send(Request::Unlisten(other.clone())).ok();
-                }
-                waited
-            });
-        }
-        if subscribed.len() < MAX_CHANNELS {
-            subscribed.insert(process.to_owned());
-            self.requests.send(Request::Listen(process.to_owned())).ok();
+        if subscriptions.admit(process, &self.requests) {
+            subscriptions.refused.remove(process);
+        } else {
+            subscriptions.refused.insert(process.to_owned());
         }
     }
 
@@ -108,6 +164,28 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// Every [`ADMIT_EVERY`], admits the refused processes still waited on if
+/// channels came free; ends with the store's listener.
+async fn admit(
+    subscriptions: Weak<Mutex<Subscriptions>>,
+    requests: mpsc::UnboundedSender<Request>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(ADMIT_EVERY) => {}
+        }
+        let Some(subscriptions) = subscriptions.upgrade() else {
+            return;
+        };
+        let mut subscriptions = subscriptions.lock().unwrap_or_else(PoisonError::into_inner);
+        if !subscriptions.refused.is_empty() {
+            subscriptions.admit_refused(&requests);
+        }
     }
 }
 
@@ -227,6 +305,7 @@ mod tests {
     use std::time::Duration;
 
     use sqlx::{Connection as _, PgConnection};
+    use tokio::sync::Notify;
 
     use super::super::plans::Schema;
     use super::PostgresStore;
@@ -248,6 +327,24 @@ mod tests {
             .await
             .unwrap_or_else(|_| panic!("{process}: the store listens"));
         signal
+    }
+
+    /// Asserts a notification on `channel` from another connection (another
+    /// node's enqueue) fires `signal`.
+    async fn woken_by_another_node(url: &str, signal: &Notify, channel: &str) {
+        let woken = signal.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let mut node = PgConnection::connect(url).await.expect("a connection");
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(channel)
+            .execute(&mut node)
+            .await
+            .expect("a notification");
+        tokio::time::timeout(PATIENCE, woken)
+            .await
+            .expect("the waiter is woken by the other node's notification");
+        node.close().await.expect("the connection closes");
     }
 
     /// A made-up process named as another process's channel hash (a hashed
@@ -274,22 +371,37 @@ mod tests {
         assert_eq!(PostgresStore::notify_channel(&made_up), channel);
         let signal = listening(&store, &real).await;
         drop(listening(&store, &made_up).await);
-        let woken = signal.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        // Another node's enqueue of the real process.
-        let mut node = PgConnection::connect(&schema.url)
+        woken_by_another_node(&schema.url, &signal, &channel).await;
+        store.close().await;
+        schema.remove().await;
+    }
+
+    /// A controller subscribes once, at its start. If every channel was then
+    /// held by processes still waited on, it was refused, and stayed deaf to
+    /// other nodes for its life, polling, even after the other waits ended.
+    /// It is now admitted once a channel comes free.
+    #[tokio::test]
+    async fn a_waiter_refused_a_channel_is_admitted_once_one_comes_free() {
+        let Some(schema) = Schema::create("drover_refused_channel").await else {
+            return;
+        };
+        let store = Store::connect(&schema.url).await.expect("a store");
+        let pid = std::process::id();
+        let held: Vec<_> = (0..super::MAX_CHANNELS)
+            .map(|n| store.subscribe(&format!("held_{pid}_{n}")))
+            .collect();
+        let real = format!("refused_{pid}");
+        let signal = store.wakeup(&real);
+        let admitted = std::sync::Arc::clone(&signal).notified_owned();
+        tokio::pin!(admitted);
+        admitted.as_mut().enable();
+        drop(store.subscribe(&real));
+        drop(held);
+        tokio::time::timeout(PATIENCE, admitted)
             .await
-            .expect("a connection");
-        sqlx::query("SELECT pg_notify($1, '')")
-            .bind(&channel)
-            .execute(&mut node)
-            .await
-            .expect("a notification");
-        tokio::time::timeout(PATIENCE, woken)
-            .await
-            .expect("the real waiter is woken by the other node's notification");
-        node.close().await.expect("the connection closes");
+            .expect("the refused waiter listens once channels come free");
+        let channel = PostgresStore::notify_channel(&real);
+        woken_by_another_node(&schema.url, &signal, &channel).await;
         store.close().await;
         schema.remove().await;
     }
