@@ -654,6 +654,14 @@ async fn retry_park_and_delete_act_on_each_key_and_refuse_running_ones() {
         "p/b: retried, now pending\n"
     );
     fails_with(&drover(url, None, &["park", "p", ""], ""), "invalid key");
+    // A key is any text: printed, it must not forge a line or reach the terminal.
+    let forged = "x\np/b: deleted\u{1b}[2J";
+    let out = drover(url, None, &["retry", "p", forged], "");
+    fails_with(&out, "p/x\\np/b: deleted\\u{1b}[2J is not a known key");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains('\u{1b}'),
+        "escaped"
+    );
 
     let runs = json(&drover(url, None, &["history", "--json"], ""));
     let rows: Vec<_> = runs
@@ -693,6 +701,13 @@ async fn retry_park_and_delete_act_on_each_key_and_refuse_running_ones() {
     assert_eq!(status[0]["running"], 1, "a still runs");
     assert_eq!(status[0]["pending"], 1, "b");
     assert_eq!(status[0]["parked"], 0, "c was deleted");
+    let said = ok(&drover(url, None, &["pause", forged], ""));
+    assert_eq!(said, "paused x\\np/b: deleted\\u{1b}[2J\n");
+    let said = ok(&drover(url, None, &["errors", forged], ""));
+    assert_eq!(
+        said,
+        "x\\np/b: deleted\\u{1b}[2J: no parked or backing-off keys\n"
+    );
 }
 
 #[tokio::test]

@@ -602,6 +602,62 @@ async fn the_cli_watches_lists_and_unwatches_and_refuses_bad_input_in_one_line()
     .await;
 }
 
+/// A table, a key column and a process may be named with any character: the
+/// CLI's lines (what it did, the list, an error naming the table) must stay
+/// one line each and send the terminal nothing. They printed the names raw,
+/// so a newline forged a line and an escape recoloured the terminal.
+#[tokio::test]
+async fn the_cli_prints_names_with_control_characters_escaped_on_one_line() {
+    each_enqueue_path(|db| async move {
+        let table = "odd\nwatched: forged\u{1b}[31m";
+        let quoted = format!("\"{table}\"");
+        db.execute(&format!("CREATE TABLE {quoted} (\"k\rey\" TEXT)"))
+            .await;
+        let process = "prov\u{1b}]0;title\u{7}ision";
+        let args = [
+            "watch",
+            quoted.as_str(),
+            "--process",
+            process,
+            "--key",
+            "k\rey",
+        ];
+        let installed = drover(&db, &args);
+        let said = String::from_utf8_lossy(&installed.stdout);
+        assert!(
+            installed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&installed.stderr)
+        );
+        let list = drover(&db, &["watch", "--list"]);
+        let listed = String::from_utf8_lossy(&list.stdout);
+        one_line_error(&drover(&db, &args), "already watched");
+        let again = String::from_utf8_lossy(&drover(&db, &args).stderr).into_owned();
+        assert!(drover(&db, &["unwatch", quoted.as_str()]).status.success());
+        let gone = drover(&db, &["unwatch", quoted.as_str()]);
+        one_line_error(&gone, "not watched");
+        let gone = String::from_utf8_lossy(&gone.stderr).into_owned();
+        for (what, text) in [
+            ("watch", &*said),
+            ("list", &*listed),
+            ("refusal", &*again),
+            ("unwatch", &*gone),
+        ] {
+            assert_eq!(text.lines().count(), 1, "{what} on one line: {text:?}");
+            assert!(
+                !text.contains(['\u{1b}', '\r', '\u{7}']),
+                "{what} sends the terminal nothing: {text:?}"
+            );
+            assert!(
+                text.contains("odd\\nwatched"),
+                "{what} names the table: {text:?}"
+            );
+        }
+        assert!(said.contains("prov\\u{1b}]0;title\\u{7}ision"), "{said:?}");
+    })
+    .await;
+}
+
 /// Updates `keys` (sorted, so concurrent producers never deadlock) in one
 /// transaction, bumping each row's version: the change log is the table.
 async fn bump(db: &TestDb, keys: &[String]) {

@@ -111,7 +111,7 @@ async fn act(args: KeysArgs, action: Action) -> anyhow::Result<()> {
     let mut result = Ok(());
     let mut lines = Lines::default();
     for key in &args.keys {
-        let name = format!("{}/{key}", args.process);
+        let name = shown(&format!("{}/{key}", args.process));
         match action.apply(&store, &args.process, key).await {
             Ok(Some(done)) => lines.line(format_args!("{name}: {done}")),
             Ok(None) => {

@@ -37,7 +37,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     if args.listing.json {
         outln!("{}", serde_json::to_string_pretty(&groups)?)?;
     } else if groups.is_empty() {
-        outln!("{}: no parked or backing-off keys", args.process)?;
+        outln!("{}: no parked or backing-off keys", shown(&args.process))?;
     } else {
         for group in &groups {
             outln!("{}", lines(group))?;

@@ -152,8 +152,10 @@ pub(crate) fn main() -> ExitCode {
         // read what it wanted.
         Err(e) if e.is::<say::Gone>() => ExitCode::SUCCESS,
         Err(e) if e.is::<Reported>() => ExitCode::FAILURE,
+        // Shown: an error may quote a name a caller chose (a table, a key),
+        // and must stay one line that sends the terminal nothing.
         Err(e) => {
-            errln!("error: {e:#}");
+            errln!("error: {}", shown::shown(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -8,6 +8,7 @@ use drover::store::{ProcessPause, StoreEngine as _, validate_process};
 use super::db::DbArgs;
 use super::say::outln;
 use super::server_args::ServerArgs;
+use super::shown::shown;
 
 /// Arguments of `drover pause` and `drover resume`.
 #[derive(Debug, ClapArgs)]
@@ -45,9 +46,9 @@ pub(crate) async fn run(args: Args, paused: bool) -> anyhow::Result<()> {
         ("resumed", "was not paused")
     };
     if changed {
-        outln!("{now} {}", args.process)?;
+        outln!("{now} {}", shown(&args.process))?;
     } else {
-        outln!("{} {was}", args.process)?;
+        outln!("{} {was}", shown(&args.process))?;
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use drover::store::{StoreError, TableWatch, validate_process};
 
 use super::db::DbArgs;
 use super::say::outln;
+use super::shown::shown;
 
 /// Arguments of `drover watch`.
 #[derive(Debug, ClapArgs)]
@@ -64,8 +65,10 @@ pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<()> {
         other => other.with_context(|| format!("cannot watch {}", watch.table))?,
     };
     outln!(
-        "watching {table}: its changes enqueue {} to {process}",
-        watch.key_column
+        "watching {}: its changes enqueue {} to {}",
+        shown(&table),
+        shown(&watch.key_column),
+        shown(&process)
     )?;
     Ok(())
 }
@@ -81,22 +84,22 @@ async fn list(db: &DbArgs) -> anyhow::Result<()> {
         let filter = if watch.columns.is_empty() {
             String::new()
         } else {
-            format!(" (updates of {})", watch.columns.join(", "))
+            format!(" (updates of {})", shown(&watch.columns.join(", ")))
         };
         let gone = if watch.gone.is_empty() {
             String::new()
         } else {
             format!(
                 "; gone from the table: {} (run drover unwatch {}, then watch it again)",
-                watch.gone.join(", "),
-                watch.table
+                shown(&watch.gone.join(", ")),
+                shown(&watch.table)
             )
         };
         outln!(
             "{}: {} -> {}{filter}{gone}",
-            watch.table,
-            watch.key_column,
-            watch.process
+            shown(&watch.table),
+            shown(&watch.key_column),
+            shown(&watch.process)
         )?;
     }
     Ok(())
@@ -109,7 +112,7 @@ pub(crate) async fn unwatch(args: UnwatchArgs) -> anyhow::Result<()> {
     let result = store.table_unwatch(&args.table).await;
     store.close().await;
     match result.with_context(|| format!("cannot unwatch {}", args.table))? {
-        Some(table) => outln!("{table} is no longer watched")?,
+        Some(table) => outln!("{} is no longer watched", shown(&table))?,
         None => anyhow::bail!(
             "{} is not watched (drover watch --list shows the watched tables)",
             args.table
