@@ -350,3 +350,82 @@ async fn a_worker_role_without_pg_control_system_is_not_paused_for_ever() {
         "claims paused an hour after the fork by a worker that cannot observe it"
     );
 }
+
+/// Ids handed out after the standby's last replayed record are lost with
+/// the fork, and so is the sequences' own record of them: the promoted
+/// standby can hand the same session id and the same fencing token out
+/// again. The fork moves both sequences past anything the old primary could
+/// have handed out. Before, a worker of before the fork whose session was
+/// lost heartbeated on its old id and renewed the session a new worker had
+/// just been given under that id, so it kept running its keys past the pause
+/// (their claims lost, they run again elsewhere: twice at once), and could
+/// claim, complete or close under the new worker's session (through a server
+/// too, with the one worker token of a fleet); and the new primary's fencing
+/// tokens restarted below the stale writer's, so a downstream system keeping
+/// the highest token per key refused the new runs and took the stale one.
+#[tokio::test]
+async fn after_a_fork_no_session_id_or_fencing_token_of_before_is_handed_out_again() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let store = db.store.clone();
+    store
+        .item_enqueue(ItemEnqueue::new(P, ["a"]))
+        .await
+        .expect("enqueue");
+    // A worker started a session and claimed a key on the old primary,
+    // after the standby's last replayed record.
+    let lost = store
+        .session_start(SessionStart::new("lost", secs(20)))
+        .await
+        .expect("session");
+    let claim = |session| LeaseClaim {
+        session,
+        process: P.into(),
+        max: 1,
+        trace_links: false,
+    };
+    let stale = store.lease_claim(claim(lost.id)).await.expect("claim");
+    let stale_token = stale.leases[0].token.0;
+    // The promoted standby never saw them: the key is pending, the session
+    // unknown, and both sequences are where they were before.
+    store
+        .session_close(drover::store::SessionClose { session: lost.id })
+        .await
+        .expect("close");
+    db.execute(&format!(
+        "SELECT setval(pg_get_serial_sequence('drover_sessions', 'id'), {}, false), \
+         setval('drover_lease_tokens', {stale_token}, false)",
+        lost.id.0
+    ))
+    .await;
+    db.execute("UPDATE drover_lineage SET timeline = timeline + 1")
+        .await;
+    let node = db.reconnect().await;
+    let new = node
+        .session_start(SessionStart::new("new", secs(20)))
+        .await
+        .expect("a session on the new primary");
+    assert_ne!(new.id, lost.id, "a session id of before the fork again");
+    let err = store
+        .session_heartbeat(SessionHeartbeat { session: lost.id })
+        .await
+        .expect_err("the lost session is gone");
+    assert!(matches!(err, StoreError::SessionExpired { .. }), "{err}");
+    node.clock().advance(secs(21));
+    let after = node
+        .session_start(SessionStart::new("after the pause", secs(20)))
+        .await
+        .expect("a session after the pause");
+    let fresh = node.lease_claim(claim(after.id)).await.expect("claim");
+    assert_eq!(fresh.leases.len(), 1, "claims resume after the pause");
+    assert!(
+        fresh.leases[0].token.0 > stale_token,
+        "the new run's fencing token {} is not above the stale writer's {stale_token}",
+        fresh.leases[0].token.0
+    );
+    node.close().await;
+    store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
