@@ -300,6 +300,51 @@ async fn enqueues_to_new_processes_over_the_cap_are_refused_and_the_known_ones_g
     .await;
 }
 
+/// An enqueue of no keys creates nothing, so it takes none of the room
+/// `max_processes` leaves: empty enqueues to new names (a watcher flushing
+/// an empty batch, or a caller on purpose) do not get a later enqueue that
+/// would create a real process refused. Before, each one was counted as a
+/// process the database held, and the next new process was refused 422
+/// `too_many_processes` while the database held one.
+#[tokio::test]
+async fn empty_enqueues_to_new_names_take_no_room_under_the_process_cap() {
+    each_engine(|db| async move {
+        let api = Api::with(&db.store, ServerOptions::default().max_processes(3));
+        api.enqueue("p1", &["k"]).await;
+        for ghost in ["ghost-1", "ghost-2"] {
+            let reply = api
+                .call(
+                    POST,
+                    &format!("/v1/processes/{ghost}/items"),
+                    Some(json!({ "keys": [] })),
+                )
+                .await;
+            assert_eq!(reply.status, StatusCode::OK, "{ghost}: {}", reply.text);
+        }
+        let reply = api
+            .call(
+                POST,
+                "/v1/processes/p2/items",
+                Some(json!({ "keys": ["k"] })),
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "the database holds one process of 3: {}",
+            reply.text
+        );
+        let names: Vec<Value> = api
+            .every_page("/v1/processes", "processes")
+            .await
+            .into_iter()
+            .map(|p| p["process"].clone())
+            .collect();
+        assert_eq!(names, vec![json!("p1"), json!("p2")]);
+    })
+    .await;
+}
+
 /// A lease naming a key or a process no lease can have (a NUL, 1,025 bytes)
 /// is 422 on every route that takes a lease, and a list's cursor naming one
 /// is a bad query parameter (400), as triage's is:

@@ -236,3 +236,91 @@ async fn a_lone_worker_token_beside_an_admins_may_fill_the_cap() {
     })
     .await;
 }
+
+/// Claims waiting on a process its rate limit holds back (more keys ready
+/// than tokens) share the line as idle ones do: when the next token comes,
+/// one of them claims, not every one. Before, each claimed on its own timer
+/// at every token: 200 of them on a process limited to 2 runs a second sent
+/// about 400 claims a second, and a worker token's waiting claims (up to the
+/// server's cap) multiplied the database's work by as many. The keys still
+/// flow at the limit's rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limited_long_polls_cost_one_claim_per_token_not_one_each() {
+    each_engine(|db| async move {
+        let api = Arc::new(Api::new(&db.store));
+        let keys: Vec<String> = (0..500).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        api.enqueue(P, &keys).await;
+        let limit = json!({ "rate_per_s": 2.0, "rate_burst": 1 });
+        let reply = api
+            .call(
+                Method::PATCH,
+                &format!("/v1/processes/{P}/settings"),
+                Some(limit),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        let mut claims = Vec::new();
+        for _ in 0..20 {
+            let session = api.session(60_000).await;
+            for _ in 0..10 {
+                claims.push(waiting_claim(&api, session, P, 1));
+            }
+        }
+        api.until_claims_waiting(150).await;
+        let before = attempts(&api).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let polled = attempts(&api).await - before;
+        eprintln!(
+            "{}: 200 rate-limited waiting claims sent {polled} claims in 2 s",
+            db.engine
+        );
+        assert!(
+            polled <= 40,
+            "about two claims per token (4 tokens) and one per poll; got {polled} in 2 s"
+        );
+        let served = claims.iter().filter(|c| c.is_finished()).count();
+        assert!(
+            served >= 2,
+            "the keys flow at the limit's rate (2 a second); {served} claims were served"
+        );
+        for claim in claims {
+            claim.abort();
+        }
+    })
+    .await;
+}
+
+/// A waiting claim whose session ended while it waited (closed, or expired
+/// with its worker) does not swallow the wake-up of an enqueue: the turn it
+/// was given, and could not use, goes on to a live claim behind it, which
+/// gets the key at once. Before, the dead claim answered 409 with the turn,
+/// and the live one slept until the next poll (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_of_an_ended_session_passes_its_wakeup_on() {
+    each_engine(|db| async move {
+        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+        let api = Arc::new(Api::with(&db.store, options));
+        let ended = api.session(60_000).await;
+        let dead = waiting_claim(&api, ended, P, 1);
+        api.until_claims_waiting(1).await;
+        let live = api.session(60_000).await;
+        let alive = waiting_claim(&api, live, P, 1);
+        api.until_claims_waiting(2).await;
+        let reply = api
+            .call(Method::DELETE, &format!("/v1/sessions/{ended}"), None)
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        api.enqueue(P, &["k"]).await;
+        let (status, body) = tokio::time::timeout(Duration::from_secs(10), alive)
+            .await
+            .expect("the live claim was woken by the enqueue, not left to its poll")
+            .expect("joined");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["leases"][0]["key"], "k", "{body}");
+        let (status, body) = dead.await.expect("joined");
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["error"], "session_expired", "{body}");
+    })
+    .await;
+}

@@ -12,6 +12,13 @@
 //! a process cost one claim per poll interval, not a thousand, and an enqueue
 //! of one key wakes one waiter, not all of them.
 //!
+//! A claim the process's rate limit held back waits in the line too: it
+//! tells the line when the next token comes ([`Place::token_in`]), and the
+//! dispatcher gives one turn then. So a rate-limited process's waiting
+//! claims cost one claim per token, not one each per token (200 of them on a
+//! process limited to 2 runs a second sent 400 claims a second, each
+//! claiming on its own timer).
+//!
 //! Over [`MAX_PER_SESSION`] waiting claims of one session, over half the
 //! server's `max_waiting_claims` for one token (when the server has more than
 //! one worker token), or over `max_waiting_claims`, a claim that would wait is answered
@@ -25,6 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
@@ -46,6 +54,12 @@ struct Line {
     /// and lets go of the process's signal (and, on PostgreSQL, of the
     /// store's `LISTEN` channel for it), not a poll interval later.
     emptied: Notify,
+    /// When the process's rate limit gives its next token, as the last
+    /// claim it held back heard: the dispatcher gives a turn then, if that
+    /// comes before its poll.
+    token_at: Mutex<Option<Instant>>,
+    /// Fired when `token_at` comes sooner, so the dispatcher wakes then.
+    token_sooner: Notify,
 }
 
 /// Every line of this server, and the counts its caps are kept by.
@@ -155,11 +169,16 @@ impl Waiting {
         let (waiting, line, process) = (Arc::clone(self), Arc::clone(line), process.to_owned());
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
+            let mut next_poll = Instant::now() + poll;
             loop {
+                let token_at = *line.token_at();
+                let until = token_at.map_or(next_poll, |at| at.min(next_poll));
                 tokio::select! {
                     () = &mut woke => {}
-                    () = tokio::time::sleep(poll) => {}
+                    () = tokio::time::sleep_until(until) => {}
                     () = shutdown.cancelled() => return,
+                    // Sleeps again, until the sooner token.
+                    () = line.token_sooner.notified() => continue,
                     () = line.emptied.notified() => {
                         let mut counts = waiting.lock();
                         if line.waiters.load(Ordering::Relaxed) == 0 {
@@ -170,6 +189,14 @@ impl Waiting {
                         continue;
                     }
                 }
+                // A token due by now is what this turn claims.
+                {
+                    let mut token_at = line.token_at();
+                    if token_at.is_some_and(|at| at <= Instant::now()) {
+                        *token_at = None;
+                    }
+                }
+                next_poll = Instant::now() + poll;
                 // Listening again before the turn is given: a wake-up sent
                 // while the waiter claims is not missed.
                 woke = Box::pin(Arc::clone(&signal).notified_owned());
@@ -187,6 +214,12 @@ impl Waiting {
     }
 }
 
+impl Line {
+    fn token_at(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.token_at.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A claim's place in its process's line; leaving it (dropping) frees it.
 #[derive(Debug)]
 pub(crate) struct Place {
@@ -201,6 +234,19 @@ impl Place {
     /// Waits for this claim's turn to claim again.
     pub(crate) async fn turn(&self) {
         self.line.turn.notified().await;
+    }
+
+    /// Tells the line that the process's rate limit gives its next token
+    /// in `next`: a waiter gets a turn then (one claim for the line, not
+    /// one for each of its waiters).
+    pub(crate) fn token_in(&self, next: Duration) {
+        let at = Instant::now() + next;
+        let mut token_at = self.line.token_at();
+        if token_at.is_none_or(|known| at < known) {
+            *token_at = Some(at);
+            drop(token_at);
+            self.line.token_sooner.notify_one();
+        }
     }
 
     /// Gives the turn to the next waiter at once (this claim took a full

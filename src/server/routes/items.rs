@@ -62,6 +62,14 @@ pub(crate) async fn enqueue(
             message: format!("keys[{i}]: {e}"),
         })?;
     }
+    if body.keys.is_empty() {
+        // Creates nothing, so it takes none of the room `max_processes`
+        // leaves for new processes (see `known.rs`).
+        return Ok(Json(EnqueueResponse {
+            pending: 0,
+            dirty: 0,
+        }));
+    }
     let admitted = state
         .known
         .admit(&state.store, &process, state.options.max_processes);

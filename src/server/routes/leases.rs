@@ -89,9 +89,10 @@ pub(crate) async fn claim(
 /// (see `waiting.rs`), claiming again at its turn, until it gets keys or
 /// `wait` passes. A wake-up sent between the first claim and entering the
 /// line is caught by the store's signal, armed before that claim. When the
-/// process's rate limit held the claim back, the claim is tried again when
-/// the next token comes instead (or at the poll interval, if sooner: the
-/// limit may be changed meanwhile), since no wake-up can come sooner.
+/// process's rate limit held the claim back, the line is told when the next
+/// token comes, and gives one of its waiters a turn then (or at the poll
+/// interval, if sooner: the limit may be changed meanwhile), since no
+/// wake-up can come sooner.
 async fn wait_for_leases(
     state: &AppState,
     session: SessionId,
@@ -136,26 +137,45 @@ async fn wait_for_leases(
             if left.is_zero() {
                 return Ok(claimed);
             }
-            let next = match claimed.gate.next_token_in {
+            match claimed.gate.next_token_in {
                 Some(token) if token >= left => return Ok(claimed),
-                // At the poll interval if it comes first: a limit raised or
-                // removed meanwhile is obeyed within one poll.
-                Some(token) => futures_util::future::Either::Left(tokio::time::sleep(
-                    token.min(state.options.poll_interval),
-                )),
-                None => futures_util::future::Either::Right(place.turn()),
-            };
+                // One turn of the line when the token comes, or at the poll
+                // interval if it comes first: a limit raised or removed
+                // meanwhile is obeyed within one poll.
+                Some(token) => place.token_in(token),
+                None => {}
+            }
             tokio::select! {
-                () = next => {}
+                () = place.turn() => {}
                 () = tokio::time::sleep(left) => return Ok(claimed),
                 () = state.shutdown.cancelled() => return Ok(Claimed::default()),
             }
         }
         missed = false;
-        claimed = claim_once(state, &params).await?;
+        claimed = match claim_once(state, &params).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                // Its session ended while it waited (closed, or expired with
+                // its worker): the turn it took, maybe an enqueue's wake-up,
+                // goes on to a claim that can use it, not to the next poll.
+                if matches!(
+                    e,
+                    ApiError::Conflict {
+                        code: "session_expired",
+                        ..
+                    }
+                ) {
+                    place.pass_on();
+                }
+                return Err(e);
+            }
+        };
         if !claimed.leases.is_empty() {
             if claimed.leases.len() >= params.max as usize {
                 place.pass_on();
+            } else if let Some(token) = claimed.gate.next_token_in {
+                // The rest wait for the next token.
+                place.token_in(token);
             }
             return Ok(claimed);
         }
