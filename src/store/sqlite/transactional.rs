@@ -137,3 +137,57 @@ impl SqliteStore {
         tx.rollback().await.db()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::store::Store;
+
+    /// Whether another process could take the writers' lock file beside
+    /// `db` now (letting it go again at once).
+    fn turn_free(db: &std::path::Path) -> bool {
+        let mut path = std::fs::canonicalize(db)
+            .expect("the database")
+            .into_os_string();
+        path.push("-lock");
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(path)
+            .expect("the lock file");
+        file.try_lock().is_ok()
+    }
+
+    /// A caller's transaction keeps this process's turn at the file until
+    /// it ends, whatever another turn of this process does meanwhile. The
+    /// turns of one store share one open lock file, on which `flock` does
+    /// not exclude: a second `Store::begin` beside an open one got a turn at
+    /// once, and when it was given up (its caller stopped waiting for SQLite's
+    /// lock) it let go of the file's lock the first still counted on; a
+    /// worker in another process then took the turn and waited in SQLite's
+    /// busy handler behind the open transaction, as with no turns at all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_callers_transaction_keeps_its_turn_when_another_beside_it_is_given_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("d.db");
+        let store = Store::connect(&format!("sqlite://{}", db.display()))
+            .await
+            .expect("store");
+        let first = store.begin().await.expect("the first transaction");
+        assert!(!turn_free(&db), "an open transaction holds no turn");
+        // Waits for SQLite's lock, which `first` holds, until given up.
+        let second = tokio::time::timeout(Duration::from_millis(500), store.begin()).await;
+        assert!(
+            second.is_err(),
+            "a second write transaction began beside the first"
+        );
+        assert!(
+            !turn_free(&db),
+            "the first transaction, still open, lost its turn when the second was given up"
+        );
+        first.commit().await.expect("commit");
+        assert!(turn_free(&db), "the turn outlived the transactions");
+        store.close().await;
+    }
+}

@@ -46,6 +46,13 @@ pub(super) const PATIENCE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub(super) struct Turns {
     file: Arc<File>,
+    /// This store's turns one at a time. The writer's queue keeps its own
+    /// transactions apart, but a caller's (`Store::begin`) holds its turn
+    /// after leaving that queue, and every turn is on this one open file,
+    /// where `flock` does not exclude: without this, a turn taken beside an
+    /// open caller's transaction was the lock at once, and the first of them
+    /// to end let go of it for both.
+    local: Arc<tokio::sync::Mutex<()>>,
     /// Shared with the thread that waits for the lock, when one does.
     asking: Arc<Mutex<Asking>>,
     /// Asks the store's waiting thread, started at the first turn that had
@@ -76,6 +83,8 @@ struct Asking {
 pub(super) struct Turn {
     /// `None` when the transaction went on without the lock.
     file: Option<Arc<File>>,
+    /// [`Turns::local`], let go after the lock (dropped after `drop`).
+    _local: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Drop for Turn {
@@ -107,6 +116,7 @@ impl Turns {
         match opened {
             Ok(file) => Some(Self {
                 file: Arc::new(file),
+                local: Arc::default(),
                 asking: Arc::default(),
                 ask: OnceLock::new(),
             }),
@@ -126,12 +136,31 @@ impl Turns {
     /// transaction at a time (under the writer's queue). Cancel-safe: a caller
     /// that stops waiting leaves the lock free.
     pub(super) async fn take(&self) -> Turn {
+        // Behind this store's other turn, if one is held (a caller's open
+        // transaction), for as long as it would wait for another process's.
+        let local = tokio::time::timeout(PATIENCE, Arc::clone(&self.local).lock_owned()).await;
+        let Ok(local) = local else {
+            return Turn {
+                file: None,
+                _local: None,
+            };
+        };
+        let mut turn = self.take_the_lock().await;
+        turn._local = Some(local);
+        turn
+    }
+
+    /// [`take`](Self::take) once this store holds no other turn.
+    async fn take_the_lock(&self) -> Turn {
         let (waiting, stalled) = {
             let asking = self.asking.lock();
             (asking.waiting, asking.stalled)
         };
         if waiting && stalled {
-            return Turn { file: None };
+            return Turn {
+                file: None,
+                _local: None,
+            };
         }
         if !waiting {
             match self.file.try_lock() {
@@ -139,7 +168,10 @@ impl Turns {
                 Err(TryLockError::WouldBlock) => {}
                 Err(TryLockError::Error(e)) => {
                     tracing::debug!(error = %e, "no turn on the SQLite writers' lock file");
-                    return Turn { file: None };
+                    return Turn {
+                        file: None,
+                        _local: None,
+                    };
                 }
             }
         }
@@ -151,7 +183,10 @@ impl Turns {
                 if let Err(e) = self.ask_the_thread() {
                     tracing::debug!(error = %e, "no thread to wait for a SQLite turn on");
                     asking.answer = None;
-                    return Turn { file: None };
+                    return Turn {
+                        file: None,
+                        _local: None,
+                    };
                 }
                 asking.waiting = true;
                 asking.stalled = false;
@@ -168,7 +203,10 @@ impl Turns {
                 self.held()
             }
             // The thread could not take the lock: go on without it.
-            Ok(Err(_)) => Turn { file: None },
+            Ok(Err(_)) => Turn {
+                file: None,
+                _local: None,
+            },
             // PATIENCE ran out: go on without it (the drop of `waiting` lets go
             // of a lock got late), and so do the next transactions until the
             // thread gets it.
@@ -177,7 +215,10 @@ impl Turns {
                 // Unless the thread got the lock just now (then the drop of
                 // `waiting` lets it go, and nothing is stalled).
                 asking.stalled = asking.waiting;
-                Turn { file: None }
+                Turn {
+                    file: None,
+                    _local: None,
+                }
             }
         }
     }
@@ -207,6 +248,7 @@ impl Turns {
     fn held(&self) -> Turn {
         Turn {
             file: Some(Arc::clone(&self.file)),
+            _local: None,
         }
     }
 }
