@@ -399,31 +399,156 @@ fn die_with_worker(_command: &mut Command) {}
 mod tests {
     use super::*;
 
+    /// The keeper's end of this test binary's keeper socket (installed on
+    /// first use), one test at a time.
+    #[cfg(target_os = "linux")]
+    async fn keepers_end()
+    -> tokio::sync::MutexGuard<'static, std::io::BufReader<std::os::unix::net::UnixStream>> {
+        static END: std::sync::OnceLock<
+            tokio::sync::Mutex<std::io::BufReader<std::os::unix::net::UnixStream>>,
+        > = std::sync::OnceLock::new();
+        END.get_or_init(|| {
+            let (ours, keepers_end) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+            assert!(super::super::keeper::install_for_test(ours));
+            keepers_end
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            tokio::sync::Mutex::new(std::io::BufReader::new(keepers_end))
+        })
+        .lock()
+        .await
+    }
+
     /// A command tells the keeper of its group itself, from its child
-    /// before `exec`: the worker's own line, sent by a thread of its own
-    /// (none here), came a wake-up later, and a worker killed meanwhile left
-    /// what the command had started running.
+    /// before `exec`: the worker's own line, sent by a thread of its own,
+    /// came a wake-up later, and a worker killed meanwhile left what the
+    /// command had started running.
     #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn a_command_tells_the_keeper_of_its_group_itself() {
         use std::io::BufRead as _;
-        let (ours, keepers_end) = std::os::unix::net::UnixStream::pair().expect("socket pair");
-        assert!(super::super::keeper::install_for_test(ours));
+        let mut keeper = keepers_end().await;
         let mut command = Command::new("true");
         command.process_group(0);
         die_with_worker(&mut command);
         let mut child = command.spawn().expect("start true");
         let pid = child.id().expect("a pid");
         child.wait().await.expect("reap true");
-        keepers_end
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
-        let line = std::io::BufReader::new(keepers_end)
-            .lines()
-            .next()
-            .expect("a line within 5 s")
-            .expect("readable");
-        assert_eq!(line, format!("+{pid}"));
+        let mut line = String::new();
+        keeper.read_line(&mut line).expect("a line within 5 s");
+        assert_eq!(line, format!("+{pid}\n"));
+    }
+
+    /// A command that cannot start (its `exec` fails: a misspelled program,
+    /// retried at every backoff) told the keeper of its group from its child
+    /// all the same, and the worker, which never learns the pid of a child
+    /// whose `exec` failed, never took it back: the keeper killed that
+    /// process group when the worker went, shut down or killed, by then
+    /// another program's once the pid was reused (`pid_max` is 32,768 on
+    /// many hosts, this one included).
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_command_that_cannot_start_leaves_the_keeper_no_group_to_kill() {
+        use std::io::BufRead as _;
+        let mut keeper = keepers_end().await;
+        let mut command = Command::new("/nonexistent/drover-no-such-command");
+        command.process_group(0);
+        die_with_worker(&mut command);
+        let spawned = super::super::spawner::spawn(command).await;
+        assert!(spawned.is_err(), "a command that does not exist started");
+        // Every group the keeper is told of, until it is told each is gone
+        // (or 5 s pass with a line missing).
+        let mut told = std::collections::HashSet::new();
+        loop {
+            let mut line = String::new();
+            if keeper.read_line(&mut line).is_err() {
+                break;
+            }
+            let line = line.trim_end();
+            if let Some(group) = line.strip_prefix('+') {
+                told.insert(group.to_owned());
+            } else if let Some(group) = line.strip_prefix('-') {
+                told.remove(group);
+                if told.is_empty() {
+                    break;
+                }
+            }
+        }
+        assert!(
+            told.is_empty(),
+            "the keeper would kill groups {told:?} when the worker goes: a command that never \
+             started, whose pid another process may have by then"
+        );
+    }
+
+    /// A run that stops waiting while its command waits for the spawner
+    /// thread (its deadline, a shutdown) drops the child the thread then
+    /// starts. The child had told the keeper of its group, and nothing took
+    /// that back: the keeper killed the group's number when the worker went,
+    /// by then maybe another program's; and `kill_on_drop` killed the
+    /// command alone, not what it had forked.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_command_started_for_a_run_gone_meanwhile_leaves_the_keeper_no_group_to_kill() {
+        use std::io::BufRead as _;
+        use std::os::unix::process::CommandExt as _;
+        let mut keeper = keepers_end().await;
+        // Holds the spawner thread for 300 ms (in its child, before `exec`).
+        let mut slow = std::process::Command::new("true");
+        #[allow(unsafe_code)]
+        // SAFETY: `nanosleep` is async-signal-safe.
+        unsafe {
+            slow.pre_exec(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(())
+            });
+        }
+        let mut slow = Command::from(slow);
+        slow.process_group(0);
+        die_with_worker(&mut slow);
+        let slow = super::super::spawner::spawn(slow);
+        tokio::pin!(slow);
+        // Queued first: polled once, it hands its command to the thread.
+        tokio::select! {
+            biased;
+            _ = &mut slow => panic!("started before its 300 ms"),
+            () = std::future::ready(()) => {}
+        }
+        let mut gone = Command::new("true");
+        gone.process_group(0).kill_on_drop(true);
+        die_with_worker(&mut gone);
+        let waited = tokio::time::timeout(
+            Duration::from_millis(50),
+            super::super::spawner::spawn(gone),
+        )
+        .await;
+        assert!(waited.is_err(), "started while the thread was held");
+        let slow = slow.await.expect("the slow command starts");
+        let slow = slow.id().expect("a pid").to_string();
+        // Every group the keeper is told of but the slow one's, until each
+        // is taken back (or 5 s pass with a line missing).
+        let (mut told, mut started) = (std::collections::HashSet::new(), 0);
+        while started < 2 || !told.is_empty() {
+            let mut line = String::new();
+            if keeper.read_line(&mut line).is_err() {
+                break;
+            }
+            let line = line.trim_end();
+            if let Some(group) = line.strip_prefix('+') {
+                started += 1;
+                if group != slow {
+                    told.insert(group.to_owned());
+                }
+            } else if let Some(group) = line.strip_prefix('-') {
+                told.remove(group);
+            }
+        }
+        assert_eq!(started, 2, "both commands told the keeper of their groups");
+        assert!(
+            told.is_empty(),
+            "the keeper would kill groups {told:?} when the worker goes: a command whose run \
+             had gone, whose pid another process may have by then"
+        );
     }
 
     fn tail_of(chunks: &[&[u8]]) -> String {

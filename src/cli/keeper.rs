@@ -52,6 +52,20 @@ struct Keeper {
     /// file descriptor by number, which must not name another file later.
     socket: UnixStream,
     line: Sender<String>,
+    /// A socket pair of this process's own: each command's child writes its
+    /// line to the first end too, and the spawner reads it back from the
+    /// second once the spawn returned (see [`announced`]). A command whose
+    /// `exec` failed was announced to the keeper all the same, and that line
+    /// is the only way the worker learns which group to take back. Never
+    /// closed, as `socket`. `None`: no pair could be made.
+    births: Option<(UnixStream, UnixStream)>,
+}
+
+/// [`Keeper::births`], the second end not blocking.
+fn births() -> Option<(UnixStream, UnixStream)> {
+    let (written, read) = UnixStream::pair().ok()?;
+    read.set_nonblocking(true).ok()?;
+    Some((written, read))
 }
 
 /// This worker's keeper, once started (`None`: no keeper).
@@ -66,7 +80,11 @@ pub(crate) fn start() {
         Ok(socket) => {
             let (line, receiver) = std::sync::mpsc::channel();
             lines = Some(receiver);
-            Some(Keeper { socket, line })
+            Some(Keeper {
+                socket,
+                line,
+                births: births(),
+            })
         }
         Err(e) => {
             errln!("warning: cannot start the keeper process ({e}): {UNKEPT}");
@@ -141,9 +159,10 @@ fn spawn() -> std::io::Result<UnixStream> {
 /// knows the group before the command can start anything in it.
 ///
 /// Async-signal-safe, as code between `fork` and `exec` must be: an atomic
-/// load, `getpid`, digits written into a stack buffer, and one `send` that
-/// neither waits (a full socket: the worker's own line follows) nor raises
-/// `SIGPIPE` (the keeper is gone). A line this short is never split.
+/// load, `getpid`, digits written into a stack buffer, and `send`s that
+/// neither wait (a full socket: the worker's own line follows) nor raise
+/// `SIGPIPE` (the keeper is gone): one to the keeper, one to the spawner
+/// (see [`Keeper::births`]). A line this short is never split.
 pub(crate) fn announce_from_child() {
     use nix::sys::socket::{MsgFlags, send};
     let Some(Some(keeper)) = KEEPER.get() else {
@@ -153,6 +172,40 @@ pub(crate) fn announce_from_child() {
     let len = group_line(nix::unistd::getpid().as_raw(), &mut line);
     let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
     let _ = send(keeper.socket.as_raw_fd(), &line[..len], flags);
+    if let Some((births, _)) = &keeper.births {
+        let _ = send(births.as_raw_fd(), &line[..len], flags);
+    }
+}
+
+/// The group the command just spawned announced from its child (see
+/// [`announce_from_child`]), if it got that far; the lines of earlier ones
+/// are read and passed over. Called by the spawner after each spawn (one
+/// at a time), so the last line is that command's.
+pub(crate) fn announced() -> Option<u32> {
+    use std::io::Read as _;
+    let Some(Some(Keeper {
+        births: Some((_, read)),
+        ..
+    })) = KEEPER.get()
+    else {
+        return None;
+    };
+    let mut read: &UnixStream = read;
+    let mut last = None;
+    let mut buf = [0_u8; 512];
+    // Lines are never split (one short `send` each); a full read leaves
+    // more to read.
+    while let Ok(n @ 1..) = read.read(&mut buf) {
+        let text = String::from_utf8_lossy(&buf[..n]);
+        if let Some(group) = text
+            .lines()
+            .filter_map(|line| line.strip_prefix('+')?.parse().ok())
+            .next_back()
+        {
+            last = Some(group);
+        }
+    }
+    last
 }
 
 /// Writes `+PID\n` into `line` without allocating; returns its length.
@@ -223,12 +276,24 @@ pub(crate) fn run() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Makes `socket` this process's keeper, with no writer thread: only what
-/// commands tell it themselves reaches it. `false` if a keeper was set.
+/// Makes `socket` this process's keeper, with its writer thread, as
+/// [`start`] does. `false` if a keeper was set.
 #[cfg(test)]
 pub(crate) fn install_for_test(socket: UnixStream) -> bool {
-    let (line, _) = std::sync::mpsc::channel();
-    KEEPER.set(Some(Keeper { socket, line })).is_ok()
+    let (line, lines) = std::sync::mpsc::channel();
+    let keeper = Keeper {
+        socket,
+        line,
+        births: births(),
+    };
+    if KEEPER.set(Some(keeper)).is_err() {
+        return false;
+    }
+    if let Some(Some(keeper)) = KEEPER.get() {
+        let socket = &keeper.socket;
+        std::thread::spawn(move || write_lines(socket, &lines));
+    }
+    true
 }
 
 #[cfg(test)]

@@ -44,10 +44,41 @@ fn start() -> Option<mpsc::Sender<Request>> {
         .spawn(move || {
             let _context = runtime.enter();
             for (mut command, answer) in requests {
-                // A caller gone meanwhile drops the child here: killed.
-                let _ = answer.send(command.spawn());
+                let spawned = command.spawn();
+                let group = super::keeper::announced();
+                if spawned.is_err()
+                    && let Some(group) = group
+                {
+                    // Its child told the keeper of its group before its
+                    // `exec` failed, and was reaped: no run will take the
+                    // group back, and its number may soon be another's.
+                    super::keeper::forget(group);
+                }
+                if let Err(Ok(child)) = answer.send(spawned) {
+                    abandoned(child);
+                }
             }
         })
         .ok()?;
     Some(queue)
+}
+
+/// A command started for a caller that stopped waiting meanwhile (its run's
+/// deadline, a shutdown): `kill_on_drop` would kill the command alone, so its
+/// process group (each command leads its own) is killed first, and the
+/// keeper forgets it. Left, what the command forked in the microseconds it
+/// ran went on beside the key's next run, and the keeper kept the group's
+/// number to kill when the worker went, by then maybe another program's.
+fn abandoned(child: Child) {
+    if let Some(pid) = child.id() {
+        if let Ok(group) = i32::try_from(pid) {
+            // ESRCH: not a group leader (no `process_group(0)`), or gone.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(group),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        super::keeper::forget(pid);
+    }
+    drop(child);
 }
