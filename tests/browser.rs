@@ -428,6 +428,82 @@ async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() 
     server.stop();
 }
 
+/// A command's error is often more than one line (its stderr): a browser
+/// sends a form field's line breaks as CRLF, so the group's button must
+/// still name the group the page showed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_all_retries_a_group_whose_error_has_more_than_one_line() {
+    if !chromium_available() {
+        return;
+    }
+    let (db, _dir) = support::sqlite().await;
+    let keys = ["m-a", "m-b"];
+    db.store
+        .item_enqueue(ItemEnqueue::new("provision", keys))
+        .await
+        .expect("enqueue");
+    let session = db.session().await;
+    let claim = LeaseClaim {
+        session: session.id,
+        process: "provision".into(),
+        max: 10,
+        trace_links: false,
+    };
+    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
+    assert_eq!(leases.len(), keys.len());
+    for lease in &leases {
+        let outcome = Outcome::Permanent(format!(
+            "exit status 2\nstderr: {} disk full\r\nsee the log",
+            lease.key
+        ));
+        let done = LeaseComplete {
+            lease,
+            outcome: &outcome,
+            trace_id: None,
+        };
+        db.store.lease_complete(done).await.expect("complete");
+    }
+    let shutdown = CancellationToken::new();
+    let server = Server::new(db.store.clone(), ServerOptions::default());
+    let click = axum::routing::get(|| async { axum::response::Html(CLICK_RETRY_ALL) });
+    let port = serve(
+        server.router().route("/test/click-retry-all", click),
+        &shutdown,
+    )
+    .await;
+    let base = format!("http://127.0.0.1:{port}");
+    let profile = tempfile::tempdir().expect("profile dir");
+    let wait = "--virtual-time-budget=10000".to_owned();
+    let click = format!("{base}/test/click-retry-all");
+    chromium(profile.path(), &[wait, "--dump-dom".into()], &click).await;
+    let route = "/ui/processes/{process}/errors/{action}";
+    assert_eq!(
+        answered(&base, route, 303).await,
+        "1",
+        "the button was clicked"
+    );
+    for key in keys {
+        let detail = db
+            .store
+            .item_get(ItemGet {
+                process: "provision".into(),
+                key: key.into(),
+                runs_limit: 1,
+            })
+            .await
+            .expect("get")
+            .expect("known");
+        assert_eq!(
+            detail.item.state,
+            ItemState::Pending,
+            "{key}: retried by its group's button"
+        );
+    }
+
+    shutdown.cancel();
+    server.stop();
+}
+
 /// An hour of a busy process, a minute at a time (the database clock moved
 /// on after each): a varying number of keys enqueued, run, and mostly
 /// converged, some failing; the queue depth sampled each minute. Then three

@@ -753,6 +753,92 @@ async fn dashboard_buttons_retry_and_park_and_refuse_cross_site_posts() {
     .await;
 }
 
+/// The `href` and form `action` values of `page`, unescaped.
+fn links(page: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for marker in [" href=\"", " action=\""] {
+        for (at, _) in page.match_indices(marker) {
+            let rest = &page[at + marker.len()..];
+            out.push(rest[..rest.find('"').expect("a closing quote")].replace("&amp;", "&"));
+        }
+    }
+    out
+}
+
+/// Where a browser on `from` goes for `href`: the path and query of the URL
+/// it resolves, dot segments (`.`, `..`, `%2e`) removed as the URL standard
+/// says.
+fn resolved(from: &str, href: &str) -> String {
+    let base = reqwest::Url::parse("http://127.0.0.1:7420").expect("base");
+    let url = base.join(from).expect("page URL").join(href).expect("link");
+    match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn the_dashboard_links_and_buttons_of_a_key_named_dot_or_dot_dot_reach_that_key() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &[".", ".."]).await;
+        let list_path = format!("/ui/processes/{P}");
+        let list = api.call(GET, &list_path, None).await;
+        assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+        for key in [".", ".."] {
+            let cell = "<td class=\"key\"><a href=\"";
+            let href = list
+                .text
+                .match_indices(cell)
+                .map(|(at, _)| {
+                    let rest = &list.text[at + cell.len()..];
+                    let (href, after) = rest.split_once('"').expect("a closing quote");
+                    (href.replace("&amp;", "&"), after)
+                })
+                .find(|(_, after)| after.starts_with(&format!(">{key}</a>")))
+                .map(|(href, _)| href)
+                .unwrap_or_else(|| panic!("a link to key {key:?} on {}", list.text));
+            let target = resolved(&list_path, &href);
+            let page = api.call(GET, &target, None).await;
+            assert_eq!(
+                page.status,
+                StatusCode::OK,
+                "key {key:?}: its link {href:?} reaches {target:?}: {}",
+                page.text
+            );
+            assert!(
+                page.text.contains(&format!("<td class=\"key\">{key}</td>")),
+                "key {key:?}: its link {href:?} reaches {target:?}, not the key's page: {}",
+                page.text
+            );
+            let park = links(&page.text)
+                .into_iter()
+                .find(|l| l.contains("park"))
+                .unwrap_or_else(|| panic!("key {key:?}: a park button on {}", page.text));
+            let target_park = resolved(&target, &park);
+            let parked = api.call(POST, &target_park, None).await;
+            assert_eq!(
+                parked.status,
+                StatusCode::SEE_OTHER,
+                "key {key:?}: its park button {park:?} posts to {target_park:?}: {}",
+                parked.text
+            );
+            let back = parked.headers["location"].to_str().expect("location");
+            assert_eq!(
+                resolved(&target_park, back),
+                target,
+                "key {key:?}: the button leads back to the key's page"
+            );
+        }
+        assert_eq!(
+            api.counts(P).await.expect("counts")["parked"],
+            2,
+            "both keys parked from their pages"
+        );
+    })
+    .await;
+}
+
 /// A claim whose commit the server cannot know (its link to the database cut
 /// at the commit) is answered 503 `commit_unknown`, and the server leaves the
 /// session as it is: the worker's runs under it may still be going (here

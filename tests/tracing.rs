@@ -1047,6 +1047,53 @@ async fn a_requests_span_is_named_by_its_route_and_the_run_links_to_it() {
     .await;
 }
 
+/// A request's method is the caller's choice (any token): a method HTTP does
+/// not define is `_OTHER` on its span and `HTTP` in its name, as the
+/// conventions say, so invented methods make no new span names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_an_invented_method_makes_no_span_name_of_it() {
+    let (db, _dir) = support::sqlite().await;
+    let (addr, mut spans) = receiver().await;
+    let endpoint = format!("http://{addr}");
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ("OTEL_SERVICE_NAME", "drover-serve-test"),
+    ];
+    let serve = Serve::start_with_env(&db.url, &["--listen", "127.0.0.1:0"], &env).await;
+    let http = reqwest::Client::new();
+    for (i, path) in ["/v1/processes", "/nowhere"].into_iter().enumerate() {
+        let method =
+            reqwest::Method::from_bytes(format!("INVENTED{i}").as_bytes()).expect("a method token");
+        let sent = http
+            .request(method, format!("{}{path}", serve.url))
+            .send()
+            .await
+            .expect("sent");
+        assert!(sent.status().is_client_error(), "{}", sent.status());
+    }
+    let server = spans_of_kind(&mut spans, SpanKind::Server, 2).await;
+    for span in &server {
+        assert!(
+            !span.name.contains("INVENTED"),
+            "an invented method is no span name: {}",
+            span.name
+        );
+        assert!(
+            span.name == "HTTP" || span.name.starts_with("HTTP /"),
+            "{}",
+            span.name
+        );
+        assert_eq!(text(span, "http.request.method"), "_OTHER", "{}", span.name);
+        assert!(
+            text(span, "http.request.method_original").starts_with("INVENTED"),
+            "{}",
+            span.name
+        );
+    }
+    drop(serve);
+}
+
 /// `drover work --server` exporting traces: its claims bring each lease's
 /// trace links, so the run's span links to the enqueues it absorbed, a
 /// failed run's retry links to it, and each completion carries its span's

@@ -2,7 +2,8 @@
 //! HTTP server conventions: named `{method} {route}` with the route template
 //! (`POST /v1/processes/{process}/items`, never the raw path, so no key is in
 //! a span name), kind server, the caller's W3C context (`traceparent`,
-//! `tracestate`) as its parent, `http.request.method`, `http.route`,
+//! `tracestate`) as its parent, `http.request.method` (`_OTHER` for a method
+//! HTTP does not define, named `HTTP`, with `http.request.method_original`), `http.route`,
 //! `url.path`, `url.scheme`, `http.response.status_code`, and an error status
 //! for a 5xx answer.
 //!
@@ -12,7 +13,7 @@
 use std::time::Duration;
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderMap, Response};
+use axum::http::{HeaderMap, Method, Response};
 use tower_http::trace::{DefaultOnResponse, OnResponse as _};
 use tracing::Span;
 use tracing::field::Empty;
@@ -26,7 +27,22 @@ pub const HTTP_TARGET: &str = "drover::http";
 /// The request's span (made before its handler runs, inside the router, so
 /// the route template is known).
 pub(super) fn request_span<B>(req: &Request<B>) -> Span {
-    let method = req.method().as_str();
+    // A method is any token the caller chose: one HTTP does not define is
+    // `_OTHER` (with the original beside it) and `HTTP` in the span's name,
+    // as the conventions say, so invented methods make no new span names.
+    let (method, original) = match *req.method() {
+        Method::CONNECT
+        | Method::DELETE
+        | Method::GET
+        | Method::HEAD
+        | Method::OPTIONS
+        | Method::PATCH
+        | Method::POST
+        | Method::PUT
+        | Method::TRACE => (req.method().as_str(), None),
+        _ => ("_OTHER", Some(req.method().as_str())),
+    };
+    let named = if original.is_some() { "HTTP" } else { method };
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -35,13 +51,14 @@ pub(super) fn request_span<B>(req: &Request<B>) -> Span {
         target: HTTP_TARGET,
         "request",
         otel.name = %match route {
-            Some(route) => format!("{method} {route}"),
+            Some(route) => format!("{named} {route}"),
             // No route (a 404): the method alone, as the conventions say.
-            None => method.to_owned(),
+            None => named.to_owned(),
         },
         otel.kind = "server",
         otel.status_code = Empty,
         "http.request.method" = method,
+        "http.request.method_original" = original,
         "http.route" = route,
         "url.path" = req.uri().path(),
         "url.scheme" = "http",

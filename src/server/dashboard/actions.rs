@@ -11,12 +11,13 @@ use axum::extract::{Request, State};
 use axum::response::Redirect;
 use serde::Deserialize;
 
+use super::item::ItemName;
 use super::item_path;
 use super::layout::HtmlError;
 use crate::api::path_segment;
 use crate::server::auth::{Authorized, Manage};
 use crate::server::error::ApiError;
-use crate::server::extract::{PathParams, body_of};
+use crate::server::extract::{PathParams, QueryParams, body_of};
 use crate::server::operations::process_pause;
 use crate::server::role::Role;
 use crate::server::state::AppState;
@@ -32,11 +33,32 @@ pub(super) async fn item(
     State(state): State<AppState>,
     PathParams((process, key, action)): PathParams<(String, String, String)>,
 ) -> Result<Redirect, HtmlError> {
-    auth?;
+    act(auth?, &state, process, key, &action).await
+}
+
+/// `POST /ui/item/{retry|park}?process=…&key=…`: the same, for names a
+/// browser cannot send as path segments (see [`item_path`]).
+pub(super) async fn item_by_query(
+    auth: Result<Authorized<Manage>, ApiError>,
+    State(state): State<AppState>,
+    PathParams(action): PathParams<String>,
+    QueryParams(name): QueryParams<ItemName>,
+) -> Result<Redirect, HtmlError> {
+    act(auth?, &state, name.process, name.key, &action).await
+}
+
+/// Retries or parks the item `key` of `process`, then back to its page.
+async fn act(
+    _auth: Authorized<Manage>,
+    state: &AppState,
+    process: String,
+    key: String,
+    action: &str,
+) -> Result<Redirect, HtmlError> {
     let back = item_path(&process, &key);
     let actor = Role::Admin.to_string();
     let store = &state.store;
-    let acted = match action.as_str() {
+    let acted = match action {
         "retry" => {
             let params = ItemRetry {
                 process,
@@ -72,10 +94,51 @@ fn back_to_item(
     Ok(Redirect::to(back))
 }
 
-/// The form of an error group's buttons.
+/// The form of an error group's buttons: the signature as text (a
+/// program's post), or percent-encoded, as the dashboard's buttons send it
+/// (a browser sends a form field's line breaks as CRLF, whatever they were).
 #[derive(Debug, Deserialize)]
 struct GroupForm {
-    signature: String,
+    signature: Option<String>,
+    signature_encoded: Option<String>,
+}
+
+impl GroupForm {
+    /// The signature the form names.
+    fn signature(self) -> Result<String, ApiError> {
+        match (self.signature, self.signature_encoded) {
+            (Some(text), None) => Ok(text),
+            (None, Some(encoded)) => percent_decoded(&encoded).ok_or_else(|| {
+                ApiError::field(
+                    "signature_encoded",
+                    "a percent-encoded UTF-8 signature (%XX for every byte but A-Z a-z 0-9 - . _ ~)",
+                )
+            }),
+            _ => Err(ApiError::field(
+                "signature",
+                "a form with a signature (or a signature_encoded)",
+            )),
+        }
+    }
+}
+
+/// `text` with every `%XX` replaced by its byte, if the result is UTF-8 and
+/// every `%` is followed by two hex digits.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while let Some(&b) = bytes.get(at) {
+        if b == b'%' {
+            let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            out.push(b);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// `POST /ui/processes/{process}/errors/{retry|park|delete}`: every failing
@@ -93,9 +156,10 @@ pub(super) async fn group(
     let body = body_of(request, &state).await?;
     let form: GroupForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ApiError::field("signature", format!("a form with a signature: {e}")))?;
+    let signature = form.signature()?;
     let back = format!("/ui/processes/{}", path_segment(&process));
     state.slow_reads.forget(&process);
-    let filter = ItemFilter::new(process).error_signature(form.signature);
+    let filter = ItemFilter::new(process).error_signature(signature);
     let actor = Role::Admin.to_string();
     let store = &state.store;
     match action.as_str() {
@@ -137,4 +201,18 @@ pub(super) async fn switch(
     let back = format!("/ui/processes/{}", path_segment(&process));
     process_pause(&state, process, paused).await?;
     Ok(Redirect::to(&back))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_percent_encoded_signature_decodes_to_its_text_and_a_malformed_one_to_none() {
+        let text = "exit <n>\r\nstderr: <key> 100% full\n";
+        assert_eq!(percent_decoded(&path_segment(text)).as_deref(), Some(text));
+        for bad in ["%", "%4", "%zz", "%C3", "%%41"] {
+            assert_eq!(percent_decoded(bad), None, "{bad}");
+        }
+    }
 }

@@ -6,11 +6,13 @@ use axum::extract::State;
 use axum::response::Html;
 use maud::{Markup, html};
 
-use super::layout::{HtmlError, at, at_or_dash, item_path, page, span};
+use serde::Deserialize;
+
+use super::layout::{HtmlError, at, at_or_dash, item_action_path, page, span};
 use crate::api::path_segment;
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
-use crate::server::extract::PathParams;
+use crate::server::extract::{PathParams, QueryParams};
 use crate::server::redact;
 use crate::server::role::Role;
 use crate::server::state::AppState;
@@ -22,13 +24,42 @@ use crate::store::{
 /// Runs on an item page.
 const RUNS: u32 = 50;
 
+/// An item's names, as the query of `/ui/item` and `/ui/item/{action}`
+/// (see [`item_path`](super::item_path)).
+#[derive(Debug, Deserialize)]
+pub(super) struct ItemName {
+    /// The process.
+    pub(super) process: String,
+    /// The key.
+    pub(super) key: String,
+}
+
 /// `/ui/processes/{process}/items/{key}`: one item and its runs.
 pub(super) async fn item(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
     PathParams((process, key)): PathParams<(String, String)>,
 ) -> Result<Html<String>, HtmlError> {
-    let auth = auth?;
+    show(auth?, &state, process, key).await
+}
+
+/// `/ui/item?process=…&key=…`: the same page, for names a browser cannot
+/// send as path segments.
+pub(super) async fn item_by_query(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+    QueryParams(name): QueryParams<ItemName>,
+) -> Result<Html<String>, HtmlError> {
+    show(auth?, &state, name.process, name.key).await
+}
+
+/// The page of the item `key` of `process`.
+async fn show(
+    auth: Authorized<Read>,
+    state: &AppState,
+    process: String,
+    key: String,
+) -> Result<Html<String>, HtmlError> {
     let mut detail = state
         .store
         .item_get(ItemGet {
@@ -78,7 +109,6 @@ fn view(
     admin: bool,
     traces: Option<&TraceUrl>,
 ) -> Markup {
-    let path = item_path(&item.process, &item.key);
     let running = item.state == ItemState::Running;
     let traced = runs.iter().any(|r| r.trace_id.is_some());
     let body = html! {
@@ -114,10 +144,10 @@ fn view(
             }
         }
         @if admin && !running {
-            form.inline method="post" action=(format!("{path}/retry")) { button type="submit" { "Retry now" } }
+            form.inline method="post" action=(item_action_path(&item.process, &item.key, "retry")) { button type="submit" { "Retry now" } }
             " "
             @if item.state != ItemState::Parked {
-                form.inline method="post" action=(format!("{path}/park")) { button type="submit" { "Park" } }
+                form.inline method="post" action=(item_action_path(&item.process, &item.key, "park")) { button type="submit" { "Park" } }
             }
         }
         h2 { "Runs" }

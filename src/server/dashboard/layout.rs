@@ -172,11 +172,40 @@ impl IntoResponse for HtmlError {
     }
 }
 
-/// The item page's path.
+/// The item page's path: its names as path segments, or, when a browser
+/// would take one of them for a dot segment (a name `.` or `..`, which it
+/// removes from the path, as `%2e` too, before it sends it), as the query
+/// of `/ui/item`.
 pub(crate) fn item_path(process: &str, key: &str) -> String {
+    if dot_segment(process) || dot_segment(key) {
+        return format!("/ui/item?{}", item_query(process, key));
+    }
     format!(
         "/ui/processes/{}/items/{}",
         path_segment(process),
         path_segment(key)
     )
+}
+
+/// Where an item's button `action` (`retry`, `park`) posts: after its page's
+/// path, or, for the names of [`item_path`]'s query, to `/ui/item/{action}`
+/// with that query.
+pub(super) fn item_action_path(process: &str, key: &str, action: &str) -> String {
+    if dot_segment(process) || dot_segment(key) {
+        return format!("/ui/item/{action}?{}", item_query(process, key));
+    }
+    format!("{}/{action}", item_path(process, key))
+}
+
+/// Whether `name` as a path segment is one a browser drops or climbs with.
+fn dot_segment(name: &str) -> bool {
+    name == "." || name == ".."
+}
+
+/// `process=…&key=…`, both percent-encoded.
+fn item_query(process: &str, key: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("process", process)
+        .append_pair("key", key)
+        .finish()
 }

@@ -16,7 +16,8 @@
 //!   holds; expired ones shown as awaiting reclaim;
 //! - `/ui/processes/{process}/items/{key}`: any known key (converged ones
 //!   included), its current run, its runs and last error, with retry and park
-//!   buttons for admins.
+//!   buttons for admins; `/ui/item?process=…&key=…` the same, for a process or
+//!   key named `.` or `..` (a browser drops such a path segment).
 //!
 //! It uses the API's route classes: viewers see it, admins get the buttons. In a
 //! browser the token is the password of HTTP Basic auth (any user name).
@@ -48,6 +49,9 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/ui/workers", get(workers::workers))
         .route("/ui/processes/{process}", get(process::process))
         .route("/ui/processes/{process}/items/{key}", get(item::item))
+        // An item whose names a browser cannot send as path segments (`..`).
+        .route("/ui/item", get(item::item_by_query))
+        .route("/ui/item/{action}", post(actions::item_by_query))
         .route(
             "/ui/processes/{process}/items/{key}/{action}",
             post(actions::item),

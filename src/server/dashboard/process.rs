@@ -190,8 +190,11 @@ fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool)
                         @if admin { td { @if g.signature.is_empty() {
                             span.hint { "an empty error: act on these keys one by one or by state" }
                         } @else { @for (action, label) in [("retry", "retry all"), ("park", "park all"), ("delete", "delete all")] {
+                            // Percent-encoded: a browser sends the line
+                            // breaks of a field as CRLF, whatever they were,
+                            // and a command's error often has several.
                             form.inline method="post" action=(format!("{base}/errors/{action}")) {
-                                input type="hidden" name="signature" value=(g.signature);
+                                input type="hidden" name="signature_encoded" value=(path_segment(&g.signature));
                                 button type="submit" { (label) }
                             } " "
                         } } } }
