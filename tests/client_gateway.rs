@@ -28,11 +28,21 @@ use tokio_util::sync::CancellationToken;
 /// or the upstream's connection breaks after the request went through.
 type Rewrite = dyn Fn(&str, StatusCode, &[u8]) -> Option<Response> + Send + Sync;
 
+/// Which requests (by path) the gateway swallows: never passed on, never
+/// answered, as a link that goes silent while the request is on its way.
+type Hold = dyn Fn(&str) -> bool + Send + Sync;
+
 async fn gateway(upstream: &str, answer: Arc<Rewrite>) -> String {
+    holding_gateway(upstream, answer, Arc::new(|_| false)).await
+}
+
+/// [`gateway`] that also swallows the requests `hold` names.
+async fn holding_gateway(upstream: &str, answer: Arc<Rewrite>, hold: Arc<Hold>) -> String {
     let upstream = upstream.to_owned();
     let http = reqwest::Client::new();
     let app = axum::Router::new().fallback(move |req: Request| {
         let (upstream, http, answer) = (upstream.clone(), http.clone(), Arc::clone(&answer));
+        let hold = Arc::clone(&hold);
         async move {
             let (parts, body) = req.into_parts();
             let body = axum::body::to_bytes(body, usize::MAX)
@@ -43,6 +53,9 @@ async fn gateway(upstream: &str, answer: Arc<Rewrite>) -> String {
                 .path_and_query()
                 .map_or("/", |p| p.as_str())
                 .to_owned();
+            if hold(&path) {
+                return std::future::pending().await;
+            }
             let mut request = http
                 .request(parts.method.clone(), format!("{upstream}{path}"))
                 .body(body.to_vec());
@@ -198,4 +211,180 @@ async fn lost_claim_answer(what: &str, replaced: fn() -> Response) {
         "the key never ran in 10 s after its claim's answer was lost to {what} \
          (the item was {item:?}, leased to the worker's live session)"
     );
+}
+
+/// A worker told to stop while it hands back the keys it claimed ahead of a
+/// paused process, over a link that has gone silent (the release is sent,
+/// no answer comes), stops within its shutdown deadline, and the keys go
+/// back with its session's close. Before, the claim loop waited for each
+/// release's answer without hearing the shutdown: the HTTP client's whole
+/// request timeout (30 s) per key, so three keys held a worker with a 1 s
+/// deadline up for 90 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_while_its_hand_back_of_a_paused_process_goes_unanswered_stops_in_time() {
+    const PROCESS: &str = "handback";
+    let (db, _dir) = support::sqlite().await;
+    let (upstream, _server) = server(&db.store, ServerOptions::default());
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hold: Arc<Hold> = {
+        let held = Arc::clone(&held);
+        Arc::new(move |path| {
+            let release = path == "/v1/leases/release";
+            if release {
+                held.fetch_add(1, Ordering::SeqCst);
+            }
+            release
+        })
+    };
+    let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    db.store
+        .item_enqueue(ItemEnqueue::new(PROCESS, keys.clone()))
+        .await
+        .expect("enqueue");
+    let started = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let first_may_end = Arc::new(tokio::sync::Notify::new());
+    let controller = {
+        let (started, first_may_end) = (Arc::clone(&started), Arc::clone(&first_may_end));
+        Controller::builder(
+            Client::new(&url).expect("a valid URL"),
+            PROCESS,
+            move |_: Task| {
+                let (started, first_may_end) = (Arc::clone(&started), Arc::clone(&first_may_end));
+                async move {
+                    if started.fetch_add(1, Ordering::SeqCst) == 0 {
+                        first_may_end.notified().await;
+                    }
+                    Ok::<_, std::io::Error>(Action::Done)
+                }
+            },
+        )
+        .parallelism(1)
+        .prefetch(3)
+        .ttl(Duration::from_secs(3))
+        .idle_poll(Duration::from_millis(100))
+        .shutdown_deadline(Duration::from_secs(1))
+        .build()
+        .expect("valid settings")
+    };
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(controller.run(shutdown.clone()));
+    support::process::eventually("the first run to start", || async {
+        started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let pause = drover::store::ProcessPause {
+        process: PROCESS.into(),
+        paused: true,
+        actor: "test".into(),
+    };
+    db.store.process_pause(pause).await.expect("pause");
+    // The keys claimed ahead are older than an idle poll by now: the next
+    // claim hears of the pause and they are handed back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first_may_end.notify_one();
+    support::process::eventually("a hand-back to be sent", || async {
+        held.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let stopping = tokio::time::Instant::now();
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), running).await;
+    let took = stopping.elapsed();
+    assert!(
+        stopped.is_ok(),
+        "the worker had not stopped {took:?} after it was told to, with a 1 s shutdown \
+         deadline: it waits for the answer to a hand-back that will not come"
+    );
+    stopped
+        .expect("stopped")
+        .expect("worker task")
+        .expect("worker");
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "no key claimed ahead ran"
+    );
+    for key in &keys[1..] {
+        assert_eq!(
+            state(&db.store, PROCESS, key).await,
+            Some(ItemState::Pending),
+            "{key}, claimed ahead and handed back or closed with the session, is pending again"
+        );
+    }
+}
+
+/// A worker told to stop while it closes a session it gave up (a claim's
+/// answer was lost) over a link that has gone silent stops within its
+/// shutdown deadline: the session's leases go back when it expires, as they
+/// would after any close that does not get through. Before, the close of a
+/// session given up waited one whole TTL (here 10 s) whatever the shutdown
+/// said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_while_closing_a_session_it_gave_up_over_a_silent_link_stops_in_time() {
+    const PROCESS: &str = "giving_up";
+    let (db, _dir) = support::sqlite().await;
+    let (upstream, _server) = server(&db.store, ServerOptions::default());
+    let tripped = Arc::new(AtomicBool::new(false));
+    let answer: Arc<Rewrite> = {
+        let trip = Arc::clone(&tripped);
+        Arc::new(move |path, status, body| {
+            let leased = path.ends_with("/claim")
+                && status == StatusCode::OK
+                && String::from_utf8_lossy(body).contains("\"leases\":[{");
+            (leased && !trip.swap(true, Ordering::SeqCst)).then(|| {
+                let page = "<html><body><h1>504 Gateway Time-out</h1></body></html>";
+                (StatusCode::GATEWAY_TIMEOUT, page).into_response()
+            })
+        })
+    };
+    // A session's close is `DELETE /v1/sessions/{id}`: the only path with
+    // nothing after the id.
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hold: Arc<Hold> = {
+        let held = Arc::clone(&held);
+        Arc::new(move |path| {
+            let close = path
+                .strip_prefix("/v1/sessions/")
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'));
+            if close {
+                held.fetch_add(1, Ordering::SeqCst);
+            }
+            close
+        })
+    };
+    let url = holding_gateway(&upstream, answer, hold).await;
+    db.store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+        .await
+        .expect("enqueue");
+    let controller = Controller::builder(
+        Client::new(&url).expect("a valid URL"),
+        PROCESS,
+        |_: Task| async { Ok::<_, std::io::Error>(Action::Done) },
+    )
+    .ttl(Duration::from_secs(10))
+    .idle_poll(Duration::from_millis(100))
+    .shutdown_deadline(Duration::from_secs(1))
+    .build()
+    .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(controller.run(shutdown.clone()));
+    support::process::eventually("the session given up to be closed", || async {
+        held.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let stopping = tokio::time::Instant::now();
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), running).await;
+    let took = stopping.elapsed();
+    assert!(
+        stopped.is_ok(),
+        "the worker had not stopped {took:?} after it was told to, with a 1 s shutdown \
+         deadline: it waits for the close of the session it gave up, for one TTL (10 s)"
+    );
+    stopped
+        .expect("stopped")
+        .expect("worker task")
+        .expect("worker");
 }

@@ -279,7 +279,10 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
         let session = or_stop(shutdown, current(live)).await?;
         loop_state.drop_lost(session.id);
         if !loop_state.handing_back.is_empty() {
-            self.hand_back(&mut loop_state.handing_back).await;
+            // Shutdown is heard here too: a server that does not answer held
+            // a stopping worker for a request timeout (30 s) per lease.
+            // Leases not handed back go back with the session's close.
+            or_stop(shutdown, self.hand_back(&mut loop_state.handing_back)).await?;
         }
         let ready = &mut loop_state.ready;
         // Leases claimed within the idle poll start at once. Older ones wait
@@ -338,7 +341,7 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             drop(permits);
             let handing_back = &mut loop_state.handing_back;
             handing_back.extend(ready.drain(..).map(|(lease, _)| lease));
-            self.hand_back(handing_back).await;
+            or_stop(shutdown, self.hand_back(handing_back)).await?;
             return self.wait_for_work(shutdown, loop_state, 0, woken).await;
         }
         start(ready, permits, &session, run, runs);
@@ -389,18 +392,24 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
     /// to be handed back at the next turn, and is never started: a release
     /// whose answer was lost may have gone through, and a lease given up so
     /// must not run. One whose lease is already lost is dropped.
+    ///
+    /// Each release may take a heartbeat interval: one whose answer does not
+    /// come in time is kept, as one whose answer was lost, and the claim
+    /// loop goes on (it waited a request timeout, 30 s over HTTP, per lease).
     async fn hand_back(&self, handing_back: &mut Vec<Lease>) {
         let mut kept = Vec::new();
-        for lease in handing_back.drain(..) {
-            match self
-                .backend
-                .lease_release(LeaseRelease { lease: &lease })
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if e.is_lease_rejection() => {}
-                Err(e) => {
+        let within = self.settings.heartbeat_every();
+        for lease in std::mem::take(handing_back) {
+            let release = self.backend.lease_release(LeaseRelease { lease: &lease });
+            match tokio::time::timeout(within, release).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_lease_rejection() => {}
+                Ok(Err(e)) => {
                     tracing::warn!(process = %self.settings.process, key = %lease.key, error = %e, "could not hand back a lease of a paused process");
+                    kept.push(lease);
+                }
+                Err(_) => {
+                    tracing::warn!(process = %self.settings.process, key = %lease.key, "handing back a lease of a paused process timed out");
                     kept.push(lease);
                 }
             }

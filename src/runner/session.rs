@@ -110,8 +110,23 @@ impl<B: WorkerBackend> Keeper<B> {
                         "a claim's commit is unknown or its session expired; closing it so that any \
                          lease it took goes back, and starting a new one"
                     );
-                    self.stopped(&live).await;
-                    self.close(live.id, self.settings.ttl).await;
+                    // Shutdown is heard meanwhile: a close over a link gone
+                    // silent waited its whole TTL whatever the shutdown's
+                    // deadline. The controller stops the keeper only once
+                    // every run has ended, so the session is then closed as
+                    // at any shutdown, within `CLOSE_WITHIN`.
+                    let give_up = async {
+                        self.stopped(&live).await;
+                        self.close(live.id, self.settings.ttl).await;
+                    };
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => {
+                            self.close(live.id, CLOSE_WITHIN).await;
+                            return;
+                        }
+                        () = give_up => {}
+                    }
                 }
                 End::Stopped => {
                     self.close(live.id, CLOSE_WITHIN).await;
