@@ -310,6 +310,46 @@ fn failure(key: &str) -> Option<Outcome> {
     }
 }
 
+/// `keys` of `provision` enqueued, claimed and each settled with
+/// `outcome(key)`.
+async fn settled(db: &support::TestDb, keys: &[String], outcome: impl Fn(&str) -> Outcome) {
+    db.store
+        .item_enqueue(ItemEnqueue::new("provision", keys.to_vec()))
+        .await
+        .expect("enqueue");
+    let session = db.session().await;
+    let claim = LeaseClaim {
+        session: session.id,
+        process: "provision".into(),
+        max: u32::try_from(keys.len()).expect("a few keys"),
+        trace_links: false,
+    };
+    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
+    assert_eq!(leases.len(), keys.len());
+    for lease in &leases {
+        let outcome = outcome(&lease.key);
+        let done = LeaseComplete {
+            lease,
+            outcome: &outcome,
+            trace_id: None,
+        };
+        db.store.lease_complete(done).await.expect("complete");
+    }
+}
+
+/// A server on `db` with the page that clicks the first "retry all"
+/// (`/test/click-retry-all`), and its base URL.
+async fn serving_the_click(db: &support::TestDb, shutdown: &CancellationToken) -> (Server, String) {
+    let server = Server::new(db.store.clone(), ServerOptions::default());
+    let click = axum::routing::get(|| async { axum::response::Html(CLICK_RETRY_ALL) });
+    let port = serve(
+        server.router().route("/test/click-retry-all", click),
+        shutdown,
+    )
+    .await;
+    (server, format!("http://127.0.0.1:{port}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() {
     if !chromium_available() {
@@ -327,37 +367,9 @@ async fn the_process_page_groups_errors_and_retry_all_retries_exactly_a_group() 
     keys.extend((1..=6).map(|i| format!("db-{i}")));
     keys.extend((1..=3).map(|i| format!("disk-{i}")));
     keys.extend((1..=9).map(|i| format!("web-{i}")));
-    db.store
-        .item_enqueue(ItemEnqueue::new("provision", keys.clone()))
-        .await
-        .expect("enqueue");
-    let session = db.session().await;
-    let claim = LeaseClaim {
-        session: session.id,
-        process: "provision".into(),
-        max: 100,
-        trace_links: false,
-    };
-    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
-    assert_eq!(leases.len(), keys.len());
-    for lease in &leases {
-        let outcome = failure(&lease.key).unwrap_or(Outcome::Done);
-        let done = LeaseComplete {
-            lease,
-            outcome: &outcome,
-            trace_id: None,
-        };
-        db.store.lease_complete(done).await.expect("complete");
-    }
+    settled(&db, &keys, |key| failure(key).unwrap_or(Outcome::Done)).await;
     let shutdown = CancellationToken::new();
-    let server = Server::new(db.store.clone(), ServerOptions::default());
-    let click = axum::routing::get(|| async { axum::response::Html(CLICK_RETRY_ALL) });
-    let port = serve(
-        server.router().route("/test/click-retry-all", click),
-        &shutdown,
-    )
-    .await;
-    let base = format!("http://127.0.0.1:{port}");
+    let (server, base) = serving_the_click(&db, &shutdown).await;
     let profile = tempfile::tempdir().expect("profile dir");
 
     let process = format!("{base}/ui/processes/provision");
@@ -438,40 +450,14 @@ async fn retry_all_retries_a_group_whose_error_has_more_than_one_line() {
     }
     let (db, _dir) = support::sqlite().await;
     let keys = ["m-a", "m-b"];
-    db.store
-        .item_enqueue(ItemEnqueue::new("provision", keys))
-        .await
-        .expect("enqueue");
-    let session = db.session().await;
-    let claim = LeaseClaim {
-        session: session.id,
-        process: "provision".into(),
-        max: 10,
-        trace_links: false,
-    };
-    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
-    assert_eq!(leases.len(), keys.len());
-    for lease in &leases {
-        let outcome = Outcome::Permanent(format!(
-            "exit status 2\nstderr: {} disk full\r\nsee the log",
-            lease.key
-        ));
-        let done = LeaseComplete {
-            lease,
-            outcome: &outcome,
-            trace_id: None,
-        };
-        db.store.lease_complete(done).await.expect("complete");
-    }
-    let shutdown = CancellationToken::new();
-    let server = Server::new(db.store.clone(), ServerOptions::default());
-    let click = axum::routing::get(|| async { axum::response::Html(CLICK_RETRY_ALL) });
-    let port = serve(
-        server.router().route("/test/click-retry-all", click),
-        &shutdown,
-    )
+    settled(&db, &keys.map(str::to_owned), |key| {
+        Outcome::Permanent(format!(
+            "exit status 2\nstderr: {key} disk full\r\nsee the log"
+        ))
+    })
     .await;
-    let base = format!("http://127.0.0.1:{port}");
+    let shutdown = CancellationToken::new();
+    let (server, base) = serving_the_click(&db, &shutdown).await;
     let profile = tempfile::tempdir().expect("profile dir");
     let wait = "--virtual-time-budget=10000".to_owned();
     let click = format!("{base}/test/click-retry-all");

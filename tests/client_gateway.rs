@@ -287,19 +287,12 @@ async fn a_worker_stopped_while_its_hand_back_of_a_paused_process_goes_unanswere
         held.load(Ordering::SeqCst) > 0
     })
     .await;
-    let stopping = tokio::time::Instant::now();
-    shutdown.cancel();
-    let stopped = tokio::time::timeout(Duration::from_secs(5), running).await;
-    let took = stopping.elapsed();
-    assert!(
-        stopped.is_ok(),
-        "the worker had not stopped {took:?} after it was told to, with a 1 s shutdown \
-         deadline: it waits for the answer to a hand-back that will not come"
-    );
-    stopped
-        .expect("stopped")
-        .expect("worker task")
-        .expect("worker");
+    stops_in_time(
+        &shutdown,
+        running,
+        "it waits for the answer to a hand-back that will not come",
+    )
+    .await;
     assert_eq!(
         started.load(Ordering::SeqCst),
         1,
@@ -374,6 +367,21 @@ async fn a_worker_stopped_while_closing_a_session_it_gave_up_over_a_silent_link_
         held.load(Ordering::SeqCst) > 0
     })
     .await;
+    stops_in_time(
+        &shutdown,
+        running,
+        "it waits for the close of the session it gave up, for one TTL (10 s)",
+    )
+    .await;
+}
+
+/// Tells the worker `running` to stop and asserts it does within 5 s (its
+/// shutdown deadline is 1 s); `why` says what it waited for before.
+async fn stops_in_time(
+    shutdown: &CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), drover::runner::RunError>>,
+    why: &str,
+) {
     let stopping = tokio::time::Instant::now();
     shutdown.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(5), running).await;
@@ -381,7 +389,7 @@ async fn a_worker_stopped_while_closing_a_session_it_gave_up_over_a_silent_link_
     assert!(
         stopped.is_ok(),
         "the worker had not stopped {took:?} after it was told to, with a 1 s shutdown \
-         deadline: it waits for the close of the session it gave up, for one TTL (10 s)"
+         deadline: {why}"
     );
     stopped
         .expect("stopped")

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use drover::server::ServerOptions;
 use drover::store::{DepthSample, ItemEnqueue, StoreEngine as _};
 use serde_json::{Value, json};
-use server_support::{Api, DELETE, GET, POST, segment};
+use server_support::{Api, DELETE, GET, POST, segment, waiting_claim};
 use support::each_engine;
 
 const P: &str = "provision";
@@ -351,15 +351,7 @@ async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
         let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
         let api = std::sync::Arc::new(Api::with(&db.store, options));
         let session = api.session(60_000).await;
-        let waiting = {
-            let api = std::sync::Arc::clone(&api);
-            let process = process.clone();
-            tokio::spawn(async move {
-                let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
-                let uri = format!("/v1/sessions/{session}/claim");
-                api.post(&uri, body, StatusCode::OK).await
-            })
-        };
+        let waiting = waiting_claim(&api, 30_000, session, &process, 1);
         // The claim waits (it found nothing): only a wake-up can answer it.
         api.until_claims_waiting(1).await;
         // Enqueue through another connection, as another node would.
@@ -368,10 +360,11 @@ async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
             .item_enqueue(ItemEnqueue::new(process.as_str(), ["a"]))
             .await
             .expect("enqueue");
-        let claimed = tokio::time::timeout(Duration::from_secs(20), waiting)
+        let (status, claimed) = tokio::time::timeout(Duration::from_secs(20), waiting)
             .await
             .expect("woken before the poll")
             .expect("claim task");
+        assert_eq!(status, StatusCode::OK, "{claimed}");
         assert_eq!(claimed["leases"][0]["key"], "a");
         other.close().await;
     })
@@ -389,15 +382,7 @@ async fn claim_woken_from_another_process(
     session: i64,
 ) -> Value {
     let process = support::process_name("listen");
-    let waiting = {
-        let api = std::sync::Arc::clone(api);
-        let process = process.clone();
-        tokio::spawn(async move {
-            let body = json!({ "process": process, "max": 1, "wait_ms": 30_000 });
-            let uri = format!("/v1/sessions/{session}/claim");
-            api.post(&uri, body, StatusCode::OK).await
-        })
-    };
+    let waiting = waiting_claim(api, 30_000, session, &process, 1);
     api.until_claims_waiting(1).await;
     let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
         .args(["enqueue", &process, "from-elsewhere", "--db", url])
@@ -409,10 +394,12 @@ async fn claim_woken_from_another_process(
         "{}",
         String::from_utf8_lossy(&enqueued.stderr)
     );
-    tokio::time::timeout(Duration::from_secs(20), waiting)
+    let (status, claimed) = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .expect("woken by NOTIFY, long before the 60 s poll")
-        .expect("claim task")
+        .expect("claim task");
+    assert_eq!(status, StatusCode::OK, "{claimed}");
+    claimed
 }
 
 #[tokio::test]

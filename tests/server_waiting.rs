@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::http::{Method, StatusCode};
 use drover::server::{Role, ServerOptions, Tokens};
 use serde_json::json;
-use server_support::{Api, POST};
+use server_support::{Api, POST, waiting_claim};
 use support::each_engine;
 
 const P: &str = "idle";
@@ -29,22 +29,6 @@ async fn attempts(api: &Api) -> u64 {
         .expect("the server reports drover_claim_attempts_total")
 }
 
-/// Starts a claim of `max` keys of `process` that waits up to 20 s.
-fn waiting_claim(
-    api: &Arc<Api>,
-    session: i64,
-    process: &str,
-    max: u32,
-) -> tokio::task::JoinHandle<(StatusCode, serde_json::Value)> {
-    let (api, process) = (Arc::clone(api), process.to_owned());
-    tokio::spawn(async move {
-        let body = json!({ "process": process, "max": max, "wait_ms": 20_000 });
-        let uri = format!("/v1/sessions/{session}/claim");
-        let reply = api.call(POST, &uri, Some(body)).await;
-        (reply.status, reply.json())
-    })
-}
-
 /// 200 claims wait on an empty process for one second with a 50 ms poll
 /// interval: each polling on its own they would send about 4,000 claims; in
 /// one line they send one per poll interval. The second is time passing, not
@@ -58,7 +42,7 @@ async fn idle_long_polls_cost_one_claim_per_poll_interval_and_one_key_wakes_one_
         for _ in 0..20 {
             let session = api.session(60_000).await;
             for _ in 0..10 {
-                claims.push(waiting_claim(&api, session, P, 1));
+                claims.push(waiting_claim(&api, 20_000, session, P, 1));
             }
         }
         api.until_claims_waiting(200).await;
@@ -111,16 +95,22 @@ async fn claims_over_the_servers_or_a_sessions_cap_are_refused_at_once_and_ready
         let options = ServerOptions::default().max_waiting_claims(20);
         let api = Arc::new(Api::with(&db.store, options));
         let one = api.session(60_000).await;
-        let mut claims: Vec<_> = (0..16).map(|_| waiting_claim(&api, one, P, 1)).collect();
+        let mut claims: Vec<_> = (0..16)
+            .map(|_| waiting_claim(&api, 20_000, one, P, 1))
+            .collect();
         api.until_claims_waiting(16).await;
-        let (status, body) = waiting_claim(&api, one, P, 1).await.expect("joined");
+        let (status, body) = waiting_claim(&api, 20_000, one, P, 1)
+            .await
+            .expect("joined");
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
         assert_eq!(body["error"], "too_many_waiting_claims", "{body}");
         let two = api.session(60_000).await;
-        claims.extend((0..4).map(|_| waiting_claim(&api, two, P, 1)));
+        claims.extend((0..4).map(|_| waiting_claim(&api, 20_000, two, P, 1)));
         api.until_claims_waiting(20).await;
         let three = api.session(60_000).await;
-        let (status, body) = waiting_claim(&api, three, P, 1).await.expect("joined");
+        let (status, body) = waiting_claim(&api, 20_000, three, P, 1)
+            .await
+            .expect("joined");
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
         assert!(
             body["message"]
@@ -130,7 +120,9 @@ async fn claims_over_the_servers_or_a_sessions_cap_are_refused_at_once_and_ready
         );
         // A claim that finds work is answered whatever the caps.
         api.enqueue("busy", &["ready"]).await;
-        let (status, body) = waiting_claim(&api, three, "busy", 1).await.expect("joined");
+        let (status, body) = waiting_claim(&api, 20_000, three, "busy", 1)
+            .await
+            .expect("joined");
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["leases"][0]["key"], "ready", "{body}");
         for claim in claims {
@@ -227,7 +219,7 @@ async fn a_lone_worker_token_beside_an_admins_may_fill_the_cap() {
         let mut claims = Vec::new();
         for n in 1..=4 {
             let session = api.session(60_000).await;
-            claims.push(waiting_claim(&api, session, P, 1));
+            claims.push(waiting_claim(&api, 20_000, session, P, 1));
             api.until_claims_waiting(n).await;
         }
         for claim in claims {
@@ -264,7 +256,7 @@ async fn rate_limited_long_polls_cost_one_claim_per_token_not_one_each() {
         for _ in 0..20 {
             let session = api.session(60_000).await;
             for _ in 0..10 {
-                claims.push(waiting_claim(&api, session, P, 1));
+                claims.push(waiting_claim(&api, 20_000, session, P, 1));
             }
         }
         api.until_claims_waiting(150).await;
@@ -302,10 +294,10 @@ async fn a_waiting_claim_of_an_ended_session_passes_its_wakeup_on() {
         let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
         let api = Arc::new(Api::with(&db.store, options));
         let ended = api.session(60_000).await;
-        let dead = waiting_claim(&api, ended, P, 1);
+        let dead = waiting_claim(&api, 20_000, ended, P, 1);
         api.until_claims_waiting(1).await;
         let live = api.session(60_000).await;
-        let alive = waiting_claim(&api, live, P, 1);
+        let alive = waiting_claim(&api, 20_000, live, P, 1);
         api.until_claims_waiting(2).await;
         let reply = api
             .call(Method::DELETE, &format!("/v1/sessions/{ended}"), None)

@@ -205,6 +205,24 @@ impl Api {
     }
 }
 
+/// Starts a claim of `max` keys of `process` for `session` that waits up to
+/// `wait_ms`: its status and body, once answered.
+pub(crate) fn waiting_claim(
+    api: &std::sync::Arc<Api>,
+    wait_ms: u64,
+    session: i64,
+    process: &str,
+    max: u32,
+) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let (api, process) = (std::sync::Arc::clone(api), process.to_owned());
+    tokio::spawn(async move {
+        let body = serde_json::json!({ "process": process, "max": max, "wait_ms": wait_ms });
+        let uri = format!("/v1/sessions/{session}/claim");
+        let reply = api.call(Method::POST, &uri, Some(body)).await;
+        (reply.status, reply.json())
+    })
+}
+
 /// `ns/name` → `ns%2Fname`: a key as a path segment.
 pub(crate) fn segment(key: &str) -> String {
     let mut out = String::new();
