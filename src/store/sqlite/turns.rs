@@ -404,6 +404,15 @@ mod tests {
         );
         drop(held);
         until_free(&db).await;
+        // The waiting thread b asked (and left stalled) wakes when a lets go,
+        // and may take the lock after `until_free` saw it free: b's turns are
+        // the lock again once that wait is over.
+        for _ in 0..1000 {
+            if !b.asking.lock().waiting {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let turn = b.take().await;
         assert!(
             turn.file.is_some(),
