@@ -371,21 +371,22 @@ async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
     .await;
 }
 
-/// A claim of a process of its own that waits (30 s) on `api`'s server, and
-/// the key `from-elsewhere` enqueued to that process by another OS process
-/// (`drover enqueue` on `url`) once it waits. On a server that polls once a
+/// A claim of `process` that waits (30 s) on `api`'s server, and the key
+/// `from-elsewhere` enqueued to that process by another OS process (`drover
+/// enqueue` on `url`) once it waits (with `waiting_already` other claims). On a server that polls once a
 /// minute only the store's `LISTEN` can answer it within the 20 s this
 /// waits. Returns its answer.
 async fn claim_woken_from_another_process(
     api: &std::sync::Arc<Api>,
     url: &str,
     session: i64,
+    process: &str,
+    waiting_already: i64,
 ) -> Value {
-    let process = support::process_name("listen");
-    let waiting = waiting_claim(api, 30_000, session, &process, 1);
-    api.until_claims_waiting(1).await;
+    let waiting = waiting_claim(api, 30_000, session, process, 1);
+    api.until_claims_waiting(waiting_already + 1).await;
     let enqueued = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover"))
-        .args(["enqueue", &process, "from-elsewhere", "--db", url])
+        .args(["enqueue", process, "from-elsewhere", "--db", url])
         .output()
         .await
         .expect("run drover enqueue");
@@ -415,7 +416,8 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
         let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
         let api = std::sync::Arc::new(Api::with(&db.store, options));
         let session = api.session(60_000).await;
-        let claimed = claim_woken_from_another_process(&api, &db.url, session).await;
+        let process = support::process_name("listen");
+        let claimed = claim_woken_from_another_process(&api, &db.url, session, &process, 0).await;
         assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
     })
     .await;
@@ -449,8 +451,52 @@ async fn on_postgres_claims_on_a_thousand_made_up_names_leave_a_real_waiter_its_
             let body = json!({ "process": format!("made-up-{i}"), "max": 1, "wait_ms": wait_ms });
             api.post(&uri, body, StatusCode::OK).await;
         }
-        let claimed = claim_woken_from_another_process(&api, &db.url, session).await;
+        let process = support::process_name("listen");
+        let claimed = claim_woken_from_another_process(&api, &db.url, session, &process, 0).await;
         assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
+    })
+    .await;
+}
+
+/// Long-polls on more made-up names than a store has `LISTEN` channels, all
+/// waiting at once (66 sessions of 16, inside every default cap), leave a
+/// real process's new waiter its wake-ups: the server listens for at most
+/// 64 names the database does not hold, and the rest wait by their poll.
+/// Before, each held a channel while it waited, and the real waiter heard
+/// another node's enqueue only at its poll (found in review).
+#[tokio::test]
+async fn on_postgres_long_polls_on_a_thousand_made_up_names_leave_a_real_waiter_its_wakeups() {
+    each_engine(|db| async move {
+        if db.engine != "postgres" {
+            eprintln!(
+                "skipping on {}: only PostgreSQL listens for other processes' wake-ups",
+                db.engine
+            );
+            return;
+        }
+        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+        let api = std::sync::Arc::new(Api::with(&db.store, options));
+        // The real process exists, its one key running: its waiter waits.
+        let process = support::process_name("listen");
+        api.enqueue(&process, &["running"]).await;
+        let session = api.session(60_000).await;
+        assert_eq!(api.claim(session, &process, 1).await.len(), 1);
+        let mut made_up = Vec::new();
+        for s in 0..66 {
+            let session = api.session(60_000).await;
+            for i in 0..16 {
+                let name = format!("made-up-{s}-{i}");
+                made_up.push(waiting_claim(&api, 50_000, session, &name, 1));
+            }
+        }
+        let waiting = i64::try_from(made_up.len()).expect("small");
+        api.until_claims_waiting(waiting).await;
+        let claimed =
+            claim_woken_from_another_process(&api, &db.url, session, &process, waiting).await;
+        assert_eq!(claimed["leases"][0]["key"], "from-elsewhere");
+        for claim in made_up {
+            claim.abort();
+        }
     })
     .await;
 }

@@ -45,20 +45,10 @@ impl KnownProcesses {
         process: &str,
         max: usize,
     ) -> Result<(), ApiError> {
-        let stale = {
-            let known = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-            if known.names.contains(process) {
-                return Ok(());
-            }
-            known.read_at.is_none_or(|at| at.elapsed() >= REFRESH)
-        };
-        if stale {
-            let listed = store.process_list().await?;
-            let mut known = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-            known.names = listed.into_iter().map(|p| p.process).collect();
-            known.read_at = Some(Instant::now());
+        if self.holds(store, process).await? {
+            return Ok(());
         }
-        let mut known = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut known = self.lock();
         if known.names.contains(process) {
             return Ok(());
         }
@@ -67,5 +57,30 @@ impl KnownProcesses {
         }
         known.names.insert(process.to_owned());
         Ok(())
+    }
+
+    /// Whether the database holds `process` (or this server let an enqueue
+    /// to it in), as last read: a miss reads the database's processes again,
+    /// at most once per [`REFRESH`]. A waiting claim asks, to tell a process
+    /// that exists from a name nobody enqueued to (see `waiting.rs`).
+    pub(crate) async fn holds(&self, store: &Store, process: &str) -> Result<bool, ApiError> {
+        let stale = {
+            let known = self.lock();
+            if known.names.contains(process) {
+                return Ok(true);
+            }
+            known.read_at.is_none_or(|at| at.elapsed() >= REFRESH)
+        };
+        if stale {
+            let listed = store.process_list().await?;
+            let mut known = self.lock();
+            known.names = listed.into_iter().map(|p| p.process).collect();
+            known.read_at = Some(Instant::now());
+        }
+        Ok(self.lock().names.contains(process))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -25,10 +25,21 @@
 //! at once with 429 `too_many_waiting_claims`. The token's share keeps one
 //! token, however many sessions it starts, from filling the server's cap and
 //! turning every other token's waiting claims away.
+//!
+//! Waiting listens for wake-ups (on PostgreSQL, one of the store's 1,024
+//! `LISTEN` channels per process) freely for processes the database holds,
+//! but for at most [`MAX_UNKNOWN_HEARD`] names it does not hold at once: a
+//! worker may wait for a process nothing was enqueued to yet, and such a
+//! name cannot be told from a made-up one, so without the bound a caller's
+//! long-polls on a thousand made-up names held every channel while they
+//! waited, and a real process's new waiter heard other nodes only at its
+//! poll. Past the bound a claim on an unknown name waits by the poll alone
+//! (its [`Ear`] is `None`); its line starts listening once a claim comes
+//! for it that may.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -42,6 +53,13 @@ use crate::store::{SessionId, Store};
 /// worker claims from one loop per process it works on; the rest is room for
 /// a claim whose answer is still on its way.
 pub(crate) const MAX_PER_SESSION: usize = 16;
+
+/// The most process names the database does not hold that waiting claims
+/// on one server listen for at once. Real processes a worker waits for
+/// before anything is enqueued to them fit (and those past it are heard at
+/// their poll); the store's 1,024 channels stay for the processes that
+/// exist.
+pub(crate) const MAX_UNKNOWN_HEARD: usize = 64;
 
 /// The claims of one process waiting on this server.
 #[derive(Debug, Default)]
@@ -60,6 +78,48 @@ struct Line {
     token_at: Mutex<Option<Instant>>,
     /// Fired when `token_at` comes sooner, so the dispatcher wakes then.
     token_sooner: Notify,
+    /// Whether the dispatcher listens for the process's wake-ups.
+    listening: std::sync::atomic::AtomicBool,
+    /// Leave to listen, brought by a claim that may to a line that did not
+    /// (see [`Ear`]); fired through `listen_now`.
+    ear: Mutex<Option<Ear>>,
+    listen_now: Notify,
+}
+
+/// Leave to listen for a process's wake-ups (hold the store's signal, and on
+/// PostgreSQL a `LISTEN` channel): always for a process the database holds,
+/// and for one of at most [`MAX_UNKNOWN_HEARD`] unknown names at once
+/// otherwise. Every claim and line listening for an unknown name holds one;
+/// the name's slot is free once the last is dropped.
+#[derive(Debug, Clone)]
+pub(crate) struct Ear {
+    /// The unknown name's room, held for as long as the ear (`None` for a
+    /// process the database holds).
+    _room: Option<Arc<UnknownSlot>>,
+}
+
+/// One unknown name's room among the [`MAX_UNKNOWN_HEARD`].
+#[derive(Debug)]
+pub(crate) struct UnknownSlot {
+    waiting: Weak<Waiting>,
+    process: String,
+}
+
+impl Drop for UnknownSlot {
+    fn drop(&mut self) {
+        if let Some(waiting) = self.waiting.upgrade() {
+            let mut counts = waiting.lock();
+            // Only this slot's entry: a claim may have made the name a new
+            // one since this one's last holder let go.
+            if counts
+                .unknown
+                .get(&self.process)
+                .is_some_and(|slot| std::ptr::eq(slot.as_ptr(), self))
+            {
+                counts.unknown.remove(&self.process);
+            }
+        }
+    }
 }
 
 /// Every line of this server, and the counts its caps are kept by.
@@ -78,6 +138,8 @@ struct Counts {
     /// By the fingerprint of the token whose session waits.
     owners: HashMap<String, usize>,
     total: usize,
+    /// The unknown names listened for, at most [`MAX_UNKNOWN_HEARD`].
+    unknown: HashMap<String, Weak<UnknownSlot>>,
 }
 
 impl Waiting {
@@ -96,16 +158,45 @@ impl Waiting {
         self.counts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Leave for a claim on `process` to listen for its wake-ups: always if
+    /// the database holds it (`held`); for an unknown name while fewer than
+    /// [`MAX_UNKNOWN_HEARD`] others are listened for (claims on one name
+    /// share its slot); `None` otherwise, and the claim waits by its poll.
+    pub(crate) fn ear(self: &Arc<Self>, process: &str, held: bool) -> Option<Ear> {
+        if held {
+            return Some(Ear { _room: None });
+        }
+        let mut counts = self.lock();
+        if let Some(slot) = counts.unknown.get(process).and_then(Weak::upgrade) {
+            return Some(Ear { _room: Some(slot) });
+        }
+        counts.unknown.retain(|_, slot| slot.strong_count() > 0);
+        if counts.unknown.len() >= MAX_UNKNOWN_HEARD {
+            return None;
+        }
+        let slot = Arc::new(UnknownSlot {
+            waiting: Arc::downgrade(self),
+            process: process.to_owned(),
+        });
+        counts
+            .unknown
+            .insert(process.to_owned(), Arc::downgrade(&slot));
+        Some(Ear { _room: Some(slot) })
+    }
+
     /// Puts a claim of `session`, started by the token `owner` (its
     /// fingerprint; `None` on an open server), in `process`'s line, starting
-    /// the line's dispatcher (listening already when this returns) if it has
-    /// none; 429 over a cap. The claim waits until its [`Place`] drops.
+    /// the line's dispatcher (listening already when this returns, if the
+    /// claim has an `ear`) if it has none; 429 over a cap. The claim waits
+    /// until its [`Place`] drops.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn enter(
         self: &Arc<Self>,
         store: &Store,
         process: &str,
         session: SessionId,
         owner: Option<&str>,
+        ear: Option<&Ear>,
         poll: Duration,
         shutdown: &CancellationToken,
     ) -> Result<Place, ApiError> {
@@ -136,11 +227,19 @@ impl Waiting {
         counts.sessions.insert(session, of_session + 1);
         counts.total += 1;
         let line = match counts.lines.get(process) {
-            Some(line) => Arc::clone(line),
+            Some(line) => {
+                if let Some(ear) = ear.filter(|_| !line.listening.load(Ordering::Relaxed)) {
+                    // Never replaced here: dropping an ear may free its
+                    // name's room, which takes this lock.
+                    line.ear().get_or_insert_with(|| ear.clone());
+                    line.listen_now.notify_one();
+                }
+                Arc::clone(line)
+            }
             None => {
                 let line = Arc::new(Line::default());
                 counts.lines.insert(process.to_owned(), Arc::clone(&line));
-                self.dispatch(store, process, &line, poll, shutdown);
+                self.dispatch(store, process, &line, ear.cloned(), poll, shutdown);
                 line
             }
         };
@@ -153,32 +252,44 @@ impl Waiting {
         })
     }
 
-    /// Starts `line`'s dispatcher, listening for `process`'s wake-ups before
-    /// this returns, so none sent after a waiter entered is missed.
+    /// Starts `line`'s dispatcher, listening for `process`'s wake-ups (with
+    /// an `ear`) before this returns, so none sent after a waiter entered is
+    /// missed.
     fn dispatch(
         self: &Arc<Self>,
         store: &Store,
         process: &str,
         line: &Arc<Line>,
+        ear: Option<Ear>,
         poll: Duration,
         shutdown: &CancellationToken,
     ) {
-        let signal = store.subscribe(process);
-        let mut woke = Box::pin(Arc::clone(&signal).notified_owned());
-        woke.as_mut().enable();
+        let mut heard = ear.map(|ear| Heard::new(store, process, &line.listening, ear));
         let (waiting, line, process) = (Arc::clone(self), Arc::clone(line), process.to_owned());
-        let shutdown = shutdown.clone();
+        let (shutdown, store) = (shutdown.clone(), store.clone());
         tokio::spawn(async move {
             let mut next_poll = Instant::now() + poll;
             loop {
                 let token_at = *line.token_at();
                 let until = token_at.map_or(next_poll, |at| at.min(next_poll));
                 tokio::select! {
-                    () = &mut woke => {}
+                    () = Heard::woke(heard.as_mut()) => {}
                     () = tokio::time::sleep_until(until) => {}
                     () = shutdown.cancelled() => return,
                     // Sleeps again, until the sooner token.
                     () = line.token_sooner.notified() => continue,
+                    // A claim that may listen came to a line that did not.
+                    () = line.listen_now.notified() => {
+                        // Taken out first: its drop may take `Waiting`'s
+                        // lock, which is taken before a line's.
+                        let ear = line.ear().take();
+                        if let Some(ear) = ear {
+                            heard.get_or_insert_with(|| {
+                                Heard::new(&store, &process, &line.listening, ear)
+                            });
+                        }
+                        continue;
+                    }
                     () = line.emptied.notified() => {
                         let mut counts = waiting.lock();
                         if line.waiters.load(Ordering::Relaxed) == 0 {
@@ -199,8 +310,9 @@ impl Waiting {
                 next_poll = Instant::now() + poll;
                 // Listening again before the turn is given: a wake-up sent
                 // while the waiter claims is not missed.
-                woke = Box::pin(Arc::clone(&signal).notified_owned());
-                woke.as_mut().enable();
+                if let Some(heard) = heard.as_mut() {
+                    heard.again();
+                }
                 {
                     let mut counts = waiting.lock();
                     if line.waiters.load(Ordering::Relaxed) == 0 {
@@ -217,6 +329,51 @@ impl Waiting {
 impl Line {
     fn token_at(&self) -> MutexGuard<'_, Option<Instant>> {
         self.token_at.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ear(&self) -> MutexGuard<'_, Option<Ear>> {
+        self.ear.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A dispatcher's hearing of its process's wake-ups: the store's signal,
+/// held with the leave to hold it.
+struct Heard {
+    signal: Arc<Notify>,
+    woke: std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>,
+    _ear: Ear,
+}
+
+impl Heard {
+    fn new(
+        store: &Store,
+        process: &str,
+        listening: &std::sync::atomic::AtomicBool,
+        ear: Ear,
+    ) -> Self {
+        let signal = store.subscribe(process);
+        let mut woke = Box::pin(Arc::clone(&signal).notified_owned());
+        woke.as_mut().enable();
+        listening.store(true, Ordering::Relaxed);
+        Self {
+            signal,
+            woke,
+            _ear: ear,
+        }
+    }
+
+    /// Waits for a wake-up, forever if not listening.
+    async fn woke(heard: Option<&mut Self>) {
+        match heard {
+            Some(heard) => heard.woke.as_mut().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Listens for the next wake-up.
+    fn again(&mut self) {
+        self.woke = Box::pin(Arc::clone(&self.signal).notified_owned());
+        self.woke.as_mut().enable();
     }
 }
 
@@ -297,11 +454,28 @@ mod tests {
         let process = "a-line-that-empties";
         let shutdown = CancellationToken::new();
         let hour = Duration::from_secs(3600);
+        let ear = waiting.ear(process, true);
         let first = waiting
-            .enter(&store, process, SessionId(1), None, hour, &shutdown)
+            .enter(
+                &store,
+                process,
+                SessionId(1),
+                None,
+                ear.as_ref(),
+                hour,
+                &shutdown,
+            )
             .expect("room");
         let second = waiting
-            .enter(&store, process, SessionId(2), None, hour, &shutdown)
+            .enter(
+                &store,
+                process,
+                SessionId(2),
+                None,
+                ear.as_ref(),
+                hour,
+                &shutdown,
+            )
             .expect("room");
         drop(first);
         tokio::task::yield_now().await;
@@ -315,6 +489,89 @@ mod tests {
         .await
         .expect("the signal let go within 5 s, not at the hour's poll");
         assert!(waiting.lock().lines.is_empty());
+        store.close().await;
+    }
+
+    /// Waits until `process`'s signal is held (`true`) or let go.
+    async fn until_heard(process: &str, heard: bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while wakeup::waited_on(process) != heard {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{process} heard: {heard} within 5 s"));
+    }
+
+    /// Claims on names the database does not hold listen for at most
+    /// `MAX_UNKNOWN_HEARD` of them at once (on PostgreSQL each would hold one
+    /// of the store's 1,024 channels while it waits); past that they wait by
+    /// the poll, and a process the database holds is always listened for. A
+    /// name's room is free once its last claim leaves, and a line that did
+    /// not listen starts when a claim comes that may.
+    #[tokio::test]
+    async fn unknown_names_are_listened_for_up_to_a_bound_and_held_processes_always() {
+        let store = Store::connect("sqlite::memory:").await.expect("store");
+        let waiting = Arc::new(Waiting::new(1_000, false));
+        let shutdown = CancellationToken::new();
+        let hour = Duration::from_secs(3600);
+        let enter = |process: &str, ear: Option<&Ear>, session: i64| {
+            waiting
+                .enter(
+                    &store,
+                    process,
+                    SessionId(session),
+                    None,
+                    ear,
+                    hour,
+                    &shutdown,
+                )
+                .expect("room")
+        };
+        let mut places = Vec::new();
+        let mut ears = Vec::new();
+        for i in 0..MAX_UNKNOWN_HEARD {
+            let process = format!("unknown-bound-{i}");
+            let ear = waiting.ear(&process, false);
+            assert!(ear.is_some(), "room for unknown name {i}");
+            places.push(enter(
+                &process,
+                ear.as_ref(),
+                1 + i64::try_from(i).expect("small"),
+            ));
+            ears.push(ear);
+        }
+        for i in 0..MAX_UNKNOWN_HEARD {
+            until_heard(&format!("unknown-bound-{i}"), true).await;
+        }
+        // A second claim on a name listened for shares its room.
+        assert!(waiting.ear("unknown-bound-0", false).is_some());
+        let past = "unknown-bound-past";
+        assert!(
+            waiting.ear(past, false).is_none(),
+            "no room past {MAX_UNKNOWN_HEARD} unknown names"
+        );
+        let deaf = enter(past, None, 500);
+        tokio::task::yield_now().await;
+        assert!(
+            !wakeup::waited_on(past),
+            "a claim past the bound holds no signal"
+        );
+        assert!(
+            waiting.ear("held-process", true).is_some(),
+            "a process the database holds is always listened for"
+        );
+        // The first name's claim and ear leave: its room is free, and a
+        // claim that may listen brings it to the line that did not.
+        drop(places.remove(0));
+        drop(ears.remove(0));
+        until_heard("unknown-bound-0", false).await;
+        let ear = waiting.ear(past, false);
+        assert!(ear.is_some(), "the room let go is taken");
+        let second = enter(past, ear.as_ref(), 501);
+        until_heard(past, true).await;
+        drop((deaf, second, ear));
+        until_heard(past, false).await;
         store.close().await;
     }
 }

@@ -113,10 +113,15 @@ async fn wait_for_leases(
     if wait.is_zero() {
         return claim_once(state, &params).await;
     }
-    let signal = state.store.subscribe(&params.process);
-    let before = signal.notified();
-    tokio::pin!(before);
-    before.as_mut().enable();
+    // Nor does one on a name the database does not hold, past a bound
+    // (see `waiting.rs`): it waits by the poll alone.
+    let held = state.known.holds(&state.store, &params.process).await?;
+    let ear = state.waiting.ear(&params.process, held);
+    let signal = ear.as_ref().map(|_| state.store.subscribe(&params.process));
+    let mut before = signal.as_ref().map(|signal| Box::pin(signal.notified()));
+    if let Some(before) = before.as_mut() {
+        before.as_mut().enable();
+    }
     let mut claimed = claim_once(state, &params).await?;
     if !claimed.leases.is_empty() {
         return Ok(claimed);
@@ -126,11 +131,12 @@ async fn wait_for_leases(
         &params.process,
         session,
         owner,
+        ear.as_ref(),
         state.options.poll_interval,
         &state.shutdown,
     )?;
     let _waiting = state.metrics.claim_waiting();
-    let mut missed = before.now_or_never().is_some();
+    let mut missed = before.is_some_and(|before| before.now_or_never().is_some());
     loop {
         if !missed {
             let left = deadline.saturating_duration_since(Instant::now());
