@@ -7,6 +7,7 @@ mod support;
 
 use axum::http::StatusCode;
 use drover::server::ServerOptions;
+use drover::store::StoreEngine as _;
 use serde_json::{Value, json};
 use server_support::{Api, GET, POST, Reply};
 use support::each_engine;
@@ -300,6 +301,37 @@ async fn enqueues_to_new_processes_over_the_cap_are_refused_and_the_known_ones_g
     .await;
 }
 
+/// A database filled past the server's cap by other writers (`drover
+/// enqueue`, a library) keeps its processes usable through the server: the
+/// server reads only the first `max_processes` names (not every process,
+/// 6 MB of settings a read at 100,000), and a held name past them is looked
+/// up by name, so an enqueue to it goes through while a new name is refused.
+#[tokio::test]
+async fn a_database_past_the_cap_keeps_every_held_process_open_to_enqueues() {
+    each_engine(|db| async move {
+        for i in 1..=40 {
+            db.store
+                .item_enqueue(drover::store::ItemEnqueue::new(format!("p-{i:02}"), ["k"]))
+                .await
+                .expect("enqueue through the store");
+        }
+        let api = Api::with(&db.store, ServerOptions::default().max_processes(3));
+        api.enqueue("p-37", &["again"]).await;
+        api.enqueue("p-02", &["again"]).await;
+        let reply = api
+            .call(
+                POST,
+                "/v1/processes/spam/items",
+                Some(json!({ "keys": ["k"] })),
+            )
+            .await;
+        let body = rejected(&reply, StatusCode::UNPROCESSABLE_ENTITY, None);
+        assert_eq!(body["error"], "too_many_processes", "{body}");
+        api.enqueue("p-38", &["again"]).await;
+    })
+    .await;
+}
+
 /// An enqueue of no keys creates nothing, so it takes none of the room
 /// `max_processes` leaves: empty enqueues to new names (a watcher flushing
 /// an empty batch, or a caller on purpose) do not get a later enqueue that
@@ -394,4 +426,156 @@ async fn a_lease_or_cursor_no_key_can_match_is_422_never_a_5xx() {
         assert_eq!(snapshot(&api).await, before);
     })
     .await;
+}
+
+/// The value of the metric line `name{labels}` on the `/metrics` page, 0
+/// when the page has no such line.
+async fn metric(api: &Api, series: &str) -> f64 {
+    let page = api.call(GET, "/metrics", None).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+    page.text
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.parse().expect("a number"))
+}
+
+#[tokio::test]
+async fn a_completion_sent_again_after_its_answer_was_lost_is_counted_once() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        // The metric families are the process's: a name of this test's own.
+        let p = format!("resent-{}", db.engine);
+        api.enqueue(&p, &["a", "b"]).await;
+        let session = api.session(30_000).await;
+        let leases = api.claim(session, &p, 2).await;
+        assert_eq!(leases.len(), 2);
+        let done = json!({ "lease": leases[0], "outcome": { "type": "done" } });
+        let failed = json!({ "completions": [
+            { "lease": leases[1], "outcome": { "type": "transient", "error": "boom" } },
+        ] });
+        for _ in 0..2 {
+            // The second of each is what a worker sends when the first
+            // answer was lost on the link: the store answers it as written.
+            api.post("/v1/leases/complete", done.clone(), StatusCode::NO_CONTENT)
+                .await;
+            let answer = api
+                .post("/v1/leases/complete-batch", failed.clone(), StatusCode::OK)
+                .await;
+            assert_eq!(answer["results"][0]["error"], Value::Null, "{answer}");
+        }
+        let outcomes = |outcome: &str| {
+            format!("drover_outcomes_total{{process=\"{p}\",outcome=\"{outcome}\"}}")
+        };
+        assert_eq!(metric(&api, &outcomes("done")).await, 1.0);
+        assert_eq!(metric(&api, &outcomes("transient")).await, 1.0);
+        let retries = format!("workqueue_retries_total{{name=\"{p}\"}}");
+        assert_eq!(metric(&api, &retries).await, 1.0);
+        let runs = format!("workqueue_work_duration_seconds_count{{name=\"{p}\"}}");
+        assert_eq!(metric(&api, &runs).await, 2.0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_start_time_made_up_by_the_worker_does_not_reach_the_work_duration() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        let p = format!("made-up-start-{}", db.engine);
+        api.enqueue(&p, &["a", "b"]).await;
+        let session = api.session(30_000).await;
+        let mut leases = api.claim(session, &p, 2).await;
+        assert_eq!(leases.len(), 2);
+        // A run of a few seconds at most, said to have started in year 1.
+        leases[0]["started_at"] = json!("0001-01-01T00:00:00Z");
+        leases[1]["started_at"] = json!("1970-01-01T00:00:00Z");
+        let done = json!({ "lease": leases[0], "outcome": { "type": "done" } });
+        api.post("/v1/leases/complete", done, StatusCode::NO_CONTENT)
+            .await;
+        let batch =
+            json!({ "completions": [{ "lease": leases[1], "outcome": { "type": "done" } }] });
+        api.post("/v1/leases/complete-batch", batch, StatusCode::OK)
+            .await;
+        let runs = format!("workqueue_work_duration_seconds_count{{name=\"{p}\"}}");
+        assert_eq!(metric(&api, &runs).await, 2.0, "both runs are timed");
+        let sum = format!("workqueue_work_duration_seconds_sum{{name=\"{p}\"}}");
+        let took = metric(&api, &sum).await;
+        // What the server saw: from its claim's answer to the completions.
+        assert!(took < 600.0, "two runs of seconds took {took} s in all");
+    })
+    .await;
+}
+
+/// A lease another server over the same database handed out (a worker's
+/// requests spread over nodes) is timed from the start its worker sent only
+/// when that is plausible: one said to have started in year 1 is counted but
+/// not timed, one that started a moment ago is timed.
+#[tokio::test]
+async fn a_lease_another_server_handed_out_is_timed_only_from_a_plausible_start() {
+    each_engine(|db| async move {
+        let (claimer, completer) = (Api::new(&db.store), Api::new(&db.store));
+        let p = format!("foreign-start-{}", db.engine);
+        claimer.enqueue(&p, &["a", "b"]).await;
+        let session = claimer.session(30_000).await;
+        let mut leases = claimer.claim(session, &p, 2).await;
+        assert_eq!(leases.len(), 2);
+        leases[0]["started_at"] = json!("0001-01-01T00:00:00Z");
+        for lease in &leases {
+            let done = json!({ "lease": lease, "outcome": { "type": "done" } });
+            completer
+                .post("/v1/leases/complete", done, StatusCode::NO_CONTENT)
+                .await;
+        }
+        let done = format!("drover_outcomes_total{{process=\"{p}\",outcome=\"done\"}}");
+        assert_eq!(metric(&completer, &done).await, 2.0, "both are counted");
+        let runs = format!("workqueue_work_duration_seconds_count{{name=\"{p}\"}}");
+        assert_eq!(
+            metric(&completer, &runs).await,
+            1.0,
+            "only the plausible start is timed"
+        );
+        let sum = format!("workqueue_work_duration_seconds_sum{{name=\"{p}\"}}");
+        let took = metric(&completer, &sum).await;
+        assert!(took < 600.0, "a run of seconds took {took} s");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_an_outcome_whose_first_commit_was_unknown_is_counted_on_its_resend() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let (proxy, proxied) = support::commit_cut::CommitCut::in_front_of(&base, &db.url).await;
+    let api = Api::new(&proxied);
+    let p = "commit-unknown-resent";
+    api.enqueue(p, &["a"]).await;
+    let session = api.session(600_000).await;
+    let lease = api.claim(session, p, 1).await.remove(0);
+    let done = json!({ "lease": lease, "outcome": { "type": "done" } });
+    proxy.arm_for("INSERT INTO drover_runs");
+    let unknown = api
+        .post(
+            "/v1/leases/complete",
+            done.clone(),
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    assert_eq!(unknown["error"], "commit_unknown", "{unknown}");
+    tokio::time::timeout(std::time::Duration::from_secs(5), proxy.cut())
+        .await
+        .expect("the completion's commit was the one cut");
+    // Written by the first try, which counted nothing: the resend counts it.
+    api.post("/v1/leases/complete", done.clone(), StatusCode::NO_CONTENT)
+        .await;
+    api.post("/v1/leases/complete", done, StatusCode::NO_CONTENT)
+        .await;
+    let outcomes = format!("drover_outcomes_total{{process=\"{p}\",outcome=\"done\"}}");
+    assert_eq!(metric(&api, &outcomes).await, 1.0);
+    let runs = format!("workqueue_work_duration_seconds_count{{name=\"{p}\"}}");
+    assert_eq!(metric(&api, &runs).await, 1.0);
+    drop(api);
+    proxied.close().await;
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
 }

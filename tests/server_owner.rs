@@ -427,3 +427,58 @@ async fn a_batch_naming_thousands_of_unseen_sessions_reads_their_owners_once() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_token_holding_its_limit_of_live_sessions_starts_no_more_until_one_ends() {
+    each_engine(|db| async move {
+        let options = ServerOptions::default()
+            .tokens(tokens())
+            .max_sessions_per_token(3);
+        let mut api = Api::with(&db.store, options);
+        api.token = Some("w1".into());
+        let start = json!({ "component": "script", "ttl_ms": 60_000 }).to_string();
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(api.session(60_000).await);
+        }
+        let over = api
+            .send(POST, "/v1/sessions", Some(start.clone()), Some("w1"))
+            .await;
+        assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{}", over.text);
+        assert_eq!(over.json()["error"], "too_many_sessions", "{}", over.text);
+        // Another token's sessions are its own.
+        let other = api
+            .send(POST, "/v1/sessions", Some(start.clone()), Some("w2"))
+            .await;
+        assert_eq!(other.status, StatusCode::CREATED, "{}", other.text);
+        // A closed session makes room.
+        let closed = api
+            .send(
+                DELETE,
+                &format!("/v1/sessions/{}", held[0]),
+                None,
+                Some("w1"),
+            )
+            .await;
+        assert_eq!(closed.status, StatusCode::OK, "{}", closed.text);
+        let again = api
+            .send(POST, "/v1/sessions", Some(start.clone()), Some("w1"))
+            .await;
+        assert_eq!(again.status, StatusCode::CREATED, "{}", again.text);
+        // So does an expired one, even before it is reclaimed.
+        db.store
+            .clock()
+            .advance(std::time::Duration::from_secs(120));
+        for _ in 0..3 {
+            let fresh = api
+                .send(POST, "/v1/sessions", Some(start.clone()), Some("w1"))
+                .await;
+            assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.text);
+        }
+        let over = api
+            .send(POST, "/v1/sessions", Some(start), Some("w1"))
+            .await;
+        assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS, "{}", over.text);
+    })
+    .await;
+}

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use drover::store::{
     ItemEnqueue, ItemGet, ItemState, LeaseClaim, LeaseComplete, LeaseLock, Outcome,
-    ProcessConfigure, ProcessPause, RunList, RunOutcome, SessionId, Store, StoreEngine as _,
-    StoreError,
+    ProcessConfigure, ProcessPage, ProcessPause, RunList, RunOutcome, SessionId, Store,
+    StoreEngine as _, StoreError,
 };
 use support::locks::Holder;
 use support::{TestDb, each_engine, each_engine_and_pooler};
@@ -756,6 +756,74 @@ async fn a_lock_waiting_for_its_keys_row_holds_no_other_claim_back() {
             matches!(locked, Err(StoreError::Held { .. })),
             "paused meanwhile: {locked:?}"
         );
+    })
+    .await;
+}
+
+/// Processes' settings are read a page or one process at a time (DESIGN.md
+/// rule 13): a database may hold any number of processes (a store or
+/// `drover enqueue` creates them without a server's cap), and every reader
+/// read them all, about 6 MB of settings for 100,000 names, to show one
+/// process's settings, its dashboard page, or the resync column of one
+/// overview page. A page holds at most its limit, a read by name holds one,
+/// and the walk over all of them still finds each once, in name order.
+#[tokio::test]
+async fn process_settings_are_read_a_page_or_one_process_at_a_time() {
+    each_engine(|db| async move {
+        const MANY: usize = 2050;
+        let name = if db.engine == "postgres" {
+            "'p-' || lpad(i::text, 5, '0'), now()"
+        } else {
+            "printf('p-%05d', i), 0"
+        };
+        db.execute(&format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {MANY}) \
+             INSERT INTO drover_processes (process, created_at) SELECT {name} FROM n"
+        ))
+        .await;
+        configure(
+            &db.store,
+            ProcessConfigure::new("p-01234").concurrency(Some(7)),
+        )
+        .await;
+        let first = db
+            .store
+            .process_settings(ProcessPage::first(100))
+            .await
+            .expect("a page");
+        assert_eq!(first.items.len(), 100, "a page holds its limit");
+        assert_eq!(first.items[0].process, "p-00001");
+        assert_eq!(first.next.as_deref(), Some("p-00100"));
+        let second = db
+            .store
+            .process_settings(ProcessPage {
+                after: first.next,
+                limit: 100,
+            })
+            .await
+            .expect("the next page");
+        assert_eq!(
+            second.items[0].process, "p-00101",
+            "it goes on after the first"
+        );
+        let one = db.store.process_get("p-01234").await.expect("one process");
+        let one = one.expect("it is known");
+        assert_eq!(
+            (one.process.as_str(), one.limits.concurrency),
+            ("p-01234", Some(7))
+        );
+        assert!(
+            db.store
+                .process_get("unknown")
+                .await
+                .expect("read")
+                .is_none(),
+            "an unknown process is None"
+        );
+        let all = db.store.process_list().await.expect("every process");
+        let names: Vec<&str> = all.iter().map(|s| s.process.as_str()).collect();
+        let expected: Vec<String> = (1..=MANY).map(|i| format!("p-{i:05}")).collect();
+        assert_eq!(names, expected, "the walk finds each once, in order");
     })
     .await;
 }

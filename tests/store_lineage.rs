@@ -429,3 +429,112 @@ async fn after_a_fork_no_session_id_or_fencing_token_of_before_is_handed_out_aga
     store.close().await;
     support::drop_schema(&base, &schema).await;
 }
+
+/// A promoted standby's run and item sequences can restart below what the
+/// old primary handed out, as its session and token sequences can (the test
+/// above). A run id is history's page cursor: a reader holding a page's
+/// `next_before` from the old primary was shown, as older than that page, a
+/// run that ended after the fork; and a reader following history by the
+/// highest id it has seen skipped it. An item id is the claim order's FIFO
+/// tie-break and part of a triage page cursor. Before, the fork moved the
+/// session and token sequences only.
+#[tokio::test]
+async fn after_a_fork_no_run_id_or_item_id_of_before_is_handed_out_again() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let store = db.store.clone();
+    let history = |store: Store, before: Option<i64>| async move {
+        store
+            .run_list(drover::store::RunList {
+                process: Some(P.into()),
+                before,
+                limit: 1,
+                ..Default::default()
+            })
+            .await
+            .expect("history")
+    };
+    // The old primary ran "a" twice and made "b" known, after the standby's
+    // last replayed record; a reader read history's first page of one.
+    let session = store
+        .session_start(SessionStart::new("lost", secs(20)))
+        .await
+        .expect("session");
+    for _ in 0..2 {
+        support::store::enqueue(&store, &["a"]).await;
+        let leases = support::store::claim(&store, session.id, 1).await;
+        support::store::complete(&store, &leases[0], drover::store::Outcome::Done)
+            .await
+            .expect("complete");
+    }
+    support::store::enqueue(&store, &["b"]).await;
+    let page = history(store.clone(), None).await;
+    let newest_seen = page[0].id;
+    let item_id = |key: &'static str| {
+        let url = db.sql_url.clone();
+        async move {
+            let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+            let id: i64 = sqlx::query_scalar("SELECT id FROM drover_items WHERE key = $1")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("item id");
+            pool.close().await;
+            id
+        }
+    };
+    let lost_item = item_id("b").await;
+    // The promoted standby has none of it: both runs, "b" and the session
+    // are gone, and both sequences are where they were before.
+    let oldest_lost = history(store.clone(), Some(newest_seen)).await[0].id;
+    store
+        .session_close(drover::store::SessionClose {
+            session: session.id,
+        })
+        .await
+        .expect("close");
+    db.execute(&format!(
+        "DELETE FROM drover_runs WHERE id >= {oldest_lost}"
+    ))
+    .await;
+    db.execute("DELETE FROM drover_items WHERE key = 'b'").await;
+    db.execute(&format!(
+        "SELECT setval(pg_get_serial_sequence('drover_runs', 'id'), {oldest_lost}, false), \
+         setval(pg_get_serial_sequence('drover_items', 'id'), {lost_item}, false)"
+    ))
+    .await;
+    db.execute("UPDATE drover_lineage SET timeline = timeline + 1")
+        .await;
+    let node = db.reconnect().await;
+    support::store::enqueue(&node, &["c"]).await;
+    assert!(
+        item_id("c").await > lost_item,
+        "an item id of before the fork again: {} (\"b\" had {lost_item})",
+        item_id("c").await
+    );
+    node.clock().advance(secs(21));
+    let after = node
+        .session_start(SessionStart::new("after the pause", secs(20)))
+        .await
+        .expect("a session after the pause");
+    let leases = support::store::claim(&node, after.id, 1).await;
+    assert_eq!(leases.len(), 1, "claims resume after the pause");
+    support::store::complete(&node, &leases[0], drover::store::Outcome::Done)
+        .await
+        .expect("complete");
+    let new_run = history(node.clone(), None).await[0].id;
+    assert!(
+        new_run > newest_seen,
+        "the run after the fork has id {new_run}, not above {newest_seen} that a reader saw before it"
+    );
+    let older = history(node.clone(), Some(newest_seen)).await;
+    assert!(
+        older.iter().all(|r| r.key != "c"),
+        "the page older than the one read before the fork shows the run after it: {older:?}"
+    );
+    node.close().await;
+    store.close().await;
+    support::drop_schema(&base, &schema).await;
+}

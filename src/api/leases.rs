@@ -180,7 +180,10 @@ pub struct LeaseRef {
     /// Ignored.
     #[serde(default)]
     pub enqueued_at: Option<DateTime<Utc>>,
-    /// When the run started; used for the work-duration metric.
+    /// When the run started, for the work-duration metric of a lease another
+    /// server handed out (or this one before a restart), if it is within a
+    /// day and not in the future; a server times the leases it handed out
+    /// from when it did, whatever is sent here.
     #[serde(default)]
     pub started_at: Option<DateTime<Utc>>,
 }

@@ -341,8 +341,7 @@ async fn settings_of(
     store: &drover::Store,
     process: &str,
 ) -> anyhow::Result<Option<ProcessSettings>> {
-    let all = store.process_list().await?;
-    Ok(all.into_iter().find(|s| s.process == process))
+    Ok(store.process_get(process).await?)
 }
 
 /// A duration as people write it (`7days`, `6m`).

@@ -58,6 +58,12 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 100, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_processes: u32,
+    /// The most live sessions one token may hold (with --tokens); a start
+    /// over it is answered 429 too_many_sessions. Raise it for a fleet that
+    /// shares one token across more control loops.
+    #[arg(long, default_value_t = 10_000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions_per_token: u32,
     /// The most claims that may wait for work at once (16 per session, and
     /// half of this per token when there are several worker tokens); a claim over it
     /// is answered 429 too_many_waiting_claims.
@@ -190,6 +196,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .sample_interval(args.sample_every)
         .allowed_hosts(args.allowed_hosts)
         .max_processes(args.max_processes as usize)
+        .max_sessions_per_token(args.max_sessions_per_token as usize)
         .max_waiting_claims(args.max_waiting_claims as usize)
         .max_connections(fit_connections(args.max_connections as usize))
         .client_timeout(args.client_timeout);

@@ -164,8 +164,9 @@ impl ServerMetrics {
             .observe(waited.as_secs_f64());
     }
 
-    /// `workqueue_work_duration_seconds` (when the worker sent the start time
-    /// back) and `workqueue_retries_total` for transient failures.
+    /// `workqueue_work_duration_seconds` (from `started_at`, when the server
+    /// can vouch for the run's start: see `timed_from` in `routes/leases.rs`)
+    /// and `workqueue_retries_total` for transient failures.
     pub(crate) fn completed(
         &self,
         process: &str,

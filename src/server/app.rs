@@ -58,6 +58,7 @@ impl Server {
             metrics: Arc::new(ServerMetrics::new()),
             shutdown: CancellationToken::new(),
             owners: Arc::default(),
+            handed: Arc::default(),
             waiting,
             known: Arc::default(),
         };

@@ -58,6 +58,13 @@ pub enum ApiError {
          complete or close it"
     )]
     NotYourSession(crate::store::SessionId),
+    /// 429 `too_many_sessions`: a token that holds the server's cap of live
+    /// sessions started another (see `routes/sessions.rs`).
+    #[error(
+        "this token holds {0} live sessions, the server's limit (--max-sessions-per-token): \
+         close the sessions it no longer uses, or let them expire"
+    )]
+    TooManySessions(usize),
     /// 422 `too_many_processes`: an enqueue would create a process over the
     /// server's cap (see `known.rs`).
     #[error(
@@ -149,7 +156,7 @@ impl ApiError {
             | Self::CrossOrigin(_)
             | Self::HostNotAllowed(_)
             | Self::NotYourSession(_) => StatusCode::FORBIDDEN,
-            Self::TooManyWaiting(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::TooManyWaiting(_) | Self::TooManySessions(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::TooManyProcesses(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -175,6 +182,7 @@ impl ApiError {
             Self::HostNotAllowed(_) => ("host_not_allowed", None),
             Self::NotYourSession(_) => ("not_your_session", None),
             Self::TooManyWaiting(_) => ("too_many_waiting_claims", None),
+            Self::TooManySessions(_) => ("too_many_sessions", None),
             Self::TooManyProcesses(_) => ("too_many_processes", None),
             Self::NotFound(_) => ("not_found", None),
             Self::MethodNotAllowed => ("method_not_allowed", None),

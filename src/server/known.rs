@@ -12,11 +12,11 @@
 //! read, so a race may overshoot by a few.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::error::ApiError;
-use crate::store::{Store, StoreEngine as _};
+use crate::store::{ProcessPage, Store, StoreEngine as _};
 
 /// How often a miss may read the database's processes again: a stream of
 /// enqueues to new names over the cap costs one read per interval, not one
@@ -31,7 +31,13 @@ pub(crate) struct KnownProcesses {
 
 #[derive(Debug, Default)]
 struct Known {
+    /// The first `max` names the database held at the last read, and the
+    /// names seen since: at most `max` more than the cap and the names
+    /// enqueued to, never every process of a database that holds many.
     names: HashSet<String>,
+    /// Whether the last read found `max` processes or more: then a name
+    /// not among `names` may still be held, and is looked up by name.
+    full: bool,
     read_at: Option<Instant>,
 }
 
@@ -45,14 +51,14 @@ impl KnownProcesses {
         process: &str,
         max: usize,
     ) -> Result<(), ApiError> {
-        if self.holds(store, process).await? {
+        if self.holds(store, process, max).await? {
             return Ok(());
         }
         let mut known = self.lock();
         if known.names.contains(process) {
             return Ok(());
         }
-        if known.names.len() >= max {
+        if known.full || known.names.len() >= max {
             return Err(ApiError::TooManyProcesses(max));
         }
         known.names.insert(process.to_owned());
@@ -60,10 +66,20 @@ impl KnownProcesses {
     }
 
     /// Whether the database holds `process` (or this server let an enqueue
-    /// to it in), as last read: a miss reads the database's processes again,
-    /// at most once per [`REFRESH`]. A waiting claim asks, to tell a process
-    /// that exists from a name nobody enqueued to (see `waiting.rs`).
-    pub(crate) async fn holds(&self, store: &Store, process: &str) -> Result<bool, ApiError> {
+    /// to it in), as last read: a miss reads the database's first `max`
+    /// processes again, at most once per [`REFRESH`], and, when it holds
+    /// that many or more, looks the name up by itself. A read takes a page
+    /// of the cap, not every process: a database that `drover enqueue` or a
+    /// library filled past the cap (100,000 processes are 6 MB of settings
+    /// a read) costs a page each interval, and a name past it one read by
+    /// name. A waiting claim asks too, to tell a process that exists from a
+    /// name nobody enqueued to (see `waiting.rs`).
+    pub(crate) async fn holds(
+        &self,
+        store: &Store,
+        process: &str,
+        max: usize,
+    ) -> Result<bool, ApiError> {
         let stale = {
             let known = self.lock();
             if known.names.contains(process) {
@@ -72,15 +88,28 @@ impl KnownProcesses {
             known.read_at.is_none_or(|at| at.elapsed() >= REFRESH)
         };
         if stale {
-            let listed = store.process_list().await?;
+            let page = ProcessPage::first(u32::try_from(max).unwrap_or(u32::MAX));
+            let listed = store.process_settings(page).await?;
             let mut known = self.lock();
-            known.names = listed.into_iter().map(|p| p.process).collect();
+            known.full = listed.next.is_some() || listed.items.len() >= max;
+            known.names = listed.items.into_iter().map(|p| p.process).collect();
             known.read_at = Some(Instant::now());
         }
-        Ok(self.lock().names.contains(process))
+        let full = {
+            let known = self.lock();
+            if known.names.contains(process) {
+                return Ok(true);
+            }
+            known.full
+        };
+        if full && store.process_get(process).await?.is_some() {
+            self.lock().names.insert(process.to_owned());
+            return Ok(true);
+        }
+        Ok(false)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+    fn lock(&self) -> MutexGuard<'_, Known> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

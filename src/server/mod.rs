@@ -38,6 +38,7 @@ mod connections;
 mod dashboard;
 mod error;
 mod extract;
+mod handed;
 mod host;
 mod known;
 mod openapi;

@@ -23,6 +23,7 @@ pub struct ServerOptions {
     pub(crate) max_connections: usize,
     pub(crate) client_timeout: Duration,
     pub(crate) max_processes: usize,
+    pub(crate) max_sessions_per_token: usize,
     pub(crate) trace_url: Option<TraceUrl>,
 }
 
@@ -41,6 +42,7 @@ impl Default for ServerOptions {
             max_connections: 16_384,
             client_timeout: Duration::from_secs(30),
             max_processes: 100,
+            max_sessions_per_token: 10_000,
             trace_url: None,
         }
     }
@@ -202,6 +204,23 @@ impl ServerOptions {
     pub fn max_processes(self, max: usize) -> Self {
         Self {
             max_processes: max.max(1),
+            ..self
+        }
+    }
+
+    /// The most live sessions one token may hold (default 10,000; at least
+    /// 1), when the server has tokens. Each session is a database row kept
+    /// until its TTL (up to a day) passes, a line on the workers page and an
+    /// entry of the server's session-owner memory, so a token must not start
+    /// them without end (a script that starts one per key and never closes
+    /// it); a start over it is answered 429 `too_many_sessions`. A worker
+    /// needs one session per control loop it runs; a fleet sharing one token
+    /// across more loops raises it. Starts racing each other may pass it by
+    /// a few.
+    #[must_use]
+    pub fn max_sessions_per_token(self, max: usize) -> Self {
+        Self {
+            max_sessions_per_token: max.max(1),
             ..self
         }
     }

@@ -6,6 +6,7 @@ use axum::http::HeaderMap;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
+use super::handed::HandedOut;
 use super::known::KnownProcesses;
 use super::options::ServerOptions;
 use super::owner::{SessionOwners, Standing, fingerprint};
@@ -29,6 +30,8 @@ pub(crate) struct AppState {
     pub(crate) shutdown: CancellationToken,
     /// Which token owns each session this server has seen.
     pub(crate) owners: Arc<SessionOwners>,
+    /// When this server handed out each lease it has not seen end.
+    pub(crate) handed: Arc<HandedOut>,
     /// The claims waiting for work, by process.
     pub(crate) waiting: Arc<Waiting>,
     /// The processes enqueues may go to without creating one.

@@ -21,6 +21,7 @@ use super::error::ENGINE_URLS;
 use super::fleet::{Claimed, ProcessPause};
 // The seam takes every operation's parameters and returns the domain types.
 use super::params::*;
+use super::rules::parts::{Settlements, answers};
 use super::settings::{ProcessConfigure, ProcessSettings};
 use super::types::*;
 use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch, TraceContext};
@@ -276,6 +277,22 @@ impl Store {
     }
 }
 
+impl Store {
+    /// [`lease_complete_batch`](StoreEngine::lease_complete_batch), telling
+    /// for each outcome answered `Ok` whether this call wrote it or an
+    /// earlier try did (its answer lost): the server counts an outcome in its
+    /// metrics once, however often its worker sends it.
+    pub(crate) async fn lease_complete_written(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Settlements, StoreError> {
+        let results = dispatch!(self, s => s.lease_complete_written(batch).await?);
+        self.slots_freed(batch.iter().map(|c| c.lease.process.as_str()))
+            .await;
+        Ok(results)
+    }
+}
+
 impl StoreEngine for Store {
     async fn session_start(&self, params: SessionStart) -> Result<Session, StoreError> {
         dispatch!(self, s => s.session_start(params).await)
@@ -311,6 +328,10 @@ impl StoreEngine for Store {
         dispatch!(self, s => s.session_reclaim().await)
     }
 
+    async fn session_count_owned(&self, owner: &str) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.session_count_owned(owner).await)
+    }
+
     async fn item_enqueue(&self, params: ItemEnqueue) -> Result<EnqueueReport, StoreError> {
         #[cfg(feature = "otel")]
         let params = match params.trace {
@@ -331,20 +352,15 @@ impl StoreEngine for Store {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        dispatch!(self, s => s.lease_complete(params).await?);
-        self.slots_freed(std::iter::once(params.lease.process.as_str()))
-            .await;
-        Ok(())
+        let results = answers(self.lease_complete_written(&[params]).await?);
+        results.into_iter().next().unwrap_or(Ok(()))
     }
 
     async fn lease_complete_batch(
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        let results = dispatch!(self, s => s.lease_complete_batch(batch).await?);
-        self.slots_freed(batch.iter().map(|c| c.lease.process.as_str()))
-            .await;
-        Ok(results)
+        Ok(answers(self.lease_complete_written(batch).await?))
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
@@ -457,8 +473,15 @@ impl StoreEngine for Store {
         Ok(changed)
     }
 
-    async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {
-        dispatch!(self, s => s.process_list().await)
+    async fn process_settings(
+        &self,
+        page: ProcessPage,
+    ) -> Result<Page<ProcessSettings>, StoreError> {
+        dispatch!(self, s => s.process_settings(page).await)
+    }
+
+    async fn process_get(&self, process: &str) -> Result<Option<ProcessSettings>, StoreError> {
+        dispatch!(self, s => s.process_get(process).await)
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {

@@ -70,6 +70,14 @@ pub trait StoreEngine: Send + Sync {
         Output = Result<std::collections::HashMap<SessionId, Option<String>>, StoreError>,
     > + Send;
 
+    /// How many sessions `owner` started that have not expired (their
+    /// deadline, on the database clock, has not passed), so a server can cap
+    /// what one token holds (DESIGN.md rule 13). One read.
+    fn session_count_owned(
+        &self,
+        owner: &str,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// One page of the sessions, live or expired and not yet reclaimed,
     /// oldest (lowest id) first, each with who runs it and the leases it
     /// holds: what the workers page shows. A range of the sessions' key, so
@@ -346,11 +354,34 @@ pub trait StoreEngine: Send + Sync {
         params: ProcessPause,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Every known process with its settings, in name order. On SQLite, a
-    /// name that is not UTF-8 (which only SQL can have written) is left out:
-    /// no call can name it, and it failed the whole list.
-    fn process_list(&self)
-    -> impl Future<Output = Result<Vec<ProcessSettings>, StoreError>> + Send;
+    /// One page of known processes with their settings, in name order: a
+    /// range of the process index (DESIGN.md rule 13), so a caller that
+    /// shows some processes (the dashboard's overview) reads only those. On
+    /// SQLite, a name that is not UTF-8 (which only SQL can have written) is
+    /// left out: no call can name it, and it failed the whole list.
+    fn process_settings(
+        &self,
+        page: ProcessPage,
+    ) -> impl Future<Output = Result<Page<ProcessSettings>, StoreError>> + Send;
+
+    /// One process's settings, `None` if the process is unknown: a read by
+    /// name, for a caller about one process (its settings over the API, its
+    /// dashboard page), whatever the number of processes.
+    fn process_get(
+        &self,
+        process: &str,
+    ) -> impl Future<Output = Result<Option<ProcessSettings>, StoreError>> + Send;
+
+    /// Every known process with its settings, in name order, read a page of
+    /// 1,000 at a time ([`process_settings`](Self::process_settings)): for
+    /// the callers that act on each process (retention, resync, `drover
+    /// process list`). Each page is its own read, so the pages are not one
+    /// snapshot.
+    fn process_list(
+        &self,
+    ) -> impl Future<Output = Result<Vec<ProcessSettings>, StoreError>> + Send {
+        super::rules::pages::every_process(|page| self.process_settings(page))
+    }
 
     /// The database clock (shifted by [`Clock`](super::Clock)'s test offset).
     fn clock_now(&self) -> impl Future<Output = Result<DateTime<Utc>, StoreError>> + Send;

@@ -101,10 +101,11 @@ pub(super) fn span(d: Option<Duration>) -> String {
     }
 }
 
-/// Every process's resync, and the database clock to show it against.
+/// The shown processes' resyncs, and the database clock to show them against.
 #[derive(Debug)]
 pub(super) struct Resyncs<'a> {
-    /// Every process's stored settings.
+    /// The stored settings of the processes the page shows (a process not
+    /// among them shows `never`).
     pub(super) settings: &'a [ProcessSettings],
     /// The database clock when the page was read.
     pub(super) now: DateTime<Utc>,

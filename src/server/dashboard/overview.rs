@@ -16,7 +16,7 @@ use crate::server::error::ApiError;
 use crate::server::extract::QueryParams;
 use crate::server::operations::process_summaries;
 use crate::server::state::AppState;
-use crate::store::StoreEngine as _;
+use crate::store::{ProcessPage, StoreEngine as _};
 
 /// `/`: one page of the processes (`after`, `limit` as `GET /v1/processes`
 /// takes them, a limit out of range brought within it as the process page
@@ -30,8 +30,16 @@ pub(super) async fn overview(
     let asked = query.limit.map(|l| l.clamp(1, MAX_PAGE));
     query.limit = Some(asked.unwrap_or(PROCESS_PAGE));
     let first = query.after.is_none();
+    let page = ProcessPage {
+        after: query.after.clone(),
+        limit: query.limit.unwrap_or(PROCESS_PAGE),
+    };
     let list = process_summaries(&state, query).await?;
-    let settings = state.store.process_list().await.map_err(ApiError::from)?;
+    // The settings of the page's processes only (of those made since the
+    // counts were read, a row shows `never` until the next view).
+    let settings = (state.store.process_settings(page).await)
+        .map_err(ApiError::from)?
+        .items;
     let now = state.store.clock_now().await.map_err(ApiError::from)?;
     let resyncs = Resyncs {
         settings: &settings,

@@ -64,11 +64,11 @@ pub(super) async fn process(
         items: &page.items,
         next: next.as_deref(),
     };
-    let settings = state.store.process_list().await.map_err(ApiError::from)?;
-    let limits = settings
-        .iter()
-        .find(|s| s.process == process)
-        .map(|s| &s.limits);
+    let settings: Vec<_> = (state.store.process_get(&process).await)
+        .map_err(ApiError::from)?
+        .into_iter()
+        .collect();
+    let limits = settings.first().map(|s| &s.limits);
     let fleet = section(&process, limits, admin);
     let now = state.store.clock_now().await.map_err(ApiError::from)?;
     let resyncs = Resyncs {

@@ -20,6 +20,7 @@ use crate::server::auth::{Authorized, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
+use crate::store::rules::parts::Written;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionId, StoreEngine as _,
     StoreError, TraceId, validate_process,
@@ -71,6 +72,7 @@ pub(crate) async fn claim(
     validate_process(&body.process)?;
     let claimed = wait_for_leases(&state, session, auth.owner.as_deref(), &body, wait).await?;
     for lease in &claimed.leases {
+        state.handed.handed(lease);
         let waited = (lease.started_at - lease.enqueued_at).to_std();
         state
             .metrics
@@ -115,7 +117,10 @@ async fn wait_for_leases(
     }
     // Nor does one on a name the database does not hold, past a bound
     // (see `waiting.rs`): it waits by the poll alone.
-    let held = state.known.holds(&state.store, &params.process).await?;
+    let held = state
+        .known
+        .holds(&state.store, &params.process, state.options.max_processes)
+        .await?;
     let ear = state.waiting.ear(&params.process, held);
     let signal = ear.as_ref().map(|_| state.store.subscribe(&params.process));
     let mut before = signal.as_ref().map(|signal| Box::pin(signal.notified()));
@@ -227,19 +232,53 @@ pub(crate) async fn complete(
     let lease = body.lease.to_lease()?;
     state.check_owner(&auth, lease.session).await?;
     let outcome = body.outcome.to_outcome();
-    state
-        .store
-        .lease_complete(LeaseComplete {
-            lease: &lease,
-            outcome: &outcome,
-            trace_id,
-        })
-        .await?;
-    let now = chrono::Utc::now();
-    state
-        .metrics
-        .completed(&lease.process, outcome.name(), body.lease.started_at, now);
+    let one = [LeaseComplete {
+        lease: &lease,
+        outcome: &outcome,
+        trace_id,
+    }];
+    let written = state.store.lease_complete_written(&one).await?;
+    // One answer per completion (the store's contract).
+    let written = written.into_iter().next().transpose()?;
+    let started = state.handed.ended(&lease);
+    if written.is_some_and(|w| counted_now(w, started)) {
+        let now = chrono::Utc::now();
+        let timed = timed_from(started, &lease, now);
+        state
+            .metrics
+            .completed(&lease.process, outcome.name(), timed, now);
+    }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Whether an outcome the store answered `Ok` goes into the metrics now, so
+/// each is counted once however often its worker sends it: one this call
+/// wrote; or one an earlier try wrote (its answer lost) that this server
+/// handed out and has not seen end (`started`), as when that try's commit
+/// was unknown: it counted nothing then. A retry of one this server
+/// answered was counted then.
+fn counted_now(written: Written, started: Option<chrono::DateTime<chrono::Utc>>) -> bool {
+    written == Written::Now || started.is_some()
+}
+
+/// The longest run timed from the start its worker sent back.
+const TRUSTED_RUN: chrono::TimeDelta = chrono::TimeDelta::days(1);
+
+/// When a run is timed from: when this server handed its lease out
+/// (`handed`), never from a start its worker sends back when it did; for a
+/// lease another server over the same database handed out (or this one,
+/// before a restart), from the start the worker sent if it is plausible,
+/// not in the future and within a day, so no caller can put years into a
+/// histogram every operator reads; otherwise the run is not timed.
+fn timed_from(
+    handed: Option<chrono::DateTime<chrono::Utc>>,
+    lease: &Lease,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    handed.or_else(|| {
+        let sent = lease.started_at;
+        (sent <= now && now - sent <= TRUSTED_RUN).then_some(sent)
+    })
 }
 
 /// A requeue delay the store would refuse is the caller's mistake: a 400
@@ -329,7 +368,7 @@ pub(crate) async fn complete_batch(
     let written = if batch.is_empty() {
         Vec::new()
     } else {
-        state.store.lease_complete_batch(&batch).await?
+        state.store.lease_complete_written(&batch).await?
     };
     if written.len() != batch.len() {
         tracing::error!(
@@ -340,7 +379,7 @@ pub(crate) async fn complete_batch(
         return Err(ApiError::Internal);
     }
     let mut written = written.into_iter();
-    let results: Vec<Result<(), StoreError>> = runs
+    let results: Vec<Result<Written, StoreError>> = runs
         .iter()
         .filter_map(|(lease, _)| {
             if unknown.contains(&lease.session) {
@@ -355,14 +394,16 @@ pub(crate) async fn complete_batch(
     let now = chrono::Utc::now();
     let results = results
         .into_iter()
-        .zip(&body.completions)
         .zip(&runs)
-        .map(|((result, sent), (lease, outcome))| match result {
-            Ok(()) => {
-                let started = sent.lease.started_at;
-                state
-                    .metrics
-                    .completed(&lease.process, outcome.name(), started, now);
+        .map(|(result, (lease, outcome))| match result {
+            Ok(written) => {
+                let started = state.handed.ended(lease);
+                if counted_now(written, started) {
+                    let timed = timed_from(started, lease, now);
+                    state
+                        .metrics
+                        .completed(&lease.process, outcome.name(), timed, now);
+                }
                 CompletionResult {
                     error: None,
                     message: None,
@@ -409,5 +450,6 @@ pub(crate) async fn release(
         .store
         .lease_release(LeaseRelease { lease: &lease })
         .await?;
+    state.handed.ended(&lease);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -55,7 +55,9 @@ pub(crate) async fn list(
 
 /// Starts a session; its deadline is now + ttl on the database clock. Heartbeat
 /// every third of the TTL; claims and completions of an expired session are
-/// refused with 409.
+/// refused with 409. A token holding the server's limit of live sessions
+/// (`--max-sessions-per-token`) is refused with 429 until it closes one or
+/// one expires (an open server has one caller and no limit).
 #[utoipa::path(
     post, operation_id = "start_session", path = "/v1/sessions", tag = "work",
     security(("bearer" = [])),
@@ -63,6 +65,7 @@ pub(crate) async fn list(
     responses(
         (status = 201, description = "Started", body = SessionBody),
         (status = 400, description = "Malformed body or TTL out of range", body = ErrorBody),
+        (status = 429, description = "`too_many_sessions`: the token holds the server's limit of live sessions (10,000 unless configured)", body = ErrorBody),
     )
 )]
 pub(crate) async fn start(
@@ -87,6 +90,13 @@ pub(crate) async fn start(
                 field,
                 format!("{field} must be at most {MAX_LABEL_BYTES} bytes"),
             ));
+        }
+    }
+    if let Some(owner) = &auth.owner {
+        let max = state.options.max_sessions_per_token;
+        let held = state.store.session_count_owned(owner).await?;
+        if held >= u64::try_from(max).unwrap_or(u64::MAX) {
+            return Err(ApiError::TooManySessions(max));
         }
     }
     let session = state

@@ -18,9 +18,10 @@ use crate::store::{ProcessSettings, StoreEngine as _, StoreError, validate_proce
 /// The stored settings of `process`; 404 if it is unknown.
 async fn stored(state: &AppState, process: &str) -> Result<ProcessSettings, ApiError> {
     validate_process(process)?;
-    let all = state.store.process_list().await?;
-    all.into_iter()
-        .find(|s| s.process == process)
+    state
+        .store
+        .process_get(process)
+        .await?
         .ok_or_else(|| StoreError::UnknownProcess(process.to_owned()).into())
 }
 

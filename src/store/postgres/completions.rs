@@ -17,7 +17,7 @@ use crate::store::StoreError;
 use crate::store::TraceId;
 use crate::store::grouped::{self, Answer, Group, Grouped};
 use crate::store::params::LeaseComplete;
-use crate::store::rules::parts::{Answers, complete_callers_in_parts, complete_in_parts};
+use crate::store::rules::parts::{Settlements, complete_callers_in_parts, complete_in_parts};
 use crate::store::types::{Lease, Outcome};
 
 /// One outcome to write, owned, as it waits for its group.
@@ -46,7 +46,7 @@ impl Owned {
 }
 
 /// The completion groups of one store.
-pub(super) type Completions = Grouped<Vec<Owned>, Answer<Answers>>;
+pub(super) type Completions = Grouped<Vec<Owned>, Answer<Settlements>>;
 
 /// Completions, grouped.
 struct Completing;
@@ -54,7 +54,7 @@ struct Completing;
 impl Group for Completing {
     type Store = PostgresStore;
     type Req = Vec<Owned>;
-    type Ans = Answer<Answers>;
+    type Ans = Answer<Settlements>;
 
     fn weight(batch: &Vec<Owned>) -> usize {
         batch.len()
@@ -105,7 +105,7 @@ impl Group for Completing {
 pub(super) async fn complete(
     store: &PostgresStore,
     batch: &[LeaseComplete<'_>],
-) -> Result<Answers, StoreError> {
+) -> Result<Settlements, StoreError> {
     if let Some(_leading) = grouped::lead::<Completing>(store) {
         return bounded(store, watched(store, complete_in_parts(store, batch))).await;
     }

@@ -26,6 +26,7 @@ use crate::store::fleet::{Claimed, ProcessPause};
 // The seam takes every operation's parameters and returns the domain types.
 use crate::store::params::*;
 use crate::store::rules::groups::act_where;
+use crate::store::rules::parts::{Settlements, answers};
 use crate::store::rules::{resync, retention};
 use crate::store::settings::{ProcessConfigure, ProcessSettings};
 use crate::store::types::*;
@@ -86,6 +87,15 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// [`lease_complete_batch`](StoreEngine::lease_complete_batch), telling
+    /// which outcomes an earlier try wrote (see `Store::lease_complete_written`).
+    pub(crate) async fn lease_complete_written(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Settlements, StoreError> {
+        completions::complete(self, batch).await
+    }
+
     /// The connection pool, for reconcilers that keep their own tables in the
     /// same database, and for `LISTEN`ing on [`notify_channel`](Self::notify_channel).
     #[must_use]
@@ -329,6 +339,10 @@ impl StoreEngine for PostgresStore {
         watched(self, sessions::owners(self, sessions)).await
     }
 
+    async fn session_count_owned(&self, owner: &str) -> Result<u64, StoreError> {
+        watched(self, sessions::count_owned(self, owner)).await
+    }
+
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
         let report = bounded(self, retry(self, || sessions::reclaim(self))).await?;
         // Housekeeping every live node already runs every few seconds: keeps
@@ -346,7 +360,7 @@ impl StoreEngine for PostgresStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        let answers = completions::complete(self, &[params]).await?;
+        let answers = answers(self.lease_complete_written(&[params]).await?);
         answers.into_iter().next().unwrap_or(Ok(()))
     }
 
@@ -354,7 +368,7 @@ impl StoreEngine for PostgresStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        completions::complete(self, batch).await
+        Ok(answers(self.lease_complete_written(batch).await?))
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
@@ -452,8 +466,15 @@ impl StoreEngine for PostgresStore {
         retry(self, || gate::pause(self, &params)).await
     }
 
-    async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {
-        watched(self, processes::list(self)).await
+    async fn process_settings(
+        &self,
+        page: ProcessPage,
+    ) -> Result<Page<ProcessSettings>, StoreError> {
+        watched(self, processes::page(self, page)).await
+    }
+
+    async fn process_get(&self, process: &str) -> Result<Option<ProcessSettings>, StoreError> {
+        watched(self, processes::get(self, process)).await
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {

@@ -8,11 +8,12 @@ use chrono::{DateTime, Utc};
 
 use super::engine::{PostgresStore, Tx};
 use super::error::{Db as _, commit};
-use crate::store::StoreError;
+use crate::store::rules::pages;
 use crate::store::rules::processes::{
-    ProcessSettingsRow, SETTINGS_SELECT, bind_configure, checked, configure_update,
+    ProcessSettingsRow, SETTINGS_ONE, SETTINGS_PAGE, bind_configure, checked, configure_update,
 };
 use crate::store::settings::{ProcessConfigure, ProcessSettings};
+use crate::store::{Page, ProcessPage, StoreError};
 
 /// `configure`'s statement, written once from the shared column list.
 static UPDATE: LazyLock<String> = LazyLock::new(|| configure_update('$'));
@@ -31,19 +32,41 @@ pub(super) async fn configure(
     commit(tx).await
 }
 
-/// Every known process with its settings.
-pub(super) async fn list(store: &PostgresStore) -> Result<Vec<ProcessSettings>, StoreError> {
+/// A settings row as PostgreSQL keeps it.
+type Row = ProcessSettingsRow<DateTime<Utc>>;
+
+/// One page of processes with their settings, in name order.
+pub(super) async fn page(
+    store: &PostgresStore,
+    page: ProcessPage,
+) -> Result<Page<ProcessSettings>, StoreError> {
     let mut tx = store.read().await?;
-    let rows: Vec<ProcessSettingsRow<chrono::DateTime<chrono::Utc>>> =
-        sqlx::query_as(SETTINGS_SELECT)
-            .fetch_all(&mut tx)
-            .await
-            .db()?;
+    let rows: Vec<Row> = sqlx::query_as(SETTINGS_PAGE)
+        .bind(page.after.unwrap_or_default())
+        .bind(pages::read_limit(page.limit))
+        .fetch_all(&mut tx)
+        .await
+        .db()?;
     tx.commit().await.db()?;
-    Ok(rows
-        .into_iter()
-        .map(ProcessSettingsRow::into_settings)
-        .collect())
+    let settings = rows.into_iter().map(Row::into_settings).collect();
+    Ok(pages::cut(settings, page.limit, |s: &ProcessSettings| {
+        s.process.clone()
+    }))
+}
+
+/// One process with its settings; `None` if it is unknown.
+pub(super) async fn get(
+    store: &PostgresStore,
+    process: &str,
+) -> Result<Option<ProcessSettings>, StoreError> {
+    let mut tx = store.read().await?;
+    let row: Option<Row> = sqlx::query_as(SETTINGS_ONE)
+        .bind(process)
+        .fetch_optional(&mut tx)
+        .await
+        .db()?;
+    tx.commit().await.db()?;
+    Ok(row.map(Row::into_settings))
 }
 
 /// Makes a process known (so queries about it are not refused as unknown).

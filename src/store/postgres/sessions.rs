@@ -278,3 +278,19 @@ pub(super) async fn owners(
         .map(|(id, owner)| (SessionId(id), owner))
         .collect())
 }
+
+/// How many sessions `owner` started that have not expired.
+pub(super) async fn count_owned(store: &PostgresStore, owner: &str) -> Result<u64, StoreError> {
+    let mut tx = store.read().await?;
+    let now = store.now(&mut tx).await?;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM drover_sessions WHERE owner = $1 AND deadline > $2",
+    )
+    .bind(owner)
+    .bind(now)
+    .fetch_one(&mut tx)
+    .await
+    .db()?;
+    commit(tx).await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}

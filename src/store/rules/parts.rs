@@ -24,6 +24,26 @@ use crate::store::types::{Lease, Outcome, RunOutcome};
 /// Each lease's answer, by position in the batch.
 pub(crate) type Answers = Vec<Result<(), StoreError>>;
 
+/// Which call wrote a completion the store answered `Ok`: a count of
+/// outcomes (the server's metrics) must count a retried one once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// This call wrote it.
+    Now,
+    /// An earlier try of the same completion did (its answer was lost);
+    /// this one changed nothing.
+    Earlier,
+}
+
+/// Each lease's answer, by position in the batch, telling a retried
+/// completion from one written now.
+pub(crate) type Settlements = Vec<Result<Written, StoreError>>;
+
+/// `settlements` as the store's callers get them.
+pub(crate) fn answers(settlements: Settlements) -> Answers {
+    settlements.into_iter().map(|s| s.map(drop)).collect()
+}
+
 /// An engine's one-transaction completion.
 pub(crate) trait CompleteOnce: Sync {
     /// Writes `batch` in one transaction, as
@@ -61,7 +81,7 @@ pub(crate) trait CompleteOnce: Sync {
 pub(crate) async fn complete_in_parts<E: CompleteOnce>(
     engine: &E,
     batch: &[LeaseComplete<'_>],
-) -> Result<Answers, StoreError> {
+) -> Result<Settlements, StoreError> {
     complete_callers_in_parts(engine, batch, &[batch.len()]).await
 }
 
@@ -73,7 +93,7 @@ pub(crate) async fn complete_callers_in_parts<E: CompleteOnce>(
     engine: &E,
     batch: &[LeaseComplete<'_>],
     callers: &[usize],
-) -> Result<Answers, StoreError> {
+) -> Result<Settlements, StoreError> {
     debug_assert_eq!(callers.iter().sum::<usize>(), batch.len());
     let mut answers: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
     let mut todo = Vec::with_capacity(1);
@@ -109,8 +129,20 @@ pub(crate) async fn complete_callers_in_parts<E: CompleteOnce>(
         .into_iter()
         .map(|a| a.expect("each lease is in one part, which is written or answered"))
         .collect();
-    answer_the_recorded(engine, batch, callers, &mut answers).await;
-    Ok(answers)
+    let earlier = answer_the_recorded(engine, batch, callers, &mut answers).await;
+    Ok(answers
+        .into_iter()
+        .enumerate()
+        .map(|(n, answer)| {
+            answer.map(|()| {
+                if earlier.contains(&n) {
+                    Written::Earlier
+                } else {
+                    Written::Now
+                }
+            })
+        })
+        .collect())
 }
 
 /// Answers `Ok` each lease of `batch` that was refused (`LeaseLost`,
@@ -122,13 +154,15 @@ pub(crate) async fn complete_callers_in_parts<E: CompleteOnce>(
 /// the caller's); a retry from another caller that met its first try in the
 /// same group is answered as any retry. So does one whose run ended
 /// otherwise (reclaimed: `expired`; given back: `canceled`). When the read
-/// fails, the refusals stand: they are what the caller got before.
+/// fails, the refusals stand: they are what the caller got before. Returns
+/// the positions it answered so.
 async fn answer_the_recorded<E: CompleteOnce>(
     engine: &E,
     batch: &[LeaseComplete<'_>],
     callers: &[usize],
     answers: &mut Answers,
-) {
+) -> HashSet<usize> {
+    let mut earlier = HashSet::new();
     let mut refused: Vec<usize> = (0..batch.len())
         .filter(|&n| {
             answers[n]
@@ -137,8 +171,8 @@ async fn answer_the_recorded<E: CompleteOnce>(
         })
         .collect();
     if refused.is_empty() {
-        // The common batch: nothing to look up, no set built.
-        return;
+        // The common batch: nothing to look up.
+        return earlier;
     }
     let caller: Vec<usize> = callers
         .iter()
@@ -154,7 +188,7 @@ async fn answer_the_recorded<E: CompleteOnce>(
         .collect();
     refused.retain(|&n| !settled.contains(&(caller[n], batch[n].lease.token.0)));
     if refused.is_empty() {
-        return;
+        return earlier;
     }
     let asked: Vec<(&Lease, RunOutcome)> = refused
         .iter()
@@ -164,7 +198,7 @@ async fn answer_the_recorded<E: CompleteOnce>(
         Ok(recorded) => recorded,
         Err(e) => {
             tracing::debug!(error = %e, "cannot tell whether refused completions were recorded by an earlier try");
-            return;
+            return earlier;
         }
     };
     for n in refused {
@@ -177,8 +211,10 @@ async fn answer_the_recorded<E: CompleteOnce>(
         if recorded.contains(&asked) {
             tracing::debug!(key = %lease.key, "a retried completion was recorded by its earlier try");
             answers[n] = Ok(());
+            earlier.insert(n);
         }
     }
+    earlier
 }
 
 /// The last try for one outcome the database refused: the same outcome with

@@ -55,17 +55,32 @@ impl LimitsRow {
     }
 }
 
-/// Every known process with its settings, in process order: the columns of
-/// a [`ProcessSettingsRow`], from `drover_processes p LEFT JOIN drover_resync
-/// r ON r.process = p.process`. Both engines read it as it is.
-pub(crate) const SETTINGS_SELECT: &str = "SELECT p.process, p.backoff_initial_ms, \
-     p.backoff_factor, p.backoff_max_ms, p.backoff_jitter, p.keep_runs_ms, \
-     p.keep_runs_per_key, p.forget_idle_ms, \
-     p.resync_every_ms, p.resync_jitter, p.resync_priority, \
-     p.paused, p.concurrency, p.rate_per_s, p.rate_burst, \
-     r.pass_started_at, r.next_due_at \
-     FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process \
-     ORDER BY p.process";
+/// The columns of a [`ProcessSettingsRow`], from `drover_processes p LEFT
+/// JOIN drover_resync r ON r.process = p.process`, without a filter or order.
+macro_rules! settings_select {
+    () => {
+        "SELECT p.process, p.backoff_initial_ms, \
+         p.backoff_factor, p.backoff_max_ms, p.backoff_jitter, p.keep_runs_ms, \
+         p.keep_runs_per_key, p.forget_idle_ms, \
+         p.resync_every_ms, p.resync_jitter, p.resync_priority, \
+         p.paused, p.concurrency, p.rate_per_s, p.rate_burst, \
+         r.pass_started_at, r.next_due_at \
+         FROM drover_processes p LEFT JOIN drover_resync r ON r.process = p.process"
+    };
+}
+
+/// One page of processes with their settings, in process order (DESIGN.md
+/// rule 13): those named after `$1` (`''` for the first page), at most `$2`
+/// rows, a range of the primary key. Both engines read it as it is (SQLite
+/// takes `$1` as the first parameter).
+pub(crate) const SETTINGS_PAGE: &str = concat!(
+    settings_select!(),
+    " WHERE p.process > $1 ORDER BY p.process LIMIT $2"
+);
+
+/// One process with its settings (`$1`): a read by the primary key, so that
+/// what a page about one process shows does not cost every process's row.
+pub(crate) const SETTINGS_ONE: &str = concat!(settings_select!(), " WHERE p.process = $1");
 
 /// Milliseconds as a duration (negative ones as zero).
 fn ms(v: i64) -> Duration {

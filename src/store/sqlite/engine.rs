@@ -19,7 +19,7 @@ use crate::store::fleet::{Claimed, ProcessPause};
 // The seam takes every operation's parameters and returns the domain types.
 use crate::store::params::*;
 use crate::store::rules::groups::act_where;
-use crate::store::rules::parts::complete_in_parts;
+use crate::store::rules::parts::{Settlements, answers, complete_in_parts};
 use crate::store::rules::{resync, retention};
 use crate::store::settings::{ProcessConfigure, ProcessSettings};
 use crate::store::types::*;
@@ -57,6 +57,15 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// [`lease_complete_batch`](StoreEngine::lease_complete_batch), telling
+    /// which outcomes an earlier try wrote (see `Store::lease_complete_written`).
+    pub(crate) async fn lease_complete_written(
+        &self,
+        batch: &[LeaseComplete<'_>],
+    ) -> Result<Settlements, StoreError> {
+        complete_in_parts(self, batch).await
+    }
+
     /// The connection pool, for reconcilers that keep their own tables in the
     /// same database file (one file to back up, one transaction if they wish).
     #[must_use]
@@ -188,6 +197,10 @@ impl StoreEngine for SqliteStore {
         sessions::owners(self, sessions).await
     }
 
+    async fn session_count_owned(&self, owner: &str) -> Result<u64, StoreError> {
+        sessions::count_owned(self, owner).await
+    }
+
     async fn session_reclaim(&self) -> Result<ReclaimReport, StoreError> {
         sessions::reclaim(self).await
     }
@@ -201,7 +214,7 @@ impl StoreEngine for SqliteStore {
     }
 
     async fn lease_complete(&self, params: LeaseComplete<'_>) -> Result<(), StoreError> {
-        let answers = complete_in_parts(self, &[params]).await?;
+        let answers = answers(self.lease_complete_written(&[params]).await?);
         answers.into_iter().next().unwrap_or(Ok(()))
     }
 
@@ -209,7 +222,7 @@ impl StoreEngine for SqliteStore {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        complete_in_parts(self, batch).await
+        Ok(answers(self.lease_complete_written(batch).await?))
     }
 
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
@@ -303,8 +316,15 @@ impl StoreEngine for SqliteStore {
         gate::pause(self, params).await
     }
 
-    async fn process_list(&self) -> Result<Vec<ProcessSettings>, StoreError> {
-        processes::list(self).await
+    async fn process_settings(
+        &self,
+        page: ProcessPage,
+    ) -> Result<Page<ProcessSettings>, StoreError> {
+        processes::page(self, page).await
+    }
+
+    async fn process_get(&self, process: &str) -> Result<Option<ProcessSettings>, StoreError> {
+        processes::get(self, process).await
     }
 
     async fn clock_now(&self) -> Result<DateTime<Utc>, StoreError> {

@@ -10,11 +10,12 @@ use sqlx::{FromRow as _, Row as _};
 
 use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
-use crate::store::StoreError;
+use crate::store::rules::pages;
 use crate::store::rules::processes::{
-    ProcessSettingsRow, SETTINGS_SELECT, bind_configure, checked, configure_update,
+    ProcessSettingsRow, SETTINGS_ONE, SETTINGS_PAGE, bind_configure, checked, configure_update,
 };
 use crate::store::settings::{ProcessConfigure, ProcessSettings};
+use crate::store::{Page, ProcessPage, StoreError};
 
 /// `configure`'s statement, written once from the shared column list.
 static UPDATE: LazyLock<String> = LazyLock::new(|| configure_update('?'));
@@ -34,22 +35,58 @@ pub(super) async fn configure(
     Ok(())
 }
 
-/// Every known process with its settings, but for those whose name is not
-/// UTF-8 (see [`undecodable`]).
-pub(super) async fn list(store: &SqliteStore) -> Result<Vec<ProcessSettings>, StoreError> {
-    let rows = sqlx::query(SETTINGS_SELECT)
+/// One page of processes with their settings, in name order, but for those
+/// whose name is not UTF-8 (see [`undecodable`]): the page is cut on the
+/// rows read, so such a name takes a place on it and a page may show fewer.
+pub(super) async fn page(
+    store: &SqliteStore,
+    page: ProcessPage,
+) -> Result<Page<ProcessSettings>, StoreError> {
+    let rows = sqlx::query(SETTINGS_PAGE)
+        .bind(page.after.unwrap_or_default())
+        .bind(pages::read_limit(page.limit))
         .fetch_all(&store.pool)
         .await
         .db()?;
-    let mut list = Vec::with_capacity(rows.len());
-    for row in rows {
-        if undecodable(&row) {
-            continue;
+    let rows = pages::cut(rows, page.limit, |row: &SqliteRow| {
+        let bytes: Vec<u8> = row.try_get("process").unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    });
+    let mut items = Vec::with_capacity(rows.items.len());
+    for row in rows.items {
+        if let Some(settings) = decoded(&row)? {
+            items.push(settings);
         }
-        let row = ProcessSettingsRow::<i64>::from_row(&row).db()?;
-        list.push(row.into_settings());
     }
-    Ok(list)
+    Ok(Page {
+        items,
+        next: rows.next,
+    })
+}
+
+/// One process with its settings; `None` if it is unknown.
+pub(super) async fn get(
+    store: &SqliteStore,
+    process: &str,
+) -> Result<Option<ProcessSettings>, StoreError> {
+    let row = sqlx::query(SETTINGS_ONE)
+        .bind(process)
+        .fetch_optional(&store.pool)
+        .await
+        .db()?;
+    match row {
+        Some(row) => decoded(&row),
+        None => Ok(None),
+    }
+}
+
+/// A row's settings, or `None` for a name that is not UTF-8.
+fn decoded(row: &SqliteRow) -> Result<Option<ProcessSettings>, StoreError> {
+    if undecodable(row) {
+        return Ok(None);
+    }
+    let row = ProcessSettingsRow::<i64>::from_row(row).db()?;
+    Ok(Some(row.into_settings()))
 }
 
 /// Whether `row`'s process name is not UTF-8, logged the first time this

@@ -194,3 +194,17 @@ pub(super) async fn owners(
         .map(|(id, owner)| (SessionId(id), owner))
         .collect())
 }
+
+/// How many sessions `owner` started that have not expired.
+pub(super) async fn count_owned(store: &SqliteStore, owner: &str) -> Result<u64, StoreError> {
+    let now = store.now_ms(&store.pool).await?;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM drover_sessions WHERE owner = ?1 AND deadline > ?2",
+    )
+    .bind(owner)
+    .bind(now)
+    .fetch_one(&store.pool)
+    .await
+    .db()?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
