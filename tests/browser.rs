@@ -132,7 +132,7 @@ async fn the_dashboard_shows_counts_after_enqueue_and_a_hostile_key_as_text() {
     let item = format!("{base}/ui/processes/provision/items/%3Cscript%3Ealert(1)%3C%2Fscript%3E");
     let page = chromium(profile.path(), &["--dump-dom".into()], &item).await;
     assert!(
-        page.contains(r#"<td class="key">&lt;script&gt;alert(1)&lt;/script&gt;</td>"#),
+        page.contains(r#"<td class="key"><bdi>&lt;script&gt;alert(1)&lt;/script&gt;</bdi></td>"#),
         "the key is text: {page}"
     );
     assert!(
@@ -589,7 +589,7 @@ async fn the_workers_page_and_the_charts_show_a_fleet_at_work() {
     for (n, host) in ["node-a", "node-b", "node-c"].iter().enumerate() {
         let row = rows[n];
         assert!(
-            row.contains(&format!(r#"<td class="host">{host}</td>"#)),
+            row.contains(&format!(r#"<td class="host"><bdi>{host}</bdi></td>"#)),
             "{row}"
         );
         assert!(row.contains(&format!("{}", 4100 + n)), "{row}");
@@ -643,6 +643,74 @@ async fn the_workers_page_and_the_charts_show_a_fleet_at_work() {
     .await;
     assert!(std::fs::metadata(&shot).expect("screenshot written").len() > 1000);
 
+    shutdown.cancel();
+    server.stop();
+}
+
+/// A page on drover's own origin that, in a frame, picks the first process
+/// of the overview's key search, types ` spaced ` as the key and clicks
+/// Find, as a person would; then writes where the frame landed (its path
+/// and query) and the key its page shows, as JSON in `<pre id="reached">`.
+const SEARCH_FOR_A_KEY: &str = r#"<!DOCTYPE html><title>search</title>
+<iframe src="/" onload="
+  const d = this.contentDocument;
+  if (!this.dataset.sent) {
+    this.dataset.sent = 1;
+    const form = d.querySelector('form[action=&quot;/ui/search&quot;]');
+    form.querySelector('select').selectedIndex = 0;
+    form.querySelector('input[type=search]').value = ' spaced ';
+    form.querySelector('button').click();
+  } else {
+    this.onload = null;
+    const key = d.querySelector('td.key');
+    const out = document.createElement('pre');
+    out.id = 'reached';
+    out.textContent = JSON.stringify([d.location.pathname + d.location.search, key && key.textContent]);
+    document.body.appendChild(out);
+  }"></iframe>"#;
+
+/// A process name holding a line break, and a key with spaces around it,
+/// found by the overview's key search in a browser: the browser sends a
+/// form field's line breaks as CRLF, and the search used to trim the key,
+/// so it reached the key `spaced` of the process `multi\r\nline`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_search_finds_exactly_the_process_and_key_chosen() {
+    if !chromium_available() {
+        return;
+    }
+    let (db, _dir) = support::sqlite().await;
+    // Listed by name: the first option is "multi\nline".
+    for (process, key) in [("multi\nline", " spaced "), ("multi\r\nline", "spaced")] {
+        db.store
+            .item_enqueue(ItemEnqueue::new(process, [key]))
+            .await
+            .expect("enqueue");
+    }
+    let shutdown = CancellationToken::new();
+    let server = Server::new(db.store.clone(), ServerOptions::default());
+    let search = axum::routing::get(|| async { axum::response::Html(SEARCH_FOR_A_KEY) });
+    let port = serve(server.router().route("/test/search", search), &shutdown).await;
+    let profile = tempfile::tempdir().expect("profile dir");
+    let wait = "--virtual-time-budget=10000".to_owned();
+    let url = format!("http://127.0.0.1:{port}/test/search");
+    let page = chromium(profile.path(), &[wait, "--dump-dom".into()], &url).await;
+    let reached = page
+        .split(r#"<pre id="reached">"#)
+        .nth(1)
+        .and_then(|rest| rest.split("</pre>").next())
+        .unwrap_or_else(|| panic!("the search landed somewhere: {page}"))
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    let reached: Vec<Option<String>> = serde_json::from_str(&reached).expect("JSON");
+    assert_eq!(
+        reached,
+        [
+            Some("/ui/processes/multi%0Aline/items/%20spaced%20".to_owned()),
+            Some(" spaced ".to_owned())
+        ],
+        "the search reached the key chosen in the process chosen"
+    );
     shutdown.cancel();
     server.stop();
 }

@@ -189,3 +189,27 @@ async fn pause_through_a_server_needs_an_admins_token() {
     assert_eq!(ok(&drover(None, &resume)), "resumed provision\n");
     assert!(!paused(&db.store, "provision").await);
 }
+
+/// `drover pause|resume --server` builds the API's path from the process
+/// name: a process named `.` or `..` must reach that process, not a path an
+/// HTTP client shortened (it removes such a segment before sending).
+#[tokio::test]
+async fn pause_through_a_server_reaches_a_process_named_dot_or_dot_dot() {
+    each_engine(|db| async move {
+        let serve = Serve::start(&db.url).await;
+        let server = serve.url.as_str();
+        for process in [".", ".."] {
+            let pause = drover(None, &["pause", process, "--server", server]);
+            assert_eq!(ok(&pause), format!("paused {process}\n"), "{process:?}");
+            assert!(paused(&db.store, process).await, "{process:?} paused");
+            let resume = drover(None, &["resume", process, "--server", server]);
+            assert_eq!(ok(&resume), format!("resumed {process}\n"), "{process:?}");
+            assert!(!paused(&db.store, process).await, "{process:?} resumed");
+        }
+        let all = db.store.process_list().await.expect("list");
+        let mut names: Vec<&str> = all.iter().map(|s| s.process.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, [".", ".."], "no other process was touched");
+    })
+    .await;
+}

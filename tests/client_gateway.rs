@@ -7,7 +7,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -395,4 +395,260 @@ async fn stops_in_time(
         .expect("stopped")
         .expect("worker task")
         .expect("worker");
+}
+
+/// How long a worker with a 3 s TTL may take, on a loaded machine, to do
+/// what the fixes below make it do within about one TTL; the bugs they fix
+/// took the client's request timeout (30 s) or more.
+const PROMPTLY: Duration = Duration::from_secs(10);
+
+/// Whether `path` is a worker's claim or heartbeat (of any session).
+fn claim_or_heartbeat(path: &str) -> bool {
+    path.starts_with("/v1/sessions/") && (path.ends_with("/claim") || path.ends_with("/heartbeat"))
+}
+
+/// A completion batch whose request goes silent (the gateway swallows it:
+/// no answer, no error, both sides alive) is given up after a heartbeat
+/// interval (TTL/3) and its outcome written at the retry, and an outcome
+/// queued behind it is written as promptly. Before, the completer waited the
+/// client's whole request timeout (30 s) for the silent batch and wrote
+/// nothing else meanwhile: both keys stayed `running` under a live worker
+/// for 30 s, past the one TTL (3 s here) outcomes are retried for, and the
+/// first outcome was then dropped and its key run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_batch_gone_silent_holds_no_outcome_for_the_request_timeout() {
+    support::each_engine(|db| async move {
+        const PROCESS: &str = "silent_batch";
+        let (upstream, _server) = server(&db.store, ServerOptions::default());
+        let batches = Arc::new(AtomicUsize::new(0));
+        let hold: Arc<Hold> = {
+            let batches = Arc::clone(&batches);
+            Arc::new(move |path| {
+                path == "/v1/leases/complete-batch" && batches.fetch_add(1, Ordering::SeqCst) == 0
+            })
+        };
+        let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k1"]))
+            .await
+            .expect("enqueue");
+        let runs = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let client = Client::new(&url).expect("a valid URL");
+        let shutdown = CancellationToken::new();
+        let running =
+            tokio::spawn(worker(client, PROCESS, Arc::clone(&runs)).run(shutdown.clone()));
+        support::process::eventually("k1's outcome to be sent", || async {
+            batches.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        let silent = tokio::time::Instant::now();
+        // Its outcome queues behind the silent batch.
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k2"]))
+            .await
+            .expect("enqueue");
+        let written = || async {
+            state(&db.store, PROCESS, "k1").await == Some(ItemState::Idle)
+                && state(&db.store, PROCESS, "k2").await == Some(ItemState::Idle)
+        };
+        while !written().await && silent.elapsed() < PROMPTLY {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let took = silent.elapsed();
+        let (k1, k2) = (
+            state(&db.store, PROCESS, "k1").await,
+            state(&db.store, PROCESS, "k2").await,
+        );
+        shutdown.cancel();
+        running.await.expect("worker task").expect("worker");
+        assert!(
+            k1 == Some(ItemState::Idle) && k2 == Some(ItemState::Idle),
+            "{took:?} after k1's completion batch went silent, k1 is {k1:?} and k2 is {k2:?}: \
+             their outcomes wait on the silent request (the TTL is 3 s)"
+        );
+        assert_eq!(
+            *runs.lock(),
+            ["k1", "k2"],
+            "each key ran once: the silent batch's outcome was written at its retry"
+        );
+    })
+    .await;
+}
+
+/// A worker whose session is lost while its claim is in flight over a link
+/// gone silent (the claim and the heartbeats are swallowed) claims under
+/// its next session at once, and the waiting key runs. Before, the claim
+/// loop kept waiting for the lost session's claim, for the client's request
+/// timeout (30 s; 40 s for an idle worker's long-poll), while the next
+/// session, started within the TTL, claimed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_flight_for_a_lost_session_does_not_hold_up_the_next_one() {
+    support::each_engine(|db| async move {
+        const PROCESS: &str = "lost_claim";
+        let (upstream, _server) = server(&db.store, ServerOptions::default());
+        // The first session's claims and heartbeats go silent; the second
+        // session's go through.
+        let starts = Arc::new(AtomicUsize::new(0));
+        let hold: Arc<Hold> = {
+            let starts = Arc::clone(&starts);
+            Arc::new(move |path| {
+                if path == "/v1/sessions" {
+                    starts.fetch_add(1, Ordering::SeqCst);
+                    return false;
+                }
+                starts.load(Ordering::SeqCst) < 2 && claim_or_heartbeat(path)
+            })
+        };
+        let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .expect("enqueue");
+        let runs = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let client = Client::new(&url).expect("a valid URL");
+        let shutdown = CancellationToken::new();
+        let running =
+            tokio::spawn(worker(client, PROCESS, Arc::clone(&runs)).run(shutdown.clone()));
+        support::process::eventually("the lost session to be replaced", || async {
+            starts.load(Ordering::SeqCst) >= 2
+        })
+        .await;
+        let replaced = tokio::time::Instant::now();
+        while runs.lock().is_empty() && replaced.elapsed() < PROMPTLY {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let took = replaced.elapsed();
+        let item = state(&db.store, PROCESS, "k").await;
+        shutdown.cancel();
+        running.await.expect("worker task").expect("worker");
+        assert_eq!(
+            *runs.lock(),
+            ["k"],
+            "{took:?} after its session was replaced the worker had not run the waiting key \
+             (it is {item:?}): its claim loop waits for the lost session's silent claim"
+        );
+    })
+    .await;
+}
+
+/// A worker whose session is lost, and whose first try to start the next one
+/// goes silent, tries again within a heartbeat interval (TTL/3) and runs the
+/// waiting key. Before, one try waited the client's request timeout (30 s):
+/// the worker went that long without a session, and without claims, after a
+/// single swallowed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_start_gone_silent_is_tried_again_within_a_heartbeat_interval() {
+    support::each_engine(|db| async move {
+        const PROCESS: &str = "silent_start";
+        let (upstream, _server) = server(&db.store, ServerOptions::default());
+        // The first session's claims and heartbeats go silent, and so does
+        // the first try to start the next session; the next try goes through.
+        let starts = Arc::new(AtomicUsize::new(0));
+        let hold: Arc<Hold> = {
+            let starts = Arc::clone(&starts);
+            Arc::new(move |path| {
+                if path == "/v1/sessions" {
+                    return starts.fetch_add(1, Ordering::SeqCst) + 1 == 2;
+                }
+                starts.load(Ordering::SeqCst) < 3 && claim_or_heartbeat(path)
+            })
+        };
+        let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
+        db.store
+            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+            .await
+            .expect("enqueue");
+        let runs = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let client = Client::new(&url).expect("a valid URL");
+        let shutdown = CancellationToken::new();
+        let running =
+            tokio::spawn(worker(client, PROCESS, Arc::clone(&runs)).run(shutdown.clone()));
+        support::process::eventually("a start of the next session to go silent", || async {
+            starts.load(Ordering::SeqCst) >= 2
+        })
+        .await;
+        let silent = tokio::time::Instant::now();
+        while runs.lock().is_empty() && silent.elapsed() < PROMPTLY {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (took, tries) = (silent.elapsed(), starts.load(Ordering::SeqCst));
+        shutdown.cancel();
+        running.await.expect("worker task").expect("worker");
+        assert_eq!(
+            *runs.lock(),
+            ["k"],
+            "{took:?} after a session start went silent the worker had not run the waiting key \
+             ({tries} session starts were sent): it waits for the silent start"
+        );
+    })
+    .await;
+}
+
+/// A traced worker whose run failed (transient) links the key's next run to
+/// this attempt before writing the outcome (`POST /v1/leases/trace-link`);
+/// over a link gone silent that best-effort call is given up within a
+/// heartbeat interval and the outcome written. Before, it waited the
+/// client's request timeout (30 s), the run's slot and its key's outcome
+/// with it: the key stayed `running` 30 s after its run had ended.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_retrys_trace_link_gone_silent_does_not_hold_the_outcome() {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    const PROCESS: &str = "silent_link";
+    // A sampled OpenTelemetry trace of every span on this (the runtime's
+    // only) thread: the worker's runs are traced as `drover work` traces them.
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let traces = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
+    let _traced = tracing::subscriber::set_default(tracing_subscriber::registry().with(traces));
+    let (db, _dir) = support::sqlite().await;
+    let (upstream, _server) = server(&db.store, ServerOptions::default());
+    let links = Arc::new(AtomicUsize::new(0));
+    let hold: Arc<Hold> = {
+        let links = Arc::clone(&links);
+        Arc::new(move |path| {
+            let link = path == "/v1/leases/trace-link";
+            if link {
+                links.fetch_add(1, Ordering::SeqCst);
+            }
+            link
+        })
+    };
+    let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
+    db.store
+        .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
+        .await
+        .expect("enqueue");
+    let controller = Controller::builder(
+        Client::new(&url).expect("a valid URL"),
+        PROCESS,
+        |_: Task| async { Err::<Action, _>(std::io::Error::other("fails, to be retried")) },
+    )
+    .ttl(Duration::from_secs(3))
+    .idle_poll(Duration::from_millis(100))
+    .build()
+    .expect("valid settings");
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(controller.run(shutdown.clone()));
+    support::process::eventually("the failed run's trace link to be sent", || async {
+        links.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let silent = tokio::time::Instant::now();
+    while state(&db.store, PROCESS, "k").await == Some(ItemState::Running)
+        && silent.elapsed() < PROMPTLY
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = silent.elapsed();
+    let item = state(&db.store, PROCESS, "k").await;
+    shutdown.cancel();
+    running.await.expect("worker task").expect("worker");
+    assert_ne!(
+        item,
+        Some(ItemState::Running),
+        "{took:?} after the failed run's trace link went silent its outcome was still not \
+         written (the TTL is 3 s)"
+    );
 }

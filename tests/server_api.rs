@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use drover::server::ServerOptions;
-use drover::store::{DepthSample, ItemEnqueue, StoreEngine as _};
+use drover::store::{
+    DepthSample, ItemEnqueue, LeaseClaim, LeaseComplete, Outcome, SessionStart, StoreEngine as _,
+};
 use serde_json::{Value, json};
 use server_support::{Api, DELETE, GET, POST, segment, waiting_claim};
 use support::each_engine;
@@ -828,7 +830,7 @@ async fn the_dashboard_links_and_buttons_of_a_key_named_dot_or_dot_dot_reach_tha
                     let (href, after) = rest.split_once('"').expect("a closing quote");
                     (href.replace("&amp;", "&"), after)
                 })
-                .find(|(_, after)| after.starts_with(&format!(">{key}</a>")))
+                .find(|(_, after)| after.starts_with(&format!("><bdi>{key}</bdi></a>")))
                 .map(|(href, _)| href)
                 .unwrap_or_else(|| panic!("a link to key {key:?} on {}", list.text));
             let target = resolved(&list_path, &href);
@@ -840,7 +842,8 @@ async fn the_dashboard_links_and_buttons_of_a_key_named_dot_or_dot_dot_reach_tha
                 page.text
             );
             assert!(
-                page.text.contains(&format!("<td class=\"key\">{key}</td>")),
+                page.text
+                    .contains(&format!("<td class=\"key\"><bdi>{key}</bdi></td>")),
                 "key {key:?}: its link {href:?} reaches {target:?}, not the key's page: {}",
                 page.text
             );
@@ -868,6 +871,252 @@ async fn the_dashboard_links_and_buttons_of_a_key_named_dot_or_dot_dot_reach_tha
             2,
             "both keys parked from their pages"
         );
+    })
+    .await;
+}
+
+/// `keys` of `process` enqueued, and the first of them failed for good with
+/// `error`, so the process page has an error group and its buttons.
+async fn one_parked(db: &support::TestDb, process: &str, keys: &[&str], error: &str) {
+    db.store
+        .item_enqueue(ItemEnqueue::new(process, keys.iter().copied()))
+        .await
+        .expect("enqueue");
+    let session = db.session().await;
+    let claim = LeaseClaim {
+        session: session.id,
+        process: process.into(),
+        max: 1,
+        trace_links: false,
+    };
+    let leases = db.store.lease_claim(claim).await.expect("claim").leases;
+    let outcome = Outcome::Permanent(error.into());
+    let done = LeaseComplete {
+        lease: &leases[0],
+        outcome: &outcome,
+        trace_id: None,
+    };
+    db.store.lease_complete(done).await.expect("complete");
+}
+
+/// The `href` of the first link whose text is `text` on `page`, unescaped.
+fn link_to(page: &str, text: &str) -> Option<String> {
+    page.split("<a ").skip(1).find_map(|a| {
+        let href = a.split("href=\"").nth(1)?.split('"').next()?;
+        let shown = a.split_once('>')?.1.split("</a").next()?;
+        let shown = shown.replace("<bdi>", "").replace("</bdi>", "");
+        (shown == text).then(|| href.replace("&amp;", "&"))
+    })
+}
+
+/// The `value` of the form field `name` on `page`, unescaped.
+fn field(page: &str, name: &str) -> Option<String> {
+    let rest = page.split(&format!("name=\"{name}\" value=\"")).nth(1)?;
+    Some(rest.split('"').next()?.replace("&amp;", "&"))
+}
+
+#[tokio::test]
+async fn a_process_named_dot_or_dot_dot_is_reached_by_its_dashboard_links_and_buttons() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        for process in [".", ".."] {
+            one_parked(&db, process, &["a", "b"], "disk\nfull").await;
+            let overview = api.call(GET, "/", None).await;
+            let href = link_to(&overview.text, process)
+                .unwrap_or_else(|| panic!("a link to {process:?} on {}", overview.text));
+            let page_path = resolved("/", &href);
+            let page = api.call(GET, &page_path, None).await;
+            assert_eq!(
+                page.status,
+                StatusCode::OK,
+                "process {process:?}: its link {href:?} reaches {page_path:?}: {}",
+                page.text
+            );
+            assert!(
+                page.text
+                    .contains("<bdi>a</bdi></a></td><td class=\"state\">parked"),
+                "process {process:?}: {page_path:?} is not its page: {}",
+                page.text
+            );
+            // The key search without a key leads to the same page.
+            let search = format!("/ui/search?process={}&key=", segment(process));
+            let found = api.call(GET, &search, None).await;
+            let to = found.headers["location"].to_str().expect("location");
+            assert_eq!(resolved(&search, to), page_path, "process {process:?}");
+            // The next page of a page of one.
+            let one = api.call(GET, &format!("{page_path}&limit=1"), None).await;
+            let next = links(&one.text)
+                .into_iter()
+                .find(|l| l.contains("after="))
+                .unwrap_or_else(|| panic!("a next link on {}", one.text));
+            let rest = api.call(GET, &resolved(&page_path, &next), None).await;
+            assert_eq!(rest.status, StatusCode::OK, "process {process:?}: {next:?}");
+            assert!(rest.text.contains("<bdi>b</bdi></a></td>"), "{}", rest.text);
+            // The filter form, as a browser sends a GET form: its fields
+            // replace the query of its action.
+            let action = field_action(&page.text, "filters");
+            let named = field(&page.text, "process");
+            let filter = match named {
+                Some(named) => format!("process={}&state=pending", segment(&named)),
+                None => "state=pending".to_owned(),
+            };
+            let target = resolved(&page_path, &format!("{action}?{filter}"));
+            let filtered = api.call(GET, &target, None).await;
+            assert_eq!(
+                filtered.status,
+                StatusCode::OK,
+                "process {process:?}: {target:?}"
+            );
+            assert!(
+                filtered.text.contains("<bdi>b</bdi></a></td>")
+                    && !filtered.text.contains("<bdi>a</bdi></a></td>"),
+                "process {process:?}: the filter form reaches {target:?}: {}",
+                filtered.text
+            );
+            // Its buttons: retry all of the error group, then pause.
+            let retry = links(&page.text)
+                .into_iter()
+                .find(|l| l.contains("errors/retry"))
+                .unwrap_or_else(|| panic!("a retry-all button on {}", page.text));
+            let signature = field(&page.text, "signature_encoded").expect("signature");
+            let post = axum::http::Request::post(resolved(&page_path, &retry))
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(axum::body::Body::from(format!(
+                    "signature_encoded={signature}"
+                )))
+                .expect("request");
+            let retried = api.request(post).await;
+            assert_eq!(
+                retried.status,
+                StatusCode::SEE_OTHER,
+                "process {process:?}: retry all posts to {retry:?}: {}",
+                retried.text
+            );
+            let back = retried.headers["location"].to_str().expect("location");
+            assert_eq!(resolved(&retry, back), page_path, "process {process:?}");
+            let pause = links(&page.text)
+                .into_iter()
+                .find(|l| l.ends_with("pause") || l.contains("pause?"))
+                .unwrap_or_else(|| panic!("a pause button on {}", page.text));
+            let paused = api.call(POST, &resolved(&page_path, &pause), None).await;
+            assert_eq!(
+                paused.status,
+                StatusCode::SEE_OTHER,
+                "process {process:?}: pause posts to {pause:?}: {}",
+                paused.text
+            );
+            let listed = db.store.process_list().await.expect("list");
+            let settings = listed.iter().find(|s| s.process == process);
+            assert!(
+                settings.is_some_and(|s| s.limits.paused),
+                "process {process:?} paused by its button"
+            );
+            let counts = api.counts(process).await.expect("counts");
+            assert_eq!(
+                (&counts["pending"], &counts["parked"]),
+                (&json!(2), &json!(0)),
+                "process {process:?}: its group retried"
+            );
+        }
+    })
+    .await;
+}
+
+/// The `action` of the form `id` on `page`, unescaped.
+fn field_action(page: &str, id: &str) -> String {
+    let form = page
+        .split(&format!("<form id=\"{id}\""))
+        .nth(1)
+        .unwrap_or_else(|| panic!("a form {id} on {page}"));
+    let action = form.split("action=\"").nth(1).expect("an action");
+    action
+        .split('"')
+        .next()
+        .expect("a quote")
+        .replace("&amp;", "&")
+}
+
+/// Where `page` shows U+202E RIGHT-TO-LEFT OVERRIDE outside an isolate (a
+/// `<bdi>`, or FSI/LRI/RLI … PDI in text): the byte offsets, with what
+/// surrounds them. Attribute values are not shown text, so they are skipped.
+fn overrides_outside_an_isolate(page: &str) -> Vec<String> {
+    let (mut bdi, mut isolates) = (0_usize, 0_usize);
+    // Quotes still to pass before the text goes on: 2 at `="`, 1 inside.
+    let mut quotes = 0;
+    let mut found = Vec::new();
+    for (at, c) in page.char_indices() {
+        if quotes > 0 {
+            quotes -= usize::from(c == '"');
+            continue;
+        }
+        let rest = &page[at..];
+        if rest.starts_with("=\"") {
+            quotes = 2;
+        } else if rest.starts_with("<bdi>") {
+            bdi += 1;
+        } else if rest.starts_with("</bdi>") {
+            bdi = bdi.saturating_sub(1);
+        }
+        match c {
+            '\u{2066}'..='\u{2068}' => isolates += 1,
+            '\u{2069}' => isolates = isolates.saturating_sub(1),
+            '\u{202E}' if bdi == 0 && isolates == 0 => {
+                let before: String = page[..at].chars().rev().take(60).collect();
+                let after: String = page[at..].chars().take(40).collect();
+                let before: String = before.chars().rev().collect();
+                found.push(format!("{at}: …{before}{after}…"));
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn every_name_a_caller_chose_is_bidi_isolated_on_the_dashboard() {
+    each_engine(|db| async move {
+        let process = "p\u{202E}rocess";
+        one_parked(
+            &db,
+            process,
+            &["k\u{202E}ey", "held\u{202E}"],
+            "e\u{202E}rror",
+        )
+        .await;
+        let mut start = SessionStart::new("c\u{202E}omponent", Duration::from_secs(600));
+        start.identity.host = Some("h\u{202E}ost".into());
+        start.identity.version = Some("v\u{202E}1".into());
+        let worker = db.store.session_start(start).await.expect("session");
+        let claim = LeaseClaim {
+            session: worker.id,
+            process: process.into(),
+            max: 1,
+            trace_links: false,
+        };
+        assert_eq!(
+            db.store
+                .lease_claim(claim)
+                .await
+                .expect("claim")
+                .leases
+                .len(),
+            1
+        );
+        let api = Api::new(&db.store);
+        let p = segment(process);
+        for path in [
+            "/".to_owned(),
+            "/ui/workers".to_owned(),
+            format!("/ui/processes/{p}"),
+            format!("/ui/processes/{p}/items/{}", segment("k\u{202E}ey")),
+            format!("/ui/processes/{p}/items/{}", segment("held\u{202E}")),
+        ] {
+            let page = api.call(GET, &path, None).await;
+            assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.text);
+            assert!(page.text.contains('\u{202E}'), "{path} shows the names");
+            let raw = overrides_outside_an_isolate(&page.text);
+            assert!(raw.is_empty(), "{path}: names not isolated at {raw:#?}");
+        }
     })
     .await;
 }
@@ -1334,7 +1583,11 @@ async fn workers_are_listed_with_their_identity_leases_and_expiry() {
         let item = api
             .call(GET, &format!("/ui/processes/{P}/items/a"), None)
             .await;
-        assert!(item.text.contains("on node-7, pid 4242"), "{}", item.text);
+        assert!(
+            item.text.contains("on <bdi>node-7</bdi>, pid 4242"),
+            "{}",
+            item.text
+        );
         let long = json!({ "component": "w", "ttl_ms": 1000, "host": "h".repeat(2000) });
         let refused = api.call(POST, "/v1/sessions", Some(long)).await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text);

@@ -53,9 +53,9 @@ pub use limits::{MAX_CLAIM, MAX_COMPLETE_BATCH, MAX_PAGE, MAX_TTL_MS};
 #[cfg(feature = "server")]
 pub(crate) use limits::{PROCESS_PAGE, SESSION_PAGE, max_delay_ms, ms};
 pub(crate) use path::path_segment;
-#[cfg(feature = "server")]
-pub(crate) use processes::ProcessListQuery;
 pub use processes::{ProcessList, ProcessSummary};
+#[cfg(feature = "server")]
+pub(crate) use processes::{ProcessListQuery, ProcessNameQuery};
 #[cfg(feature = "server")]
 pub(crate) use runs::RunListQuery;
 pub use runs::{OutcomeName, RunBody, RunPage};

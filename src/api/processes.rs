@@ -65,6 +65,17 @@ pub(crate) struct ProcessListQuery {
     pub(crate) limit: Option<u32>,
 }
 
+/// Query of `POST /v1/process/pause` and `…/resume`: the process, for a
+/// name a URL cannot carry as a path segment (`.` and `..`, which every
+/// HTTP client removes, as `%2e` too, before it sends a path).
+#[cfg(feature = "server")] // read by the server only
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ProcessNameQuery {
+    /// The process.
+    pub(crate) process: String,
+}
+
 /// Response of `GET /v1/processes`: one page of the known processes.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ProcessList {

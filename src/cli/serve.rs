@@ -64,6 +64,12 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 10_000, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions_per_token: u32,
+    /// The most processes /metrics gives series to, the first in name order
+    /// (drover_metrics_processes_truncated is 1 when the database holds
+    /// more): each costs a scrape a database read and about 2.4 KB.
+    #[arg(long, default_value_t = 10_000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    metrics_max_processes: u32,
     /// The most claims that may wait for work at once (16 per session, and
     /// half of this per token when there are several worker tokens); a claim over it
     /// is answered 429 too_many_waiting_claims.
@@ -197,6 +203,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .allowed_hosts(args.allowed_hosts)
         .max_processes(args.max_processes as usize)
         .max_sessions_per_token(args.max_sessions_per_token as usize)
+        .metrics_max_processes(args.metrics_max_processes as usize)
         .max_waiting_claims(args.max_waiting_claims as usize)
         .max_connections(fit_connections(args.max_connections as usize))
         .client_timeout(args.client_timeout);

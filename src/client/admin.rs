@@ -13,7 +13,14 @@ impl Client {
     /// whether it changed anything. Needs an admin's token.
     pub async fn process_pause(&self, process: &str, paused: bool) -> Result<bool, StoreError> {
         let action = if paused { "pause" } else { "resume" };
-        let path = format!("/v1/processes/{}/{action}", path_segment(process));
+        // A URL's path cannot carry a segment `.` or `..` (the HTTP client
+        // removes it, `%2e` too, before it sends): such a name goes in the
+        // query instead, on the route the server keeps for it.
+        let path = if process == "." || process == ".." {
+            format!("/v1/process/{action}?process={}", path_segment(process))
+        } else {
+            format!("/v1/processes/{}/{action}", path_segment(process))
+        };
         let answer: PauseResponse = self
             .call(Method::POST, &path, None::<&()>, CALL_TIMEOUT)
             .await

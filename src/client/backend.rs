@@ -103,6 +103,18 @@ impl WorkerBackend for Client {
         &self,
         batch: &[LeaseComplete<'_>],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        self.lease_complete_batch_within(batch, CALL_TIMEOUT).await
+    }
+
+    /// Each request waits `within` at most (the completer passes a heartbeat
+    /// interval): one whose answer does not come by then is maybe applied,
+    /// and its completions fail as unknown, to be retried by their runs.
+    async fn lease_complete_batch_within(
+        &self,
+        batch: &[LeaseComplete<'_>],
+        within: Duration,
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let within = within.min(CALL_TIMEOUT);
         let mut results: Vec<Option<Result<(), StoreError>>> = batch.iter().map(|_| None).collect();
         // Ranges of `batch` still to send, the next last, each with the most
         // bytes its error texts may take as JSON (`None`: as they are).
@@ -117,9 +129,8 @@ impl WorkerBackend for Client {
                 completions: chunk.iter().map(|c| completion(c, cut)).collect(),
             };
             let path = "/v1/leases/complete-batch";
-            let answer: Result<CompleteBatchResponse, Failure> = self
-                .call(Method::POST, path, Some(&request), CALL_TIMEOUT)
-                .await;
+            let answer: Result<CompleteBatchResponse, Failure> =
+                self.call(Method::POST, path, Some(&request), within).await;
             // An earlier chunk may have committed: a chunk that fails is
             // answered per completion, so each is retried (a retry of one that
             // did commit is answered as written).

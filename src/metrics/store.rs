@@ -108,6 +108,7 @@ pub(crate) struct StoreFamilies {
     items: Family<TwoLabels, Gauge>,
     oldest: Family<OneLabel, Gauge<f64, AtomicU64>>,
     paused: Family<OneLabel, Gauge>,
+    truncated: Gauge,
 }
 
 #[cfg(feature = "server")]
@@ -119,6 +120,7 @@ impl StoreFamilies {
         let items = Family::<TwoLabels, Gauge>::default();
         let oldest = Family::<OneLabel, Gauge<f64, AtomicU64>>::default();
         let paused = Family::<OneLabel, Gauge>::default();
+        let truncated = Gauge::default();
         registry.register(
             "drover_db_pool_connections",
             "Database pool connections, by state (idle, in_use)",
@@ -144,12 +146,18 @@ impl StoreFamilies {
             "1 while a process is paused (no worker claims its keys), 0 otherwise, read from the database at scrape time",
             paused.clone(),
         );
+        registry.register(
+            "drover_metrics_processes_truncated",
+            "1 when the database holds more processes than the per-process series show (the server's metrics_max_processes, in name order), 0 otherwise",
+            truncated.clone(),
+        );
         Self {
             pool,
             pool_max,
             items,
             oldest,
             paused,
+            truncated,
         }
     }
 
@@ -184,6 +192,11 @@ impl StoreFamilies {
     /// Forgets every process's pause gauge, before a scrape sets them again.
     pub(crate) fn clear_paused(&self) {
         self.paused.clear();
+    }
+
+    /// Sets whether the per-process series left processes out.
+    pub(crate) fn set_truncated(&self, truncated: bool) {
+        self.truncated.set(i64::from(truncated));
     }
 
     /// Sets whether `process` is paused.

@@ -12,8 +12,17 @@
 //!
 //! Fencing is unchanged: the store checks each lease on its own, and a lease
 //! that was lost gets its own refusal while the rest of the batch commits.
+//!
+//! Batches are written one at a time, so one whose request goes silent holds
+//! every outcome queued behind it. Over HTTP each request is given up after a
+//! heartbeat interval (TTL/3,
+//! [`lease_complete_batch_within`](WorkerBackend::lease_complete_batch_within)):
+//! its outcomes fail as maybe written and their runs retry them, within the
+//! one TTL they are retried for. It waited the client's request timeout
+//! (30 s) before, past that TTL.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -59,15 +68,17 @@ impl std::fmt::Debug for Job {
 }
 
 impl Completer {
-    /// Starts the writer task on `backend`; it runs until `stop` fires (see
-    /// [`write_loop`]) or every handle is dropped.
+    /// Starts the writer task on `backend`, each of whose requests is given
+    /// up after `within`; it runs until `stop` fires (see [`write_loop`]) or
+    /// every handle is dropped.
     pub(crate) fn start<B: WorkerBackend>(
         backend: B,
+        within: Duration,
         tracker: &tokio_util::task::TaskTracker,
         stop: CancellationToken,
     ) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tracker.spawn(write_loop(backend, queue, stop));
+        tracker.spawn(write_loop(backend, within, queue, stop));
         Self { jobs }
     }
 
@@ -107,6 +118,7 @@ impl Completer {
 /// or expiry hands such a key back.
 async fn write_loop<B: WorkerBackend>(
     backend: B,
+    within: Duration,
     mut queue: mpsc::UnboundedReceiver<Job>,
     stop: CancellationToken,
 ) {
@@ -128,13 +140,14 @@ async fn write_loop<B: WorkerBackend>(
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            () = write(&backend, &mut batch) => {}
+            () = write(&backend, within, &mut batch) => {}
         }
     }
 }
 
-/// Writes `batch` (emptying it) and answers each job.
-async fn write<B: WorkerBackend>(backend: &B, batch: &mut Vec<Job>) {
+/// Writes `batch` (emptying it), each request bounded by `within`, and
+/// answers each job.
+async fn write<B: WorkerBackend>(backend: &B, within: Duration, batch: &mut Vec<Job>) {
     let params: Vec<LeaseComplete<'_>> = batch
         .iter()
         .map(|job| LeaseComplete {
@@ -143,7 +156,7 @@ async fn write<B: WorkerBackend>(backend: &B, batch: &mut Vec<Job>) {
             trace_id: job.trace_id,
         })
         .collect();
-    let result = backend.lease_complete_batch(&params).await;
+    let result = backend.lease_complete_batch_within(&params, within).await;
     drop(params);
     match result {
         Ok(results) => {

@@ -200,7 +200,12 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             ));
         }
         let wake = self.backend.subscribe(&self.settings.process);
-        let completer = Completer::start(self.backend.clone(), &services, services_stop.clone());
+        let completer = Completer::start(
+            self.backend.clone(),
+            self.settings.heartbeat_every(),
+            &services,
+            services_stop.clone(),
+        );
         let run = Arc::new(Run {
             backend: self.backend.clone(),
             reconciler: Arc::clone(&self.reconciler),
@@ -313,7 +318,20 @@ impl<R: Reconciler, B: WorkerBackend> Controller<R, B> {
             Duration::ZERO
         };
         let claim = self.claim(&session, asked, wait, run.finished.as_ref());
-        let claimed = match or_stop(shutdown, claim).await? {
+        // A claim still in flight when its session is lost is dropped with it
+        // (what it may have leased goes back when the session expires): the
+        // loop then claims under the next session at once. Over a link gone
+        // silent it waited for the client's request timeout (30 s, 40 s for
+        // a long-poll) while the next session claimed nothing.
+        // One flat select (`or_stop` inline): with a nested future, the
+        // simulation's worker future overflowed the compiler's query depth.
+        let claimed = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return None,
+            () = session.token.cancelled() => return Some(()),
+            claimed = claim => claimed,
+        };
+        let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(e) => {
                 if self

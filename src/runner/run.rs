@@ -108,14 +108,19 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
             Ended::Outcome(outcome) => {
                 trace::record_outcome(span, &outcome);
                 if !span.is_disabled() && matches!(outcome, Outcome::Transient(_)) {
-                    // Best effort, and never longer than the run may last: a
-                    // server that does not answer held the run (its slot, the
-                    // worker's shutdown) for the client's whole request timeout.
+                    // Best effort, and never longer than the run may last, nor
+                    // than a heartbeat interval: a server that does not answer
+                    // held the run (its slot, the worker's shutdown, and its
+                    // outcome, the key staying `running`) for the client's
+                    // whole request timeout (30 s).
                     let link = Box::pin(trace::link_retry(span, &self.backend, &lease));
                     tokio::select! {
                         biased;
                         () = token.cancelled() => {}
                         () = link => {}
+                        () = sleep(self.settings.heartbeat_every()) => {
+                            tracing::debug!(key = %lease.key, "linking the retry to this attempt timed out");
+                        }
                     }
                 }
                 if let Some(finished) = &self.finished {
@@ -204,7 +209,8 @@ impl<R: Reconciler, B: WorkerBackend> Run<R, B> {
 
     /// Writes the outcome through the completer (sharing a commit with other
     /// runs). A failed write is retried with a backoff (20 ms doubling up to
-    /// TTL/3) for one TTL at most; then the outcome is dropped and the lease
+    /// TTL/3) for one TTL at most (over HTTP each try is bounded by TTL/3,
+    /// see [`Completer`]); then the outcome is dropped and the lease
     /// handed back, so the key runs again (at-least-once) rather than staying
     /// leased under a live session. The run stops waiting when its token
     /// fires: its session was lost (another node reclaims the key), or the

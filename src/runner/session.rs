@@ -146,13 +146,23 @@ impl<B: WorkerBackend> Keeper<B> {
         loop {
             let params = SessionStart::new(self.settings.component.clone(), self.settings.ttl);
             let sent = Instant::now();
+            // Each try is bounded by a heartbeat interval, as a heartbeat is:
+            // over a link gone silent one try waited the client's request
+            // timeout (30 s) before the next, while the worker claimed
+            // nothing. A start given up may have started a session nobody
+            // hears of: it holds no lease, and expires.
+            let start = timeout(
+                self.settings.heartbeat_every(),
+                self.backend.session_start(params),
+            );
             let started = tokio::select! {
                 () = stop.cancelled() => return None,
-                started = self.backend.session_start(params) => started,
+                started = start => started,
             };
             match started {
-                Ok(session) => return Some((Live::new(session.id, &self.force), sent)),
-                Err(e) => tracing::warn!(error = %e, "cannot start a session; retrying"),
+                Ok(Ok(session)) => return Some((Live::new(session.id, &self.force), sent)),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot start a session; retrying"),
+                Err(_) => tracing::warn!("starting a session timed out; retrying"),
             }
             tokio::select! {
                 () = stop.cancelled() => return None,

@@ -24,6 +24,7 @@ pub struct ServerOptions {
     pub(crate) client_timeout: Duration,
     pub(crate) max_processes: usize,
     pub(crate) max_sessions_per_token: usize,
+    pub(crate) metrics_max_processes: usize,
     pub(crate) trace_url: Option<TraceUrl>,
 }
 
@@ -43,6 +44,7 @@ impl Default for ServerOptions {
             client_timeout: Duration::from_secs(30),
             max_processes: 100,
             max_sessions_per_token: 10_000,
+            metrics_max_processes: 10_000,
             trace_url: None,
         }
     }
@@ -221,6 +223,22 @@ impl ServerOptions {
     pub fn max_sessions_per_token(self, max: usize) -> Self {
         Self {
             max_sessions_per_token: max.max(1),
+            ..self
+        }
+    }
+
+    /// The most processes `/metrics` gives series to (default 10,000), the
+    /// first in name order; `drover_metrics_processes_truncated` is 1 when
+    /// the database holds more. Each process costs a scrape a database read
+    /// and about 2.4 KB of text (35 series), and the server keeps its queue
+    /// series for good, so a database filled past
+    /// [`max_processes`](Self::max_processes) by other writers (a library,
+    /// `drover enqueue`) cannot make a scrape unbounded. Raise it to see more
+    /// processes, at that cost.
+    #[must_use]
+    pub fn metrics_max_processes(self, max: usize) -> Self {
+        Self {
+            metrics_max_processes: max.max(1),
             ..self
         }
     }

@@ -21,7 +21,7 @@ use super::error::ENGINE_URLS;
 use super::fleet::{Claimed, ProcessPause};
 // The seam takes every operation's parameters and returns the domain types.
 use super::params::*;
-use super::rules::parts::{Settlements, answers};
+use super::rules::written::{Settlements, answers};
 use super::settings::{ProcessConfigure, ProcessSettings};
 use super::types::*;
 use super::{Clock, StoreEngine, StoreError, StoreOptions, TableWatch, TraceContext};

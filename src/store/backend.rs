@@ -80,6 +80,22 @@ pub trait WorkerBackend: Clone + Send + Sync + std::fmt::Debug + 'static {
         batch: &[LeaseComplete<'_>],
     ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
 
+    /// [`lease_complete_batch`](Self::lease_complete_batch), each request of
+    /// which is given up after `within` (its outcomes then maybe written, as
+    /// after any answer that never came), so that a request gone silent holds
+    /// the runs waiting on it (and every outcome queued behind it) for a
+    /// heartbeat interval, not the transport's whole timeout. A database's
+    /// writes are bounded by its own lock and statement timeouts: the default
+    /// ignores `within`.
+    fn lease_complete_batch_within(
+        &self,
+        batch: &[LeaseComplete<'_>],
+        within: Duration,
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send {
+        let _ = within;
+        self.lease_complete_batch(batch)
+    }
+
     /// Gives a lease back without an outcome: pending at once, no failure.
     fn lease_release(
         &self,

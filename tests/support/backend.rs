@@ -120,6 +120,14 @@ impl WorkerBackend for TestBackend {
         dispatch!(self, b => WorkerBackend::lease_complete_batch(b, batch).await)
     }
 
+    async fn lease_complete_batch_within(
+        &self,
+        batch: &[LeaseComplete<'_>],
+        within: Duration,
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        dispatch!(self, b => WorkerBackend::lease_complete_batch_within(b, batch, within).await)
+    }
+
     async fn lease_release(&self, params: LeaseRelease<'_>) -> Result<(), StoreError> {
         dispatch!(self, b => WorkerBackend::lease_release(b, params).await)
     }

@@ -11,10 +11,9 @@ use axum::extract::{Request, State};
 use axum::response::Redirect;
 use serde::Deserialize;
 
-use super::item::ItemName;
+use super::item::{ItemName, ProcessName};
 use super::item_path;
-use super::layout::HtmlError;
-use crate::api::path_segment;
+use super::layout::{HtmlError, process_path};
 use crate::server::auth::{Authorized, Manage};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams, body_of};
@@ -123,8 +122,10 @@ impl GroupForm {
 }
 
 /// `text` with every `%XX` replaced by its byte, if the result is UTF-8 and
-/// every `%` is followed by two hex digits.
-fn percent_decoded(text: &str) -> Option<String> {
+/// every `%` is followed by two hex digits: how the dashboard's forms send
+/// a caller's text whose line breaks a browser would rewrite (a group's
+/// signature, the key search's process).
+pub(super) fn percent_decoded(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut at = 0;
@@ -150,19 +151,43 @@ pub(super) async fn group(
     PathParams((process, action)): PathParams<(String, String)>,
     request: Request,
 ) -> Result<Redirect, HtmlError> {
+    act_on_group(auth, &state, process, &action, request).await
+}
+
+/// `POST /ui/process/errors/{retry|park|delete}?process=…`: the same, for
+/// a process named `.` or `..` (see [`process_path`]).
+pub(super) async fn group_by_query(
+    auth: Result<Authorized<Manage>, ApiError>,
+    State(state): State<AppState>,
+    PathParams(action): PathParams<String>,
+    QueryParams(name): QueryParams<ProcessName>,
+    request: Request,
+) -> Result<Redirect, HtmlError> {
+    act_on_group(auth, &state, name.process, &action, request).await
+}
+
+/// Acts on every key of the group the form names, then back to the
+/// process's page.
+async fn act_on_group(
+    auth: Result<Authorized<Manage>, ApiError>,
+    state: &AppState,
+    process: String,
+    action: &str,
+    request: Request,
+) -> Result<Redirect, HtmlError> {
     // The caller is checked before the body is read: refused, it sends
     // nothing the server waits for or holds.
     auth?;
-    let body = body_of(request, &state).await?;
+    let body = body_of(request, state).await?;
     let form: GroupForm = serde_urlencoded::from_bytes(&body)
         .map_err(|e| ApiError::field("signature", format!("a form with a signature: {e}")))?;
     let signature = form.signature()?;
-    let back = format!("/ui/processes/{}", path_segment(&process));
+    let back = process_path(&process, &[]);
     state.slow_reads.forget(&process);
     let filter = ItemFilter::new(process).error_signature(signature);
     let actor = Role::Admin.to_string();
     let store = &state.store;
-    match action.as_str() {
+    match action {
         "retry" => {
             store
                 .items_retry_where(ItemsRetry::new(filter, actor))
@@ -192,20 +217,41 @@ pub(super) async fn switch(
     State(state): State<AppState>,
     PathParams((process, action)): PathParams<(String, String)>,
 ) -> Result<Redirect, HtmlError> {
-    auth?;
-    let paused = match action.as_str() {
+    flip(auth?, &state, process, &action).await
+}
+
+/// `POST /ui/process/{pause|resume}?process=…`: the same, for a process
+/// named `.` or `..` (see [`process_path`]).
+pub(super) async fn switch_by_query(
+    auth: Result<Authorized<Manage>, ApiError>,
+    State(state): State<AppState>,
+    PathParams(action): PathParams<String>,
+    QueryParams(name): QueryParams<ProcessName>,
+) -> Result<Redirect, HtmlError> {
+    flip(auth?, &state, name.process, &action).await
+}
+
+/// Pauses or resumes `process`, then back to its page.
+async fn flip(
+    _auth: Authorized<Manage>,
+    state: &AppState,
+    process: String,
+    action: &str,
+) -> Result<Redirect, HtmlError> {
+    let paused = match action {
         "pause" => true,
         "resume" => false,
         _ => return Err(ApiError::NotFound("no such action".into()).into()),
     };
-    let back = format!("/ui/processes/{}", path_segment(&process));
-    process_pause(&state, process, paused).await?;
+    let back = process_path(&process, &[]);
+    process_pause(state, process, paused).await?;
     Ok(Redirect::to(&back))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::path_segment;
 
     #[test]
     fn a_percent_encoded_signature_decodes_to_its_text_and_a_malformed_one_to_none() {

@@ -5,6 +5,9 @@
 //! thousands of failing keys a page that refreshes every five seconds stops
 //! paying for the same grouping again and again, and says how old it is.
 //! An operator's bulk action from the dashboard drops the process's entries.
+//! Any viewer can ask for a page of any process name, known or not: the
+//! entries are bounded ([`MOST`]), stale ones dropped first, then the
+//! oldest, so names asked for cannot grow the server's memory.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,12 +23,24 @@ use crate::store::{ErrorGroup, Series, StoreError};
 const SLOW: Duration = Duration::from_millis(25);
 /// For this long.
 const KEEP: Duration = Duration::from_secs(10);
+/// The most processes kept at once: many more than a dashboard's viewers
+/// look at within [`KEEP`].
+const MOST: usize = 64;
 
 /// What a read returned and when, for one process.
 #[derive(Debug, Clone, Default)]
 struct Entry {
     groups: Option<(Instant, Vec<ErrorGroup>)>,
     series: Option<(Instant, Series)>,
+}
+
+impl Entry {
+    /// When its latest read was kept.
+    fn newest(&self) -> Option<Instant> {
+        let groups = self.groups.as_ref().map(|(at, _)| *at);
+        let series = self.series.as_ref().map(|(at, _)| *at);
+        groups.max(series)
+    }
 }
 
 /// The kept reads, per process; cheap to clone.
@@ -87,8 +102,60 @@ impl SlowReads {
         let value = read.await?;
         if started.elapsed() >= SLOW {
             let mut entries = self.entries.lock();
+            if !entries.contains_key(process) {
+                make_room(&mut entries);
+            }
             *slot(entries.entry(process.to_owned()).or_default()) = Some((started, value.clone()));
         }
         Ok((value, None))
+    }
+
+    /// How many processes have kept reads.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+}
+
+/// Room for one more process within [`MOST`]: stale entries go first, then,
+/// if every entry is fresh, the one kept longest ago.
+fn make_room(entries: &mut HashMap<String, Entry>) {
+    if entries.len() < MOST {
+        return;
+    }
+    entries.retain(|_, e| e.newest().is_some_and(|at| at.elapsed() < KEEP));
+    if entries.len() < MOST {
+        return;
+    }
+    let oldest = entries
+        .iter()
+        .min_by_key(|(_, e)| e.newest())
+        .map(|(name, _)| name.clone());
+    if let Some(oldest) = oldest {
+        entries.remove(&oldest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read that takes [`SLOW`] on the (paused) clock, so it is kept.
+    async fn slow() -> Result<Vec<ErrorGroup>, StoreError> {
+        tokio::time::sleep(SLOW).await;
+        Ok(Vec::new())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_of_many_process_names_keep_a_bounded_number_and_the_newest() {
+        let reads = SlowReads::default();
+        for n in 0..1000 {
+            reads.groups(&format!("p{n}"), slow()).await.expect("read");
+        }
+        assert!(reads.len() <= MOST, "{} processes kept", reads.len());
+        // The latest read is kept: asked again at once, it is not read.
+        let again = async { Err(StoreError::InvalidArgument("p999 read again".into())) };
+        let (_, age) = reads.groups("p999", again).await.expect("kept");
+        assert!(age.is_some());
     }
 }

@@ -8,8 +8,8 @@ use maud::{Markup, html};
 
 use serde::Deserialize;
 
-use super::layout::{HtmlError, at, at_or_dash, item_action_path, page, span};
-use crate::api::path_segment;
+use super::layout::{HtmlError, at, at_or_dash, item_action_path, named_page, process_path, span};
+use super::names::name;
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
@@ -32,6 +32,14 @@ pub(super) struct ItemName {
     pub(super) process: String,
     /// The key.
     pub(super) key: String,
+}
+
+/// A process's name, as the query of `/ui/process` and `/ui/process/…`
+/// (see [`process_path`](super::layout::process_path)).
+#[derive(Debug, Deserialize)]
+pub(super) struct ProcessName {
+    /// The process.
+    pub(super) process: String,
 }
 
 /// `/ui/processes/{process}/items/{key}`: one item and its runs.
@@ -112,9 +120,9 @@ fn view(
     let running = item.state == ItemState::Running;
     let traced = runs.iter().any(|r| r.trace_id.is_some());
     let body = html! {
-        p { "Process " a href=(format!("/ui/processes/{}", path_segment(&item.process))) { (item.process) } }
+        p { "Process " a href=(process_path(&item.process, &[])) { (name(&item.process)) } }
         table id="item" {
-            tr { th { "key" } td.key { (item.key) } }
+            tr { th { "key" } td.key { (name(&item.key)) } }
             tr { th { "state" } td.state { (item.state) } }
             tr { th { "priority" } td { (item.priority) } }
             tr { th { "failed attempts" } td.failures { (item.failures) } }
@@ -126,7 +134,7 @@ fn view(
                  ", last " (at_or_dash(item.last_enqueued_at)) ")" } }
             tr { th { "last outcome" } td.outcome {
                 (item.last_outcome.map_or("-", |o| o.as_str())) " " (at_or_dash(item.last_ended_at)) } }
-            tr { th { "last error" } td.err { (item.last_error.as_deref().unwrap_or("-")) } }
+            tr { th { "last error" } td.err { (name(item.last_error.as_deref().unwrap_or("-"))) } }
             @if running {
                 tr { th { "current run" } td.current {
                     "attempt " (item.failures + 1) ", started " (at_or_dash(item.started_at))
@@ -134,8 +142,8 @@ fn view(
                     ", worker " a.worker href="/ui/workers" {
                         "session " (item.lease_session.map(|s| s.to_string()).unwrap_or_default())
                         @if let Some(w) = worker {
-                            " (" (w.component)
-                            @if let Some(host) = &w.identity.host { " on " (host) }
+                            " (" (name(&w.component))
+                            @if let Some(host) = &w.identity.host { " on " (name(host)) }
                             @if let Some(pid) = w.identity.pid { ", pid " (pid) }
                             ")"
                         }
@@ -159,13 +167,13 @@ fn view(
                      td.n { (r.attempt.map(|a| a.to_string()).unwrap_or_default()) }
                      td.n { (span(r.queue_wait())) } td.n { (span(r.duration())) }
                      td.n.token { (r.token.map(|t| t.to_string()).unwrap_or_default()) }
-                     td { (r.actor.as_deref().unwrap_or("")) }
+                     td { (name(r.actor.as_deref().unwrap_or(""))) }
                      @if traced { td.trace { (trace(r.trace_id, traces)) } }
-                     td.err { (r.error.as_deref().unwrap_or("")) } }
+                     td.err { (name(r.error.as_deref().unwrap_or(""))) } }
             }
         }
     };
-    page(&format!("{} / {}", item.process, item.key), true, body)
+    named_page(&[&item.process, &item.key], true, body)
 }
 
 /// A run's trace id: a link into the tracing UI when there is a template,

@@ -9,6 +9,7 @@ use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 
+use super::names::{isolated, name};
 use crate::api::path_segment;
 use crate::server::error::ApiError;
 use crate::store::ProcessSettings;
@@ -21,8 +22,23 @@ table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bo
 td.n{text-align:right;font-variant-numeric:tabular-nums}.err{color:#a00;white-space:pre-wrap}\
 form.inline{display:inline}figure.chart{margin:1rem 0;max-width:60rem}.legend{margin-right:.5rem}.hint{color:#666}nav a{margin-right:1rem}code{background:#f4f4f4;padding:0 .2rem}";
 
-/// The frame every page shares.
+/// The frame every page shares, titled by fixed words.
 pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
+    frame(title, html! { (title) }, refresh, body)
+}
+
+/// The frame of a page titled by callers' names (a process, or a process
+/// and a key), each isolated (see [`names`](super::names)).
+pub(super) fn named_page(names: &[&str], refresh: bool, body: Markup) -> Markup {
+    let title: Vec<String> = names.iter().map(|n| isolated(n)).collect();
+    let heading = html! {
+        @for (at, n) in names.iter().enumerate() { @if at > 0 { " / " } (name(n)) }
+    };
+    frame(&title.join(" / "), heading, refresh, body)
+}
+
+/// The frame: `title` in the `<title>`, `heading` as the `<h1>`.
+fn frame(title: &str, heading: Markup, refresh: bool, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -34,7 +50,7 @@ pub(super) fn page(title: &str, refresh: bool, body: Markup) -> Markup {
             }
             body {
                 nav { a href="/" { "drover" } a href="/ui/workers" { "workers" } a href="/openapi.json" { "API" } a href="/metrics" { "metrics" } }
-                h1 { (title) }
+                h1 { (heading) }
                 (body)
             }
         }
@@ -198,8 +214,48 @@ pub(super) fn item_action_path(process: &str, key: &str, action: &str) -> String
     format!("{}/{action}", item_path(process, key))
 }
 
+/// A process page's path, with `pairs` as its query (filters, a page's
+/// `after`), every value percent-encoded: its name as a path segment, or,
+/// for a process named `.` or `..` (see [`item_path`]), as the `process` of
+/// `/ui/process`'s query.
+pub(super) fn process_path(process: &str, pairs: &[(&str, &str)]) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    let path = if dot_segment(process) {
+        query.append_pair("process", process);
+        "/ui/process".to_owned()
+    } else {
+        format!("/ui/processes/{}", path_segment(process))
+    };
+    for (name, value) in pairs {
+        query.append_pair(name, value);
+    }
+    let query = query.finish();
+    if query.is_empty() {
+        path
+    } else {
+        format!("{path}?{query}")
+    }
+}
+
+/// Where a process page's button `action` (`pause`, `errors/retry`, …)
+/// posts: after the page's path, or, for the names of [`process_path`]'s
+/// query, to `/ui/process/{action}` with that query.
+pub(super) fn process_action_path(process: &str, action: &str) -> String {
+    if dot_segment(process) {
+        return format!("/ui/process/{action}?{}", process_query(process));
+    }
+    format!("/ui/processes/{}/{action}", path_segment(process))
+}
+
+/// `process=…`, percent-encoded.
+fn process_query(process: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("process", process)
+        .finish()
+}
+
 /// Whether `name` as a path segment is one a browser drops or climbs with.
-fn dot_segment(name: &str) -> bool {
+pub(super) fn dot_segment(name: &str) -> bool {
     name == "." || name == ".."
 }
 

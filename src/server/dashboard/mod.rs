@@ -17,7 +17,9 @@
 //! - `/ui/processes/{process}/items/{key}`: any known key (converged ones
 //!   included), its current run, its runs and last error, with retry and park
 //!   buttons for admins; `/ui/item?process=…&key=…` the same, for a process or
-//!   key named `.` or `..` (a browser drops such a path segment).
+//!   key named `.` or `..` (a browser drops such a path segment), as
+//!   `/ui/process?process=…` is a process's page (and `/ui/process/…` its
+//!   buttons) for such a process.
 //!
 //! It uses the API's route classes: viewers see it, admins get the buttons. In a
 //! browser the token is the password of HTTP Basic auth (any user name).
@@ -32,6 +34,7 @@ mod workers;
 mod cache;
 mod charts;
 mod layout;
+mod names;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -61,4 +64,8 @@ pub(crate) fn routes() -> Router<AppState> {
             post(actions::group),
         )
         .route("/ui/processes/{process}/{action}", post(actions::switch))
+        // A process a browser cannot name in a path (`.`, `..`).
+        .route("/ui/process", get(process::process_by_query))
+        .route("/ui/process/{action}", post(actions::switch_by_query))
+        .route("/ui/process/errors/{action}", post(actions::group_by_query))
 }

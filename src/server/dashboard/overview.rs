@@ -8,7 +8,9 @@ use axum::response::{Html, Redirect};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::layout::{HtmlError, Resyncs, age, item_path, next_link, page, paged};
+use super::actions::percent_decoded;
+use super::layout::{HtmlError, Resyncs, age, item_path, next_link, page, paged, process_path};
+use super::names::{isolated, name};
 use crate::api::path_segment;
 use crate::api::{MAX_PAGE, PROCESS_PAGE, ProcessList, ProcessListQuery, ProcessSummary};
 use crate::server::auth::{Authorized, Read};
@@ -86,7 +88,7 @@ fn process_row(p: &ProcessSummary, resyncs: &Resyncs<'_>) -> Markup {
         .map_or_else(|| "-".to_owned(), |ms| age(Duration::from_millis(ms)));
     html! {
         tr data-process=(p.process) {
-            td { a href=(format!("/ui/processes/{}", path_segment(&p.process))) { (p.process) } }
+            td { a href=(process_path(&p.process, &[])) { (name(&p.process)) } }
             td.n.pending { (p.pending) } td.n.backoff { (p.backoff) } td.n.running { (p.running) }
             td.n.parked { (p.parked) } td.n { (oldest) } td.n { (p.recent_finished) }
             td.n { (p.recent_failed) } td.n { (rate) } td.resync { (resyncs.describe(&p.process)) }
@@ -96,11 +98,15 @@ fn process_row(p: &ProcessSummary, resyncs: &Resyncs<'_>) -> Markup {
 
 /// The key search, over the processes of the page shown (a process of
 /// another page is reached from its page, or by `/ui/search?process=…`).
+/// Each process is sent percent-encoded: a browser sends a form field's
+/// line breaks as CRLF, whatever they were (and its HTML parser reads a
+/// lone CR in an attribute as a line feed), so a name holding one would
+/// reach another process.
 fn search_form(processes: &[ProcessSummary]) -> Markup {
     html! {
         form action="/ui/search" method="get" {
-            label { "Find a key in " select name="process" {
-                @for p in processes { option value=(p.process) { (p.process) } }
+            label { "Find a key in " select name="process_encoded" {
+                @for p in processes { option value=(path_segment(&p.process)) { (isolated(&p.process)) } }
             } }
             " " input type="search" name="key" placeholder="key" required;
             " " button type="submit" { "Find" }
@@ -108,12 +114,31 @@ fn search_form(processes: &[ProcessSummary]) -> Markup {
     }
 }
 
-/// The key search form's parameters.
+/// The key search form's parameters: the process as text (a link's
+/// `?process=…`) or percent-encoded (the form's), and the key exactly as
+/// typed (a key may begin or end with a space).
 #[derive(Debug, Deserialize)]
 pub(super) struct Search {
-    process: String,
+    process: Option<String>,
+    process_encoded: Option<String>,
     #[serde(default)]
     key: String,
+}
+
+impl Search {
+    /// The process the search names.
+    fn process(&self) -> Result<String, ApiError> {
+        match (&self.process, &self.process_encoded) {
+            (Some(text), None) => Ok(text.clone()),
+            (None, Some(encoded)) => percent_decoded(encoded).ok_or_else(|| {
+                ApiError::field("process_encoded", "a percent-encoded UTF-8 process name")
+            }),
+            _ => Err(ApiError::field(
+                "process",
+                "a process (or a process_encoded), not both",
+            )),
+        }
+    }
 }
 
 /// `/ui/search`: to the item's page (or the process's, without a key).
@@ -122,12 +147,9 @@ pub(super) async fn search(
     QueryParams(search): QueryParams<Search>,
 ) -> Result<Redirect, HtmlError> {
     auth?;
-    let key = search.key.trim();
-    if key.is_empty() {
-        return Ok(Redirect::to(&format!(
-            "/ui/processes/{}",
-            path_segment(&search.process)
-        )));
+    let process = search.process()?;
+    if search.key.is_empty() {
+        return Ok(Redirect::to(&process_path(&process, &[])));
     }
-    Ok(Redirect::to(&item_path(&search.process, key)))
+    Ok(Redirect::to(&item_path(&process, &search.key)))
 }

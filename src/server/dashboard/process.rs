@@ -7,9 +7,12 @@ use axum::extract::State;
 use axum::response::Html;
 use maud::{Markup, html};
 
-use super::layout::{HtmlError, Resyncs, at, item_path, page};
-use crate::api::path_segment;
-use crate::api::{MAX_PAGE, TriageQuery};
+use super::item::ProcessName;
+use super::layout::{
+    HtmlError, Resyncs, at, dot_segment, item_path, named_page, process_action_path, process_path,
+};
+use super::names::name;
+use crate::api::{MAX_PAGE, TriageQuery, path_segment};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams};
@@ -31,16 +34,37 @@ pub(super) async fn process(
     auth: Result<Authorized<Read>, ApiError>,
     State(state): State<AppState>,
     PathParams(process): PathParams<String>,
-    QueryParams(mut query): QueryParams<TriageQuery>,
+    QueryParams(query): QueryParams<TriageQuery>,
 ) -> Result<Html<String>, HtmlError> {
-    let admin = auth?.role >= Role::Admin;
+    show(auth?, &state, process, query).await
+}
+
+/// `/ui/process?process=…`: the same page, for a process named `.` or `..`
+/// (a browser cannot send those as a path segment).
+pub(super) async fn process_by_query(
+    auth: Result<Authorized<Read>, ApiError>,
+    State(state): State<AppState>,
+    QueryParams(name): QueryParams<ProcessName>,
+    QueryParams(query): QueryParams<TriageQuery>,
+) -> Result<Html<String>, HtmlError> {
+    show(auth?, &state, name.process, query).await
+}
+
+/// The page of `process` with the items `query` asks for.
+async fn show(
+    auth: Authorized<Read>,
+    state: &AppState,
+    process: String,
+    mut query: TriageQuery,
+) -> Result<Html<String>, HtmlError> {
+    let admin = auth.role >= Role::Admin;
     query.limit = Some(query.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE));
     query.prefix = query.prefix.filter(|p| !p.is_empty());
     let filter = Filter {
         state: query.state.map(Into::into),
         prefix: query.prefix.clone(),
     };
-    let page = triage_page(&state, process.clone(), query).await?;
+    let page = triage_page(state, process.clone(), query).await?;
     let reads = &state.slow_reads;
     let store = &state.store;
     let groups = reads.groups(
@@ -98,23 +122,18 @@ pub(super) struct Filter {
 
 impl Filter {
     /// The page's URL with these filters and `after`, every value encoded.
-    fn url(&self, base: &str, after: Option<&str>) -> String {
-        let mut q = form_urlencoded::Serializer::new(String::new());
+    fn url(&self, process: &str, after: Option<&str>) -> String {
+        let mut pairs = Vec::new();
         if let Some(s) = self.state {
-            q.append_pair("state", s.as_str());
+            pairs.push(("state", s.as_str()));
         }
         if let Some(p) = &self.prefix {
-            q.append_pair("prefix", p);
+            pairs.push(("prefix", p.as_str()));
         }
         if let Some(a) = after {
-            q.append_pair("after", a);
+            pairs.push(("after", a));
         }
-        let q = q.finish();
-        if q.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{q}")
-        }
+        process_path(process, &pairs)
     }
 }
 
@@ -140,35 +159,34 @@ fn view(
     listing: &Listing<'_>,
     resyncs: &Resyncs<'_>,
 ) -> Markup {
-    let base = format!("/ui/processes/{}", path_segment(process));
     let body = html! {
         (fleet)
         p id="resync" { "Resync: " (resyncs.describe(process)) }
         (super::charts::charts(series))
-        (errors(&base, groups, age, admin))
+        (errors(process, groups, age, admin))
         h2 { "Items" }
-        (filters(&base, &listing.filter))
+        (filters(process, &listing.filter))
         p.hint { "Parked first, then backing off (soonest retry first), then pending in the order workers take them, then running and idle"
             @if listing.filter.prefix.is_some() { "; each state in key order under a prefix" } "." }
         table id="items" {
             tr { th { "key" } th { "state" } th { "priority" } th { "failures" } th { "ready at" } th { "last error" } }
             @for i in listing.items {
-                tr { td.key { a href=(item_path(process, &i.key)) { (i.key) } } td.state { (i.state) } td.n { (i.priority) }
-                     td.n { (i.failures) } td { (ready(i)) } td.err { (i.last_error.as_deref().unwrap_or("")) } }
+                tr { td.key { a href=(item_path(process, &i.key)) { (name(&i.key)) } } td.state { (i.state) } td.n { (i.priority) }
+                     td.n { (i.failures) } td { (ready(i)) } td.err { (name(i.last_error.as_deref().unwrap_or(""))) } }
             }
         }
         @if listing.items.is_empty() { p { "No items match." } }
         @if let Some(next) = listing.next {
-            a id="next" href=(listing.filter.url(&base, Some(next))) { "next page" }
+            a id="next" href=(listing.filter.url(process, Some(next))) { "next page" }
         }
     };
-    page(process, true, body)
+    named_page(&[process], true, body)
 }
 
 /// The "Errors" section: what the parked and backing-off keys failed with,
 /// grouped by signature; admins get a retry, park and delete button for every
 /// key of a group (running keys are never touched).
-fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool) -> Markup {
+fn errors(process: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool) -> Markup {
     html! {
         h2 { "Errors" }
         @if let Some(age) = age { p.hint { "As of " (age.as_secs()) " s ago (grouping this many failing keys is slow, so it is reused for 10 s)." } }
@@ -182,8 +200,8 @@ fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool)
                     tr.group {
                         td.n.count { (g.count) }
                         td.states { (g.states.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")) }
-                        td.signature { code { (g.signature) } }
-                        td.err.sample { (g.sample) }
+                        td.signature { code { (name(&g.signature)) } }
+                        td.err.sample { (name(&g.sample)) }
                         // An empty error's group cannot be named by its
                         // signature (an empty filter is no filter): no
                         // buttons that would only be refused.
@@ -193,7 +211,7 @@ fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool)
                             // Percent-encoded: a browser sends the line
                             // breaks of a field as CRLF, whatever they were,
                             // and a command's error often has several.
-                            form.inline method="post" action=(format!("{base}/errors/{action}")) {
+                            form.inline method="post" action=(process_action_path(process, &format!("errors/{action}"))) {
                                 input type="hidden" name="signature_encoded" value=(path_segment(&g.signature));
                                 button type="submit" { (label) }
                             } " "
@@ -205,10 +223,19 @@ fn errors(base: &str, groups: &[ErrorGroup], age: Option<Duration>, admin: bool)
     }
 }
 
-/// The state and key-prefix filter form (a GET, so the URL can be shared).
-fn filters(base: &str, filter: &Filter) -> Markup {
+/// The state and key-prefix filter form (a GET, so the URL can be shared;
+/// a browser replaces the query of its action with the form's fields, so a
+/// process named by the query is one of them).
+fn filters(process: &str, filter: &Filter) -> Markup {
+    let by_query = dot_segment(process);
+    let action = if by_query {
+        "/ui/process".to_owned()
+    } else {
+        process_path(process, &[])
+    };
     html! {
-        form id="filters" action=(base) method="get" {
+        form id="filters" action=(action) method="get" {
+            @if by_query { input type="hidden" name="process" value=(process); }
             label { "State " select name="state" {
                 option value="" { "all" }
                 @for s in [ItemState::Parked, ItemState::Backoff, ItemState::Pending, ItemState::Running, ItemState::Idle] {
@@ -234,7 +261,6 @@ fn ready(i: &Item) -> String {
 /// The section; `limits` is `None` for a process with no stored settings.
 pub(super) fn section(process: &str, limits: Option<&FleetLimits>, admin: bool) -> Markup {
     let limits = limits.copied().unwrap_or_default();
-    let base = format!("/ui/processes/{}", path_segment(process));
     let concurrency = limits.concurrency.map_or_else(
         || "none".to_owned(),
         |n| format!("at most {n} running at once"),
@@ -249,7 +275,7 @@ pub(super) fn section(process: &str, limits: Option<&FleetLimits>, admin: bool) 
             tr { th { "state" } td.paused { @if limits.paused { strong { "paused" } " (no worker claims its keys)" } @else { "running" } }
                  @if admin { td {
                      @let (action, label) = if limits.paused { ("resume", "Resume") } else { ("pause", "Pause") };
-                     form.inline method="post" action=(format!("{base}/{action}")) {
+                     form.inline method="post" action=(process_action_path(process, action)) {
                          button type="submit" id=(action) { (label) } } } } }
             tr { th { "concurrency limit" } td.concurrency { (concurrency) } }
             tr { th { "rate limit" } td.rate { (rate) } }

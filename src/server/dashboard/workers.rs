@@ -9,6 +9,7 @@ use maud::{Markup, html};
 
 use super::item_path;
 use super::layout::{HtmlError, at, at_or_dash, next_link, page, paged};
+use super::names::name;
 use crate::api::{MAX_PAGE, SESSION_PAGE, SessionListQuery};
 use crate::server::auth::{Authorized, Read};
 use crate::server::error::ApiError;
@@ -63,10 +64,10 @@ fn row(s: &SessionInfo, shown: bool) -> Markup {
     let dash = || "-".to_owned();
     html! {
         tr.session data-session=(s.id.0) {
-            td.n { (s.id.0) } td.component { (s.component) }
-            td.host { (s.identity.host.clone().unwrap_or_else(dash)) }
+            td.n { (s.id.0) } td.component { (name(&s.component)) }
+            td.host { (name(&s.identity.host.clone().unwrap_or_else(dash))) }
             td.n { (s.identity.pid.map_or_else(dash, |p| p.to_string())) }
-            td { (s.identity.version.clone().unwrap_or_else(dash)) }
+            td { (name(&s.identity.version.clone().unwrap_or_else(dash))) }
             td { (at(s.started_at)) } td { (at(s.heartbeat_at)) }
             td.deadline {
                 (at(s.deadline))
@@ -79,7 +80,7 @@ fn row(s: &SessionInfo, shown: bool) -> Markup {
                 table.leases {
                     tr { th { "process" } th { "key" } th { "since" } th { "fencing token" } }
                     @for l in &s.leases {
-                        tr { td { (l.process) } td.key { a href=(item_path(&l.process, &l.key)) { (l.key) } }
+                        tr { td { (name(&l.process)) } td.key { a href=(item_path(&l.process, &l.key)) { (name(&l.key)) } }
                              td { (at_or_dash(l.started_at)) } td.n.token { @if shown { (l.token) } @else { "hidden" } } }
                     }
                 }

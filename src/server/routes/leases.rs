@@ -20,7 +20,7 @@ use crate::server::auth::{Authorized, Work};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, session_id};
 use crate::server::state::AppState;
-use crate::store::rules::parts::Written;
+use crate::store::rules::written::Written;
 use crate::store::{
     Claimed, Lease, LeaseClaim, LeaseComplete, LeaseRelease, Outcome, SessionId, StoreEngine as _,
     StoreError, TraceId, validate_process,

@@ -41,6 +41,8 @@ pub(crate) fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(settings::get, settings::configure))
         .routes(routes!(settings::pause))
         .routes(routes!(settings::resume))
+        .routes(routes!(settings::pause_by_query))
+        .routes(routes!(settings::resume_by_query))
         .routes(routes!(groups::list))
         .routes(routes!(groups::retry))
         .routes(routes!(groups::park))

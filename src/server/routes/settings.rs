@@ -1,16 +1,18 @@
 //! A process's settings (`GET` / `PATCH /v1/processes/{process}/settings`)
-//! and its pause switch (`POST …/pause`, `…/resume`): what `drover process
-//! configure` and `drover pause|resume` do, for admins over HTTP.
+//! and its pause switch (`POST …/pause`, `…/resume`, and `POST
+//! /v1/process/pause|resume?process=…` for a process named `.` or `..`):
+//! what `drover process configure` and `drover pause|resume` do, for admins
+//! over HTTP.
 
 use axum::Json;
 use axum::extract::State;
 
 use crate::api::ErrorBody;
-use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessSettingsBody};
+use crate::api::{PauseResponse, ProcessConfigureRequest, ProcessNameQuery, ProcessSettingsBody};
 use crate::backoff::Backoff;
 use crate::server::auth::{Authorized, Manage, Read};
 use crate::server::error::ApiError;
-use crate::server::extract::{JsonBody, PathParams};
+use crate::server::extract::{JsonBody, PathParams, QueryParams};
 use crate::server::operations::process_pause;
 use crate::server::state::AppState;
 use crate::store::{ProcessSettings, StoreEngine as _, StoreError, validate_process};
@@ -111,4 +113,47 @@ pub(crate) async fn resume(
     PathParams(process): PathParams<String>,
 ) -> Result<Json<PauseResponse>, ApiError> {
     process_pause(&state, process, false).await.map(Json)
+}
+
+/// Pauses a process named in the query, as `POST
+/// /v1/processes/{process}/pause` does: the form for a process named `.` or
+/// `..`, which no HTTP client sends as a path segment (it removes it, or
+/// climbs with it, before sending), and which `drover pause --server` uses
+/// for such a name.
+#[utoipa::path(
+    post, operation_id = "pause_process_by_query", path = "/v1/process/pause", tag = "admin",
+    security(("bearer" = [])),
+    params(ProcessNameQuery),
+    responses(
+        (status = 200, description = "Paused (changed: false if it already was)", body = PauseResponse),
+        (status = 400, description = "No process in the query", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+    )
+)]
+pub(crate) async fn pause_by_query(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    QueryParams(name): QueryParams<ProcessNameQuery>,
+) -> Result<Json<PauseResponse>, ApiError> {
+    process_pause(&state, name.process, true).await.map(Json)
+}
+
+/// Resumes a process named in the query (see
+/// [`pause_by_query`]).
+#[utoipa::path(
+    post, operation_id = "resume_process_by_query", path = "/v1/process/resume", tag = "admin",
+    security(("bearer" = [])),
+    params(ProcessNameQuery),
+    responses(
+        (status = 200, description = "Resumed (changed: false if it was not paused)", body = PauseResponse),
+        (status = 400, description = "No process in the query", body = ErrorBody),
+        (status = 422, description = "Invalid process name", body = ErrorBody),
+    )
+)]
+pub(crate) async fn resume_by_query(
+    _: Authorized<Manage>,
+    State(state): State<AppState>,
+    QueryParams(name): QueryParams<ProcessNameQuery>,
+) -> Result<Json<PauseResponse>, ApiError> {
+    process_pause(&state, name.process, false).await.map(Json)
 }

@@ -17,7 +17,8 @@ use crate::store::StoreError;
 use crate::store::TraceId;
 use crate::store::grouped::{self, Answer, Group, Grouped};
 use crate::store::params::LeaseComplete;
-use crate::store::rules::parts::{Settlements, complete_callers_in_parts, complete_in_parts};
+use crate::store::rules::parts::{complete_callers_in_parts, complete_in_parts};
+use crate::store::rules::written::Settlements;
 use crate::store::types::{Lease, Outcome};
 
 /// One outcome to write, owned, as it waits for its group.

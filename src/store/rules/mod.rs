@@ -57,5 +57,6 @@ pub(crate) mod sessions;
 pub(crate) mod settle;
 #[cfg(feature = "_engine")]
 pub(crate) mod triage;
+pub(crate) mod written;
 
 pub use groups::{MAX_SIGNATURE_BYTES, error_signature};

@@ -64,6 +64,35 @@ where
     every(|after| read(ProcessPage { after, limit: WALK })).await
 }
 
+/// The rows of at most the first `max` known processes of a per-process
+/// list, `read` a page of at most [`WALK`] processes at a time, and whether
+/// more processes follow: for a reader that must stay bounded whatever the
+/// database holds (`/metrics`).
+#[cfg(feature = "server")]
+pub(crate) async fn first_processes<T, R, F>(
+    mut read: R,
+    max: usize,
+) -> Result<(Vec<T>, bool), StoreError>
+where
+    R: FnMut(ProcessPage) -> F,
+    F: Future<Output = Result<Page<T, String>, StoreError>>,
+{
+    let mut rows = Vec::new();
+    let mut after = None;
+    let mut seen = 0;
+    while seen < max {
+        let limit = u32::try_from(max - seen).map_or(WALK, |left| left.min(WALK));
+        let page = read(ProcessPage { after, limit }).await?;
+        seen += page.items.len().max(1);
+        rows.extend(page.items);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok((rows, false)),
+        }
+    }
+    Ok((rows, true))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,28 +21,7 @@ use crate::store::params::LeaseComplete;
 use crate::store::text::clean_text;
 use crate::store::types::{Lease, Outcome, RunOutcome};
 
-/// Each lease's answer, by position in the batch.
-pub(crate) type Answers = Vec<Result<(), StoreError>>;
-
-/// Which call wrote a completion the store answered `Ok`: a count of
-/// outcomes (the server's metrics) must count a retried one once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Written {
-    /// This call wrote it.
-    Now,
-    /// An earlier try of the same completion did (its answer was lost);
-    /// this one changed nothing.
-    Earlier,
-}
-
-/// Each lease's answer, by position in the batch, telling a retried
-/// completion from one written now.
-pub(crate) type Settlements = Vec<Result<Written, StoreError>>;
-
-/// `settlements` as the store's callers get them.
-pub(crate) fn answers(settlements: Settlements) -> Answers {
-    settlements.into_iter().map(|s| s.map(drop)).collect()
-}
+pub(crate) use super::written::{Answers, Settlements, Written};
 
 /// An engine's one-transaction completion.
 pub(crate) trait CompleteOnce: Sync {

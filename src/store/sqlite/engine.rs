@@ -19,7 +19,8 @@ use crate::store::fleet::{Claimed, ProcessPause};
 // The seam takes every operation's parameters and returns the domain types.
 use crate::store::params::*;
 use crate::store::rules::groups::act_where;
-use crate::store::rules::parts::{Settlements, answers, complete_in_parts};
+use crate::store::rules::parts::complete_in_parts;
+use crate::store::rules::written::{Settlements, answers};
 use crate::store::rules::{resync, retention};
 use crate::store::settings::{ProcessConfigure, ProcessSettings};
 use crate::store::types::*;
