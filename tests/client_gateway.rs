@@ -407,6 +407,54 @@ fn claim_or_heartbeat(path: &str) -> bool {
     path.starts_with("/v1/sessions/") && (path.ends_with("/claim") || path.ends_with("/heartbeat"))
 }
 
+/// A [`worker`] of `process` through a gateway in front of a server on
+/// `store` that swallows the requests `hold` names, with `key` enqueued:
+/// the keys it ran, what stops it, and its task.
+struct Behind {
+    runs: Arc<parking_lot::Mutex<Vec<String>>>,
+    shutdown: CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), drover::runner::RunError>>,
+    _server: TestBackend,
+}
+
+impl Behind {
+    async fn start(store: &Store, process: &'static str, key: &str, hold: Arc<Hold>) -> Self {
+        let (upstream, server) = server(store, ServerOptions::default());
+        let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
+        store
+            .item_enqueue(ItemEnqueue::new(process, [key]))
+            .await
+            .expect("enqueue");
+        let runs = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let client = Client::new(&url).expect("a valid URL");
+        let shutdown = CancellationToken::new();
+        let running =
+            tokio::spawn(worker(client, process, Arc::clone(&runs)).run(shutdown.clone()));
+        Self {
+            runs,
+            shutdown,
+            running,
+            _server: server,
+        }
+    }
+
+    /// Waits until `done` holds, for [`PROMPTLY`] at most; how long it took.
+    async fn promptly<F: Future<Output = bool>>(&self, done: impl Fn() -> F) -> Duration {
+        let from = tokio::time::Instant::now();
+        while !done().await && from.elapsed() < PROMPTLY {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        from.elapsed()
+    }
+
+    /// Stops the worker; the keys it ran.
+    async fn stop(self) -> Vec<String> {
+        self.shutdown.cancel();
+        self.running.await.expect("worker task").expect("worker");
+        self.runs.lock().clone()
+    }
+}
+
 /// A completion batch whose request goes silent (the gateway swallows it:
 /// no answer, no error, both sides alive) is given up after a heartbeat
 /// interval (TTL/3) and its outcome written at the retry, and an outcome
@@ -419,7 +467,6 @@ fn claim_or_heartbeat(path: &str) -> bool {
 async fn a_completion_batch_gone_silent_holds_no_outcome_for_the_request_timeout() {
     support::each_engine(|db| async move {
         const PROCESS: &str = "silent_batch";
-        let (upstream, _server) = server(&db.store, ServerOptions::default());
         let batches = Arc::new(AtomicUsize::new(0));
         let hold: Arc<Hold> = {
             let batches = Arc::clone(&batches);
@@ -427,21 +474,11 @@ async fn a_completion_batch_gone_silent_holds_no_outcome_for_the_request_timeout
                 path == "/v1/leases/complete-batch" && batches.fetch_add(1, Ordering::SeqCst) == 0
             })
         };
-        let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
-        db.store
-            .item_enqueue(ItemEnqueue::new(PROCESS, ["k1"]))
-            .await
-            .expect("enqueue");
-        let runs = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let client = Client::new(&url).expect("a valid URL");
-        let shutdown = CancellationToken::new();
-        let running =
-            tokio::spawn(worker(client, PROCESS, Arc::clone(&runs)).run(shutdown.clone()));
+        let worker = Behind::start(&db.store, PROCESS, "k1", hold).await;
         support::process::eventually("k1's outcome to be sent", || async {
             batches.load(Ordering::SeqCst) > 0
         })
         .await;
-        let silent = tokio::time::Instant::now();
         // Its outcome queues behind the silent batch.
         db.store
             .item_enqueue(ItemEnqueue::new(PROCESS, ["k2"]))
@@ -451,23 +488,19 @@ async fn a_completion_batch_gone_silent_holds_no_outcome_for_the_request_timeout
             state(&db.store, PROCESS, "k1").await == Some(ItemState::Idle)
                 && state(&db.store, PROCESS, "k2").await == Some(ItemState::Idle)
         };
-        while !written().await && silent.elapsed() < PROMPTLY {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let took = silent.elapsed();
+        let took = worker.promptly(written).await;
         let (k1, k2) = (
             state(&db.store, PROCESS, "k1").await,
             state(&db.store, PROCESS, "k2").await,
         );
-        shutdown.cancel();
-        running.await.expect("worker task").expect("worker");
+        let runs = worker.stop().await;
         assert!(
             k1 == Some(ItemState::Idle) && k2 == Some(ItemState::Idle),
             "{took:?} after k1's completion batch went silent, k1 is {k1:?} and k2 is {k2:?}: \
              their outcomes wait on the silent request (the TTL is 3 s)"
         );
         assert_eq!(
-            *runs.lock(),
+            runs,
             ["k1", "k2"],
             "each key ran once: the silent batch's outcome was written at its retry"
         );
@@ -485,7 +518,6 @@ async fn a_completion_batch_gone_silent_holds_no_outcome_for_the_request_timeout
 async fn a_claim_in_flight_for_a_lost_session_does_not_hold_up_the_next_one() {
     support::each_engine(|db| async move {
         const PROCESS: &str = "lost_claim";
-        let (upstream, _server) = server(&db.store, ServerOptions::default());
         // The first session's claims and heartbeats go silent; the second
         // session's go through.
         let starts = Arc::new(AtomicUsize::new(0));
@@ -499,30 +531,17 @@ async fn a_claim_in_flight_for_a_lost_session_does_not_hold_up_the_next_one() {
                 starts.load(Ordering::SeqCst) < 2 && claim_or_heartbeat(path)
             })
         };
-        let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
-        db.store
-            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
-            .await
-            .expect("enqueue");
-        let runs = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let client = Client::new(&url).expect("a valid URL");
-        let shutdown = CancellationToken::new();
-        let running =
-            tokio::spawn(worker(client, PROCESS, Arc::clone(&runs)).run(shutdown.clone()));
+        let worker = Behind::start(&db.store, PROCESS, "k", hold).await;
         support::process::eventually("the lost session to be replaced", || async {
             starts.load(Ordering::SeqCst) >= 2
         })
         .await;
-        let replaced = tokio::time::Instant::now();
-        while runs.lock().is_empty() && replaced.elapsed() < PROMPTLY {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let took = replaced.elapsed();
+        let took = worker
+            .promptly(|| async { !worker.runs.lock().is_empty() })
+            .await;
         let item = state(&db.store, PROCESS, "k").await;
-        shutdown.cancel();
-        running.await.expect("worker task").expect("worker");
         assert_eq!(
-            *runs.lock(),
+            worker.stop().await,
             ["k"],
             "{took:?} after its session was replaced the worker had not run the waiting key \
              (it is {item:?}): its claim loop waits for the lost session's silent claim"
@@ -540,7 +559,6 @@ async fn a_claim_in_flight_for_a_lost_session_does_not_hold_up_the_next_one() {
 async fn a_session_start_gone_silent_is_tried_again_within_a_heartbeat_interval() {
     support::each_engine(|db| async move {
         const PROCESS: &str = "silent_start";
-        let (upstream, _server) = server(&db.store, ServerOptions::default());
         // The first session's claims and heartbeats go silent, and so does
         // the first try to start the next session; the next try goes through.
         let starts = Arc::new(AtomicUsize::new(0));
@@ -553,29 +571,17 @@ async fn a_session_start_gone_silent_is_tried_again_within_a_heartbeat_interval(
                 starts.load(Ordering::SeqCst) < 3 && claim_or_heartbeat(path)
             })
         };
-        let url = holding_gateway(&upstream, Arc::new(|_, _, _| None), hold).await;
-        db.store
-            .item_enqueue(ItemEnqueue::new(PROCESS, ["k"]))
-            .await
-            .expect("enqueue");
-        let runs = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let client = Client::new(&url).expect("a valid URL");
-        let shutdown = CancellationToken::new();
-        let running =
-            tokio::spawn(worker(client, PROCESS, Arc::clone(&runs)).run(shutdown.clone()));
+        let worker = Behind::start(&db.store, PROCESS, "k", hold).await;
         support::process::eventually("a start of the next session to go silent", || async {
             starts.load(Ordering::SeqCst) >= 2
         })
         .await;
-        let silent = tokio::time::Instant::now();
-        while runs.lock().is_empty() && silent.elapsed() < PROMPTLY {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let (took, tries) = (silent.elapsed(), starts.load(Ordering::SeqCst));
-        shutdown.cancel();
-        running.await.expect("worker task").expect("worker");
+        let took = worker
+            .promptly(|| async { !worker.runs.lock().is_empty() })
+            .await;
+        let tries = starts.load(Ordering::SeqCst);
         assert_eq!(
-            *runs.lock(),
+            worker.stop().await,
             ["k"],
             "{took:?} after a session start went silent the worker had not run the waiting key \
              ({tries} session starts were sent): it waits for the silent start"

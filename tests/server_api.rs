@@ -373,6 +373,21 @@ async fn a_waiting_claim_returns_as_soon_as_a_key_is_enqueued() {
     .await;
 }
 
+/// On PostgreSQL, a server over `db` that polls once a minute, so only the
+/// store's `LISTEN` can wake its waiting claims within a test; `None`
+/// (with the reason printed) on SQLite, which hears no other process.
+fn hearing_other_nodes(db: &support::TestDb) -> Option<std::sync::Arc<Api>> {
+    if db.engine != "postgres" {
+        eprintln!(
+            "skipping on {}: only PostgreSQL hears wake-ups from other processes",
+            db.engine
+        );
+        return None;
+    }
+    let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
+    Some(std::sync::Arc::new(Api::with(&db.store, options)))
+}
+
 /// A claim of `process` that waits (30 s) on `api`'s server, and the key
 /// `from-elsewhere` enqueued to that process by another OS process (`drover
 /// enqueue` on `url`) once it waits (with `waiting_already` other claims). On a server that polls once a
@@ -408,15 +423,9 @@ async fn claim_woken_from_another_process(
 #[tokio::test]
 async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
     each_engine(|db| async move {
-        if db.engine != "postgres" {
-            eprintln!(
-                "skipping on {}: only PostgreSQL carries wake-ups between processes",
-                db.engine
-            );
+        let Some(api) = hearing_other_nodes(&db) else {
             return;
-        }
-        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
-        let api = std::sync::Arc::new(Api::with(&db.store, options));
+        };
         let session = api.session(60_000).await;
         let process = support::process_name("listen");
         let claimed = claim_woken_from_another_process(&api, &db.url, session, &process, 0).await;
@@ -435,15 +444,9 @@ async fn on_postgres_a_waiting_claim_hears_an_enqueue_from_another_process() {
 #[tokio::test]
 async fn on_postgres_claims_on_a_thousand_made_up_names_leave_a_real_waiter_its_wakeups() {
     each_engine(|db| async move {
-        if db.engine != "postgres" {
-            eprintln!(
-                "skipping on {}: only PostgreSQL listens for other processes' wake-ups",
-                db.engine
-            );
+        let Some(api) = hearing_other_nodes(&db) else {
             return;
-        }
-        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
-        let api = std::sync::Arc::new(Api::with(&db.store, options));
+        };
         let session = api.session(60_000).await;
         let uri = format!("/v1/sessions/{session}/claim");
         // Waits that end at once, and claims that do not wait at all.
@@ -469,15 +472,9 @@ async fn on_postgres_claims_on_a_thousand_made_up_names_leave_a_real_waiter_its_
 #[tokio::test]
 async fn on_postgres_long_polls_on_a_thousand_made_up_names_leave_a_real_waiter_its_wakeups() {
     each_engine(|db| async move {
-        if db.engine != "postgres" {
-            eprintln!(
-                "skipping on {}: only PostgreSQL listens for other processes' wake-ups",
-                db.engine
-            );
+        let Some(api) = hearing_other_nodes(&db) else {
             return;
-        }
-        let options = ServerOptions::default().poll_interval(Duration::from_secs(60));
-        let api = std::sync::Arc::new(Api::with(&db.store, options));
+        };
         // The real process exists, its one key running: its waiter waits.
         let process = support::process_name("listen");
         api.enqueue(&process, &["running"]).await;
