@@ -4,7 +4,8 @@
 Each round runs, in this order, the bare SQLite loop, drover's SQLite enqueue
 and burn-down, the bare PostgreSQL loop, drover's PostgreSQL enqueue and
 burn-down (100,000 keys; enqueue in batches of 10,000 by one producer,
-burn-down at W = 1024; SQLite files replaced before each run). Figures on a
+burn-down at W = 1024; SQLite files replaced before each run, a `VACUUM` of
+the PostgreSQL database before each of drover's runs there). Figures on a
 shared machine move by ±20 % from run to run, and a slow minute slows the bare
 loop and drover alike, so a target is judged on the median of the per-round
 ratios, not on one run. Prints one line per figure and round, then one per
@@ -66,8 +67,22 @@ def bare(engine: str, path: str) -> dict[str, float]:
     return {"enqueue": float(rates["enqueue"]), "burn_down": float(rates["drain"])}
 
 
+def vacuum(url: str) -> None:
+    """`VACUUM` of drover's database before a PostgreSQL run: the bare loop
+    drops its tables each run, while drover's bench deletes its rows and keeps
+    its tables, and on a database without autovacuum (this machine kind's)
+    the dead rows of the runs before slowed each later one (a quarter over
+    five rounds, session 28)."""
+    import psycopg  # the bare PostgreSQL loop needs it too
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+
+
 def drover(engine: str, scenario: str, db: str, extra: list[str]) -> float:
     """drover's keys per second for one `drover bench` scenario."""
+    if engine == "postgres":
+        vacuum(db)
     if engine == "sqlite":
         for suffix in ("", "-wal", "-shm"):
             try:

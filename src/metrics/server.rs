@@ -5,8 +5,10 @@
 //! latencies per route, and the [store families](super::store) read from the
 //! database at scrape time. Family names are unique across both registries.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,8 +37,18 @@ pub(crate) struct ServerMetrics {
     /// Enqueues refused because they would create a process over the cap.
     enqueues_refused: Counter,
     store: StoreFamilies,
-    /// Serialises scrapes, so two never interleave clearing and setting gauges.
-    scrape: Mutex<()>,
+    /// Serialises scrapes, so two never interleave clearing and setting
+    /// gauges, and keeps the last one's text for those that waited on it.
+    scrape: Mutex<Option<Rendered>>,
+    /// Renders begun so far (only ever raised under `scrape`).
+    begun: AtomicU64,
+}
+
+/// A finished render: its number among those begun, and its text.
+#[derive(Debug)]
+struct Rendered {
+    number: u64,
+    text: Bytes,
 }
 
 fn latency_histogram() -> Histogram {
@@ -88,7 +100,8 @@ impl ServerMetrics {
             claim_attempts,
             enqueues_refused,
             store,
-            scrape: Mutex::new(()),
+            scrape: Mutex::new(None),
+            begun: AtomicU64::new(0),
         }
     }
 
@@ -109,17 +122,33 @@ impl ServerMetrics {
     /// Lets `refresh` set the scrape-time gauges (the server reads the
     /// database; this module reads nothing), then encodes both registries as
     /// OpenMetrics text. Scrapes are serialised, so two never interleave
-    /// clearing and setting gauges.
+    /// clearing and setting gauges; a scrape that finds a render begun after
+    /// it arrived finished by the time it gets its turn takes that render's
+    /// text instead of reading the database again. So scrapes sent at once
+    /// (a viewer's script, several Prometheus replicas) cost at most two
+    /// renders between them, and an operator's scrape waits behind at most
+    /// two, not behind every one queued before it; each still gets figures
+    /// read after it arrived.
     pub(crate) async fn render(
         &self,
         refresh: impl AsyncFnOnce(&StoreFamilies),
-    ) -> Result<String, std::fmt::Error> {
-        let _scrape = self.scrape.lock().await;
+    ) -> Result<Bytes, std::fmt::Error> {
+        let arrived = self.begun.load(Ordering::SeqCst);
+        let mut last = self.scrape.lock().await;
+        if let Some(done) = last.as_ref().filter(|done| done.number > arrived) {
+            return Ok(done.text.clone());
+        }
+        let number = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
         refresh(&self.store).await;
         let mut text = String::new();
         encode_registry(&mut text, super::registry())?;
         encode_registry(&mut text, &self.registry)?;
         encode_eof(&mut text)?;
+        let text = Bytes::from(text);
+        *last = Some(Rendered {
+            number,
+            text: text.clone(),
+        });
         Ok(text)
     }
 }
@@ -184,5 +213,91 @@ impl ServerMetrics {
             handle.retries.inc();
         }
         super::runner().count_outcome(process, outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
+
+    use tokio::sync::Notify;
+
+    use super::ServerMetrics;
+
+    /// The render number a text was made by: each test refresh sets the
+    /// pool's maximum to its own number.
+    fn render_of(text: &[u8]) -> u32 {
+        let text = std::str::from_utf8(text).expect("UTF-8");
+        let line = text
+            .lines()
+            .find(|line| line.starts_with("drover_db_pool_max_connections "))
+            .expect("the pool's maximum");
+        line.rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a number")
+    }
+
+    /// A render that counts itself in `refreshes` and writes its number into
+    /// the text, then waits for `release` if one is given.
+    async fn scrape(
+        metrics: &ServerMetrics,
+        refreshes: &AtomicU32,
+        release: Option<&Notify>,
+    ) -> Vec<u8> {
+        let text = metrics.render(async |families| {
+            let number = refreshes.fetch_add(1, SeqCst) + 1;
+            families.set_pool(0, 0, number);
+            if let Some(release) = release {
+                release.notified().await;
+            }
+        });
+        text.await.expect("encodes").to_vec()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn scrapes_queued_behind_one_render_share_the_next_instead_of_each_reading_the_database()
+    {
+        let metrics = Arc::new(ServerMetrics::new());
+        let refreshes = Arc::new(AtomicU32::new(0));
+        let release = Arc::new(Notify::new());
+        let first = tokio::spawn({
+            let (metrics, refreshes, release) =
+                (metrics.clone(), refreshes.clone(), release.clone());
+            async move { scrape(&metrics, &refreshes, Some(&release)).await }
+        });
+        while refreshes.load(SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Ten scrapes arrive while the first reads the database; each is
+        // counted in the same poll that reads how many renders had begun.
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let queued: Vec<_> = (0..10)
+            .map(|_| {
+                let (metrics, refreshes, arrived) =
+                    (metrics.clone(), refreshes.clone(), arrived.clone());
+                tokio::spawn(async move {
+                    arrived.fetch_add(1, SeqCst);
+                    scrape(&metrics, &refreshes, None).await
+                })
+            })
+            .collect();
+        while arrived.load(SeqCst) < 10 {
+            tokio::task::yield_now().await;
+        }
+        release.notify_one();
+        assert_eq!(render_of(&first.await.expect("first")), 1);
+        for scrape in queued {
+            // Not the first render's text: it began before they arrived.
+            assert_eq!(render_of(&scrape.await.expect("queued")), 2);
+        }
+        assert_eq!(
+            refreshes.load(SeqCst),
+            2,
+            "ten scrapes queued behind one render read the database once between them"
+        );
+        // A scrape arriving after every render finished reads afresh.
+        assert_eq!(render_of(&scrape(&metrics, &refreshes, None).await), 3);
     }
 }

@@ -55,6 +55,8 @@ impl KnownProcesses {
             return Ok(());
         }
         let mut known = self.lock();
+        // `holds` let the lock go: another enqueue may have let the name in
+        // since, and a name let in is never refused for the cap it fills.
         if known.names.contains(process) {
             return Ok(());
         }

@@ -100,7 +100,7 @@ pub(crate) struct Ear {
 
 /// One unknown name's room among the [`MAX_UNKNOWN_HEARD`].
 #[derive(Debug)]
-pub(crate) struct UnknownSlot {
+struct UnknownSlot {
     waiting: Weak<Waiting>,
     process: String,
 }

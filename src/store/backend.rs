@@ -119,7 +119,10 @@ pub trait WorkerBackend: Clone + Send + Sync + std::fmt::Debug + 'static {
 
     /// Adds `context` to the next run of `lease`'s key, as an enqueue's
     /// context would be: a retry's span then links to the attempt that
-    /// failed. A no-op where the backend cannot store it (over HTTP).
+    /// failed. The default does nothing, for a backend that cannot store a
+    /// link; the database stores it and the HTTP client sends it to the
+    /// server (`POST /v1/leases/trace-link`). Best effort: the runner gives
+    /// it up after a heartbeat interval and writes the outcome anyway.
     fn item_trace_link(
         &self,
         lease: &Lease,
