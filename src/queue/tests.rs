@@ -340,6 +340,53 @@ async fn a_sleeping_get_wakes_for_an_earlier_timer() {
     assert_eq!(waiter.await.unwrap(), (Some("soon"), ms(10)));
 }
 
+/// Two idle workers, two delayed keys: the worker that slept until the first
+/// timer takes that key and leaves; the other must then sleep until the second
+/// timer rather than wait for an add that may never come.
+#[tokio::test(start_paused = true)]
+async fn a_later_timer_is_handed_out_after_the_waiter_for_the_earlier_one_leaves() {
+    let q = queue();
+    let start = Instant::now();
+    let spawn_get = || {
+        let q = q.clone();
+        tokio::spawn(async move { (q.get().await, start.elapsed()) })
+    };
+    let (first, second) = (spawn_get(), spawn_get());
+    tokio::task::yield_now().await; // both wait, with no timer to sleep until
+    q.add_after("soon", ms(10));
+    q.add_after("later", ms(20));
+    let mut got = vec![first.await.unwrap(), second.await.unwrap()];
+    got.sort_unstable();
+    assert_eq!(got, [(Some("later"), ms(20)), (Some("soon"), ms(10))]);
+}
+
+/// A `get` sleeping until a timer is dropped: another waiting `get` takes
+/// over that timer.
+#[tokio::test(start_paused = true)]
+async fn a_timer_is_handed_out_after_the_get_sleeping_until_it_is_dropped() {
+    let q = queue();
+    let start = Instant::now();
+    let spawn_get = || {
+        let q = q.clone();
+        tokio::spawn(async move { (q.get().await, start.elapsed()) })
+    };
+    let (dropped, waiting) = (spawn_get(), spawn_get());
+    tokio::task::yield_now().await;
+    // Wakes the longest waiting one (tokio's `notify_one` is FIFO), which goes
+    // back to sleep until the timer; the other waits for a wake-up only.
+    q.add_after("a", ms(10));
+    tokio::task::yield_now().await;
+    dropped.abort();
+    let _ = dropped.await;
+    let woken = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    assert_eq!(
+        woken
+            .expect("the remaining get sleeps until the timer")
+            .unwrap(),
+        (Some("a"), ms(10))
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn keys_made_ready_together_wake_every_waiter() {
     let q = queue();

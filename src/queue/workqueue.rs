@@ -334,7 +334,10 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
                 (Attempt::Wait(state.next_timer()), Change::Unchanged)
             });
             // Uncounts the wait however it ends, the future's drop included.
-            let _waiting = matches!(attempt, Attempt::Wait(_)).then(|| Waiting(self));
+            let mut waiting = matches!(attempt, Attempt::Wait(_)).then(|| Waiting {
+                shared: self,
+                woke: false,
+            });
             match attempt {
                 Attempt::Got(key, timing, more) => {
                     self.handed_out(more, timing);
@@ -348,6 +351,9 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
                     }
                 }
                 Attempt::Wait(None) => notified.await,
+            }
+            if let Some(waiting) = waiting.as_mut() {
+                waiting.woke = true;
             }
         }
     }
@@ -404,12 +410,27 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
 }
 
 /// A `get` counted among the waiters ([`State::add_waiter`]) until dropped.
-struct Waiting<'a, K: Clone + Eq + Hash + Send, L: Lock<State<K>>>(&'a Shared<K, L>);
+struct Waiting<'a, K: Clone + Eq + Hash + Send, L: Lock<State<K>>> {
+    shared: &'a Shared<K, L>,
+    /// The wait ended (woken or timed out) rather than the future being dropped.
+    woke: bool,
+}
 
 impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Drop for Waiting<'_, K, L> {
     fn drop(&mut self) {
-        self.0.state.lock().remove_waiter();
-        self.0.state.after_unlock();
+        let pass_on = {
+            let mut state = self.shared.state.lock();
+            state.remove_waiter();
+            // Only one waiting `get` is woken to sleep until a new earliest
+            // timer; the others may wait for a wake-up alone. If that one is
+            // dropped mid-wait, wake another to take the timer over, or the
+            // key would wait for some unrelated add.
+            !self.woke && state.has_waiters() && state.next_timer().is_some()
+        };
+        self.shared.state.after_unlock();
+        if pass_on {
+            self.shared.ready.notify_one();
+        }
     }
 }
 
