@@ -39,6 +39,9 @@ pub(crate) enum Change {
     Queued,
     /// A key being processed was marked to run once more after `done`.
     Dirty,
+    /// `done` queued a key that was marked dirty: wake one waiting `get`, but do
+    /// not count an add again — client-go counts the add that marked it dirty.
+    Requeued,
     /// A key now waits for a time; `earliest` when it is the next timer of all, so
     /// a sleeping `get` must recompute its deadline.
     Scheduled {
@@ -501,7 +504,10 @@ impl<K: Clone + Eq + Hash> State<K> {
         let change = match entry.dirty.take() {
             None => Change::Unchanged,
             Some(pending) => match entry.ready_time(Duration::ZERO, pending.bypass, now) {
-                None => self.lanes.make_ready(entry, key.clone(), pending, now),
+                None => match self.lanes.make_ready(entry, key.clone(), pending, now) {
+                    Change::Queued => Change::Requeued,
+                    change => change,
+                },
                 Some(at) => self.lanes.schedule(entry, key.clone(), at, pending),
             },
         };

@@ -500,6 +500,35 @@ async fn a_named_queue_reports_client_go_metrics() {
     assert_jobs_metric(&text, "workqueue_unfinished_work_seconds", "0.0");
 }
 
+/// client-go counts an add that marks a processing key dirty, and not the
+/// re-queue at `done` that follows from it: one add, one count.
+#[tokio::test(start_paused = true)]
+async fn an_add_while_processing_counts_once_in_adds_total() {
+    let mut registry = Registry::default();
+    let metrics = QueueMetrics::new(&mut registry);
+    let q: Queue<&str> = Queue::builder().name("jobs").metrics(&metrics).build();
+    q.add("a");
+    let a = q.get().await.unwrap();
+    q.add("a");
+    q.add("a"); // coalesced with the one before
+    q.done(&a);
+    assert_jobs_metric(&scrape(&registry), "workqueue_adds_total", "2");
+    assert_jobs_metric(&scrape(&registry), "workqueue_depth", "1");
+
+    // A delayed add whose timer fires while the key is processing: one add.
+    let a = q.get().await.unwrap();
+    q.add_after("a", ms(10));
+    advance(ms(20)).await;
+    assert!(
+        q.is_empty(),
+        "the key is processing: marked dirty, not queued"
+    );
+    q.done(&a);
+    let text = scrape(&registry);
+    assert_jobs_metric(&text, "workqueue_adds_total", "3");
+    assert_jobs_metric(&text, "workqueue_depth", "1");
+}
+
 #[tokio::test]
 async fn a_dropped_queue_leaves_the_scrape() {
     let mut registry = Registry::default();

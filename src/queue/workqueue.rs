@@ -260,7 +260,7 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
         self.state.after_unlock();
         let wake = matches!(
             change,
-            Change::Queued | Change::Scheduled { earliest: true }
+            Change::Queued | Change::Requeued | Change::Scheduled { earliest: true }
         );
         if waiters && (wake || promoted.0 > 0) {
             self.ready.notify_one();
