@@ -529,6 +529,25 @@ async fn an_add_while_processing_counts_once_in_adds_total() {
     assert_jobs_metric(&text, "workqueue_depth", "1");
 }
 
+/// After shutdown a rate-limited add is ignored, as every add is, so it is no
+/// retry (client-go counts a retry only for an add it accepts).
+#[tokio::test]
+async fn a_rate_limited_add_after_shutdown_is_not_a_retry() {
+    let mut registry = Registry::default();
+    let metrics = QueueMetrics::new(&mut registry);
+    let q: Queue<&str> = Queue::builder().name("jobs").metrics(&metrics).build();
+    q.add("a");
+    let a = q.get().await.unwrap();
+    q.add_rate_limited(a); // a retry: counted
+    q.shut_down();
+    q.add_rate_limited(a); // ignored
+    q.done(&a);
+    assert_eq!(q.get().await, None);
+    let text = scrape(&registry);
+    assert_jobs_metric(&text, "workqueue_retries_total", "1");
+    assert_jobs_metric(&text, "workqueue_adds_total", "1");
+}
+
 #[tokio::test]
 async fn a_dropped_queue_leaves_the_scrape() {
     let mut registry = Registry::default();

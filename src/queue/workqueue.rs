@@ -94,6 +94,8 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
 
     /// Records a failure of `key` with the rate limiter and queues it when the
     /// limiter's delay has passed. Until then, plain adds of `key` do not run it.
+    /// Ignored after shutdown (the limiter still records the failure, as
+    /// client-go's does), and then not counted in `workqueue_retries_total`.
     pub fn add_rate_limited(&self, key: K) {
         self.shared.add_rate_limited(key);
     }
@@ -281,10 +283,14 @@ impl<K: Clone + Eq + Hash + Send, L: Lock<State<K>>> Shared<K, L> {
 
     fn add_rate_limited(&self, key: K) {
         let delay = self.limiter.when(&key);
-        if let Some(m) = &self.metrics {
+        // After shutdown the add is ignored, so it is no retry (as in client-go).
+        let accepted = self.with_state(|state, now| {
+            let accepted = !state.is_shutting_down();
+            (accepted, state.add_backoff(key, delay, now))
+        });
+        if let (true, Some(m)) = (accepted, &self.metrics) {
             m.retries.inc();
         }
-        self.with_state(|state, now| ((), state.add_backoff(key, delay, now)));
     }
 
     fn forget(&self, key: &K) {
