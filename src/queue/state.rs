@@ -453,7 +453,14 @@ impl<K: Clone + Eq + Hash> State<K> {
                 .lanes
                 .make_ready(entry, timer.key, waiting.pending, now)
             {
-                Change::Queued => self.promoted.0 += 1,
+                Change::Queued => {
+                    self.promoted.0 += 1;
+                    // Ready since its timer, not since this (perhaps much later)
+                    // look: the wait between is queue time for the metrics.
+                    if self.lanes.track_times {
+                        entry.ready_since = Some(timer.at);
+                    }
+                }
                 Change::Dirty => self.promoted.1 += 1,
                 _ => {}
             }

@@ -548,6 +548,24 @@ async fn a_rate_limited_add_after_shutdown_is_not_a_retry() {
     assert_jobs_metric(&text, "workqueue_adds_total", "1");
 }
 
+/// A delayed key is ready from its timer on, as if a thread had added it then
+/// (client-go's): the time until a busy worker takes it is queue time, even
+/// when nothing touched the queue in between.
+#[tokio::test(start_paused = true)]
+async fn a_delayed_key_waits_in_the_queue_from_its_timer_on() {
+    let mut registry = Registry::default();
+    let metrics = QueueMetrics::new(&mut registry);
+    let q: Queue<&str> = Queue::builder().name("jobs").metrics(&metrics).build();
+    q.add_after("a", ms(500));
+    advance(Duration::from_secs(3)).await; // every worker busy: nobody looks
+    assert_eq!(q.get().await, Some("a"));
+    assert_jobs_metric(
+        &scrape(&registry),
+        "workqueue_queue_duration_seconds_sum",
+        "2.5",
+    );
+}
+
 #[tokio::test]
 async fn a_dropped_queue_leaves_the_scrape() {
     let mut registry = Registry::default();
