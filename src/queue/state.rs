@@ -154,6 +154,8 @@ impl Entry {
 #[derive(Debug)]
 struct ReadyQueue<K> {
     buckets: Vec<(i32, VecDeque<(K, u64)>)>,
+    /// Places in all buckets, stale ones (left by a raised priority) included.
+    slots: usize,
 }
 
 impl<K> ReadyQueue<K> {
@@ -176,12 +178,27 @@ impl<K> ReadyQueue<K> {
             }
         };
         self.buckets[index].1.push_back((key, generation));
+        self.slots += 1;
     }
 
     fn pop(&mut self) -> Option<(K, u64)> {
-        self.buckets
+        let slot = self
+            .buckets
             .iter_mut()
-            .find_map(|(_, slots)| slots.pop_front())
+            .find_map(|(_, slots)| slots.pop_front());
+        if slot.is_some() {
+            self.slots -= 1;
+        }
+        slot
+    }
+
+    /// Keeps only the places `live` accepts, and drops empty buckets.
+    fn retain(&mut self, mut live: impl FnMut(&K, u64) -> bool) {
+        for (_, slots) in &mut self.buckets {
+            slots.retain(|(key, generation)| live(key, *generation));
+        }
+        self.buckets.retain(|(_, slots)| !slots.is_empty());
+        self.slots = self.buckets.iter().map(|(_, slots)| slots.len()).sum();
     }
 }
 
@@ -331,6 +348,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             lanes: Lanes {
                 ready: ReadyQueue {
                     buckets: Vec::new(),
+                    slots: 0,
                 },
                 timers: BinaryHeap::new(),
                 live_timers: 0,
@@ -382,6 +400,16 @@ impl<K: Clone + Eq + Hash> State<K> {
         self.shutting_down
     }
 
+    /// Places in the ready queue, live or stale, counted (and checked against
+    /// the running count).
+    #[cfg(test)]
+    pub(crate) fn ready_slots(&self) -> usize {
+        let ready = &self.lanes.ready;
+        let counted = ready.buckets.iter().map(|(_, slots)| slots.len()).sum();
+        assert_eq!(ready.slots, counted, "the running count is off");
+        counted
+    }
+
     /// The next timer, for a waiting `get` to sleep until.
     pub(crate) fn next_timer(&self) -> Option<Instant> {
         self.lanes.timers.peek().map(|t| t.at)
@@ -405,6 +433,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             Some(at) => self.lanes.schedule(entry, key, at, pending),
         };
         self.compact_timers();
+        self.compact_ready();
         change
     }
 
@@ -555,6 +584,23 @@ impl<K: Clone + Eq + Hash> State<K> {
             .fold((0.0, 0.0), |(sum, max), secs| {
                 (sum + secs, f64::max(max, secs))
             })
+    }
+
+    /// Drops stale places in the ready queue once they outnumber the live ones, so
+    /// raising a queued key's priority over and over (each raise leaves its old
+    /// place behind) cannot grow the queue without bound.
+    fn compact_ready(&mut self) {
+        let ready = &mut self.lanes.ready;
+        if ready.slots <= 2 * self.lanes.depth + 64 {
+            return;
+        }
+        let entries = &self.entries;
+        ready.retain(|key, generation| {
+            entries
+                .get(key)
+                .and_then(|e| e.queued)
+                .is_some_and(|slot| slot.generation == generation)
+        });
     }
 
     /// Drops stale timers once they outnumber the live ones, so replacing a delay

@@ -8,6 +8,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::{Instant, advance};
 
 use super::rate_limit::{ItemExponential, MaxOf};
+use super::state::{LazyNow, State};
 use super::{AddOpts, Queue, QueueMetrics};
 use crate::backoff::{Backoff, MAX_DELAY};
 
@@ -195,6 +196,31 @@ async fn forget_ends_the_backoff_for_later_adds() {
     q.done(&key);
     q.add("a");
     assert_eq!(q.len(), 1, "a success clears the backoff");
+}
+
+/// Raising a queued key's priority leaves its old place behind (skipped when
+/// reached); a key raised over and over must not leave a trail that grows with
+/// every add while only one key is queued.
+#[test]
+fn raising_a_queued_keys_priority_again_and_again_keeps_memory_bounded() {
+    let mut state = State::new(false);
+    let mut now = LazyNow::default();
+    state.add(2_u32, AddOpts::default().priority(5_000), &mut now);
+    state.add(3, AddOpts::default().priority(5_000), &mut now);
+    for priority in 0..10_000 {
+        state.add(1, AddOpts::default().priority(priority), &mut now);
+    }
+    assert_eq!(state.len(), 3);
+    assert!(
+        state.ready_slots() <= 2 * state.len() + 64,
+        "{} places kept in the ready queue for three queued keys",
+        state.ready_slots()
+    );
+    let mut order = Vec::new();
+    while let Some((key, _)) = state.pop(&mut now) {
+        order.push(key);
+    }
+    assert_eq!(order, [1, 2, 3], "priority first, then FIFO");
 }
 
 #[tokio::test]
