@@ -526,8 +526,9 @@ impl<K: Clone + Eq + Hash> State<K> {
         None
     }
 
-    /// Ends processing of `key`; a dirty key is added once more. Returns `None` if
-    /// `key` was not being processed.
+    /// Ends processing of `key`; a dirty key is added once more (after shutdown,
+    /// only if it may run now: a delayed one is dropped). Returns `None` if `key`
+    /// was not being processed.
     pub(crate) fn done(&mut self, key: &K, now: &mut LazyNow) -> Option<(Change, Timing)> {
         self.catch_up(now);
         let entry = self.entries.get_mut(key).filter(|e| e.processing)?;
@@ -544,6 +545,10 @@ impl<K: Clone + Eq + Hash> State<K> {
                     Change::Queued => Change::Requeued,
                     change => change,
                 },
+                // Delayed by its backoff after shutdown: dropped, as shutdown
+                // drops every delayed key (no timer may hand it out once `get`
+                // has returned `None`).
+                Some(_) if self.shutting_down => Change::Unchanged,
                 Some(at) => self.lanes.schedule(entry, key.clone(), at, pending),
             },
         };

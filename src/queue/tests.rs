@@ -304,6 +304,24 @@ async fn a_key_dirty_at_shutdown_is_still_handed_out() {
     assert_eq!(q.get().await, None);
 }
 
+/// A key marked dirty before shutdown but backing off when it is done would run
+/// later, i.e. it is delayed, and shutdown drops delayed keys: once `get` has
+/// said the queue is closed, it never hands the key out later.
+#[tokio::test(start_paused = true)]
+async fn a_dirty_key_backing_off_at_done_after_shutdown_is_dropped_like_any_delayed_key() {
+    let q = queue();
+    q.add("a");
+    let key = q.get().await.unwrap();
+    q.add("a"); // an event while processing...
+    q.add_rate_limited("a"); // ...and processing failed: run again after 100 ms
+    q.shut_down();
+    q.done(&key);
+    assert_eq!(q.get().await, None, "nothing queued: closed");
+    advance(ms(200)).await;
+    assert_eq!(q.len(), 0, "no key reappears after shutdown");
+    assert_eq!(q.get().await, None, "a closed queue stays closed");
+}
+
 #[tokio::test(start_paused = true)]
 async fn shut_down_with_drain_waits_for_in_flight_keys() {
     let q = queue();

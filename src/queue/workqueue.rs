@@ -127,7 +127,9 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
     }
 
     /// Stops the queue: adds are ignored, delayed keys are dropped, and `get`
-    /// hands out what is queued, then returns `None`.
+    /// hands out what is queued, then returns `None`. A key added while it was
+    /// processing is still queued at its `done`, unless it is backing off: then
+    /// it is delayed, and dropped too.
     pub fn shut_down(&self) {
         self.shared.shut_down();
     }
