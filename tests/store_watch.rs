@@ -916,3 +916,137 @@ async fn a_table_holding_a_key_drover_refuses_is_refused_a_watch_until_it_is_fix
     })
     .await;
 }
+
+/// Two nodes that watch the same table at once (each making sure of its
+/// watch as it starts): one installs it, the other is refused with the one
+/// line that says the table is already watched, and the table carries one
+/// watch that enqueues each change once. On PostgreSQL a transaction holding
+/// the table in a mode that every trigger change waits for (SHARE ROW
+/// EXCLUSIVE, which lets the watches' reads through) makes both watches get
+/// past their checks before either installs.
+#[tokio::test]
+async fn two_nodes_watching_one_table_at_once_install_one_watch_and_refuse_the_other_in_words() {
+    each_enqueue_path(|db| async move {
+        machines(&db).await;
+        db.execute("INSERT INTO machines VALUES ('m0', 'on', '')")
+            .await;
+        let other = db.reconnect().await;
+        let holder = if db.engine == "postgres" {
+            let pool = sqlx::PgPool::connect(&db.sql_url).await.expect("connect");
+            let mut tx = pool.begin().await.expect("begin");
+            sqlx::query("LOCK TABLE machines IN SHARE ROW EXCLUSIVE MODE")
+                .execute(&mut *tx)
+                .await
+                .expect("lock");
+            Some((tx, pool))
+        } else {
+            None
+        };
+        let watch = TableWatch::new("machines", P, "id");
+        let (first, second) = (db.store.clone(), other.clone());
+        let (w1, w2) = (watch.clone(), watch.clone());
+        let one = tokio::spawn(async move { first.table_watch(&w1).await });
+        let two = tokio::spawn(async move { second.table_watch(&w2).await });
+        if let Some((tx, pool)) = holder {
+            // Both watches wait for the holder: observable in pg_locks.
+            tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                loop {
+                    let waiting: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                         WHERE c.relname = 'machines' AND NOT l.granted",
+                    )
+                    .fetch_one(&pool)
+                    .await
+                    .expect("pg_locks");
+                    if waiting >= 2 {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("both watches wait for the holder");
+            tx.commit().await.expect("commit");
+            pool.close().await;
+        }
+        let outcomes = [
+            one.await.expect("first watch"),
+            two.await.expect("second watch"),
+        ];
+        let installed = outcomes.iter().filter(|o| o.is_ok()).count();
+        assert_eq!(installed, 1, "exactly one watch installs: {outcomes:?}");
+        for outcome in &outcomes {
+            match outcome {
+                Ok(_) => {}
+                Err(StoreError::Watch(message)) => {
+                    assert!(message.contains("already watched"), "{message:?}")
+                }
+                Err(e) => panic!("the other watch should be refused as already watched: {e:?}"),
+            }
+        }
+        let listed = db.store.table_watches().await.expect("list");
+        assert_eq!(listed.len(), 1, "one watch listed: {listed:?}");
+        db.execute("INSERT INTO machines VALUES ('m1', 'on', '')")
+            .await;
+        let m1 = item(&db.store, "m1").await.expect("m1 enqueued");
+        assert_eq!(m1.enqueue_count, 1, "one watch enqueued m1 once");
+        other.close().await;
+    })
+    .await;
+}
+
+/// A row with a key drover refuses, written by a transaction still open
+/// while the table is watched, is seen by the watch's check of the keys:
+/// the watch waits for that writer, then refuses the table, rather than
+/// install triggers that would fail every later change of that row, its
+/// `DELETE` too. (SQLite's watch holds the one write lock from its start.)
+#[tokio::test]
+async fn a_refused_key_written_while_the_table_is_being_watched_is_seen_by_the_check() {
+    each_enqueue_path(|db| async move {
+        if db.engine != "postgres" {
+            return;
+        }
+        machines(&db).await;
+        let pool = sqlx::PgPool::connect(&db.sql_url).await.expect("connect");
+        let mut writer = pool.begin().await.expect("begin");
+        sqlx::query("INSERT INTO machines VALUES ('', 'on', '')")
+            .execute(&mut *writer)
+            .await
+            .expect("an empty key, before any watch");
+        let store = db.store.clone();
+        let watch = tokio::spawn(async move {
+            store
+                .table_watch(&TableWatch::new("machines", P, "id"))
+                .await
+        });
+        // The watch waits for the writer's lock: observable in pg_locks.
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                let waiting: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                                    WHERE c.relname = 'machines' AND NOT l.granted)",
+                )
+                .fetch_one(&pool)
+                .await
+                .expect("pg_locks");
+                if waiting {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the watch waits for the writer");
+        writer.commit().await.expect("the writer commits");
+        let outcome = watch.await.expect("watch");
+        let deleted = failure(&db, "DELETE FROM machines WHERE id = ''").await;
+        pool.close().await;
+        assert!(
+            matches!(&outcome, Err(StoreError::Watch(m)) if m.contains("refuses")),
+            "the table holding an empty key is refused a watch: {outcome:?}; \
+             the row's DELETE then: {deleted:?}"
+        );
+        assert_eq!(deleted, None, "the row can be deleted");
+    })
+    .await;
+}
