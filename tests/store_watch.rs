@@ -1050,3 +1050,64 @@ async fn a_refused_key_written_while_the_table_is_being_watched_is_seen_by_the_c
     })
     .await;
 }
+
+/// A change is a change of the value as written, whatever the column's
+/// collation says is equal: a key that moves by a change of case only, in a
+/// case-insensitive column (SQLite's `COLLATE NOCASE`, a nondeterministic
+/// ICU collation on PostgreSQL), enqueues both keys, with a filter or
+/// without, and so does a filtered column's change of case. A filter column
+/// of a type without an equality operator (PostgreSQL's `json`) is watched
+/// like any other.
+#[tokio::test]
+async fn a_change_that_a_columns_collation_calls_equal_is_seen_and_a_json_column_can_filter() {
+    each_enqueue_path(|db| async move {
+        let (text, json) = if db.engine == "postgres" {
+            db.execute(
+                "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', \
+                 deterministic = false)",
+            )
+            .await;
+            ("text COLLATE ci", "json")
+        } else {
+            ("TEXT COLLATE NOCASE", "TEXT")
+        };
+        db.execute(&format!(
+            "CREATE TABLE machines (id {text}, wanted {text}, spec {json})"
+        ))
+        .await;
+        let filtered = TableWatch::new("machines", P, "id").columns(["wanted", "spec"]);
+        db.store
+            .table_watch(&filtered)
+            .await
+            .expect("watch, filtered on a text and a json column");
+        db.execute("INSERT INTO machines VALUES ('M1', 'on', '{}')")
+            .await;
+        assert_eq!(drain(&db).await, ["M1"]);
+        db.execute("UPDATE machines SET id = 'm1'").await;
+        assert_eq!(
+            drain(&db).await,
+            ["M1", "m1"],
+            "a key that moved by its case only, under a filter"
+        );
+        db.execute("UPDATE machines SET wanted = 'ON'").await;
+        assert_eq!(
+            drain(&db).await,
+            ["m1"],
+            "a filtered column's change of case"
+        );
+        db.execute("UPDATE machines SET spec = '{\"a\": 1}'").await;
+        assert_eq!(drain(&db).await, ["m1"], "a json column's change");
+        db.store.table_unwatch("machines").await.expect("unwatch");
+        db.store
+            .table_watch(&TableWatch::new("machines", P, "id"))
+            .await
+            .expect("watch every update");
+        db.execute("UPDATE machines SET id = 'M1'").await;
+        assert_eq!(
+            drain(&db).await,
+            ["M1", "m1"],
+            "a key that moved by its case only, without a filter"
+        );
+    })
+    .await;
+}

@@ -37,7 +37,10 @@ pub struct TableWatch {
     /// a row whose key is NULL enqueues nothing.
     pub key_column: String,
     /// When not empty, an update that changes none of these columns (named
-    /// exactly) enqueues nothing; inserts and deletes always enqueue.
+    /// exactly) enqueues nothing; inserts and deletes always enqueue. A
+    /// change is one of the value as written (a change of case is one, in a
+    /// column whose collation ignores case), so a key that moves is always
+    /// seen, and a column of a type without equality (`json`) can filter.
     pub columns: Vec<String>,
     /// In a listing, the columns above that the table no longer has: renamed
     /// or dropped since the watch was made. PostgreSQL's triggers name the

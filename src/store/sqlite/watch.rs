@@ -81,9 +81,12 @@ fn create_triggers(id: i64, table: &str, watch: &TableWatch) -> [String; 3] {
     };
     // With a filter, an update fires when the key or a filtered column
     // changed: a key that moves is always seen (the old and the new key).
+    // Values compare as written (`COLLATE BINARY`), not by the column's
+    // collation: under `COLLATE NOCASE` a key that moved by its case only
+    // was no change, and its old key was never enqueued.
     let changed = std::iter::once(&watch.key_column)
         .chain(&watch.columns)
-        .map(|c| format!("OLD.{0} IS NOT NEW.{0}", ident(c)))
+        .map(|c| format!("OLD.{0} IS NOT NEW.{0} COLLATE BINARY", ident(c)))
         .collect::<Vec<_>>()
         .join(" OR ");
     let when = if watch.columns.is_empty() {
@@ -100,7 +103,7 @@ fn create_triggers(id: i64, table: &str, watch: &TableWatch) -> [String; 3] {
         format!(
             "CREATE TRIGGER {update} AFTER UPDATE ON {table} {when} BEGIN \
              INSERT INTO drover_enqueue (process, key) SELECT {process}, CAST(OLD.{key} AS TEXT) \
-             WHERE OLD.{key} IS NOT NULL AND OLD.{key} IS NOT NEW.{key}; {} END",
+             WHERE OLD.{key} IS NOT NULL AND OLD.{key} IS NOT NEW.{key} COLLATE BINARY; {} END",
             enqueue("NEW")
         ),
         format!(
@@ -363,7 +366,8 @@ fn columns_of(tokens: &[Token], row: &str) -> Vec<String> {
 /// The key and filter columns a watch's triggers use now, read back from the
 /// SQL of its insert trigger (whose `NEW."key"` is the key column) and of its
 /// update trigger (whose `WHEN` names the key, then each filter column, as
-/// `OLD."c" IS NOT NEW."c"`; no `WHEN`: no filter).
+/// `OLD."c" IS NOT NEW."c"` (then `COLLATE BINARY` in the watches made since
+/// it was added); no `WHEN`: no filter).
 fn read_back(insert: &str, update: &str) -> Option<(String, Vec<String>)> {
     let key = columns_of(&tokens(insert), "NEW").into_iter().next()?;
     let update = tokens(update);
