@@ -1111,3 +1111,58 @@ async fn a_change_that_a_columns_collation_calls_equal_is_seen_and_a_json_column
     })
     .await;
 }
+
+/// A partitioned table's row triggers are cloned onto its partitions, its
+/// `TRUNCATE` trigger is not: a watch puts that on every partition too, so a
+/// partition truncated by itself enqueues the keys it held, a truncate of
+/// the whole table enqueues each key once (a partition made since the watch
+/// included), and an unwatch leaves no trigger on any partition.
+#[tokio::test]
+async fn a_truncate_of_a_watched_tables_partition_enqueues_the_keys_it_held() {
+    each_enqueue_path(|db| async move {
+        if db.engine != "postgres" {
+            return; // SQLite has neither partitions nor TRUNCATE
+        }
+        db.execute("CREATE TABLE parts (id text, day int) PARTITION BY RANGE (day)")
+            .await;
+        db.execute("CREATE TABLE parts_1 PARTITION OF parts FOR VALUES FROM (0) TO (10)")
+            .await;
+        db.execute("CREATE TABLE parts_2 PARTITION OF parts FOR VALUES FROM (10) TO (20)")
+            .await;
+        db.store
+            .table_watch(&TableWatch::new("parts", P, "id"))
+            .await
+            .expect("watch a partitioned table");
+        db.execute("INSERT INTO parts VALUES ('a', 1), ('b', 2), ('c', 15)")
+            .await;
+        assert_eq!(drain(&db).await, ["a", "b", "c"]);
+        db.execute("TRUNCATE parts_1").await;
+        assert_eq!(
+            drain(&db).await,
+            ["a", "b"],
+            "a partition truncated by itself enqueues its keys"
+        );
+        db.execute("CREATE TABLE parts_3 PARTITION OF parts FOR VALUES FROM (20) TO (30)")
+            .await;
+        db.execute("INSERT INTO parts VALUES ('a', 1), ('d', 25)")
+            .await;
+        assert_eq!(drain(&db).await, ["a", "d"]);
+        let before = item(&db.store, "c").await.expect("c").enqueue_count;
+        db.execute("TRUNCATE parts").await;
+        assert_eq!(
+            drain(&db).await,
+            ["a", "c", "d"],
+            "the whole table truncated, a partition made since the watch too"
+        );
+        let after = item(&db.store, "c").await.expect("c").enqueue_count;
+        assert_eq!(after, before + 1, "each key enqueued once");
+        db.store.table_unwatch("parts").await.expect("unwatch");
+        db.execute("INSERT INTO parts VALUES ('e', 1)").await;
+        db.execute("TRUNCATE parts_1").await;
+        assert!(
+            drain(&db).await.is_empty(),
+            "unwatched, a partition's truncate enqueues nothing"
+        );
+    })
+    .await;
+}

@@ -5,6 +5,10 @@
 //! through the same enqueue SQL the store runs (`drover_enqueue`). A delete
 //! enqueues its key too, so the controller finds the object gone, like an
 //! informer's delete event; an update that moves the key enqueues both keys.
+//! On PostgreSQL a `TRUNCATE` enqueues every key the table held, and one of
+//! a partition of a watched partitioned table the keys that partition held
+//! (a partition made after the watch only once the table is watched again,
+//! or when the whole table is truncated).
 //! Combined with a periodic resync this is client-go's informer model:
 //! edge-triggered events plus a level-triggered resync, on the user's tables.
 //!
