@@ -14,8 +14,8 @@ use drover::store::{
     ProcessConfigure, ProcessPage, PruneCursor, Retention, RetentionPrune, RunList, RunOutcome,
     Store, StoreEngine as _, StoreError,
 };
-use support::each_engine_and_pooler;
 use support::store::{P, claim, complete, enqueue, events, history, item, secs};
+use support::{each_engine, each_engine_and_pooler};
 
 /// Runs every batch of `P`'s retention until a pass is done; the runs and
 /// idle keys removed.
@@ -332,6 +332,69 @@ async fn retention_keeps_the_newest_runs_of_each_key_up_to_the_cap() {
         assert_eq!(history(&db.store, "many2", 10).await.len(), 3);
         assert_eq!(history(&db.store, "few", 10).await.len(), 1);
         assert_eq!(prune(&db.store, 100).await, (0, 0), "idempotent");
+    })
+    .await;
+}
+
+/// Capping a key's runs deletes at most about one batch per step, however
+/// many runs the key has over its cap: a key with thousands of runs over it
+/// (the cap lowered on a long history) was capped by one `DELETE` of all of
+/// them, holding the database (SQLite's one writer) for as long as that took,
+/// whatever the pruner's batch.
+#[tokio::test]
+async fn capping_a_key_with_a_long_history_deletes_a_batch_at_a_time() {
+    each_engine(|db| async move {
+        const RUNS: usize = 5_000;
+        let cap = ProcessConfigure::new(P).keep_runs_per_key(10);
+        db.store.process_configure(cap).await.expect("set");
+        run(&db, "hot", Outcome::Done).await;
+        let now = if db.engine == "postgres" {
+            "now()"
+        } else {
+            "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+        };
+        db.execute(&format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {RUNS}) \
+             INSERT INTO drover_runs (process, key, outcome, ended_at) \
+             SELECT '{P}', 'hot', 'done', {now} FROM n"
+        ))
+        .await;
+        let newest: Vec<i64> = history(&db.store, "hot", 10)
+            .await
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        let (mut cursor, mut removed, mut steps) = (PruneCursor::default(), 0, 0);
+        loop {
+            let report = db
+                .store
+                .retention_prune(RetentionPrune {
+                    process: P.into(),
+                    cursor,
+                    batch: 100,
+                })
+                .await
+                .expect("prune");
+            assert!(
+                report.runs <= 200,
+                "one step of batch 100 deleted {} runs",
+                report.runs
+            );
+            removed += report.runs;
+            steps += 1;
+            if report.done {
+                break;
+            }
+            assert!(steps < 1_000, "the pass never ends");
+            cursor = report.cursor;
+        }
+        assert_eq!(removed, RUNS as u64 + 1 - 10);
+        let kept: Vec<i64> = history(&db.store, "hot", 20)
+            .await
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(kept, newest, "the newest ten stay");
     })
     .await;
 }

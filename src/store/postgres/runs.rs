@@ -265,17 +265,21 @@ impl PruneSteps for PostgresStore {
             tx.commit().await.db()?;
             return Ok((0, window.next));
         }
+        // At most `batch` runs, each key's oldest first (its index order).
         let deleted = sqlx::query(
-            "DELETE FROM drover_runs r USING (
-                 SELECT k.key, (SELECT o.id FROM drover_runs o
-                                WHERE o.process = $1 AND o.key = k.key
-                                ORDER BY o.id DESC OFFSET $3 LIMIT 1) AS id
-                 FROM UNNEST($2::text[]) AS k(key)) cut
-             WHERE r.process = $1 AND r.key = cut.key AND r.id <= cut.id",
+            "DELETE FROM drover_runs WHERE id = ANY(ARRAY(
+                 SELECT r.id FROM (
+                     SELECT k.key, (SELECT o.id FROM drover_runs o
+                                    WHERE o.process = $1 AND o.key = k.key
+                                    ORDER BY o.id DESC OFFSET $3 LIMIT 1) AS id
+                     FROM UNNEST($2::text[]) AS k(key)) cut
+                 JOIN drover_runs r ON r.process = $1 AND r.key = cut.key AND r.id <= cut.id
+                 LIMIT $4))",
         )
         .bind(process)
         .bind(&window.cap)
         .bind(i64::from(keep))
+        .bind(i64::from(batch))
         .exec(&mut tx)
         .await?;
         commit(tx).await?;

@@ -32,8 +32,11 @@ pub(crate) trait PruneSteps: Sync {
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Caps the runs of the keys in one window (see [`runs_window`]) after
-    /// `after`; the runs deleted and where the next window starts (`None`: the
-    /// walk reached the end).
+    /// `after`, deleting at most `batch` of their runs over the cap, the
+    /// oldest first; the runs deleted and where the next window starts
+    /// (`None`: the walk reached the end). The window's last key may have
+    /// any number of runs past the window, so the delete is bounded by
+    /// itself: one step never holds the database for more than a batch.
     fn cap_window(
         &self,
         process: &str,
@@ -73,8 +76,12 @@ pub(crate) async fn prune<S: PruneSteps>(
             .cap_window(process, cursor.runs_key.as_deref(), batch, keep)
             .await?;
         capped = n;
-        cursor.runs_finished = next.is_none();
-        cursor.runs_key = next;
+        // A full delete may have left runs over the cap in this window (a
+        // key with a long history): the next step reads it again.
+        if n < u64::from(batch) {
+            cursor.runs_finished = next.is_none();
+            cursor.runs_key = next;
+        }
     }
     let mut items = 0;
     match rules.forget_idle_ms {

@@ -238,6 +238,7 @@ impl PruneSteps for SqliteStore {
             return Ok((0, window.next));
         }
         let (mut tx, _) = self.write().await?;
+        // At most `batch` runs, each key's oldest first (its index order).
         let deleted = sqlx::query(
             "DELETE FROM drover_runs WHERE id IN (
                  SELECT r.id FROM (SELECT CAST(unhex(value) AS TEXT) AS key
@@ -245,11 +246,13 @@ impl PruneSteps for SqliteStore {
                  JOIN drover_runs r ON r.process = ?1 AND r.key = k.key
                  WHERE r.id <= (SELECT o.id FROM drover_runs o
                                 WHERE o.process = ?1 AND o.key = k.key
-                                ORDER BY o.id DESC LIMIT 1 OFFSET ?3))",
+                                ORDER BY o.id DESC LIMIT 1 OFFSET ?3)
+                 LIMIT ?4)",
         )
         .bind(process)
         .bind(Value::from(window.cap).to_string())
         .bind(keep)
+        .bind(batch)
         .exec(&mut *tx)
         .await?;
         tx.commit().await.db()?;
