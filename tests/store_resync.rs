@@ -14,7 +14,7 @@ use drover::store::{
     ItemEnqueue, ItemState, Outcome, ProcessConfigure, ResyncBatch, SessionStart, StoreEngine as _,
 };
 use support::store::{P, claim, complete, enqueue, item, keys, run_ready, secs};
-use support::{TestDb, each_engine_and_pooler};
+use support::{TestDb, each_engine, each_engine_and_pooler};
 use tokio_util::sync::CancellationToken;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -187,6 +187,58 @@ async fn the_walk_goes_in_batches_and_resumes_where_it_stopped() {
         let settings = db.store.process_list().await.expect("list");
         let settings = settings.iter().find(|s| s.process == P).expect("known");
         assert!(settings.next_resync.is_some(), "{settings:?}");
+    })
+    .await;
+}
+
+/// A resync interval longer than 180 days (the clamp of a delay) is kept
+/// as set when a key's due time and the next pass are reckoned: a key
+/// resyncing every 300 days comes back at the first batch after 300 days.
+/// Before, its due time was clamped to 180 days, the statement that resyncs
+/// it refused it then (it ran within the interval), and the pass after that
+/// was put 180 days on, so the key came back up to 180 days late.
+#[tokio::test]
+async fn an_interval_over_180_days_resyncs_a_key_when_it_is_due() {
+    each_engine(|db| async move {
+        const DAY: Duration = Duration::from_secs(86_400);
+        db.store
+            .process_configure(
+                ProcessConfigure::new(P)
+                    .resync_every(Some(300 * DAY))
+                    .resync_jitter(0.0),
+            )
+            .await
+            .expect("configure");
+        enqueue(&db.store, &["k"]).await;
+        assert_eq!(run_ready(&db.store, P, 10, &Outcome::Done).await.len(), 1);
+        let tick = ResyncBatch {
+            process: P.into(),
+            batch: 100,
+            start: false,
+        };
+        // The resyncer's ticks: one now, one after 181 days, one once due.
+        assert_eq!(
+            db.store
+                .resync_batch(tick.clone())
+                .await
+                .expect("batch")
+                .resynced,
+            0
+        );
+        db.store.clock().advance(181 * DAY);
+        assert_eq!(
+            db.store
+                .resync_batch(tick.clone())
+                .await
+                .expect("batch")
+                .resynced,
+            0
+        );
+        assert_eq!(state(&db, "k").await, ItemState::Idle, "not due yet");
+        db.store.clock().advance(119 * DAY + MINUTE);
+        let due = db.store.resync_batch(tick).await.expect("batch");
+        assert_eq!(due.resynced, 1, "due after 300 days");
+        assert_eq!(state(&db, "k").await, ItemState::Pending);
     })
     .await;
 }

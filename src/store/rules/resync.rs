@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::settle::later;
 use crate::store::StoreError;
 use crate::store::key::validate_process;
 use crate::store::params::ResyncBatch;
@@ -76,8 +75,8 @@ pub(crate) fn next_pass(
     every: Duration,
 ) -> Option<DateTime<Utc>> {
     let started = started?;
-    let latest = later(started, every);
-    let earliest = later(started, every.mul_f64(PASS_GAP));
+    let latest = after(started, every);
+    let earliest = after(started, every.mul_f64(PASS_GAP));
     Some(next_due.map_or(latest, |due| due.min(latest)).max(earliest))
 }
 
@@ -110,7 +109,19 @@ pub(crate) fn spread(key: &str) -> f64 {
 /// When an idle `key` whose last run ended at `base` is due.
 pub(crate) fn due(key: &str, base: DateTime<Utc>, every: Duration, jitter: f64) -> DateTime<Utc> {
     let stretch = 1.0 + jitter.clamp(0.0, 1.0) * spread(key);
-    later(base, every.mul_f64(stretch))
+    after(base, every.mul_f64(stretch))
+}
+
+/// `at + span`, the span as the process set it: a resync interval may be up
+/// to 100 years, not clamped to the 180 days a delay is ([`later`](super::settle::later)), which
+/// made a longer interval's keys due, and its passes follow, at 180 days
+/// (and those keys come back late: they are resynced only once they did not
+/// run for the whole interval). Saturates at the latest time there is.
+fn after(at: DateTime<Utc>, span: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(span)
+        .ok()
+        .and_then(|span| at.checked_add_signed(span))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// A row of a window: its key, whether it is idle, and when its last run
