@@ -367,6 +367,14 @@ async fn the_runs_chart_reads_the_last_hour_by_end_time_not_every_run_of_the_pro
 }
 
 #[tokio::test]
+async fn retention_finds_old_runs_by_end_time_not_by_reading_every_run_of_the_process() {
+    // Through the key index, every batch (and every tick's first) read each
+    // run of the process to find the old ones, the write lock held.
+    let step = "USING INDEX drover_runs_ended (ended_at<?)";
+    assert_plan(super::runs::PRUNE_OLD, step).await;
+}
+
+#[tokio::test]
 async fn a_keys_runs_walk_the_key_index_not_every_run() {
     let step = "USING INDEX drover_runs_key (process=? AND key=? AND id<?)";
     assert_plan(super::runs::BY_KEY, step).await;

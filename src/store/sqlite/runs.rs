@@ -183,6 +183,16 @@ pub(super) async fn prune_turn(
     Ok(held.is_some())
 }
 
+/// Deletes up to `?3` runs of `?1` that ended before `?2`, the oldest first:
+/// through the `ended_at` index (`+process` keeps SQLite from reading every
+/// run of the process through the key index instead and sorting the old
+/// ones, a cost in proportion to the history held while holding the write
+/// lock, at every tick).
+pub(super) const PRUNE_OLD: &str = "
+DELETE FROM drover_runs WHERE id IN (
+    SELECT id FROM drover_runs WHERE ended_at < ?2 AND +process = ?1
+    ORDER BY ended_at LIMIT ?3)";
+
 impl PruneSteps for SqliteStore {
     async fn rules(&self, process: &str) -> Result<Rules, StoreError> {
         check_process(self, process).await?;
@@ -198,16 +208,12 @@ impl PruneSteps for SqliteStore {
 
     async fn prune_old(&self, process: &str, keep_ms: i64, batch: u32) -> Result<u64, StoreError> {
         let (mut tx, now) = self.write().await?;
-        let deleted = sqlx::query(
-            "DELETE FROM drover_runs WHERE id IN (
-                 SELECT id FROM drover_runs WHERE ended_at < ?2 AND process = ?1
-                 ORDER BY ended_at LIMIT ?3)",
-        )
-        .bind(process)
-        .bind(now.saturating_sub(keep_ms.max(0)))
-        .bind(batch)
-        .exec(&mut *tx)
-        .await?;
+        let deleted = sqlx::query(PRUNE_OLD)
+            .bind(process)
+            .bind(now.saturating_sub(keep_ms.max(0)))
+            .bind(batch)
+            .exec(&mut *tx)
+            .await?;
         tx.commit().await.db()?;
         Ok(deleted)
     }
