@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use drover::metrics::PruneMetrics;
-use drover::runner::Pruner;
 use drover::runner::{Action, Controller, Task};
+use drover::runner::{Pruner, Resyncer};
 use drover::store::{
     Item, ItemEnqueue, ItemGet, ItemState, Lease, LeaseClaim, LeaseComplete, Outcome,
     ProcessConfigure, PruneTurn, RunList, SessionStart, Store, StoreEngine as _,
@@ -413,4 +413,24 @@ async fn drover_serve_prunes_and_counts_it_at_metrics() {
         support::process::stop(serve.child).await;
     })
     .await;
+}
+
+/// The longest interval the maintenance loops accept (`Duration::MAX`, as a
+/// library user may write for "hardly ever", or `drover serve
+/// --prune-every 550000000000y`) makes them wait instead of panicking: the
+/// next tick's jittered wait (up to 10 % more than the interval) overflowed a
+/// `Duration` and the task panicked, about every other start.
+#[tokio::test]
+async fn the_longest_interval_waits_instead_of_panicking() {
+    let (db, _dir) = support::sqlite().await;
+    for _ in 0..32 {
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let pruner = Pruner::new(db.store.clone()).every(Duration::MAX);
+        let resyncer = Resyncer::new(db.store.clone()).every(Duration::MAX);
+        let pruner = tokio::spawn(pruner.run(stop.clone())).await;
+        let resyncer = tokio::spawn(resyncer.run(stop)).await;
+        assert!(pruner.is_ok(), "the pruner: {pruner:?}");
+        assert!(resyncer.is_ok(), "the resyncer: {resyncer:?}");
+    }
 }

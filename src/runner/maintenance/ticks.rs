@@ -22,17 +22,24 @@ impl Ticks {
     pub(crate) fn new(every: Duration) -> Self {
         Self {
             every,
-            wait: every.mul_f64(rand::rng().random_range(0.0..1.0)),
+            wait: scaled(every, rand::rng().random_range(0.0..1.0)),
         }
     }
 
     /// Waits for the next tick: `true` then, `false` once `stop` fires.
     pub(crate) async fn next(&mut self, stop: &CancellationToken) -> bool {
         let wait = self.wait;
-        self.wait = self.every.mul_f64(rand::rng().random_range(0.9..1.1));
+        self.wait = scaled(self.every, rand::rng().random_range(0.9..1.1));
         tokio::select! {
             () = stop.cancelled() => false,
             () = tokio::time::sleep(wait) => true,
         }
     }
+}
+
+/// `every × factor`, saturating: an interval near the longest a `Duration`
+/// holds (what `drover serve --prune-every` or a library caller may set) made
+/// `Duration::mul_f64` panic once jittered up, and with it the service's task.
+fn scaled(every: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(every.as_secs_f64() * factor).unwrap_or(Duration::MAX)
 }
