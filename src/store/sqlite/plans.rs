@@ -375,6 +375,20 @@ async fn retention_finds_old_runs_by_end_time_not_by_reading_every_run_of_the_pr
 }
 
 #[tokio::test]
+async fn capping_runs_probes_each_capped_key_not_every_run_of_the_process() {
+    let plan = plan_of(super::runs::CAP_RUNS).await;
+    let steps = [
+        "SCAN json_each VIRTUAL TABLE",
+        "SEARCH r USING COVERING INDEX drover_runs_key (process=? AND key=? AND id<?)",
+    ];
+    assert_steps(&plan, &steps);
+    assert!(
+        !plan.contains("drover_runs_key (process=?);"),
+        "every run of the process in: {plan}"
+    );
+}
+
+#[tokio::test]
 async fn a_keys_runs_walk_the_key_index_not_every_run() {
     let step = "USING INDEX drover_runs_key (process=? AND key=? AND id<?)";
     assert_plan(super::runs::BY_KEY, step).await;

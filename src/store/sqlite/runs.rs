@@ -193,6 +193,21 @@ DELETE FROM drover_runs WHERE id IN (
     SELECT id FROM drover_runs WHERE ended_at < ?2 AND +process = ?1
     ORDER BY ended_at LIMIT ?3)";
 
+/// Deletes the runs of `?1` over the cap of `?3` of each key in `?2` (a
+/// JSON array of the keys' bytes in hex), at most `?4` of them, each key's
+/// oldest first (its index order). `CROSS JOIN` keeps the keys the outer
+/// loop, each key's runs probed through the key index: joined plainly,
+/// SQLite read every run of the process and looked each up among the keys,
+/// at every step of the walk, holding the write lock.
+pub(super) const CAP_RUNS: &str = "
+DELETE FROM drover_runs WHERE id IN (
+    SELECT r.id FROM (SELECT CAST(unhex(value) AS TEXT) AS key FROM json_each(?2)) AS k
+    CROSS JOIN drover_runs r ON r.process = ?1 AND r.key = k.key
+    WHERE r.id <= (SELECT o.id FROM drover_runs o
+                   WHERE o.process = ?1 AND o.key = k.key
+                   ORDER BY o.id DESC LIMIT 1 OFFSET ?3)
+    LIMIT ?4)";
+
 impl PruneSteps for SqliteStore {
     async fn rules(&self, process: &str) -> Result<Rules, StoreError> {
         check_process(self, process).await?;
@@ -244,23 +259,13 @@ impl PruneSteps for SqliteStore {
             return Ok((0, window.next));
         }
         let (mut tx, _) = self.write().await?;
-        // At most `batch` runs, each key's oldest first (its index order).
-        let deleted = sqlx::query(
-            "DELETE FROM drover_runs WHERE id IN (
-                 SELECT r.id FROM (SELECT CAST(unhex(value) AS TEXT) AS key
-                                   FROM json_each(?2)) AS k
-                 JOIN drover_runs r ON r.process = ?1 AND r.key = k.key
-                 WHERE r.id <= (SELECT o.id FROM drover_runs o
-                                WHERE o.process = ?1 AND o.key = k.key
-                                ORDER BY o.id DESC LIMIT 1 OFFSET ?3)
-                 LIMIT ?4)",
-        )
-        .bind(process)
-        .bind(Value::from(window.cap).to_string())
-        .bind(keep)
-        .bind(batch)
-        .exec(&mut *tx)
-        .await?;
+        let deleted = sqlx::query(CAP_RUNS)
+            .bind(process)
+            .bind(Value::from(window.cap).to_string())
+            .bind(keep)
+            .bind(batch)
+            .exec(&mut *tx)
+            .await?;
         tx.commit().await.db()?;
         Ok((deleted, window.next))
     }
