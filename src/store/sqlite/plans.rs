@@ -389,6 +389,12 @@ async fn capping_runs_probes_each_capped_key_not_every_run_of_the_process() {
 }
 
 #[tokio::test]
+async fn old_depth_samples_are_found_per_process_by_the_tables_key() {
+    let step = "SEARCH drover_depth_samples USING PRIMARY KEY (process=? AND at<?)";
+    assert_plan(super::series::FORGET_SAMPLES, step).await;
+}
+
+#[tokio::test]
 async fn a_keys_runs_walk_the_key_index_not_every_run() {
     let step = "USING INDEX drover_runs_key (process=? AND key=? AND id<?)";
     assert_plan(super::runs::BY_KEY, step).await;
