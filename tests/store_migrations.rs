@@ -401,6 +401,84 @@ async fn sqlite_watches_made_before_17_follow_renames_and_see_or_replace() {
     store.close().await;
 }
 
+/// Migration 26 (SQLite): a watch made before it, whose update trigger
+/// compared the key and filter columns by the column's collation, is made
+/// again as the store migrates, so a key that moves by its case only under
+/// `COLLATE NOCASE` enqueues its old key and its new one. The old watch is the
+/// one this version writes with `COLLATE BINARY` taken out (what the store
+/// wrote before), on a file whose record of migration 26 is taken out.
+#[tokio::test]
+async fn sqlite_watches_made_before_26_see_a_key_move_by_its_case() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("v25.db").display());
+    let store = Store::connect(&url).await.expect("connect");
+    let pool = store.sqlite().expect("a SQLite store").pool().clone();
+    let run = async |sql: &str| {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    };
+    run("CREATE TABLE machines (id TEXT COLLATE NOCASE PRIMARY KEY, status TEXT)").await;
+    run("INSERT INTO machines VALUES ('M1', 'new')").await;
+    let watch = drover::store::TableWatch::new("machines", P, "id").columns(["status"]);
+    store.table_watch(&watch).await.expect("watch");
+    let update: String = sqlx::query_scalar(
+        "SELECT sql FROM sqlite_schema WHERE type = 'trigger' AND name LIKE 'drover_watch_%_update'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the update trigger");
+    let before = update.replace(" COLLATE BINARY", "");
+    assert_ne!(before, update, "the trigger compares as written: {update}");
+    // One transaction, one connection: the pool's other connections may
+    // still hold the schema from before the drop.
+    let mut tx = pool.begin().await.expect("begin");
+    for sql in [
+        "DROP TRIGGER \"drover_watch_1_update\"",
+        &before,
+        "DELETE FROM drover_migrations WHERE version = 26",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut *tx)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    tx.commit().await.expect("commit");
+    // As the old trigger does: a move by case only is no change.
+    run("UPDATE machines SET id = 'm1'").await;
+    for key in ["M1", "m1"] {
+        assert!(
+            item(&store, key).await.is_none(),
+            "{key} under the old trigger"
+        );
+    }
+    run("UPDATE machines SET id = 'M1'").await;
+    store.close().await;
+
+    let store = Store::connect(&url).await.expect("migrates to 26");
+    let pool = store.sqlite().expect("a SQLite store").pool().clone();
+    sqlx::query("UPDATE machines SET id = 'm1'")
+        .execute(&pool)
+        .await
+        .expect("a move by case");
+    for key in ["M1", "m1"] {
+        let state = item(&store, key).await.map(|i| i.state);
+        assert_eq!(state, Some(ItemState::Pending), "{key}");
+    }
+    let listed = store.table_watches().await.expect("list");
+    let listed: Vec<_> = listed
+        .iter()
+        .map(|w| (&*w.key_column, &w.columns))
+        .collect();
+    assert_eq!(
+        listed,
+        [("id", &vec!["status".to_owned()])],
+        "its filter kept"
+    );
+    store.close().await;
+}
+
 /// Migration 25 (SQLite): numbers the view `drover_enqueue` stored unchecked
 /// before it (a priority past an i32, text or bytes or a fraction for a
 /// priority, a REAL ready time from a fractional delay or one that overflowed,

@@ -326,6 +326,9 @@ async fn migrate_pool(pool: &SqlitePool, migrating: bool) -> Result<(), StoreErr
         if found.unwrap_or(0) < super::watch::REPLACE_SEEN_FROM {
             super::watch::upgrade(&mut tx).await?;
         }
+        if found.unwrap_or(0) < super::watch::BINARY_FROM {
+            super::watch::compare_as_written(&mut tx).await?;
+        }
     }
     tx.commit().await.map_err(map)
 }

@@ -63,6 +63,11 @@ const CHANGES: [&str; 5] = [
 /// triggers; the store gives them to older watches as it migrates past it.
 pub(super) const REPLACE_SEEN_FROM: i64 = 17;
 
+/// The schema version (migration 26) whose watches' update triggers compare
+/// values as written (`COLLATE BINARY`); the store makes the update triggers
+/// of older watches again as it migrates past it.
+pub(super) const BINARY_FROM: i64 = 26;
+
 /// The name of watch `id`'s trigger for `change` (one of [`CHANGES`]).
 fn trigger(id: i64, change: &str) -> String {
     format!("drover_watch_{id}_{change}")
@@ -542,6 +547,33 @@ pub(super) async fn upgrade(conn: &mut SqliteConnection) -> Result<(), StoreErro
         let collisions = collisions(conn, &table).await?;
         let statements = create_replace_triggers(id, &table, &process, &key, &collisions);
         run_all(conn, statements).await?;
+    }
+    Ok(())
+}
+
+/// Makes the update trigger of every watch that still has its table again,
+/// comparing values as written: the watches made before migration 26, whose
+/// triggers compared by the column's collation (so a key that moved by its
+/// case only, under `COLLATE NOCASE`, lost its old key). The table, key and
+/// filter columns are the triggers' own, wherever they were renamed since.
+pub(super) async fn compare_as_written(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+    let sql = format!(
+        "SELECT w.id, i.tbl_name, w.process, i.sql, u.sql FROM {WITH_TRIGGERS} \
+         WHERE i.name IS NOT NULL AND u.name IS NOT NULL"
+    );
+    let watches: Vec<(i64, String, String, String, String)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&mut *conn)
+            .await
+            .db()?;
+    for (id, table, process, insert, update) in watches {
+        let Some((key, columns)) = read_back(&insert, &update) else {
+            continue; // not a trigger drover wrote: leave it be
+        };
+        let watch = TableWatch::new(table.clone(), process, key).columns(columns);
+        let [_, update, _] = create_triggers(id, &table, &watch);
+        let drop = format!("DROP TRIGGER {}", ident(&trigger(id, "update")));
+        run_all(conn, vec![drop, update]).await?;
     }
     Ok(())
 }

@@ -1,0 +1,12 @@
+-- A watch's update trigger compares the key and filter columns as written
+-- (`COLLATE BINARY`), not by the column's collation: under `COLLATE NOCASE`
+-- a key that moved by its case only (`M1` to `m1`) was no change, so its old
+-- key was never enqueued (and with a filter, neither key was), and a filter
+-- column changed by its case only was no change either.
+--
+-- SQL cannot rewrite the watches made before: each trigger names its own
+-- table, key and filter columns. The store makes each watch's update
+-- trigger again right after applying this migration, in the same
+-- transaction (see `watch::compare_as_written`). This statement only marks
+-- the schema version.
+SELECT 1;
