@@ -404,9 +404,10 @@ async fn sqlite_watches_made_before_17_follow_renames_and_see_or_replace() {
 /// Migration 26 (SQLite): a watch made before it, whose update trigger
 /// compared the key and filter columns by the column's collation, is made
 /// again as the store migrates, so a key that moves by its case only under
-/// `COLLATE NOCASE` enqueues its old key and its new one. The old watch is the
-/// one this version writes with `COLLATE BINARY` taken out (what the store
-/// wrote before), on a file whose record of migration 26 is taken out.
+/// `COLLATE NOCASE` enqueues its old key and its new one, and keeps its
+/// filter. The old watch is the one this version writes with `COLLATE
+/// BINARY` and the key's test taken out of its `WHEN` (what the store wrote
+/// before), on a file whose record of migration 26 is taken out.
 #[tokio::test]
 async fn sqlite_watches_made_before_26_see_a_key_move_by_its_case() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -429,8 +430,15 @@ async fn sqlite_watches_made_before_26_see_a_key_move_by_its_case() {
     .fetch_one(&pool)
     .await
     .expect("the update trigger");
-    let before = update.replace(" COLLATE BINARY", "");
-    assert_ne!(before, update, "the trigger compares as written: {update}");
+    // As the oldest filtered watches were: no `COLLATE BINARY`, and the
+    // filter columns alone in the `WHEN` (the key joined them later).
+    let before = update
+        .replace(" COLLATE BINARY", "")
+        .replace("WHEN OLD.\"id\" IS NOT NEW.\"id\" OR ", "WHEN ");
+    assert!(
+        before.contains("WHEN OLD.\"status\" IS NOT NEW.\"status\" BEGIN"),
+        "the trigger as the store writes it now: {update}"
+    );
     // One transaction, one connection: the pool's other connections may
     // still hold the schema from before the drop.
     let mut tx = pool.begin().await.expect("begin");

@@ -382,9 +382,11 @@ fn read_back(insert: &str, update: &str) -> Option<(String, Vec<String>)> {
             .position(|t| matches!(t, Token::Word(w) if w.eq_ignore_ascii_case(k)))
     };
     let columns = match (keyword("WHEN"), keyword("BEGIN")) {
+        // Every column but the key: the watches made before the key was
+        // added to the `WHEN` name the filter columns alone.
         (Some(when), Some(begin)) if when < begin => columns_of(&update[when..begin], "OLD")
             .into_iter()
-            .skip(1)
+            .filter(|c| *c != key)
             .collect(),
         _ => Vec::new(),
     };
