@@ -685,6 +685,87 @@ async fn postgres_watches_made_before_13_are_found_by_their_tables() {
     support::drop_schema(&base, &schema).await;
 }
 
+/// Migration 32 (PostgreSQL): the watches made before it are installed
+/// again: a filtered one compares its columns as written (a key moved by its
+/// case only under a case-insensitive collation enqueues both keys), and a
+/// partitioned table's partitions get its `TRUNCATE` trigger (a partition
+/// truncated by itself enqueues its keys). A watch whose filter names a
+/// column gone since is left as it was.
+#[tokio::test]
+async fn postgres_watches_made_before_32_compare_as_written_and_follow_partitions() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (url, schema) = support::postgres_schema(&base).await;
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    let (old, _dir) = support::migrations_before("postgres", "0032").await;
+    old.run(&pool).await.expect("migrate to 31");
+    let collation = support::process_name("ci");
+    let old_watches = [
+        format!(
+            "CREATE COLLATION {collation} (provider = icu, locale = 'und-u-ks-level2', \
+             deterministic = false)"
+        ),
+        format!("CREATE TABLE machines (id text COLLATE {collation}, status text)"),
+        "INSERT INTO machines VALUES ('M1', 'new')".to_owned(),
+        "SELECT drover_watch('machines', 'provision', 'id', ARRAY['status'])".to_owned(),
+        "CREATE TABLE parts (id text, at int) PARTITION BY RANGE (at)".to_owned(),
+        "CREATE TABLE parts_1 PARTITION OF parts FOR VALUES FROM (0) TO (10)".to_owned(),
+        "INSERT INTO parts VALUES ('a', 1), ('b', 2)".to_owned(),
+        "SELECT drover_watch('parts', 'archive', 'id')".to_owned(),
+        "CREATE TABLE gone (id text, status text)".to_owned(),
+        "SELECT drover_watch('gone', 'provision', 'id', ARRAY['status'])".to_owned(),
+        "ALTER TABLE gone RENAME COLUMN status TO state".to_owned(),
+    ];
+    for sql in old_watches {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let gone_trigger = "SELECT pg_get_triggerdef(oid) FROM pg_trigger \
+                        WHERE tgrelid = 'gone'::regclass AND tgname = 'drover_watch_update'";
+    let gone_before: String = sqlx::query_scalar(gone_trigger)
+        .fetch_one(&pool)
+        .await
+        .expect("the gone watch's trigger");
+    let store = Store::connect(&url).await.expect("migrates to 32");
+    for sql in ["UPDATE machines SET id = 'm1'", "TRUNCATE parts_1"] {
+        sqlx::query(sql).execute(&pool).await.expect(sql);
+    }
+    let keys = |process: &'static str| {
+        let store = store.clone();
+        async move {
+            let items = store
+                .item_list(drover::store::ItemList {
+                    process: process.into(),
+                    state: None,
+                    after_key: None,
+                    limit: 10,
+                })
+                .await
+                .unwrap_or_else(|e| match e {
+                    StoreError::UnknownProcess(_) => Vec::new(), // nothing enqueued to it
+                    e => panic!("items: {e}"),
+                });
+            items.into_iter().map(|i| i.key).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(keys("provision").await, ["M1", "m1"], "a move by case only");
+    assert_eq!(keys("archive").await, ["a", "b"], "a partition truncated");
+    let gone_after: String = sqlx::query_scalar(gone_trigger)
+        .fetch_one(&pool)
+        .await
+        .expect("the gone watch's trigger");
+    assert_eq!(
+        gone_after, gone_before,
+        "a watch naming a gone column is left"
+    );
+    store.close().await;
+    pool.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 /// PostgreSQL migration 0022 makes `drover_enqueue` again with a `context`
 /// parameter: the grants an operator gave on the old function (EXECUTE
 /// revoked from PUBLIC, granted to the writers' role) hold on the new one.

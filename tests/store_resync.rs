@@ -216,28 +216,17 @@ async fn an_interval_over_180_days_resyncs_a_key_when_it_is_due() {
             batch: 100,
             start: false,
         };
+        let resynced = async || {
+            let batch = db.store.resync_batch(tick.clone()).await;
+            batch.expect("batch").resynced
+        };
         // The resyncer's ticks: one now, one after 181 days, one once due.
-        assert_eq!(
-            db.store
-                .resync_batch(tick.clone())
-                .await
-                .expect("batch")
-                .resynced,
-            0
-        );
+        assert_eq!(resynced().await, 0);
         db.store.clock().advance(181 * DAY);
-        assert_eq!(
-            db.store
-                .resync_batch(tick.clone())
-                .await
-                .expect("batch")
-                .resynced,
-            0
-        );
+        assert_eq!(resynced().await, 0);
         assert_eq!(state(&db, "k").await, ItemState::Idle, "not due yet");
         db.store.clock().advance(119 * DAY + MINUTE);
-        let due = db.store.resync_batch(tick).await.expect("batch");
-        assert_eq!(due.resynced, 1, "due after 300 days");
+        assert_eq!(resynced().await, 1, "due after 300 days");
         assert_eq!(state(&db, "k").await, ItemState::Pending);
     })
     .await;

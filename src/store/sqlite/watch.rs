@@ -526,23 +526,31 @@ async fn find_watch(
         .db()
 }
 
+/// The watches that still have their insert and update triggers and match
+/// `also` (an SQL condition on `w`, drover's own): id, the table's name now,
+/// process, and the two triggers' SQL, to make a watch's triggers again from.
+async fn with_their_triggers(
+    conn: &mut SqliteConnection,
+    also: &str,
+) -> Result<Vec<(i64, String, String, String, String)>, StoreError> {
+    let sql = format!(
+        "SELECT w.id, i.tbl_name, w.process, i.sql, u.sql FROM {WITH_TRIGGERS} \
+         WHERE i.name IS NOT NULL AND u.name IS NOT NULL AND {also}"
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_all(&mut *conn)
+        .await
+        .db()
+}
+
 /// Installs the `OR REPLACE` triggers of every watch that lacks them and
 /// still has its table: the watches made before migration 17, upgraded as
 /// the store migrates the database past it. The table and key column are
 /// the triggers' own, wherever the table or column was renamed since.
 pub(super) async fn upgrade(conn: &mut SqliteConnection) -> Result<(), StoreError> {
-    let sql = format!(
-        "SELECT w.id, i.tbl_name, w.process, i.sql, u.sql FROM {WITH_TRIGGERS} \
-         WHERE i.name IS NOT NULL AND u.name IS NOT NULL AND NOT EXISTS \
-             (SELECT 1 FROM sqlite_schema r WHERE r.type = 'trigger' \
-              AND r.name = 'drover_watch_' || w.id || '_insert_or_replace')"
-    );
-    let watches: Vec<(i64, String, String, String, String)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&mut *conn)
-            .await
-            .db()?;
-    for (id, table, process, insert, update) in watches {
+    let lacking = "NOT EXISTS (SELECT 1 FROM sqlite_schema r WHERE r.type = 'trigger' \
+                   AND r.name = 'drover_watch_' || w.id || '_insert_or_replace')";
+    for (id, table, process, insert, update) in with_their_triggers(conn, lacking).await? {
         let Some((key, _)) = read_back(&insert, &update) else {
             continue; // not a trigger drover wrote: leave it be
         };
@@ -559,16 +567,7 @@ pub(super) async fn upgrade(conn: &mut SqliteConnection) -> Result<(), StoreErro
 /// case only, under `COLLATE NOCASE`, lost its old key). The table, key and
 /// filter columns are the triggers' own, wherever they were renamed since.
 pub(super) async fn compare_as_written(conn: &mut SqliteConnection) -> Result<(), StoreError> {
-    let sql = format!(
-        "SELECT w.id, i.tbl_name, w.process, i.sql, u.sql FROM {WITH_TRIGGERS} \
-         WHERE i.name IS NOT NULL AND u.name IS NOT NULL"
-    );
-    let watches: Vec<(i64, String, String, String, String)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&mut *conn)
-            .await
-            .db()?;
-    for (id, table, process, insert, update) in watches {
+    for (id, table, process, insert, update) in with_their_triggers(conn, "true").await? {
         let Some((key, columns)) = read_back(&insert, &update) else {
             continue; // not a trigger drover wrote: leave it be
         };

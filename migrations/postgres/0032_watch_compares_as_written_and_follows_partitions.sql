@@ -1,4 +1,21 @@
--- A TRUNCATE of a partition of a watched partitioned table enqueues the keys
+-- A filtered watch compares its columns as written, not by their equality
+-- operator. Its update trigger fired `WHEN (OLD.c IS DISTINCT FROM NEW.c …)`
+-- for the key and each filter column, which compares by the column's type
+-- and collation:
+-- - under a nondeterministic collation (a case-insensitive ICU one), a key
+--   that moved by its case only ('M1' to 'm1') or a filtered column changed
+--   in case only was no change: neither key was enqueued, and the controller
+--   never heard that its object was renamed;
+-- - a filter column of a type with no equality operator (json, xml, point)
+--   could not be watched at all: the watch failed with "operator does not
+--   exist: json = json".
+-- Each column is now compared as its text, byte by byte
+-- (`OLD.c::text COLLATE "C" IS DISTINCT FROM NEW.c::text COLLATE "C"`;
+-- every type converts to text). A value that is equal but written otherwise
+-- (numeric 1.0 and 1.00) now counts as a change: one more enqueue, which
+-- coalesces, rather than a change missed.
+--
+-- And a TRUNCATE of a partition of a watched partitioned table enqueues the keys
 -- it held, as a TRUNCATE of a watched table does (migration 0010). The row
 -- triggers of a partitioned table are cloned onto its partitions, but its
 -- TRUNCATE trigger is not: `TRUNCATE machines_2026_01` (a partition) removed
@@ -12,7 +29,8 @@
 --   each enqueues its own keys once. A partition made after the watch is
 --   still not followed when it is truncated by itself: unwatch the table
 --   and watch it again to give it the trigger.
--- - the watches of partitioned tables made before are installed again.
+-- The filtered watches and the watches of partitioned tables made before
+-- are installed again (below).
 
 CREATE OR REPLACE FUNCTION drover_watch_install(rel_name text, process text, key_column text,
     columns text[]) RETURNS void
@@ -132,10 +150,11 @@ BEGIN
     RETURN rel_name;
 END $$;
 
--- The watches of partitioned tables made before, installed again under
--- their table's name now (as migration 0032 does; one whose columns are
--- gone is left as it is, one this role may not change keeps its triggers,
--- with a WARNING).
+-- The filtered watches and the watches of partitioned tables made before,
+-- installed again under their table's name now, when the table still has
+-- every column they name (one whose columns are gone is left as it is, to
+-- fail its writers as migration 0013 says). A watch whose table this role
+-- may not change keeps its old triggers, with a WARNING saying how to mend it.
 DO $$
 DECLARE
     r record;
@@ -143,10 +162,11 @@ BEGIN
     FOR r IN SELECT format('%I.%I', n.nspname, c.relname) AS name, w.process, w.key_column,
                     w.columns
              FROM drover_watches w
-             JOIN pg_class c ON c.oid = w.relid AND c.relkind = 'p'
+             JOIN pg_class c ON c.oid = w.relid
              JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE EXISTS (SELECT 1 FROM pg_trigger t
-                           WHERE t.tgrelid = c.oid AND t.tgname = 'drover_watch')
+             WHERE (w.columns IS NOT NULL OR c.relkind = 'p')
+                 AND EXISTS (SELECT 1 FROM pg_trigger t
+                             WHERE t.tgrelid = c.oid AND t.tgname = 'drover_watch')
                  AND NOT EXISTS (SELECT 1 FROM unnest(array_prepend(w.key_column, w.columns)) AS col
                                  WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a
                                                    WHERE a.attrelid = c.oid AND a.attname = col
@@ -155,7 +175,7 @@ BEGIN
         BEGIN
             PERFORM drover_watch_install(r.name, r.process, r.key_column, r.columns);
         EXCEPTION WHEN insufficient_privilege THEN
-            RAISE WARNING 'drover: a TRUNCATE of a partition of % still enqueues nothing (%); unwatch it and watch it again as its owner',
+            RAISE WARNING 'drover: the watch of % keeps its old triggers (its filter compares by collation, a TRUNCATE of one of its partitions enqueues nothing) (%); unwatch it and watch it again as its owner',
                 r.name, SQLERRM;
         END;
     END LOOP;
