@@ -420,3 +420,11 @@ async fn error_groups_count_signatures_from_the_indexes_without_reading_a_row_pe
     ];
     assert_steps(&plan, &steps);
 }
+
+#[tokio::test]
+async fn a_reclaims_orphans_are_read_from_the_lease_index_not_every_item() {
+    // The running rows alone, lowest session first: each batch of a reclaim
+    // reads past the leases of the live sessions older than the expired one.
+    let step = "SCAN i USING COVERING INDEX drover_items_leases";
+    assert_plan(super::sessions::ORPHANS, step).await;
+}
