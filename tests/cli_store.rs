@@ -352,6 +352,32 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
     assert!(stderr.trim_end().ends_with(needle), "{stderr}");
 }
 
+/// `--help` shows no database URL taken from the environment: clap prints an
+/// option's `env` value beside it, and `DROVER_DATABASE_URL` or
+/// `DROVER_LISTEN_DATABASE_URL` may hold a password.
+#[test]
+fn help_shows_no_database_url_from_the_environment() {
+    for args in [
+        &["status", "--help"][..],
+        &["work", "--help"],
+        &["serve", "-h"],
+        &["bench", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args(args)
+            .env("DROVER_DATABASE_URL", "postgres://u:hunter2@db/x")
+            .env("DROVER_LISTEN_DATABASE_URL", "postgres://u:hunter3@db/x")
+            .output()
+            .expect("drover runs");
+        let help = ok(&out);
+        assert!(help.contains("DROVER_DATABASE_URL"), "{help}");
+        assert!(
+            !help.contains("hunter2") && !help.contains("hunter3"),
+            "password leaked by {args:?}: {help}"
+        );
+    }
+}
+
 #[test]
 fn a_rejected_enqueue_does_not_create_the_default_database() {
     let dir = tempfile::tempdir().expect("tempdir");

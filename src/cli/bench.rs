@@ -22,9 +22,11 @@ pub(crate) struct Args {
     scenario: Scenario,
     /// The database to measure (each scenario uses fresh process names and
     /// cleans up after itself, so any drover database will do).
+    // `hide_env_values`: `--help` would print the URL, password and all.
     #[arg(
         long = "db",
         env = "DROVER_DATABASE_URL",
+        hide_env_values = true,
         default_value = "sqlite://drover-bench.db"
     )]
     db: String,

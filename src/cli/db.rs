@@ -12,9 +12,12 @@ pub(crate) struct DbArgs {
     /// The database: sqlite://PATH (created if missing), sqlite::memory: or
     /// postgres://USER[:PASSWORD]@HOST[:PORT]/DB; add ?pool_mode=transaction
     /// when it is a PgBouncer in transaction pooling mode.
+    // `hide_env_values`: `--help` would print the variable's value, and
+    // with it any password the URL holds.
     #[arg(
         long = "db",
         env = "DROVER_DATABASE_URL",
+        hide_env_values = true,
         default_value = "sqlite://drover.db"
     )]
     url: String,
@@ -24,6 +27,7 @@ pub(crate) struct DbArgs {
     #[arg(
         long = "listen-db",
         env = "DROVER_LISTEN_DATABASE_URL",
+        hide_env_values = true,
         value_name = "URL"
     )]
     listen_url: Option<String>,
