@@ -352,6 +352,24 @@ fn bad_urls_and_unreachable_servers_fail_fast_with_one_line() {
     assert!(stderr.trim_end().ends_with(needle), "{stderr}");
 }
 
+/// A password given in the URL's query (`?password=…`, which the driver
+/// reads as libpq does, its name percent-decoded) is hidden in an error as
+/// one in the user part is: the URL was quoted whole.
+#[test]
+fn a_password_in_the_query_of_a_url_is_hidden_in_errors() {
+    for url in [
+        "postgres://u@127.0.0.1:1/x?password=hunter2",
+        "postgres://u@127.0.0.1:1/x?sslmode=disable&password=hunter2&application_name=a",
+        "postgres://u@127.0.0.1:1/x?pass%77ord=hunter2",
+    ] {
+        let out = drover(None, None, &["status", "--db", url], "");
+        fails_with(&out, "cannot connect to postgres://u@127.0.0.1:1/x?");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("hunter2"), "password leaked: {stderr}");
+        assert!(stderr.contains("=***"), "{stderr}");
+    }
+}
+
 /// `--help` shows no database URL taken from the environment: clap prints an
 /// option's `env` value beside it, and `DROVER_DATABASE_URL` or
 /// `DROVER_LISTEN_DATABASE_URL` may hold a password.

@@ -71,19 +71,66 @@ pub(crate) fn take_param<'a>(url: &'a str, name: &str) -> (String, Vec<&'a str>)
 }
 
 /// The URL with any password replaced by `***`, so errors, logs and startup
-/// banners never leak it.
+/// banners never leak it: the one in the user part (`USER:PASSWORD@`) and a
+/// `password=` parameter of the query, which the PostgreSQL driver reads as
+/// libpq does (its name percent-decoded, so `pass%77ord=` too).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
+    let (user, tail) = match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => (format!("{user}:***"), &rest[at..]),
+            None => (rest[..at].to_owned(), &rest[at..]),
+        },
+        None => (String::new(), rest),
     };
-    match rest[..at].split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        None => url.to_owned(),
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if percent_decoded(name) == b"password" => {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{user}{tail}")
+}
+
+/// A query parameter's name as a URL parser reads it: `%XX` decoded and `+`
+/// a space.
+fn percent_decoded(name: &str) -> Vec<u8> {
+    let bytes = name.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                decoded.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
     }
+    decoded
 }
 
 #[cfg(test)]
@@ -120,5 +167,30 @@ mod tests {
         );
         assert_eq!(redact("postgres://u@db/x"), "postgres://u@db/x");
         assert_eq!(redact("sqlite://drover.db"), "sqlite://drover.db");
+        assert_eq!(
+            redact("sqlite:///var/lib/d.db?mode=rwc"),
+            "sqlite:///var/lib/d.db?mode=rwc"
+        );
+        assert_eq!(redact("postgres://u:p?w@db/x"), "postgres://u:***@db/x");
+    }
+
+    #[test]
+    fn a_password_in_the_query_is_hidden() {
+        assert_eq!(
+            redact("postgres://u@db/x?password=secret"),
+            "postgres://u@db/x?password=***"
+        );
+        assert_eq!(
+            redact("postgres://u:a@db/x?sslmode=disable&pass%77ord=b&application_name=c"),
+            "postgres://u:***@db/x?sslmode=disable&pass%77ord=***&application_name=c"
+        );
+        assert_eq!(
+            redact("postgres://db?password=secret"),
+            "postgres://db?password=***"
+        );
+        assert_eq!(
+            redact("postgres://u@db/x?passwords=1&password"),
+            "postgres://u@db/x?passwords=1&password"
+        );
     }
 }
