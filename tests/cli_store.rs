@@ -856,6 +856,24 @@ async fn listings_escape_what_workers_wrote() {
     assert!(history.contains(r"error: boom\n999"), "{history}");
 }
 
+/// `enqueue` names the process in its summary, escaped as every listing
+/// does: a newline in the name forged a line, an escape reached the terminal.
+#[tokio::test]
+async fn enqueue_shows_the_process_it_enqueued_for_escaped() {
+    let (db, _dir) = support::sqlite().await;
+    let process = "p\u{1b}[31m\nenqueued 0 key(s) for p";
+    let out = ok(&drover(
+        Some(db.url.as_str()),
+        None,
+        &["enqueue", process, "k"],
+        "",
+    ));
+    assert_eq!(
+        out.trim_end(),
+        r"enqueued 1 key(s) for p\u{1b}[31m\nenqueued 0 key(s) for p: 1 pending"
+    );
+}
+
 /// Processes on one SQLite file take turns on one lock file beside it,
 /// however the URL names the file: `sqlite:file:…` (a URI, whose path only
 /// SQLite reads) and `sqlite://…` alike. Before, the URI form locked a file

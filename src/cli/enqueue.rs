@@ -12,6 +12,7 @@ use drover::store::{
 
 use super::db::{DbArgs, parse_duration};
 use super::say::{errln, outln};
+use super::shown::shown;
 
 /// Keys per database round trip when many keys arrive on stdin.
 const BATCH: usize = 5_000;
@@ -115,7 +116,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let mut summary = format!(
         "enqueued {} key(s) for {}: {} pending",
         total.pending + total.dirty,
-        args.process,
+        shown(&args.process),
         total.pending
     );
     if total.dirty > 0 {

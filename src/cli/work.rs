@@ -16,6 +16,7 @@ use super::metrics_listen;
 use super::open_files;
 use super::say::errln;
 use super::server_args::ServerArgs;
+use super::shown::shown;
 use super::signal::shutdown_on_signals;
 
 /// Arguments of `drover work`.
@@ -131,7 +132,7 @@ pub(crate) async fn run(mut args: Args) -> anyhow::Result<()> {
         let controller = controller(&args, client, exec, None)?;
         errln!(
             "drover work: process {} via {server}, parallelism {}, exec {:?}",
-            args.process,
+            shown(&args.process),
             args.parallelism,
             args.exec
         );
@@ -141,7 +142,7 @@ pub(crate) async fn run(mut args: Args) -> anyhow::Result<()> {
     let controller = controller(&args, store, exec, backoff)?;
     errln!(
         "drover work: process {} on {}, parallelism {}, exec {:?}",
-        args.process,
+        shown(&args.process),
         args.db.redacted(),
         args.parallelism,
         args.exec
