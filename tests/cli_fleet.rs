@@ -190,6 +190,38 @@ async fn pause_through_a_server_needs_an_admins_token() {
     assert!(!paused(&db.store, "provision").await);
 }
 
+/// `--server` acts instead of the database, so a `--db` given beside it is
+/// refused; but `DROVER_DATABASE_URL` in the environment (where the other
+/// commands go) is not a `--db` given: it was refused as one, "the argument
+/// '--server <URL>' cannot be used with '--db <URL>'", and no `pause`,
+/// `resume` or `work --server` ran in a shell that had it set.
+#[tokio::test]
+async fn pause_through_a_server_goes_there_whatever_database_the_environment_names() {
+    let (db, dir) = support::sqlite().await;
+    let serve = Serve::start(&db.url).await;
+    let server = serve.url.as_str();
+    let elsewhere = dir.path().join("elsewhere.db");
+    let elsewhere_url = format!("sqlite://{}", elsewhere.display());
+    let out = drover(
+        Some(&elsewhere_url),
+        &["pause", "provision", "--server", server],
+    );
+    assert_eq!(ok(&out), "paused provision\n");
+    assert!(paused(&db.store, "provision").await);
+    assert!(!elsewhere.exists(), "the environment's database was opened");
+    let both = [
+        "resume",
+        "provision",
+        "--server",
+        server,
+        "--db",
+        &elsewhere_url,
+    ];
+    fails_with(&drover(None, &both), "--server");
+    assert!(paused(&db.store, "provision").await);
+    assert!(!elsewhere.exists(), "the database given was opened");
+}
+
 /// `drover pause|resume --server` builds the API's path from the process
 /// name: a process named `.` or `..` must reach that process, not a path an
 /// HTTP client shortened (it removes such a segment before sending).

@@ -2,7 +2,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use say::errln;
 
 mod admin;
@@ -102,10 +104,35 @@ impl std::fmt::Display for Reported {
 
 impl std::error::Error for Reported {}
 
+/// The command line, parsed. `--server` (`pause`, `resume`, `work`) acts
+/// instead of the database, so a `--db` given beside it is refused; but not
+/// `DROVER_DATABASE_URL`, which names the database of every other command
+/// run in the same shell. clap counts a value from the environment as given,
+/// so a conflict declared to it refused `--server` wherever the variable was
+/// set, naming a `--db` nobody gave.
+fn parse() -> Cli {
+    let mut command = Cli::command();
+    let matches = command.get_matches_mut();
+    if let Some((_, sub)) = matches.subcommand()
+        && sub.try_contains_id("server").unwrap_or(false)
+        && sub.try_contains_id("url").unwrap_or(false)
+        && sub.value_source("url") == Some(ValueSource::CommandLine)
+    {
+        command
+            .error(
+                ErrorKind::ArgumentConflict,
+                "the argument '--server <URL>' cannot be used with '--db <URL>': --server acts \
+                 instead of the database, give one of them",
+            )
+            .exit();
+    }
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 /// Parses the command line, runs the subcommand and turns any error into one
 /// line on stderr and a non-zero exit code.
 pub(crate) fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     if matches!(cli.command, Command::Keeper) {
         return keeper::run();
     }

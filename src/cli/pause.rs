@@ -12,8 +12,8 @@ use super::shown::shown;
 
 /// Arguments of `drover pause` and `drover resume`.
 #[derive(Debug, ClapArgs)]
-// --server acts instead of the database: not both.
-#[command(mut_arg("server", |a| a.conflicts_with("url")))]
+// --server acts instead of the database: a --db given beside it is refused
+// by `cli::parse`.
 pub(crate) struct Args {
     /// The process.
     process: String,

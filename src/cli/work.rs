@@ -21,8 +21,8 @@ use super::signal::shutdown_on_signals;
 
 /// Arguments of `drover work`.
 #[derive(Debug, ClapArgs)]
-// --server works instead of the database: not both.
-#[command(mut_arg("server", |a| a.conflicts_with("url")))]
+// --server acts instead of the database: a --db given beside it is refused
+// by `cli::parse`.
 pub(crate) struct Args {
     /// The process (control loop) whose keys to work on.
     process: String,
