@@ -108,6 +108,32 @@ async fn serve_whose_stderr_reader_has_gone_stops_on_sigterm() {
     stop(child, lines).await;
 }
 
+/// `--tokens FILE` asks for a server that checks tokens: a file that holds
+/// none (empty, or comments only: a secret not written yet) is refused with
+/// one line. It started an open server, every caller an admin.
+#[tokio::test]
+async fn serve_refuses_a_tokens_file_that_holds_no_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "# one ROLE:TOKEN per line\n\n").expect("tokens file");
+    let db = format!("sqlite://{}", dir.path().join("d.db").display());
+    let child = Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db", &db, "--tokens"])
+        .arg(&tokens)
+        .env_remove("DROVER_TOKENS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start drover serve");
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("refused at once, not served open")
+        .expect("wait");
+    support::cli::fails_with(&out, "holds no token");
+    assert!(out.stdout.is_empty(), "{out:?}");
+}
+
 /// The binary turns transparent huge pages off for itself (`src/main.rs`:
 /// mimalloc asked for them and the kernel zeroed two megabytes per first
 /// touch); the kernel reports the process's setting in `/proc/PID/status`.

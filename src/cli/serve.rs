@@ -120,12 +120,21 @@ fn host_name(value: &str) -> Result<String, String> {
     }
 }
 
-/// The tokens from `--tokens` and `DROVER_TOKENS`, merged.
+/// The tokens from `--tokens` and `DROVER_TOKENS`, merged. A `--tokens`
+/// file that holds no token (empty, or comments only) is refused: without
+/// tokens the server is open, every caller an admin, and whoever gave the
+/// file asked for the opposite.
 fn load_tokens(file: Option<&PathBuf>) -> anyhow::Result<Tokens> {
     let mut text = String::new();
     if let Some(path) = file {
         text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the tokens file {}", path.display()))?;
+        anyhow::ensure!(
+            !Tokens::parse(&text).context("invalid tokens")?.is_empty(),
+            "the tokens file {} holds no token: write one ROLE:TOKEN per line (ROLE is \
+             viewer, worker or admin), or leave out --tokens to serve without tokens",
+            path.display()
+        );
         text.push('\n');
     }
     if let Ok(env) = std::env::var(TOKENS_ENV) {
