@@ -134,6 +134,48 @@ async fn serve_refuses_a_tokens_file_that_holds_no_token() {
     assert!(out.stdout.is_empty(), "{out:?}");
 }
 
+/// One token given two roles (an entry copied and not edited, or
+/// `DROVER_TOKENS` beside the file) is refused, naming both entries: the
+/// later entry silently won, so a viewer's line after an admin's took the
+/// admin's rights away, and an admin's after a viewer's gave them.
+#[tokio::test]
+async fn serve_refuses_a_token_given_two_roles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "viewer:shared\nworker:w1\n").expect("tokens file");
+    let db = format!("sqlite://{}", dir.path().join("d.db").display());
+    for (env, needle) in [
+        ("admin:shared", "gives the token of entry 1 another role"),
+        ("viewer:shared,worker:w1", ""),
+    ] {
+        let child = Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--db", &db, "--tokens"])
+            .arg(&tokens)
+            .env("DROVER_TOKENS", env)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start drover serve");
+        if needle.is_empty() {
+            // The same role again is only a repeat: served.
+            let mut child = child;
+            let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+            let text = banner(&mut lines).await;
+            assert!(text.contains("2 bearer token(s)"), "{text}");
+            stop(child, lines).await;
+            continue;
+        }
+        let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+            .await
+            .expect("refused at once, not served")
+            .expect("wait");
+        support::cli::fails_with(&out, needle);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("shared"), "a token printed: {stderr}");
+    }
+}
+
 /// The binary turns transparent huge pages off for itself (`src/main.rs`:
 /// mimalloc asked for them and the kernel zeroed two megabytes per first
 /// touch); the kernel reports the process's setting in `/proc/PID/status`.

@@ -30,6 +30,19 @@ pub enum TokensError {
         /// The 1-based entry number (line or comma-separated item).
         entry: usize,
     },
+    /// Two entries give one token different roles. Which was meant cannot be
+    /// told, and the later one would win unseen: a viewer's entry copied
+    /// after an admin's took the admin's rights away, an admin's after a
+    /// viewer's gave them. (The same role twice is only a repeat.)
+    #[error(
+        "token entry {entry} gives the token of entry {first} another role: give each token one role"
+    )]
+    Conflicting {
+        /// The 1-based number of the later entry.
+        entry: usize,
+        /// The 1-based number of the entry that first gave the token.
+        first: usize,
+    },
 }
 
 /// The known tokens and their roles. The tokens themselves are never printed
@@ -47,10 +60,12 @@ impl fmt::Debug for Tokens {
 
 impl Tokens {
     /// Parses `ROLE:TOKEN` entries separated by newlines or commas; blank entries
-    /// and lines starting with `#` are skipped. Any malformed entry fails the
-    /// whole list, so a typo never silently locks a client out (or lets one in).
+    /// and lines starting with `#` are skipped. Any malformed entry, or a token
+    /// given two roles, fails the whole list, so a typo never silently locks a
+    /// client out (or lets one in).
     pub fn parse(text: &str) -> Result<Self, TokensError> {
         let mut tokens = Self::default();
+        let mut first: HashMap<&str, (Role, usize)> = HashMap::new();
         let entries = text.lines().flat_map(|line| line.split(','));
         for (index, entry) in entries.enumerate() {
             let entry = entry.trim();
@@ -64,6 +79,13 @@ impl Tokens {
             let Some((role, token)) = parsed else {
                 return Err(TokensError::Malformed { entry: index + 1 });
             };
+            let (was, at) = *first.entry(token).or_insert((role, index + 1));
+            if was != role {
+                return Err(TokensError::Conflicting {
+                    entry: index + 1,
+                    first: at,
+                });
+            }
             tokens.insert(token, role);
         }
         Ok(tokens)
@@ -208,6 +230,11 @@ mod tests {
             Err(TokensError::Malformed { entry: 2 })
         ));
         assert!(Tokens::parse("admin:").is_err());
+        assert!(matches!(
+            Tokens::parse("viewer:t\nworker:w\nadmin:t"),
+            Err(TokensError::Conflicting { entry: 3, first: 1 })
+        ));
+        assert_eq!(Tokens::parse("admin:t,admin:t").expect("a repeat").len(), 1);
     }
 
     #[test]
