@@ -222,6 +222,31 @@ async fn pause_through_a_server_goes_there_whatever_database_the_environment_nam
     assert!(!elsewhere.exists(), "the database given was opened");
 }
 
+/// A `--server` URL may carry credentials (the client sends them as Basic
+/// auth, and a server takes a token as the Basic password): they are hidden
+/// wherever the URL is printed. `work`'s banner and the refusal of a
+/// malformed URL printed it whole.
+#[test]
+fn a_password_in_the_server_url_is_never_printed() {
+    for args in [
+        &[
+            "work",
+            "p",
+            "--exec",
+            "true",
+            "--server",
+            "http://u:hunter2@127.0.0.1:1",
+        ][..],
+        &["pause", "p", "--server", "ftp://u:hunter2@127.0.0.1:1"],
+    ] {
+        let out = drover(None, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "password printed: {stderr}");
+        assert!(stderr.contains("u:***@127.0.0.1:1"), "{stderr}");
+    }
+}
+
 /// `drover pause|resume --server` builds the API's path from the process
 /// name: a process named `.` or `..` must reach that process, not a path an
 /// HTTP client shortened (it removes such a segment before sending).

@@ -130,9 +130,12 @@ pub(crate) async fn run(mut args: Args) -> anyhow::Result<()> {
         );
         let client = args.remote.client(server)?;
         let controller = controller(&args, client, exec, None)?;
+        // The URL without its password: it may carry credentials (sent as
+        // Basic auth, which a server reads as a token).
         errln!(
-            "drover work: process {} via {server}, parallelism {}, exec {:?}",
+            "drover work: process {} via {}, parallelism {}, exec {:?}",
             shown(&args.process),
+            drover::store::redact_url(server),
             args.parallelism,
             args.exec
         );

@@ -56,8 +56,9 @@ impl Client {
     pub fn new(base: &str) -> Result<Self, StoreError> {
         let trimmed = base.trim_end_matches('/');
         if !(trimmed.starts_with("http://") || trimmed.starts_with("https://")) {
+            // Redacted: the URL may carry credentials, sent as Basic auth.
             return Err(StoreError::InvalidUrl {
-                url: base.to_owned(),
+                url: crate::store::redact_url(base),
                 reason: "expected http://HOST:PORT or https://…".into(),
             });
         }
