@@ -75,6 +75,36 @@ fn read_log(path: &Path) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// A program `--exec` cannot run (missing from `PATH`, a path to nothing, a
+/// file without its executable bit) fails `drover work` at once with one
+/// line, before the database is opened: every run of every key failed to
+/// start instead, retried with backoff for good, the reason only in the runs'
+/// history.
+#[tokio::test]
+async fn a_program_that_cannot_run_is_refused_as_the_worker_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("drover.db");
+    let url = format!("sqlite://{}", db.display());
+    let plain = dir.path().join("plain.sh");
+    std::fs::write(&plain, "exit 0\n").expect("a script without its x bit");
+    let plain = plain.display().to_string();
+    for (exec, needle) in [
+        ("drover-no-such-program --flag", "no such program on PATH"),
+        ("/nonexistent/drover-no-such-program", "no such file"),
+        (plain.as_str(), "not executable"),
+    ] {
+        let run = support::cli::work_command(["jobs", "--exec", exec, "--db", &url])
+            .stderr(std::process::Stdio::piped())
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .unwrap_or_else(|_| panic!("{exec}: the worker started instead of refusing"))
+            .expect("drover work");
+        support::cli::fails_with(&out, needle);
+        assert!(!db.exists(), "{exec}: the database was opened");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_codes_decide_done_retry_and_park() {
     each_engine(|db| async move {

@@ -103,6 +103,11 @@ impl Exec {
         })
     }
 
+    /// The program the command runs (its first word).
+    pub(crate) fn program(&self) -> &str {
+        &self.program
+    }
+
     /// This command with the key only in `DROVER_KEY`, not as its last
     /// argument: for a program whose own option parser would take a key that
     /// starts with `-` for an option (a key `--checkpoint-action=exec=sh`

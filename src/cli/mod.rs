@@ -25,6 +25,7 @@ mod otlp_grpc;
 mod otlp_protocol;
 mod pause;
 mod process;
+mod program;
 mod say;
 mod serve;
 mod server_args;

@@ -117,6 +117,7 @@ fn fit_runs(wanted: u16) -> u16 {
 pub(crate) async fn run(mut args: Args) -> anyhow::Result<()> {
     args.parallelism = fit_runs(args.parallelism);
     let mut exec = Exec::parse(&args.exec)?;
+    super::program::find(exec.program())?;
     if args.key_in_env_only {
         exec = exec.key_in_env_only();
     }
