@@ -952,8 +952,8 @@ async fn two_nodes_watching_one_table_at_once_install_one_watch_and_refuse_the_o
             tokio::time::timeout(std::time::Duration::from_secs(10), async {
                 loop {
                     let waiting: i64 = sqlx::query_scalar(
-                        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-                         WHERE c.relname = 'machines' AND NOT l.granted",
+                        "SELECT count(*) FROM pg_locks l
+                         WHERE l.relation = 'machines'::regclass AND NOT l.granted",
                     )
                     .fetch_one(&pool)
                     .await
@@ -1023,8 +1023,8 @@ async fn a_refused_key_written_while_the_table_is_being_watched_is_seen_by_the_c
         tokio::time::timeout(std::time::Duration::from_secs(10), async {
             loop {
                 let waiting: bool = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-                                    WHERE c.relname = 'machines' AND NOT l.granted)",
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks l
+                                    WHERE l.relation = 'machines'::regclass AND NOT l.granted)",
                 )
                 .fetch_one(&pool)
                 .await
