@@ -108,6 +108,25 @@ async fn serve_whose_stderr_reader_has_gone_stops_on_sigterm() {
     stop(child, lines).await;
 }
 
+/// `drover serve --tokens FILE` on `db`, `DROVER_TOKENS` set to `env` (or
+/// unset), its output piped.
+fn serve_with_tokens(db: &str, tokens: &std::path::Path, env: Option<&str>) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_drover"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--db", db, "--tokens"])
+        .arg(tokens);
+    match env {
+        Some(env) => command.env("DROVER_TOKENS", env),
+        None => command.env_remove("DROVER_TOKENS"),
+    };
+    command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start drover serve")
+}
+
 /// `--tokens FILE` asks for a server that checks tokens: a file that holds
 /// none (empty, or comments only: a secret not written yet) is refused with
 /// one line. It started an open server, every caller an admin.
@@ -117,15 +136,7 @@ async fn serve_refuses_a_tokens_file_that_holds_no_token() {
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "# one ROLE:TOKEN per line\n\n").expect("tokens file");
     let db = format!("sqlite://{}", dir.path().join("d.db").display());
-    let child = Command::new(env!("CARGO_BIN_EXE_drover"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--db", &db, "--tokens"])
-        .arg(&tokens)
-        .env_remove("DROVER_TOKENS")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start drover serve");
+    let child = serve_with_tokens(&db, &tokens, None);
     let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
         .await
         .expect("refused at once, not served open")
@@ -148,15 +159,7 @@ async fn serve_refuses_a_token_given_two_roles() {
         ("admin:shared", "gives the token of entry 1 another role"),
         ("viewer:shared,worker:w1", ""),
     ] {
-        let child = Command::new(env!("CARGO_BIN_EXE_drover"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--db", &db, "--tokens"])
-            .arg(&tokens)
-            .env("DROVER_TOKENS", env)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start drover serve");
+        let child = serve_with_tokens(&db, &tokens, Some(env));
         if needle.is_empty() {
             // The same role again is only a repeat: served.
             let mut child = child;
