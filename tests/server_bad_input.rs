@@ -221,6 +221,56 @@ async fn triage_refuses_a_nul_in_its_prefix_or_cursor_with_400() {
     .await;
 }
 
+/// A query parameter whose percent-encoding is not UTF-8 is refused (400
+/// naming it), as such a path segment is, never read as another name: decoded
+/// lossily, `%FF` became U+FFFD, so a pause by query paused (and created) a
+/// process `\u{FFFD}`, and a listing answered for a key nobody asked about.
+#[tokio::test]
+async fn a_query_parameter_not_valid_utf8_is_400_naming_it_and_changes_nothing() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let before = snapshot(&api).await;
+        let cases = [
+            (
+                GET,
+                format!("/v1/processes/{P}/items?after_key=%FF"),
+                "after_key",
+            ),
+            (GET, format!("/v1/processes/{P}/runs?key=a%C3"), "key"),
+            (
+                GET,
+                format!("/v1/processes/{P}/triage?prefix=%E2%82"),
+                "prefix",
+            ),
+            (GET, "/v1/processes?after=%FF".to_owned(), "after"),
+            (POST, "/v1/process/pause?process=%FF".to_owned(), "process"),
+            (
+                POST,
+                "/v1/process/pause?process=ok&%FF=1".to_owned(),
+                "query",
+            ),
+        ];
+        for (method, uri, field) in cases {
+            let reply = api.call(method, &uri, None).await;
+            let body = rejected(&reply, StatusCode::BAD_REQUEST, Some(field));
+            assert!(
+                body["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("UTF-8")),
+                "{uri}: {body}"
+            );
+        }
+        assert_eq!(snapshot(&api).await, before);
+        // A U+FFFD sent as UTF-8 is a name like any other.
+        let runs = api
+            .call(GET, &format!("/v1/processes/{P}/runs?key=%EF%BF%BD"), None)
+            .await;
+        assert_eq!(runs.status, StatusCode::OK, "{}", runs.text);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_session_label_over_1024_bytes_is_400_naming_it_and_starts_no_session() {
     each_engine(|db| async move {

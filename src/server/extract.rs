@@ -162,6 +162,10 @@ fn make_integral(value: &mut serde_json::Value) -> bool {
 }
 
 /// Query parameters, with a bad one named in the 400.
+///
+/// A name or value whose percent-encoding is not UTF-8 (`%FF`) is refused,
+/// as such a path segment is: decoded lossily it would be U+FFFD, another
+/// name than the caller's, and a pause by query paused (and created) that.
 #[derive(Debug)]
 pub(crate) struct QueryParams<T>(pub(crate) T);
 
@@ -170,11 +174,62 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or("");
+        not_utf8_parameter(query).map_or(Ok(()), |field| {
+            Err(ApiError::field(
+                field.clone(),
+                format!("{field}: the query parameter is not percent-encoded UTF-8"),
+            ))
+        })?;
         let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
         serde_path_to_error::deserialize(de)
             .map(Self)
             .map_err(|e| bad(&e.path().to_string(), &e.into_inner().to_string()))
     }
+}
+
+/// The first query parameter (its name, or `query` when the name itself is
+/// at fault) whose name or value does not percent-decode to UTF-8, as
+/// `application/x-www-form-urlencoded` reads it (`+` a space, a `%` without
+/// two hex digits kept as it is).
+fn not_utf8_parameter(query: &str) -> Option<String> {
+    let utf8 = |text: &str| String::from_utf8(form_decoded(text)).ok();
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .find_map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match utf8(name) {
+                None => Some("query".to_owned()),
+                Some(name) => utf8(value).is_none().then_some(name),
+            }
+        })
+}
+
+/// The bytes `text` stands for in a form-encoded query: `%XX` the byte XX,
+/// `+` a space, anything else (a `%` without two hex digits too) itself.
+fn form_decoded(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match (b, hex(i + 1), hex(i + 2)) {
+            (b'%', Some(high), Some(low)) => {
+                // Two hex digits: at most 0xFF.
+                out.push(u8::try_from(high * 16 + low).unwrap_or(u8::MAX));
+                i += 3;
+            }
+            (b'+', ..) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Path parameters; a segment that is not valid percent-encoded UTF-8 is a 400.
