@@ -271,6 +271,37 @@ async fn a_query_parameter_not_valid_utf8_is_400_naming_it_and_changes_nothing()
     .await;
 }
 
+/// A parameter or body field given twice is a 400 naming it, as a missing
+/// one is (`field` was null: only the message named it).
+#[tokio::test]
+async fn a_parameter_given_twice_is_400_naming_it_and_changes_nothing() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        api.enqueue(P, &["a"]).await;
+        let before = snapshot(&api).await;
+        for (uri, field) in [
+            (format!("/v1/processes/{P}/items?limit=5&limit=6"), "limit"),
+            (format!("/v1/processes/{P}/runs?key=a&key=b"), "key"),
+        ] {
+            rejected(
+                &api.call(GET, &uri, None).await,
+                StatusCode::BAD_REQUEST,
+                Some(field),
+            );
+        }
+        let pause = api
+            .call(POST, "/v1/process/pause?process=a&process=b", None)
+            .await;
+        rejected(&pause, StatusCode::BAD_REQUEST, Some("process"));
+        let twice = r#"{"keys": ["b"], "keys": ["c"]}"#;
+        let uri = format!("/v1/processes/{P}/items");
+        let reply = api.send(POST, &uri, Some(twice.into()), None).await;
+        rejected(&reply, StatusCode::BAD_REQUEST, Some("keys"));
+        assert_eq!(snapshot(&api).await, before);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_session_label_over_1024_bytes_is_400_naming_it_and_starts_no_session() {
     each_engine(|db| async move {

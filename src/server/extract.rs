@@ -258,13 +258,15 @@ pub(crate) fn session_id(segment: &str) -> Result<SessionId, ApiError> {
 /// A 400 for a deserialisation error at `path` (`.` = the whole value).
 fn bad(path: &str, message: &str) -> ApiError {
     if path == "." || path.is_empty() {
-        // serde names a missing field only in its message: "missing field `keys`".
-        let missing = message
+        // serde names a missing field, or one given twice (`?limit=5&limit=6`),
+        // only in its message: "missing field `keys`", "duplicate field `limit`".
+        let named = message
             .strip_prefix("missing field `")
+            .or_else(|| message.strip_prefix("duplicate field `"))
             .and_then(|rest| rest.split_once('`'))
             .map(|(name, _)| name.to_owned());
         ApiError::BadRequest {
-            field: missing,
+            field: named,
             message: message.to_owned(),
         }
     } else {
