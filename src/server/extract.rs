@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 use super::state::AppState;
 use crate::store::SessionId;
+use crate::store::form_decoded;
 
 /// A JSON body, parsed whatever its content type (so `curl -d` works), within the
 /// server's body limit (413 beyond it).
@@ -203,33 +204,6 @@ fn not_utf8_parameter(query: &str) -> Option<String> {
                 Some(name) => utf8(value).is_none().then_some(name),
             }
         })
-}
-
-/// The bytes `text` stands for in a form-encoded query: `%XX` the byte XX,
-/// `+` a space, anything else (a `%` without two hex digits too) itself.
-fn form_decoded(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        match (b, hex(i + 1), hex(i + 2)) {
-            (b'%', Some(high), Some(low)) => {
-                // Two hex digits: at most 0xFF.
-                out.push(u8::try_from(high * 16 + low).unwrap_or(u8::MAX));
-                i += 3;
-            }
-            (b'+', ..) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, ..) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// Path parameters; a segment that is not valid percent-encoded UTF-8 is a 400.

@@ -147,5 +147,7 @@ pub use types::{
     ReclaimReport, ResyncReport, Run, RunBucket, RunOutcome, Series, Session, SessionId,
     SessionInfo, TriagePage,
 };
+#[cfg(feature = "server")]
+pub(crate) use url::form_decoded;
 pub use url::redact_url;
 pub use watch::TableWatch;

@@ -91,7 +91,7 @@ pub fn redact_url(url: &str) -> String {
             let pairs: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if percent_decoded(name) == b"password" => {
+                    Some((name, _)) if form_decoded(name) == b"password" => {
                         format!("{name}=***")
                     }
                     _ => pair.to_owned(),
@@ -104,33 +104,33 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}://{user}{tail}")
 }
 
-/// A query parameter's name as a URL parser reads it: `%XX` decoded and `+`
-/// a space.
-fn percent_decoded(name: &str) -> Vec<u8> {
-    let bytes = name.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
+/// The bytes `text` stands for in a form-encoded query
+/// (`application/x-www-form-urlencoded`, as URL parsers and the server read
+/// a query): `%XX` the byte XX, `+` a space, anything else (a `%` without two
+/// hex digits too) itself.
+pub(crate) fn form_decoded(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
+    let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                decoded.push(byte);
+    while let Some(&b) = bytes.get(i) {
+        match (b, hex(i + 1), hex(i + 2)) {
+            (b'%', Some(high), Some(low)) => {
+                // Two hex digits: at most 0xFF.
+                out.push(u8::try_from(high * 16 + low).unwrap_or(u8::MAX));
                 i += 3;
             }
-            (b'+', _) => {
-                decoded.push(b' ');
+            (b'+', ..) => {
+                out.push(b' ');
                 i += 1;
             }
-            (byte, _) => {
-                decoded.push(byte);
+            (b, ..) => {
+                out.push(b);
                 i += 1;
             }
         }
     }
-    decoded
+    out
 }
 
 #[cfg(test)]
