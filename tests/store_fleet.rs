@@ -412,6 +412,48 @@ async fn many_claimers_on_many_connections_never_exceed_the_concurrency_limit() 
     .await;
 }
 
+/// A rate so small that a claim's refill (the time since the bucket's last
+/// write times the rate) underflows a float: PostgreSQL's gated claim failed
+/// with "value out of range: underflow" on every claim after the first, so
+/// the process never ran again. Such rates are refused; the smallest accepted
+/// one is claimed through and hints at its next token.
+#[tokio::test]
+async fn a_rate_too_small_to_refill_is_refused_and_the_smallest_accepted_one_claims() {
+    each_engine_and_pooler(|db| async move {
+        enqueue(&db.store, 5).await;
+        for tiny in [5e-324, 1e-300, drover::store::MIN_RATE_PER_S / 2.0] {
+            let err = db
+                .store
+                .process_configure(ProcessConfigure::new(P).rate(Some(tiny)))
+                .await;
+            assert!(
+                matches!(err, Err(StoreError::InvalidArgument(_))),
+                "{tiny:e}: {err:?}"
+            );
+        }
+        configure(
+            &db.store,
+            ProcessConfigure::new(P).rate(Some(drover::store::MIN_RATE_PER_S)),
+        )
+        .await;
+        let session = db.session().await;
+        assert_eq!(
+            claim_leases(&db.store, session.id, 5).await.len(),
+            1,
+            "the burst"
+        );
+        db.store.clock().advance(Duration::from_secs(1));
+        let dry = db
+            .store
+            .lease_claim(claim(session.id, 5))
+            .await
+            .expect("a claim after the bucket's refill");
+        assert!(dry.leases.is_empty(), "a second's refill is no token");
+        assert!(dry.gate.next_token_in.is_some(), "{dry:?}");
+    })
+    .await;
+}
+
 /// The interleaving that over-admits when the count is read by the statement
 /// that waits for the process row's lock: a claim holds the lock and starts
 /// the last free run, two more claims queue behind it; when it commits, both

@@ -110,14 +110,14 @@ pub struct ProcessConfigureRequest {
     )]
     #[schema(minimum = 1, maximum = 2147483647)]
     pub concurrency: Option<Option<u32>>,
-    /// At most this many runs started per second (above 0, at most
+    /// At most this many runs started per second (at least 0.000000001, at most
     /// 1,000,000); null: no limit.
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(exclusive_minimum = 0.0, maximum = 1000000.0)]
+    #[schema(minimum = 0.000000001, maximum = 1000000.0)]
     pub rate_per_s: Option<Option<f64>>,
     /// The rate limit's burst (at least 1).
     #[serde(default)]

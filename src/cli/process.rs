@@ -258,9 +258,9 @@ fn rate_limit(s: &str) -> Result<Limit<f64>, String> {
         .parse()
         .map_err(|_| format!("{s:?} is not a rate; give e.g. 20/s, 600/m, 2/h or none"))?;
     let rate = count / seconds;
-    if !(rate > 0.0 && rate <= drover::store::MAX_RATE_PER_S) {
+    if !(drover::store::MIN_RATE_PER_S..=drover::store::MAX_RATE_PER_S).contains(&rate) {
         return Err(format!(
-            "{s:?} is out of range; give a rate above 0 and at most 1000000/s"
+            "{s:?} is out of range; give a rate of at least 0.000000001/s and at most 1000000/s"
         ));
     }
     Ok(Limit(Some(rate)))

@@ -12,6 +12,12 @@ use super::types::{Lease, RunOutcome};
 /// never bind anyway, and the bucket's arithmetic stays exact.
 pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
 
+/// The fewest runs per second a rate limit may allow (one in about 32
+/// years): below it a claim's refill, the time since the bucket's last write
+/// times the rate, could underflow a float, which PostgreSQL's gated claim
+/// raises as an error on every claim, so the process would never run again.
+pub const MIN_RATE_PER_S: f64 = 1e-9;
+
 /// A process's fleet controls as stored (see
 /// [`ProcessSettings::limits`](super::ProcessSettings::limits)).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -53,8 +59,9 @@ pub struct LimitChanges {
     /// The concurrency limit; `Some(None)` removes it. At least 1 (pause the
     /// process to run none).
     pub concurrency: Option<Option<u32>>,
-    /// The rate limit in runs per second; `Some(None)` removes it. Above 0 and
-    /// at most [`MAX_RATE_PER_S`]. Changing it refills the bucket.
+    /// The rate limit in runs per second; `Some(None)` removes it. At least
+    /// [`MIN_RATE_PER_S`] and at most [`MAX_RATE_PER_S`]. Changing it refills
+    /// the bucket.
     pub rate: Option<Option<f64>>,
     /// The rate limit's burst (default 1; at least 1). Changing it refills the
     /// bucket.
@@ -76,9 +83,11 @@ impl LimitChanges {
             return Some("a concurrency limit must be at least 1 (pause the process to run none)");
         }
         if let Some(Some(rate)) = self.rate
-            && !(rate > 0.0 && rate <= MAX_RATE_PER_S)
+            && !(MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate)
         {
-            return Some("a rate limit must be above 0 and at most 1000000 runs per second");
+            return Some(
+                "a rate limit must be at least 0.000000001 and at most 1000000 runs per second",
+            );
         }
         if self.burst == Some(0) {
             return Some("a rate limit's burst must be at least 1");

@@ -120,7 +120,8 @@ pub use error::DriverError;
 pub(crate) use error::error_chain;
 pub use error::{RemoteError, StoreError};
 pub use fleet::{
-    ClaimGate, Claimed, FleetLimits, LimitChanges, MAX_RATE_PER_S, ProcessPause, RateLimit,
+    ClaimGate, Claimed, FleetLimits, LimitChanges, MAX_RATE_PER_S, MIN_RATE_PER_S, ProcessPause,
+    RateLimit,
 };
 pub use key::{MAX_NAME_BYTES, validate_key, validate_process};
 pub use options::StoreOptions;
