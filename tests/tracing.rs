@@ -133,6 +133,60 @@ async fn a_run_keeps_the_first_and_last_enqueues_contexts_and_counts_the_rest() 
     .await;
 }
 
+/// A lease given back without a run (a paused process's claim handed back,
+/// a shutdown) did none of the work its enqueues asked for: the run after it
+/// does, and links to them, with those that came meanwhile after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_leaves_its_links_to_the_run_after_it() {
+    each_engine(|db| async move {
+        let enqueue = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(context('a', 'b')));
+        db.store.item_enqueue(enqueue).await.expect("enqueue");
+        let session = db.session().await.id;
+        let leases = claim_traced(&db, session, 1).await;
+        assert_eq!(brought(&leases[0]).links, [context('a', 'b')]);
+        let during = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(context('c', 'd')));
+        db.store.item_enqueue(during).await.expect("enqueue");
+        db.store
+            .lease_release(drover::store::LeaseRelease { lease: &leases[0] })
+            .await
+            .expect("release");
+        let next = claim_traced(&db, session, 1).await;
+        assert_eq!(next.len(), 1, "the released key runs");
+        assert_eq!(
+            brought(&next[0]).links,
+            [context('a', 'b'), context('c', 'd')],
+            "{}: the run after a release links to the enqueues the release gave back",
+            db.engine
+        );
+        // Given back with many that came meanwhile, they are kept as an
+        // enqueue keeps them: the first and the last, the rest counted.
+        for n in 0..20 {
+            let during = ItemEnqueue::new(PROCESS, ["k"]).trace(Some(nth(n)));
+            db.store.item_enqueue(during).await.expect("enqueue");
+        }
+        db.store
+            .lease_release(drover::store::LeaseRelease { lease: &next[0] })
+            .await
+            .expect("release");
+        let last = claim_traced(&db, session, 1).await;
+        let all: Vec<TraceContext> = [context('a', 'b'), context('c', 'd')]
+            .into_iter()
+            .chain((0..20).map(nth))
+            .collect();
+        let kept: Vec<TraceContext> = all[..TRACE_LINKS_KEPT]
+            .iter()
+            .chain(&all[all.len() - TRACE_LINKS_KEPT..])
+            .cloned()
+            .collect();
+        assert_eq!(brought(&last[0]).links, kept);
+        assert_eq!(
+            brought(&last[0]).dropped,
+            (all.len() - 2 * TRACE_LINKS_KEPT) as u64
+        );
+    })
+    .await;
+}
+
 /// Each way a claim goes brings the links when it asks, and only then: a
 /// claim that does not ask (tracing off) brings none; the general claim (a
 /// limited process) brings them as the common one does; so does a claim of

@@ -2,7 +2,9 @@
 //! rule 14): W3C `traceparent`/`tracestate` as text, so the store needs no
 //! tracing crate. An item keeps the contexts of the enqueues coalesced into its
 //! next run, at most the first and the last [`TRACE_LINKS_KEPT`], and counts
-//! the rest; a claim moves them to the run, whose span links to each. A run
+//! the rest; a claim moves them to the run, whose span links to each (a run
+//! that ends without an outcome, released or expired, gives them back to the
+//! key's next run, which does the work they asked for). A run
 //! that ends keeps its own span's [`TraceId`] in its history row, so the
 //! dashboard and the API can point at it in a tracing UI.
 

@@ -180,6 +180,37 @@ async fn orphans(tx: &mut Tx, taken: &[Tid]) -> Result<Vec<Tid>, StoreError> {
     .db()
 }
 
+/// The trace links a requeued run gives back to its key's next run
+/// (DESIGN.md rule 14): a run canceled or expired did none of the work its
+/// enqueues asked for, so the run after it links to them, then to those that
+/// came meanwhile, kept as an enqueue keeps them (the first and the last
+/// [`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT), the rest counted).
+/// Without it the claim had moved them to `trace_run`, and the next claim
+/// overwrote them: the run that did the work linked to nothing.
+macro_rules! returned_links {
+    () => {
+        "CASE WHEN trace_run IS NULL THEN trace_links
+             WHEN trace_links IS NULL THEN trace_run
+             ELSE (SELECT jsonb_build_object('links', jsonb_agg(c.v ORDER BY c.pos), 'dropped',
+                       COALESCE((drover_items.trace_run ->> 'dropped')::bigint, 0)
+                       + COALESCE((drover_items.trace_links ->> 'dropped')::bigint, 0)
+                       + GREATEST(jsonb_array_length(drover_items.trace_run -> 'links')
+                                  + jsonb_array_length(drover_items.trace_links -> 'links') - 16,
+                                  0))
+                   FROM (SELECT r.pos, r.v
+                         FROM jsonb_array_elements(drover_items.trace_run -> 'links')
+                             WITH ORDINALITY AS r(v, pos)
+                         UNION ALL
+                         SELECT jsonb_array_length(drover_items.trace_run -> 'links') + l.pos, l.v
+                         FROM jsonb_array_elements(drover_items.trace_links -> 'links')
+                             WITH ORDINALITY AS l(v, pos)) AS c
+                   WHERE c.pos <= 8
+                       OR c.pos > jsonb_array_length(drover_items.trace_run -> 'links')
+                                  + jsonb_array_length(drover_items.trace_links -> 'links') - 8)
+        END"
+    };
+}
+
 /// Turns locked running items back into pending ones without counting a failure:
 /// ready at once, keeping the higher of their own and a dirty enqueue's priority,
 /// each run ending with `outcome` (`canceled` or `expired`) in the history.
@@ -198,15 +229,18 @@ pub(super) async fn requeue(
         return Ok(Requeued::default());
     }
     log_runs(tx, now, &Ending::all(ctids, outcome)).await?;
-    let processes: Vec<String> = sqlx::query_scalar(
+    let processes: Vec<String> = sqlx::query_scalar(concat!(
         "UPDATE drover_items SET state = 'pending', ready_at = $1,
              priority = GREATEST(priority, dirty_priority),
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = $3, last_ended_at = $1
+             last_outcome = $3, last_ended_at = $1,
+             trace_links = ",
+        returned_links!(),
+        ", trace_run = NULL
          WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))
-         RETURNING process",
-    )
+         RETURNING process"
+    ))
     .bind(now)
     .bind(ctids)
     .bind(outcome.as_str())

@@ -129,6 +129,35 @@ pub(super) async fn reclaim(store: &SqliteStore) -> Result<ReclaimReport, StoreE
     })
 }
 
+/// The trace links a requeued run gives back to its key's next run
+/// (DESIGN.md rule 14): a run canceled or expired did none of the work its
+/// enqueues asked for, so the run after it links to them, then to those that
+/// came meanwhile, kept as an enqueue keeps them (the first and the last
+/// [`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT), the rest counted).
+/// Without it the claim had moved them to `trace_run`, and the next claim
+/// overwrote them: the run that did the work linked to nothing.
+macro_rules! returned_links {
+    () => {
+        "CASE WHEN trace_run IS NULL THEN trace_links
+             WHEN trace_links IS NULL THEN trace_run
+             ELSE (SELECT json_object('links', json_group_array(c.v), 'dropped',
+                       COALESCE(json_extract(drover_items.trace_run, '$.dropped'), 0)
+                       + COALESCE(json_extract(drover_items.trace_links, '$.dropped'), 0)
+                       + MAX(json_array_length(drover_items.trace_run, '$.links')
+                             + json_array_length(drover_items.trace_links, '$.links') - 16, 0))
+                   FROM (SELECT r.key AS pos, r.value AS v
+                         FROM json_each(drover_items.trace_run, '$.links') AS r
+                         UNION ALL
+                         SELECT json_array_length(drover_items.trace_run, '$.links') + l.key, l.value
+                         FROM json_each(drover_items.trace_links, '$.links') AS l
+                         ORDER BY pos) AS c
+                   WHERE c.pos < 8
+                       OR c.pos >= json_array_length(drover_items.trace_run, '$.links')
+                                   + json_array_length(drover_items.trace_links, '$.links') - 8)
+        END"
+    };
+}
+
 /// Turns running items back into pending ones without counting a failure: ready
 /// at once, keeping the higher of their own and a dirty enqueue's priority, each
 /// run ending with `outcome` (`canceled` or `expired`) in the history.
@@ -143,15 +172,18 @@ pub(super) async fn requeue(
     }
     let ids = serde_json::Value::from(ids).to_string();
     log_from_rows(tx, now, outcome, &ids).await?;
-    let processes: Vec<String> = sqlx::query_scalar(
+    let processes: Vec<String> = sqlx::query_scalar(concat!(
         "UPDATE drover_items SET state = 'pending', ready_at = ?1,
              priority = MAX(priority, COALESCE(dirty_priority, priority)),
              dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
              lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = ?3, last_ended_at = ?1
+             last_outcome = ?3, last_ended_at = ?1,
+             trace_links = ",
+        returned_links!(),
+        ", trace_run = NULL
          WHERE id IN (SELECT value FROM json_each(?2))
-         RETURNING process",
-    )
+         RETURNING process"
+    ))
     .bind(now)
     .bind(&ids)
     .bind(outcome.as_str())
