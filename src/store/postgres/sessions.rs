@@ -1,6 +1,7 @@
 //! Sessions on PostgreSQL: start, heartbeat, close, and reclaiming expired ones.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
@@ -10,13 +11,13 @@ use super::error::{Db as _, commit};
 use super::lineage;
 use super::runs::{Ending, log_runs};
 use super::tid::Tid;
-use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldLeases, HeldRow, SESSION_COLUMNS, SessionRow, session_page};
 use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 use crate::store::wakeup::Requeued;
+use crate::store::{StoreError, TRACE_LINKS_KEPT};
 
 pub(super) async fn start(
     store: &PostgresStore,
@@ -184,19 +185,19 @@ async fn orphans(tx: &mut Tx, taken: &[Tid]) -> Result<Vec<Tid>, StoreError> {
 /// (DESIGN.md rule 14): a run canceled or expired did none of the work its
 /// enqueues asked for, so the run after it links to them, then to those that
 /// came meanwhile, kept as an enqueue keeps them (the first and the last
-/// [`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT), the rest counted).
-/// Without it the claim had moved them to `trace_run`, and the next claim
-/// overwrote them: the run that did the work linked to nothing.
-macro_rules! returned_links {
-    () => {
+/// [`TRACE_LINKS_KEPT`], the rest counted). Without it the claim had moved
+/// them to `trace_run`, and the next claim overwrote them: the run that did
+/// the work linked to nothing.
+fn returned_links() -> String {
+    format!(
         "CASE WHEN trace_run IS NULL THEN trace_links
              WHEN trace_links IS NULL THEN trace_run
              ELSE (SELECT jsonb_build_object('links', jsonb_agg(c.v ORDER BY c.pos), 'dropped',
                        COALESCE((drover_items.trace_run ->> 'dropped')::bigint, 0)
                        + COALESCE((drover_items.trace_links ->> 'dropped')::bigint, 0)
                        + GREATEST(jsonb_array_length(drover_items.trace_run -> 'links')
-                                  + jsonb_array_length(drover_items.trace_links -> 'links') - 16,
-                                  0))
+                                  + jsonb_array_length(drover_items.trace_links -> 'links')
+                                  - 2 * {kept}, 0))
                    FROM (SELECT r.pos, r.v
                          FROM jsonb_array_elements(drover_items.trace_run -> 'links')
                              WITH ORDINALITY AS r(v, pos)
@@ -204,12 +205,30 @@ macro_rules! returned_links {
                          SELECT jsonb_array_length(drover_items.trace_run -> 'links') + l.pos, l.v
                          FROM jsonb_array_elements(drover_items.trace_links -> 'links')
                              WITH ORDINALITY AS l(v, pos)) AS c
-                   WHERE c.pos <= 8
+                   WHERE c.pos <= {kept}
                        OR c.pos > jsonb_array_length(drover_items.trace_run -> 'links')
-                                  + jsonb_array_length(drover_items.trace_links -> 'links') - 8)
-        END"
-    };
+                                  + jsonb_array_length(drover_items.trace_links -> 'links')
+                                  - {kept})
+        END",
+        kept = TRACE_LINKS_KEPT
+    )
 }
+
+/// [`requeue`]'s statement: `$1` the time, `$2` the rows' `ctid`s, `$3` the
+/// outcome.
+static REQUEUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE drover_items SET state = 'pending', ready_at = $1,
+             priority = GREATEST(priority, dirty_priority),
+             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = $3, last_ended_at = $1,
+             trace_links = {}, trace_run = NULL
+         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))
+         RETURNING process",
+        returned_links()
+    )
+});
 
 /// Turns locked running items back into pending ones without counting a failure:
 /// ready at once, keeping the higher of their own and a dirty enqueue's priority,
@@ -229,24 +248,13 @@ pub(super) async fn requeue(
         return Ok(Requeued::default());
     }
     log_runs(tx, now, &Ending::all(ctids, outcome)).await?;
-    let processes: Vec<String> = sqlx::query_scalar(concat!(
-        "UPDATE drover_items SET state = 'pending', ready_at = $1,
-             priority = GREATEST(priority, dirty_priority),
-             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = $3, last_ended_at = $1,
-             trace_links = ",
-        returned_links!(),
-        ", trace_run = NULL
-         WHERE ctid = ANY(ARRAY(SELECT unnest($2::text[]::tid[])))
-         RETURNING process"
-    ))
-    .bind(now)
-    .bind(ctids)
-    .bind(outcome.as_str())
-    .fetch_all(&mut *tx)
-    .await
-    .db()?;
+    let processes: Vec<String> = sqlx::query_scalar(REQUEUE.as_str())
+        .bind(now)
+        .bind(ctids)
+        .bind(outcome.as_str())
+        .fetch_all(&mut *tx)
+        .await
+        .db()?;
     let requeued = Requeued::of(processes);
     PostgresStore::notify_ready_all(tx, requeued.processes()).await?;
     Ok(requeued)

@@ -1,6 +1,7 @@
 //! Sessions on SQLite: start, heartbeat, close, and reclaiming expired ones.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use crate::store::exec::Exec as _;
 use chrono::{DateTime, Utc};
@@ -10,13 +11,13 @@ use super::engine::{SqliteStore, Tx};
 use super::error::Db as _;
 use super::rows::to_time;
 use super::runs::log_from_rows;
-use crate::store::StoreError;
 use crate::store::params::{SessionList, SessionStart};
 use crate::store::rules::pages;
 use crate::store::rules::rows::{HeldLeases, HeldRow, SESSION_COLUMNS, SessionRow, session_page};
 use crate::store::rules::sessions::NewSession;
 use crate::store::types::{Page, ReclaimReport, RunOutcome, Session, SessionId, SessionInfo};
 use crate::store::wakeup::Requeued;
+use crate::store::{StoreError, TRACE_LINKS_KEPT};
 
 pub(super) async fn start(
     store: &SqliteStore,
@@ -133,30 +134,47 @@ pub(super) async fn reclaim(store: &SqliteStore) -> Result<ReclaimReport, StoreE
 /// (DESIGN.md rule 14): a run canceled or expired did none of the work its
 /// enqueues asked for, so the run after it links to them, then to those that
 /// came meanwhile, kept as an enqueue keeps them (the first and the last
-/// [`TRACE_LINKS_KEPT`](crate::store::TRACE_LINKS_KEPT), the rest counted).
-/// Without it the claim had moved them to `trace_run`, and the next claim
-/// overwrote them: the run that did the work linked to nothing.
-macro_rules! returned_links {
-    () => {
+/// [`TRACE_LINKS_KEPT`], the rest counted). Without it the claim had moved
+/// them to `trace_run`, and the next claim overwrote them: the run that did
+/// the work linked to nothing.
+fn returned_links() -> String {
+    format!(
         "CASE WHEN trace_run IS NULL THEN trace_links
              WHEN trace_links IS NULL THEN trace_run
-             ELSE (SELECT json_object('links', json_group_array(c.v), 'dropped',
+             ELSE (SELECT json_object('links', json_group_array(c.v ORDER BY c.pos), 'dropped',
                        COALESCE(json_extract(drover_items.trace_run, '$.dropped'), 0)
                        + COALESCE(json_extract(drover_items.trace_links, '$.dropped'), 0)
                        + MAX(json_array_length(drover_items.trace_run, '$.links')
-                             + json_array_length(drover_items.trace_links, '$.links') - 16, 0))
+                             + json_array_length(drover_items.trace_links, '$.links')
+                             - 2 * {kept}, 0))
                    FROM (SELECT r.key AS pos, r.value AS v
                          FROM json_each(drover_items.trace_run, '$.links') AS r
                          UNION ALL
                          SELECT json_array_length(drover_items.trace_run, '$.links') + l.key, l.value
-                         FROM json_each(drover_items.trace_links, '$.links') AS l
-                         ORDER BY pos) AS c
-                   WHERE c.pos < 8
+                         FROM json_each(drover_items.trace_links, '$.links') AS l) AS c
+                   WHERE c.pos < {kept}
                        OR c.pos >= json_array_length(drover_items.trace_run, '$.links')
-                                   + json_array_length(drover_items.trace_links, '$.links') - 8)
-        END"
-    };
+                                   + json_array_length(drover_items.trace_links, '$.links') - {kept})
+        END",
+        kept = TRACE_LINKS_KEPT
+    )
 }
+
+/// [`requeue`]'s statement: `?1` the time, `?2` the items' ids (a JSON
+/// array), `?3` the outcome.
+static REQUEUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE drover_items SET state = 'pending', ready_at = ?1,
+             priority = MAX(priority, COALESCE(dirty_priority, priority)),
+             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
+             lease_session = NULL, lease_token = NULL, started_at = NULL,
+             last_outcome = ?3, last_ended_at = ?1,
+             trace_links = {}, trace_run = NULL
+         WHERE id IN (SELECT value FROM json_each(?2))
+         RETURNING process",
+        returned_links()
+    )
+});
 
 /// Turns running items back into pending ones without counting a failure: ready
 /// at once, keeping the higher of their own and a dirty enqueue's priority, each
@@ -172,24 +190,13 @@ pub(super) async fn requeue(
     }
     let ids = serde_json::Value::from(ids).to_string();
     log_from_rows(tx, now, outcome, &ids).await?;
-    let processes: Vec<String> = sqlx::query_scalar(concat!(
-        "UPDATE drover_items SET state = 'pending', ready_at = ?1,
-             priority = MAX(priority, COALESCE(dirty_priority, priority)),
-             dirty_since = NULL, dirty_ready_at = NULL, dirty_priority = NULL,
-             lease_session = NULL, lease_token = NULL, started_at = NULL,
-             last_outcome = ?3, last_ended_at = ?1,
-             trace_links = ",
-        returned_links!(),
-        ", trace_run = NULL
-         WHERE id IN (SELECT value FROM json_each(?2))
-         RETURNING process"
-    ))
-    .bind(now)
-    .bind(&ids)
-    .bind(outcome.as_str())
-    .fetch_all(&mut **tx)
-    .await
-    .db()?;
+    let processes: Vec<String> = sqlx::query_scalar(REQUEUE.as_str())
+        .bind(now)
+        .bind(&ids)
+        .bind(outcome.as_str())
+        .fetch_all(&mut **tx)
+        .await
+        .db()?;
     Ok(Requeued::of(processes))
 }
 
