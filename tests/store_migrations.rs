@@ -766,6 +766,71 @@ async fn postgres_watches_made_before_32_compare_as_written_and_follow_partition
     support::drop_schema(&base, &schema).await;
 }
 
+/// PostgreSQL migration 0033 brings a rate limit stored before the store
+/// refused ones below [`MIN_RATE_PER_S`](drover::store::MIN_RATE_PER_S) up
+/// to it: with such a rate every claim of its process failed in the gated
+/// claim's refill ("value out of range: underflow"), so the process never ran
+/// again. Hand-written SQL cannot store one again.
+#[tokio::test]
+async fn postgres_rates_stored_too_small_before_33_are_raised_to_the_least() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (url, schema) = support::postgres_schema(&base).await;
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+    let (old, _dir) = support::migrations_before("postgres", "0033").await;
+    old.run(&pool).await.expect("migrate to 32");
+    for sql in [
+        format!("SELECT drover_enqueue('{P}', ARRAY['a', 'b'])"),
+        // Half a token left a moment ago: the next claim must refill.
+        format!(
+            "UPDATE drover_processes SET rate_per_s = 5e-324, rate_burst = 1, \
+             rate_tokens = 0.5, rate_tokens_at = now() WHERE process = '{P}'"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let store = Store::connect(&url).await.expect("migrates to 33");
+    let session = store
+        .session_start(SessionStart::new(
+            "test",
+            std::time::Duration::from_secs(30),
+        ))
+        .await
+        .expect("session");
+    let claimed = store
+        .lease_claim(drover::store::LeaseClaim {
+            session: session.id,
+            process: P.into(),
+            max: 2,
+            trace_links: false,
+        })
+        .await
+        .expect("a claim of the process with the old rate");
+    assert!(claimed.leases.is_empty(), "half a token is no run");
+    let settings = store
+        .process_get(P)
+        .await
+        .expect("settings")
+        .expect("known");
+    let rate = settings.limits.rate.expect("still limited");
+    assert_eq!(rate.per_second, drover::store::MIN_RATE_PER_S);
+    let err = sqlx::query("UPDATE drover_processes SET rate_per_s = 1e-300")
+        .execute(&pool)
+        .await
+        .expect_err("a rate below the least, by hand");
+    assert!(
+        err.to_string().contains("drover_processes_rate_bounds"),
+        "{err}"
+    );
+    store.close().await;
+    pool.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 /// PostgreSQL migration 0022 makes `drover_enqueue` again with a `context`
 /// parameter: the grants an operator gave on the old function (EXECUTE
 /// revoked from PUBLIC, granted to the writers' role) hold on the new one.
