@@ -145,6 +145,33 @@ async fn serve_refuses_a_tokens_file_that_holds_no_token() {
     assert!(out.stdout.is_empty(), "{out:?}");
 }
 
+/// A `drover serve` started on a port already taken stops before it opens
+/// the database: it ran the store's migrations first (creating a SQLite
+/// file, or upgrading a shared schema under nodes still on the older
+/// version) and only then found the port taken.
+#[tokio::test]
+async fn serve_on_a_taken_port_stops_before_opening_the_database() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = taken.local_addr().expect("address").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("d.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+        .arg(format!("sqlite://{}", file.display()))
+        .env_remove("DROVER_TOKENS")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .expect("refused, not served")
+        .expect("run drover serve");
+    support::cli::fails_with(&out, "another server is there");
+    assert!(
+        !file.exists(),
+        "the database was opened (and migrated) first"
+    );
+}
+
 /// One token given two roles (an entry copied and not edited, or
 /// `DROVER_TOKENS` beside the file) is refused, naming both entries: the
 /// later entry silently won, so a viewer's line after an admin's took the

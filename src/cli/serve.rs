@@ -180,10 +180,21 @@ fn fit_connections(wanted: usize) -> usize {
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let tokens = load_tokens(args.tokens.as_ref())?;
     let addrs = resolve(&args.listen, tokens.is_empty(), args.insecure).await?;
-    let store = args.db.open_lasting().await?;
+    // The port first: a serve started on a port already taken (a second one
+    // by mistake, a newer version beside the running one) must stop before
+    // it opens the database, whose migrations it would otherwise have run
+    // (and a newer schema is refused by the nodes still on the older one).
     let listener = tokio::net::TcpListener::bind(addrs.as_slice())
         .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                " (another server is there: stop it or choose another --listen)"
+            } else {
+                ""
+            };
+            anyhow::Error::new(e).context(format!("cannot listen on {}{hint}", args.listen))
+        })?;
+    let store = args.db.open_lasting().await?;
     let local = listener.local_addr()?;
     let auth = if tokens.is_empty() {
         "open: no tokens, every caller is an admin (answers IP addresses and localhost names only)"
