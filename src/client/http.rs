@@ -51,16 +51,26 @@ impl Failure {
 }
 
 impl Client {
-    /// A client for the server at `base` (`http://host:port`, or `https://…`).
-    /// A URL of another scheme is refused at once.
+    /// A client for the server at `base` (`http://host:port`, or `https://…`,
+    /// perhaps with a path prefix). Anything else (another scheme, no host,
+    /// a URL that does not parse, a query) is refused at once, not at the
+    /// first request.
     pub fn new(base: &str) -> Result<Self, StoreError> {
         let trimmed = base.trim_end_matches('/');
-        if !(trimmed.starts_with("http://") || trimmed.starts_with("https://")) {
-            // Redacted: the URL may carry credentials, sent as Basic auth.
-            return Err(StoreError::InvalidUrl {
-                url: crate::store::redact_url(base),
-                reason: "expected http://HOST:PORT or https://…".into(),
-            });
+        // Redacted: the URL may carry credentials, sent as Basic auth.
+        let invalid = |reason: String| StoreError::InvalidServerUrl {
+            url: crate::store::redact_url(base),
+            reason,
+        };
+        let expected = "expected http://HOST:PORT or https://…";
+        let url = reqwest::Url::parse(trimmed).map_err(|e| invalid(format!("{e}; {expected}")))?;
+        if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+            return Err(invalid(expected.into()));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(invalid(
+                "a query or fragment cannot be part of a server's base URL".into(),
+            ));
         }
         // A drover server closes a connection idle for its client timeout
         // (30 s by default): dropping ours well before means a request is
@@ -219,5 +229,39 @@ mod tests {
         // A proxy's 4xx page: the request went no further.
         let page = refusal("POST /x", StatusCode::FORBIDDEN, b"<html>no").into_store();
         assert!(!page.is_commit_unknown(), "{page}");
+    }
+
+    /// A URL no request could be sent to is refused when the client is made
+    /// (a worker then stops at once with one line), not at its first request
+    /// (`http://[::1` started `drover work` and failed its session with
+    /// reqwest's "builder error"); the error names the server's URL, not a
+    /// database's, with its password hidden.
+    #[test]
+    fn a_server_url_no_request_could_go_to_is_refused_at_once() {
+        for bad in [
+            "htp://x",
+            "http://",
+            "localhost:7420",
+            "http://[::1",
+            "http://h:1/?token=t",
+            "http://u:secret@h:1/#x",
+        ] {
+            let err = Client::new(bad).map(|_| ()).expect_err(bad);
+            let text = err.to_string();
+            assert!(
+                matches!(err, StoreError::InvalidServerUrl { .. })
+                    && text.starts_with("invalid server URL")
+                    && !text.contains("secret"),
+                "{bad}: {text}"
+            );
+        }
+        for good in [
+            "http://127.0.0.1:7420",
+            "https://drover.example/base/",
+            "http://[::1]:1",
+        ] {
+            let client = Client::new(good).expect(good);
+            assert_eq!(client.base_url(), good.trim_end_matches('/'));
+        }
     }
 }

@@ -23,6 +23,15 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A drover server's URL (`--server`, the `client` module's
+    /// `Client::new`) is not one to send requests to.
+    #[error("invalid server URL {url:?}: {reason}")]
+    InvalidServerUrl {
+        /// The URL, with any password removed.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The URL names an engine drover does not have, or one this build left
     /// out (the `sqlite` and `postgres` features).
     #[error("unsupported database scheme {scheme:?}: use {ENGINE_URLS}")]
