@@ -9,7 +9,7 @@ mod support;
 
 use drover::store::{
     ErrorGroup, ErrorGroups, ItemFilter, ItemList, ItemPark, ItemState, ItemsDelete, ItemsPark,
-    ItemsRetry, Outcome, RunList, RunOutcome, Store, StoreEngine as _, StoreError,
+    ItemsRetry, MAX_NAME_BYTES, Outcome, RunList, RunOutcome, Store, StoreEngine as _, StoreError,
 };
 use support::store::{
     P, claim, complete, configure, enqueue, events, first_page, history, item, p_counts, secs,
@@ -312,6 +312,9 @@ async fn a_filter_matching_nothing_changes_nothing_and_an_empty_one_is_refused()
             ItemFilter::new(P),
             ItemFilter::new(P).key_prefix("").error_signature(""),
             ItemFilter::new(P).state(ItemState::Running),
+            // Longer than any key, or with a NUL: no key could match.
+            ItemFilter::new(P).key_prefix("a".repeat(MAX_NAME_BYTES + 1)),
+            ItemFilter::new(P).key_prefix("a\0"),
         ] {
             let delete = ItemsDelete::new(filter.clone(), "admin");
             let refused = db.store.items_delete_where(delete).await;

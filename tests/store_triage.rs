@@ -8,7 +8,8 @@ mod support;
 use std::time::Duration;
 
 use drover::store::{
-    ItemEnqueue, ItemState, ItemTriage, Outcome, Store, StoreEngine as _, StoreError, TriageCursor,
+    ItemEnqueue, ItemState, ItemTriage, MAX_NAME_BYTES, Outcome, Store, StoreEngine as _,
+    StoreError, TriageCursor,
 };
 use support::each_engine_and_pooler;
 use support::store::{P, claim, complete, configure, secs};
@@ -136,6 +137,25 @@ async fn a_key_prefix_narrows_every_section_to_its_keys_in_key_order() {
         assert!(none.is_empty(), "{none:?}");
         let exact = walk(&db.store, None, Some("p2"), 5).await;
         assert_eq!(names(&exact), ["parked:p2"]);
+        // A prefix no key could start with is refused, not searched for.
+        for prefix in ["w".repeat(MAX_NAME_BYTES + 1), "w\0".to_owned()] {
+            let refused = db
+                .store
+                .item_triage(ItemTriage {
+                    process: P.into(),
+                    state: None,
+                    key_prefix: Some(prefix),
+                    after: None,
+                    limit: 5,
+                })
+                .await;
+            assert!(
+                matches!(refused, Err(StoreError::InvalidArgument(_))),
+                "{refused:?}"
+            );
+        }
+        let longest = walk(&db.store, None, Some(&"w".repeat(MAX_NAME_BYTES)), 5).await;
+        assert!(longest.is_empty(), "{longest:?}");
     })
     .await;
 }

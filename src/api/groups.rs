@@ -91,9 +91,14 @@ pub struct BulkRequest {
     #[serde(default)]
     #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
     pub error: Option<String>,
-    /// Only keys starting with this.
+    /// Only keys starting with this (at most 1024 bytes, as a key).
     #[serde(default)]
-    #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
+    #[schema(
+        nullable = false,
+        min_length = 1,
+        max_length = 1024,
+        pattern = "^[^\\u0000]*$"
+    )]
     pub key_prefix: Option<String>,
 }
 
@@ -110,9 +115,14 @@ pub struct BulkParkRequest {
     #[serde(default)]
     #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
     pub error: Option<String>,
-    /// Only keys starting with this.
+    /// Only keys starting with this (at most 1024 bytes, as a key).
     #[serde(default)]
-    #[schema(nullable = false, min_length = 1, pattern = "^[^\\u0000]*$")]
+    #[schema(
+        nullable = false,
+        min_length = 1,
+        max_length = 1024,
+        pattern = "^[^\\u0000]*$"
+    )]
     pub key_prefix: Option<String>,
     /// The keys' new last error (default "parked by an operator").
     #[serde(default)]

@@ -48,6 +48,24 @@ pub fn validate_process(process: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Accepts a key prefix of a listing or a bulk action that some key could
+/// start with: at most [`MAX_NAME_BYTES`] (no key is longer, so a longer one
+/// could only match nothing, after reading for it) and free of NUL (no key
+/// holds one); anything else is [`StoreError::InvalidArgument`].
+pub(crate) fn validate_key_prefix(prefix: &str) -> Result<(), StoreError> {
+    if prefix.len() > MAX_NAME_BYTES {
+        return Err(StoreError::InvalidArgument(format!(
+            "a key prefix must be at most {MAX_NAME_BYTES} bytes, as a key is"
+        )));
+    }
+    if prefix.contains('\0') {
+        return Err(StoreError::InvalidArgument(
+            "a key prefix cannot hold a NUL, as no key does".into(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

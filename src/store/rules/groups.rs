@@ -146,7 +146,7 @@ mod engine {
 
     use crate::store::StoreError;
     use crate::store::error_signature;
-    use crate::store::key::validate_process;
+    use crate::store::key::{validate_key_prefix, validate_process};
     use crate::store::params::{ItemFilter, ItemsDelete, ItemsPark, ItemsRetry};
     use crate::store::rules::decode::item_state;
     use crate::store::rules::rows::{Lossy, Stamp};
@@ -266,10 +266,16 @@ mod engine {
     /// stored key or error does).
     fn checked(mut filter: ItemFilter) -> Result<ItemFilter, StoreError> {
         validate_process(&filter.process)?;
-        let texts = [&filter.error_signature, &filter.key_prefix];
-        if texts.into_iter().flatten().any(|t| t.contains('\0')) {
+        if let Some(prefix) = &filter.key_prefix {
+            validate_key_prefix(prefix)?;
+        }
+        if filter
+            .error_signature
+            .as_ref()
+            .is_some_and(|t| t.contains('\0'))
+        {
             return Err(StoreError::InvalidArgument(
-                "an error signature or key prefix cannot hold a NUL".into(),
+                "an error signature cannot hold a NUL".into(),
             ));
         }
         filter.error_signature = filter.error_signature.filter(|s| !s.is_empty());

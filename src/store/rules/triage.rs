@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 
 use crate::store::StoreError;
 use crate::store::cursor::{Position, TriageCursor};
-use crate::store::key::validate_process;
+use crate::store::key::{validate_key_prefix, validate_process};
 use crate::store::params::ItemTriage;
 use crate::store::types::{Item, ItemState, TriagePage};
 
@@ -274,6 +274,9 @@ pub(crate) async fn page<S: PageSteps>(
     validate_process(&params.process)?;
     store.known(&params.process).await?;
     let prefix = params.key_prefix.as_deref().filter(|p| !p.is_empty());
+    if let Some(prefix) = prefix {
+        validate_key_prefix(prefix)?;
+    }
     let limit = params.limit.max(1);
     let sections: Vec<ItemState> = match params.state {
         Some(state) => vec![state],
