@@ -1206,6 +1206,50 @@ async fn a_worker_over_http_links_its_runs_to_their_enqueues() {
     .await;
 }
 
+/// A change whose `traceparent` is good and whose `tracestate` is not (over
+/// 512 bytes) still links its key's run to its trace, over HTTP headers and
+/// through `drover enqueue`'s environment: W3C asks a receiver to drop a
+/// malformed `tracestate` and keep the `traceparent`. Both refused the
+/// whole context, so the run linked to neither change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_tracestate_is_dropped_and_its_traceparent_kept() {
+    each_engine(|db| async move {
+        let too_long = format!("vendor={}", "x".repeat(600));
+        let serve = Serve::start_with(&db.url, &["--listen", "127.0.0.1:0"]).await;
+        let over_http = context('1', '2');
+        let sent = reqwest::Client::new()
+            .post(format!("{}/v1/processes/{PROCESS}/items", serve.url))
+            .header("traceparent", over_http.traceparent())
+            .header("tracestate", &too_long)
+            .json(&serde_json::json!({ "keys": ["k"] }))
+            .send()
+            .await
+            .expect("enqueue over HTTP");
+        assert!(sent.status().is_success(), "{}", sent.status());
+        drop(serve);
+        let from_env = context('3', '4');
+        let out = Command::new(drover_bin())
+            .args(["enqueue", PROCESS, "k", "--db", &db.url])
+            .env("TRACEPARENT", from_env.traceparent())
+            .env("TRACESTATE", &too_long)
+            .output()
+            .await
+            .expect("drover enqueue");
+        assert!(out.status.success(), "{out:?}");
+        let warned = String::from_utf8_lossy(&out.stderr);
+        assert!(warned.contains("TRACESTATE ignored"), "{warned}");
+        let session = db.session().await.id;
+        let leases = claim_traced(&db, session, 1).await;
+        assert_eq!(
+            brought(&leases[0]).links,
+            [over_http, from_env],
+            "{}: the run links to both changes, without their state",
+            db.engine
+        );
+    })
+    .await;
+}
+
 /// A collector that takes connections and never answers: every run still
 /// ends done, and the worker still stops gracefully within its bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,15 +128,21 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
 
 /// The trace context of the change behind this enqueue, from `TRACEPARENT`
 /// and `TRACESTATE` (the environment carrier OpenTelemetry specifies for
-/// processes): each key's next run links to it. A malformed one is ignored
-/// with a warning, as W3C asks of a malformed header.
+/// processes): each key's next run links to it. Taken as W3C asks of
+/// headers: a malformed `TRACEPARENT` is ignored, a malformed `TRACESTATE`
+/// alone is dropped (the run still links to the trace), each with a warning.
 fn trace_from_env() -> Option<TraceContext> {
     let parent = std::env::var("TRACEPARENT")
         .ok()
         .filter(|p| !p.trim().is_empty())?;
-    let state = std::env::var("TRACESTATE").ok();
-    match TraceContext::new(&parent, state.as_deref()) {
-        Ok(trace) => Some(trace),
+    let state = std::env::var("TRACESTATE").ok(); // not UTF-8: no tracestate
+    match TraceContext::received(&parent, state.as_deref()) {
+        Ok((trace, dropped)) => {
+            if let Some(e) = dropped {
+                errln!("warning: TRACESTATE ignored: {e}");
+            }
+            Some(trace)
+        }
         Err(e) => {
             errln!("warning: TRACEPARENT ignored: {e}");
             None

@@ -94,13 +94,21 @@ pub(super) fn record_response<B>(response: &Response<B>, latency: Duration, span
     DefaultOnResponse::default().on_response(response, latency, span);
 }
 
-/// The W3C trace context a request carries (`traceparent`, `tracestate`).
-/// A malformed one is ignored, as W3C asks: the request goes on without it.
+/// The W3C trace context a request carries (`traceparent`, `tracestate`),
+/// taken as W3C asks: a malformed `traceparent` is ignored (the request goes
+/// on without a context), a malformed `tracestate` alone is dropped (the
+/// request stays in its caller's trace).
 pub(super) fn incoming(headers: &HeaderMap) -> Option<TraceContext> {
     let parent = headers.get("traceparent")?.to_str().ok()?;
+    // A value that is not visible ASCII is no tracestate: dropped.
     let state = headers.get("tracestate").and_then(|s| s.to_str().ok());
-    match TraceContext::new(parent, state) {
-        Ok(trace) => Some(trace),
+    match TraceContext::received(parent, state) {
+        Ok((trace, dropped)) => {
+            if let Some(e) = dropped {
+                tracing::debug!(error = %e, "tracestate ignored");
+            }
+            Some(trace)
+        }
         Err(e) => {
             tracing::debug!(error = %e, "traceparent ignored");
             None

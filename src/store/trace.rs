@@ -69,6 +69,21 @@ impl TraceContext {
         })
     }
 
+    /// A context received from a carrier (HTTP headers, the environment),
+    /// as W3C asks a receiver to take it: a malformed `traceparent` is
+    /// refused, a malformed `tracestate` is dropped and the `traceparent`
+    /// kept (the trace goes on without the vendors' state). The second value
+    /// says why the `tracestate` was dropped, for the caller to log.
+    pub fn received(
+        traceparent: &str,
+        tracestate: Option<&str>,
+    ) -> Result<(Self, Option<InvalidTraceContext>), InvalidTraceContext> {
+        match Self::new(traceparent, tracestate) {
+            Ok(context) => Ok((context, None)),
+            Err(e) => Self::new(traceparent, None).map(|context| (context, Some(e))),
+        }
+    }
+
     /// The `traceparent` value.
     #[must_use]
     pub fn traceparent(&self) -> &str {
@@ -270,6 +285,23 @@ mod tests {
         let bare = TraceContext::new(PARENT, Some("")).unwrap();
         assert_eq!(bare.tracestate(), None);
         assert_eq!(bare.stored(), PARENT);
+    }
+
+    #[test]
+    fn a_received_context_drops_a_malformed_tracestate_and_keeps_its_traceparent() {
+        let long = "k=".to_owned() + &"v".repeat(600);
+        for bad in [long.as_str(), "k=caf\u{e9}", "k=\tv"] {
+            let (ctx, dropped) = TraceContext::received(PARENT, Some(bad)).expect(bad);
+            assert_eq!(
+                (ctx.traceparent(), ctx.tracestate()),
+                (PARENT, None),
+                "{bad:?}"
+            );
+            assert!(dropped.is_some(), "{bad:?}");
+        }
+        let (ctx, dropped) = TraceContext::received(PARENT, Some("k=v")).expect("valid");
+        assert_eq!((ctx.tracestate(), dropped.is_none()), (Some("k=v"), true));
+        assert!(TraceContext::received("00-nonsense", Some("k=v")).is_err());
     }
 
     #[test]
