@@ -413,6 +413,51 @@ async fn an_invalid_context_in_sql_is_not_kept_and_the_enqueue_stays() {
     .await;
 }
 
+/// A malformed `drover.traceparent` warns once in its transaction, not once
+/// for each row a watched table's statement changes: an `INSERT` of fifty
+/// rows sent fifty warnings (a bulk update of a million, a million, to the
+/// client and the server's log). Another malformed context in the same
+/// transaction still warns. Judged from what `psql` prints.
+#[tokio::test]
+async fn a_malformed_context_in_sql_warns_once_a_transaction() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    db.execute("CREATE TABLE machines (id text PRIMARY KEY)")
+        .await;
+    let watch = drover::store::TableWatch::new("machines", PROCESS, "id");
+    db.store.table_watch(&watch).await.expect("watch");
+    let script = format!(
+        "BEGIN;
+SET LOCAL drover.traceparent = 'garbage';
+INSERT INTO machines SELECT 'm' || g FROM generate_series(1, 50) AS g;
+UPDATE machines SET id = id || 'x';
+SELECT drover_trace_link('{PROCESS}', ARRAY['m1x'], 'other garbage');
+COMMIT;
+"
+    );
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &db.url, "-c", &script])
+        .output()
+        .expect("psql (it comes with PostgreSQL; CI has it)");
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    let warnings: Vec<&str> = said.lines().filter(|l| l.contains("WARNING:")).collect();
+    assert_eq!(warnings.len(), 2, "one for each malformed context:\n{said}");
+    assert!(warnings[0].contains("'garbage'"), "{said}");
+    assert!(warnings[1].contains("'other garbage'"), "{said}");
+    let pending = db.store.process_counts_all().await.expect("counts");
+    assert!(
+        pending
+            .iter()
+            .any(|c| c.process == PROCESS && c.pending == 100),
+        "every key stayed enqueued: {pending:?}"
+    );
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 #[tokio::test]
 async fn a_change_to_a_watched_table_carries_its_transactions_trace_context() {
     let Some(base) = support::postgres_url() else {
