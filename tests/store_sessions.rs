@@ -132,6 +132,59 @@ async fn reclaim_makes_expired_leases_pending_with_an_expired_event() {
     .await;
 }
 
+/// SQLite: a reclaim cut short between its batches (its process killed, the
+/// database's connection lost) has deleted the expired sessions and left
+/// some of their leases running: the next reclaim, which finds no session to
+/// expire, requeues them as expired all the same, and leaves a live
+/// session's leases alone. The state is made as the cut leaves it: the
+/// session row deleted by hand, its leases untouched.
+#[tokio::test]
+async fn a_reclaim_cut_short_on_sqlite_leaves_its_orphans_to_the_next() {
+    let (db, _dir) = support::sqlite().await;
+    let dead = db.session().await;
+    enqueue(&db.store, &["a", "b", "c"]).await;
+    let stale = claim(&db.store, dead.id, 3).await;
+    assert_eq!(stale.len(), 3);
+    let live = db.session().await;
+    enqueue(&db.store, &["d"]).await;
+    let held = claim(&db.store, live.id, 1).await;
+    db.execute(&format!(
+        "DELETE FROM drover_sessions WHERE id = {}",
+        dead.id.0
+    ))
+    .await;
+    let report = db.store.session_reclaim().await.expect("reclaim");
+    assert_eq!(
+        (report.sessions, report.leases),
+        (0, 3),
+        "no session left to expire, three leases orphaned"
+    );
+    for key in ["a", "b", "c"] {
+        assert_eq!(
+            item(&db.store, key).await.expect(key).state,
+            ItemState::Pending
+        );
+        assert_eq!(events(&db.store, key).await, [RunOutcome::Expired], "{key}");
+    }
+    assert_eq!(
+        item(&db.store, "d").await.expect("d").state,
+        ItemState::Running
+    );
+    let err = complete(&db.store, &stale[0], Outcome::Done)
+        .await
+        .expect_err("the orphaned lease is gone");
+    assert!(
+        matches!(
+            err,
+            StoreError::LeaseLost { .. } | StoreError::SessionExpired { .. }
+        ),
+        "{err}"
+    );
+    complete(&db.store, &held[0], Outcome::Done)
+        .await
+        .expect("the live session's lease holds");
+}
+
 /// SQLite: reclaiming the leases of a node that died holding many lets the
 /// write lock go between batches (one transaction for 100,000 leases held it
 /// about 1.5 s, every writer of the file waiting). Judged from what a reader
