@@ -172,6 +172,40 @@ async fn serve_on_a_taken_port_stops_before_opening_the_database() {
     );
 }
 
+/// A `DROVER_TOKENS` that is not blank but holds no token (`,`, a comment)
+/// asks for a server that checks tokens, as an empty tokens file does, and
+/// is refused with one line: it served open, every caller an admin. A blank
+/// one is as good as unset (an environment template's empty default).
+#[tokio::test]
+async fn serve_refuses_a_tokens_variable_that_holds_no_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = format!("sqlite://{}", dir.path().join("d.db").display());
+    let start = |env: &str| {
+        Command::new(env!("CARGO_BIN_EXE_drover"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
+            .env("DROVER_TOKENS", env)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start drover serve")
+    };
+    for empty in [",", " # later "] {
+        let out = tokio::time::timeout(Duration::from_secs(10), start(empty).wait_with_output())
+            .await
+            .expect("refused at once, not served open")
+            .expect("wait");
+        support::cli::fails_with(&out, "DROVER_TOKENS holds no token");
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+    let mut blank = start("  ");
+    let stdout = blank.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let said = banner(&mut lines).await;
+    assert!(said.contains("auth:      open"), "{said}");
+    stop(blank, lines).await;
+}
+
 /// One token given two roles (an entry copied and not edited, or
 /// `DROVER_TOKENS` beside the file) is refused, naming both entries: the
 /// later entry silently won, so a viewer's line after an admin's took the

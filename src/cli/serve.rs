@@ -121,9 +121,11 @@ fn host_name(value: &str) -> Result<String, String> {
 }
 
 /// The tokens from `--tokens` and `DROVER_TOKENS`, merged. A `--tokens`
-/// file that holds no token (empty, or comments only) is refused: without
-/// tokens the server is open, every caller an admin, and whoever gave the
-/// file asked for the opposite.
+/// file that holds no token (empty, or comments only), or a `DROVER_TOKENS`
+/// that is not blank and holds none (`,`, a comment), is refused: without
+/// tokens the server is open, every caller an admin, and whoever gave them
+/// asked for the opposite. A blank `DROVER_TOKENS` is as good as unset (an
+/// environment template's empty default).
 fn load_tokens(file: Option<&PathBuf>) -> anyhow::Result<Tokens> {
     let mut text = String::new();
     if let Some(path) = file {
@@ -137,7 +139,14 @@ fn load_tokens(file: Option<&PathBuf>) -> anyhow::Result<Tokens> {
         );
         text.push('\n');
     }
-    if let Ok(env) = std::env::var(TOKENS_ENV) {
+    if let Ok(env) = std::env::var(TOKENS_ENV)
+        && !env.trim().is_empty()
+    {
+        anyhow::ensure!(
+            !Tokens::parse(&env).context("invalid tokens")?.is_empty(),
+            "{TOKENS_ENV} holds no token: give comma-separated ROLE:TOKEN entries (ROLE is \
+             viewer, worker or admin), or leave it empty to serve without tokens"
+        );
         text.push_str(&env);
     }
     Tokens::parse(&text).context("invalid tokens")
