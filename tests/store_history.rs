@@ -127,6 +127,41 @@ async fn history_has_one_row_per_run_written_when_it_ends() {
     .await;
 }
 
+/// A requeue is the handler's own enqueue: the next run is pending since
+/// the requeue, so its queue wait is its own (the delay and the wait for a
+/// worker), not every earlier run of the key and its delay added up.
+#[tokio::test]
+async fn a_key_that_requeues_itself_is_pending_since_each_requeue() {
+    each_engine_and_pooler(|db| async move {
+        enqueue(&db.store, &["a"]).await;
+        let mut requeued_at = None;
+        for _ in 0..3 {
+            db.store.clock().advance(secs(5)); // waiting for a worker
+            let s = db.session().await;
+            let lease = claim(&db.store, s.id, 1).await.remove(0);
+            if let Some(requeued_at) = requeued_at {
+                assert_eq!(lease.enqueued_at, requeued_at, "attempt {}", lease.attempt);
+            }
+            db.store.clock().advance(secs(2)); // running
+            complete(&db.store, &lease, Outcome::RequeueAfter(secs(60)))
+                .await
+                .expect("requeue");
+            let run = history(&db.store, "a", 1).await.remove(0);
+            assert_eq!(run.pending_since, Some(lease.enqueued_at));
+            let wait = run.queue_wait().expect("a queue wait");
+            assert!(wait < secs(70), "{wait:?}: earlier runs counted");
+            let requeued = item(&db.store, "a").await.expect("a");
+            assert_eq!(
+                requeued.enqueued_at, run.ended_at,
+                "pending since the requeue"
+            );
+            requeued_at = Some(run.ended_at);
+            db.store.clock().advance(secs(60));
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn operator_actions_are_rows_with_their_actor_and_a_delete_forgets_only_the_key() {
     each_engine_and_pooler(|db| async move {

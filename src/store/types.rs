@@ -62,7 +62,8 @@ pub struct Lease {
     pub attempt: u32,
     /// The item's priority.
     pub priority: i32,
-    /// When the enqueue that this run answers arrived.
+    /// When the enqueue that this run answers arrived (a requeue-after is
+    /// one, made when the run that asked for it ended).
     pub enqueued_at: DateTime<Utc>,
     /// When the run started, on the database clock.
     pub started_at: DateTime<Utc>,
@@ -179,7 +180,7 @@ pub struct Item {
     /// When a pending item may start; for others the last such time.
     pub ready_at: DateTime<Utc>,
     /// When the key became pending for its current (or next, or last) run:
-    /// the enqueue that run answers.
+    /// the enqueue that run answers (a requeue-after is one).
     pub enqueued_at: DateTime<Utc>,
     /// Consecutive failed attempts, transient or permanent; reset by a run that
     /// converges (done or requeue-after).

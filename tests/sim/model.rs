@@ -846,6 +846,10 @@ fn settle(item: &mut Item, now: Duration, outcome: &Outcome, backoff: &Backoff) 
         Outcome::RequeueAfter(delay) => {
             item.failures = 0;
             pending(item, now + *delay);
+            if dirty.is_none() {
+                // The handler's own enqueue: pending since now.
+                item.enqueued_at = now;
+            }
         }
         Outcome::Transient(_) => {
             item.failures += 1;

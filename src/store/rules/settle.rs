@@ -151,7 +151,18 @@ pub(crate) fn settle(now: DateTime<Utc>, run: &Running, outcome: &Outcome) -> Se
             };
             settled(next, kind, None)
         }
-        Outcome::RequeueAfter(delay) => settled(pending(run, later(now, *delay), 0), kind, None),
+        Outcome::RequeueAfter(delay) => {
+            // A requeue is the handler's own enqueue, made now: the next run
+            // is pending since now, as after an enqueue with a delay. Kept
+            // from the run's own enqueue, each run of a key that requeues
+            // itself counted every earlier run and delay as its queue wait
+            // (the 100th run of a key requeued hourly had waited 100 h).
+            let mut next = pending(run, later(now, *delay), 0);
+            if run.dirty.is_none() {
+                next.enqueued_at = now;
+            }
+            settled(next, kind, None)
+        }
         Outcome::Transient(error) => {
             let failures = run.failures.saturating_add(1);
             let delay = run.backoff.delay(failures);
@@ -246,8 +257,14 @@ mod tests {
         assert_eq!(clean.outcome, RunOutcome::Requeued);
         let clean = clean.next;
         assert_eq!((clean.ready_at, clean.failures), (at(130), 0));
+        assert_eq!(clean.enqueued_at, at(100), "pending since the requeue");
         let early = settle(at(100), &running(2, dirty(110, 0)), &d).next;
         assert_eq!((early.ready_at, early.priority), (at(110), 1));
+        assert_eq!(
+            early.enqueued_at,
+            at(50),
+            "pending since the enqueue during the run"
+        );
     }
 
     #[test]
