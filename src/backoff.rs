@@ -137,8 +137,15 @@ impl Backoff {
 
     /// The delay to wait after the `failures`-th consecutive failure (1-based; 0 is
     /// treated as 1): `min(max, initial × factor^(failures − 1))`, then jittered.
+    ///
+    /// A zero initial delay stays zero however many failures: once the power
+    /// overflows to infinity, `0 × ∞` is NaN, which read as "past `max`" made
+    /// the 1,025th failure of a retry-at-once policy wait the whole `max`.
     #[must_use]
     pub fn delay(&self, failures: u32) -> Duration {
+        if self.initial.is_zero() {
+            return Duration::ZERO;
+        }
         let exponent = i32::try_from(failures.saturating_sub(1)).unwrap_or(i32::MAX);
         let secs = self.initial.as_secs_f64() * self.factor.powi(exponent);
         let base = if secs.is_finite() && secs < self.max.as_secs_f64() {
@@ -174,6 +181,16 @@ mod tests {
         let b = Backoff::new(Duration::from_millis(5), 10.0, secs(1000)).unwrap();
         assert_eq!(b.delay(u32::MAX), secs(1000));
         assert_eq!(b.delay(400), secs(1000));
+    }
+
+    #[test]
+    fn a_zero_initial_delay_stays_zero_past_the_overflow_of_the_power() {
+        let b = Backoff::new(Duration::ZERO, 2.0, secs(360)).unwrap();
+        for failures in [1, 1024, 1025, 5000, u32::MAX] {
+            assert_eq!(b.delay(failures), Duration::ZERO, "{failures}");
+        }
+        let jittered = b.with_jitter(0.5).unwrap();
+        assert_eq!(jittered.delay(2000), Duration::ZERO);
     }
 
     #[test]
