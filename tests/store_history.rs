@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use drover::store::{
     DepthSample, HistoryActivity, ItemDelete, ItemEnqueue, ItemGet, ItemPark, ItemRetry, ItemState,
-    Outcome, ProcessConfigure, ProcessPage, PruneCursor, Retention, RetentionPrune, RunList,
-    RunOutcome, Store, StoreEngine as _, StoreError,
+    LeaseComplete, Outcome, ProcessConfigure, ProcessPage, PruneCursor, Retention, RetentionPrune,
+    RunList, RunOutcome, Store, StoreEngine as _, StoreError,
 };
 use support::store::{P, claim, complete, enqueue, events, history, item, secs};
 use support::{each_engine, each_engine_and_pooler};
@@ -211,6 +211,53 @@ async fn operator_actions_are_rows_with_their_actor_and_a_delete_forgets_only_th
         enqueue(&db.store, &["a"]).await;
         let fresh = item(&db.store, "a").await.expect("known again");
         assert_eq!((fresh.enqueue_count, fresh.last_outcome), (1, None));
+    })
+    .await;
+}
+
+/// The runs one batch ends are written in their leases' order (the order
+/// of their tokens), whatever their outcomes, on every engine: they end at
+/// the same instant, and the history's order (by id) is all that tells them
+/// apart. SQLite wrote them by outcome, those without an error first (in
+/// the order of a hash map): below, tokens 4, 1, 3, 6, 2, 5 oldest first,
+/// where PostgreSQL wrote 1 to 6.
+#[tokio::test]
+async fn the_runs_of_one_batch_are_in_the_history_in_their_leases_order() {
+    each_engine_and_pooler(|db| async move {
+        let s = db.session().await;
+        let keys = ["a", "b", "c", "d", "e", "f"];
+        enqueue(&db.store, &keys).await;
+        let mut leases = claim(&db.store, s.id, 10).await;
+        leases.sort_by_key(|l| l.token);
+        let outcomes = [
+            Outcome::Done,
+            Outcome::Transient("flaky".into()),
+            Outcome::Done,
+            Outcome::RequeueAfter(secs(1)),
+            Outcome::Permanent("broken".into()),
+            Outcome::Done,
+        ];
+        let batch: Vec<_> = leases
+            .iter()
+            .zip(&outcomes)
+            .map(|(lease, outcome)| LeaseComplete {
+                lease,
+                outcome,
+                trace_id: None,
+            })
+            .collect();
+        let results = db.store.lease_complete_batch(&batch).await.expect("batch");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let page = RunList {
+            process: Some(P.into()),
+            limit: 10,
+            ..RunList::default()
+        };
+        let mut written = db.store.run_list(page).await.expect("history");
+        written.reverse();
+        let written: Vec<_> = written.iter().map(|r| r.token).collect();
+        let leased: Vec<_> = leases.iter().map(|l| Some(l.token)).collect();
+        assert_eq!(written, leased, "oldest first");
     })
     .await;
 }

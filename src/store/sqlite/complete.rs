@@ -533,11 +533,27 @@ impl<'a> Writes<'a> {
         tx.commit().await.db()
     }
 
+    /// Writes the batch's runs in one statement, in their leases' order (by
+    /// token) as PostgreSQL does, and the items' next rows. Runs of one
+    /// outcome and no error are logged from their rows alone; a mix goes
+    /// into one [`log_with_errors`]: written one statement per outcome, the
+    /// runs of one batch, which end at the same instant, came in the history
+    /// grouped by outcome in a hash map's order, failures last.
     async fn flush(self, tx: &mut Tx, now: i64) -> Result<(), StoreError> {
-        for (outcome, ids) in self.plain {
-            log_from_rows(tx, now, outcome, &Value::from(ids).to_string()).await?;
+        if self.failed.is_empty() && self.plain.len() <= 1 {
+            for (outcome, ids) in self.plain {
+                log_from_rows(tx, now, outcome, &Value::from(ids).to_string()).await?;
+            }
+        } else {
+            let mut runs = self.failed;
+            for (outcome, ids) in self.plain {
+                runs.extend(
+                    ids.into_iter()
+                        .map(|id| json!([id, outcome.as_str(), null])),
+                );
+            }
+            log_with_errors(tx, now, runs).await?;
         }
-        log_with_errors(tx, now, self.failed).await?;
         for (process, ids) in self.idle {
             idle(tx, now, process, &Value::from(ids).to_string()).await?;
         }

@@ -41,8 +41,9 @@ FROM drover_items WHERE id IN (SELECT value FROM json_each(",
 }
 pub(super) use log_from_rows_sql;
 
-/// Like [`LOG_FROM_ROWS`] for runs that carry an error: `?2` is a JSON array
-/// of `[id, outcome, error]`.
+/// Like [`LOG_FROM_ROWS`] for runs that carry an error (or a batch's runs of
+/// several outcomes, in one statement): `?2` is a JSON array of `[id,
+/// outcome, error]`, the error `null` for none.
 const LOG_WITH_ERRORS: &str = "
 INSERT INTO drover_runs (process, key, outcome, attempt, session, token, pending_since,
     started_at, ended_at, error)
