@@ -72,9 +72,10 @@ pub struct ProcessConfigureRequest {
     #[serde(default)]
     #[schema(maximum = 15552000000_u64)]
     pub backoff_initial_ms: Option<u64>,
-    /// Growth of the delay per further failure, at least 1.
+    /// Growth of the delay per further failure, at least 1 (any larger
+    /// finite factor is taken: the delay is capped at the longest one).
     #[serde(default)]
-    #[schema(minimum = 1.0, maximum = 1000.0)]
+    #[schema(minimum = 1.0)]
     pub backoff_factor: Option<f64>,
     /// The longest retry delay (not below the initial one).
     #[serde(default)]

@@ -49,7 +49,9 @@ struct ListArgs {
     #[arg(long)]
     key: Option<String>,
     /// Only runs with this outcome (done, requeued, retry, parked, canceled,
-    /// expired) or operator actions (retried, parked, deleted).
+    /// expired) or operator actions (retried, parked, deleted, paused,
+    /// resumed); `parked` matches both a permanent failure and an operator's
+    /// park.
     #[arg(long, value_parser = parse_outcome)]
     outcome: Option<RunOutcome>,
     /// Only rows older than this id (the last id of the previous page).
@@ -173,4 +175,29 @@ fn line(r: &Run) -> String {
         out.push_str(&format!("  error: {}", shown(error)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--outcome`'s help names every outcome it takes: it left out the
+    /// operator's pause and resume, which it accepted.
+    #[test]
+    fn the_outcome_flags_help_names_every_outcome() {
+        let command = <Args as clap::Args>::augment_args(clap::Command::new("history"));
+        let help = command
+            .get_arguments()
+            .find(|a| a.get_id() == "outcome")
+            .and_then(|a| a.get_help())
+            .expect("--outcome has help")
+            .to_string();
+        for outcome in RunOutcome::ALL {
+            assert!(
+                help.contains(outcome.as_str()),
+                "{}: {help}",
+                outcome.as_str()
+            );
+        }
+    }
 }
