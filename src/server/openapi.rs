@@ -72,7 +72,9 @@ pub fn document() -> Value {
 /// The answers most operations share, declared here once rather than on
 /// each handler (an operation that says more about one keeps its own): 401 on
 /// every operation that asks for a token; 403 on every operation a role
-/// guards, by its tag (`work`: a worker's, `admin`: an admin's); 408 and 413
+/// guards, by its tag (`work`: a worker's, `admin`: an admin's), and for a
+/// work operation on a session (its path names one, or its body names a
+/// lease) the other 403 it answers, `not_your_session`; 408 and 413
 /// on every operation with a body; 422 on every operation whose path names a process
 /// (or a key); 503 on every `/v1` operation. Each has the error body.
 fn shared_responses(document: &mut Value) {
@@ -85,7 +87,12 @@ fn shared_responses(document: &mut Value) {
             .into_iter()
             .flat_map(|o| o.values_mut());
         for operation in operations.filter_map(Value::as_object_mut) {
+            let on_session = path.contains("{session}") || path.starts_with("/v1/leases/");
             let role = match operation["tags"][0].as_str() {
+                Some("work") if on_session => Some(
+                    "The token is not a worker's; or, `not_your_session`, another token \
+                     started the session",
+                ),
                 Some("work") => Some("The token is not a worker's"),
                 Some("admin") => Some("The token is not an admin's"),
                 _ => None,
@@ -404,6 +411,29 @@ mod tests {
             }
         }
         assert!(v1 > 20, "{v1} operations under /v1");
+        // Every act on a session says that another token's is refused.
+        for (path, method) in [
+            ("/v1/sessions/{session}", "delete"),
+            ("/v1/sessions/{session}/heartbeat", "post"),
+            ("/v1/sessions/{session}/claim", "post"),
+            ("/v1/leases/complete", "post"),
+            ("/v1/leases/complete-batch", "post"),
+            ("/v1/leases/release", "post"),
+            ("/v1/leases/trace-link", "post"),
+        ] {
+            let forbidden = &document["paths"][path][method]["responses"]["403"];
+            assert!(
+                forbidden["description"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("not_your_session")),
+                "{method} {path}: {forbidden}"
+            );
+        }
+        let enqueue = &document["paths"]["/v1/processes/{process}/items"]["post"]["responses"];
+        assert_eq!(
+            enqueue["403"]["description"], "The token is not a worker's",
+            "no session, no other 403"
+        );
         let batch = &document["paths"]["/v1/leases/complete-batch"]["post"]["responses"]["503"];
         assert!(
             batch["description"]
