@@ -219,7 +219,6 @@ async fn a_connection_past_the_cap_waits_until_one_closes() {
     let mut fourth = TcpStream::connect(server.addr).await.expect("connect");
     fourth.write_all(HEALTHZ).await.expect("send a request");
     let answer = read_response(&mut fourth).await;
-    eprintln!("ANSWER {answer}");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let mut cut = 0;
     for stream in &mut stalled {
@@ -347,7 +346,6 @@ async fn http2_by_prior_knowledge_is_refused() {
     let mut one = TcpStream::connect(server.addr).await.expect("connect");
     one.write_all(HEALTHZ).await.expect("send a request");
     let answer = read_response(&mut one).await;
-    eprintln!("ANSWER {answer}");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     drop(one);
     server.stop().await;
