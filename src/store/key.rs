@@ -52,6 +52,7 @@ pub fn validate_process(process: &str) -> Result<(), StoreError> {
 /// start with: at most [`MAX_NAME_BYTES`] (no key is longer, so a longer one
 /// could only match nothing, after reading for it) and free of NUL (no key
 /// holds one); anything else is [`StoreError::InvalidArgument`].
+#[cfg(feature = "_engine")] // the engines' listings and bulk actions
 pub(crate) fn validate_key_prefix(prefix: &str) -> Result<(), StoreError> {
     if prefix.len() > MAX_NAME_BYTES {
         return Err(StoreError::InvalidArgument(format!(
