@@ -376,6 +376,95 @@ async fn the_sql_enqueue_on_sqlite_takes_every_number_up_to_each_bound_and_none_
     assert!(item(&db.store, "past-a-bound").await.is_none());
 }
 
+/// Calls PostgreSQL's `drover_enqueue` for `key` of [`P`] with `delay_ms`
+/// and `clock_offset_ms` (NULL for `None`), as SQL in another program can.
+async fn enqueue_pg(
+    pool: &sqlx::PgPool,
+    key: &str,
+    delay_ms: Option<i64>,
+    clock_offset_ms: Option<i64>,
+) -> Result<(), String> {
+    sqlx::query("SELECT drover_enqueue($1, ARRAY[$2], delay_ms => $3, clock_offset_ms => $4)")
+        .bind(P)
+        .bind(key)
+        .bind(delay_ms)
+        .bind(clock_offset_ms)
+        .execute(pool)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// PostgreSQL's `drover_enqueue` takes every delay up to 180 days and refuses
+/// one past it, and a clock offset past ±10^15 ms, with one line naming it,
+/// writing nothing (migration 0035), as SQLite's view does. It took any: a
+/// delay past 180 days was written as asked (the view refused the same
+/// call), and one of about 270,000 years wrote a ready time past the last
+/// the store can read, so every read of the key panicked, and the run of a
+/// running key so enqueued could never be completed.
+#[tokio::test]
+async fn the_sql_enqueue_on_postgres_refuses_a_delay_past_180_days_and_writes_nothing() {
+    let Some(base) = support::postgres_url() else {
+        return;
+    };
+    let (db, schema) = support::postgres(&base).await;
+    let pool = db.store.postgres_pool().expect("PostgreSQL").clone();
+    let taken = [
+        ("now", Some(0), 0),
+        ("unset", None, 0),
+        ("past", Some(-5), 0),
+        ("longest", Some(15_552_000_000), 15_552_000_000),
+    ];
+    for (key, delay, delay_ms) in taken {
+        enqueue_pg(&pool, key, delay, None)
+            .await
+            .unwrap_or_else(|e| panic!("delay_ms = {delay:?} is taken: {e}"));
+        let known = item(&db.store, key).await.expect("the key is known");
+        let waits = (known.ready_at - known.enqueued_at).num_milliseconds();
+        assert_eq!(waits, delay_ms, "delay_ms = {delay:?}");
+    }
+    enqueue(&db.store, &["busy"]).await;
+    let s = db.session().await;
+    let running = claim(&db.store, s.id, 10).await;
+    let mut claimed = keys(&running);
+    claimed.sort_unstable();
+    assert_eq!(claimed, ["busy", "now", "past", "unset"]);
+    let refused = [
+        (Some(15_552_000_001), None),
+        (Some(8_500_000_000_000_000), None),
+        (Some(i64::MAX), None),
+        (None, Some(1_000_000_000_000_001)),
+        (None, Some(8_500_000_000_000_000)),
+        (None, Some(i64::MIN)),
+    ];
+    for (delay, offset) in refused {
+        for key in ["refused", "busy"] {
+            let error = enqueue_pg(&pool, key, delay, offset)
+                .await
+                .expect_err(&format!(
+                    "delay_ms = {delay:?}, clock_offset_ms = {offset:?} is refused"
+                ));
+            assert!(
+                error.contains("drover_enqueue: "),
+                "delay_ms = {delay:?}, clock_offset_ms = {offset:?}: {error}"
+            );
+        }
+    }
+    assert!(item(&db.store, "refused").await.is_none());
+    let busy = item(&db.store, "busy").await.expect("busy");
+    assert!(
+        !busy.dirty,
+        "a refused enqueue marked the running key dirty"
+    );
+    for lease in &running {
+        complete(&db.store, lease, Outcome::Done)
+            .await
+            .expect("done");
+    }
+    db.store.close().await;
+    support::drop_schema(&base, &schema).await;
+}
+
 /// A claim after bad numbers were offered to SQLite's view hands out every
 /// valid key, on a process with and without a limit, and leaves no key
 /// running without a lease its caller holds.
