@@ -616,6 +616,26 @@ async fn a_completion_sent_again_after_its_answer_was_lost_is_counted_once() {
     .await;
 }
 
+/// An enqueue counts each key it wrote once in `workqueue_adds_total`, as
+/// its answer does: a key given twice in one request counted twice (the
+/// request's length), though the store wrote it once.
+#[tokio::test]
+async fn a_key_given_twice_in_one_enqueue_is_counted_once() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        // The metric families are the process's: a name of this test's own.
+        let p = format!("twice-{}", db.engine);
+        let answer = api.enqueue(&p, &["a", "a", "b", "a"]).await;
+        assert_eq!(
+            (answer["pending"].as_u64(), answer["dirty"].as_u64()),
+            (Some(2), Some(0))
+        );
+        let adds = format!("workqueue_adds_total{{name=\"{p}\"}}");
+        assert_eq!(metric(&api, &adds).await, 2.0);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_start_time_made_up_by_the_worker_does_not_reach_the_work_duration() {
     each_engine(|db| async move {

@@ -156,7 +156,8 @@ impl ServerMetrics {
 /// The queue metrics of DESIGN.md for work that passes through this server,
 /// recorded in the process-wide families (`name` = process).
 impl ServerMetrics {
-    /// `workqueue_adds_total` for keys enqueued over HTTP.
+    /// `workqueue_adds_total` for keys enqueued over HTTP: the distinct keys
+    /// an enqueue wrote (pending or marked dirty), not the request's length.
     pub(crate) fn enqueued(&self, process: &str, keys: u64) {
         QueueMetrics::global().handle(process).adds.inc_by(keys);
     }

@@ -79,14 +79,16 @@ pub(crate) async fn enqueue(
         }
         return Err(e);
     }
-    let count = body.keys.len() as u64;
     let params = ItemEnqueue::new(process.clone(), body.keys)
         .after(ms(body.after_ms))
         .priority(body.priority)
         .bypass_backoff(body.bypass_backoff)
         .trace(enqueue_context(&headers));
     let report = state.store.item_enqueue(params).await?;
-    state.metrics.enqueued(&process, count);
+    // The keys written, each once: a key given twice in the body is one add.
+    state
+        .metrics
+        .enqueued(&process, report.pending + report.dirty);
     Ok(Json(EnqueueResponse {
         pending: report.pending,
         dirty: report.dirty,
