@@ -874,6 +874,39 @@ async fn enqueue_shows_the_process_it_enqueued_for_escaped() {
     );
 }
 
+/// A key given twice counts once, however far apart: keys go to the store
+/// 5,000 at a time, and a key met again in a later batch was enqueued again
+/// there, so the summary counted it twice ("enqueued 5001 key(s) …: 5001
+/// pending" for 5,000 keys; a running one showed as two runs to come) and
+/// its item counted two enqueues, where a repeat within one batch counted
+/// once.
+#[tokio::test]
+async fn enqueue_counts_a_key_given_twice_once_even_batches_apart() {
+    use drover::store::StoreEngine as _;
+    each_engine(|db| async move {
+        let mut stdin: String = (0..5_000).map(|i| format!("k{i}\n")).collect();
+        stdin.push_str("k0\n");
+        let out = ok(&drover(
+            Some(&db.url),
+            None,
+            &["enqueue", "provision", "-"],
+            stdin,
+        ));
+        assert_eq!(
+            out.trim_end(),
+            "enqueued 5000 key(s) for provision: 5000 pending"
+        );
+        let first = drover::store::ItemGet {
+            process: "provision".into(),
+            key: "k0".into(),
+            runs_limit: 0,
+        };
+        let item = db.store.item_get(first).await.expect("read").expect("k0");
+        assert_eq!(item.item.enqueue_count, 1, "one enqueue of k0");
+    })
+    .await;
+}
+
 /// Processes on one SQLite file take turns on one lock file beside it,
 /// however the URL names the file: `sqlite:file:…` (a URI, whose path only
 /// SQLite reads) and `sqlite://…` alike. Before, the URI form locked a file

@@ -1,5 +1,6 @@
 //! `drover enqueue PROCESS KEY…`: add keys for a process, with coalescing.
 
+use std::collections::HashSet;
 use std::io::BufRead as _;
 use std::time::Duration;
 
@@ -65,6 +66,19 @@ fn collect_keys(args: &[String]) -> anyhow::Result<Vec<String>> {
     Ok(keys)
 }
 
+/// `keys` without repeats, in first-seen order. The store takes a key once
+/// per batch, but keys go to it [`BATCH`] at a time: a key met again in a
+/// later batch was enqueued there again, counting one more enqueue on its
+/// item and one more key (or run to come) in the summary.
+fn distinct(mut keys: Vec<String>) -> Vec<String> {
+    let mut seen = HashSet::with_capacity(keys.len());
+    let first: Vec<bool> = keys.iter().map(|k| seen.insert(k.as_str())).collect();
+    drop(seen);
+    let mut first = first.into_iter();
+    keys.retain(|_| first.next().unwrap_or(true));
+    keys
+}
+
 /// Line `n` of `input` without its newline, `None` at the end. A line no key
 /// fits in is refused as soon as it is longer than that, not read whole: a
 /// stream without a newline (`drover enqueue p - < /dev/zero`) would
@@ -96,7 +110,7 @@ fn next_line(input: &mut impl std::io::BufRead, n: usize) -> anyhow::Result<Opti
 /// new database file), then enqueues them in batches.
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     validate_process(&args.process)?;
-    let keys = collect_keys(&args.keys)?;
+    let keys = distinct(collect_keys(&args.keys)?);
     for key in &keys {
         validate_key(key)?;
     }
