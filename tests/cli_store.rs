@@ -154,8 +154,13 @@ async fn bad_input_fails_with_one_line_and_writes_nothing() {
     each_engine(|db| async move {
         let url = Some(db.url.as_str());
         let long = "k".repeat(1025);
-        let cases: [(&[&str], &str, &str); 6] = [
+        let cases: [(&[&str], &str, &str); 7] = [
             (&["enqueue", "p", "a", ""], "", "must not be empty"),
+            (
+                &["enqueue", "p", "a", "--after", "181d"],
+                "",
+                "longer than 180 days",
+            ),
             (&["enqueue", "p", "a", &long], "", "at most 1024 bytes"),
             (&["enqueue", "p", "-"], "a\nb\0c\n", "must not contain NUL"),
             (&["enqueue", "p", "a", "--after", "-5s"], "", "negative"),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args as ClapArgs;
+use drover::backoff::MAX_DELAY;
 use drover::store::{
     EnqueueReport, ItemEnqueue, MAX_NAME_BYTES, StoreEngine as _, TraceContext, validate_key,
     validate_process,
@@ -26,8 +27,9 @@ pub(crate) struct Args {
     /// The keys; `-` reads one key per line from stdin (blank lines are skipped).
     #[arg(required = true)]
     keys: Vec<String>,
-    /// Do not run the keys before this delay has passed (e.g. 30s, 5m).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    /// Do not run the keys before this delay has passed (e.g. 30s, 5m; at
+    /// most 180 days).
+    #[arg(long, value_name = "DURATION", value_parser = parse_delay, allow_hyphen_values = true)]
     after: Option<Duration>,
     /// Higher priorities run first; resyncs use a negative one.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
@@ -37,6 +39,19 @@ pub(crate) struct Args {
     bypass_backoff: bool,
     #[command(flatten)]
     db: DbArgs,
+}
+
+/// `--after`: a duration of at most [`MAX_DELAY`], drover's longest delay,
+/// refused past it as the HTTP API and the SQL enqueues refuse it (the store
+/// would have cut it to 180 days without a word).
+fn parse_delay(s: &str) -> Result<Duration, String> {
+    let delay = parse_duration(s)?;
+    if delay > MAX_DELAY {
+        return Err(format!(
+            "{s:?} is longer than 180 days, the longest delay a key can have"
+        ));
+    }
+    Ok(delay)
 }
 
 /// The keys from the arguments, reading stdin for `-`.
