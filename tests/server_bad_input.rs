@@ -636,6 +636,38 @@ async fn a_key_given_twice_in_one_enqueue_is_counted_once() {
     .await;
 }
 
+/// An enqueue of more keys than the document's `maxItems`
+/// ([`MAX_ENQUEUE_KEYS`](drover::api::MAX_ENQUEUE_KEYS)) is a 400 naming
+/// `keys` that writes nothing: only the body's size bounded it, and
+/// `--max-body` can raise that.
+#[tokio::test]
+async fn an_enqueue_of_more_keys_than_documented_is_400_and_writes_nothing() {
+    each_engine(|db| async move {
+        let api = Api::new(&db.store);
+        let most = drover::api::MAX_ENQUEUE_KEYS;
+        let keys: Vec<String> = (0..=most).map(|i| format!("{i:x}")).collect();
+        let answer = api
+            .post(
+                "/v1/processes/many/items",
+                serde_json::json!({ "keys": keys }),
+                StatusCode::BAD_REQUEST,
+            )
+            .await;
+        assert_eq!(answer["field"], "keys", "{answer}");
+        let status = db.store.process_counts_all().await.expect("counts");
+        assert!(status.iter().all(|c| c.process != "many"), "{status:?}");
+        let answer = api
+            .post(
+                "/v1/processes/many/items",
+                serde_json::json!({ "keys": keys[..most] }),
+                StatusCode::OK,
+            )
+            .await;
+        assert_eq!(answer["pending"].as_u64(), Some(most as u64));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_start_time_made_up_by_the_worker_does_not_reach_the_work_duration() {
     each_engine(|db| async move {

@@ -12,7 +12,8 @@ use crate::store::{Item, ItemDetail, ItemState};
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
-    /// The keys (each 1–1024 bytes of UTF-8 without NUL); duplicates count once.
+    /// The keys (each 1–1024 bytes of UTF-8 without NUL; at most
+    /// [`MAX_ENQUEUE_KEYS`](super::MAX_ENQUEUE_KEYS)); duplicates count once.
     #[schema(max_items = 100000)]
     pub keys: Vec<String>,
     /// Do not run before now + this many milliseconds (default 0, at most 180 days).

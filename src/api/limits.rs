@@ -10,6 +10,10 @@ pub const MAX_TTL_MS: u64 = 86_400_000;
 /// parallelism), and claims again for the rest.
 pub const MAX_CLAIM: u32 = 1000;
 
+/// The most keys one enqueue request carries (the body's own limit, 1 MiB by
+/// default, stops shorter keys first; `--max-body` can raise it past this).
+pub const MAX_ENQUEUE_KEYS: usize = 100_000;
+
 /// The most completions one batch request carries.
 pub const MAX_COMPLETE_BATCH: usize = 4096;
 

@@ -49,7 +49,7 @@ pub use leases::{
     CompletionResult, LeaseBody, LeaseRef, OutcomeBody, ReleaseRequest, TraceContextBody,
     TraceLinkRequest, TraceLinksBody,
 };
-pub use limits::{MAX_CLAIM, MAX_COMPLETE_BATCH, MAX_PAGE, MAX_TTL_MS};
+pub use limits::{MAX_CLAIM, MAX_COMPLETE_BATCH, MAX_ENQUEUE_KEYS, MAX_PAGE, MAX_TTL_MS};
 #[cfg(feature = "server")]
 pub(crate) use limits::{PROCESS_PAGE, SESSION_PAGE, max_delay_ms, ms};
 pub(crate) use path::path_segment;

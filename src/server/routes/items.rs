@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use crate::api::ErrorBody;
 use crate::api::{
     EnqueueRequest, EnqueueResponse, ItemBody, ItemDetailBody, ItemGetQuery, ItemListQuery,
-    ItemPage, MAX_PAGE, TriagePageBody, TriageQuery, max_delay_ms, ms,
+    ItemPage, MAX_ENQUEUE_KEYS, MAX_PAGE, TriagePageBody, TriageQuery, max_delay_ms, ms,
 };
 use crate::server::auth::{Authorized, Manage, Read, Work};
 use crate::server::error::ApiError;
@@ -53,6 +53,15 @@ pub(crate) async fn enqueue(
         return Err(ApiError::field(
             "after_ms",
             format!("after_ms must be at most {}", max_delay_ms()),
+        ));
+    }
+    if body.keys.len() > MAX_ENQUEUE_KEYS {
+        return Err(ApiError::field(
+            "keys",
+            format!(
+                "an enqueue holds at most {MAX_ENQUEUE_KEYS} keys, got {}: send them in several",
+                body.keys.len()
+            ),
         ));
     }
     for (i, key) in body.keys.iter().enumerate() {
