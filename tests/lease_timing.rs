@@ -69,6 +69,35 @@ async fn a_ttl_too_short_for_the_safety_margin_is_refused() {
     build(MIN_TTL).expect("the shortest TTL is accepted");
 }
 
+/// A TTL longer than a database keeps a session (it clamps every duration to
+/// `MAX_DELAY`, 180 days) is refused: the database would give the session's
+/// leases away 180 days after its last heartbeat, while this node's timer
+/// gave them up only ttl − margin after it (rule 6), and a TTL past what a
+/// clock instant holds (`--ttl 300000000000y`) panicked the session's keeper,
+/// leaving the claim loop on a session nothing renewed or gave up.
+#[tokio::test]
+async fn a_ttl_longer_than_a_database_keeps_a_session_is_refused() {
+    let (db, _dir) = support::sqlite().await;
+    let build = |ttl| {
+        Controller::builder(db.store.clone(), PROCESS, |_task: Task| async {
+            Ok::<_, BoxError>(Action::Done)
+        })
+        .ttl(ttl)
+        .build()
+    };
+    let longest = drover::backoff::MAX_DELAY;
+    for ttl in [longest + Duration::from_millis(1), Duration::MAX] {
+        let refused = build(ttl).expect_err("longer than a database keeps a session");
+        assert!(matches!(refused, ConfigError::TtlTooLong(_)), "{refused}");
+    }
+    let refused = build(longest * 2).expect_err("too long");
+    assert_eq!(
+        refused.to_string(),
+        "session ttl 31104000s is longer than a database keeps a session: it must be at most 15552000s"
+    );
+    build(longest).expect("the longest TTL is accepted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_knows_its_leases_fencing_token() {
     each_engine(|db| async move {

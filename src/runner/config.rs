@@ -31,6 +31,15 @@ pub enum ConfigError {
         min = super::MIN_TTL
     )]
     Ttl(Duration),
+    /// The session TTL is longer than a database keeps a session: it clamps
+    /// the TTL to [`MAX_DELAY`](crate::backoff::MAX_DELAY) (180 days), as
+    /// every duration it stores, and would give the session's leases away
+    /// before this node's timer gave them up (DESIGN.md rule 6).
+    #[error(
+        "session ttl {0:?} is longer than a database keeps a session: it must be at most {max:?}",
+        max = crate::backoff::MAX_DELAY
+    )]
+    TtlTooLong(Duration),
     /// A timeout or deadline of zero would cancel every run at once.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
@@ -150,7 +159,8 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
     }
 
     /// The session TTL. Default 10 s, at least [`MIN_TTL`](super::MIN_TTL)
-    /// (750 ms); heartbeats every TTL/3. A shorter TTL makes a dead worker's
+    /// (750 ms), at most [`MAX_DELAY`](crate::backoff::MAX_DELAY) (180
+    /// days); heartbeats every TTL/3. A shorter TTL makes a dead worker's
     /// keys run elsewhere sooner, at the cost of more heartbeats and a greater
     /// risk that a long GC pause or network blip loses the session.
     ///
@@ -225,6 +235,9 @@ impl<R: Reconciler, B: WorkerBackend> ControllerBuilder<R, B> {
         }
         if s.ttl < super::MIN_TTL {
             return Err(ConfigError::Ttl(s.ttl));
+        }
+        if s.ttl > crate::backoff::MAX_DELAY {
+            return Err(ConfigError::TtlTooLong(s.ttl));
         }
         if s.timeout == Some(Duration::ZERO) {
             return Err(ConfigError::Zero("timeout"));
